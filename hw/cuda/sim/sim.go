@@ -1,0 +1,320 @@
+// Package sim is a virtual GPU: streams that execute enqueued kernels in
+// order, each taking a modeled duration, and events that complete when their
+// stream passes them. It is the embedded default and the test double for
+// hw/cuda/driver.
+//
+// Kernels really run Go code when the stream reaches them (the simulated
+// attention kernel of layer l writes that layer's KV bytes), so a transfer
+// that reads a layer before its event completed sees stale bytes and is caught
+// by byte comparison, exactly like on a real GPU.
+//
+// Modeled time may run faster than wall time (Options.TimeScale). The stream
+// keeps a modeled timeline: a kernel starts when the previous one ended (or
+// when it was launched, if the stream was idle), so sleeping imprecision does
+// not accumulate.
+package sim
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/hw/cuda"
+)
+
+// Options configure a virtual GPU.
+type Options struct {
+	// TimeScale is modeled seconds per wall-clock second: 10 runs a 1 s
+	// kernel in 100 ms. Zero means 1.
+	TimeScale float64
+	// OnSpan, if set, observes every kernel after it ran (wall-clock times).
+	OnSpan func(Span)
+	// Faults, if set, decides per recorded event whether it misbehaves.
+	Faults func(EventInfo) Fault
+}
+
+// Span is one executed kernel.
+type Span struct {
+	Stream     string
+	Name       string
+	Start, End time.Time
+}
+
+// EventInfo identifies a recorded event for fault decisions.
+type EventInfo struct {
+	Stream string
+	Seq    uint64 // 1 for the stream's first event
+}
+
+// Fault is how a recorded event misbehaves.
+type Fault int
+
+const (
+	// NoFault: the event completes when the stream passes it.
+	NoFault Fault = iota
+	// NeverComplete: the event never completes (a hung kernel).
+	NeverComplete
+	// WaitError: waiting on the event fails with a device error.
+	WaitError
+	// RecordError: recording the event fails.
+	RecordError
+)
+
+// ErrInjected marks failures produced by fault injection.
+var ErrInjected = errors.New("sim: injected fault")
+
+// GPU is a virtual device owning streams.
+type GPU struct {
+	opts    Options
+	mu      sync.Mutex
+	streams []*Stream
+}
+
+// New returns a virtual GPU.
+func New(opts Options) *GPU {
+	if opts.TimeScale <= 0 {
+		opts.TimeScale = 1
+	}
+	return &GPU{opts: opts}
+}
+
+// TimeScale returns modeled seconds per wall second.
+func (g *GPU) TimeScale() float64 { return g.opts.TimeScale }
+
+// NewStream starts a stream. Close the GPU (or the stream) to stop it.
+func (g *GPU) NewStream(name string) *Stream {
+	s := &Stream{gpu: g, name: name, wake: make(chan struct{}, 1), stopped: make(chan struct{})}
+	g.mu.Lock()
+	g.streams = append(g.streams, s)
+	g.mu.Unlock()
+	go s.loop()
+	return s
+}
+
+// Close stops every stream; events not reached yet fail.
+func (g *GPU) Close() {
+	g.mu.Lock()
+	streams := g.streams
+	g.streams = nil
+	g.mu.Unlock()
+	for _, s := range streams {
+		s.Close()
+	}
+}
+
+// Kernel is device work: Run executes when the stream reaches it, after
+// Duration of modeled time.
+type Kernel struct {
+	Name     string
+	Duration time.Duration
+	Run      func()
+}
+
+type op struct {
+	kernel   Kernel
+	event    *Event
+	launched time.Time
+}
+
+// Stream executes kernels in launch order on its own goroutine.
+type Stream struct {
+	gpu  *GPU
+	name string
+
+	mu     sync.Mutex
+	queue  []op
+	closed bool
+	seq    uint64
+
+	wake    chan struct{}
+	stopped chan struct{}
+}
+
+var _ cuda.Stream = (*Stream)(nil)
+
+// Name returns the stream's name.
+func (s *Stream) Name() string { return s.name }
+
+// Launch enqueues a kernel; it returns at once.
+func (s *Stream) Launch(k Kernel) error {
+	return s.push(op{kernel: k, launched: time.Now()})
+}
+
+// Record enqueues an event; it completes when every kernel launched before it
+// has run.
+func (s *Stream) Record() (cuda.Event, error) {
+	s.mu.Lock()
+	s.seq++
+	seq := s.seq
+	s.mu.Unlock()
+	ev := &Event{done: make(chan struct{}), stream: s.name, seq: seq}
+	if f := s.gpu.opts.Faults; f != nil {
+		ev.fault = f(EventInfo{Stream: s.name, Seq: seq})
+		if ev.fault == RecordError {
+			return nil, errors.Mark(errors.Newf("sim: record event %d on stream %s", seq, s.name), ErrInjected)
+		}
+	}
+	if err := s.push(op{event: ev}); err != nil {
+		return nil, err
+	}
+	return ev, nil
+}
+
+// Synchronize waits until everything launched so far has run.
+func (s *Stream) Synchronize(ctx context.Context) error {
+	ev, err := s.Record()
+	if err != nil {
+		return err
+	}
+	return ev.Wait(ctx)
+}
+
+// Close stops the stream. Work not yet run is dropped and its events fail.
+func (s *Stream) Close() {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		<-s.stopped
+		return
+	}
+	s.closed = true
+	s.mu.Unlock()
+	s.signal()
+	<-s.stopped
+}
+
+func (s *Stream) push(o op) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return errors.Mark(errors.Newf("sim: stream %s is closed", s.name), cuda.ErrDeviceLost)
+	}
+	s.queue = append(s.queue, o)
+	s.mu.Unlock()
+	s.signal()
+	return nil
+}
+
+func (s *Stream) signal() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (s *Stream) loop() {
+	defer close(s.stopped)
+	scale := s.gpu.opts.TimeScale
+	var busyUntil time.Time // modeled end of the last kernel, as a wall-clock instant
+	var batch []op
+	for {
+		s.mu.Lock()
+		batch, s.queue = s.queue, batch[:0]
+		closed := s.closed
+		s.mu.Unlock()
+		if closed {
+			for _, o := range append(batch, s.drain()...) {
+				if o.event != nil {
+					o.event.fail(errors.Mark(errors.Newf("sim: stream %s closed before event %d", s.name, o.event.seq), cuda.ErrDeviceLost))
+				}
+			}
+			return
+		}
+		if len(batch) == 0 {
+			<-s.wake
+			continue
+		}
+		for _, o := range batch {
+			if o.event != nil {
+				o.event.reach()
+				continue
+			}
+			// A kernel starts when the previous one ended, or at its launch
+			// if the stream was idle then.
+			start := busyUntil
+			if o.launched.After(start) {
+				start = o.launched
+			}
+			end := start.Add(time.Duration(float64(o.kernel.Duration) / scale))
+			if d := time.Until(end); d > 0 {
+				time.Sleep(d)
+			}
+			if o.kernel.Run != nil {
+				o.kernel.Run()
+			}
+			busyUntil = end
+			if f := s.gpu.opts.OnSpan; f != nil {
+				f(Span{Stream: s.name, Name: o.kernel.Name, Start: start, End: end})
+			}
+		}
+	}
+}
+
+func (s *Stream) drain() []op {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	q := s.queue
+	s.queue = nil
+	return q
+}
+
+// Event is a simulated CUDA event.
+type Event struct {
+	stream string
+	seq    uint64
+	fault  Fault
+	done   chan struct{}
+	once   sync.Once
+	err    atomic.Pointer[error]
+}
+
+var _ cuda.Event = (*Event)(nil)
+
+// Seq returns the event's sequence number on its stream (1-based).
+func (e *Event) Seq() uint64 { return e.seq }
+
+func (e *Event) reach() {
+	switch e.fault {
+	case NeverComplete:
+		return
+	case WaitError:
+		e.fail(errors.Mark(errors.Newf("sim: event %d on stream %s: injected wait error", e.seq, e.stream), ErrInjected))
+		return
+	}
+	e.once.Do(func() { close(e.done) })
+}
+
+func (e *Event) fail(err error) {
+	e.once.Do(func() {
+		e.err.Store(&err)
+		close(e.done)
+	})
+}
+
+// Query reports whether the stream passed the event.
+func (e *Event) Query() (bool, error) {
+	select {
+	case <-e.done:
+		if p := e.err.Load(); p != nil {
+			return false, *p
+		}
+		return true, nil
+	default:
+		return false, nil
+	}
+}
+
+// Wait blocks until the event completed or ctx ended.
+func (e *Event) Wait(ctx context.Context) error {
+	select {
+	case <-e.done:
+		if p := e.err.Load(); p != nil {
+			return *p
+		}
+		return nil
+	case <-ctx.Done():
+		return errors.Wrapf(ctx.Err(), "sim: wait for event %d on stream %s", e.seq, e.stream)
+	}
+}

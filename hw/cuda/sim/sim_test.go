@@ -1,0 +1,110 @@
+package sim
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/hw/cuda"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestEventCompletesAfterPrecedingKernels(t *testing.T) {
+	g := New(Options{})
+	defer g.Close()
+	s := g.NewStream("compute")
+	release := make(chan struct{})
+	var order []string
+	var mu sync.Mutex
+	note := func(x string) { mu.Lock(); order = append(order, x); mu.Unlock() }
+
+	require.NoError(t, s.Launch(Kernel{Name: "layer0", Run: func() { <-release; note("layer0") }}))
+	ev, err := s.Record()
+	require.NoError(t, err)
+	require.NoError(t, s.Launch(Kernel{Name: "layer1", Run: func() { note("layer1") }}))
+
+	done, err := ev.Query()
+	require.NoError(t, err)
+	assert.False(t, done, "event must not complete while layer0 runs")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	err = ev.Wait(ctx)
+	cancel()
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, context.DeadlineExceeded))
+
+	close(release)
+	require.NoError(t, ev.Wait(context.Background()))
+	done, err = ev.Query()
+	require.NoError(t, err)
+	assert.True(t, done)
+	require.NoError(t, s.Synchronize(context.Background()))
+	assert.Equal(t, []string{"layer0", "layer1"}, order)
+}
+
+func TestModeledDurationsAndTimeScale(t *testing.T) {
+	var spans []Span
+	var mu sync.Mutex
+	g := New(Options{TimeScale: 10, OnSpan: func(s Span) { mu.Lock(); spans = append(spans, s); mu.Unlock() }})
+	defer g.Close()
+	s := g.NewStream("compute")
+	start := time.Now()
+	for i := 0; i < 5; i++ {
+		require.NoError(t, s.Launch(Kernel{Name: "k", Duration: 20 * time.Millisecond}))
+	}
+	require.NoError(t, s.Synchronize(context.Background()))
+	elapsed := time.Since(start)
+	// 100 ms modeled at 10x is 10 ms of wall time; allow for a slow machine
+	// but require that it did not run the kernels at real-time speed.
+	assert.GreaterOrEqual(t, elapsed, 10*time.Millisecond)
+	assert.Less(t, elapsed, 90*time.Millisecond)
+	require.Len(t, spans, 5)
+	for i := 1; i < len(spans); i++ {
+		assert.Equal(t, spans[i-1].End, spans[i].Start, "back-to-back kernels follow the modeled timeline")
+		assert.Equal(t, 2*time.Millisecond, spans[i].End.Sub(spans[i].Start))
+	}
+}
+
+func TestCloseFailsPendingEvents(t *testing.T) {
+	g := New(Options{})
+	s := g.NewStream("compute")
+	block := make(chan struct{})
+	require.NoError(t, s.Launch(Kernel{Run: func() { <-block }}))
+	ev, err := s.Record()
+	require.NoError(t, err)
+	go func() { time.Sleep(5 * time.Millisecond); close(block) }()
+	g.Close()
+	err = ev.Wait(context.Background())
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, cuda.ErrDeviceLost))
+	require.Error(t, s.Launch(Kernel{}))
+}
+
+func TestInjectedFaults(t *testing.T) {
+	faults := map[uint64]Fault{1: NeverComplete, 2: WaitError, 3: RecordError}
+	g := New(Options{Faults: func(e EventInfo) Fault { return faults[e.Seq] }})
+	defer g.Close()
+	s := g.NewStream("compute")
+
+	never, err := s.Record() // seq 1
+	require.NoError(t, err)
+	bad, err := s.Record() // seq 2
+	require.NoError(t, err)
+	_, err = s.Record() // seq 3
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, ErrInjected))
+
+	err = bad.Wait(context.Background())
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, ErrInjected))
+	require.NoError(t, s.Synchronize(context.Background()), "later events still complete")
+	done, err := never.Query()
+	require.NoError(t, err)
+	assert.False(t, done)
+}

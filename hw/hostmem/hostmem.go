@@ -1,0 +1,82 @@
+// Package hostmem allocates memory that never moves: anonymous mmap regions,
+// page aligned, outside the Go heap. RDMA registration and the simulated GPU
+// need such memory, because an address handed to a NIC or a peer must stay
+// valid and the Go garbage collector may move or free heap memory.
+//
+// Live blocks are indexed by address so that the in-process loopback
+// transport can turn a registered (address, length) back into bytes without
+// unsafe pointer arithmetic.
+package hostmem
+
+import (
+	"sort"
+	"sync"
+	"syscall"
+	"unsafe"
+
+	"github.com/cockroachdb/errors"
+)
+
+// Block is one mapping. Bytes aliases the mapped memory; Addr is its address.
+type Block struct {
+	Addr  uint64
+	Bytes []byte
+}
+
+var (
+	mu     sync.RWMutex
+	blocks []*Block // sorted by Addr
+)
+
+// Alloc maps n zeroed bytes. n must be positive.
+func Alloc(n int) (*Block, error) {
+	if n <= 0 {
+		return nil, errors.Newf("hostmem: allocation of %d bytes: must be positive", n)
+	}
+	mem, err := syscall.Mmap(-1, 0, n, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+	if err != nil {
+		return nil, errors.Wrapf(err, "hostmem: mmap %d bytes", n)
+	}
+	b := &Block{Addr: uint64(uintptr(unsafe.Pointer(&mem[0]))), Bytes: mem}
+	mu.Lock()
+	i := sort.Search(len(blocks), func(i int) bool { return blocks[i].Addr > b.Addr })
+	blocks = append(blocks, nil)
+	copy(blocks[i+1:], blocks[i:])
+	blocks[i] = b
+	mu.Unlock()
+	return b, nil
+}
+
+// Free unmaps the block. Its bytes must not be used afterwards.
+func (b *Block) Free() error {
+	mu.Lock()
+	for i, x := range blocks {
+		if x == b {
+			blocks = append(blocks[:i], blocks[i+1:]...)
+			break
+		}
+	}
+	mu.Unlock()
+	if b.Bytes == nil {
+		return nil
+	}
+	err := syscall.Munmap(b.Bytes)
+	b.Bytes = nil
+	return errors.Wrap(err, "hostmem: munmap")
+}
+
+// Lookup returns the live bytes [addr, addr+n) if one block holds them all.
+func Lookup(addr, n uint64) ([]byte, error) {
+	mu.RLock()
+	defer mu.RUnlock()
+	i := sort.Search(len(blocks), func(i int) bool { return blocks[i].Addr > addr }) - 1
+	if i < 0 {
+		return nil, errors.Newf("hostmem: address %#x is not in any live block", addr)
+	}
+	b := blocks[i]
+	off := addr - b.Addr
+	if off+n > uint64(len(b.Bytes)) || off+n < off {
+		return nil, errors.Newf("hostmem: [%#x, +%d) runs past the block at %#x of %d bytes", addr, n, b.Addr, len(b.Bytes))
+	}
+	return b.Bytes[off : off+n : off+n], nil
+}

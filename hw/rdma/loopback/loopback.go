@@ -1,0 +1,551 @@
+// Package loopback is an in-process implementation of the rdma contract:
+// regions are hostmem blocks, a write is a memcpy between them, and each
+// sending node has a link that models bandwidth and latency. It is the
+// embedded default, the sim's data path and the test double for real
+// transports, so it keeps the contract's hard parts real: completion is
+// asynchronous, the source is read when the batch is posted and the bytes land
+// when the batch completes, and a closed endpoint lands nothing more.
+//
+// Faults (post errors, lost, delayed or failed completions, a vanished peer, a
+// slow link) can be injected per batch for reliability tests.
+package loopback
+
+import (
+	"encoding/binary"
+	"sync"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/hw/hostmem"
+	"github.com/kvstream/kvstream/hw/rdma"
+)
+
+// Options model the fabric.
+type Options struct {
+	// Bandwidth is each sending node's link rate in modeled bytes per second;
+	// zero means unlimited.
+	Bandwidth float64
+	// Latency is added to every batch's completion.
+	Latency time.Duration
+	// TimeScale is modeled seconds per wall second; zero means 1.
+	TimeScale float64
+	// ByteScale is modeled bytes per real byte, so that a run with shrunken
+	// pages keeps realistic link times; zero means 1.
+	ByteScale float64
+	// Faults, if set, decides per posted batch how it misbehaves.
+	Faults func(BatchInfo) Fault
+	// OnLand, if set, observes every write as it lands.
+	OnLand func(Landing)
+	// OnBatch, if set, observes every batch that landed.
+	OnBatch func(BatchSpan)
+}
+
+// BatchInfo identifies a batch for fault decisions.
+type BatchInfo struct {
+	From, To string
+	Seq      uint64 // per sending node, from 1
+	Bytes    uint64
+	Writes   int
+}
+
+// Fault is how a batch misbehaves.
+type Fault struct {
+	Kind  FaultKind
+	Delay time.Duration // for DelayCompletion and SlowLink: extra modeled time
+}
+
+// FaultKind enumerates injectable faults.
+type FaultKind int
+
+const (
+	// NoFault: the batch lands and completes normally.
+	NoFault FaultKind = iota
+	// PostError: Post fails; nothing starts.
+	PostError
+	// LoseCompletion: the bytes land but done is only called when the
+	// endpoint is torn down.
+	LoseCompletion
+	// DelayCompletion: the batch lands and completes Delay later.
+	DelayCompletion
+	// FailCompletion: nothing lands and done reports an error.
+	FailCompletion
+	// PeerGone: the batch fails as if the peer vanished, and the endpoint is
+	// broken for every later batch.
+	PeerGone
+	// SlowLink: the batch occupies the link for Delay more.
+	SlowLink
+)
+
+// String names a fault kind.
+func (k FaultKind) String() string {
+	return [...]string{"none", "post_error", "lose_completion", "delay_completion", "fail_completion", "peer_gone", "slow_link"}[k]
+}
+
+// ErrInjected marks failures produced by fault injection.
+var ErrInjected = errors.New("loopback: injected fault")
+
+// Landing is one write that reached its destination.
+type Landing struct {
+	Node string // destination node
+	Addr uint64
+	Len  uint64
+	At   time.Time
+}
+
+// BatchSpan is one batch's life on the link.
+type BatchSpan struct {
+	From, To       string
+	Seq            uint64
+	Bytes          uint64
+	Posted, Landed time.Time
+}
+
+// Fabric connects the transports of one process.
+type Fabric struct {
+	opts  Options
+	mu    sync.Mutex
+	nodes map[string]*Transport
+}
+
+// NewFabric returns an empty fabric.
+func NewFabric(opts Options) *Fabric {
+	if opts.TimeScale <= 0 {
+		opts.TimeScale = 1
+	}
+	if opts.ByteScale <= 0 {
+		opts.ByteScale = 1
+	}
+	return &Fabric{opts: opts, nodes: map[string]*Transport{}}
+}
+
+// NewTransport adds a node; its Address is its name.
+func (f *Fabric) NewTransport(name string) (*Transport, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if name == "" {
+		return nil, errors.New("loopback: node name must not be empty")
+	}
+	if _, dup := f.nodes[name]; dup {
+		return nil, errors.Newf("loopback: node %q already exists", name)
+	}
+	t := &Transport{fab: f, name: name, regions: map[rdma.LocalKey]*region{}, wake: make(chan struct{}, 1), stopped: make(chan struct{})}
+	f.nodes[name] = t
+	go t.link()
+	return t, nil
+}
+
+func (f *Fabric) node(name string) *Transport {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.nodes[name]
+}
+
+// Transport is one node of the fabric.
+type Transport struct {
+	fab  *Fabric
+	name string
+
+	mu        sync.Mutex
+	regions   map[rdma.LocalKey]*region
+	nextKey   rdma.LocalKey
+	endpoints []*Endpoint
+	closed    bool
+
+	// the link: batches in completion order
+	lmu       sync.Mutex
+	queue     []*batch
+	busyUntil time.Time
+	seq       uint64
+	wake      chan struct{}
+	stopped   chan struct{}
+}
+
+var _ rdma.Transport = (*Transport)(nil)
+
+type region struct {
+	addr, len uint64
+	mem       []byte
+	key       rdma.LocalKey
+	t         *Transport
+}
+
+// Name returns "loopback".
+func (t *Transport) Name() string { return "loopback" }
+
+// Address returns the node name.
+func (t *Transport) Address() []byte { return []byte(t.name) }
+
+// Register registers a range of a live hostmem block.
+func (t *Transport) Register(addr, length uint64) (rdma.Region, error) {
+	if length == 0 {
+		return nil, errors.Mark(errors.Newf("loopback: register %#x: zero length", addr), rdma.ErrInvalidWrite)
+	}
+	mem, err := hostmem.Lookup(addr, length)
+	if err != nil {
+		return nil, errors.Mark(errors.Wrap(err, "loopback: register (memory must come from hostmem)"), rdma.ErrInvalidWrite)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil, errors.Mark(errors.Newf("loopback: node %s closed", t.name), rdma.ErrEndpointBroken)
+	}
+	t.nextKey++
+	r := &region{addr: addr, len: length, mem: mem, key: t.nextKey, t: t}
+	t.regions[r.key] = r
+	return r, nil
+}
+
+func (r *region) Desc() rdma.RegionDesc {
+	key := make([]byte, 4)
+	binary.LittleEndian.PutUint32(key, uint32(r.key))
+	return rdma.RegionDesc{Addr: r.addr, Len: r.len, Key: key}
+}
+
+func (r *region) Key() rdma.LocalKey { return r.key }
+
+func (r *region) Deregister() error {
+	r.t.mu.Lock()
+	delete(r.t.regions, r.key)
+	r.t.mu.Unlock()
+	return nil
+}
+
+func (t *Transport) region(k rdma.LocalKey) *region {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.regions[k]
+}
+
+// Connect opens an endpoint to the node named addr.
+func (t *Transport) Connect(addr []byte) (rdma.Endpoint, error) {
+	peer := t.fab.node(string(addr))
+	if peer == nil {
+		return nil, errors.Mark(errors.Newf("loopback: no node %q", addr), rdma.ErrEndpointBroken)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil, errors.Mark(errors.Newf("loopback: node %s closed", t.name), rdma.ErrEndpointBroken)
+	}
+	ep := &Endpoint{from: t, to: peer, pending: map[*batch]struct{}{}}
+	t.endpoints = append(t.endpoints, ep)
+	return ep, nil
+}
+
+// Close tears down every endpoint and stops the link.
+func (t *Transport) Close() error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil
+	}
+	t.closed = true
+	eps := t.endpoints
+	t.endpoints = nil
+	t.mu.Unlock()
+	for _, ep := range eps {
+		_ = ep.Close()
+	}
+	t.fab.mu.Lock()
+	delete(t.fab.nodes, t.name)
+	t.fab.mu.Unlock()
+	t.signal()
+	<-t.stopped
+	return nil
+}
+
+func (t *Transport) forget(e *Endpoint) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i, x := range t.endpoints {
+		if x == e {
+			t.endpoints = append(t.endpoints[:i], t.endpoints[i+1:]...)
+			return
+		}
+	}
+}
+
+func (t *Transport) signal() {
+	select {
+	case t.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Endpoint writes from one node into another.
+type Endpoint struct {
+	from, to *Transport
+
+	mu      sync.Mutex // serialises landing against Close
+	remotes []*region
+	pending map[*batch]struct{}
+	closed  bool
+	broken  error
+}
+
+var _ rdma.Endpoint = (*Endpoint)(nil)
+
+type batch struct {
+	ep       *Endpoint
+	info     BatchInfo
+	fault    Fault
+	writes   []rdma.Write
+	srcs     [][]byte // per write: source bytes
+	dsts     [][]byte // per write: destination bytes
+	staged   []byte   // on a modeled link: the sources as read at post time
+	done     func(error)
+	posted   time.Time
+	landAt   time.Time
+	reported bool // done was called (guarded by ep.mu)
+}
+
+// Import resolves a region descriptor of the peer node.
+func (e *Endpoint) Import(d rdma.RegionDesc) (rdma.RemoteKey, error) {
+	if len(d.Key) != 4 {
+		return 0, errors.Mark(errors.Newf("loopback: remote key of %d bytes, want 4", len(d.Key)), rdma.ErrInvalidWrite)
+	}
+	r := e.to.region(rdma.LocalKey(binary.LittleEndian.Uint32(d.Key)))
+	if r == nil || r.addr != d.Addr || r.len != d.Len {
+		return 0, errors.Mark(errors.Newf("loopback: node %s has no region [%#x, +%d) with that key", e.to.name, d.Addr, d.Len), rdma.ErrInvalidWrite)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.remotes = append(e.remotes, r)
+	return rdma.RemoteKey(len(e.remotes) - 1), nil
+}
+
+// Post validates the writes, reads their sources (on a modeled link) and
+// queues the batch on the sending node's link.
+func (e *Endpoint) Post(ws []rdma.Write, done func(error)) error {
+	srcs, dsts, total, err := e.resolve(ws)
+	if err != nil {
+		return err
+	}
+	t := e.from
+	e.mu.Lock()
+	if e.closed || e.broken != nil {
+		err := e.broken
+		e.mu.Unlock()
+		if err == nil {
+			err = errors.Newf("loopback: endpoint %s->%s closed", t.name, e.to.name)
+		}
+		return errors.Mark(err, rdma.ErrEndpointBroken)
+	}
+	e.mu.Unlock()
+
+	t.lmu.Lock()
+	t.seq++
+	b := &batch{ep: e, done: done, posted: time.Now(), srcs: srcs, dsts: dsts, writes: append([]rdma.Write(nil), ws...),
+		info: BatchInfo{From: t.name, To: e.to.name, Seq: t.seq, Bytes: total, Writes: len(ws)}}
+	t.lmu.Unlock()
+	if f := t.fab.opts.Faults; f != nil {
+		b.fault = f(b.info)
+	}
+	switch b.fault.Kind {
+	case PostError:
+		return errors.Mark(errors.Newf("loopback: post of batch %d %s->%s: injected error", b.info.Seq, t.name, e.to.name), ErrInjected)
+	case PeerGone:
+		e.mu.Lock()
+		e.broken = errors.Mark(errors.Newf("loopback: peer %s gone (batch %d)", e.to.name, b.info.Seq), ErrInjected)
+		e.mu.Unlock()
+	}
+
+	opts := t.fab.opts
+	var busy time.Duration
+	if opts.Bandwidth > 0 {
+		busy = time.Duration(float64(total) * opts.ByteScale / opts.Bandwidth * float64(time.Second))
+	}
+	if b.fault.Kind == SlowLink {
+		busy += b.fault.Delay
+	}
+	t.lmu.Lock()
+	start := b.posted
+	if t.busyUntil.After(start) {
+		start = t.busyUntil
+	}
+	t.busyUntil = start.Add(scaled(busy, opts.TimeScale))
+	b.landAt = t.busyUntil.Add(scaled(opts.Latency, opts.TimeScale))
+	if b.fault.Kind == DelayCompletion { // lands late without holding the link
+		b.landAt = b.landAt.Add(scaled(b.fault.Delay, opts.TimeScale))
+	}
+	t.lmu.Unlock()
+	if b.landAt.After(b.posted) {
+		// A real NIC may read the sources any time after the post: on a
+		// modeled link read them now, the strictest test of write-before-
+		// read. An unmodeled link lands at once and reads them then.
+		b.staged = make([]byte, 0, total)
+		for _, s := range b.srcs {
+			b.staged = append(b.staged, s...)
+		}
+	}
+	e.mu.Lock()
+	e.pending[b] = struct{}{}
+	e.mu.Unlock()
+	t.lmu.Lock()
+	t.insert(b)
+	t.lmu.Unlock()
+	t.signal()
+	return nil
+}
+
+// resolve checks every write against the registered regions, the way a NIC's
+// protection check would, and returns the source and destination bytes.
+func (e *Endpoint) resolve(ws []rdma.Write) (srcs, dsts [][]byte, total uint64, err error) {
+	srcs, dsts = make([][]byte, len(ws)), make([][]byte, len(ws))
+	var src, dst *region
+	e.from.mu.Lock()
+	e.mu.Lock()
+	defer e.from.mu.Unlock()
+	defer e.mu.Unlock()
+	for i, w := range ws {
+		if src == nil || src.key != w.Local {
+			if src = e.from.regions[w.Local]; src == nil {
+				return nil, nil, 0, errors.Mark(errors.Newf("loopback: write %d: unknown local key %d", i, w.Local), rdma.ErrInvalidWrite)
+			}
+		}
+		if !src.contains(w.Src, w.Len) {
+			return nil, nil, 0, errors.Mark(errors.Newf("loopback: write %d: source [%#x, +%d) outside its region [%#x, +%d)", i, w.Src, w.Len, src.addr, src.len), rdma.ErrInvalidWrite)
+		}
+		if int(w.Remote) >= len(e.remotes) {
+			return nil, nil, 0, errors.Mark(errors.Newf("loopback: write %d: remote key %d not imported", i, w.Remote), rdma.ErrInvalidWrite)
+		}
+		dst = e.remotes[w.Remote]
+		if !dst.contains(w.Dst, w.Len) {
+			return nil, nil, 0, errors.Mark(errors.Newf("loopback: write %d: destination [%#x, +%d) outside its region [%#x, +%d)", i, w.Dst, w.Len, dst.addr, dst.len), rdma.ErrInvalidWrite)
+		}
+		srcs[i], dsts[i] = src.slice(w.Src, w.Len), dst.slice(w.Dst, w.Len)
+		total += w.Len
+	}
+	return srcs, dsts, total, nil
+}
+
+func scaled(d time.Duration, scale float64) time.Duration {
+	return time.Duration(float64(d) / scale)
+}
+
+func (r *region) contains(addr, n uint64) bool {
+	return addr >= r.addr && n <= r.len && addr-r.addr <= r.len-n
+}
+
+func (r *region) slice(addr, n uint64) []byte {
+	off := addr - r.addr
+	return r.mem[off : off+n]
+}
+
+// insert keeps the queue ordered by landing time (stable for equal times).
+func (t *Transport) insert(b *batch) {
+	i := len(t.queue)
+	for i > 0 && t.queue[i-1].landAt.After(b.landAt) {
+		i--
+	}
+	t.queue = append(t.queue, nil)
+	copy(t.queue[i+1:], t.queue[i:])
+	t.queue[i] = b
+}
+
+// link lands batches at their modeled times.
+func (t *Transport) link() {
+	defer close(t.stopped)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		t.mu.Lock()
+		closed := t.closed
+		t.mu.Unlock()
+		if closed {
+			return
+		}
+		t.lmu.Lock()
+		var next *batch
+		if len(t.queue) > 0 {
+			next = t.queue[0]
+		}
+		t.lmu.Unlock()
+		if next == nil {
+			<-t.wake
+			continue
+		}
+		if d := time.Until(next.landAt); d > 0 {
+			timer.Reset(d)
+			select {
+			case <-timer.C:
+			case <-t.wake:
+				if !timer.Stop() {
+					<-timer.C
+				}
+			}
+			continue // the queue may have a new head
+		}
+		t.lmu.Lock()
+		t.queue = t.queue[1:]
+		t.lmu.Unlock()
+		next.ep.land(next)
+	}
+}
+
+// land writes a batch's bytes and reports it, unless the endpoint was torn
+// down first. Holding ep.mu across the copy is what makes Close a barrier.
+func (e *Endpoint) land(b *batch) {
+	e.mu.Lock()
+	if b.reported {
+		e.mu.Unlock()
+		return
+	}
+	var err error
+	switch b.fault.Kind {
+	case FailCompletion:
+		err = errors.Mark(errors.Newf("loopback: batch %d %s->%s: injected completion error", b.info.Seq, b.info.From, b.info.To), ErrInjected)
+	case PeerGone:
+		err = errors.Mark(e.broken, rdma.ErrEndpointBroken)
+	default:
+		opts := e.from.fab.opts
+		off := 0
+		for i, dst := range b.dsts {
+			if b.staged != nil {
+				copy(dst, b.staged[off:off+len(dst)])
+				off += len(dst)
+			} else {
+				copy(dst, b.srcs[i])
+			}
+			if opts.OnLand != nil {
+				opts.OnLand(Landing{Node: e.to.name, Addr: b.writes[i].Dst, Len: b.writes[i].Len, At: time.Now()})
+			}
+		}
+		if opts.OnBatch != nil {
+			opts.OnBatch(BatchSpan{From: b.info.From, To: b.info.To, Seq: b.info.Seq, Bytes: b.info.Bytes, Posted: b.posted, Landed: time.Now()})
+		}
+	}
+	if b.fault.Kind == LoseCompletion {
+		e.mu.Unlock() // landed; the report is lost until teardown
+		return
+	}
+	b.reported = true
+	delete(e.pending, b)
+	e.mu.Unlock()
+	b.done(err)
+}
+
+// Close fails every batch that has not landed; after it returns nothing of
+// this endpoint lands.
+func (e *Endpoint) Close() error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil
+	}
+	e.closed = true
+	var failed []*batch
+	for b := range e.pending {
+		if !b.reported {
+			b.reported = true
+			failed = append(failed, b)
+		}
+	}
+	e.pending = nil
+	e.mu.Unlock()
+	e.from.forget(e)
+	for _, b := range failed {
+		b.done(errors.Mark(errors.Newf("loopback: batch %d %s->%s: endpoint torn down", b.info.Seq, b.info.From, b.info.To), rdma.ErrEndpointBroken))
+	}
+	return nil
+}

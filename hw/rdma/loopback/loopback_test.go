@@ -1,0 +1,155 @@
+package loopback
+
+import (
+	"bytes"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/hw/hostmem"
+	"github.com/kvstream/kvstream/hw/rdma"
+	"github.com/kvstream/kvstream/hw/rdma/rdmatest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func pairOf(opts Options) func(t *testing.T) (rdma.Transport, rdma.Transport) {
+	return func(t *testing.T) (rdma.Transport, rdma.Transport) {
+		fab := NewFabric(opts)
+		a, err := fab.NewTransport("prefill")
+		require.NoError(t, err)
+		b, err := fab.NewTransport("decode")
+		require.NoError(t, err)
+		return a, b
+	}
+}
+
+func TestContract(t *testing.T) {
+	rdmatest.Run(t, rdmatest.Factory{
+		Pair:     pairOf(Options{}),
+		SlowPair: pairOf(Options{Latency: 50 * time.Millisecond}),
+	})
+}
+
+type fixture struct {
+	src, dst *hostmem.Block
+	ep       rdma.Endpoint
+	lk       rdma.LocalKey
+	rk       rdma.RemoteKey
+}
+
+func newFixture(t *testing.T, opts Options, n int) fixture {
+	from, to := pairOf(opts)(t)
+	t.Cleanup(func() { _ = from.Close(); _ = to.Close() })
+	src, err := hostmem.Alloc(n)
+	require.NoError(t, err)
+	dst, err := hostmem.Alloc(n)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = src.Free(); _ = dst.Free() })
+	sr, err := from.Register(src.Addr, uint64(n))
+	require.NoError(t, err)
+	dr, err := to.Register(dst.Addr, uint64(n))
+	require.NoError(t, err)
+	ep, err := from.Connect(to.Address())
+	require.NoError(t, err)
+	rk, err := ep.Import(dr.Desc())
+	require.NoError(t, err)
+	return fixture{src: src, dst: dst, ep: ep, lk: sr.Key(), rk: rk}
+}
+
+func (f fixture) post(t *testing.T, off, n uint64) <-chan error {
+	ch := make(chan error, 1)
+	require.NoError(t, f.ep.Post([]rdma.Write{{Src: f.src.Addr + off, Dst: f.dst.Addr + off, Len: n, Local: f.lk, Remote: f.rk}}, func(err error) { ch <- err }))
+	return ch
+}
+
+func TestModeledBandwidthAndByteScale(t *testing.T) {
+	// 1 MiB at 1 GB/s with 64x byte scale is 64 MiB modeled: ~67 ms; at
+	// time scale 4 that is ~17 ms of wall time.
+	f := newFixture(t, Options{Bandwidth: 1e9, ByteScale: 64, TimeScale: 4}, 1<<20)
+	start := time.Now()
+	require.NoError(t, <-f.post(t, 0, 1<<20))
+	elapsed := time.Since(start)
+	assert.GreaterOrEqual(t, elapsed, 16*time.Millisecond)
+	assert.Less(t, elapsed, 200*time.Millisecond)
+}
+
+func TestSourcesAreReadAtPost(t *testing.T) {
+	f := newFixture(t, Options{Latency: 20 * time.Millisecond}, 4096)
+	copy(f.src.Bytes, bytes.Repeat([]byte{1}, 4096))
+	done := f.post(t, 0, 4096)
+	copy(f.src.Bytes, bytes.Repeat([]byte{2}, 4096)) // written after the post
+	assert.Equal(t, make([]byte, 4096), f.dst.Bytes, "nothing lands before completion")
+	require.NoError(t, <-done)
+	assert.Equal(t, bytes.Repeat([]byte{1}, 4096), f.dst.Bytes, "the NIC read the sources when the batch was posted")
+}
+
+func TestInjectedFaults(t *testing.T) {
+	kinds := map[uint64]FaultKind{1: PostError, 2: FailCompletion, 3: LoseCompletion, 4: DelayCompletion}
+	var mu sync.Mutex
+	var landed []Landing
+	f := newFixture(t, Options{
+		Faults: func(b BatchInfo) Fault { return Fault{Kind: kinds[b.Seq], Delay: 30 * time.Millisecond} },
+		OnLand: func(l Landing) { mu.Lock(); landed = append(landed, l); mu.Unlock() },
+	}, 4096)
+	for i := range f.src.Bytes {
+		f.src.Bytes[i] = 9
+	}
+
+	err := f.ep.Post([]rdma.Write{{Src: f.src.Addr, Dst: f.dst.Addr, Len: 8, Local: f.lk, Remote: f.rk}}, func(error) { t.Error("done after a failed post") })
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, ErrInjected))
+
+	err = <-f.post(t, 0, 8)
+	require.Error(t, err, "failed completion")
+	assert.Equal(t, byte(0), f.dst.Bytes[0], "a failed batch lands nothing")
+
+	lost := f.post(t, 8, 8)
+	start := time.Now()
+	require.NoError(t, <-f.post(t, 16, 8), "delayed completion still succeeds")
+	assert.GreaterOrEqual(t, time.Since(start), 30*time.Millisecond)
+	select {
+	case <-lost:
+		t.Fatal("a lost completion must not be reported")
+	default:
+	}
+	assert.Equal(t, byte(9), f.dst.Bytes[8], "the lost-completion batch landed")
+	require.NoError(t, f.ep.Close())
+	err = <-lost
+	require.Error(t, err, "teardown reports the lost batch as failed")
+	assert.True(t, errors.Is(err, rdma.ErrEndpointBroken))
+	mu.Lock()
+	assert.Len(t, landed, 2)
+	mu.Unlock()
+}
+
+func TestPeerGoneBreaksEndpoint(t *testing.T) {
+	f := newFixture(t, Options{Faults: func(b BatchInfo) Fault {
+		if b.Seq == 2 {
+			return Fault{Kind: PeerGone}
+		}
+		return Fault{}
+	}}, 4096)
+	require.NoError(t, <-f.post(t, 0, 8))
+	err := <-f.post(t, 0, 8)
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, rdma.ErrEndpointBroken))
+	err = f.ep.Post([]rdma.Write{{Src: f.src.Addr, Dst: f.dst.Addr, Len: 8, Local: f.lk, Remote: f.rk}}, func(error) {})
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, rdma.ErrEndpointBroken))
+}
+
+func TestRegisterRejectsForeignMemory(t *testing.T) {
+	from, to := pairOf(Options{})(t)
+	defer from.Close()
+	defer to.Close()
+	_, err := from.Register(0x1000, 64)
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, rdma.ErrInvalidWrite))
+	_, err = from.Register(0x1000, 0)
+	require.ErrorContains(t, err, "zero length")
+}

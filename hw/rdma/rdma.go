@@ -1,0 +1,86 @@
+// Package rdma defines kvstream's transport contract, shaped for real RDMA
+// rather than for Go slices: memory is registered and described to a peer by
+// (address, length, key); a write names a local address and a remote address
+// plus key; writes are posted in batches that complete asynchronously; and
+// completion means the bytes are visible at the destination (UCX: after a
+// flush; verbs: a signaled RC completion).
+//
+// Implementations: hw/rdma/loopback (in-process, the default and the test
+// double) and hw/rdma/ucx (libucx through cgo, build tag ucx).
+package rdma
+
+import "github.com/cockroachdb/errors"
+
+// RegionDesc is what a peer needs to write into registered memory. It is
+// plain data, sent over the control plane.
+type RegionDesc struct {
+	Addr uint64 // address of the region's first byte, in the owner's address space
+	Len  uint64
+	Key  []byte // packed remote key; opaque to everyone but the transport
+}
+
+// LocalKey names a region registered on this side, as the source of writes.
+type LocalKey uint32
+
+// RemoteKey names a peer region imported into one endpoint.
+type RemoteKey uint32
+
+// Write is one contiguous remote write.
+type Write struct {
+	Src    uint64 // local address, inside the region of Local
+	Dst    uint64 // remote address, inside the region of Remote
+	Len    uint64
+	Local  LocalKey
+	Remote RemoteKey
+}
+
+// Transport is one side's access to the fabric.
+type Transport interface {
+	// Name is a short name for logs ("loopback", "ucx").
+	Name() string
+	// Address is this side's worker address, for peers that Connect to it.
+	Address() []byte
+	// Register makes [addr, addr+length) writable by peers and readable as a
+	// write source. The memory must not move: mmap or device memory, never
+	// the Go heap.
+	Register(addr, length uint64) (Region, error)
+	// Connect opens an endpoint to the peer whose Address is addr.
+	Connect(addr []byte) (Endpoint, error)
+	// Close closes every endpoint and region and releases the transport.
+	Close() error
+}
+
+// Region is registered local memory.
+type Region interface {
+	// Desc describes the region to a peer.
+	Desc() RegionDesc
+	// Key names the region as a write source.
+	Key() LocalKey
+	// Deregister releases the registration.
+	Deregister() error
+}
+
+// Endpoint is a connection to one peer. Its methods are safe for concurrent
+// use.
+type Endpoint interface {
+	// Import prepares a peer's region for writes on this endpoint.
+	Import(d RegionDesc) (RemoteKey, error)
+	// Post starts the writes as one batch and returns at once; the caller may
+	// reuse ws afterwards. done runs exactly once, never inside Post, on a
+	// transport goroutine: with nil when every write is visible at the
+	// destination, or with the batch's error. When Post itself returns an
+	// error, nothing of the batch was started and done is never called.
+	Post(ws []Write, done func(error)) error
+	// Close tears the endpoint down: batches not yet completed fail, and when
+	// Close returns no write posted on this endpoint can land any more
+	// (DESIGN.md invariant 10 rests on this).
+	Close() error
+}
+
+// ErrEndpointBroken marks errors after which an endpoint is unusable (peer
+// gone, torn down, transport error). A fresh endpoint may succeed.
+var ErrEndpointBroken = errors.New("rdma: endpoint broken")
+
+// ErrInvalidWrite marks a write outside registered memory or naming an
+// unknown key: a bug in the caller's addresses, never retried.
+var ErrInvalidWrite = errors.New("rdma: invalid write")

@@ -1,0 +1,178 @@
+// Package rdmatest is the transport contract as a test suite: one set of
+// checks that every rdma.Transport implementation must pass (loopback, ucx).
+package rdmatest
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/hw/hostmem"
+	"github.com/kvstream/kvstream/hw/rdma"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Factory builds the transports under test.
+type Factory struct {
+	// Pair returns a sending and a receiving transport that can reach each
+	// other. The suite closes them.
+	Pair func(t *testing.T) (from, to rdma.Transport)
+	// SlowPair, if set, returns a pair whose batches take at least 50 ms to
+	// land, so that teardown can be tested with writes in flight.
+	SlowPair func(t *testing.T) (from, to rdma.Transport)
+}
+
+// Run runs the contract suite.
+func Run(t *testing.T, f Factory) {
+	t.Run("WritesLandBeforeCompletion", func(t *testing.T) { writesLand(t, f) })
+	t.Run("InvalidWritesAreRejected", func(t *testing.T) { invalidWrites(t, f) })
+	t.Run("ConnectUnknownPeerFails", func(t *testing.T) { unknownPeer(t, f) })
+	if f.SlowPair != nil {
+		t.Run("CloseLandsNothingMore", func(t *testing.T) { closeLandsNothing(t, f) })
+	}
+}
+
+type side struct {
+	mem *hostmem.Block
+	reg rdma.Region
+}
+
+func newSide(t *testing.T, tr rdma.Transport, n int) side {
+	t.Helper()
+	mem, err := hostmem.Alloc(n)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = mem.Free() })
+	reg, err := tr.Register(mem.Addr, uint64(n))
+	require.NoError(t, err)
+	return side{mem: mem, reg: reg}
+}
+
+func pair(t *testing.T, mk func(t *testing.T) (rdma.Transport, rdma.Transport), n int) (src, dst side, ep rdma.Endpoint, rk rdma.RemoteKey) {
+	t.Helper()
+	from, to := mk(t)
+	t.Cleanup(func() { _ = from.Close(); _ = to.Close() })
+	src, dst = newSide(t, from, n), newSide(t, to, n)
+	ep, err := from.Connect(to.Address())
+	require.NoError(t, err)
+	rk, err = ep.Import(dst.reg.Desc())
+	require.NoError(t, err)
+	return src, dst, ep, rk
+}
+
+func wait(t *testing.T, ch <-chan error) error {
+	t.Helper()
+	select {
+	case err := <-ch:
+		return err
+	case <-time.After(10 * time.Second):
+		t.Fatal("batch never completed")
+		return nil
+	}
+}
+
+func writesLand(t *testing.T, f Factory) {
+	const n = 1 << 20
+	src, dst, ep, rk := pair(t, f.Pair, n)
+	for i := range src.mem.Bytes {
+		src.mem.Bytes[i] = byte(i*7 + 3)
+	}
+	// Scattered blocks, including a zero-offset and an end-of-region one.
+	blocks := [][3]uint64{{0, 4096, 100}, {8192, 0, 4096}, {n - 512, n - 512, 512}, {65536, 131072, 65536}}
+	ws := make([]rdma.Write, len(blocks))
+	for i, b := range blocks {
+		ws[i] = rdma.Write{Src: src.mem.Addr + b[0], Dst: dst.mem.Addr + b[1], Len: b[2], Local: src.reg.Key(), Remote: rk}
+	}
+	done := make(chan error, 1)
+	require.NoError(t, ep.Post(ws, func(err error) { done <- err }))
+	require.NoError(t, wait(t, done))
+	for _, b := range blocks {
+		assert.True(t, bytes.Equal(src.mem.Bytes[b[0]:b[0]+b[2]], dst.mem.Bytes[b[1]:b[1]+b[2]]), "block %v", b)
+	}
+	// Untouched destination bytes stay zero.
+	assert.Equal(t, byte(0), dst.mem.Bytes[4096+100])
+
+	// Many batches in flight at once all complete.
+	const batches = 64
+	all := make(chan error, batches)
+	for i := 0; i < batches; i++ {
+		w := rdma.Write{Src: src.mem.Addr + uint64(i)*1024, Dst: dst.mem.Addr + uint64(i)*1024, Len: 1024, Local: src.reg.Key(), Remote: rk}
+		require.NoError(t, ep.Post([]rdma.Write{w}, func(err error) { all <- err }))
+	}
+	for i := 0; i < batches; i++ {
+		require.NoError(t, wait(t, all))
+	}
+	assert.True(t, bytes.Equal(src.mem.Bytes[:batches*1024], dst.mem.Bytes[:batches*1024]))
+	require.NoError(t, ep.Close())
+}
+
+func invalidWrites(t *testing.T, f Factory) {
+	const n = 1 << 16
+	src, dst, ep, rk := pair(t, f.Pair, n)
+	for _, tc := range []struct {
+		name string
+		w    rdma.Write
+	}{
+		{"destination past the region", rdma.Write{Src: src.mem.Addr, Dst: dst.mem.Addr + n - 8, Len: 16, Local: src.reg.Key(), Remote: rk}},
+		{"source past the region", rdma.Write{Src: src.mem.Addr + n - 8, Dst: dst.mem.Addr, Len: 16, Local: src.reg.Key(), Remote: rk}},
+		{"unknown remote key", rdma.Write{Src: src.mem.Addr, Dst: dst.mem.Addr, Len: 16, Local: src.reg.Key(), Remote: rk + 7}},
+	} {
+		called := make(chan error, 1)
+		err := ep.Post([]rdma.Write{tc.w}, func(err error) { called <- err })
+		require.Error(t, err, tc.name)
+		assert.True(t, errors.Is(err, rdma.ErrInvalidWrite), "%s: %v", tc.name, err)
+		select {
+		case <-called:
+			t.Fatalf("%s: done called after a failed Post", tc.name)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	assert.Equal(t, make([]byte, n), dst.mem.Bytes, "nothing landed")
+}
+
+func unknownPeer(t *testing.T, f Factory) {
+	from, to := f.Pair(t)
+	t.Cleanup(func() { _ = from.Close(); _ = to.Close() })
+	src := newSide(t, from, 4096)
+	dst := newSide(t, to, 4096)
+	desc := dst.reg.Desc()
+	addr := append([]byte(nil), to.Address()...)
+	require.NoError(t, to.Close())
+
+	// The peer is gone: connecting, importing its key or the first batch
+	// must fail (transports that connect lazily fail at the batch).
+	ep, err := from.Connect(addr)
+	if err == nil {
+		var rk rdma.RemoteKey
+		if rk, err = ep.Import(desc); err == nil {
+			done := make(chan error, 1)
+			if err = ep.Post([]rdma.Write{{Src: src.mem.Addr, Dst: desc.Addr, Len: 8, Local: src.reg.Key(), Remote: rk}}, func(err error) { done <- err }); err == nil {
+				err = wait(t, done)
+			}
+		}
+		_ = ep.Close()
+	}
+	require.Error(t, err, "writing to a closed peer must fail")
+}
+
+func closeLandsNothing(t *testing.T, f Factory) {
+	const n = 1 << 16
+	src, dst, ep, rk := pair(t, f.SlowPair, n)
+	for i := range src.mem.Bytes {
+		src.mem.Bytes[i] = 0xAB
+	}
+	done := make(chan error, 1)
+	require.NoError(t, ep.Post([]rdma.Write{{Src: src.mem.Addr, Dst: dst.mem.Addr, Len: n, Local: src.reg.Key(), Remote: rk}}, func(err error) { done <- err }))
+	require.NoError(t, ep.Close())
+	closedAt := append([]byte(nil), dst.mem.Bytes...)
+	err := wait(t, done)
+	require.Error(t, err, "a batch cut by teardown must fail")
+	assert.True(t, errors.Is(err, rdma.ErrEndpointBroken), "%v", err)
+	time.Sleep(100 * time.Millisecond) // past the modeled landing time
+	assert.Equal(t, closedAt, dst.mem.Bytes, "bytes changed after Close returned")
+
+	err = ep.Post([]rdma.Write{{Src: src.mem.Addr, Dst: dst.mem.Addr, Len: 8, Local: src.reg.Key(), Remote: rk}}, func(error) {})
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, rdma.ErrEndpointBroken))
+}
