@@ -549,3 +549,16 @@ func (e *Endpoint) Close() error {
 	}
 	return nil
 }
+
+var (
+	defaultOnce   sync.Once
+	defaultFabric *Fabric
+)
+
+// Default returns the process's shared fabric with no modeled link: the
+// embedded default through which an engine and an in-process decode pool
+// reach each other.
+func Default() *Fabric {
+	defaultOnce.Do(func() { defaultFabric = NewFabric(Options{}) })
+	return defaultFabric
+}

@@ -1,0 +1,95 @@
+package actors
+
+import (
+	"context"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/kvstream/kvstream/messages"
+	"go.uber.org/zap"
+)
+
+// ChunkProps returns the props of a chunk actor for job.
+func ChunkProps(env *Env, job *Job) *actor.Props {
+	return actor.PropsFromProducer(func() actor.Actor {
+		return &chunkActor{env: env, job: job, core: NewChunkCore(env.Layout, job.Plan)}
+	})
+}
+
+type chunkActor struct {
+	env        *Env
+	job        *Job
+	core       *ChunkCore
+	timer      *time.Timer
+	stopCancel func() bool // stops watching the Finish caller's context
+}
+
+func (a *chunkActor) Receive(ctx actor.Context) {
+	switch ctx.Message().(type) {
+	case *actor.Started, *actor.Stopping, *actor.Restarting:
+		return
+	case *actor.Stopped:
+		a.stopTimer()
+		return
+	case *messages.Finish:
+		if m := ctx.Message().(*messages.Finish); m.Ctx != nil {
+			self, root := ctx.Self(), a.env.System.Root
+			a.stopCancel = context.AfterFunc(m.Ctx, func() { root.Send(self, &messages.Cancel{Reason: m.Ctx.Err()}) })
+		}
+	}
+	for _, e := range a.core.Step(ctx.Message()) {
+		a.perform(ctx, e)
+	}
+}
+
+func (a *chunkActor) perform(ctx actor.Context, e Effect) {
+	switch e := e.(type) {
+	case Submit:
+		w := e.Work
+		w.Job, w.ReplyTo = a.job, ctx.Self()
+		ctx.Send(a.env.Submitters, &w)
+	case StartTimer:
+		self, root := ctx.Self(), a.env.System.Root
+		a.timer = time.AfterFunc(e.After, func() { root.Send(self, &messages.Timeout{}) })
+	case CancelWork:
+		a.job.closeGate()
+	case Teardown:
+		if eps := a.job.teardown(); len(eps) > 0 {
+			a.env.Log.Warn("tore down endpoints with writes in flight",
+				zap.Uint64("room", a.job.ID().Room), zap.Int("chunk", a.job.ID().Start), zap.Int("endpoints", len(eps)))
+		}
+	case Reply:
+		e.To <- e.Result // buffered by the caller
+	case ChunkEnded:
+		a.stopTimer()
+		a.job.closeGate()
+		a.log(e.Result)
+		ctx.Send(ctx.Parent(), &messages.ChunkDone{Result: e.Result})
+	}
+}
+
+func (a *chunkActor) stopTimer() {
+	if a.timer != nil {
+		a.timer.Stop()
+		a.timer = nil
+	}
+	if a.stopCancel != nil {
+		a.stopCancel()
+		a.stopCancel = nil
+	}
+}
+
+// log follows invariant 12: success at DEBUG, failure at WARN with room,
+// chunk and cause; nothing per layer.
+func (a *chunkActor) log(r messages.Result) {
+	fields := []zap.Field{
+		zap.Uint64("room", r.Chunk.Room), zap.Int("chunk", r.Chunk.Start),
+		zap.Bool("per_layer", r.PerLayer), zap.String("status", r.Status.String()),
+		zap.Uint64("bytes", r.Stats.Bytes), zap.Int("batches", r.Stats.Batches), zap.Int("groups", r.Stats.Groups),
+	}
+	if r.Err != nil {
+		a.env.Log.Warn("chunk transfer failed", append(fields, zap.Error(r.Err))...)
+		return
+	}
+	a.env.Log.Debug("chunk transfer done", fields...)
+}

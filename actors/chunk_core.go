@@ -1,0 +1,332 @@
+package actors
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/cp"
+	"github.com/kvstream/kvstream/messages"
+)
+
+// ErrTimeout marks a chunk that did not complete within its finish or drop
+// timeout.
+var ErrTimeout = errors.New("timeout")
+
+// ErrCancelled marks a chunk failed because its Finish caller gave up.
+var ErrCancelled = errors.New("cancelled")
+
+// Effect is something a core asks its shell to do.
+type Effect interface{ effect() }
+
+// Submit sends Work to the submitter pool (the shell adds the job and the
+// reply address).
+type Submit struct{ Work messages.Work }
+
+// Reply answers a Finish caller.
+type Reply struct {
+	To     chan<- messages.Result
+	Result messages.Result
+}
+
+// StartTimer arms the chunk's deadline: after After, deliver Timeout.
+type StartTimer struct{ After time.Duration }
+
+// CancelWork closes the chunk's gate: work not yet posted is skipped and
+// event waits return. Batches already posted continue.
+type CancelWork struct{}
+
+// Teardown closes the gate and tears down every endpoint that still has a
+// batch of this chunk in flight, so that nothing of it can land any more
+// (invariant 10). The shell performs it before the effects that follow.
+type Teardown struct{}
+
+// ChunkEnded tells the room that the chunk is over.
+type ChunkEnded struct{ Result messages.Result }
+
+func (Submit) effect()     {}
+func (Reply) effect()      {}
+func (StartTimer) effect() {}
+func (CancelWork) effect() {}
+func (Teardown) effect()   {}
+func (ChunkEnded) effect() {}
+
+// ChunkCore is the functional core of one chunk context. It decides which
+// groups to accept (invariants 4 and 11), what is still owed at the end of
+// the forward or at finish (invariant 3), when the chunk is complete
+// (everything enqueued was processed and every posted batch completed), and
+// how it fails (closed, and quiesced before it answers: invariants 9, 10).
+type ChunkCore struct {
+	id       messages.Chunk
+	perLayer bool
+	empty    bool
+	dests    int
+	layout   *Layout
+
+	bound   bool
+	forward uint64
+	ended   bool
+
+	accepted []bool // per group: enqueued from our forward
+	restSent bool
+
+	enqueued, processed int // Work sent / answered by a submitter
+	posted, completed   int // batches posted / completed
+
+	err       error
+	finishing bool
+	dropping  bool
+	reply     chan<- messages.Result
+	done      bool
+	stats     messages.Stats
+	out       []Effect
+}
+
+// NewChunkCore returns the core of a chunk context for plan.
+func NewChunkCore(l *Layout, p *Plan) *ChunkCore {
+	return &ChunkCore{
+		id:       p.Chunk,
+		perLayer: p.Mode == cp.PerLayer,
+		empty:    p.Empty(),
+		dests:    len(p.Dests),
+		layout:   l,
+		accepted: make([]bool, l.Groups.Count()),
+	}
+}
+
+// ID returns the chunk's identity.
+func (c *ChunkCore) ID() messages.Chunk { return c.id }
+
+// Done reports whether the chunk answered and ended.
+func (c *ChunkCore) Done() bool { return c.done }
+
+// Counts returns (enqueued, processed, posted, completed): the finish target
+// and progress, for tests and traces.
+func (c *ChunkCore) Counts() (enqueued, processed, posted, completed int) {
+	return c.enqueued, c.processed, c.posted, c.completed
+}
+
+// Step feeds one message and returns the effects to perform, in order. The
+// returned slice is reused by the next call.
+func (c *ChunkCore) Step(msg any) []Effect {
+	c.out = c.out[:0]
+	if c.done {
+		return c.out
+	}
+	switch m := msg.(type) {
+	case *messages.Bind:
+		c.bind(m)
+	case *messages.GroupReady:
+		c.groupReady(m)
+	case *messages.ForwardEnd:
+		c.forwardEnd(m)
+	case *messages.Finish:
+		c.finish(m)
+	case *messages.Drop:
+		c.drop(m)
+	case *messages.Submitted:
+		c.submitted(m)
+	case *messages.BatchDone:
+		c.batchDone(m)
+	case *messages.Cancel:
+		c.fail(errors.Mark(errors.Wrap(m.Reason, "finish abandoned by its caller"), ErrCancelled))
+	case *messages.Timeout:
+		c.timeout()
+	}
+	c.settle()
+	return c.out
+}
+
+func (c *ChunkCore) bind(m *messages.Bind) {
+	// A context binds to the first forward that begins after it was
+	// registered and to no other (invariant 4). A finishing context that
+	// never saw a forward already sent everything.
+	if c.bound || c.finishing || c.dropping {
+		return
+	}
+	c.bound, c.forward = true, m.Forward
+}
+
+func (c *ChunkCore) groupReady(m *messages.GroupReady) {
+	if !c.bound || m.Forward != c.forward || c.ended || m.Group < 0 || m.Group >= len(c.accepted) || c.accepted[m.Group] {
+		// Another forward re-firing our layers, a duplicate, or a late
+		// group: accepting it would grow the finish target without end.
+		c.stats.Ignored++
+		return
+	}
+	c.accepted[m.Group] = true
+	if !c.perLayer || c.empty || c.err != nil || c.dropping {
+		return // the group is accounted for; the monolithic send covers it
+	}
+	if m.Err != nil {
+		c.fail(errors.Wrapf(m.Err, "room %d chunk %d: record event for group %d", c.id.Room, c.id.Start, m.Group))
+		return
+	}
+	bufs := c.layout.GroupBuffers(m.Group)
+	if len(bufs) == 0 {
+		return
+	}
+	c.stats.Groups++
+	c.submit(messages.Work{Seq: m.Group, Dest: 0, Buffers: bufs, Event: m.Event})
+}
+
+func (c *ChunkCore) forwardEnd(m *messages.ForwardEnd) {
+	if !c.bound || m.Forward != c.forward || c.ended {
+		return
+	}
+	c.ended = true
+	c.stats.ForwardEnd = m.At
+	if m.Err != nil {
+		c.fail(errors.Wrapf(m.Err, "room %d chunk %d: record end-of-forward event", c.id.Room, c.id.Start))
+		return
+	}
+	c.sendRest(m.Event)
+}
+
+// sendRest sends everything no accepted group covered, gated by ev: the
+// hookless buffers and groups that never fired, or all buffers to every
+// destination for a monolithic chunk.
+func (c *ChunkCore) sendRest(ev messages.Event) {
+	if c.restSent || c.empty || c.err != nil || c.dropping {
+		return
+	}
+	c.restSent = true
+	var bufs []int
+	if c.perLayer {
+		for g, ok := range c.accepted {
+			if !ok {
+				bufs = append(bufs, c.layout.GroupBuffers(g)...)
+			}
+		}
+		bufs = append(bufs, c.layout.Hookless()...)
+	} else {
+		bufs = c.layout.All()
+	}
+	if len(bufs) == 0 {
+		return
+	}
+	for d := 0; d < c.dests; d++ {
+		c.submit(messages.Work{Seq: messages.Rest, Dest: d, Buffers: bufs, Event: ev})
+	}
+}
+
+func (c *ChunkCore) submit(w messages.Work) {
+	w.Chunk = c.id
+	c.enqueued++
+	c.out = append(c.out, Submit{Work: w})
+}
+
+func (c *ChunkCore) finish(m *messages.Finish) {
+	if c.finishing || c.dropping {
+		return
+	}
+	c.finishing, c.reply = true, m.Reply
+	c.out = append(c.out, StartTimer{After: m.Timeout})
+	if !c.bound {
+		// No forward ever bound this chunk: the caller finishing it vouches
+		// that its KV is written, and m.Event (recorded at Finish on the
+		// compute stream) covers everything enqueued so far.
+		if m.EventErr != nil {
+			c.fail(errors.Wrapf(m.EventErr, "room %d chunk %d: record finish event", c.id.Room, c.id.Start))
+			return
+		}
+		c.sendRest(m.Event)
+	}
+	// Bound but not ended: completion waits for the forward's end (bounded
+	// by the timer), because layers not yet enqueued cannot be gated.
+}
+
+func (c *ChunkCore) drop(m *messages.Drop) {
+	if c.finishing || c.dropping {
+		return
+	}
+	c.dropping = true
+	c.out = append(c.out, CancelWork{}, StartTimer{After: m.Timeout})
+}
+
+func (c *ChunkCore) submitted(m *messages.Submitted) {
+	c.processed++
+	if m.Err != nil {
+		c.fail(errors.Wrapf(m.Err, "room %d chunk %d %s", c.id.Room, c.id.Start, part(m.Seq, m.Dest)))
+		return
+	}
+	if !m.Posted {
+		return
+	}
+	c.posted++
+	c.stats.Bytes += m.Bytes
+	c.stats.Blocks += m.Blocks
+	c.stats.Batches++
+	c.stats.EventWait += m.EventWait
+	if c.stats.FirstPost.IsZero() || m.PostedAt.Before(c.stats.FirstPost) {
+		c.stats.FirstPost = m.PostedAt
+	}
+}
+
+func (c *ChunkCore) batchDone(m *messages.BatchDone) {
+	c.completed++
+	if m.At.After(c.stats.LastDone) {
+		c.stats.LastDone = m.At
+	}
+	if m.Err != nil {
+		c.fail(errors.Wrapf(m.Err, "room %d chunk %d %s: batch failed", c.id.Room, c.id.Start, part(m.Seq, m.Dest)))
+	}
+}
+
+func (c *ChunkCore) fail(err error) {
+	if c.err != nil {
+		return
+	}
+	c.err = err
+	c.out = append(c.out, CancelWork{})
+}
+
+func (c *ChunkCore) timeout() {
+	if !c.finishing && !c.dropping {
+		return
+	}
+	e, p, po, co := c.Counts()
+	c.fail(errors.Mark(errors.Newf("room %d chunk %d: not complete within the timeout (work %d/%d processed, batches %d/%d completed, forward ended %v)",
+		c.id.Room, c.id.Start, p, e, co, po, c.ended), ErrTimeout))
+	// Whatever is still in flight must not land after we answer.
+	c.out = append(c.out, Teardown{})
+	c.answer()
+}
+
+// settle answers once the chunk is complete: everything enqueued was
+// processed, every posted batch completed, and (unless it failed) its
+// forward ended or it never had one.
+func (c *ChunkCore) settle() {
+	if c.done || !(c.finishing || c.dropping) {
+		return
+	}
+	if c.finishing && c.err == nil && !c.empty && c.bound && !c.ended {
+		return
+	}
+	if c.processed < c.enqueued || c.completed < c.posted {
+		return
+	}
+	c.answer()
+}
+
+func (c *ChunkCore) answer() {
+	res := messages.Result{Chunk: c.id, PerLayer: c.perLayer, Status: messages.Succeeded, Stats: c.stats}
+	switch {
+	case c.dropping:
+		res.Status, res.Err = messages.Dropped, c.err
+	case c.err != nil:
+		res.Status, res.Err = messages.Failed, c.err
+	}
+	c.done = true
+	if c.reply != nil {
+		c.out = append(c.out, Reply{To: c.reply, Result: res})
+	}
+	c.out = append(c.out, ChunkEnded{Result: res})
+}
+
+func part(seq, dest int) string {
+	if seq == messages.Rest {
+		return "rest to destination " + strconv.Itoa(dest)
+	}
+	return "group " + strconv.Itoa(seq)
+}

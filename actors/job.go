@@ -1,0 +1,95 @@
+package actors
+
+import (
+	"context"
+	"sync"
+
+	"github.com/kvstream/kvstream/hw/rdma"
+	"github.com/kvstream/kvstream/messages"
+)
+
+// Job is the data-plane half of a chunk context, shared by its actor and the
+// submitters that serve it: the plan, a context that cancels event waits,
+// and a gate with a ledger of the batches in flight per endpoint.
+//
+// The gate is the one lock between the chunk and its submitters, and it is
+// what makes quiescence exact (invariant 10): a submitter posts only while
+// holding it and only if the gate is open; closing it therefore orders every
+// future post after the close (they are skipped), and the ledger names every
+// endpoint that can still land a write of this chunk.
+type Job struct {
+	Plan   *Plan
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu       sync.Mutex
+	closed   bool
+	inflight map[rdma.Endpoint]int
+}
+
+// NewJob returns the job of plan.
+func NewJob(p *Plan) *Job {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Job{Plan: p, ctx: ctx, cancel: cancel, inflight: map[rdma.Endpoint]int{}}
+}
+
+// ID returns the chunk.
+func (j *Job) ID() messages.Chunk { return j.Plan.Chunk }
+
+// Context is cancelled when the chunk stops accepting work.
+func (j *Job) Context() context.Context { return j.ctx }
+
+// Release frees a job whose chunk was never started (its key was already
+// registered).
+func (j *Job) Release() { j.cancel() }
+
+// post posts ws on ep unless the gate is closed; posted reports whether a
+// batch is now in flight. done runs when it completes (never inside post,
+// by the transport contract, so holding the gate across Post is safe).
+func (j *Job) post(ep rdma.Endpoint, ws []rdma.Write, done func(error)) (posted bool, err error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.closed {
+		return false, nil
+	}
+	err = ep.Post(ws, func(err error) {
+		j.mu.Lock()
+		if j.inflight[ep]--; j.inflight[ep] <= 0 {
+			delete(j.inflight, ep)
+		}
+		j.mu.Unlock()
+		done(err)
+	})
+	if err != nil {
+		return false, err
+	}
+	j.inflight[ep]++
+	return true, nil
+}
+
+// closeGate stops new posts and wakes event waits.
+func (j *Job) closeGate() {
+	j.mu.Lock()
+	j.closed = true
+	j.mu.Unlock()
+	j.cancel()
+}
+
+// teardown closes the gate and tears down every endpoint with a batch of
+// this chunk in flight. When it returns, nothing of the chunk can land.
+// Other chunks' batches on those endpoints fail too: the transport cannot
+// cancel one batch, only an endpoint (UCX force close, verbs QP to error).
+func (j *Job) teardown() []rdma.Endpoint {
+	j.mu.Lock()
+	j.closed = true
+	eps := make([]rdma.Endpoint, 0, len(j.inflight))
+	for ep := range j.inflight {
+		eps = append(eps, ep)
+	}
+	j.mu.Unlock()
+	j.cancel()
+	for _, ep := range eps {
+		_ = ep.Close()
+	}
+	return eps
+}

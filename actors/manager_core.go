@@ -1,0 +1,78 @@
+package actors
+
+import (
+	"github.com/kvstream/kvstream/messages"
+)
+
+// SpawnRoom asks the manager shell to start a room actor.
+type SpawnRoom struct{ Room uint64 }
+
+// Route asks the manager shell to deliver Msg to a room actor.
+type Route struct {
+	Room uint64
+	Msg  any
+}
+
+// StopRoom asks the manager shell to stop an idle room actor.
+type StopRoom struct{ Room uint64 }
+
+func (SpawnRoom) effect() {}
+func (Route) effect()     {}
+func (StopRoom) effect()  {}
+
+// ManagerCore routes registrations, finishes and drops to room actors. A room
+// actor lives while it holds chunks; it is stopped only when it reported idle
+// after handling every message the manager routed to it, so that no message
+// is ever routed to a stopping room.
+type ManagerCore struct {
+	rooms map[uint64]uint64 // room -> messages routed to it
+	out   []Effect
+}
+
+// NewManagerCore returns an empty manager core.
+func NewManagerCore() *ManagerCore { return &ManagerCore{rooms: map[uint64]uint64{}} }
+
+// Rooms returns how many room actors are alive.
+func (c *ManagerCore) Rooms() int { return len(c.rooms) }
+
+// Step feeds one message; the returned slice is reused by the next call.
+func (c *ManagerCore) Step(msg any) []Effect {
+	c.out = c.out[:0]
+	switch m := msg.(type) {
+	case *messages.AddChunk:
+		c.route(m.Chunk.Room, m, true)
+	case *messages.Finish:
+		if !c.route(m.Room, m, false) {
+			c.out = append(c.out, Reply{To: m.Reply, Result: messages.Result{
+				Status: messages.Failed,
+				Err:    badInput("unknown room %d", m.Room),
+			}})
+		}
+	case *messages.Drop:
+		if !c.route(m.Room, m, false) {
+			c.out = append(c.out, AnswerDrop{To: m.Reply, Results: []messages.Result{{
+				Status: messages.Failed,
+				Err:    badInput("unknown room %d", m.Room),
+			}}})
+		}
+	case *messages.RoomIdle:
+		if sent, ok := c.rooms[m.Room]; ok && sent == m.Seen {
+			delete(c.rooms, m.Room)
+			c.out = append(c.out, StopRoom{Room: m.Room})
+		}
+	}
+	return c.out
+}
+
+func (c *ManagerCore) route(room uint64, msg any, spawn bool) bool {
+	sent, ok := c.rooms[room]
+	if !ok {
+		if !spawn {
+			return false
+		}
+		c.out = append(c.out, SpawnRoom{Room: room})
+	}
+	c.rooms[room] = sent + 1
+	c.out = append(c.out, Route{Room: room, Msg: msg})
+	return true
+}

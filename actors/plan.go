@@ -1,0 +1,197 @@
+package actors
+
+import (
+	"github.com/kvstream/kvstream/cp"
+	"github.com/kvstream/kvstream/hw/rdma"
+	"github.com/kvstream/kvstream/messages"
+)
+
+// Peer is a decode session this engine writes to: where to connect and its
+// buffers, in the same order as the prefill layout.
+type Peer struct {
+	ID      string
+	Address []byte
+	Buffers []PeerBuffer
+}
+
+// PeerBuffer is one decode buffer: its registered region and page size.
+type PeerBuffer struct {
+	Region  rdma.RegionDesc
+	ItemLen uint64
+}
+
+// Pages is the buffer's capacity in pages.
+func (b PeerBuffer) Pages() int { return int(b.Region.Len / b.ItemLen) }
+
+// ValidatePeer checks a peer against the layout: one buffer per prefill
+// buffer, same item lengths.
+func ValidatePeer(l *Layout, p Peer) error {
+	switch {
+	case p.ID == "":
+		return badInput("peer has an empty id")
+	case len(p.Address) == 0:
+		return badInput("peer %q has an empty transport address", p.ID)
+	case len(p.Buffers) != len(l.Buffers):
+		return badInput("peer %q has %d buffers, the prefill layout %d", p.ID, len(p.Buffers), len(l.Buffers))
+	}
+	for i, b := range p.Buffers {
+		switch {
+		case b.ItemLen != l.Buffers[i].ItemLen:
+			return badInput("peer %q buffer %d: item length %d, prefill %d", p.ID, i, b.ItemLen, l.Buffers[i].ItemLen)
+		case b.Region.Len < b.ItemLen:
+			return badInput("peer %q buffer %d: region of %d bytes holds no page", p.ID, i, b.Region.Len)
+		}
+	}
+	return nil
+}
+
+// DecodeInfo is one decode destination of a room.
+type DecodeInfo struct {
+	Peer string
+	// DstPages is the full request's destination page list: position p of
+	// the request goes to page DstPages[p].
+	DstPages []int
+	// Dummy destinations receive nothing.
+	Dummy bool
+}
+
+// ChunkSpec is what the scheduler registers before the forward that writes
+// tokens [Start, End) of a room.
+type ChunkSpec struct {
+	Room       uint64
+	Start, End int  // tokens; End is floored to a page unless Last
+	Last       bool // the request's last chunk
+	// SrcPages are the prefill pages backing the chunk, in position order. A
+	// trailing partial page of a non-last chunk may be included; it is sent
+	// with the next chunk.
+	SrcPages []int
+	// TotalPages is the request's page count. The contiguous CP rule needs
+	// it; when set it is checked against the chunk and the destinations.
+	TotalPages int
+	Infos      []DecodeInfo
+}
+
+// Key returns the chunk's idempotence key.
+func (s *ChunkSpec) Key() messages.ChunkKey { return messages.ChunkKey{Room: s.Room, Start: s.Start} }
+
+// Plan is everything a chunk context sends, computed once at registration.
+type Plan struct {
+	Chunk  messages.Chunk
+	Range  cp.Range
+	Mode   cp.Mode
+	Reason cp.Reason
+	Dests  []Dest // the non-dummy destinations
+	Owned  int    // pages this rank sends per buffer per destination
+}
+
+// Dest is one real destination with the chunk's runs toward it.
+type Dest struct {
+	Info int // index in the spec's Infos
+	Peer string
+	Runs []cp.Run
+}
+
+// Empty reports whether the plan sends nothing.
+func (p *Plan) Empty() bool { return p.Owned == 0 || len(p.Dests) == 0 }
+
+// Bytes is what the plan sends in total.
+func (p *Plan) Bytes(l *Layout) uint64 {
+	var per uint64
+	for _, b := range l.Buffers {
+		per += b.ItemLen
+	}
+	return per * uint64(p.Owned) * uint64(len(p.Dests))
+}
+
+// BuildPlan validates a spec and computes its plan: the exact range, the
+// owned pages and their absolute positions, and the runs toward every real
+// destination. perLayer false forces the monolithic send. It is pure, and on
+// error it names the bad value.
+func BuildPlan(l *Layout, peers func(string) (*Peer, bool), s *ChunkSpec, perLayer bool) (*Plan, error) {
+	r, err := cp.ChunkRange(s.Start, s.End, l.PageSize, s.Last)
+	if err != nil {
+		return nil, err
+	}
+	src := s.SrcPages
+	switch {
+	case len(src) == r.Pages:
+	case !s.Last && len(src) == r.Pages+1 && s.End > r.End:
+		src = src[:r.Pages] // the partial page goes with the next chunk
+	default:
+		return nil, badInput("room %d chunk [%d, %d): %d source pages, the range needs %d", s.Room, s.Start, r.End, len(s.SrcPages), r.Pages)
+	}
+	if s.TotalPages != 0 && r.PageStart+r.Pages > s.TotalPages {
+		return nil, badInput("room %d chunk pages [%d, %d) beyond the request's %d pages", s.Room, r.PageStart, r.PageStart+r.Pages, s.TotalPages)
+	}
+	if l.CP.Rule == cp.Contiguous && s.TotalPages == 0 {
+		return nil, badInput("room %d: the contiguous CP rule needs the request's total pages", s.Room)
+	}
+	if err := checkPages("source", src, l.MinPages()); err != nil {
+		return nil, errorsWithRoom(err, s.Room)
+	}
+	if len(s.Infos) == 0 {
+		return nil, badInput("room %d: no decode info", s.Room)
+	}
+	dummy := make([]bool, len(s.Infos))
+	for i, info := range s.Infos {
+		dummy[i] = info.Dummy
+	}
+	mode, reason, _ := cp.Guard(dummy)
+	if !perLayer {
+		mode = cp.Monolithic
+	}
+	owned, positions, err := l.CP.Owned(src, r.PageStart, s.TotalPages)
+	if err != nil {
+		return nil, err
+	}
+	p := &Plan{Range: r, Mode: mode, Reason: reason, Owned: len(owned)}
+	for i, info := range s.Infos {
+		if info.Dummy {
+			continue
+		}
+		peer, ok := peers(info.Peer)
+		if !ok {
+			return nil, badInput("room %d info %d: unknown peer %q", s.Room, i, info.Peer)
+		}
+		if s.TotalPages != 0 && len(info.DstPages) < s.TotalPages {
+			return nil, badInput("room %d info %d: %d destination pages for a request of %d pages", s.Room, i, len(info.DstPages), s.TotalPages)
+		}
+		if err := checkPages("destination", info.DstPages, peerPages(peer)); err != nil {
+			return nil, errorsWithRoom(err, s.Room)
+		}
+		dst, err := cp.DstPages(info.DstPages, positions)
+		if err != nil {
+			return nil, errorsWithRoom(err, s.Room)
+		}
+		runs, err := cp.Coalesce(owned, dst)
+		if err != nil {
+			return nil, err
+		}
+		p.Dests = append(p.Dests, Dest{Info: i, Peer: info.Peer, Runs: runs})
+	}
+	return p, nil
+}
+
+func peerPages(p *Peer) int {
+	n := p.Buffers[0].Pages()
+	for _, b := range p.Buffers[1:] {
+		n = min(n, b.Pages())
+	}
+	return n
+}
+
+// checkPages rejects negative, out-of-range and duplicate page ids.
+func checkPages(what string, pages []int, capacity int) error {
+	seen := make([]uint64, (capacity+63)/64)
+	for i, pg := range pages {
+		if pg < 0 || pg >= capacity {
+			return badInput("%s page %d at index %d: outside the pool of %d pages", what, pg, i, capacity)
+		}
+		w, bit := pg/64, uint64(1)<<(pg%64)
+		if seen[w]&bit != 0 {
+			return badInput("%s page %d at index %d: duplicate", what, pg, i)
+		}
+		seen[w] |= bit
+	}
+	return nil
+}

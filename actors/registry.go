@@ -1,0 +1,120 @@
+package actors
+
+import (
+	"sync"
+
+	"github.com/kvstream/kvstream/messages"
+)
+
+// Registry is a read model of the rooms' queues, kept by the room shells, so
+// that the façade answers "is this chunk already registered?" and "does this
+// room exist?" without a round trip through the actors. The scheduler
+// re-registers the same requests about nine times while forming a batch
+// (invariant 11: that must be cheap). The room actors stay the authority: a
+// registration the registry does not know goes to them and is deduplicated
+// there.
+type Registry struct {
+	mu     sync.RWMutex
+	queued map[messages.ChunkKey]messages.Added
+	rooms  map[uint64]int // live contexts per room (queued or finishing)
+}
+
+// NewRegistry returns an empty registry.
+func NewRegistry() *Registry {
+	return &Registry{queued: map[messages.ChunkKey]messages.Added{}, rooms: map[uint64]int{}}
+}
+
+// Lookup returns the queued context with key k.
+func (r *Registry) Lookup(k messages.ChunkKey) (messages.Added, bool) {
+	r.mu.RLock()
+	a, ok := r.queued[k]
+	r.mu.RUnlock()
+	if ok {
+		a.Existing = true
+	}
+	return a, ok
+}
+
+// HasRoom reports whether the room has a live chunk context.
+func (r *Registry) HasRoom(room uint64) bool {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.rooms[room] > 0
+}
+
+// Rooms returns the rooms with a live chunk context.
+func (r *Registry) Rooms() []uint64 {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := make([]uint64, 0, len(r.rooms))
+	for room := range r.rooms {
+		out = append(out, room)
+	}
+	return out
+}
+
+// Live returns the number of live chunk contexts.
+func (r *Registry) Live() int {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	n := 0
+	for _, c := range r.rooms {
+		n += c
+	}
+	return n
+}
+
+func (r *Registry) spawned(c messages.Chunk, perLayer bool) {
+	r.mu.Lock()
+	r.queued[c.ChunkKey] = messages.Added{Chunk: c, PerLayer: perLayer}
+	r.rooms[c.Room]++
+	r.mu.Unlock()
+}
+
+func (r *Registry) unqueued(c messages.Chunk) {
+	r.mu.Lock()
+	if a, ok := r.queued[c.ChunkKey]; ok && a.Chunk == c {
+		delete(r.queued, c.ChunkKey)
+	}
+	r.mu.Unlock()
+}
+
+func (r *Registry) ended(c messages.Chunk) {
+	r.mu.Lock()
+	if a, ok := r.queued[c.ChunkKey]; ok && a.Chunk == c {
+		delete(r.queued, c.ChunkKey)
+	}
+	if r.rooms[c.Room]--; r.rooms[c.Room] <= 0 {
+		delete(r.rooms, c.Room)
+	}
+	r.mu.Unlock()
+}
+
+// Peers is the table of decode peers, written by AddPeer and read by
+// submitters when they connect.
+type Peers struct {
+	mu    sync.RWMutex
+	peers map[string]*Peer
+}
+
+// NewPeers returns an empty table.
+func NewPeers() *Peers { return &Peers{peers: map[string]*Peer{}} }
+
+// Get returns a peer by id.
+func (p *Peers) Get(id string) (*Peer, bool) {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	peer, ok := p.peers[id]
+	return peer, ok
+}
+
+// Add inserts a peer; it fails if the id exists.
+func (p *Peers) Add(peer *Peer) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, dup := p.peers[peer.ID]; dup {
+		return badInput("peer %q already added", peer.ID)
+	}
+	p.peers[peer.ID] = peer
+	return nil
+}

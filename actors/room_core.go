@@ -1,0 +1,165 @@
+package actors
+
+import (
+	"github.com/kvstream/kvstream/messages"
+)
+
+// SpawnChunk asks the room shell to start a chunk actor from Props and tell
+// the forward actor it is pending.
+type SpawnChunk struct {
+	Add *messages.AddChunk
+}
+
+// AnswerAdd answers a registration.
+type AnswerAdd struct {
+	To    chan<- messages.Added
+	Added messages.Added
+}
+
+// Unqueue tells the shell that a chunk left the room's queue (popped by
+// finish, or ended): a registration of its key creates a new context again.
+type Unqueue struct{ Chunk messages.Chunk }
+
+// StopChunk stops an ended chunk actor and makes the forward actor forget it.
+type StopChunk struct{ Chunk messages.Chunk }
+
+// AnswerDrop answers a Drop once every dropped chunk quiesced.
+type AnswerDrop struct {
+	To      chan<- []messages.Result
+	Results []messages.Result
+}
+
+// Idle tells the manager the room holds no chunk.
+type Idle struct{ Seen uint64 }
+
+func (SpawnChunk) effect() {}
+func (AnswerAdd) effect()  {}
+func (Unqueue) effect()    {}
+func (StopChunk) effect()  {}
+func (AnswerDrop) effect() {}
+func (Idle) effect()       {}
+
+// RoomCore keeps one room's chunk contexts. Queued contexts form a FIFO in
+// send order (invariant 7): registering an active key is a no-op, a new key
+// appends, finish pops the front, drop drains every queued context.
+type RoomCore struct {
+	room  uint64
+	queue []queued
+	live  int // queued + popped but not ended
+	drops []*dropWait
+	seen  uint64
+	out   []Effect
+}
+
+type queued struct {
+	chunk    messages.Chunk
+	perLayer bool
+}
+
+type dropWait struct {
+	to      chan<- []messages.Result
+	waiting map[messages.Chunk]bool
+	results []messages.Result
+}
+
+// NewRoomCore returns the core of an empty room.
+func NewRoomCore(room uint64) *RoomCore { return &RoomCore{room: room} }
+
+// Queue returns the queued chunks in FIFO order (for tests).
+func (c *RoomCore) Queue() []messages.Chunk {
+	out := make([]messages.Chunk, len(c.queue))
+	for i, q := range c.queue {
+		out[i] = q.chunk
+	}
+	return out
+}
+
+// Step feeds one message; the returned slice is reused by the next call.
+func (c *RoomCore) Step(msg any) []Effect {
+	c.out = c.out[:0]
+	switch m := msg.(type) {
+	case *messages.AddChunk:
+		c.seen++
+		c.add(m)
+	case *messages.Finish:
+		c.seen++
+		c.finish(m)
+	case *messages.Drop:
+		c.seen++
+		c.drop(m)
+	case *messages.ChunkDone:
+		c.ended(m.Result)
+	default:
+		return c.out
+	}
+	if c.live == 0 && len(c.drops) == 0 {
+		c.out = append(c.out, Idle{Seen: c.seen})
+	}
+	return c.out
+}
+
+func (c *RoomCore) add(m *messages.AddChunk) {
+	for _, q := range c.queue {
+		if q.chunk.ChunkKey == m.Chunk.ChunkKey {
+			// Never overwrite an active context: the scheduler re-registers
+			// the same chunk many times while forming a batch.
+			c.out = append(c.out, AnswerAdd{To: m.Reply, Added: messages.Added{Chunk: q.chunk, PerLayer: q.perLayer, Existing: true}})
+			return
+		}
+	}
+	c.queue = append(c.queue, queued{chunk: m.Chunk, perLayer: m.PerLayer})
+	c.live++
+	c.out = append(c.out, SpawnChunk{Add: m}, AnswerAdd{To: m.Reply, Added: messages.Added{Chunk: m.Chunk, PerLayer: m.PerLayer}})
+}
+
+func (c *RoomCore) finish(m *messages.Finish) {
+	if len(c.queue) == 0 {
+		c.out = append(c.out, Reply{To: m.Reply, Result: messages.Result{
+			Status: messages.Failed,
+			Err:    badInput("room %d has no chunk to finish", c.room),
+		}})
+		return
+	}
+	front := c.queue[0]
+	c.queue = c.queue[1:]
+	c.out = append(c.out, Unqueue{Chunk: front.chunk}, Send{To: front.chunk, Msg: m})
+}
+
+func (c *RoomCore) drop(m *messages.Drop) {
+	w := &dropWait{to: m.Reply, waiting: map[messages.Chunk]bool{}}
+	for _, q := range c.queue {
+		w.waiting[q.chunk] = true
+		c.out = append(c.out, Unqueue{Chunk: q.chunk}, Send{To: q.chunk, Msg: m})
+	}
+	c.queue = nil
+	if len(w.waiting) == 0 {
+		c.out = append(c.out, AnswerDrop{To: m.Reply})
+		return
+	}
+	c.drops = append(c.drops, w)
+}
+
+func (c *RoomCore) ended(r messages.Result) {
+	c.live--
+	for i, q := range c.queue {
+		if q.chunk == r.Chunk { // ended while queued (cannot happen today; keep the FIFO honest)
+			c.queue = append(c.queue[:i:i], c.queue[i+1:]...)
+			c.out = append(c.out, Unqueue{Chunk: r.Chunk})
+			break
+		}
+	}
+	c.out = append(c.out, StopChunk{Chunk: r.Chunk})
+	for i := 0; i < len(c.drops); i++ {
+		w := c.drops[i]
+		if !w.waiting[r.Chunk] {
+			continue
+		}
+		delete(w.waiting, r.Chunk)
+		w.results = append(w.results, r)
+		if len(w.waiting) == 0 {
+			c.out = append(c.out, AnswerDrop{To: w.to, Results: w.results})
+			c.drops = append(c.drops[:i], c.drops[i+1:]...)
+			i--
+		}
+	}
+}

@@ -1,0 +1,114 @@
+package actors
+
+import (
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/kvstream/kvstream/messages"
+)
+
+// ForwardProps returns the forward actor's props. It runs on a synchronized
+// dispatcher: a message sent from the forward loop is handled on the forward
+// loop's goroutine, with no hand-off, unless another sender is inside the
+// mailbox at that moment (then that sender's goroutine handles it).
+func ForwardProps() *actor.Props {
+	return actor.PropsFromProducer(func() actor.Actor {
+		return &forwardActor{core: NewForwardCore(), pids: map[messages.Chunk]*actor.PID{}}
+	}, actor.WithDispatcher(actor.NewSynchronizedDispatcher(300)))
+}
+
+type forwardActor struct {
+	core *ForwardCore
+	pids map[messages.Chunk]*actor.PID
+}
+
+func (a *forwardActor) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *messages.Pending:
+		a.pids[m.Chunk] = m.PID
+	case *messages.Forget:
+		defer delete(a.pids, m.Chunk)
+	}
+	for _, e := range a.core.Step(ctx.Message()) {
+		switch e := e.(type) {
+		case Send:
+			if pid := a.pids[e.To]; pid != nil {
+				ctx.Send(pid, e.Msg)
+			}
+		case Answer:
+			e.To <- e.N
+		}
+	}
+}
+
+// ManagerProps returns the manager actor's props.
+func ManagerProps(env *Env) *actor.Props {
+	return actor.PropsFromProducer(func() actor.Actor {
+		return &managerActor{env: env, core: NewManagerCore(), rooms: map[uint64]*actor.PID{}}
+	})
+}
+
+type managerActor struct {
+	env   *Env
+	core  *ManagerCore
+	rooms map[uint64]*actor.PID
+}
+
+func (a *managerActor) Receive(ctx actor.Context) {
+	for _, e := range a.core.Step(ctx.Message()) {
+		switch e := e.(type) {
+		case SpawnRoom:
+			a.rooms[e.Room] = ctx.Spawn(roomProps(a.env, e.Room))
+		case Route:
+			ctx.Send(a.rooms[e.Room], e.Msg)
+		case StopRoom:
+			ctx.Stop(a.rooms[e.Room])
+			delete(a.rooms, e.Room)
+		case Reply:
+			e.To <- e.Result
+		case AnswerDrop:
+			e.To <- e.Results
+		}
+	}
+}
+
+func roomProps(env *Env, room uint64) *actor.Props {
+	return actor.PropsFromProducer(func() actor.Actor {
+		return &roomActor{env: env, core: NewRoomCore(room), room: room, pids: map[messages.Chunk]*actor.PID{}}
+	})
+}
+
+type roomActor struct {
+	env  *Env
+	core *RoomCore
+	room uint64
+	pids map[messages.Chunk]*actor.PID
+}
+
+func (a *roomActor) Receive(ctx actor.Context) {
+	for _, e := range a.core.Step(ctx.Message()) {
+		switch e := e.(type) {
+		case SpawnChunk:
+			c := e.Add.Chunk
+			pid := ctx.Spawn(e.Add.Props)
+			a.pids[c] = pid
+			a.env.Registry.spawned(c, e.Add.PerLayer)
+			ctx.Send(a.env.Forward, &messages.Pending{Chunk: c, PID: pid})
+		case AnswerAdd:
+			e.To <- e.Added
+		case Unqueue:
+			a.env.Registry.unqueued(e.Chunk)
+		case Send:
+			ctx.Send(a.pids[e.To], e.Msg)
+		case StopChunk:
+			ctx.Stop(a.pids[e.Chunk])
+			delete(a.pids, e.Chunk)
+			a.env.Registry.ended(e.Chunk)
+			ctx.Send(a.env.Forward, &messages.Forget{Chunk: e.Chunk})
+		case Reply:
+			e.To <- e.Result
+		case AnswerDrop:
+			e.To <- e.Results
+		case Idle:
+			ctx.Send(a.env.Manager, &messages.RoomIdle{Room: a.room, Seen: e.Seen})
+		}
+	}
+}

@@ -1,0 +1,237 @@
+package actors
+
+import (
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/asynkron/protoactor-go/router"
+	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/cp"
+	"github.com/kvstream/kvstream/hw/cuda"
+	"github.com/kvstream/kvstream/hw/rdma"
+	"github.com/kvstream/kvstream/messages"
+	"go.uber.org/zap"
+)
+
+// ErrEventWait marks a failed wait on a group's CUDA event.
+var ErrEventWait = errors.New("event wait failed")
+
+// endpointFailure is the panic value a submitter restarts with after an
+// endpoint broke, so that its supervisor gives it fresh endpoints.
+type endpointFailure struct {
+	peer string
+	err  error
+}
+
+func (f endpointFailure) Error() string { return "endpoint to " + f.peer + " broken: " + f.err.Error() }
+
+// deviceFailure is the panic value a submitter escalates with when the CUDA
+// context is lost: nothing a restart can fix.
+type deviceFailure struct{ err error }
+
+func (f deviceFailure) Error() string { return "device lost: " + f.err.Error() }
+
+// PoolConfig configures the submitter pool.
+type PoolConfig struct {
+	Submitters int
+	// MaxRestarts within Window per submitter before it is stopped.
+	MaxRestarts int
+	Window      time.Duration
+	// OnDeviceLost is called (once per failure) when a submitter meets a
+	// device error that poisons the CUDA context.
+	OnDeviceLost func(error)
+}
+
+// SpawnSubmitters starts the pool: a supervisor actor whose children are the
+// submitters, and a protoactor round-robin group router over them. It returns
+// the router (where Work goes) and the supervisor (to stop the pool).
+func SpawnSubmitters(env *Env, cfg PoolConfig) (routerPID, supervisor *actor.PID, err error) {
+	decider := func(reason any) actor.Directive {
+		switch r := reason.(type) {
+		case endpointFailure:
+			env.Restarts.Add(1)
+			env.Log.Warn("submitter restarting with fresh endpoints", zap.String("peer", r.peer), zap.Error(r.err))
+			return actor.RestartDirective
+		case deviceFailure:
+			if cfg.OnDeviceLost != nil {
+				cfg.OnDeviceLost(r.err)
+			}
+			env.Log.Warn("submitter met a lost device; restarting, engine marked unhealthy", zap.Error(r.err))
+			return actor.RestartDirective
+		}
+		env.Restarts.Add(1)
+		env.Log.Warn("submitter failed; restarting", zap.Any("reason", reason))
+		return actor.RestartDirective
+	}
+	ready := make(chan []*actor.PID, 1)
+	props := actor.PropsFromFunc(func(ctx actor.Context) {
+		if _, ok := ctx.Message().(*actor.Started); ok {
+			pids := make([]*actor.PID, cfg.Submitters)
+			for i := range pids {
+				pids[i] = ctx.Spawn(actor.PropsFromProducer(func() actor.Actor { return &submitter{env: env, conns: map[string]*conn{}} }))
+			}
+			ready <- pids
+		}
+	}, actor.WithSupervisor(actor.NewOneForOneStrategy(cfg.MaxRestarts, cfg.Window, decider)))
+	supervisor, err = env.System.Root.SpawnNamed(props, "submitters")
+	if err != nil {
+		return nil, nil, errors.Wrap(err, "spawn submitter pool")
+	}
+	pids := <-ready
+	routerPID, err = env.System.Root.SpawnNamed(router.NewRoundRobinGroup(pids...), "submit-router")
+	if err != nil {
+		return nil, nil, errors.Wrap(err, "spawn submitter router")
+	}
+	return routerPID, supervisor, nil
+}
+
+// submitter waits a group's event, builds its blocks and posts one batch.
+// Waiting blocks this actor (and only this actor): never the forward thread,
+// never the compute stream (invariant 1).
+type submitter struct {
+	env    *Env
+	conns  map[string]*conn
+	blocks []cp.Block
+	writes []rdma.Write
+}
+
+type conn struct {
+	ep    rdma.Endpoint
+	keys  []rdma.RemoteKey // per buffer
+	bases []uint64         // per buffer: the peer's page 0
+}
+
+func (s *submitter) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *actor.Restarting, *actor.Stopping:
+		s.closeAll()
+	case *messages.Work:
+		res, failure := s.work(m)
+		// Answer before panicking: a message that panics is lost on restart,
+		// and the chunk must hear about its work.
+		ctx.Send(m.ReplyTo, res)
+		if failure != nil {
+			panic(failure)
+		}
+	}
+}
+
+func (s *submitter) disconnect(peer string) {
+	if c, ok := s.conns[peer]; ok {
+		_ = c.ep.Close()
+		delete(s.conns, peer)
+	}
+}
+
+func (s *submitter) closeAll() {
+	for id, c := range s.conns {
+		_ = c.ep.Close()
+		delete(s.conns, id)
+	}
+}
+
+// work serves one Work. failure, when not nil, is what the submitter must
+// panic with after answering, for its supervisor to act on.
+func (s *submitter) work(w *messages.Work) (res *messages.Submitted, failure error) {
+	job := w.Job.(*Job)
+	res = &messages.Submitted{Seq: w.Seq, Dest: w.Dest}
+
+	start := time.Now()
+	if err := w.Event.Wait(job.Context()); err != nil {
+		if job.Context().Err() != nil {
+			return res, nil // the chunk was cancelled: skipped, not failed
+		}
+		res.Err = errors.Mark(err, ErrEventWait)
+		if errors.Is(err, cuda.ErrDeviceLost) {
+			return res, deviceFailure{err: err}
+		}
+		return res, nil
+	}
+	res.EventWait = time.Since(start)
+
+	dest := job.Plan.Dests[w.Dest]
+	seq, d, replyTo, root := w.Seq, w.Dest, w.ReplyTo, s.env.System.Root
+	done := func(err error) {
+		root.Send(replyTo, &messages.BatchDone{Seq: seq, Dest: d, Err: err, At: time.Now()})
+	}
+	var posted bool
+	// Two attempts: an endpoint may have been torn down by another chunk's
+	// quiescence since our last batch; nothing was posted on a failed Post,
+	// so one retry on a fresh endpoint is safe. A second failure is real.
+	for attempt := 0; attempt < 2; attempt++ {
+		c, err := s.conn(dest.Peer)
+		if err != nil {
+			res.Err = err
+			return res, endpointFailure{peer: dest.Peer, err: err}
+		}
+		s.build(w.Buffers, dest.Runs, c)
+		posted, err = job.post(c.ep, s.writes, done)
+		res.PostedAt = time.Now()
+		if err == nil {
+			break
+		}
+		res.Err = errors.Wrapf(err, "post %d writes to %s", len(s.writes), dest.Peer)
+		if !errors.Is(err, rdma.ErrEndpointBroken) {
+			return res, nil
+		}
+		s.disconnect(dest.Peer)
+		if attempt == 1 {
+			return res, endpointFailure{peer: dest.Peer, err: err}
+		}
+		res.Err = nil
+	}
+	if posted {
+		res.Posted, res.Bytes, res.Blocks = true, bytesOf(s.writes), len(s.writes)
+	}
+	return res, nil
+}
+
+// build turns the runs into one write per (buffer, run), reusing the
+// submitter's slices so that steady-state submits allocate nothing.
+func (s *submitter) build(buffers []int, runs []cp.Run, c *conn) {
+	l := s.env.Layout
+	s.writes = s.writes[:0]
+	for _, b := range buffers {
+		buf := l.Buffers[b]
+		s.blocks = cp.AppendBlocks(s.blocks[:0], runs, buf.Base, c.dstBase(b), buf.ItemLen)
+		for _, blk := range s.blocks {
+			s.writes = append(s.writes, rdma.Write{Src: blk.Src, Dst: blk.Dst, Len: blk.Len, Local: l.Keys[b], Remote: c.keys[b]})
+		}
+	}
+}
+
+func (c *conn) dstBase(b int) uint64 { return c.bases[b] }
+
+func bytesOf(ws []rdma.Write) uint64 {
+	var n uint64
+	for _, w := range ws {
+		n += w.Len
+	}
+	return n
+}
+
+// conn returns the endpoint to a peer, connecting and importing its buffers
+// on first use.
+func (s *submitter) conn(peerID string) (*conn, error) {
+	if c, ok := s.conns[peerID]; ok {
+		return c, nil
+	}
+	peer, ok := s.env.Peers.Get(peerID)
+	if !ok {
+		return nil, errors.Mark(errors.Newf("unknown peer %q", peerID), rdma.ErrEndpointBroken)
+	}
+	ep, err := s.env.Transport.Connect(peer.Address)
+	if err != nil {
+		return nil, errors.Wrapf(err, "connect to peer %q", peerID)
+	}
+	c := &conn{ep: ep, keys: make([]rdma.RemoteKey, len(peer.Buffers)), bases: make([]uint64, len(peer.Buffers))}
+	for i, b := range peer.Buffers {
+		if c.keys[i], err = ep.Import(b.Region); err != nil {
+			_ = ep.Close()
+			return nil, errors.Mark(errors.Wrapf(err, "import buffer %d of peer %q", i, peerID), rdma.ErrEndpointBroken)
+		}
+		c.bases[i] = b.Region.Addr
+	}
+	s.conns[peerID] = c
+	return c, nil
+}

@@ -1,0 +1,80 @@
+package testbed
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/hw/cuda/sim"
+	"github.com/kvstream/kvstream/system"
+)
+
+// Model runs forwards on a virtual GPU: per hook layer one kernel that
+// writes that layer's KV (for every request of the batch) into the prefill
+// pool, then the layers that fire no hook (the MTP layer), like a real model
+// enqueues its kernels and calls the engine's hooks in between.
+type Model struct {
+	Stream     *sim.Stream
+	Pool       *Pool
+	HookLayers int
+	Seed       uint64
+	// LayerTime is the modeled duration of one layer's kernel for a forward
+	// of the given number of tokens.
+	LayerTime func(tokens int) time.Duration
+}
+
+// Write is what one forward writes for one request: positions
+// [PageStart, PageStart+len(SrcPages)) into prefill pages SrcPages.
+type Write struct {
+	Room      uint64
+	PageStart int
+	SrcPages  []int
+	Tokens    int
+}
+
+// Forward enqueues one forward over writes and drives the engine's hooks. It
+// returns when everything is enqueued (the GPU may still be running).
+func (m *Model) Forward(eng *system.Engine, writes []Write) error {
+	fw, err := eng.BeginForward()
+	if err != nil {
+		return err
+	}
+	tokens := 0
+	for _, w := range writes {
+		tokens += w.Tokens
+	}
+	var d time.Duration
+	if m.LayerTime != nil {
+		d = m.LayerTime(tokens)
+	}
+	maxLayer := 0
+	for _, l := range m.Pool.Layers {
+		maxLayer = max(maxLayer, l)
+	}
+	for l := 0; l <= maxLayer; l++ {
+		if err := m.Stream.Launch(sim.Kernel{Name: "layer " + strconv.Itoa(l), Duration: d, Run: m.writeLayer(l, writes)}); err != nil {
+			return err
+		}
+		if l < m.HookLayers {
+			if err := fw.LayerEnd(l); err != nil {
+				return errors.Wrapf(err, "layer %d", l)
+			}
+		}
+	}
+	return fw.End()
+}
+
+func (m *Model) writeLayer(l int, writes []Write) func() {
+	return func() {
+		for b, layer := range m.Pool.Layers {
+			if layer != l {
+				continue
+			}
+			for _, w := range writes {
+				for i, sp := range w.SrcPages {
+					Fill(m.Pool.Page(b, sp), m.Seed, w.Room, b, w.PageStart+i)
+				}
+			}
+		}
+	}
+}

@@ -1,0 +1,250 @@
+package messages
+
+import (
+	"context"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// ChunkKey names a chunk the way the serving stack does: its room and the
+// first token of the range its forward writes.
+type ChunkKey struct {
+	Room  uint64
+	Start int
+}
+
+// Chunk identifies one chunk context: its key plus a serial unique within an
+// engine, because a key that finished and is registered again is a new
+// context whose messages must never mix with the old one's.
+type Chunk struct {
+	ChunkKey
+	Serial uint64
+}
+
+// Event is the fence a group's writes wait on: a CUDA event recorded after
+// the group's last layer was enqueued. hw/cuda.Event satisfies it.
+type Event interface {
+	Wait(ctx context.Context) error
+}
+
+// Job is the data-plane half of one chunk context (its plan, its cancellation
+// and its ledger of posted batches). Actors pass it to submitters; only the
+// engine's actors know its concrete type.
+type Job interface {
+	ID() Chunk
+}
+
+// Rest is the Work sequence number of the buffers that no fired group covered
+// (hookless buffers, groups that never fired, or everything for a
+// monolithic send).
+const Rest = -1
+
+// Status is how a chunk context ended.
+type Status int
+
+const (
+	// Succeeded: every byte the chunk owes is visible at its destinations.
+	Succeeded Status = iota
+	// Failed: a wait, a post, a completion or the timeout failed; no write of
+	// the chunk can land any more.
+	Failed
+	// Dropped: the chunk was dropped (abort); no write of it can land any more.
+	Dropped
+)
+
+// String returns the status in capitals, as logs and reports print it.
+func (s Status) String() string {
+	switch s {
+	case Succeeded:
+		return "SUCCESS"
+	case Failed:
+		return "FAILED"
+	case Dropped:
+		return "DROPPED"
+	}
+	return "UNKNOWN"
+}
+
+// Result is a chunk context's outcome.
+type Result struct {
+	Chunk    Chunk
+	PerLayer bool
+	Status   Status
+	Err      error // why it failed; nil on success
+	Stats    Stats
+}
+
+// Stats are one chunk's transfer figures.
+type Stats struct {
+	Bytes   uint64 // bytes posted
+	Blocks  int    // contiguous writes posted
+	Batches int    // batches posted
+	Groups  int    // groups accepted from the chunk's forward
+	Ignored int    // GroupReady messages ignored (duplicates, other forwards)
+	// FirstPost and LastDone bracket the chunk's writes (zero if none).
+	FirstPost, LastDone time.Time
+	// ForwardEnd is when the chunk's forward ended (zero if it never did).
+	ForwardEnd time.Time
+	// EventWait is the total time submitters waited on the chunk's events.
+	EventWait time.Duration
+}
+
+// --- Forward actor ---
+
+// Pending tells the forward actor that a chunk was registered: the next
+// forward to begin binds it.
+type Pending struct {
+	Chunk Chunk
+	PID   *actor.PID
+}
+
+// Begin starts a forward: every pending chunk binds to it and to no other.
+type Begin struct {
+	Forward uint64
+	At      time.Time
+	// Bound, if set, receives how many chunks bound to the forward, so that
+	// a forward with none records no event at all.
+	Bound chan<- int
+}
+
+// Boundary says that the forward enqueued the last layer of Group and
+// recorded Event after it (or failed to: Err).
+type Boundary struct {
+	Forward uint64
+	Group   int
+	Event   Event
+	Err     error
+}
+
+// End says that the forward enqueued its last kernel and recorded Event
+// after it (or failed to: Err).
+type End struct {
+	Forward uint64
+	Event   Event
+	Err     error
+	At      time.Time
+}
+
+// Forget removes a finished chunk from the forward actor's lists.
+type Forget struct {
+	Chunk Chunk
+}
+
+// --- Chunk actor ---
+
+// Bind tells a chunk which forward writes it.
+type Bind struct {
+	Forward uint64
+}
+
+// GroupReady offers a chunk one group of its forward.
+type GroupReady struct {
+	Forward uint64
+	Group   int
+	Event   Event
+	Err     error
+}
+
+// ForwardEnd tells a chunk that its forward ended; Event completes when
+// everything the forward enqueued ran.
+type ForwardEnd struct {
+	Forward uint64
+	Event   Event
+	Err     error
+	At      time.Time
+}
+
+// Finish asks for the room's front chunk to complete within Timeout. Event
+// was recorded on the compute stream when Finish was called: it gates what is
+// still unsent if the chunk never saw a forward.
+type Finish struct {
+	Room    uint64
+	Timeout time.Duration
+	// Ctx is the caller's context: if it is cancelled the chunk fails (and
+	// still quiesces before it answers).
+	Ctx      context.Context
+	Event    Event
+	EventErr error
+	Reply    chan<- Result
+}
+
+// Drop aborts every queued chunk of a room; Reply receives their results
+// after each of them quiesced.
+type Drop struct {
+	Room    uint64
+	Timeout time.Duration
+	Reply   chan<- []Result
+}
+
+// Cancel fails a chunk now (its Finish caller gave up).
+type Cancel struct {
+	Reason error
+}
+
+// Timeout fires when a chunk's finish or drop deadline passed.
+type Timeout struct{}
+
+// Work asks a submitter to wait Event, then post the blocks of Buffers over
+// the chunk's runs to destination Dest, as one batch.
+type Work struct {
+	Chunk   Chunk
+	Seq     int // group, or Rest
+	Dest    int // index of the destination in the chunk's plan
+	Buffers []int
+	Event   Event
+	Job     Job
+	ReplyTo *actor.PID
+}
+
+// Submitted reports one Work back to its chunk: posted (a batch is in
+// flight), skipped (the chunk was cancelled) or failed.
+type Submitted struct {
+	Seq       int
+	Dest      int
+	Posted    bool
+	Err       error
+	Bytes     uint64
+	Blocks    int
+	PostedAt  time.Time
+	EventWait time.Duration
+}
+
+// BatchDone reports a posted batch's completion.
+type BatchDone struct {
+	Seq  int
+	Dest int
+	Err  error
+	At   time.Time
+}
+
+// ChunkDone tells a room that one of its chunks ended.
+type ChunkDone struct {
+	Result Result
+}
+
+// --- Room and manager ---
+
+// AddChunk registers a chunk in its room. Props spawn the chunk actor if the
+// room has no active context with that key.
+type AddChunk struct {
+	Chunk    Chunk
+	PerLayer bool
+	Props    *actor.Props
+	Reply    chan<- Added
+}
+
+// Added answers AddChunk.
+type Added struct {
+	Chunk    Chunk // the active context: the new one, or the existing one
+	PerLayer bool
+	Existing bool // the key was already active: nothing changed
+}
+
+// RoomIdle tells the manager that a room holds no chunk. Seen counts the
+// manager's messages the room has handled, so that the manager stops it only
+// if nothing is in flight to it.
+type RoomIdle struct {
+	Room uint64
+	Seen uint64
+}

@@ -1,0 +1,177 @@
+package system
+
+import (
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/actors"
+	"github.com/kvstream/kvstream/cp"
+)
+
+// Buffer is one KV tensor of the prefill pool (see actors.Buffer).
+type Buffer = actors.Buffer
+
+// Defaults, as in the seed implementation.
+const (
+	DefaultGroupSize     = 8
+	DefaultSubmitters    = 4
+	DefaultFinishTimeout = 30 * time.Second
+	DefaultMaxRestarts   = 10
+	DefaultRestartWindow = 10 * time.Second
+)
+
+// Environment variables that override the defaults (not explicit Config
+// fields).
+const (
+	EnvPerLayer      = "KVSTREAM_PER_LAYER"      // 0/false turns per-layer streaming off
+	EnvGroupSize     = "KVSTREAM_GROUP_SIZE"     // layers per submit
+	EnvSubmitters    = "KVSTREAM_SUBMITTERS"     // submitter actors
+	EnvFinishTimeout = "KVSTREAM_FINISH_TIMEOUT" // Go duration ("30s") or seconds ("30")
+)
+
+// Config describes the prefill side. Zero fields take the environment
+// variable of the same knob if set, else the default.
+type Config struct {
+	// Buffers is the prefill pool, one entry per KV tensor; see MLABuffers
+	// and KVBuffers.
+	Buffers []Buffer
+	// HookLayers is F: the model calls LayerEnd for layers 0..F-1. Buffers
+	// whose layer is outside that range (the MTP layer) are sent at the end.
+	HookLayers int
+	// GroupSize is K: consecutive hook layers per submit (default 8).
+	GroupSize int
+	// PageSize is tokens per page.
+	PageSize int
+	// CP is this rank's context-parallel group (zero means a group of one).
+	CP cp.CP
+	// Submitters is the size of the submitter pool (default 4).
+	Submitters int
+	// FinishTimeout bounds Finish and Drop (default 30 s).
+	FinishTimeout time.Duration
+	// DisablePerLayer sends every room monolithically after the forward.
+	DisablePerLayer bool
+	// MaxRestarts and RestartWindow limit submitter restarts (default 10 in
+	// 10 s per submitter) before a submitter is stopped.
+	MaxRestarts   int
+	RestartWindow time.Duration
+}
+
+// MLABuffers returns one buffer per layer (MLA keeps one latent KV tensor per
+// layer): buffer l starts at bases[l] and belongs to layer l.
+func MLABuffers(bases []uint64, itemLen uint64, pages int) []Buffer {
+	out := make([]Buffer, len(bases))
+	for l, b := range bases {
+		out[l] = Buffer{Name: "KV" + strconv.Itoa(l), Base: b, ItemLen: itemLen, Pages: pages, Layer: l}
+	}
+	return out
+}
+
+// KVBuffers returns the K buffers of every layer then the V buffers (MHA/GQA
+// layout K0..K(L-1), V0..V(L-1)).
+func KVBuffers(kBases, vBases []uint64, itemLen uint64, pages int) []Buffer {
+	out := make([]Buffer, 0, len(kBases)+len(vBases))
+	for l, b := range kBases {
+		out = append(out, Buffer{Name: "K" + strconv.Itoa(l), Base: b, ItemLen: itemLen, Pages: pages, Layer: l})
+	}
+	for l, b := range vBases {
+		out = append(out, Buffer{Name: "V" + strconv.Itoa(l), Base: b, ItemLen: itemLen, Pages: pages, Layer: l})
+	}
+	return out
+}
+
+// withDefaults fills zero fields from the environment, then the defaults. A
+// malformed variable is an error that names it and its value.
+func (c Config) withDefaults(getenv func(string) string) (Config, error) {
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	if c.CP.Size == 0 {
+		c.CP.Size = 1
+	}
+	var err error
+	if c.GroupSize == 0 {
+		if c.GroupSize, err = envInt(getenv, EnvGroupSize, DefaultGroupSize); err != nil {
+			return c, err
+		}
+	}
+	if c.Submitters == 0 {
+		if c.Submitters, err = envInt(getenv, EnvSubmitters, DefaultSubmitters); err != nil {
+			return c, err
+		}
+	}
+	if c.FinishTimeout == 0 {
+		if c.FinishTimeout, err = envDuration(getenv, EnvFinishTimeout, DefaultFinishTimeout); err != nil {
+			return c, err
+		}
+	}
+	if !c.DisablePerLayer {
+		on, err := envBool(getenv, EnvPerLayer, true)
+		if err != nil {
+			return c, err
+		}
+		c.DisablePerLayer = !on
+	}
+	if c.MaxRestarts == 0 {
+		c.MaxRestarts = DefaultMaxRestarts
+	}
+	if c.RestartWindow == 0 {
+		c.RestartWindow = DefaultRestartWindow
+	}
+	switch {
+	case c.Submitters < 1:
+		return c, badInput("submitters %d: must be at least 1", c.Submitters)
+	case c.FinishTimeout <= 0:
+		return c, badInput("finish timeout %v: must be positive", c.FinishTimeout)
+	case c.GroupSize < 1:
+		return c, badInput("group size %d: must be at least 1", c.GroupSize)
+	case c.HookLayers < 1:
+		return c, badInput("hook layers %d: must be at least 1", c.HookLayers)
+	}
+	return c, nil
+}
+
+func envInt(getenv func(string) string, name string, def int) (int, error) {
+	v := strings.TrimSpace(getenv(name))
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		return 0, badInput("%s=%q: want a positive integer", name, v)
+	}
+	return n, nil
+}
+
+func envDuration(getenv func(string) string, name string, def time.Duration) (time.Duration, error) {
+	v := strings.TrimSpace(getenv(name))
+	if v == "" {
+		return def, nil
+	}
+	if secs, err := strconv.ParseFloat(v, 64); err == nil && secs > 0 {
+		return time.Duration(secs * float64(time.Second)), nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		return 0, badInput("%s=%q: want a positive duration such as 30s", name, v)
+	}
+	return d, nil
+}
+
+func envBool(getenv func(string) string, name string, def bool) (bool, error) {
+	v := strings.TrimSpace(getenv(name))
+	if v == "" {
+		return def, nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, badInput("%s=%q: want 1/0 or true/false", name, v)
+	}
+	return b, nil
+}
+
+func badInput(format string, args ...any) error {
+	return errors.Mark(errors.Newf(format, args...), ErrBadInput)
+}

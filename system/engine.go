@@ -1,0 +1,406 @@
+package system
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/actors"
+	"github.com/kvstream/kvstream/cp"
+	"github.com/kvstream/kvstream/hw/cuda"
+	"github.com/kvstream/kvstream/hw/cuda/sim"
+	"github.com/kvstream/kvstream/hw/rdma"
+	"github.com/kvstream/kvstream/hw/rdma/loopback"
+	"github.com/kvstream/kvstream/messages"
+	"go.uber.org/zap"
+	"go.uber.org/zap/exp/zapslog"
+	"go.uber.org/zap/zapcore"
+)
+
+// Re-exported message types: what Finish and Drop report.
+type (
+	// Result is a chunk context's outcome.
+	Result = messages.Result
+	// Status is how a chunk ended.
+	Status = messages.Status
+	// Stats are a chunk's transfer figures.
+	Stats = messages.Stats
+	// Peer is a decode session (see actors.Peer).
+	Peer = actors.Peer
+	// PeerBuffer is one decode buffer.
+	PeerBuffer = actors.PeerBuffer
+	// ChunkSpec is what the scheduler registers (see actors.ChunkSpec).
+	ChunkSpec = actors.ChunkSpec
+	// DecodeInfo is one decode destination of a room.
+	DecodeInfo = actors.DecodeInfo
+	// Mode is per-layer or monolithic.
+	Mode = cp.Mode
+	// Reason says why the register guard chose a mode.
+	Reason = cp.Reason
+)
+
+// Statuses and modes.
+const (
+	Succeeded  = messages.Succeeded
+	Failed     = messages.Failed
+	Dropped    = messages.Dropped
+	PerLayer   = cp.PerLayer
+	Monolithic = cp.Monolithic
+)
+
+// Option configures an Engine beyond its Config.
+type Option func(*options)
+
+type options struct {
+	log       *zap.Logger
+	stream    cuda.Stream
+	transport rdma.Transport
+	getenv    func(string) string
+}
+
+// WithLogger sets the logger. The default writes WARN and above to stderr,
+// so failures are seen and successes are not (invariant 12).
+func WithLogger(l *zap.Logger) Option { return func(o *options) { o.log = l } }
+
+// WithStream sets the compute stream events are recorded on. The default is
+// a stream of a virtual GPU owned by the engine (see Engine.Stream).
+func WithStream(s cuda.Stream) Option { return func(o *options) { o.stream = s } }
+
+// WithTransport sets the transport. The default is a node of
+// loopback.Default(), the process's in-memory fabric.
+func WithTransport(t rdma.Transport) Option { return func(o *options) { o.transport = t } }
+
+// WithGetenv replaces os.Getenv for the KVSTREAM_* variables (tests).
+func WithGetenv(f func(string) string) Option { return func(o *options) { o.getenv = f } }
+
+// Registration is what Register returns.
+type Registration struct {
+	Mode     Mode
+	Reason   Reason // why the guard chose Mode
+	Existing bool   // the chunk was already registered: nothing changed
+	Chunk    messages.Chunk
+}
+
+// Engine is the prefill side of kvstream.
+type Engine struct {
+	cfg    Config
+	log    *zap.Logger
+	env    *actors.Env
+	system *actor.ActorSystem
+	stream cuda.Stream
+	layout *actors.Layout
+
+	boundary []bool // per hook layer: does it close a group?
+
+	manager, forward, submitters, pool *actor.PID
+
+	nextForward atomic.Uint64
+	nextSerial  atomic.Uint64
+
+	transport    rdma.Transport
+	regions      []rdma.Region
+	ownGPU       *sim.GPU
+	ownTransport bool
+
+	closeMu   sync.RWMutex // held for reading by calls, for writing by Close
+	closed    bool
+	unhealthy atomic.Pointer[error]
+}
+
+// New starts an engine.
+func New(cfg Config, opts ...Option) (*Engine, error) {
+	o := options{}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	cfg, err := cfg.withDefaults(o.getenv)
+	if err != nil {
+		return nil, err
+	}
+	if o.log == nil {
+		o.log = defaultLogger()
+	}
+	e := &Engine{cfg: cfg, log: o.log, stream: o.stream}
+	if e.stream == nil {
+		e.ownGPU = sim.New(sim.Options{})
+		e.stream = e.ownGPU.NewStream("compute")
+	}
+	tr := o.transport
+	if tr == nil {
+		if tr, err = loopback.Default().NewTransport(fmt.Sprintf("prefill-%d", engines.Add(1))); err != nil {
+			e.release()
+			return nil, err
+		}
+		e.ownTransport = true
+	}
+	e.transport = tr
+	keys := make([]rdma.LocalKey, len(cfg.Buffers))
+	for i, b := range cfg.Buffers {
+		if b.ItemLen == 0 || b.Pages < 1 {
+			e.release()
+			return nil, badInput("buffer %d (%s): item length %d, %d pages", i, b.Name, b.ItemLen, b.Pages)
+		}
+		r, err := tr.Register(b.Base, b.ItemLen*uint64(b.Pages))
+		if err != nil {
+			e.release()
+			return nil, errors.Wrapf(err, "register buffer %d (%s)", i, b.Name)
+		}
+		e.regions = append(e.regions, r)
+		keys[i] = r.Key()
+	}
+	if e.layout, err = actors.NewLayout(cfg.Buffers, keys, cfg.HookLayers, cfg.GroupSize, cfg.PageSize, cfg.CP); err != nil {
+		e.release()
+		return nil, err
+	}
+	e.boundary = make([]bool, cfg.HookLayers)
+	for l := range e.boundary {
+		e.boundary[l] = e.layout.Groups.Boundary(l)
+	}
+
+	e.system = actor.NewActorSystem(
+		actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return protoactorLogger(e.log) }),
+		actor.WithDeadLetterThrottleInterval(100*time.Millisecond),
+	)
+	e.env = &actors.Env{System: e.system, Log: e.log, Layout: e.layout, Peers: actors.NewPeers(), Transport: tr, Registry: actors.NewRegistry()}
+	root := e.system.Root
+	if e.forward, err = root.SpawnNamed(actors.ForwardProps(), "forward"); err == nil {
+		e.env.Forward = e.forward
+		e.submitters, e.pool, err = actors.SpawnSubmitters(e.env, actors.PoolConfig{
+			Submitters: cfg.Submitters, MaxRestarts: cfg.MaxRestarts, Window: cfg.RestartWindow,
+			OnDeviceLost: e.markUnhealthy,
+		})
+	}
+	if err == nil {
+		e.env.Submitters = e.submitters
+		e.manager, err = root.SpawnNamed(actors.ManagerProps(e.env), "manager")
+		e.env.Manager = e.manager
+	}
+	if err != nil {
+		e.stopActors()
+		e.release()
+		return nil, err
+	}
+	return e, nil
+}
+
+var engines atomic.Uint64
+
+func defaultLogger() *zap.Logger {
+	enc := zap.NewProductionEncoderConfig()
+	enc.EncodeTime = zapcore.ISO8601TimeEncoder
+	return zap.New(zapcore.NewCore(zapcore.NewConsoleEncoder(enc), zapcore.Lock(os.Stderr), zap.WarnLevel)).Named("kvstream")
+}
+
+// protoactorLogger routes protoactor's slog output into zap, keeping only
+// WARN and above: its INFO (actor system started, dead letters of late
+// completions after a teardown) is noise to a serving stack.
+func protoactorLogger(l *zap.Logger) *slog.Logger {
+	core, err := zapcore.NewIncreaseLevelCore(l.Named("protoactor").Core(), zap.WarnLevel)
+	if err != nil { // the logger is already quieter than WARN
+		core = l.Core()
+	}
+	return slog.New(zapslog.NewHandler(core))
+}
+
+// Stream returns the compute stream the engine records events on. When the
+// engine owns a virtual GPU, the model launches its kernels there.
+func (e *Engine) Stream() cuda.Stream { return e.stream }
+
+// Transport returns the engine's transport.
+func (e *Engine) Transport() rdma.Transport { return e.transport }
+
+// Config returns the effective configuration (defaults and environment
+// applied).
+func (e *Engine) Config() Config { return e.cfg }
+
+// Restarts returns how many times submitters restarted.
+func (e *Engine) Restarts() int64 { return e.env.Restarts.Load() }
+
+// Healthy returns nil, or the device error that made the engine unhealthy.
+func (e *Engine) Healthy() error {
+	if p := e.unhealthy.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+func (e *Engine) markUnhealthy(err error) {
+	err = errors.Mark(errors.Wrap(err, "engine unhealthy"), cuda.ErrDeviceLost)
+	e.unhealthy.CompareAndSwap(nil, &err)
+}
+
+// AddPeer adds a decode session. Its buffers must match the prefill layout
+// one for one (same item lengths).
+func (e *Engine) AddPeer(p Peer) error {
+	e.closeMu.RLock()
+	defer e.closeMu.RUnlock()
+	if e.closed {
+		return closedError("AddPeer")
+	}
+	if err := actors.ValidatePeer(e.layout, p); err != nil {
+		return err
+	}
+	return e.env.Peers.Add(&p)
+}
+
+// Register registers the chunk that the next forward writes, before that
+// forward begins. It is idempotent per (room, chunk start): registering an
+// active chunk again changes nothing and is cheap. It returns the mode the
+// room uses: per-layer when it has exactly one non-dummy destination and
+// per-layer is on, else monolithic.
+func (e *Engine) Register(ctx context.Context, spec ChunkSpec) (Registration, error) {
+	e.closeMu.RLock()
+	defer e.closeMu.RUnlock()
+	if e.closed {
+		return Registration{}, closedError("Register")
+	}
+	if a, ok := e.env.Registry.Lookup(spec.Key()); ok {
+		return registration(a, 0), nil
+	}
+	if err := e.Healthy(); err != nil {
+		return Registration{}, err
+	}
+	plan, err := actors.BuildPlan(e.layout, e.env.Peers.Get, &spec, !e.cfg.DisablePerLayer)
+	if err != nil {
+		return Registration{}, err
+	}
+	plan.Chunk = messages.Chunk{ChunkKey: spec.Key(), Serial: e.nextSerial.Add(1)}
+	job := actors.NewJob(plan)
+	reply := make(chan messages.Added, 1)
+	e.system.Root.Send(e.manager, &messages.AddChunk{
+		Chunk: plan.Chunk, PerLayer: plan.Mode == cp.PerLayer, Props: actors.ChunkProps(e.env, job), Reply: reply,
+	})
+	select {
+	case a := <-reply:
+		if a.Existing {
+			job.Release()
+		}
+		return registration(a, plan.Reason), nil
+	case <-ctx.Done():
+		// The registration still completes; the caller may retry, which is
+		// idempotent.
+		return Registration{}, errors.Wrapf(ctx.Err(), "register room %d chunk %d", spec.Room, spec.Start)
+	}
+}
+
+func registration(a messages.Added, r Reason) Registration {
+	m := Monolithic
+	if a.PerLayer {
+		m = PerLayer
+	}
+	return Registration{Mode: m, Reason: r, Existing: a.Existing, Chunk: a.Chunk}
+}
+
+// finishGrace bounds how long Finish waits past the chunk's own deadline for
+// its answer: the chunk answers at its deadline after a teardown, so only a
+// bug can use this margin. It keeps "never hang" true even then.
+const finishGrace = 5 * time.Second
+
+// Finish waits for the room's front chunk (chunks finish in send order) and
+// returns its result. It returns within the finish timeout (or ctx's
+// deadline, if sooner), and only when no write of the chunk can land any
+// more. A failed chunk returns its result and an error marked with its
+// class (ErrTimeout, ErrEndpointBroken, ErrEventWait, ErrDeviceLost); an
+// unknown room returns an error marked ErrBadInput. If ctx is cancelled the
+// chunk fails (and still quiesces before Finish returns).
+func (e *Engine) Finish(ctx context.Context, room uint64) (Result, error) {
+	e.closeMu.RLock()
+	defer e.closeMu.RUnlock()
+	if e.closed {
+		return Result{}, closedError("Finish")
+	}
+	timeout := e.cfg.FinishTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = min(timeout, max(time.Until(dl), time.Millisecond))
+	}
+	ev, evErr := e.stream.Record()
+	reply := make(chan Result, 1)
+	e.system.Root.Send(e.manager, &messages.Finish{Room: room, Timeout: timeout, Ctx: ctx, Event: ev, EventErr: evErr, Reply: reply})
+	select {
+	case r := <-reply:
+		return r, r.Err
+	case <-time.After(timeout + finishGrace):
+		return Result{}, errors.AssertionFailedf("room %d: the engine did not answer Finish within %v (a bug)", room, timeout+finishGrace)
+	}
+}
+
+// Drop aborts every queued chunk of the room (abort or failure on the
+// serving side). It returns when none of their writes can land any more, so
+// their decode pages may be reused; within the finish timeout. Dropping an
+// unknown room is an error marked ErrBadInput.
+func (e *Engine) Drop(ctx context.Context, room uint64) error {
+	e.closeMu.RLock()
+	defer e.closeMu.RUnlock()
+	if e.closed {
+		return closedError("Drop")
+	}
+	return e.drop(ctx, room)
+}
+
+func (e *Engine) drop(ctx context.Context, room uint64) error {
+	timeout := e.cfg.FinishTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = min(timeout, max(time.Until(dl), time.Millisecond))
+	}
+	reply := make(chan []Result, 1)
+	e.system.Root.Send(e.manager, &messages.Drop{Room: room, Timeout: timeout, Reply: reply})
+	select {
+	case rs := <-reply:
+		if len(rs) == 1 && rs[0].Chunk.Serial == 0 && rs[0].Err != nil {
+			return rs[0].Err
+		}
+		return nil
+	case <-time.After(timeout + finishGrace):
+		return errors.AssertionFailedf("room %d: the engine did not answer Drop within %v (a bug)", room, timeout+finishGrace)
+	}
+}
+
+// HasRoom reports whether the room has a live chunk context.
+func (e *Engine) HasRoom(room uint64) bool { return e.env.Registry.HasRoom(room) }
+
+// Close drops every room (so that nothing lands after it returns), stops the
+// actors and releases what the engine owns. Later calls return ErrClosed.
+func (e *Engine) Close() error {
+	e.closeMu.Lock()
+	if e.closed {
+		e.closeMu.Unlock()
+		return nil
+	}
+	e.closed = true
+	e.closeMu.Unlock()
+	for _, room := range e.env.Registry.Rooms() {
+		_ = e.drop(context.Background(), room)
+	}
+	e.stopActors()
+	e.release()
+	return nil
+}
+
+func (e *Engine) stopActors() {
+	root := e.system.Root
+	for _, pid := range []*actor.PID{e.manager, e.submitters, e.pool, e.forward} {
+		if pid != nil {
+			_ = root.StopFuture(pid).Wait()
+		}
+	}
+	e.system.Shutdown()
+}
+
+func (e *Engine) release() {
+	for _, r := range e.regions {
+		_ = r.Deregister()
+	}
+	e.regions = nil
+	if e.ownTransport {
+		_ = e.transport.Close()
+	}
+	if e.ownGPU != nil {
+		e.ownGPU.Close()
+	}
+}

@@ -1,0 +1,30 @@
+package system
+
+import (
+	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/actors"
+	"github.com/kvstream/kvstream/hw/cuda"
+	"github.com/kvstream/kvstream/hw/rdma"
+)
+
+// Error classes a caller branches on with errors.Is.
+var (
+	// ErrBadInput: a value passed in cannot describe a transfer (wrong page
+	// lists, unknown room or peer, layer out of range, a call after Close).
+	// Nothing changed.
+	ErrBadInput = actors.ErrBadInput
+	// ErrTimeout: a chunk did not complete within its finish timeout.
+	ErrTimeout = actors.ErrTimeout
+	// ErrEndpointBroken: a transport endpoint failed (peer gone, teardown).
+	ErrEndpointBroken = rdma.ErrEndpointBroken
+	// ErrDeviceLost: the CUDA context is unusable; the engine is unhealthy.
+	ErrDeviceLost = cuda.ErrDeviceLost
+	// ErrEventWait: waiting on a group's CUDA event failed.
+	ErrEventWait = actors.ErrEventWait
+	// ErrClosed: the engine was closed. Also marked ErrBadInput.
+	ErrClosed = errors.New("engine closed")
+)
+
+func closedError(call string) error {
+	return errors.Mark(errors.Mark(errors.Newf("%s after Close", call), ErrClosed), ErrBadInput)
+}
