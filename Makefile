@@ -16,7 +16,7 @@ fmt:
 	gofmt -w $$(git ls-files '*.go')
 
 test: vet
-	$(GO) test -race -count=1 $(PKGS)
+	$(GO) test -race -count=1 -timeout 8m $(PKGS)
 
 bench:
 	$(GO) test -run='^$$' -bench=. -benchmem $(PKGS)

@@ -13,7 +13,7 @@ import (
 func ChunkProps(env *Env, job *Job) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor {
 		return &chunkActor{env: env, job: job, core: NewChunkCore(env.Layout, job.Plan)}
-	})
+	}, actor.WithDispatcher(env.Dispatcher), actor.WithMailbox(actor.UnboundedLockfree()))
 }
 
 type chunkActor struct {
@@ -63,6 +63,7 @@ func (a *chunkActor) perform(ctx actor.Context, e Effect) {
 	case ChunkEnded:
 		a.stopTimer()
 		a.job.closeGate()
+		a.env.Registry.ended(e.Result.Chunk)
 		a.log(e.Result)
 		ctx.Send(ctx.Parent(), &messages.ChunkDone{Result: e.Result})
 	}

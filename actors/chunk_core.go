@@ -318,10 +318,12 @@ func (c *ChunkCore) answer() {
 		res.Status, res.Err = messages.Failed, c.err
 	}
 	c.done = true
+	// Ended before the reply: when Finish returns, the room no longer counts
+	// the chunk.
+	c.out = append(c.out, ChunkEnded{Result: res})
 	if c.reply != nil {
 		c.out = append(c.out, Reply{To: c.reply, Result: res})
 	}
-	c.out = append(c.out, ChunkEnded{Result: res})
 }
 
 func part(seq, dest int) string {

@@ -17,6 +17,8 @@ type Env struct {
 	Peers     *Peers
 	Transport rdma.Transport
 	Registry  *Registry
+	// Dispatcher runs the chunk actors.
+	Dispatcher *Dispatcher
 
 	Forward    *actor.PID
 	Manager    *actor.PID

@@ -1,12 +1,21 @@
 package actors
 
 import (
+	"github.com/asynkron/protoactor-go/actor"
 	"github.com/kvstream/kvstream/messages"
 )
 
-// Send asks a shell to deliver Msg to chunk To.
-type Send struct {
-	To  messages.Chunk
+// Target is a chunk and the address of its actor (plain data to the core).
+type Target struct {
+	Chunk messages.Chunk
+	PID   *actor.PID
+}
+
+// FanOut asks the forward shell to deliver one message to every target. The
+// slice is the core's own list, shared read-only, so that a boundary with n
+// active contexts allocates nothing per context.
+type FanOut struct {
+	To  []Target
 	Msg any
 }
 
@@ -16,7 +25,7 @@ type Answer struct {
 	N  int
 }
 
-func (Send) effect()   {}
+func (FanOut) effect() {}
 func (Answer) effect() {}
 
 // ForwardCore binds registered chunks to forwards and fans a forward's group
@@ -24,68 +33,71 @@ func (Answer) effect() {}
 // that forward and no other (invariant 4), so a later forward re-firing the
 // same layers never reaches it.
 type ForwardCore struct {
-	pending  []messages.Chunk
-	forwards map[uint64][]messages.Chunk
+	pending  []Target
+	forwards map[uint64][]Target
 	out      []Effect
 }
 
 // NewForwardCore returns an empty core.
 func NewForwardCore() *ForwardCore {
-	return &ForwardCore{forwards: map[uint64][]messages.Chunk{}}
+	return &ForwardCore{forwards: map[uint64][]Target{}}
 }
 
-// Active returns the chunks bound to forward f (shared; for tests).
-func (c *ForwardCore) Active(f uint64) []messages.Chunk { return c.forwards[f] }
+// Active returns the chunks bound to forward f (for tests and traces).
+func (c *ForwardCore) Active(f uint64) []messages.Chunk { return chunksOf(c.forwards[f]) }
 
-// Pending returns the chunks waiting for a forward (shared; for tests).
-func (c *ForwardCore) Pending() []messages.Chunk { return c.pending }
+// Pending returns the chunks waiting for a forward (for tests and traces).
+func (c *ForwardCore) Pending() []messages.Chunk { return chunksOf(c.pending) }
+
+func chunksOf(ts []Target) []messages.Chunk {
+	out := make([]messages.Chunk, len(ts))
+	for i, t := range ts {
+		out[i] = t.Chunk
+	}
+	return out
+}
 
 // Step feeds one message; the returned slice is reused by the next call.
 func (c *ForwardCore) Step(msg any) []Effect {
 	c.out = c.out[:0]
 	switch m := msg.(type) {
 	case *messages.Pending:
-		c.pending = append(c.pending, m.Chunk)
+		c.pending = append(c.pending, Target{Chunk: m.Chunk, PID: m.PID})
 	case *messages.Begin:
 		bound := c.pending
 		c.pending = nil
 		if len(bound) > 0 {
 			c.forwards[m.Forward] = bound
-		}
-		bind := &messages.Bind{Forward: m.Forward}
-		for _, ch := range bound {
-			c.out = append(c.out, Send{To: ch, Msg: bind})
+			c.out = append(c.out, FanOut{To: bound, Msg: &messages.Bind{Forward: m.Forward}})
 		}
 		if m.Bound != nil {
 			c.out = append(c.out, Answer{To: m.Bound, N: len(bound)})
 		}
 	case *messages.Boundary:
-		// One message value for every chunk: chunk cores only read it, so
-		// the fan-out allocates nothing per context.
-		gr := &messages.GroupReady{Forward: m.Forward, Group: m.Group, Event: m.Event, Err: m.Err}
-		for _, ch := range c.forwards[m.Forward] {
-			c.out = append(c.out, Send{To: ch, Msg: gr})
+		if to := c.forwards[m.Forward]; len(to) > 0 {
+			// One message value for every chunk: chunk cores only read it.
+			c.out = append(c.out, FanOut{To: to, Msg: &messages.GroupReady{Forward: m.Forward, Group: m.Group, Event: m.Event, Err: m.Err}})
 		}
 	case *messages.End:
-		fe := &messages.ForwardEnd{Forward: m.Forward, Event: m.Event, Err: m.Err, At: m.At}
-		for _, ch := range c.forwards[m.Forward] {
-			c.out = append(c.out, Send{To: ch, Msg: fe})
+		if to := c.forwards[m.Forward]; len(to) > 0 {
+			c.out = append(c.out, FanOut{To: to, Msg: &messages.ForwardEnd{Forward: m.Forward, Event: m.Event, Err: m.Err, At: m.At}})
 		}
 		delete(c.forwards, m.Forward)
 	case *messages.Forget:
 		c.pending = without(c.pending, m.Chunk)
-		for f, chunks := range c.forwards {
-			c.forwards[f] = without(chunks, m.Chunk)
+		for f, ts := range c.forwards {
+			c.forwards[f] = without(ts, m.Chunk)
 		}
 	}
 	return c.out
 }
 
-func without(chunks []messages.Chunk, x messages.Chunk) []messages.Chunk {
-	for i, ch := range chunks {
-		if ch == x {
-			return append(chunks[:i:i], chunks[i+1:]...)
+// without returns ts minus x, copying: a FanOut may still hold the old list.
+func without(ts []Target, x messages.Chunk) []Target {
+	for i, t := range ts {
+		if t.Chunk == x {
+			return append(ts[:i:i], ts[i+1:]...)
 		}
 	}
-	return chunks
+	return ts
 }

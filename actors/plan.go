@@ -71,8 +71,19 @@ type ChunkSpec struct {
 	Infos      []DecodeInfo
 }
 
-// Key returns the chunk's idempotence key.
-func (s *ChunkSpec) Key() messages.ChunkKey { return messages.ChunkKey{Room: s.Room, Start: s.Start} }
+// Key returns the chunk's idempotence key: its room and exact range, and for
+// an empty range the forward epoch (see messages.ChunkKey).
+func (s *ChunkSpec) Key(pageSize int, epoch uint64) messages.ChunkKey {
+	end := s.End
+	if !s.Last && pageSize > 0 && end > 0 {
+		end -= end % pageSize
+	}
+	k := messages.ChunkKey{Room: s.Room, Start: s.Start, End: max(end, s.Start)}
+	if k.End == k.Start {
+		k.Epoch = epoch
+	}
+	return k
+}
 
 // Plan is everything a chunk context sends, computed once at registration.
 type Plan struct {

@@ -4,6 +4,12 @@ import (
 	"github.com/kvstream/kvstream/messages"
 )
 
+// Send asks a shell to deliver Msg to chunk To.
+type Send struct {
+	To  messages.Chunk
+	Msg any
+}
+
 // SpawnChunk asks the room shell to start a chunk actor from Props and tell
 // the forward actor it is pending.
 type SpawnChunk struct {
@@ -32,6 +38,7 @@ type AnswerDrop struct {
 // Idle tells the manager the room holds no chunk.
 type Idle struct{ Seen uint64 }
 
+func (Send) effect()       {}
 func (SpawnChunk) effect() {}
 func (AnswerAdd) effect()  {}
 func (Unqueue) effect()    {}

@@ -11,27 +11,20 @@ import (
 // mailbox at that moment (then that sender's goroutine handles it).
 func ForwardProps() *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor {
-		return &forwardActor{core: NewForwardCore(), pids: map[messages.Chunk]*actor.PID{}}
+		return &forwardActor{core: NewForwardCore()}
 	}, actor.WithDispatcher(actor.NewSynchronizedDispatcher(300)))
 }
 
 type forwardActor struct {
 	core *ForwardCore
-	pids map[messages.Chunk]*actor.PID
 }
 
 func (a *forwardActor) Receive(ctx actor.Context) {
-	switch m := ctx.Message().(type) {
-	case *messages.Pending:
-		a.pids[m.Chunk] = m.PID
-	case *messages.Forget:
-		defer delete(a.pids, m.Chunk)
-	}
 	for _, e := range a.core.Step(ctx.Message()) {
 		switch e := e.(type) {
-		case Send:
-			if pid := a.pids[e.To]; pid != nil {
-				ctx.Send(pid, e.Msg)
+		case FanOut:
+			for _, t := range e.To {
+				ctx.Send(t.PID, e.Msg)
 			}
 		case Answer:
 			e.To <- e.N
@@ -101,7 +94,6 @@ func (a *roomActor) Receive(ctx actor.Context) {
 		case StopChunk:
 			ctx.Stop(a.pids[e.Chunk])
 			delete(a.pids, e.Chunk)
-			a.env.Registry.ended(e.Chunk)
 			ctx.Send(a.env.Forward, &messages.Forget{Chunk: e.Chunk})
 		case Reply:
 			e.To <- e.Result

@@ -8,10 +8,18 @@ import (
 )
 
 // ChunkKey names a chunk the way the serving stack does: its room and the
-// first token of the range its forward writes.
+// exact token range [Start, End) its forward writes (End page-floored unless
+// it is the last chunk). Registering an active key again is a no-op.
+//
+// An empty range (a forward that wrote less than a page of the request)
+// repeats when consecutive forwards each write less than a page, so its key
+// also carries Epoch, the number of forwards begun when it was registered:
+// re-registrations while one batch forms share it, the next forward's chunk
+// does not.
 type ChunkKey struct {
-	Room  uint64
-	Start int
+	Room       uint64
+	Start, End int
+	Epoch      uint64
 }
 
 // Chunk identifies one chunk context: its key plus a serial unique within an

@@ -167,7 +167,8 @@ func New(cfg Config, opts ...Option) (*Engine, error) {
 		actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return protoactorLogger(e.log) }),
 		actor.WithDeadLetterThrottleInterval(100*time.Millisecond),
 	)
-	e.env = &actors.Env{System: e.system, Log: e.log, Layout: e.layout, Peers: actors.NewPeers(), Transport: tr, Registry: actors.NewRegistry()}
+	e.env = &actors.Env{System: e.system, Log: e.log, Layout: e.layout, Peers: actors.NewPeers(), Transport: tr,
+		Registry: actors.NewRegistry(), Dispatcher: actors.NewDispatcher(0)}
 	root := e.system.Root
 	if e.forward, err = root.SpawnNamed(actors.ForwardProps(), "forward"); err == nil {
 		e.env.Forward = e.forward
@@ -250,8 +251,8 @@ func (e *Engine) AddPeer(p Peer) error {
 }
 
 // Register registers the chunk that the next forward writes, before that
-// forward begins. It is idempotent per (room, chunk start): registering an
-// active chunk again changes nothing and is cheap. It returns the mode the
+// forward begins. It is idempotent per (room, exact chunk range):
+// registering an active chunk again changes nothing and is cheap. It returns the mode the
 // room uses: per-layer when it has exactly one non-dummy destination and
 // per-layer is on, else monolithic.
 func (e *Engine) Register(ctx context.Context, spec ChunkSpec) (Registration, error) {
@@ -260,7 +261,8 @@ func (e *Engine) Register(ctx context.Context, spec ChunkSpec) (Registration, er
 	if e.closed {
 		return Registration{}, closedError("Register")
 	}
-	if a, ok := e.env.Registry.Lookup(spec.Key()); ok {
+	key := spec.Key(e.cfg.PageSize, e.nextForward.Load())
+	if a, ok := e.env.Registry.Lookup(key); ok {
 		return registration(a, 0), nil
 	}
 	if err := e.Healthy(); err != nil {
@@ -270,7 +272,7 @@ func (e *Engine) Register(ctx context.Context, spec ChunkSpec) (Registration, er
 	if err != nil {
 		return Registration{}, err
 	}
-	plan.Chunk = messages.Chunk{ChunkKey: spec.Key(), Serial: e.nextSerial.Add(1)}
+	plan.Chunk = messages.Chunk{ChunkKey: key, Serial: e.nextSerial.Add(1)}
 	job := actors.NewJob(plan)
 	reply := make(chan messages.Added, 1)
 	e.system.Root.Send(e.manager, &messages.AddChunk{
@@ -389,6 +391,7 @@ func (e *Engine) stopActors() {
 			_ = root.StopFuture(pid).Wait()
 		}
 	}
+	e.env.Dispatcher.Close()
 	e.system.Shutdown()
 }
 

@@ -86,10 +86,11 @@ var ErrInjected = errors.New("loopback: injected fault")
 
 // Landing is one write that reached its destination.
 type Landing struct {
-	Node string // destination node
-	Addr uint64
-	Len  uint64
-	At   time.Time
+	Node   string // destination node
+	Addr   uint64
+	Len    uint64
+	Posted time.Time // when its batch was posted
+	At     time.Time // when it landed
 }
 
 // BatchSpan is one batch's life on the link.
@@ -508,7 +509,7 @@ func (e *Endpoint) land(b *batch) {
 				copy(dst, b.srcs[i])
 			}
 			if opts.OnLand != nil {
-				opts.OnLand(Landing{Node: e.to.name, Addr: b.writes[i].Dst, Len: b.writes[i].Len, At: time.Now()})
+				opts.OnLand(Landing{Node: e.to.name, Addr: b.writes[i].Dst, Len: b.writes[i].Len, Posted: b.posted, At: time.Now()})
 			}
 		}
 		if opts.OnBatch != nil {

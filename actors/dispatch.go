@@ -1,0 +1,62 @@
+package actors
+
+import (
+	"runtime"
+	"sync"
+
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// Dispatcher runs actor mailboxes on a fixed set of worker goroutines.
+//
+// protoactor's default dispatcher starts a goroutine each time an idle
+// mailbox gets a message. At a group boundary the forward thread wakes every
+// active chunk, so that would cost one goroutine start per context on the
+// forward thread; handing the mailbox to a waiting worker is cheaper.
+// Mailboxes scheduled here must never block (chunk actors only compute and
+// send); a full queue falls back to a fresh goroutine rather than stall the
+// forward thread.
+type Dispatcher struct {
+	work chan func()
+	wg   sync.WaitGroup
+	once sync.Once
+}
+
+var _ actor.Dispatcher = (*Dispatcher)(nil)
+
+// NewDispatcher starts workers (0 means GOMAXPROCS).
+func NewDispatcher(workers int) *Dispatcher {
+	if workers <= 0 {
+		workers = runtime.GOMAXPROCS(0)
+	}
+	d := &Dispatcher{work: make(chan func(), 4096)}
+	d.wg.Add(workers)
+	for i := 0; i < workers; i++ {
+		go func() {
+			defer d.wg.Done()
+			for fn := range d.work {
+				fn()
+			}
+		}()
+	}
+	return d
+}
+
+// Schedule runs fn on a worker.
+func (d *Dispatcher) Schedule(fn func()) {
+	select {
+	case d.work <- fn:
+	default:
+		go fn()
+	}
+}
+
+// Throughput is how many messages a mailbox handles before yielding.
+func (d *Dispatcher) Throughput() int { return 300 }
+
+// Close stops the workers once the queued mailboxes ran. No actor using the
+// dispatcher may receive messages afterwards.
+func (d *Dispatcher) Close() {
+	d.once.Do(func() { close(d.work) })
+	d.wg.Wait()
+}

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# gpu-check.sh: run the hw/cuda/driver tests and benchmarks against a real GPU.
+#
+# The test binary is built with CGO_ENABLED=0 (purego loads libcuda.so.1 at
+# run time), so it needs no Go toolchain, no CUDA toolkit and no C compiler
+# where it runs: only glibc (it is dynamically linked against libc/libdl for
+# dlopen) and, for the GPU tests to run rather than skip, the NVIDIA driver.
+#
+# Usage (from the repository root):
+#   scripts/gpu-check.sh [all] [OUTDIR]  build here, then run (needs Go)
+#   scripts/gpu-check.sh build [BINDIR]  only build BINDIR/driver.test (needs Go)
+#   scripts/gpu-check.sh run [OUTDIR]    only run the prebuilt BINDIR/driver.test
+#
+#   OUTDIR  where gpu-check.txt (the full output) goes; default $OUT, else ./out
+#   BINDIR  where the binary is; default $GPU_CHECK_BIN, else ./bin/gpu-check
+#   GPU_CHECK_BENCHTIME  -test.benchtime for the benchmarks; default 2000x
+#
+# On a machine that has only a copy of the repository (e.g. the device
+# machine), build first where Go is, carry bin/gpu-check along, and there run
+#   scripts/gpu-check.sh run "$OUT"
+#
+# Exit status: the test binary's (0 when everything passed or skipped). The
+# last two lines say whether a GPU was found and whether the run passed.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+mode=all
+case "${1:-}" in
+build | run | all)
+	mode=$1
+	shift
+	;;
+-h | --help)
+	sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+	exit 0
+	;;
+esac
+
+bindir=${GPU_CHECK_BIN:-./bin/gpu-check}
+outdir=${OUT:-./out}
+if [[ $mode == build ]]; then
+	bindir=${1:-$bindir}
+else
+	outdir=${1:-$outdir}
+fi
+bin=$bindir/driver.test
+
+build() {
+	mkdir -p "$bindir"
+	echo "gpu-check: building $bin (CGO_ENABLED=0)"
+	CGO_ENABLED=0 go test -c -o "$bin" ./hw/cuda/driver
+}
+
+run() {
+	if [[ ! -x $bin ]]; then
+		echo "gpu-check: $bin not found; build it first: scripts/gpu-check.sh build" >&2
+		exit 2
+	fi
+	mkdir -p "$outdir"
+	local log=$outdir/gpu-check.txt
+	{
+		echo "# gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n) ($(uname -sm))"
+		if command -v nvidia-smi >/dev/null 2>&1; then
+			nvidia-smi -L 2>&1 || true
+		else
+			echo "# nvidia-smi: not installed"
+		fi
+	} >"$log"
+	echo "gpu-check: running $bin, output in $log"
+	local rc=0
+	"$bin" -test.v -test.count 1 -test.timeout 10m \
+		-test.run . -test.bench . -test.benchmem \
+		-test.benchtime "${GPU_CHECK_BENCHTIME:-2000x}" 2>&1 | tee -a "$log" || rc=$?
+	if grep -q 'GPU found:' "$log"; then
+		echo "gpu-check: GPU found: $(grep -m1 -o 'GPU found: .*' "$log" | sed 's/^GPU found: //')" | tee -a "$log"
+	elif grep -q 'no CUDA driver:' "$log"; then
+		echo "gpu-check: NO GPU found; GPU tests skipped: $(grep -m1 -o 'no CUDA driver: .*' "$log" | sed 's/^no CUDA driver: //')" | tee -a "$log"
+	else
+		echo "gpu-check: could not tell whether a GPU was found (see $log)" | tee -a "$log"
+	fi
+	if [[ $rc -ne 0 ]]; then
+		echo "gpu-check: FAILED (exit $rc)" | tee -a "$log"
+	else
+		echo "gpu-check: PASS" | tee -a "$log"
+	fi
+	return "$rc"
+}
+
+case $mode in
+build) build ;;
+run) run ;;
+all)
+	build
+	run
+	;;
+esac

@@ -1,0 +1,202 @@
+package system
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/hw/hostmem"
+	"github.com/kvstream/kvstream/hw/rdma"
+	"github.com/kvstream/kvstream/hw/rdma/loopback"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const (
+	itemLen = 32
+	pages   = 16
+)
+
+// newEngine returns an engine over 4 MLA buffers (3 hook layers) and a
+// decode peer "d" with 16 pages, on a private fabric.
+func newEngine(t *testing.T, env map[string]string) *Engine {
+	t.Helper()
+	fab := loopback.NewFabric(loopback.Options{})
+	pre, err := fab.NewTransport("p")
+	require.NoError(t, err)
+	dec, err := fab.NewTransport("d")
+	require.NoError(t, err)
+	src, err := hostmem.Alloc(4 * itemLen * pages)
+	require.NoError(t, err)
+	dst, err := hostmem.Alloc(4 * itemLen * pages)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pre.Close(); _ = dec.Close(); _ = src.Free(); _ = dst.Free() })
+	bases := func(b *hostmem.Block) []uint64 {
+		out := make([]uint64, 4)
+		for i := range out {
+			out[i] = b.Addr + uint64(i*itemLen*pages)
+		}
+		return out
+	}
+	e, err := New(Config{Buffers: MLABuffers(bases(src), itemLen, pages), HookLayers: 3, PageSize: 4},
+		WithTransport(pre), WithLogger(zap.NewNop()), WithGetenv(func(k string) string { return env[k] }))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = e.Close() })
+	peer := Peer{ID: "d", Address: dec.Address()}
+	for _, base := range bases(dst) {
+		r, err := dec.Register(base, itemLen*pages)
+		require.NoError(t, err)
+		peer.Buffers = append(peer.Buffers, PeerBuffer{Region: r.Desc(), ItemLen: itemLen})
+	}
+	require.NoError(t, e.AddPeer(peer))
+	return e
+}
+
+func goodSpec() ChunkSpec {
+	return ChunkSpec{Room: 1, Start: 0, End: 16, Last: true, SrcPages: []int{0, 1, 2, 3}, TotalPages: 4,
+		Infos: []DecodeInfo{{Peer: "d", DstPages: []int{4, 5, 6, 7}}}}
+}
+
+func TestRegisterBadInput(t *testing.T) {
+	e := newEngine(t, nil)
+	for _, tc := range []struct {
+		name string
+		mod  func(*ChunkSpec)
+		want string
+	}{
+		{"unaligned start", func(s *ChunkSpec) { s.Start = 3 }, "chunk start 3: not aligned to page size 4"},
+		{"pages disagree with the range", func(s *ChunkSpec) { s.SrcPages = []int{0, 1} }, "room 1 chunk [0, 16): 2 source pages, the range needs 4"},
+		{"negative page", func(s *ChunkSpec) { s.SrcPages[2] = -1 }, "source page -1 at index 2: outside the pool of 16 pages"},
+		{"duplicate page", func(s *ChunkSpec) { s.SrcPages[3] = 1 }, "source page 1 at index 3: duplicate"},
+		{"page beyond the pool", func(s *ChunkSpec) { s.SrcPages[0] = 16 }, "source page 16 at index 0: outside the pool"},
+		{"unknown peer", func(s *ChunkSpec) { s.Infos[0].Peer = "nobody" }, `room 1 info 0: unknown peer "nobody"`},
+		{"destination beyond the decode pool", func(s *ChunkSpec) { s.Infos[0].DstPages[1] = 99 }, "destination page 99 at index 1: outside the pool of 16 pages"},
+		{"destination list too short", func(s *ChunkSpec) { s.Infos[0].DstPages = []int{4, 5}; s.TotalPages = 0 }, "position 2 (and 1 more) beyond the destination page list of 2 pages"},
+		{"no decode info", func(s *ChunkSpec) { s.Infos = nil }, "room 1: no decode info"},
+		{"chunk beyond the request", func(s *ChunkSpec) { s.TotalPages = 3 }, "chunk pages [0, 4) beyond the request's 3 pages"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := goodSpec()
+			tc.mod(&s)
+			_, err := e.Register(context.Background(), s)
+			require.Error(t, err)
+			assert.True(t, errors.Is(err, ErrBadInput), "%v", err)
+			assert.Contains(t, err.Error(), tc.want)
+			assert.False(t, e.HasRoom(1), "a rejected registration changes no state")
+		})
+	}
+	reg, err := e.Register(context.Background(), goodSpec())
+	require.NoError(t, err)
+	assert.Equal(t, PerLayer, reg.Mode)
+	assert.True(t, e.HasRoom(1))
+}
+
+func TestForwardBadInput(t *testing.T) {
+	e := newEngine(t, nil)
+	_, err := e.Register(context.Background(), goodSpec())
+	require.NoError(t, err)
+	fw, err := e.BeginForward()
+	require.NoError(t, err)
+	for _, l := range []int{-1, 3, 1 << 20} {
+		err := fw.LayerEnd(l)
+		require.Error(t, err)
+		assert.True(t, errors.Is(err, ErrBadInput))
+		assert.Contains(t, err.Error(), "outside the 3 hook layers")
+	}
+	require.NoError(t, fw.LayerEnd(2))
+	require.NoError(t, fw.End())
+	assert.ErrorContains(t, fw.End(), "End called twice")
+	assert.ErrorContains(t, fw.LayerEnd(0), "LayerEnd(0) after End")
+	res, err := e.Finish(context.Background(), 1)
+	require.NoError(t, err)
+	assert.Equal(t, Succeeded, res.Status)
+}
+
+func TestUnknownRoomsAndCallsAfterClose(t *testing.T) {
+	e := newEngine(t, nil)
+	_, err := e.Finish(context.Background(), 42)
+	assert.True(t, errors.Is(err, ErrBadInput))
+	assert.ErrorContains(t, err, "unknown room 42")
+	err = e.Drop(context.Background(), 42)
+	assert.True(t, errors.Is(err, ErrBadInput))
+	assert.ErrorContains(t, err, "unknown room 42")
+
+	_, err = e.Register(context.Background(), goodSpec())
+	require.NoError(t, err)
+	require.NoError(t, e.Close())
+	assert.False(t, e.HasRoom(1), "Close drops every room")
+	_, err = e.Register(context.Background(), goodSpec())
+	assert.True(t, errors.Is(err, ErrClosed) && errors.Is(err, ErrBadInput), "%v", err)
+	_, err = e.BeginForward()
+	assert.True(t, errors.Is(err, ErrClosed))
+	_, err = e.Finish(context.Background(), 1)
+	assert.True(t, errors.Is(err, ErrClosed))
+	assert.True(t, errors.Is(e.Drop(context.Background(), 1), ErrClosed))
+	assert.True(t, errors.Is(e.AddPeer(Peer{}), ErrClosed))
+	require.NoError(t, e.Close(), "Close is idempotent")
+}
+
+func TestAddPeerValidates(t *testing.T) {
+	e := newEngine(t, nil)
+	err := e.AddPeer(Peer{ID: "x", Address: []byte("d"), Buffers: make([]PeerBuffer, 3)})
+	assert.ErrorContains(t, err, `peer "x" has 3 buffers, the prefill layout 4`)
+	bufs := make([]PeerBuffer, 4)
+	for i := range bufs {
+		bufs[i] = PeerBuffer{ItemLen: itemLen, Region: rdma.RegionDesc{Addr: 0x1000, Len: itemLen * pages, Key: []byte{0, 0, 0, 0}}}
+	}
+	bufs[2].ItemLen = 64
+	err = e.AddPeer(Peer{ID: "x", Address: []byte("d"), Buffers: bufs})
+	assert.ErrorContains(t, err, `peer "x" buffer 2: item length 64, prefill 32`)
+	bufs[2].ItemLen = itemLen
+	require.NoError(t, e.AddPeer(Peer{ID: "x", Address: []byte("d"), Buffers: bufs}))
+	assert.ErrorContains(t, e.AddPeer(Peer{ID: "x", Address: []byte("d"), Buffers: bufs}), `peer "x" already added`)
+}
+
+func TestConfigDefaultsAndEnvironment(t *testing.T) {
+	e := newEngine(t, map[string]string{EnvGroupSize: "4", EnvSubmitters: "2", EnvFinishTimeout: "2.5", EnvPerLayer: "false"})
+	c := e.Config()
+	assert.Equal(t, 4, c.GroupSize)
+	assert.Equal(t, 2, c.Submitters)
+	assert.Equal(t, 2500*time.Millisecond, c.FinishTimeout)
+	assert.True(t, c.DisablePerLayer)
+	reg, err := e.Register(context.Background(), goodSpec())
+	require.NoError(t, err)
+	assert.Equal(t, Monolithic, reg.Mode, "per-layer off: the room goes monolithic")
+
+	d, err := Config{HookLayers: 1}.withDefaults(func(string) string { return "" })
+	require.NoError(t, err)
+	assert.Equal(t, DefaultGroupSize, d.GroupSize)
+	assert.Equal(t, DefaultSubmitters, d.Submitters)
+	assert.Equal(t, DefaultFinishTimeout, d.FinishTimeout)
+	assert.False(t, d.DisablePerLayer)
+	assert.Equal(t, 1, d.CP.Size)
+
+	explicit, err := Config{HookLayers: 1, GroupSize: 16}.withDefaults(func(k string) string {
+		if k == EnvGroupSize {
+			return "3"
+		}
+		return ""
+	})
+	require.NoError(t, err)
+	assert.Equal(t, 16, explicit.GroupSize, "an explicit field wins over the environment")
+
+	for name, val := range map[string]string{EnvGroupSize: "eight", EnvSubmitters: "0", EnvFinishTimeout: "soon", EnvPerLayer: "maybe"} {
+		_, err := Config{HookLayers: 1}.withDefaults(func(k string) string {
+			if k == name {
+				return val
+			}
+			return ""
+		})
+		require.Error(t, err, name)
+		assert.True(t, errors.Is(err, ErrBadInput))
+		assert.Contains(t, err.Error(), name+`="`+val+`"`)
+	}
+	_, err = New(Config{HookLayers: 2, PageSize: 4, Buffers: []Buffer{{Name: "KV0", Base: 1, ItemLen: 0, Pages: 4}}}, WithLogger(zap.NewNop()))
+	require.Error(t, err)
+	assert.ErrorContains(t, err, "buffer 0 (KV0): item length 0")
+}

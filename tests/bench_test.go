@@ -1,0 +1,163 @@
+package tests
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/kvstream/kvstream/actors"
+	"github.com/kvstream/kvstream/cp"
+	"github.com/kvstream/kvstream/hw/rdma"
+	"github.com/kvstream/kvstream/hw/rdma/loopback"
+	"github.com/kvstream/kvstream/internal/testbed"
+	"github.com/kvstream/kvstream/system"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+)
+
+// benchEngine returns an engine over an MLA pool of 79 buffers (78 hooks,
+// K = 8) with n single-page chunks registered and a forward begun. Events
+// come from a stream whose events are complete at once, so that the figures
+// exclude the driver's event record, as DESIGN.md's target does.
+func benchEngine(b *testing.B, n int) (*system.Engine, *system.Forward) {
+	g := testbed.MLA(79, 64, n+1)
+	fab := loopback.NewFabric(loopback.Options{})
+	pre, err := fab.NewTransport("p")
+	require.NoError(b, err)
+	dec, err := fab.NewTransport("d")
+	require.NoError(b, err)
+	pool, err := testbed.NewPool(g)
+	require.NoError(b, err)
+	dpool, err := testbed.NewDecode(dec, g)
+	require.NoError(b, err)
+	eng, err := system.New(system.Config{Buffers: pool.EngineBuffers(), HookLayers: 78, GroupSize: 8, PageSize: 16},
+		system.WithStream(lyingStream{}), system.WithTransport(pre), system.WithLogger(zap.NewNop()))
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = eng.Close(); _ = pre.Close(); _ = dec.Close(); _ = pool.Free(); _ = dpool.Free() })
+	require.NoError(b, eng.AddPeer(dpool.Peer("d")))
+	for i := 0; i < n; i++ {
+		_, err := eng.Register(context.Background(), system.ChunkSpec{Room: uint64(i + 1), End: 16, Last: true, SrcPages: []int{i}, TotalPages: 1,
+			Infos: []system.DecodeInfo{{Peer: "d", DstPages: []int{i}}}})
+		require.NoError(b, err)
+	}
+	fw, err := eng.BeginForward()
+	require.NoError(b, err)
+	return eng, fw
+}
+
+// BenchmarkLayerEndNonBoundary is the forward thread's cost at a layer that
+// closes no group (target: ≤ 20 ns, 0 allocations).
+func BenchmarkLayerEndNonBoundary(b *testing.B) {
+	_, fw := benchEngine(b, 10)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := fw.LayerEnd(i % 7); err != nil { // layers 0..6 of group 0
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkLayerEndBoundary is the forward thread's cost at a group boundary
+// with n active contexts (target: ≤ 2 µs + 200 ns per context): one event
+// record and one enqueue per context. Repeated boundaries of the same group
+// are deduplicated by the chunks, so the loop measures the fan-out itself.
+func BenchmarkLayerEndBoundary(b *testing.B) {
+	for _, n := range []int{1, 10, 100} {
+		b.Run(fmt.Sprintf("contexts=%d", n), func(b *testing.B) {
+			_, fw := benchEngine(b, n)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if err := fw.LayerEnd(7); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkRegisterExisting is a re-registration of an active chunk, which
+// the scheduler does ~9x per request while forming a batch.
+func BenchmarkRegisterExisting(b *testing.B) {
+	eng, _ := benchEngine(b, 1)
+	spec := system.ChunkSpec{Room: 1, End: 16, Last: true, SrcPages: []int{0}, TotalPages: 1,
+		Infos: []system.DecodeInfo{{Peer: "d", DstPages: []int{0}}}}
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		reg, err := eng.Register(ctx, spec)
+		if err != nil || !reg.Existing {
+			b.Fatal(err, reg)
+		}
+	}
+}
+
+// BenchmarkPlan100k builds the plan of a 100k-token chunk at page size 1
+// (owner filter, destination mapping, runs), for CP 1 and CP 8 shared-KV,
+// with consecutive and with shuffled decode pages.
+func BenchmarkPlan100k(b *testing.B) {
+	const tokens = 100_000
+	for _, tc := range []struct {
+		name    string
+		cp      int
+		shuffle bool
+	}{{"cp1/consecutive", 1, false}, {"cp1/shuffled", 1, true}, {"cp8/shuffled", 8, true}} {
+		b.Run(tc.name, func(b *testing.B) {
+			bufs := make([]actors.Buffer, 61)
+			keys := make([]rdma.LocalKey, 61)
+			for i := range bufs {
+				bufs[i] = actors.Buffer{Base: uint64(i+1) << 32, ItemLen: 1152, Pages: tokens, Layer: i}
+			}
+			l, err := actors.NewLayout(bufs, keys, 61, 8, 1, cp.CP{Size: tc.cp})
+			require.NoError(b, err)
+			dst := seq(tokens)
+			if tc.shuffle {
+				rand.New(rand.NewPCG(1, 2)).Shuffle(len(dst), func(i, j int) { dst[i], dst[j] = dst[j], dst[i] })
+			}
+			peer := &actors.Peer{ID: "d", Buffers: make([]actors.PeerBuffer, 61)}
+			for i := range peer.Buffers {
+				peer.Buffers[i] = actors.PeerBuffer{Region: rdma.RegionDesc{Len: 1152 * tokens}, ItemLen: 1152}
+			}
+			spec := &actors.ChunkSpec{Room: 1, End: tokens, Last: true, SrcPages: seq(tokens), TotalPages: tokens,
+				Infos: []actors.DecodeInfo{{Peer: "d", DstPages: dst}}}
+			get := func(string) (*actors.Peer, bool) { return peer, true }
+			b.ReportAllocs()
+			b.ResetTimer()
+			var runs int
+			for i := 0; i < b.N; i++ {
+				p, err := actors.BuildPlan(l, get, spec, true)
+				if err != nil {
+					b.Fatal(err)
+				}
+				runs = len(p.Dests[0].Runs)
+			}
+			b.ReportMetric(float64(runs), "runs")
+		})
+	}
+}
+
+// BenchmarkBlocks100k turns the runs of a 100k-page chunk into one buffer's
+// blocks, as a submitter does per buffer of a group (allocation-free once
+// the slice has grown).
+func BenchmarkBlocks100k(b *testing.B) {
+	for _, shuffle := range []bool{false, true} {
+		b.Run(fmt.Sprintf("shuffled=%v", shuffle), func(b *testing.B) {
+			dst := seq(100_000)
+			if shuffle {
+				rand.New(rand.NewPCG(1, 2)).Shuffle(len(dst), func(i, j int) { dst[i], dst[j] = dst[j], dst[i] })
+			}
+			runs, err := cp.Coalesce(seq(100_000), dst)
+			require.NoError(b, err)
+			var blocks []cp.Block
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				blocks = cp.AppendBlocks(blocks[:0], runs, 1<<32, 1<<40, 1152)
+			}
+			b.ReportMetric(float64(len(blocks)), "blocks")
+		})
+	}
+}

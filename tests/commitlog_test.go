@@ -1,0 +1,297 @@
+package tests
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/cp"
+	"github.com/kvstream/kvstream/hw/cuda/sim"
+	"github.com/kvstream/kvstream/hw/rdma/loopback"
+	"github.com/kvstream/kvstream/internal/testbed"
+	"github.com/kvstream/kvstream/system"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+// Each test here is one scenario of the per-layer transfer commit log,
+// against the real engine (actors, submitters, loopback transport, virtual
+// GPU), asserting bytes, statuses and order.
+
+func seqPages(from, n int) []int { return seqFrom(from, n) }
+
+// "event-wait-before-submit ordering": every write is posted after the
+// kernel that wrote its layer ran, even with slow kernels.
+func TestEventWaitBeforeSubmit(t *testing.T) {
+	g := testbed.MLA(8, 64, 32)
+	r := newRig(t, rigOpts{geom: g, hooks: 8, group: 2, layerTime: 3 * time.Millisecond})
+	src, dst := seqPages(4, 6), seqPages(10, 6)
+	r.register(chunk{room: 1, end: 24, last: true, src: src, total: 6, infos: oneInfo("d0", dst)})
+	r.forward(testbed.Write{Room: 1, SrcPages: src, Tokens: 24})
+	r.finish(1)
+	r.expectPages(0, 1, seqPages(0, 6), dst)
+
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	layerEnd := map[string]time.Time{}
+	for _, s := range r.spans {
+		layerEnd[s.Name] = s.End
+	}
+	require.Len(t, layerEnd, 8)
+	require.NotEmpty(t, r.landings)
+	per := g.ItemLen * uint64(g.Pages)
+	for _, l := range r.landings {
+		b := int((l.Addr - r.decodes[0].Bases[0]) / per)
+		end := layerEnd["layer "+strconv.Itoa(g.Layers[b])]
+		assert.False(t, l.Posted.Before(end), "buffer %d posted %v before its layer's kernel ended", b, end.Sub(l.Posted))
+	}
+}
+
+// "hookless buffers sent" (78 hooks over 79 buffers, the MTP layer) and
+// "grouping boundaries including the last partial group": one batch per
+// group of 8 plus one for the MTP buffer, bytes equal in all 79.
+func TestMTPBufferAndPartialLastGroup(t *testing.T) {
+	g := testbed.MLA(79, 32, 16)
+	r := newRig(t, rigOpts{geom: g, hooks: 78, group: 8, layerTime: 100 * time.Microsecond})
+	src, dst := []int{0, 1, 5, 6, 7}, []int{3, 4, 5, 9, 10}
+	reg := r.register(chunk{room: 9, end: 20, last: true, src: src, total: 5, infos: oneInfo("d0", dst)})
+	require.Equal(t, system.PerLayer, reg.Mode)
+	r.forward(testbed.Write{Room: 9, SrcPages: src, Tokens: 20})
+	res := r.finish(9)
+	assert.Equal(t, 11, res.Stats.Batches, "10 groups (the last one of 6 layers) + the MTP buffer")
+	assert.Equal(t, 10, res.Stats.Groups)
+	assert.Equal(t, uint64(79*5*32), res.Stats.Bytes)
+	r.expectPages(0, 9, seqPages(0, 5), dst)
+}
+
+// "later forwards do not re-feed a context": a chunk left unfinished while
+// two more forwards re-fire every layer keeps a finish target of at most
+// one batch per group plus the rest (the seed saw 3042-5538).
+func TestLaterForwardsDoNotRefeed(t *testing.T) {
+	g := testbed.MLA(16, 16, 64)
+	r := newRig(t, rigOpts{geom: g, hooks: 16, group: 4})
+	r.register(chunk{room: 1, end: 8, last: true, src: []int{0, 1}, total: 2, infos: oneInfo("d0", []int{0, 1})})
+	r.forward(testbed.Write{Room: 1, SrcPages: []int{0, 1}, Tokens: 8})
+	for i := 0; i < 2; i++ {
+		room := uint64(2 + i)
+		src := []int{10 + 2*i, 11 + 2*i}
+		r.register(chunk{room: room, end: 8, last: true, src: src, total: 2, infos: oneInfo("d0", []int{20 + 2*i, 21 + 2*i})})
+		r.forward(testbed.Write{Room: room, SrcPages: src, Tokens: 8})
+	}
+	res := r.finish(1)
+	assert.Equal(t, 4, res.Stats.Groups, "groups of its own forward only")
+	assert.Equal(t, 4, res.Stats.Batches)
+	assert.Zero(t, res.Stats.Ignored, "later forwards' groups never reached it")
+	r.finish(2)
+	r.finish(3)
+	r.expectPages(0, 1, []int{0, 1}, []int{0, 1})
+	r.expectPages(0, 3, []int{0, 1}, []int{22, 23})
+}
+
+// "register never overwrites an active context" and re-registration is a
+// no-op: the second registration with other pages changes nothing.
+func TestRegisterNeverOverwrites(t *testing.T) {
+	g := testbed.MLA(4, 16, 64)
+	r := newRig(t, rigOpts{geom: g, hooks: 4, group: 2})
+	first := r.register(chunk{room: 1, end: 8, last: true, src: []int{0, 1}, total: 2, infos: oneInfo("d0", []int{5, 6})})
+	for i := 0; i < 9; i++ { // the scheduler re-iterates requests ~9x
+		again := r.register(chunk{room: 1, end: 8, last: true, src: []int{0, 1}, total: 2, infos: oneInfo("d0", []int{40, 41})})
+		assert.True(t, again.Existing)
+		assert.Equal(t, first.Chunk, again.Chunk)
+	}
+	r.forward(testbed.Write{Room: 1, SrcPages: []int{0, 1}, Tokens: 8})
+	r.finish(1)
+	r.expectPages(0, 1, []int{0, 1}, []int{5, 6})
+	r.expectZero(0, []int{40, 41})
+	_, err := r.eng.Finish(context.Background(), 1)
+	require.Error(t, err, "one context, one finish")
+	assert.True(t, errors.Is(err, system.ErrBadInput))
+}
+
+// "chunked FIFO": chunks of one room finish in send order, and chunk N > 0
+// lands on its own decode pages (chunk_page_start), for a CP rank of 4.
+func TestChunkedFIFOWithAbsolutePositions(t *testing.T) {
+	g := testbed.KV(3, 16, 64)
+	r := newRig(t, rigOpts{geom: g, hooks: 3, group: 2, pageSize: 4, cp: cp.CP{Size: 4, Rank: 1}})
+	const total = 12 // 48 tokens, 3 chunks of 16
+	src := seqPages(20, total)
+	dst := seqPages(0, total)
+	var starts []int
+	for k := 0; k < 3; k++ {
+		start, end := 16*k, 16*(k+1)
+		r.register(chunk{room: 4, start: start, end: end, last: k == 2, src: src[4*k : 4*k+4], total: total, infos: oneInfo("d0", dst)})
+		r.forward(testbed.Write{Room: 4, PageStart: 4 * k, SrcPages: src[4*k : 4*k+4], Tokens: 16})
+		starts = append(starts, start)
+	}
+	for _, want := range starts {
+		assert.Equal(t, want, r.finish(4).Chunk.Start, "finish pops the front")
+	}
+	owned := []int{1, 5, 9} // position % 4 == 1
+	r.expectPages(0, 4, owned, owned)
+	r.expectZero(0, []int{0, 2, 3, 4, 6, 7, 8, 10, 11})
+	assert.False(t, r.eng.HasRoom(4))
+}
+
+// "drop drains all": dropping a room quiesces every queued chunk; the room
+// is gone afterwards and the engine keeps serving.
+func TestDropDrainsAll(t *testing.T) {
+	g := testbed.MLA(4, 16, 64)
+	r := newRig(t, rigOpts{geom: g, hooks: 4, group: 2, layerTime: time.Millisecond})
+	r.register(chunk{room: 1, end: 8, src: []int{0, 1}, total: 4, infos: oneInfo("d0", seqPages(0, 4))})
+	r.forward(testbed.Write{Room: 1, SrcPages: []int{0, 1}, Tokens: 8})
+	r.register(chunk{room: 1, start: 8, end: 16, last: true, src: []int{2, 3}, total: 4, infos: oneInfo("d0", seqPages(0, 4))})
+	require.True(t, r.eng.HasRoom(1))
+	require.NoError(t, r.eng.Drop(context.Background(), 1))
+	assert.False(t, r.eng.HasRoom(1))
+	_, err := r.eng.Finish(context.Background(), 1)
+	assert.True(t, errors.Is(err, system.ErrBadInput), "%v", err)
+	assert.True(t, errors.Is(r.eng.Drop(context.Background(), 1), system.ErrBadInput))
+	// After the drop returned nothing of room 1 lands any more.
+	r.mu.Lock()
+	n := len(r.landings)
+	r.mu.Unlock()
+	r.register(chunk{room: 2, end: 8, last: true, src: []int{8, 9}, total: 2, infos: oneInfo("d0", []int{30, 31})})
+	r.forward(testbed.Write{Room: 2, SrcPages: []int{8, 9}, Tokens: 8})
+	r.finish(2)
+	r.expectPages(0, 2, []int{0, 1}, []int{30, 31})
+	r.mu.Lock()
+	for _, l := range r.landings[n:] {
+		b := (l.Addr - r.decodes[0].Bases[0]) / (g.ItemLen * uint64(g.Pages))
+		page := (l.Addr - r.decodes[0].Bases[b]) / g.ItemLen
+		assert.GreaterOrEqual(t, page, uint64(30), "a write of the dropped room landed after Drop returned")
+	}
+	r.mu.Unlock()
+}
+
+// The register guard (invariant 8): two real destinations go monolithic to
+// both, one real destination is per-layer, all dummy sends nothing.
+func TestRegisterGuard(t *testing.T) {
+	g := testbed.MLA(4, 16, 64)
+	r := newRig(t, rigOpts{geom: g, hooks: 4, group: 2, decodes: 2})
+	two := r.register(chunk{room: 1, end: 8, last: true, src: []int{0, 1}, total: 2,
+		infos: []system.DecodeInfo{{Peer: "d0", DstPages: []int{0, 1}}, {Peer: "d1", DstPages: []int{2, 3}}}})
+	assert.Equal(t, system.Monolithic, two.Mode)
+	assert.Equal(t, cp.SeveralDestinations, two.Reason)
+	one := r.register(chunk{room: 2, end: 8, last: true, src: []int{2, 3}, total: 2,
+		infos: []system.DecodeInfo{{Peer: "d1", Dummy: true}, {Peer: "d0", DstPages: []int{4, 5}}}})
+	assert.Equal(t, system.PerLayer, one.Mode)
+	none := r.register(chunk{room: 3, end: 8, last: true, src: []int{4, 5}, total: 2,
+		infos: []system.DecodeInfo{{Peer: "d0", Dummy: true}, {Peer: "d1", Dummy: true}}})
+	assert.Equal(t, system.Monolithic, none.Mode)
+	assert.Equal(t, cp.AllDummy, none.Reason)
+	r.forward(
+		testbed.Write{Room: 1, SrcPages: []int{0, 1}, Tokens: 8},
+		testbed.Write{Room: 2, SrcPages: []int{2, 3}, Tokens: 8},
+		testbed.Write{Room: 3, SrcPages: []int{4, 5}, Tokens: 8},
+	)
+	r.finish(1)
+	r.finish(2)
+	assert.Zero(t, r.finish(3).Stats.Bytes, "all dummy: nothing sent")
+	r.expectPages(0, 1, []int{0, 1}, []int{0, 1})
+	r.expectPages(1, 1, []int{0, 1}, []int{2, 3})
+	r.expectPages(0, 2, []int{0, 1}, []int{4, 5})
+	r.expectZero(1, []int{4, 5, 6, 7})
+}
+
+// "timeout → FAILED within the timeout": an event that never completes.
+func TestTimeoutFailsWithinTimeout(t *testing.T) {
+	g := testbed.MLA(4, 16, 64)
+	const timeout = 300 * time.Millisecond
+	r := newRig(t, rigOpts{geom: g, hooks: 4, group: 2, timeout: timeout,
+		gpuFaults: func(e sim.EventInfo) sim.Fault {
+			if e.Seq == 1 {
+				return sim.NeverComplete
+			}
+			return sim.NoFault
+		}})
+	r.register(chunk{room: 1, end: 8, last: true, src: []int{0, 1}, total: 2, infos: oneInfo("d0", []int{0, 1})})
+	r.forward(testbed.Write{Room: 1, SrcPages: []int{0, 1}, Tokens: 8})
+	start := time.Now()
+	res, err := r.eng.Finish(context.Background(), 1)
+	elapsed := time.Since(start)
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, system.ErrTimeout), "%v", err)
+	assert.Equal(t, system.Failed, res.Status)
+	assert.GreaterOrEqual(t, elapsed, timeout)
+	assert.Less(t, elapsed, timeout+time.Second, "Finish returns at its timeout, not later")
+	// The engine keeps serving.
+	r.register(chunk{room: 2, end: 8, last: true, src: []int{2, 3}, total: 2, infos: oneInfo("d0", []int{2, 3})})
+	r.forward(testbed.Write{Room: 2, SrcPages: []int{2, 3}, Tokens: 8})
+	r.finish(2)
+	r.expectPages(0, 2, []int{0, 1}, []int{2, 3})
+}
+
+// "submit failure stops and reports failure".
+func TestSubmitFailureReportsFailure(t *testing.T) {
+	g := testbed.MLA(8, 16, 64)
+	r := newRig(t, rigOpts{geom: g, hooks: 8, group: 2,
+		netFaults: func(b loopback.BatchInfo) loopback.Fault {
+			if b.Seq == 2 {
+				return loopback.Fault{Kind: loopback.PostError}
+			}
+			return loopback.Fault{}
+		}})
+	r.register(chunk{room: 1, end: 8, last: true, src: []int{0, 1}, total: 2, infos: oneInfo("d0", []int{0, 1})})
+	r.forward(testbed.Write{Room: 1, SrcPages: []int{0, 1}, Tokens: 8})
+	res, err := r.eng.Finish(context.Background(), 1)
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, loopback.ErrInjected), "%v", err)
+	assert.Equal(t, system.Failed, res.Status)
+	assert.ErrorContains(t, err, "room 1 chunk 0")
+}
+
+// "wait failure propagates".
+func TestWaitFailurePropagates(t *testing.T) {
+	g := testbed.MLA(4, 16, 64)
+	r := newRig(t, rigOpts{geom: g, hooks: 4, group: 4,
+		gpuFaults: func(e sim.EventInfo) sim.Fault {
+			if e.Seq == 1 {
+				return sim.WaitError
+			}
+			return sim.NoFault
+		}})
+	r.register(chunk{room: 1, end: 8, last: true, src: []int{0, 1}, total: 2, infos: oneInfo("d0", []int{0, 1})})
+	r.forward(testbed.Write{Room: 1, SrcPages: []int{0, 1}, Tokens: 8})
+	res, err := r.eng.Finish(context.Background(), 1)
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, system.ErrEventWait), "%v", err)
+	assert.Equal(t, system.Failed, res.Status)
+	r.expectZero(0, []int{0, 1})
+}
+
+// Invariant 12: a successful finish logs nothing above DEBUG; a failure logs
+// one WARN with room, chunk and cause.
+func TestQuietSuccessLoudFailure(t *testing.T) {
+	core, logs := observer.New(zapcore.DebugLevel)
+	g := testbed.MLA(4, 16, 64)
+	r := newRig(t, rigOpts{geom: g, hooks: 4, group: 2, log: zap.New(core),
+		netFaults: func(b loopback.BatchInfo) loopback.Fault {
+			if b.Seq == 3 {
+				return loopback.Fault{Kind: loopback.FailCompletion}
+			}
+			return loopback.Fault{}
+		}})
+	r.register(chunk{room: 1, end: 8, last: true, src: []int{0, 1}, total: 2, infos: oneInfo("d0", []int{0, 1})})
+	r.forward(testbed.Write{Room: 1, SrcPages: []int{0, 1}, Tokens: 8}) // batches 1, 2
+	r.finish(1)
+	for _, e := range logs.All() {
+		assert.Equal(t, zapcore.DebugLevel, e.Level, "success logged %q at %v", e.Message, e.Level)
+	}
+	require.NotEmpty(t, logs.FilterMessage("chunk transfer done").All(), "success is visible at DEBUG")
+
+	r.register(chunk{room: 2, end: 8, last: true, src: []int{2, 3}, total: 2, infos: oneInfo("d0", []int{2, 3})})
+	r.forward(testbed.Write{Room: 2, SrcPages: []int{2, 3}, Tokens: 8}) // batch 3 fails
+	_, err := r.eng.Finish(context.Background(), 2)
+	require.Error(t, err)
+	warns := logs.FilterLevelExact(zapcore.WarnLevel).All()
+	require.Len(t, warns, 1)
+	fields := warns[0].ContextMap()
+	assert.Equal(t, uint64(2), fields["room"])
+	assert.Equal(t, int64(0), fields["chunk"])
+	assert.Contains(t, fields["error"], "injected completion error")
+}
