@@ -64,6 +64,7 @@ func (a *chunkActor) perform(ctx actor.Context, e Effect) {
 		a.stopTimer()
 		a.job.closeGate()
 		a.env.Registry.ended(e.Result.Chunk)
+		a.env.Observer.Chunk(e.Result)
 		a.log(e.Result)
 		ctx.Send(ctx.Parent(), &messages.ChunkDone{Result: e.Result})
 	}

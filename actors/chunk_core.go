@@ -257,7 +257,7 @@ func (c *ChunkCore) submitted(m *messages.Submitted) {
 	c.stats.Bytes += m.Bytes
 	c.stats.Blocks += m.Blocks
 	c.stats.Batches++
-	c.stats.EventWait += m.EventWait
+	c.stats.EventWait += m.WaitEnd.Sub(m.WaitStart)
 	if c.stats.FirstPost.IsZero() || m.PostedAt.Before(c.stats.FirstPost) {
 		c.stats.FirstPost = m.PostedAt
 	}

@@ -3,6 +3,7 @@ package actors
 import (
 	"runtime"
 	"sync"
+	"sync/atomic"
 
 	"github.com/asynkron/protoactor-go/actor"
 )
@@ -17,9 +18,11 @@ import (
 // send); a full queue falls back to a fresh goroutine rather than stall the
 // forward thread.
 type Dispatcher struct {
-	work chan func()
-	wg   sync.WaitGroup
-	once sync.Once
+	work   chan func()
+	quit   chan struct{}
+	closed atomic.Bool
+	wg     sync.WaitGroup
+	once   sync.Once
 }
 
 var _ actor.Dispatcher = (*Dispatcher)(nil)
@@ -29,21 +32,32 @@ func NewDispatcher(workers int) *Dispatcher {
 	if workers <= 0 {
 		workers = runtime.GOMAXPROCS(0)
 	}
-	d := &Dispatcher{work: make(chan func(), 4096)}
+	d := &Dispatcher{work: make(chan func(), 4096), quit: make(chan struct{})}
 	d.wg.Add(workers)
 	for i := 0; i < workers; i++ {
 		go func() {
 			defer d.wg.Done()
-			for fn := range d.work {
-				fn()
+			for {
+				select {
+				case fn := <-d.work:
+					fn()
+				case <-d.quit:
+					return
+				}
 			}
 		}()
 	}
 	return d
 }
 
-// Schedule runs fn on a worker.
+// Schedule runs fn on a worker. After Close (a transport completion can
+// still reach a chunk actor that is stopping) it runs fn on its own
+// goroutine.
 func (d *Dispatcher) Schedule(fn func()) {
+	if d.closed.Load() {
+		go fn()
+		return
+	}
 	select {
 	case d.work <- fn:
 	default:
@@ -54,9 +68,19 @@ func (d *Dispatcher) Schedule(fn func()) {
 // Throughput is how many messages a mailbox handles before yielding.
 func (d *Dispatcher) Throughput() int { return 300 }
 
-// Close stops the workers once the queued mailboxes ran. No actor using the
-// dispatcher may receive messages afterwards.
+// Close stops the workers after running what is queued.
 func (d *Dispatcher) Close() {
-	d.once.Do(func() { close(d.work) })
-	d.wg.Wait()
+	d.once.Do(func() {
+		d.closed.Store(true)
+		close(d.quit)
+		d.wg.Wait()
+		for {
+			select {
+			case fn := <-d.work:
+				fn()
+			default:
+				return
+			}
+		}
+	})
 }

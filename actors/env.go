@@ -19,6 +19,8 @@ type Env struct {
 	Registry  *Registry
 	// Dispatcher runs the chunk actors.
 	Dispatcher *Dispatcher
+	// Observer sees batches and chunks (Observers{} when nobody listens).
+	Observer Observer
 
 	Forward    *actor.PID
 	Manager    *actor.PID

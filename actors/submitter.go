@@ -68,7 +68,9 @@ func SpawnSubmitters(env *Env, cfg PoolConfig) (routerPID, supervisor *actor.PID
 		if _, ok := ctx.Message().(*actor.Started); ok {
 			pids := make([]*actor.PID, cfg.Submitters)
 			for i := range pids {
-				pids[i] = ctx.Spawn(actor.PropsFromProducer(func() actor.Actor { return &submitter{env: env, conns: map[string]*conn{}} }))
+				pids[i] = ctx.SpawnPrefix(actor.PropsFromProducer(func() actor.Actor {
+					return &submitter{env: env, index: i, conns: map[string]*conn{}}
+				}), "submitter")
 			}
 			ready <- pids
 		}
@@ -90,6 +92,7 @@ func SpawnSubmitters(env *Env, cfg PoolConfig) (routerPID, supervisor *actor.PID
 // never the compute stream (invariant 1).
 type submitter struct {
 	env    *Env
+	index  int
 	conns  map[string]*conn
 	blocks []cp.Block
 	writes []rdma.Write
@@ -136,7 +139,7 @@ func (s *submitter) work(w *messages.Work) (res *messages.Submitted, failure err
 	job := w.Job.(*Job)
 	res = &messages.Submitted{Seq: w.Seq, Dest: w.Dest}
 
-	start := time.Now()
+	res.WaitStart = time.Now()
 	if err := w.Event.Wait(job.Context()); err != nil {
 		if job.Context().Err() != nil {
 			return res, nil // the chunk was cancelled: skipped, not failed
@@ -147,12 +150,16 @@ func (s *submitter) work(w *messages.Work) (res *messages.Submitted, failure err
 		}
 		return res, nil
 	}
-	res.EventWait = time.Since(start)
+	res.WaitEnd = time.Now()
 
 	dest := job.Plan.Dests[w.Dest]
-	seq, d, replyTo, root := w.Seq, w.Dest, w.ReplyTo, s.env.System.Root
+	replyTo, root, obs := w.ReplyTo, s.env.System.Root, s.env.Observer
+	rec := Batch{Chunk: w.Chunk, Seq: w.Seq, Dest: w.Dest, Submitter: s.index, WaitStart: res.WaitStart, WaitEnd: res.WaitEnd}
 	done := func(err error) {
-		root.Send(replyTo, &messages.BatchDone{Seq: seq, Dest: d, Err: err, At: time.Now()})
+		b := rec // the closure is per batch; each call completes a copy
+		b.Done, b.Err = time.Now(), err
+		obs.Batch(b)
+		root.Send(replyTo, &messages.BatchDone{Seq: b.Seq, Dest: b.Dest, Err: err, At: b.Done})
 	}
 	var posted bool
 	// Two attempts: an endpoint may have been torn down by another chunk's
@@ -165,8 +172,9 @@ func (s *submitter) work(w *messages.Work) (res *messages.Submitted, failure err
 			return res, endpointFailure{peer: dest.Peer, err: err}
 		}
 		s.build(w.Buffers, dest.Runs, c)
+		rec.Bytes, rec.Blocks, rec.Posted = bytesOf(s.writes), len(s.writes), time.Now()
 		posted, err = job.post(c.ep, s.writes, done)
-		res.PostedAt = time.Now()
+		res.PostedAt = rec.Posted
 		if err == nil {
 			break
 		}
@@ -181,7 +189,7 @@ func (s *submitter) work(w *messages.Work) (res *messages.Submitted, failure err
 		res.Err = nil
 	}
 	if posted {
-		res.Posted, res.Bytes, res.Blocks = true, bytesOf(s.writes), len(s.writes)
+		res.Posted, res.Bytes, res.Blocks = true, rec.Bytes, rec.Blocks
 	}
 	return res, nil
 }

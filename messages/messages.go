@@ -208,14 +208,15 @@ type Work struct {
 // Submitted reports one Work back to its chunk: posted (a batch is in
 // flight), skipped (the chunk was cancelled) or failed.
 type Submitted struct {
-	Seq       int
-	Dest      int
-	Posted    bool
-	Err       error
-	Bytes     uint64
-	Blocks    int
-	PostedAt  time.Time
-	EventWait time.Duration
+	Seq    int
+	Dest   int
+	Posted bool
+	Err    error
+	Bytes  uint64
+	Blocks int
+	// The event wait took [WaitStart, WaitEnd); the batch was posted at
+	// PostedAt.
+	WaitStart, WaitEnd, PostedAt time.Time
 }
 
 // BatchDone reports a posted batch's completion.

@@ -58,6 +58,7 @@ const (
 type Option func(*options)
 
 type options struct {
+	observers []actors.Observer
 	log       *zap.Logger
 	stream    cuda.Stream
 	transport rdma.Transport
@@ -75,6 +76,17 @@ func WithStream(s cuda.Stream) Option { return func(o *options) { o.stream = s }
 // WithTransport sets the transport. The default is a node of
 // loopback.Default(), the process's in-memory fabric.
 func WithTransport(t rdma.Transport) Option { return func(o *options) { o.transport = t } }
+
+// Observer sees batches and chunks (see actors.Observer).
+type Observer = actors.Observer
+
+// Batch is one posted batch's life, as an Observer sees it.
+type Batch = actors.Batch
+
+// WithObserver adds an observer of batches and chunks (metrics, traces).
+func WithObserver(o Observer) Option {
+	return func(op *options) { op.observers = append(op.observers, o) }
+}
 
 // WithGetenv replaces os.Getenv for the KVSTREAM_* variables (tests).
 func WithGetenv(f func(string) string) Option { return func(o *options) { o.getenv = f } }
@@ -168,7 +180,7 @@ func New(cfg Config, opts ...Option) (*Engine, error) {
 		actor.WithDeadLetterThrottleInterval(100*time.Millisecond),
 	)
 	e.env = &actors.Env{System: e.system, Log: e.log, Layout: e.layout, Peers: actors.NewPeers(), Transport: tr,
-		Registry: actors.NewRegistry(), Dispatcher: actors.NewDispatcher(0)}
+		Registry: actors.NewRegistry(), Dispatcher: actors.NewDispatcher(0), Observer: actors.Observers(o.observers)}
 	root := e.system.Root
 	if e.forward, err = root.SpawnNamed(actors.ForwardProps(), "forward"); err == nil {
 		e.env.Forward = e.forward

@@ -1,0 +1,48 @@
+package actors
+
+import (
+	"time"
+
+	"github.com/kvstream/kvstream/messages"
+)
+
+// Observer sees what the engine does: metrics, traces and reports are built
+// on it. Its methods are called from engine goroutines, concurrently, never
+// from the forward thread; they must be quick and must not block.
+type Observer interface {
+	// Batch is called once per posted batch, when it completed or failed.
+	Batch(Batch)
+	// Chunk is called once per chunk context, when it ended.
+	Chunk(messages.Result)
+}
+
+// Batch is one posted batch's life.
+type Batch struct {
+	Chunk     messages.Chunk
+	Seq       int // group, or messages.Rest
+	Dest      int
+	Submitter int
+	Bytes     uint64
+	Blocks    int
+	// The submitter waited the event over [WaitStart, WaitEnd), posted at
+	// Posted; the transport reported completion at Done.
+	WaitStart, WaitEnd, Posted, Done time.Time
+	Err                              error
+}
+
+// Observers fans out to several observers.
+type Observers []Observer
+
+// Batch implements Observer.
+func (os Observers) Batch(b Batch) {
+	for _, o := range os {
+		o.Batch(b)
+	}
+}
+
+// Chunk implements Observer.
+func (os Observers) Chunk(r messages.Result) {
+	for _, o := range os {
+		o.Chunk(r)
+	}
+}
