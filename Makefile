@@ -18,6 +18,10 @@ fmt:
 test: vet
 	$(GO) test -race -count=1 -timeout 8m $(PKGS)
 
+# The main job: a realistic prefill→decode workload, per layer vs monolithic.
+run:
+	$(GO) run ./cmd/kvstream sim
+
 bench:
 	$(GO) test -run='^$$' -bench=. -benchmem $(PKGS)
 

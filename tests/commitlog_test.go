@@ -2,7 +2,6 @@ package tests
 
 import (
 	"context"
-	"strconv"
 	"testing"
 	"time"
 
@@ -47,7 +46,7 @@ func TestEventWaitBeforeSubmit(t *testing.T) {
 	per := g.ItemLen * uint64(g.Pages)
 	for _, l := range r.landings {
 		b := int((l.Addr - r.decodes[0].Bases[0]) / per)
-		end := layerEnd["layer "+strconv.Itoa(g.Layers[b])]
+		end := layerEnd[testbed.KernelName(1, g.Layers[b])]
 		assert.False(t, l.Posted.Before(end), "buffer %d posted %v before its layer's kernel ended", b, end.Sub(l.Posted))
 	}
 }

@@ -21,6 +21,14 @@ type Model struct {
 	// LayerTime is the modeled duration of one layer's kernel for a forward
 	// of the given number of tokens.
 	LayerTime func(tokens int) time.Duration
+
+	forwards int
+}
+
+// KernelName is the name of layer l's kernel in the model's n-th forward
+// (from 1), as sim spans report it.
+func KernelName(forward, layer int) string {
+	return "f" + strconv.Itoa(forward) + " L" + strconv.Itoa(layer)
 }
 
 // Write is what one forward writes for one request: positions
@@ -39,6 +47,7 @@ func (m *Model) Forward(eng *system.Engine, writes []Write) error {
 	if err != nil {
 		return err
 	}
+	m.forwards++
 	tokens := 0
 	for _, w := range writes {
 		tokens += w.Tokens
@@ -52,7 +61,7 @@ func (m *Model) Forward(eng *system.Engine, writes []Write) error {
 		maxLayer = max(maxLayer, l)
 	}
 	for l := 0; l <= maxLayer; l++ {
-		if err := m.Stream.Launch(sim.Kernel{Name: "layer " + strconv.Itoa(l), Duration: d, Run: m.writeLayer(l, writes)}); err != nil {
+		if err := m.Stream.Launch(sim.Kernel{Name: KernelName(m.forwards, l), Duration: d, Run: m.writeLayer(l, writes)}); err != nil {
 			return err
 		}
 		if l < m.HookLayers {

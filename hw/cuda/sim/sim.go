@@ -35,11 +35,14 @@ type Options struct {
 	Faults func(EventInfo) Fault
 }
 
-// Span is one executed kernel.
+// Span is one executed kernel: [Start, End) on the modeled timeline (as
+// wall-clock instants), and Ran, the wall-clock instant its Run returned
+// (events recorded after it complete right after Ran).
 type Span struct {
 	Stream     string
 	Name       string
 	Start, End time.Time
+	Ran        time.Time
 }
 
 // EventInfo identifies a recorded event for fault decisions.
@@ -246,7 +249,7 @@ func (s *Stream) loop() {
 			}
 			busyUntil = end
 			if f := s.gpu.opts.OnSpan; f != nil {
-				f(Span{Stream: s.name, Name: o.kernel.Name, Start: start, End: end})
+				f(Span{Stream: s.name, Name: o.kernel.Name, Start: start, End: end, Ran: time.Now()})
 			}
 		}
 	}

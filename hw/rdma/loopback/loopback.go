@@ -471,9 +471,7 @@ func (t *Transport) link() {
 			select {
 			case <-timer.C:
 			case <-t.wake:
-				if !timer.Stop() {
-					<-timer.C
-				}
+				timer.Stop() // Go 1.23+: no stale value survives Stop
 			}
 			continue // the queue may have a new head
 		}

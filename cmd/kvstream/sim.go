@@ -1,0 +1,164 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/cp"
+	"github.com/kvstream/kvstream/internal/workload"
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"golang.org/x/term"
+)
+
+type simFlags struct {
+	model, cpRule            string
+	cfg                      workload.Config
+	jsonOut, verbose, noProg bool
+	traceOut, plotOut        string
+	linkLatencyUs            float64
+}
+
+func newSim() *cobra.Command {
+	f := &simFlags{cfg: workload.Defaults()}
+	d := f.cfg
+	cmd := &cobra.Command{
+		Use:   "sim",
+		Short: "Run a prefill→decode workload per layer and monolithically, check every byte, compare",
+		Long: `sim builds a prefill engine and a decode pool in one process (virtual GPU, loopback transport
+with a modeled link), runs a batch of requests through chunked prefill forwards, streams their KV
+per layer group with kvstream, then runs the same workload with the monolithic post-forward send.
+Every owned destination page is compared byte for byte with its source; a mismatch exits non-zero.
+
+Models: ` + presetHelp(),
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return runSim(cmd, f) },
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.model, "model", d.Preset.Name, "model preset: "+strings.Join(workload.PresetNames(), ", "))
+	fl.IntVar(&f.cfg.Layers, "layers", 0, "hook layers (0: the preset's; dsv3 with 78 gives 78 hooks over 79 buffers)")
+	fl.IntVar(&f.cfg.Requests, "requests", d.Requests, "requests in the batch")
+	fl.IntVar(&f.cfg.PromptTokens, "prompt-tokens", d.PromptTokens, "prompt length of every request")
+	fl.IntVar(&f.cfg.ChunkTokens, "chunk-tokens", d.ChunkTokens, "token budget of one forward (chunked prefill)")
+	fl.IntVar(&f.cfg.PageSize, "page-size", d.PageSize, "tokens per page")
+	fl.IntVar(&f.cfg.GroupSize, "group", d.GroupSize, "layers per submit (K)")
+	fl.IntVar(&f.cfg.Submitters, "submitters", d.Submitters, "submitter actors")
+	fl.Float64Var(&f.cfg.LinkGbps, "link-gbps", d.LinkGbps, "modeled link rate, Gb/s")
+	fl.Float64Var(&f.linkLatencyUs, "link-latency-us", float64(d.LinkLatency/time.Microsecond), "modeled per-batch link latency, µs")
+	fl.IntVar(&f.cfg.CP.Size, "cp", 1, "context-parallel size")
+	fl.IntVar(&f.cfg.CP.Rank, "cp-rank", 0, "this engine's CP rank")
+	fl.StringVar(&f.cpRule, "cp-rule", "shared", "CP page rule: shared (position % cp) or contiguous")
+	fl.IntVar(&f.cfg.Scale, "scale", 0, "divide bytes per page by this (0: fit --memory-mib); page, block and message counts stay real")
+	fl.Int64Var(&f.cfg.MemoryBudget, "memory-mib", d.MemoryBudget>>20, "memory for one KV pool when --scale is 0, MiB")
+	fl.Float64Var(&f.cfg.TimeScale, "time-scale", d.TimeScale, "run modeled time this many times faster than wall time")
+	fl.Float64Var(&f.cfg.LayerUsPerKTok, "layer-us-per-ktok", 0, "modeled compute per layer per 1000 tokens of a forward, µs (0: the preset's)")
+	fl.DurationVar(&f.cfg.FinishTimeout, "finish-timeout", d.FinishTimeout, "bound of each Finish")
+	fl.Uint64Var(&f.cfg.Seed, "seed", d.Seed, "seed of the page allocation and the KV bytes")
+	fl.BoolVar(&f.jsonOut, "json", false, "print the report as one JSON object")
+	fl.StringVar(&f.traceOut, "trace-out", "", "write a Chrome/Perfetto trace-event JSON of both runs")
+	fl.StringVar(&f.plotOut, "plot", "", "write a PNG timeline of forward vs transfer for both modes")
+	fl.BoolVar(&f.verbose, "verbose", false, "log the engine at DEBUG")
+	fl.BoolVar(&f.noProg, "no-progress", false, "no progress bar")
+	return cmd
+}
+
+func presetHelp() string {
+	var b strings.Builder
+	for _, n := range workload.PresetNames() {
+		fmt.Fprintf(&b, "\n  %-9s %s", n, workload.Presets[n].Description)
+	}
+	return b.String()
+}
+
+func runSim(cmd *cobra.Command, f *simFlags) error {
+	p, ok := workload.Presets[f.model]
+	if !ok {
+		return errors.Newf("--model %q: want one of %s", f.model, strings.Join(workload.PresetNames(), ", "))
+	}
+	cfg := f.cfg
+	cfg.Preset = p
+	rule, err := cp.ParseRule(f.cpRule)
+	if err != nil {
+		return errors.Wrap(err, "--cp-rule")
+	}
+	cfg.CP.Rule = rule
+	cfg.MemoryBudget <<= 20
+	cfg.LinkLatency = time.Duration(f.linkLatencyUs * float64(time.Microsecond))
+	cfg.Timeline = f.traceOut != "" || f.plotOut != ""
+
+	level := zap.WarnLevel
+	if f.verbose {
+		level = zap.DebugLevel
+	}
+	log := zap.New(zapcore.NewCore(zapcore.NewConsoleEncoder(zap.NewDevelopmentEncoderConfig()), zapcore.Lock(os.Stderr), level))
+	defer log.Sync() //nolint:errcheck
+
+	var bar *progressbar.ProgressBar
+	if !f.jsonOut && !f.noProg && term.IsTerminal(int(os.Stderr.Fd())) {
+		start := time.Now()
+		cfg.Progress = func(done, total int) {
+			if bar == nil && time.Since(start) < 2*time.Second {
+				return // short runs need no bar
+			}
+			if bar == nil {
+				bar = progressbar.NewOptions(total, progressbar.OptionSetWriter(os.Stderr), progressbar.OptionSetDescription("forwards"),
+					progressbar.OptionShowCount(), progressbar.OptionClearOnFinish(), progressbar.OptionThrottle(100*time.Millisecond))
+			}
+			_ = bar.Set(done)
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	rep, err := workload.Run(ctx, cfg, log)
+	if bar != nil {
+		_ = bar.Finish()
+	}
+	if err != nil {
+		return err
+	}
+	out := cmd.OutOrStdout()
+	if f.jsonOut {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(rep); err != nil {
+			return err
+		}
+	} else {
+		rep.Text(out)
+	}
+	if f.traceOut != "" {
+		if err := writeFile(f.traceOut, rep.WriteTrace); err != nil {
+			return errors.Wrap(err, "--trace-out")
+		}
+	}
+	if f.plotOut != "" {
+		if err := writeFile(f.plotOut, rep.WritePNG); err != nil {
+			return errors.Wrap(err, "--plot")
+		}
+	}
+	if !rep.BytesEqual {
+		return errors.Newf("bytes differ: %s", rep.Mismatch)
+	}
+	return nil
+}
+
+func writeFile(path string, write func(io.Writer) error) error {
+	fh, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := write(fh); err != nil {
+		fh.Close()
+		return err
+	}
+	return fh.Close()
+}

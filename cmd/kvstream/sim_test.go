@@ -1,0 +1,126 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"image/png"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func run(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	root := newRoot()
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(&out)
+	root.SetArgs(args)
+	err := root.Execute()
+	return out.String(), err
+}
+
+var quick = []string{"sim", "--model", "small", "--requests", "3", "--prompt-tokens", "1000", "--chunk-tokens", "512",
+	"--page-size", "16", "--group", "4", "--layer-us-per-ktok", "400", "--no-progress"}
+
+func TestSimJSONTraceAndPlot(t *testing.T) {
+	dir := t.TempDir()
+	trace, pic := filepath.Join(dir, "trace.json"), filepath.Join(dir, "timeline.png")
+	out, err := run(t, append(quick, "--json", "--trace-out", trace, "--plot", pic)...)
+	require.NoError(t, err, out)
+
+	var rep map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
+	assert.Equal(t, true, rep["bytes_equal"])
+	for _, path := range []string{"per_layer.exposed_ms", "monolithic.exposed_ms", "per_layer.ttft_ms", "monolithic.ttft_ms"} {
+		parts := strings.Split(path, ".")
+		mode, ok := rep[parts[0]].(map[string]any)
+		require.True(t, ok, "%s missing", parts[0])
+		v, ok := mode[parts[1]].(float64)
+		require.True(t, ok, "%s missing or not a number", path)
+		assert.Positive(t, v, path)
+	}
+	for _, k := range []string{"floor_ms", "submits_per_forward"} {
+		v, ok := rep[k].(float64)
+		require.True(t, ok, "%s missing", k)
+		assert.Positive(t, v, k)
+	}
+	// 9 hook layers... the small preset has 8 hooks in groups of 4: each
+	// chunk per forward sends 2 groups + the MTP buffer.
+	assert.GreaterOrEqual(t, rep["submits_per_forward"].(float64), 3.0)
+
+	raw, err := os.ReadFile(trace)
+	require.NoError(t, err)
+	var tr struct {
+		TraceEvents []struct {
+			Name string  `json:"name"`
+			Ph   string  `json:"ph"`
+			Ts   float64 `json:"ts"`
+			Pid  int     `json:"pid"`
+			Tid  int     `json:"tid"`
+			Cat  string  `json:"cat"`
+		} `json:"traceEvents"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &tr), "the trace is valid trace-event JSON")
+	cats := map[string]map[int]int{}
+	for _, e := range tr.TraceEvents {
+		require.Contains(t, []string{"X", "b", "e", "M", "i"}, e.Ph, "event %q", e.Name)
+		if e.Cat != "" {
+			if cats[e.Cat] == nil {
+				cats[e.Cat] = map[int]int{}
+			}
+			cats[e.Cat][e.Pid]++
+		}
+	}
+	for _, c := range []string{"compute", "event_wait", "transfer", "finish"} {
+		assert.Positive(t, cats[c][1], "per-layer run has %s events", c)
+		assert.Positive(t, cats[c][2], "monolithic run has %s events", c)
+	}
+
+	fh, err := os.Open(pic)
+	require.NoError(t, err)
+	defer fh.Close()
+	img, err := png.Decode(fh)
+	require.NoError(t, err, "the picture decodes as PNG")
+	assert.Greater(t, img.Bounds().Dx(), 800)
+}
+
+func TestSimText(t *testing.T) {
+	out, err := run(t, append(quick, "--layers", "6", "--cp", "2", "--cp-rank", "1", "--cp-rule", "contiguous")...)
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "bytes_equal: true")
+	assert.Contains(t, out, "exposed transfer: monolithic / per-layer")
+	assert.Contains(t, out, "CP 1/2 contiguous")
+}
+
+func TestSimBadFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"sim", "--model", "gpt5"}, `--model "gpt5": want one of dsv3, llama70b, small`},
+		{[]string{"sim", "--cp-rule", "diagonal"}, `--cp-rule: CP rule "diagonal"`},
+		{[]string{"sim", "--cp", "2", "--cp-rank", "2"}, "--cp/--cp-rank: CP rank 2: must be in [0, 2)"},
+		{[]string{"sim", "--chunk-tokens", "8", "--page-size", "16"}, "--chunk-tokens 8: must be at least one page (16 tokens)"},
+		{[]string{"sim", "--requests", "0"}, "--requests 0: must be at least 1"},
+		{[]string{"sim", "--link-gbps", "-1"}, "--link-gbps -1: must be positive"},
+		{[]string{"sim", "--page-size", "abc"}, `invalid argument "abc" for "--page-size"`},
+	} {
+		_, err := run(t, tc.args...)
+		require.Error(t, err, "%v", tc.args)
+		assert.Contains(t, err.Error(), tc.want)
+	}
+}
+
+func TestHelpListsSim(t *testing.T) {
+	out, err := run(t, "--help")
+	require.NoError(t, err)
+	assert.Contains(t, out, "sim")
+}

@@ -1,0 +1,161 @@
+// Package workload is `kvstream sim`: a prefill engine and a decode pool in
+// one process (virtual GPU, loopback transport with a modeled link), a batch
+// of requests run through chunked prefill forwards, streamed per layer group
+// and, for comparison, sent monolithically after each forward. It checks
+// every owned destination page against its source and reports TTFT, exposed
+// transfer time, the theoretical floor, submits per forward and bandwidth,
+// and can draw the run as a trace and a picture.
+package workload
+
+import (
+	"math"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/cp"
+)
+
+// Preset is a model's KV geometry and a compute model.
+type Preset struct {
+	Name string
+	// MLA keeps one latent KV buffer per layer; otherwise K and V buffers.
+	MLA bool
+	// HookLayers fire LayerEnd; ExtraLayers own buffers but fire no hook
+	// (the MTP/nextn draft layer).
+	HookLayers, ExtraLayers int
+	// BytesPerToken is one buffer's KV bytes per token.
+	BytesPerToken int
+	// LayerUsPerKTok is modeled compute per layer per 1000 tokens of the
+	// forward.
+	LayerUsPerKTok float64
+	Description    string
+}
+
+// Presets are the models `--model` knows.
+var Presets = map[string]Preset{
+	"dsv3": {Name: "dsv3", MLA: true, HookLayers: 61, ExtraLayers: 1, BytesPerToken: 576 * 2, LayerUsPerKTok: 500,
+		Description: "DeepSeek-V3-like MLA: 61 layers + 1 MTP layer (no hook), 576 bf16 values per token per layer"},
+	"llama70b": {Name: "llama70b", HookLayers: 80, BytesPerToken: 8 * 128 * 2, LayerUsPerKTok: 300,
+		Description: "Llama-3-70B-like GQA: 80 layers, K and V buffers of 8 KV heads x 128 dims, bf16"},
+	"small": {Name: "small", MLA: true, HookLayers: 8, ExtraLayers: 1, BytesPerToken: 576 * 2, LayerUsPerKTok: 200,
+		Description: "a small MLA model for quick runs: 8 layers + 1 MTP layer"},
+}
+
+// PresetNames lists the presets, sorted.
+func PresetNames() []string {
+	var out []string
+	for n := range Presets {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Config is one sim run.
+type Config struct {
+	Preset Preset
+	// Layers overrides the preset's hook layers (dsv3 with 78 gives the
+	// commit log's 78 hooks over 79 buffers).
+	Layers       int
+	Requests     int
+	PromptTokens int
+	// ChunkTokens is the token budget of one forward (chunked prefill).
+	ChunkTokens int
+	PageSize    int
+	GroupSize   int
+	Submitters  int
+	LinkGbps    float64
+	LinkLatency time.Duration
+	CP          cp.CP
+	// Scale divides bytes per page so that long prompts fit in memory;
+	// page, block and message counts stay real and the link is modeled on
+	// the real bytes. Zero picks the smallest scale that fits MemoryBudget.
+	Scale        int
+	MemoryBudget int64
+	// TimeScale runs modeled time this many times faster than wall time.
+	TimeScale float64
+	// LayerUsPerKTok overrides the preset's compute model.
+	LayerUsPerKTok float64
+	// FinishTimeout bounds each Finish.
+	FinishTimeout time.Duration
+	Seed          uint64
+	// Timeline collects spans for the trace and the picture.
+	Timeline bool
+	// Progress, if set, is told about finished forwards.
+	Progress func(done, total int)
+}
+
+// Defaults is a run that finishes in seconds on 2 cores.
+func Defaults() Config {
+	return Config{
+		Preset: Presets["dsv3"], Requests: 4, PromptTokens: 16384, ChunkTokens: 8192, PageSize: 64,
+		GroupSize: 8, Submitters: 4, LinkGbps: 400, LinkLatency: 10 * time.Microsecond,
+		CP: cp.CP{Size: 1}, MemoryBudget: 256 << 20, TimeScale: 1, FinishTimeout: 30 * time.Second, Seed: 1,
+	}
+}
+
+// geometry is what the config implies.
+type geometry struct {
+	hookLayers, layers int // layers = hook + extra
+	buffers            int
+	pagesPerRequest    int
+	pageBytes          int     // real bytes of one page of one buffer
+	itemLen            int     // bytes per page per buffer in memory (scaled)
+	byteScale          float64 // real bytes per byte in memory
+	scale              int
+}
+
+func (c Config) validate() (geometry, error) {
+	var g geometry
+	switch {
+	case c.Requests < 1:
+		return g, errors.Newf("--requests %d: must be at least 1", c.Requests)
+	case c.PromptTokens < 1:
+		return g, errors.Newf("--prompt-tokens %d: must be at least 1", c.PromptTokens)
+	case c.PageSize < 1:
+		return g, errors.Newf("--page-size %d: must be at least 1", c.PageSize)
+	case c.ChunkTokens < c.PageSize:
+		return g, errors.Newf("--chunk-tokens %d: must be at least one page (%d tokens)", c.ChunkTokens, c.PageSize)
+	case c.GroupSize < 1:
+		return g, errors.Newf("--group %d: must be at least 1", c.GroupSize)
+	case c.LinkGbps <= 0:
+		return g, errors.Newf("--link-gbps %v: must be positive", c.LinkGbps)
+	case c.TimeScale <= 0:
+		return g, errors.Newf("--time-scale %v: must be positive", c.TimeScale)
+	case c.Scale < 0:
+		return g, errors.Newf("--scale %d: must not be negative", c.Scale)
+	case c.Layers < 0:
+		return g, errors.Newf("--layers %d: must not be negative", c.Layers)
+	}
+	if err := c.CP.Validate(); err != nil {
+		return g, errors.Wrap(err, "--cp/--cp-rank")
+	}
+	g.hookLayers = c.Preset.HookLayers
+	if c.Layers > 0 {
+		g.hookLayers = c.Layers
+	}
+	g.layers = g.hookLayers + c.Preset.ExtraLayers
+	g.buffers = g.layers
+	if !c.Preset.MLA {
+		g.buffers *= 2
+	}
+	g.pagesPerRequest = (c.PromptTokens + c.PageSize - 1) / c.PageSize
+	g.pageBytes = c.PageSize * c.Preset.BytesPerToken
+	g.scale = c.Scale
+	if g.scale == 0 {
+		real := float64(g.pageBytes) * float64(g.pagesPerRequest*c.Requests) * float64(g.buffers)
+		budget := float64(c.MemoryBudget)
+		if budget <= 0 {
+			budget = 256 << 20
+		}
+		g.scale = max(1, int(math.Ceil(real/budget)))
+	}
+	g.itemLen = max(8, (g.pageBytes+g.scale-1)/g.scale)
+	g.byteScale = float64(g.pageBytes) / float64(g.itemLen)
+	return g, nil
+}
+
+// ParseRule reads --cp-rule.
+func ParseRule(s string) (cp.Rule, error) { return cp.ParseRule(strings.ToLower(s)) }

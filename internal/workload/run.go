@@ -1,0 +1,313 @@
+package workload
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/actors"
+	"github.com/kvstream/kvstream/cp"
+	"github.com/kvstream/kvstream/hw/cuda/sim"
+	"github.com/kvstream/kvstream/hw/rdma/loopback"
+	"github.com/kvstream/kvstream/internal/testbed"
+	"github.com/kvstream/kvstream/messages"
+	"github.com/kvstream/kvstream/system"
+	"go.uber.org/zap"
+)
+
+// Run runs the workload per layer, then monolithically, and reports both.
+func Run(ctx context.Context, cfg Config, log *zap.Logger) (*Report, error) {
+	g, err := cfg.validate()
+	if err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	plan := newPlan(cfg, g)
+	rep := newReport(cfg, g, plan)
+	total := 2 * len(plan.forwards)
+	done := 0
+	for _, perLayer := range []bool{true, false} {
+		progress := func() {
+			done++
+			if cfg.Progress != nil {
+				cfg.Progress(done, total)
+			}
+		}
+		mr, err := runMode(ctx, cfg, g, plan, perLayer, log, progress)
+		if err != nil {
+			return nil, err
+		}
+		if perLayer {
+			rep.PerLayer = mr
+		} else {
+			rep.Monolithic = mr
+		}
+	}
+	rep.finish()
+	return rep, nil
+}
+
+// piece is what one forward writes of one request.
+type piece struct {
+	room       int
+	start, end int // tokens
+	last       bool
+	rng        cp.Range
+	owned      int // pages this CP rank sends
+}
+
+// plan is the schedule and the page allocation shared by both modes.
+type plan struct {
+	forwards [][]piece
+	src, dst [][]int // per request: prefill and decode page of each position
+	pool     int     // pages per buffer on each side
+}
+
+// newPlan splits each prompt into page-aligned chunks under the forward's
+// token budget (chunked prefill: requests in order, a request may span
+// forwards) and allocates pages the way a paged pool does: mostly
+// consecutive runs, in shuffled order.
+func newPlan(cfg Config, g geometry) *plan {
+	rng := rand.New(rand.NewPCG(cfg.Seed, 0x6b7673))
+	p := &plan{pool: g.pagesPerRequest * cfg.Requests}
+	p.src = allocate(rng, p.pool, g.pagesPerRequest, cfg.Requests)
+	p.dst = allocate(rng, p.pool, g.pagesPerRequest, cfg.Requests)
+	next := make([]int, cfg.Requests)
+	for r := 0; r < cfg.Requests; {
+		budget := cfg.ChunkTokens
+		var fw []piece
+		for ; r < cfg.Requests && budget > 0; r++ {
+			take := min(cfg.PromptTokens-next[r], budget)
+			last := next[r]+take == cfg.PromptTokens
+			if !last {
+				take -= take % cfg.PageSize
+			}
+			if take == 0 {
+				break
+			}
+			pc := piece{room: r, start: next[r], end: next[r] + take, last: last}
+			pc.rng, _ = cp.ChunkRange(pc.start, pc.end, cfg.PageSize, last)
+			owned, _, _ := cfg.CP.Owned(p.src[r][pc.rng.PageStart:pc.rng.PageStart+pc.rng.Pages], pc.rng.PageStart, g.pagesPerRequest)
+			pc.owned = len(owned)
+			fw = append(fw, pc)
+			budget -= take
+			next[r] += take
+			if !last {
+				break // the budget is spent mid-request
+			}
+		}
+		p.forwards = append(p.forwards, fw)
+	}
+	return p
+}
+
+func allocate(rng *rand.Rand, pool, per, requests int) [][]int {
+	const run = 16
+	blocks := rng.Perm((pool + run - 1) / run)
+	pages := make([]int, 0, pool)
+	for _, b := range blocks {
+		for pg := b * run; pg < min((b+1)*run, pool); pg++ {
+			pages = append(pages, pg)
+		}
+	}
+	out := make([][]int, requests)
+	for r := range out {
+		out[r] = pages[r*per : (r+1)*per]
+	}
+	return out
+}
+
+// collector observes one mode's run.
+type collector struct {
+	mu       sync.Mutex
+	batches  []actors.Batch
+	kernels  map[string]sim.Span
+	order    []string
+	finishes []finishRec
+}
+
+type finishRec struct {
+	room      int
+	chunk     messages.Chunk
+	call, ret time.Time
+	status    messages.Status
+}
+
+func (c *collector) Batch(b actors.Batch) {
+	c.mu.Lock()
+	c.batches = append(c.batches, b)
+	c.mu.Unlock()
+}
+func (c *collector) Chunk(messages.Result) {}
+func (c *collector) span(s sim.Span) {
+	c.mu.Lock()
+	c.kernels[s.Name] = s
+	c.order = append(c.order, s.Name)
+	c.mu.Unlock()
+}
+
+func (c *collector) kernel(name string) (sim.Span, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s, ok := c.kernels[name]
+	return s, ok
+}
+
+// runMode runs the whole schedule on a fresh engine, GPU, fabric and pools.
+func runMode(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool, log *zap.Logger, progress func()) (*ModeReport, error) {
+	col := &collector{kernels: map[string]sim.Span{}}
+	fab := loopback.NewFabric(loopback.Options{
+		Bandwidth: cfg.LinkGbps * 1e9 / 8, Latency: cfg.LinkLatency, TimeScale: cfg.TimeScale, ByteScale: g.byteScale,
+	})
+	pre, err := fab.NewTransport("prefill")
+	if err != nil {
+		return nil, err
+	}
+	defer pre.Close()
+	dec, err := fab.NewTransport("decode")
+	if err != nil {
+		return nil, err
+	}
+	defer dec.Close()
+	geom := testbed.MLA(g.layers, uint64(g.itemLen), p.pool)
+	if !cfg.Preset.MLA {
+		geom = testbed.KV(g.layers, uint64(g.itemLen), p.pool)
+	}
+	pool, err := testbed.NewPool(geom)
+	if err != nil {
+		return nil, errors.Wrapf(err, "prefill pool of %d MiB", len(geom.Layers)*g.itemLen*p.pool>>20)
+	}
+	defer pool.Free()
+	for i := range pool.Block.Bytes {
+		pool.Block.Bytes[i] = 0xEE // stale KV: a read before the write would copy this
+	}
+	decode, err := testbed.NewDecode(dec, geom)
+	if err != nil {
+		return nil, err
+	}
+	defer decode.Free()
+	gpu := sim.New(sim.Options{TimeScale: cfg.TimeScale, OnSpan: col.span})
+	defer gpu.Close()
+	stream := gpu.NewStream("compute")
+	eng, err := system.New(system.Config{
+		Buffers: pool.EngineBuffers(), HookLayers: g.hookLayers, GroupSize: cfg.GroupSize, PageSize: cfg.PageSize,
+		CP: cfg.CP, Submitters: cfg.Submitters, FinishTimeout: cfg.FinishTimeout, DisablePerLayer: !perLayer,
+	}, system.WithStream(stream), system.WithTransport(pre), system.WithObserver(col), system.WithLogger(log))
+	if err != nil {
+		return nil, err
+	}
+	defer eng.Close()
+	if err := eng.AddPeer(decode.Peer("decode")); err != nil {
+		return nil, err
+	}
+	usPerKTok := cfg.Preset.LayerUsPerKTok
+	if cfg.LayerUsPerKTok > 0 {
+		usPerKTok = cfg.LayerUsPerKTok
+	}
+	model := &testbed.Model{Stream: stream, Pool: pool, HookLayers: g.hookLayers, Seed: cfg.Seed,
+		LayerTime: func(tokens int) time.Duration {
+			return time.Duration(float64(tokens) / 1000 * usPerKTok * float64(time.Microsecond))
+		}}
+
+	// One transfer worker per room finishes its chunks in send order, as soon
+	// as each chunk's forward ended; the forward loop never waits for it.
+	work := make([]chan messages.ChunkKey, cfg.Requests)
+	var wg sync.WaitGroup
+	var failMu sync.Mutex
+	var failed error
+	for r := range work {
+		work[r] = make(chan messages.ChunkKey, len(p.forwards))
+		wg.Add(1)
+		go func(r int) {
+			defer wg.Done()
+			for range work[r] {
+				call := time.Now()
+				res, err := eng.Finish(ctx, uint64(r))
+				ret := time.Now()
+				col.mu.Lock()
+				col.finishes = append(col.finishes, finishRec{room: r, chunk: res.Chunk, call: call, ret: ret, status: res.Status})
+				col.mu.Unlock()
+				if err != nil {
+					failMu.Lock()
+					failed = errors.CombineErrors(failed, err)
+					failMu.Unlock()
+				}
+			}
+		}(r)
+	}
+
+	mr := &ModeReport{PerLayer: perLayer, Forwards: len(p.forwards)}
+	t0 := time.Now()
+	forwardEnds := make([]time.Time, len(p.forwards))
+	lastLayer := g.layers - 1
+	for k, fw := range p.forwards {
+		writes := make([]testbed.Write, 0, len(fw))
+		for _, pc := range fw {
+			spec := system.ChunkSpec{Room: uint64(pc.room), Start: pc.start, End: pc.end, Last: pc.last,
+				SrcPages: p.src[pc.room][pc.rng.PageStart : pc.rng.PageStart+pc.rng.Pages], TotalPages: g.pagesPerRequest,
+				Infos: []system.DecodeInfo{{Peer: "decode", DstPages: p.dst[pc.room]}}}
+			if _, err := eng.Register(ctx, spec); err != nil {
+				return nil, errors.Wrapf(err, "forward %d", k+1)
+			}
+			writes = append(writes, testbed.Write{Room: uint64(pc.room), PageStart: pc.rng.PageStart, SrcPages: spec.SrcPages, Tokens: pc.end - pc.start})
+		}
+		if err := model.Forward(eng, writes); err != nil {
+			return nil, errors.Wrapf(err, "forward %d", k+1)
+		}
+		if err := stream.Synchronize(ctx); err != nil {
+			return nil, err
+		}
+		end, ok := col.kernel(testbed.KernelName(k+1, lastLayer))
+		if !ok {
+			return nil, errors.AssertionFailedf("forward %d: no span for its last kernel", k+1)
+		}
+		forwardEnds[k] = end.End
+		for _, pc := range fw {
+			work[pc.room] <- messages.ChunkKey{Room: uint64(pc.room), Start: pc.start}
+		}
+		progress()
+	}
+	for _, w := range work {
+		close(w)
+	}
+	wg.Wait()
+	mr.WallSeconds = time.Since(t0).Seconds()
+	if failed != nil {
+		return nil, errors.Wrap(failed, "a chunk failed")
+	}
+	mr.mismatch = verify(cfg, g, p, pool, decode)
+	mr.summarize(cfg, g, p, col, t0, forwardEnds)
+	return mr, nil
+}
+
+// verify compares every owned destination page with its source page, and
+// checks that pages this rank does not own were not written.
+func verify(cfg Config, g geometry, p *plan, pool *testbed.Pool, decode *testbed.Decode) string {
+	zero := make([]byte, g.itemLen)
+	for r := 0; r < cfg.Requests; r++ {
+		owned := map[int]bool{}
+		_, pos, _ := cfg.CP.Owned(p.src[r], 0, g.pagesPerRequest)
+		for _, x := range pos {
+			owned[x] = true
+		}
+		for x := 0; x < g.pagesPerRequest; x++ {
+			for b := 0; b < pool.Geometry.Buffers(); b++ {
+				got := decode.Page(b, p.dst[r][x])
+				want := zero
+				if owned[x] {
+					want = pool.Page(b, p.src[r][x])
+				}
+				if !bytes.Equal(got, want) {
+					return fmt.Sprintf("room %d position %d (decode page %d) buffer %s: bytes differ from the source", r, x, p.dst[r][x], pool.Names[b])
+				}
+			}
+		}
+	}
+	return ""
+}
