@@ -47,6 +47,7 @@ func (a *chunkActor) perform(ctx actor.Context, e Effect) {
 	case Submit:
 		w := e.Work
 		w.Job, w.ReplyTo = a.job, ctx.Self()
+		a.env.Queued.Add(1)
 		ctx.Send(a.env.Submitters, &w)
 	case StartTimer:
 		self, root := ctx.Self(), a.env.System.Root

@@ -26,8 +26,10 @@ type Env struct {
 	Manager    *actor.PID
 	Submitters *actor.PID
 
-	// Restarts counts submitter restarts (endpoint failures).
+	// Restarts counts submitter restarts.
 	Restarts atomic.Int64
+	// Queued counts Work sent to submitters and not yet answered.
+	Queued atomic.Int64
 }
 
 func (e *Env) send(to *actor.PID, msg any) { e.System.Root.Send(to, msg) }

@@ -14,6 +14,9 @@ type Observer interface {
 	Batch(Batch)
 	// Chunk is called once per chunk context, when it ended.
 	Chunk(messages.Result)
+	// Restarted is called when the supervisor restarts a submitter; reason
+	// is "endpoint", "device" or "panic".
+	Restarted(reason string)
 }
 
 // Batch is one posted batch's life.
@@ -44,5 +47,12 @@ func (os Observers) Batch(b Batch) {
 func (os Observers) Chunk(r messages.Result) {
 	for _, o := range os {
 		o.Chunk(r)
+	}
+}
+
+// Restarted implements Observer.
+func (os Observers) Restarted(reason string) {
+	for _, o := range os {
+		o.Restarted(reason)
 	}
 }

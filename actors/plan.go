@@ -148,8 +148,8 @@ func BuildPlan(l *Layout, peers func(string) (*Peer, bool), s *ChunkSpec, perLay
 		dummy[i] = info.Dummy
 	}
 	mode, reason, _ := cp.Guard(dummy)
-	if !perLayer {
-		mode = cp.Monolithic
+	if !perLayer && mode == cp.PerLayer {
+		mode, reason = cp.Monolithic, cp.PerLayerOff
 	}
 	owned, positions, err := l.CP.Owned(src, r.PageStart, s.TotalPages)
 	if err != nil {

@@ -50,17 +50,20 @@ func SpawnSubmitters(env *Env, cfg PoolConfig) (routerPID, supervisor *actor.PID
 		switch r := reason.(type) {
 		case endpointFailure:
 			env.Restarts.Add(1)
+			env.Observer.Restarted("endpoint")
 			env.Log.Warn("submitter restarting with fresh endpoints", zap.String("peer", r.peer), zap.Error(r.err))
-			return actor.RestartDirective
 		case deviceFailure:
 			if cfg.OnDeviceLost != nil {
 				cfg.OnDeviceLost(r.err)
 			}
+			env.Restarts.Add(1)
+			env.Observer.Restarted("device")
 			env.Log.Warn("submitter met a lost device; restarting, engine marked unhealthy", zap.Error(r.err))
-			return actor.RestartDirective
+		default:
+			env.Restarts.Add(1)
+			env.Observer.Restarted("panic")
+			env.Log.Warn("submitter failed; restarting", zap.Any("reason", reason))
 		}
-		env.Restarts.Add(1)
-		env.Log.Warn("submitter failed; restarting", zap.Any("reason", reason))
 		return actor.RestartDirective
 	}
 	ready := make(chan []*actor.PID, 1)
@@ -110,6 +113,7 @@ func (s *submitter) Receive(ctx actor.Context) {
 		s.closeAll()
 	case *messages.Work:
 		res, failure := s.work(m)
+		s.env.Queued.Add(-1)
 		// Answer before panicking: a message that panics is lost on restart,
 		// and the chunk must hear about its work.
 		ctx.Send(m.ReplyTo, res)

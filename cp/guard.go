@@ -32,6 +32,9 @@ const (
 	SeveralDestinations
 	// AllDummy: no destination receives anything.
 	AllDummy
+	// PerLayerOff: one destination, but per-layer streaming is switched off
+	// by configuration.
+	PerLayerOff
 )
 
 // String returns a readable reason, used in logs and metric labels.
@@ -43,6 +46,8 @@ func (r Reason) String() string {
 		return "several_destinations"
 	case AllDummy:
 		return "all_dummy"
+	case PerLayerOff:
+		return "per_layer_off"
 	}
 	return "unknown"
 }

@@ -96,6 +96,9 @@ type Stats struct {
 	ForwardEnd time.Time
 	// EventWait is the total time submitters waited on the chunk's events.
 	EventWait time.Duration
+	// Exposed is Finish's return minus ForwardEnd: the transfer time the
+	// forward did not hide (set by Finish; zero without a forward end).
+	Exposed time.Duration
 }
 
 // --- Forward actor ---

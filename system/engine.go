@@ -29,8 +29,8 @@ type (
 	Result = messages.Result
 	// Status is how a chunk ended.
 	Status = messages.Status
-	// Stats are a chunk's transfer figures.
-	Stats = messages.Stats
+	// ChunkStats are a chunk's transfer figures.
+	ChunkStats = messages.Stats
 	// Peer is a decode session (see actors.Peer).
 	Peer = actors.Peer
 	// PeerBuffer is one decode buffer.
@@ -58,7 +58,7 @@ const (
 type Option func(*options)
 
 type options struct {
-	observers []actors.Observer
+	observers observers
 	log       *zap.Logger
 	stream    cuda.Stream
 	transport rdma.Transport
@@ -77,13 +77,7 @@ func WithStream(s cuda.Stream) Option { return func(o *options) { o.stream = s }
 // loopback.Default(), the process's in-memory fabric.
 func WithTransport(t rdma.Transport) Option { return func(o *options) { o.transport = t } }
 
-// Observer sees batches and chunks (see actors.Observer).
-type Observer = actors.Observer
-
-// Batch is one posted batch's life, as an Observer sees it.
-type Batch = actors.Batch
-
-// WithObserver adds an observer of batches and chunks (metrics, traces).
+// WithObserver adds an observer (metrics, traces, reports).
 func WithObserver(o Observer) Option {
 	return func(op *options) { op.observers = append(op.observers, o) }
 }
@@ -119,6 +113,8 @@ type Engine struct {
 	regions      []rdma.Region
 	ownGPU       *sim.GPU
 	ownTransport bool
+
+	obs observers
 
 	closeMu   sync.RWMutex // held for reading by calls, for writing by Close
 	closed    bool
@@ -180,7 +176,8 @@ func New(cfg Config, opts ...Option) (*Engine, error) {
 		actor.WithDeadLetterThrottleInterval(100*time.Millisecond),
 	)
 	e.env = &actors.Env{System: e.system, Log: e.log, Layout: e.layout, Peers: actors.NewPeers(), Transport: tr,
-		Registry: actors.NewRegistry(), Dispatcher: actors.NewDispatcher(0), Observer: actors.Observers(o.observers)}
+		Registry: actors.NewRegistry(), Dispatcher: actors.NewDispatcher(0), Observer: o.observers}
+	e.obs = o.observers
 	root := e.system.Root
 	if e.forward, err = root.SpawnNamed(actors.ForwardProps(), "forward"); err == nil {
 		e.env.Forward = e.forward
@@ -271,6 +268,7 @@ func (e *Engine) Register(ctx context.Context, spec ChunkSpec) (Registration, er
 	e.closeMu.RLock()
 	defer e.closeMu.RUnlock()
 	if e.closed {
+		e.obs.Refused("closed")
 		return Registration{}, closedError("Register")
 	}
 	key := spec.Key(e.cfg.PageSize, e.nextForward.Load())
@@ -278,10 +276,12 @@ func (e *Engine) Register(ctx context.Context, spec ChunkSpec) (Registration, er
 		return registration(a, 0), nil
 	}
 	if err := e.Healthy(); err != nil {
+		e.obs.Refused("unhealthy")
 		return Registration{}, err
 	}
 	plan, err := actors.BuildPlan(e.layout, e.env.Peers.Get, &spec, !e.cfg.DisablePerLayer)
 	if err != nil {
+		e.obs.Refused("bad_input")
 		return Registration{}, err
 	}
 	plan.Chunk = messages.Chunk{ChunkKey: key, Serial: e.nextSerial.Add(1)}
@@ -292,10 +292,13 @@ func (e *Engine) Register(ctx context.Context, spec ChunkSpec) (Registration, er
 	})
 	select {
 	case a := <-reply:
+		reg := registration(a, plan.Reason)
 		if a.Existing {
 			job.Release()
+		} else {
+			e.obs.Registered(reg)
 		}
-		return registration(a, plan.Reason), nil
+		return reg, nil
 	case <-ctx.Done():
 		// The registration still completes; the caller may retry, which is
 		// idempotent.
@@ -333,11 +336,19 @@ func (e *Engine) Finish(ctx context.Context, room uint64) (Result, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = min(timeout, max(time.Until(dl), time.Millisecond))
 	}
+	call := time.Now()
 	ev, evErr := e.stream.Record()
 	reply := make(chan Result, 1)
 	e.system.Root.Send(e.manager, &messages.Finish{Room: room, Timeout: timeout, Ctx: ctx, Event: ev, EventErr: evErr, Reply: reply})
 	select {
 	case r := <-reply:
+		if r.Chunk.Serial != 0 { // a chunk answered (not an unknown room)
+			ret := time.Now()
+			if !r.Stats.ForwardEnd.IsZero() {
+				r.Stats.Exposed = ret.Sub(r.Stats.ForwardEnd)
+			}
+			e.obs.Finished(FinishRecord{Result: r, Latency: ret.Sub(call), Exposed: r.Stats.Exposed})
+		}
 		return r, r.Err
 	case <-time.After(timeout + finishGrace):
 		return Result{}, errors.AssertionFailedf("room %d: the engine did not answer Finish within %v (a bug)", room, timeout+finishGrace)

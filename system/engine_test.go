@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/cp"
 	"github.com/kvstream/kvstream/hw/hostmem"
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
@@ -167,6 +168,7 @@ func TestConfigDefaultsAndEnvironment(t *testing.T) {
 	reg, err := e.Register(context.Background(), goodSpec())
 	require.NoError(t, err)
 	assert.Equal(t, Monolithic, reg.Mode, "per-layer off: the room goes monolithic")
+	assert.Equal(t, cp.PerLayerOff, reg.Reason)
 
 	d, err := Config{HookLayers: 1}.withDefaults(func(string) string { return "" })
 	require.NoError(t, err)

@@ -125,6 +125,7 @@ func allocate(rng *rand.Rand, pool, per, requests int) [][]int {
 
 // collector observes one mode's run.
 type collector struct {
+	system.NopObserver
 	mu       sync.Mutex
 	batches  []actors.Batch
 	kernels  map[string]sim.Span
