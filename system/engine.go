@@ -59,6 +59,8 @@ type Option func(*options)
 
 type options struct {
 	observers observers
+	// started run at the end of New, with the engine (gauges, watchers).
+	started []func(*Engine)
 	log       *zap.Logger
 	stream    cuda.Stream
 	transport rdma.Transport
@@ -195,6 +197,9 @@ func New(cfg Config, opts ...Option) (*Engine, error) {
 		e.stopActors()
 		e.release()
 		return nil, err
+	}
+	for _, f := range o.started {
+		f(e)
 	}
 	return e, nil
 }
