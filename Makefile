@@ -1,8 +1,9 @@
 # kvstream: build, test, benchmark.
+SHELL := /bin/bash
 GO ?= go
 PKGS := ./...
 
-.PHONY: all build test vet fmt bench run fuzz
+.PHONY: all build test vet fmt bench run fuzz test-ucx
 
 all: build
 
@@ -15,8 +16,21 @@ vet:
 fmt:
 	gofmt -w $$(git ls-files '*.go')
 
+# The whole suite under -race. The reliability suite runs on its own so that
+# its summary line is printed; the UCX transport's tests run when libucx is
+# installed (pkg-config ucx), and say so when not.
 test: vet
-	$(GO) test -race -count=1 -timeout 8m $(PKGS)
+	$(GO) test -race -count=1 -timeout 8m -skip '^TestReliability$$' $(PKGS)
+	set -o pipefail; $(GO) test -race -count=1 -timeout 4m -run '^TestReliability$$' -v ./tests \
+		| grep -E '^(reliability:|--- FAIL|FAIL|ok|panic)|reliability_test.go'
+	@$(MAKE) --no-print-directory test-ucx
+
+test-ucx:
+	@if pkg-config --exists ucx 2>/dev/null; then \
+		$(GO) vet -tags ucx ./hw/rdma/ucx/ && $(GO) test -race -count=1 -timeout 5m -tags ucx ./hw/rdma/ucx/; \
+	else \
+		echo "ucx tests skipped: libucx not installed (apt-get install libucx-dev ucx-utils)"; \
+	fi
 
 # The main job: a realistic prefill→decode workload, per layer vs monolithic.
 run:
@@ -25,8 +39,12 @@ run:
 bench:
 	$(GO) test -run='^$$' -bench=. -benchmem $(PKGS)
 
-# A short run of every fuzz target (the corpus under testdata/fuzz is committed).
+# A short run of every fuzz target (seed corpora under testdata/fuzz are
+# committed and also run by `make test`).
 FUZZTIME ?= 10s
 fuzz:
-	@for t in $$($(GO) test -list '^Fuzz' ./cp | grep ^Fuzz); do \
-		echo "fuzz cp $$t"; $(GO) test ./cp -run='^$$' -fuzz="^$$t$$" -fuzztime=$(FUZZTIME) || exit 1; done
+	@for pkg in ./cp ./system; do \
+		for t in $$($(GO) test -list '^Fuzz' $$pkg | grep ^Fuzz); do \
+			echo "fuzz $$pkg $$t"; $(GO) test $$pkg -run='^$$' -fuzz="^$$t$$" -fuzztime=$(FUZZTIME) || exit 1; \
+		done; \
+	done

@@ -176,17 +176,14 @@ func (c *ChunkCore) forwardEnd(m *messages.ForwardEnd) {
 	}
 	c.ended = true
 	c.stats.ForwardEnd = m.At
-	if m.Err != nil {
-		c.fail(errors.Wrapf(m.Err, "room %d chunk %d: record end-of-forward event", c.id.Room, c.id.Start))
-		return
-	}
-	c.sendRest(m.Event)
+	c.sendRest(m.Event, m.Err, "end-of-forward")
 }
 
 // sendRest sends everything no accepted group covered, gated by ev: the
 // hookless buffers and groups that never fired, or all buffers to every
-// destination for a monolithic chunk.
-func (c *ChunkCore) sendRest(ev messages.Event) {
+// destination for a monolithic chunk. evErr (the event could not be
+// recorded) fails the chunk only if something was left to send.
+func (c *ChunkCore) sendRest(ev messages.Event, evErr error, which string) {
 	if c.restSent || c.empty || c.err != nil || c.dropping {
 		return
 	}
@@ -203,6 +200,10 @@ func (c *ChunkCore) sendRest(ev messages.Event) {
 		bufs = c.layout.All()
 	}
 	if len(bufs) == 0 {
+		return
+	}
+	if evErr != nil {
+		c.fail(errors.Wrapf(evErr, "room %d chunk %d: record %s event", c.id.Room, c.id.Start, which))
 		return
 	}
 	for d := 0; d < c.dests; d++ {
@@ -226,11 +227,7 @@ func (c *ChunkCore) finish(m *messages.Finish) {
 		// No forward ever bound this chunk: the caller finishing it vouches
 		// that its KV is written, and m.Event (recorded at Finish on the
 		// compute stream) covers everything enqueued so far.
-		if m.EventErr != nil {
-			c.fail(errors.Wrapf(m.EventErr, "room %d chunk %d: record finish event", c.id.Room, c.id.Start))
-			return
-		}
-		c.sendRest(m.Event)
+		c.sendRest(m.Event, m.EventErr, "finish")
 	}
 	// Bound but not ended: completion waits for the forward's end (bounded
 	// by the timer), because layers not yet enqueued cannot be gated.

@@ -1,6 +1,8 @@
 package actors
 
 import (
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -34,9 +36,9 @@ func (f deviceFailure) Error() string { return "device lost: " + f.err.Error() }
 // PoolConfig configures the submitter pool.
 type PoolConfig struct {
 	Submitters int
-	// MaxRestarts within Window per submitter before it is stopped.
-	MaxRestarts int
-	Window      time.Duration
+	// Restarts counts restarts; more than its Max within its Window is a
+	// restart storm (see RestartWindow).
+	Restarts *RestartWindow
 	// OnDeviceLost is called (once per failure) when a submitter meets a
 	// device error that poisons the CUDA context.
 	OnDeviceLost func(error)
@@ -46,7 +48,11 @@ type PoolConfig struct {
 // submitters, and a protoactor round-robin group router over them. It returns
 // the router (where Work goes) and the supervisor (to stop the pool).
 func SpawnSubmitters(env *Env, cfg PoolConfig) (routerPID, supervisor *actor.PID, err error) {
-	decider := func(reason any) actor.Directive {
+	observe := func(reason any) {
+		if cfg.Restarts.Add(time.Now()) {
+			env.Log.Warn("submitter restart storm: the engine refuses new registrations until it calms down",
+				zap.Int("max_restarts", cfg.Restarts.Max), zap.Duration("window", cfg.Restarts.Window))
+		}
 		switch r := reason.(type) {
 		case endpointFailure:
 			env.Restarts.Add(1)
@@ -64,7 +70,6 @@ func SpawnSubmitters(env *Env, cfg PoolConfig) (routerPID, supervisor *actor.PID
 			env.Observer.Restarted("panic")
 			env.Log.Warn("submitter failed; restarting", zap.Any("reason", reason))
 		}
-		return actor.RestartDirective
 	}
 	ready := make(chan []*actor.PID, 1)
 	props := actor.PropsFromFunc(func(ctx actor.Context) {
@@ -77,7 +82,7 @@ func SpawnSubmitters(env *Env, cfg PoolConfig) (routerPID, supervisor *actor.PID
 			}
 			ready <- pids
 		}
-	}, actor.WithSupervisor(actor.NewOneForOneStrategy(cfg.MaxRestarts, cfg.Window, decider)))
+	}, actor.WithSupervisor(restartAlways(observe)))
 	supervisor, err = env.System.Root.SpawnNamed(props, "submitters")
 	if err != nil {
 		return nil, nil, errors.Wrap(err, "spawn submitter pool")
@@ -88,6 +93,17 @@ func SpawnSubmitters(env *Env, cfg PoolConfig) (routerPID, supervisor *actor.PID
 		return nil, nil, errors.Wrap(err, "spawn submitter router")
 	}
 	return routerPID, supervisor, nil
+}
+
+// restartAlways restarts a failed submitter every time, after letting
+// observe count and log the failure. A stopped submitter would silently
+// lose the work the router keeps sending it; a restart storm is reported
+// through the engine's health instead (see RestartWindow).
+type restartAlways func(reason any)
+
+func (observe restartAlways) HandleFailure(_ *actor.ActorSystem, sup actor.Supervisor, child *actor.PID, _ *actor.RestartStatistics, reason, _ any) {
+	observe(reason)
+	sup.RestartChildren(child)
 }
 
 // submitter waits a group's event, builds its blocks and posts one batch.
@@ -105,22 +121,76 @@ type conn struct {
 	ep    rdma.Endpoint
 	keys  []rdma.RemoteKey // per buffer
 	bases []uint64         // per buffer: the peer's page 0
+
+	inflight atomic.Int64 // batches posted on ep and not completed
+	retired  atomic.Bool  // close ep once nothing is in flight
+	close    sync.Once
+}
+
+// retire closes the endpoint once its batches in flight completed: a
+// restarted submitter gets fresh endpoints without failing other chunks'
+// writes that are still landing on a healthy one.
+func (c *conn) retire() {
+	c.retired.Store(true)
+	if c.inflight.Load() == 0 {
+		c.close.Do(func() { _ = c.ep.Close() })
+	}
+}
+
+func (c *conn) completed() {
+	if c.inflight.Add(-1) == 0 && c.retired.Load() {
+		c.close.Do(func() { _ = c.ep.Close() })
+	}
 }
 
 func (s *submitter) Receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
-	case *actor.Restarting, *actor.Stopping:
+	case *actor.Restarting:
+		for id, c := range s.conns {
+			c.retire()
+			delete(s.conns, id)
+		}
+	case *actor.Stopping:
 		s.closeAll()
 	case *messages.Work:
-		res, failure := s.work(m)
-		s.env.Queued.Add(-1)
+		s.start(ctx, m)
+	}
+}
+
+// waited is how a group's event wait ended.
+type waited struct {
+	err        error
+	start, end time.Time
+}
+
+// start waits the Work's event without blocking the mailbox: the wait runs
+// on its own goroutine and completes a future, and ReenterAfter resumes the
+// post inside the actor. So one chunk's event (a hung kernel, a wait that
+// only its own timeout ends) never holds up another chunk's work queued on
+// the same submitter; posts stay serialized per submitter.
+func (s *submitter) start(ctx actor.Context, w *messages.Work) {
+	job := w.Job.(*Job)
+	fut := actor.NewFuture(ctx.ActorSystem(), -1)
+	root := ctx.ActorSystem().Root
+	begin := time.Now()
+	go func() {
+		err := w.Event.Wait(job.Context())
+		root.Send(fut.PID(), waited{err: err, start: begin, end: time.Now()})
+	}()
+	ctx.ReenterAfter(fut, func(res any, _ error) {
+		// The submitter may have restarted since: post with the current
+		// instance (and its fresh endpoints).
+		cur := ctx.Actor().(*submitter)
+		wt, _ := res.(waited)
+		out, failure := cur.work(w, wt)
+		cur.env.Queued.Add(-1)
 		// Answer before panicking: a message that panics is lost on restart,
 		// and the chunk must hear about its work.
-		ctx.Send(m.ReplyTo, res)
+		ctx.Send(w.ReplyTo, out)
 		if failure != nil {
 			panic(failure)
 		}
-	}
+	})
 }
 
 func (s *submitter) disconnect(peer string) {
@@ -137,14 +207,13 @@ func (s *submitter) closeAll() {
 	}
 }
 
-// work serves one Work. failure, when not nil, is what the submitter must
-// panic with after answering, for its supervisor to act on.
-func (s *submitter) work(w *messages.Work) (res *messages.Submitted, failure error) {
+// work posts one Work whose event wait ended as wt. failure, when not nil,
+// is what the submitter must panic with after answering, for its supervisor
+// to act on.
+func (s *submitter) work(w *messages.Work, wt waited) (res *messages.Submitted, failure error) {
 	job := w.Job.(*Job)
-	res = &messages.Submitted{Seq: w.Seq, Dest: w.Dest}
-
-	res.WaitStart = time.Now()
-	if err := w.Event.Wait(job.Context()); err != nil {
+	res = &messages.Submitted{Seq: w.Seq, Dest: w.Dest, WaitStart: wt.start, WaitEnd: wt.end}
+	if err := wt.err; err != nil {
 		if job.Context().Err() != nil {
 			return res, nil // the chunk was cancelled: skipped, not failed
 		}
@@ -154,12 +223,13 @@ func (s *submitter) work(w *messages.Work) (res *messages.Submitted, failure err
 		}
 		return res, nil
 	}
-	res.WaitEnd = time.Now()
 
 	dest := job.Plan.Dests[w.Dest]
 	replyTo, root, obs := w.ReplyTo, s.env.System.Root, s.env.Observer
 	rec := Batch{Chunk: w.Chunk, Seq: w.Seq, Dest: w.Dest, Submitter: s.index, WaitStart: res.WaitStart, WaitEnd: res.WaitEnd}
+	var c *conn
 	done := func(err error) {
+		c.completed()
 		b := rec // the closure is per batch; each call completes a copy
 		b.Done, b.Err = time.Now(), err
 		obs.Batch(b)
@@ -170,15 +240,19 @@ func (s *submitter) work(w *messages.Work) (res *messages.Submitted, failure err
 	// quiescence since our last batch; nothing was posted on a failed Post,
 	// so one retry on a fresh endpoint is safe. A second failure is real.
 	for attempt := 0; attempt < 2; attempt++ {
-		c, err := s.conn(dest.Peer)
-		if err != nil {
+		var err error
+		if c, err = s.conn(dest.Peer); err != nil {
 			res.Err = err
 			return res, endpointFailure{peer: dest.Peer, err: err}
 		}
 		s.build(w.Buffers, dest.Runs, c)
 		rec.Bytes, rec.Blocks, rec.Posted = bytesOf(s.writes), len(s.writes), time.Now()
+		c.inflight.Add(1)
 		posted, err = job.post(c.ep, s.writes, done)
 		res.PostedAt = rec.Posted
+		if !posted {
+			c.inflight.Add(-1) // done will never run
+		}
 		if err == nil {
 			break
 		}

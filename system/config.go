@@ -53,8 +53,10 @@ type Config struct {
 	FinishTimeout time.Duration
 	// DisablePerLayer sends every room monolithically after the forward.
 	DisablePerLayer bool
-	// MaxRestarts and RestartWindow limit submitter restarts (default 10 in
-	// 10 s per submitter) before a submitter is stopped.
+	// MaxRestarts and RestartWindow bound submitter restarts (default 10
+	// within 10 s, over the pool): beyond, the engine is unhealthy and
+	// refuses new registrations until the rate falls back. Submitters are
+	// always restarted, never stopped, so that no routed work is lost.
 	MaxRestarts   int
 	RestartWindow time.Duration
 }

@@ -60,7 +60,7 @@ type Option func(*options)
 type options struct {
 	observers observers
 	// started run at the end of New, with the engine (gauges, watchers).
-	started []func(*Engine)
+	started   []func(*Engine)
 	log       *zap.Logger
 	stream    cuda.Stream
 	transport rdma.Transport
@@ -116,7 +116,8 @@ type Engine struct {
 	ownGPU       *sim.GPU
 	ownTransport bool
 
-	obs observers
+	obs      observers
+	restarts *actors.RestartWindow
 
 	closeMu   sync.RWMutex // held for reading by calls, for writing by Close
 	closed    bool
@@ -136,7 +137,8 @@ func New(cfg Config, opts ...Option) (*Engine, error) {
 	if o.log == nil {
 		o.log = defaultLogger()
 	}
-	e := &Engine{cfg: cfg, log: o.log, stream: o.stream}
+	e := &Engine{cfg: cfg, log: o.log, stream: o.stream,
+		restarts: &actors.RestartWindow{Max: cfg.MaxRestarts, Window: cfg.RestartWindow}}
 	if e.stream == nil {
 		e.ownGPU = sim.New(sim.Options{})
 		e.stream = e.ownGPU.NewStream("compute")
@@ -184,8 +186,7 @@ func New(cfg Config, opts ...Option) (*Engine, error) {
 	if e.forward, err = root.SpawnNamed(actors.ForwardProps(), "forward"); err == nil {
 		e.env.Forward = e.forward
 		e.submitters, e.pool, err = actors.SpawnSubmitters(e.env, actors.PoolConfig{
-			Submitters: cfg.Submitters, MaxRestarts: cfg.MaxRestarts, Window: cfg.RestartWindow,
-			OnDeviceLost: e.markUnhealthy,
+			Submitters: cfg.Submitters, Restarts: e.restarts, OnDeviceLost: e.markUnhealthy,
 		})
 	}
 	if err == nil {
@@ -237,16 +238,26 @@ func (e *Engine) Config() Config { return e.cfg }
 // Restarts returns how many times submitters restarted.
 func (e *Engine) Restarts() int64 { return e.env.Restarts.Load() }
 
-// Healthy returns nil, or the device error that made the engine unhealthy.
+// ErrUnhealthy marks the error of a registration refused because the
+// engine is unhealthy (a lost device, or a submitter restart storm).
+var ErrUnhealthy = errors.New("engine unhealthy")
+
+// Healthy returns nil, or why the engine refuses new registrations: the
+// device error that poisoned the CUDA context (permanent, also marked
+// ErrDeviceLost), or a submitter restart storm (until the restart rate
+// falls back under Config.MaxRestarts per Config.RestartWindow).
 func (e *Engine) Healthy() error {
 	if p := e.unhealthy.Load(); p != nil {
 		return *p
+	}
+	if e.restarts.Storm(time.Now()) {
+		return errors.Mark(errors.Newf("engine unhealthy: more than %d submitter restarts within %v", e.cfg.MaxRestarts, e.cfg.RestartWindow), ErrUnhealthy)
 	}
 	return nil
 }
 
 func (e *Engine) markUnhealthy(err error) {
-	err = errors.Mark(errors.Wrap(err, "engine unhealthy"), cuda.ErrDeviceLost)
+	err = errors.Mark(errors.Mark(errors.Wrap(err, "engine unhealthy"), cuda.ErrDeviceLost), ErrUnhealthy)
 	e.unhealthy.CompareAndSwap(nil, &err)
 }
 

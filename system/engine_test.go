@@ -25,7 +25,7 @@ const (
 
 // newEngine returns an engine over 4 MLA buffers (3 hook layers) and a
 // decode peer "d" with 16 pages, on a private fabric.
-func newEngine(t *testing.T, env map[string]string) *Engine {
+func newEngine(t testing.TB, env map[string]string) *Engine {
 	t.Helper()
 	fab := loopback.NewFabric(loopback.Options{})
 	pre, err := fab.NewTransport("p")

@@ -46,6 +46,7 @@ type BatchInfo struct {
 	Seq      uint64 // per sending node, from 1
 	Bytes    uint64
 	Writes   int
+	Dst      uint64 // the first write's destination address (0 if none)
 }
 
 // Fault is how a batch misbehaves.
@@ -255,6 +256,12 @@ func (t *Transport) Close() error {
 	return nil
 }
 
+func (t *Transport) isClosed() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.closed
+}
+
 func (t *Transport) forget(e *Endpoint) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -323,6 +330,9 @@ func (e *Endpoint) Post(ws []rdma.Write, done func(error)) error {
 		return err
 	}
 	t := e.from
+	if e.to.isClosed() {
+		return errors.Mark(errors.Newf("loopback: peer %s is gone", e.to.name), rdma.ErrEndpointBroken)
+	}
 	e.mu.Lock()
 	if e.closed || e.broken != nil {
 		err := e.broken
@@ -338,6 +348,9 @@ func (e *Endpoint) Post(ws []rdma.Write, done func(error)) error {
 	t.seq++
 	b := &batch{ep: e, done: done, posted: time.Now(), srcs: srcs, dsts: dsts, writes: append([]rdma.Write(nil), ws...),
 		info: BatchInfo{From: t.name, To: e.to.name, Seq: t.seq, Bytes: total, Writes: len(ws)}}
+	if len(ws) > 0 {
+		b.info.Dst = ws[0].Dst
+	}
 	t.lmu.Unlock()
 	if f := t.fab.opts.Faults; f != nil {
 		b.fault = f(b.info)
@@ -491,10 +504,12 @@ func (e *Endpoint) land(b *batch) {
 		return
 	}
 	var err error
-	switch b.fault.Kind {
-	case FailCompletion:
+	switch {
+	case e.to.isClosed():
+		err = errors.Mark(errors.Newf("loopback: batch %d %s->%s: the peer is gone", b.info.Seq, b.info.From, b.info.To), rdma.ErrEndpointBroken)
+	case b.fault.Kind == FailCompletion:
 		err = errors.Mark(errors.Newf("loopback: batch %d %s->%s: injected completion error", b.info.Seq, b.info.From, b.info.To), ErrInjected)
-	case PeerGone:
+	case b.fault.Kind == PeerGone:
 		err = errors.Mark(e.broken, rdma.ErrEndpointBroken)
 	default:
 		opts := e.from.fab.opts
