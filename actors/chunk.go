@@ -55,10 +55,12 @@ func (a *chunkActor) perform(ctx actor.Context, e Effect) {
 	case CancelWork:
 		a.job.closeGate()
 	case Teardown:
-		if eps := a.job.teardown(); len(eps) > 0 {
+		eps, err := a.job.teardown()
+		if len(eps) > 0 {
 			a.env.Log.Warn("tore down endpoints with writes in flight",
-				zap.Uint64("room", a.job.ID().Room), zap.Int("chunk", a.job.ID().Start), zap.Int("endpoints", len(eps)))
+				zap.Uint64("room", a.job.ID().Room), zap.Int("chunk", a.job.ID().Start), zap.Int("endpoints", len(eps)), zap.Error(err))
 		}
+		ctx.Send(ctx.Self(), &messages.TornDown{Err: err})
 	case Reply:
 		e.To <- e.Result // buffered by the caller
 	case ChunkEnded:

@@ -6,6 +6,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cp"
+	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/messages"
 )
 
@@ -15,6 +16,12 @@ var ErrTimeout = errors.New("timeout")
 
 // ErrCancelled marks a chunk failed because its Finish caller gave up.
 var ErrCancelled = errors.New("cancelled")
+
+// TeardownReserve is how much of a finish timeout a chunk keeps for tearing
+// down what is still in flight at its deadline: it gives up at timeout
+// minus this, so that the teardown (immediate on loopback, a bounded drain
+// on UCX) also fits in the timeout.
+func TeardownReserve(timeout time.Duration) time.Duration { return min(timeout/10, time.Second) }
 
 // Effect is something a core asks its shell to do.
 type Effect interface{ effect() }
@@ -76,6 +83,7 @@ type ChunkCore struct {
 	err       error
 	finishing bool
 	dropping  bool
+	tearing   bool // waiting for TornDown before answering
 	reply     chan<- messages.Result
 	done      bool
 	stats     messages.Stats
@@ -132,6 +140,8 @@ func (c *ChunkCore) Step(msg any) []Effect {
 		c.fail(errors.Mark(errors.Wrap(m.Reason, "finish abandoned by its caller"), ErrCancelled))
 	case *messages.Timeout:
 		c.timeout()
+	case *messages.TornDown:
+		c.tornDown(m)
 	}
 	c.settle()
 	return c.out
@@ -222,7 +232,7 @@ func (c *ChunkCore) finish(m *messages.Finish) {
 		return
 	}
 	c.finishing, c.reply = true, m.Reply
-	c.out = append(c.out, StartTimer{After: m.Timeout})
+	c.out = append(c.out, StartTimer{After: m.Timeout - TeardownReserve(m.Timeout)})
 	if !c.bound {
 		// No forward ever bound this chunk: the caller finishing it vouches
 		// that its KV is written, and m.Event (recorded at Finish on the
@@ -238,7 +248,7 @@ func (c *ChunkCore) drop(m *messages.Drop) {
 		return
 	}
 	c.dropping = true
-	c.out = append(c.out, CancelWork{}, StartTimer{After: m.Timeout})
+	c.out = append(c.out, CancelWork{}, StartTimer{After: m.Timeout - TeardownReserve(m.Timeout)})
 }
 
 func (c *ChunkCore) submitted(m *messages.Submitted) {
@@ -279,14 +289,25 @@ func (c *ChunkCore) fail(err error) {
 }
 
 func (c *ChunkCore) timeout() {
-	if !c.finishing && !c.dropping {
+	if (!c.finishing && !c.dropping) || c.tearing {
 		return
 	}
 	e, p, po, co := c.Counts()
 	c.fail(errors.Mark(errors.Newf("room %d chunk %d: not complete within the timeout (work %d/%d processed, batches %d/%d completed, forward ended %v)",
 		c.id.Room, c.id.Start, p, e, co, po, c.ended), ErrTimeout))
-	// Whatever is still in flight must not land after we answer.
+	// Whatever is still in flight must not land after we answer: answer
+	// when the teardown reports back.
+	c.tearing = true
 	c.out = append(c.out, Teardown{})
+}
+
+func (c *ChunkCore) tornDown(m *messages.TornDown) {
+	if !c.tearing {
+		return
+	}
+	if m.Err != nil {
+		c.err = errors.WithSecondaryError(errors.Mark(c.err, rdma.ErrNotQuiesced), m.Err)
+	}
 	c.answer()
 }
 
@@ -294,7 +315,7 @@ func (c *ChunkCore) timeout() {
 // processed, every posted batch completed, and (unless it failed) its
 // forward ended or it never had one.
 func (c *ChunkCore) settle() {
-	if c.done || !(c.finishing || c.dropping) {
+	if c.done || c.tearing || !(c.finishing || c.dropping) {
 		return
 	}
 	if c.finishing && c.err == nil && !c.empty && c.bound && !c.ended {

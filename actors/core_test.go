@@ -290,31 +290,45 @@ func TestChunkFailedBatchWaitsForOthersThenFails(t *testing.T) {
 
 func TestChunkTimeoutTearsDownThenFails(t *testing.T) {
 	l := layoutMLA(t, 4, 4, 4)
-	c := NewChunkCore(l, planOf(cp.PerLayer, 1, 2))
-	c.Step(&messages.Bind{Forward: 1})
-	c.Step(&messages.GroupReady{Forward: 1, Group: 0, Event: fakeEvent{}})
-	c.Step(&messages.ForwardEnd{Forward: 1, Event: fakeEvent{}})
-	c.Step(&messages.Submitted{Seq: 0, Posted: true}) // in flight, never completes
-	f, _ := finishMsg()
-	c.Step(f)
-	effs := c.Step(&messages.Timeout{})
-	td, rp := -1, -1
-	for i, e := range effs {
-		switch e.(type) {
-		case Teardown:
-			td = i
-		case Reply:
-			rp = i
+	start := func() *ChunkCore {
+		c := NewChunkCore(l, planOf(cp.PerLayer, 1, 2))
+		c.Step(&messages.Bind{Forward: 1})
+		c.Step(&messages.GroupReady{Forward: 1, Group: 0, Event: fakeEvent{}})
+		c.Step(&messages.ForwardEnd{Forward: 1, Event: fakeEvent{}})
+		c.Step(&messages.Submitted{Seq: 0, Posted: true}) // in flight, never completes
+		f, _ := finishMsg()
+		var timer time.Duration
+		for _, e := range c.Step(f) {
+			if st, ok := e.(StartTimer); ok {
+				timer = st.After
+			}
 		}
+		assert.Equal(t, time.Second-100*time.Millisecond, timer, "a tenth of the timeout is kept for the teardown")
+		return c
 	}
-	require.GreaterOrEqual(t, td, 0, "teardown before answering")
-	require.Greater(t, rp, td)
-	assert.IsType(t, ChunkEnded{}, effs[rp-1], "the room stops counting the chunk before Finish returns")
-	r, _ := reply(effs)
+
+	c := start()
+	effs := c.Step(&messages.Timeout{})
+	assert.True(t, has[Teardown](effs), "whatever is in flight is torn down")
+	_, answered := reply(effs)
+	assert.False(t, answered, "no answer before the teardown reported back")
+	assert.Empty(t, c.Step(&messages.Timeout{}), "one teardown")
+	assert.Empty(t, c.Step(&messages.BatchDone{Seq: 0, Err: errors.New("torn down")}), "still waiting for the teardown report")
+	effs = c.Step(&messages.TornDown{})
+	r, answered := reply(effs)
+	require.True(t, answered)
+	assert.IsType(t, ChunkEnded{}, effs[0], "the room stops counting the chunk before Finish returns")
 	assert.Equal(t, messages.Failed, r.Status)
 	assert.True(t, errors.Is(r.Err, ErrTimeout))
+	assert.False(t, errors.Is(r.Err, rdma.ErrNotQuiesced))
 	assert.ErrorContains(t, r.Err, "batches 0/1 completed")
 	assert.Empty(t, c.Step(&messages.BatchDone{Seq: 0}), "a done chunk ignores late messages")
+
+	c = start()
+	c.Step(&messages.Timeout{})
+	r, _ = reply(c.Step(&messages.TornDown{Err: errors.Mark(errors.New("drain timed out"), rdma.ErrNotQuiesced)}))
+	assert.True(t, errors.Is(r.Err, ErrTimeout))
+	assert.True(t, errors.Is(r.Err, rdma.ErrNotQuiesced), "the caller learns its pages may still be written")
 }
 
 func TestChunkDropDrains(t *testing.T) {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"sync"
 
+	"github.com/cockroachdb/errors"
+
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/messages"
 )
@@ -76,20 +78,23 @@ func (j *Job) closeGate() {
 }
 
 // teardown closes the gate and tears down every endpoint with a batch of
-// this chunk in flight. When it returns, nothing of the chunk can land.
-// Other chunks' batches on those endpoints fail too: the transport cannot
-// cancel one batch, only an endpoint (UCX force close, verbs QP to error).
-func (j *Job) teardown() []rdma.Endpoint {
+// this chunk in flight. When it returns, nothing of the chunk can land,
+// unless it returns an error marked rdma.ErrNotQuiesced. Other chunks'
+// batches on those endpoints fail too: the transport cannot cancel one
+// batch, only an endpoint (UCX force close, verbs QP to error).
+func (j *Job) teardown() (eps []rdma.Endpoint, err error) {
 	j.mu.Lock()
 	j.closed = true
-	eps := make([]rdma.Endpoint, 0, len(j.inflight))
+	eps = make([]rdma.Endpoint, 0, len(j.inflight))
 	for ep := range j.inflight {
 		eps = append(eps, ep)
 	}
 	j.mu.Unlock()
 	j.cancel()
 	for _, ep := range eps {
-		_ = ep.Close()
+		if cerr := ep.Close(); errors.Is(cerr, rdma.ErrNotQuiesced) {
+			err = errors.CombineErrors(err, cerr)
+		}
 	}
-	return eps
+	return eps, err
 }

@@ -196,6 +196,12 @@ type Cancel struct {
 // Timeout fires when a chunk's finish or drop deadline passed.
 type Timeout struct{}
 
+// TornDown reports the teardown a chunk asked for at its deadline; Err
+// (marked rdma.ErrNotQuiesced) when writes may still land.
+type TornDown struct {
+	Err error
+}
+
 // Work asks a submitter to wait Event, then post the blocks of Buffers over
 // the chunk's runs to destination Dest, as one batch.
 type Work struct {

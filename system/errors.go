@@ -23,6 +23,10 @@ var (
 	ErrEventWait = actors.ErrEventWait
 	// ErrClosed: the engine was closed. Also marked ErrBadInput.
 	ErrClosed = errors.New("engine closed")
+	// ErrNotQuiesced: a chunk timed out and its teardown could not
+	// guarantee that nothing more lands (UCX over TCP or shared memory with
+	// a stalled peer): do not reuse its decode pages.
+	ErrNotQuiesced = rdma.ErrNotQuiesced
 )
 
 func closedError(call string) error {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/actors"
 	"github.com/kvstream/kvstream/cp"
 	"github.com/kvstream/kvstream/hw/cuda/sim"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
@@ -216,8 +217,9 @@ func TestTimeoutFailsWithinTimeout(t *testing.T) {
 	require.Error(t, err)
 	assert.True(t, errors.Is(err, system.ErrTimeout), "%v", err)
 	assert.Equal(t, system.Failed, res.Status)
-	assert.GreaterOrEqual(t, elapsed, timeout)
-	assert.Less(t, elapsed, timeout+time.Second, "Finish returns at its timeout, not later")
+	// The chunk gives up a tenth before the timeout to tear down within it.
+	assert.GreaterOrEqual(t, elapsed, timeout-actors.TeardownReserve(timeout))
+	assert.Less(t, elapsed, timeout+100*time.Millisecond, "Finish returns within its timeout (plus scheduling)")
 	// The engine keeps serving.
 	r.register(chunk{room: 2, end: 8, last: true, src: []int{2, 3}, total: 2, infos: oneInfo("d0", []int{2, 3})})
 	r.forward(testbed.Write{Room: 2, SrcPages: []int{2, 3}, Tokens: 8})

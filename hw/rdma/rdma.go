@@ -73,13 +73,20 @@ type Endpoint interface {
 	Post(ws []Write, done func(error)) error
 	// Close tears the endpoint down: batches not yet completed fail, and when
 	// Close returns no write posted on this endpoint can land any more
-	// (DESIGN.md invariant 10 rests on this).
+	// (DESIGN.md invariant 10 rests on this). A transport that cannot
+	// guarantee that (UCX over TCP or shared memory emulates puts with
+	// messages the receiver applies; if the peer stalls they may still be
+	// applied later) returns an error marked ErrNotQuiesced: the destination
+	// pages of those writes must not be reused.
 	Close() error
 }
 
 // ErrEndpointBroken marks errors after which an endpoint is unusable (peer
 // gone, torn down, transport error). A fresh endpoint may succeed.
 var ErrEndpointBroken = errors.New("rdma: endpoint broken")
+
+// ErrNotQuiesced marks a teardown after which writes may still land.
+var ErrNotQuiesced = errors.New("rdma: writes may still land")
 
 // ErrInvalidWrite marks a write outside registered memory or naming an
 // unknown key: a bug in the caller's addresses, never retried.

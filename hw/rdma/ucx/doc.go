@@ -1,0 +1,102 @@
+//go:build ucx
+
+// Package ucx implements the rdma.Transport contract over UCX's UCP layer
+// (libucx through cgo). It is built only with the build tag ucx and needs
+// the UCX development files (pkg-config name "ucx", tested with 1.13.1):
+//
+//	go test -race -tags ucx ./hw/rdma/ucx/
+//
+// The tests run every check once over UCX_TLS=tcp and once over
+// UCX_TLS=sm,self, setting the variable themselves.
+//
+// # Mapping to UCP
+//
+// A Transport is one UCP context (UCP_FEATURE_RMA, plus UCP_FEATURE_WAKEUP
+// unless Options.NoWakeup) with one worker; Address is the worker address.
+// Register is ucp_mem_map of the caller's memory plus ucp_rkey_pack, whose
+// bytes are RegionDesc.Key. Connect is ucp_ep_create by worker address with
+// UCP_ERR_HANDLING_MODE_PEER, so that a lost peer fails the endpoint instead
+// of hanging it. Import is ucp_ep_rkey_unpack. Post is one ucp_put_nbx per
+// write followed by one ucp_ep_flush_nbx; the batch completes when the flush
+// does, which UCP defines as completion at the target. Endpoint.Close drains
+// the endpoint with one more flush (bounded by Options.CloseDrain), then
+// closes it with ucp_ep_close_nbx and UCP_EP_CLOSE_FLAG_FORCE.
+//
+// # Threading
+//
+// One progress goroutine per Transport owns the context and the worker
+// (UCS_THREAD_MODE_SERIALIZED: every UCP call is made by that goroutine,
+// whichever OS thread it runs on). Post validates the writes in Go, appends
+// the batch to a queue under a mutex and returns; it never waits for the
+// network or for the progress goroutine. The progress goroutine drains the
+// queue, posts all the puts of a batch and its flush in one cgo call,
+// progresses the worker, and runs done callbacks from the completions that
+// UCX callbacks queued on the C side (UCX never calls into Go). After
+// running callbacks it yields (runtime.Gosched), so that the goroutines they
+// woke run at once instead of waiting for preemption behind a polling loop.
+// When idle for Options.Spin it arms the worker and sleeps in ppoll(2) on
+// the worker's event fd (ucp_worker_get_efd); Post wakes it with
+// ucp_worker_signal, only when it sleeps. While batches are in flight the
+// sleeps are 50µs naps, because not every transport signals the fd when
+// queued sends can proceed (shared-memory FIFO space freed by the peer). So done callbacks run on the progress goroutine: they must be
+// short and must not block (sending on a buffered channel or to an actor is
+// fine). They may call Post, and Endpoint.Close, Connect, Import, Register,
+// Deregister or Close, which then run inline.
+//
+// The receiving Transport's progress goroutine matters too: over TCP and
+// shared memory, UCX 1.13 emulates puts into registered memory with active
+// messages that the receiver's worker applies when it is progressed.
+//
+// # Configuration
+//
+// UCX reads its configuration from UCX_* environment variables when New
+// calls ucp_config_read; they pass through unchanged, and Options.Config
+// overrides them per Transport. The ones that matter here (all exist in UCX
+// 1.13; see `ucx_info -c` and `ucx_info -f`):
+//
+//   - UCX_TLS: transports, e.g. "rc,cuda_copy" on InfiniBand/RoCE, "tcp", or
+//     "sm,self" (alias "shm,self") within one host. Default "all".
+//   - UCX_NET_DEVICES: which NICs/ports, e.g. "mlx5_0:1" or "eth0".
+//   - UCX_ZCOPY_THRESH, UCX_BCOPY_THRESH: where puts switch between copy and
+//     zero-copy protocols. UCX_RNDV_THRESH and UCX_RNDV_SCHEME exist but
+//     govern two-sided (tag/AM/stream) rendezvous, not puts.
+//   - UCX_TCP_CM_REUSEADDR: applies only to UCX's sockaddr connection
+//     manager (listeners), which this package does not use: endpoints are
+//     created from worker addresses. UCX_TCP_PORT_RANGE picks the TCP
+//     transport's listening ports (firewalls).
+//   - UCX_KEEPALIVE_INTERVAL, UCX_TCP_KEEPIDLE: how fast a silent peer is
+//     declared lost (error handling mode peer).
+//   - UCX_RCACHE_ENABLE, UCX_IB_REG_METHODS: registration caches. They are
+//     kept coherent by UCX's memory hooks (UCM), which do not see munmap(2)
+//     issued as a raw system call, as Go's syscall.Munmap (hostmem) does. A
+//     stale cache entry would hand a later mapping at the same address an old
+//     registration, and on a real NIC the writes would silently go to the old
+//     pages. New therefore sets RCACHE_ENABLE=n, and IB_REG_METHODS=direct
+//     on hosts with InfiniBand devices, unless the environment or
+//     Options.Config sets them.
+//   - UCX_MM_ERROR_HANDLING (UCX_POSIX_/UCX_SYSV_ERROR_HANDLING): the
+//     shared-memory transports refuse endpoints in error handling mode peer
+//     unless it is y, so New sets it to y unless the environment or
+//     Options.Config sets it.
+//   - UCX_LOG_LEVEL, UCX_HANDLE_ERRORS: UCX logging and signal handling.
+//
+// # Limits
+//
+// Registered memory must be mapped and must not move (hostmem, device
+// memory): never the Go heap. Deregister a region only after every batch
+// that reads it completed.
+//
+// A forced close cancels only what UCX has not sent yet. Where the sender
+// performs the writes (RDMA NICs) that stops them; where the receiver
+// applies them (UCX's put emulation over TCP and shared memory) bytes
+// already in socket buffers or shared-memory FIFOs still land afterwards
+// (measured here: megabytes over TCP, hundreds of kilobytes over shared
+// memory). That is why Endpoint.Close drains first, and why it returns an
+// error when the drain times out: DESIGN.md invariant 10 then does not hold
+// and the caller must not reuse the destination pages on the strength of
+// that Close. Options.CloseDrain < 0 skips the drain, for RDMA NICs.
+//
+// Over shared memory UCX detects a lost peer through its process, so a peer
+// Transport closed inside a live process is not noticed: its batches hang
+// until Endpoint.Close, whose drain then times out.
+package ucx

@@ -1,0 +1,353 @@
+//go:build ucx
+
+package ucx
+
+/*
+#include <stdlib.h>
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"time"
+	"unsafe"
+
+	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/hw/rdma"
+)
+
+// Endpoint is one ucp_ep_h to a peer worker.
+type Endpoint struct {
+	t        *Transport
+	id       uint64
+	rec      *C.kvs_ep_t   // C memory: UCX's error handler and close callback argument
+	closedCh chan struct{} // closed once UCX released the endpoint
+
+	// Guarded by t.mu.
+	remotes    []remote
+	err        error // non-nil once Post must refuse: broken or closed
+	userClosed bool
+
+	// Owned by the progress goroutine; closeErr is read by Close after
+	// closedCh is closed.
+	lstate        epState
+	drainDeadline time.Time
+	closeErr      error
+}
+
+type epState int
+
+const (
+	epOpen epState = iota
+	epDraining
+	epClosing
+	epClosed
+)
+
+// remote is one imported region: its bounds for validation in Go and its
+// unpacked key.
+type remote struct {
+	addr, len uint64
+	rkey      C.uint64_t
+}
+
+// batch is one Post on its way through the progress goroutine. Batches and
+// their C records are recycled, so that Post allocates nothing once warm.
+type batch struct {
+	id   uint64
+	ep   *Endpoint
+	ws   []C.kvs_write_t
+	done func(error)
+	req  *C.kvs_req_t
+}
+
+var _ rdma.Endpoint = (*Endpoint)(nil)
+
+// Connect creates an endpoint to the worker whose Address is addr. UCX
+// connects lazily on some transports: an unreachable peer may only show as
+// a failed batch.
+func (t *Transport) Connect(addr []byte) (rdma.Endpoint, error) {
+	if len(addr) == 0 {
+		return nil, errors.Mark(errors.New("ucx: connect: empty worker address"), rdma.ErrEndpointBroken)
+	}
+	e := &Endpoint{t: t, closedCh: make(chan struct{})}
+	err := t.do(func() error {
+		rec := (*C.kvs_ep_t)(C.calloc(1, C.size_t(unsafe.Sizeof(C.kvs_ep_t{}))))
+		if rec == nil {
+			return errors.New("ucx: connect: out of memory")
+		}
+		t.nextEp++
+		e.id = t.nextEp
+		rec.id = C.uint64_t(e.id)
+		// The address is copied to C memory: UCX parses it during the call
+		// but keeps nothing.
+		caddr := C.CBytes(addr)
+		st := C.kvs_ep_create(t.ctx, rec, caddr)
+		C.free(caddr)
+		if st != C.UCS_OK {
+			C.free(unsafe.Pointer(rec))
+			return errors.Mark(statusErr(st, "ucx: connect"), rdma.ErrEndpointBroken)
+		}
+		e.rec = rec
+		t.eprecs = append(t.eprecs, rec)
+		t.eps[e.id] = e
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// Import unpacks a peer region's remote key on this endpoint.
+func (e *Endpoint) Import(d rdma.RegionDesc) (rdma.RemoteKey, error) {
+	if len(d.Key) == 0 || d.Len == 0 || d.Addr+d.Len < d.Addr {
+		return 0, errors.Mark(errors.Newf("ucx: import [%#x, +%d) with a %d-byte key: malformed descriptor", d.Addr, d.Len, len(d.Key)), rdma.ErrInvalidWrite)
+	}
+	t := e.t
+	var rk rdma.RemoteKey
+	err := t.do(func() error {
+		if e.lstate != epOpen {
+			return e.postErr()
+		}
+		ckey := C.CBytes(d.Key)
+		var h C.uint64_t
+		st := C.kvs_rkey_unpack(e.rec, ckey, &h)
+		C.free(ckey)
+		if st != C.UCS_OK {
+			return errors.Mark(statusErr(st, "ucx: import [%#x, +%d)", d.Addr, d.Len), rdma.ErrInvalidWrite)
+		}
+		t.mu.Lock()
+		e.remotes = append(e.remotes, remote{addr: d.Addr, len: d.Len, rkey: h})
+		rk = rdma.RemoteKey(len(e.remotes) - 1)
+		t.mu.Unlock()
+		return nil
+	})
+	return rk, err
+}
+
+// postErr is why Post refuses, marked ErrEndpointBroken.
+func (e *Endpoint) postErr() error {
+	e.t.mu.Lock()
+	err := e.err
+	e.t.mu.Unlock()
+	if err == nil {
+		err = errors.Newf("ucx: endpoint %d closed", e.id)
+	}
+	return errors.Mark(err, rdma.ErrEndpointBroken)
+}
+
+// Post validates the writes against the registered and imported regions,
+// queues the batch for the progress goroutine and returns. done runs there,
+// after the batch's flush completed or failed.
+func (e *Endpoint) Post(ws []rdma.Write, done func(error)) error {
+	if done == nil {
+		return errors.Mark(errors.New("ucx: post: nil done"), rdma.ErrInvalidWrite)
+	}
+	t := e.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return errors.Mark(ErrClosed, rdma.ErrEndpointBroken)
+	}
+	if e.err != nil {
+		return errors.Mark(e.err, rdma.ErrEndpointBroken)
+	}
+	var b *batch
+	if n := len(t.free); n > 0 {
+		b, t.free = t.free[n-1], t.free[:n-1]
+	} else {
+		b = &batch{req: (*C.kvs_req_t)(C.calloc(1, C.size_t(unsafe.Sizeof(C.kvs_req_t{}))))}
+		if b.req == nil {
+			return errors.New("ucx: post: out of memory")
+		}
+		t.reqs = append(t.reqs, b.req) // freed by teardown, after the worker
+	}
+	b.ws = b.ws[:0]
+	var src *region
+	for i, w := range ws {
+		if src == nil || src.key != w.Local {
+			if src = t.regions[w.Local]; src == nil {
+				t.free = append(t.free, b)
+				return errors.Mark(errors.Newf("ucx: write %d: unknown local key %d", i, w.Local), rdma.ErrInvalidWrite)
+			}
+		}
+		if !contains(src.addr, src.len, w.Src, w.Len) {
+			t.free = append(t.free, b)
+			return errors.Mark(errors.Newf("ucx: write %d: source [%#x, +%d) outside its region [%#x, +%d)", i, w.Src, w.Len, src.addr, src.len), rdma.ErrInvalidWrite)
+		}
+		if int(w.Remote) >= len(e.remotes) {
+			t.free = append(t.free, b)
+			return errors.Mark(errors.Newf("ucx: write %d: remote key %d not imported", i, w.Remote), rdma.ErrInvalidWrite)
+		}
+		dst := &e.remotes[w.Remote]
+		if !contains(dst.addr, dst.len, w.Dst, w.Len) {
+			t.free = append(t.free, b)
+			return errors.Mark(errors.Newf("ucx: write %d: destination [%#x, +%d) outside its region [%#x, +%d)", i, w.Dst, w.Len, dst.addr, dst.len), rdma.ErrInvalidWrite)
+		}
+		b.ws = append(b.ws, C.kvs_write_t{
+			src:  C.uint64_t(w.Src),
+			dst:  C.uint64_t(w.Dst),
+			len:  C.uint64_t(w.Len),
+			rkey: dst.rkey,
+			memh: C.uint64_t(uintptr(unsafe.Pointer(src.memh))),
+		})
+	}
+	t.nextBatch++
+	b.id, b.ep, b.done = t.nextBatch, e, done
+	t.enqueueLocked(item{b: b})
+	return nil
+}
+
+func contains(base, n, addr, l uint64) bool {
+	return addr >= base && l <= n && addr-base <= n-l
+}
+
+// start posts a batch's puts and flush; it runs on the progress goroutine.
+func (t *Transport) start(b *batch) {
+	e := b.ep
+	if e.lstate != epOpen {
+		// Queued before the endpoint broke or closed: it never starts.
+		t.complete(b, errors.Mark(errors.Newf("ucx: batch %d: %v", b.id, e.postErr()), rdma.ErrEndpointBroken), true)
+		return
+	}
+	t.inflight[b.id] = b
+	b.req.id = C.uint64_t(b.id)
+	var ws *C.kvs_write_t
+	if len(b.ws) > 0 {
+		ws = &b.ws[0] // Go memory without Go pointers, used during the call only
+	}
+	C.kvs_post(t.ctx, e.rec, ws, C.size_t(len(b.ws)), b.req)
+}
+
+// startClose tears an endpoint down. Unless force is set (or
+// Options.CloseDrain is negative) it first drains: one more flush, so that
+// every write already handed to UCX has landed or failed before the forced
+// close. That is what makes Close a barrier where the receiver applies the
+// writes (UCX emulates puts with messages over TCP and shared memory): a
+// forced close alone cancels only what UCX has not sent yet, while bytes in
+// socket buffers or shared-memory FIFOs are still written at the target
+// afterwards. The forced close (UCP_EP_CLOSE_FLAG_FORCE) then releases the
+// endpoint without waiting for the peer, which may be gone.
+func (t *Transport) startClose(e *Endpoint, reason error, force bool) {
+	switch e.lstate {
+	case epOpen:
+		t.mu.Lock()
+		if e.err == nil {
+			e.err = reason
+		}
+		t.mu.Unlock()
+		if !force && t.opts.CloseDrain > 0 {
+			e.lstate = epDraining
+			e.drainDeadline = time.Now().Add(t.opts.CloseDrain)
+			t.draining++
+			C.kvs_ep_drain(t.ctx, e.rec) // always queues KVS_EV_EP_DRAINED
+			return
+		}
+	case epDraining:
+		if !force {
+			return
+		}
+		t.draining--
+	default:
+		return
+	}
+	e.lstate = epClosing
+	C.kvs_ep_close(t.ctx, e.rec) // always queues KVS_EV_EP_CLOSED
+}
+
+// checkDrains forces the endpoints whose drain outlived Options.CloseDrain:
+// the peer is gone or stuck. Their Close reports that writes may still land.
+func (t *Transport) checkDrains() {
+	if t.draining == 0 {
+		return
+	}
+	now := time.Now()
+	for _, e := range t.eps {
+		if e.lstate == epDraining && now.After(e.drainDeadline) {
+			e.closeErr = errors.Mark(errors.Newf("ucx: endpoint %d: writes still in flight %v after Close; forced closed, so they may still land", e.id, t.opts.CloseDrain), rdma.ErrEndpointBroken)
+			e.closeErr = errors.Mark(e.closeErr, rdma.ErrNotQuiesced)
+			t.startClose(e, nil, true)
+		}
+	}
+}
+
+// finishClose runs once UCX released the endpoint: nothing of it can be
+// started or land from this side any more, so its unfinished batches fail.
+func (t *Transport) finishClose(e *Endpoint) {
+	switch e.lstate {
+	case epClosed:
+		return
+	case epDraining:
+		t.draining--
+	}
+	e.lstate = epClosed
+	delete(t.eps, e.id)
+	t.mu.Lock()
+	remotes := e.remotes
+	e.remotes = nil
+	if e.err == nil {
+		e.err = errors.Newf("ucx: endpoint %d closed", e.id)
+	}
+	reason := e.err
+	t.mu.Unlock()
+	for _, r := range remotes {
+		C.kvs_rkey_destroy(r.rkey)
+	}
+	var failed []*batch
+	for id, b := range t.inflight {
+		if b.ep == e {
+			delete(t.inflight, id)
+			failed = append(failed, b)
+		}
+	}
+	for _, b := range failed {
+		// Its flush may still call back (and is ignored then), so the
+		// record is not reused.
+		t.complete(b, errors.Mark(errors.Newf("ucx: batch %d: endpoint torn down: %v", b.id, reason), rdma.ErrEndpointBroken), false)
+	}
+	// After the failures were reported, so that Close's caller sees them
+	// first.
+	close(e.closedCh)
+}
+
+// Close drains the endpoint (up to Options.CloseDrain), force-closes it and
+// waits until UCX released it. Batches that completed during the drain
+// report success; the others fail with rdma.ErrEndpointBroken. When Close
+// returns nil, no write posted on the endpoint can land any more; when the
+// drain timed out it returns an error marked rdma.ErrEndpointBroken,
+// because writes already sent may still be applied by the peer.
+func (e *Endpoint) Close() error {
+	t := e.t
+	t.mu.Lock()
+	first := !e.userClosed
+	e.userClosed = true
+	if e.err == nil {
+		e.err = errors.Newf("ucx: endpoint %d closed", e.id)
+	}
+	onLoop := t.onLoop()
+	if first && !t.closed && !onLoop {
+		t.enqueueLocked(item{fn: func() { t.startClose(e, nil, false) }})
+	}
+	t.mu.Unlock()
+	timeout := max(t.opts.CloseDrain, 0) + t.opts.CloseTimeout
+	tooLong := errors.Mark(errors.Newf("ucx: endpoint %d: close did not complete in %v", e.id, timeout), rdma.ErrEndpointBroken)
+	if onLoop {
+		if t.ctx == nil {
+			return nil
+		}
+		t.startClose(e, nil, false)
+		if !t.progressUntil(func() bool { return e.lstate == epClosed }, timeout) {
+			return tooLong
+		}
+		return e.closeErr
+	}
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	select {
+	case <-e.closedCh:
+		return e.closeErr
+	case <-timer.C:
+		return tooLong
+	}
+}

@@ -1,0 +1,388 @@
+//go:build ucx
+
+#define _GNU_SOURCE // ppoll
+
+#include "shim.h"
+
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+// kvs_push may run inside any UCX call made by the progress goroutine. The lock
+// is uncontended in practice; it is there in case a UCX version ever invokes
+// a handler from its async thread.
+static void kvs_push(kvs_ctx_t *c, uint64_t id, int kind, ucs_status_t status)
+{
+    pthread_mutex_lock(&c->lock);
+    if (c->nev == c->cap) {
+        size_t cap = c->cap ? 2 * c->cap : 256;
+        kvs_event_t *ev = realloc(c->ev, cap * sizeof(*ev));
+        if (ev == NULL) {
+            // Losing a completion would hang a batch forever; Go fails
+            // everything closed when it sees this flag.
+            c->oom = 1;
+            pthread_mutex_unlock(&c->lock);
+            return;
+        }
+        c->ev  = ev;
+        c->cap = cap;
+    }
+    c->ev[c->nev].id     = id;
+    c->ev[c->nev].kind   = kind;
+    c->ev[c->nev].status = (int32_t)status;
+    c->nev++;
+    pthread_mutex_unlock(&c->lock);
+}
+
+static void kvs_flush_cb(void *request, ucs_status_t status, void *user_data)
+{
+    kvs_req_t *r = user_data;
+    if (status == UCS_OK && r->first_err != UCS_OK) {
+        status = r->first_err;
+    }
+    kvs_push(r->ctx, r->id, KVS_EV_BATCH, status);
+    ucp_request_free(request);
+}
+
+static void kvs_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    kvs_ep_t *e = arg;
+    (void)ep;
+    kvs_push(e->ctx, e->id, KVS_EV_EP_ERROR, status);
+}
+
+static void kvs_drain_cb(void *request, ucs_status_t status, void *user_data)
+{
+    kvs_ep_t *e = user_data;
+    kvs_push(e->ctx, e->id, KVS_EV_EP_DRAINED, status);
+    ucp_request_free(request);
+}
+
+static void kvs_close_cb(void *request, ucs_status_t status, void *user_data)
+{
+    kvs_ep_t *e = user_data;
+    kvs_push(e->ctx, e->id, KVS_EV_EP_CLOSED, status);
+    ucp_request_free(request);
+}
+
+ucs_status_t kvs_init(kvs_ctx_t **out, const char **keys, const char **vals,
+                      int nkv, int wakeup, const char *name)
+{
+    ucp_config_t *config;
+    ucp_params_t params;
+    ucp_worker_params_t wparams;
+    ucs_status_t status;
+    kvs_ctx_t *c;
+    int i;
+
+    c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+        return UCS_ERR_NO_MEMORY;
+    }
+    c->efd = -1;
+    pthread_mutex_init(&c->lock, NULL);
+
+    // Reads UCX_* from the environment; the caller's overrides come on top.
+    status = ucp_config_read(NULL, NULL, &config);
+    if (status != UCS_OK) {
+        goto err_free;
+    }
+    for (i = 0; i < nkv; i++) {
+        status = ucp_config_modify(config, keys[i], vals[i]);
+        if (status != UCS_OK) {
+            ucp_config_release(config);
+            goto err_free;
+        }
+    }
+
+    memset(&params, 0, sizeof(params));
+    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
+    params.features   = UCP_FEATURE_RMA | (wakeup ? UCP_FEATURE_WAKEUP : 0);
+    params.name       = name;
+    status = ucp_init(&params, config, &c->context);
+    ucp_config_release(config);
+    if (status != UCS_OK) {
+        goto err_free;
+    }
+
+    memset(&wparams, 0, sizeof(wparams));
+    wparams.field_mask  = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    // Serialized, not single: the progress goroutine makes every call, one
+    // at a time, but Go may run it on different OS threads.
+    wparams.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+    status = ucp_worker_create(c->context, &wparams, &c->worker);
+    if (status != UCS_OK) {
+        goto err_cleanup;
+    }
+    if (wakeup) {
+        status = ucp_worker_get_efd(c->worker, &c->efd);
+        if (status != UCS_OK) {
+            goto err_worker;
+        }
+    }
+    *out = c;
+    return UCS_OK;
+
+err_worker:
+    ucp_worker_destroy(c->worker);
+err_cleanup:
+    ucp_cleanup(c->context);
+err_free:
+    pthread_mutex_destroy(&c->lock);
+    free(c);
+    return status;
+}
+
+void kvs_destroy(kvs_ctx_t *c)
+{
+    ucp_worker_destroy(c->worker);
+    ucp_cleanup(c->context);
+    pthread_mutex_destroy(&c->lock);
+    free(c->ev);
+    free(c);
+}
+
+ucs_status_t kvs_address(kvs_ctx_t *c, void **buf, size_t *len)
+{
+    ucp_address_t *addr;
+    size_t n;
+    ucs_status_t status;
+
+    status = ucp_worker_get_address(c->worker, &addr, &n);
+    if (status != UCS_OK) {
+        return status;
+    }
+    *buf = malloc(n);
+    if (*buf == NULL) {
+        ucp_worker_release_address(c->worker, addr);
+        return UCS_ERR_NO_MEMORY;
+    }
+    memcpy(*buf, addr, n);
+    *len = n;
+    ucp_worker_release_address(c->worker, addr);
+    return UCS_OK;
+}
+
+ucs_status_t kvs_mem_map(kvs_ctx_t *c, uint64_t addr, uint64_t len,
+                         ucp_mem_h *memh, void **rkey, size_t *rkey_len)
+{
+    ucp_mem_map_params_t params;
+    ucs_status_t status;
+
+    memset(&params, 0, sizeof(params));
+    params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
+                        UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    params.address    = (void*)(uintptr_t)addr;
+    params.length     = len;
+    status = ucp_mem_map(c->context, &params, memh);
+    if (status != UCS_OK) {
+        return status;
+    }
+    status = ucp_rkey_pack(c->context, *memh, rkey, rkey_len);
+    if (status != UCS_OK) {
+        ucp_mem_unmap(c->context, *memh);
+    }
+    return status;
+}
+
+ucs_status_t kvs_mem_unmap(kvs_ctx_t *c, ucp_mem_h memh)
+{
+    return ucp_mem_unmap(c->context, memh);
+}
+
+ucs_status_t kvs_ep_create(kvs_ctx_t *c, kvs_ep_t *e, const void *addr)
+{
+    ucp_ep_params_t params;
+
+    memset(&params, 0, sizeof(params));
+    params.field_mask      = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                             UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                             UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    params.address         = addr;
+    params.err_mode        = UCP_ERR_HANDLING_MODE_PEER;
+    params.err_handler.cb  = kvs_err_cb;
+    params.err_handler.arg = e;
+    e->ctx = c;
+    return ucp_ep_create(c->worker, &params, &e->ep);
+}
+
+// Starts a forced close. The KVS_EV_EP_CLOSED event is queued whether the
+// close completes now or later, so Go has a single path for it.
+ucs_status_t kvs_ep_close(kvs_ctx_t *c, kvs_ep_t *e)
+{
+    ucp_request_param_t param;
+    ucs_status_ptr_t sp;
+
+    memset(&param, 0, sizeof(param));
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK |
+                         UCP_OP_ATTR_FIELD_USER_DATA;
+    param.flags        = UCP_EP_CLOSE_FLAG_FORCE;
+    param.cb.send      = kvs_close_cb;
+    param.user_data    = e;
+    sp = ucp_ep_close_nbx(e->ep, &param);
+    if (sp == NULL) {
+        kvs_push(c, e->id, KVS_EV_EP_CLOSED, UCS_OK);
+        return UCS_OK;
+    }
+    if (UCS_PTR_IS_ERR(sp)) {
+        // The endpoint is released anyway (ucp.h), only with an error.
+        kvs_push(c, e->id, KVS_EV_EP_CLOSED, UCS_PTR_STATUS(sp));
+        return UCS_PTR_STATUS(sp);
+    }
+    return UCS_INPROGRESS;
+}
+
+// Flushes everything posted on the endpoint so far; KVS_EV_EP_DRAINED is
+// queued when that completed at the target (or failed).
+void kvs_ep_drain(kvs_ctx_t *c, kvs_ep_t *e)
+{
+    ucp_request_param_t param;
+    ucs_status_ptr_t sp;
+
+    memset(&param, 0, sizeof(param));
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    param.cb.send      = kvs_drain_cb;
+    param.user_data    = e;
+    sp = ucp_ep_flush_nbx(e->ep, &param);
+    if (sp == NULL) {
+        kvs_push(c, e->id, KVS_EV_EP_DRAINED, UCS_OK);
+    } else if (UCS_PTR_IS_ERR(sp)) {
+        kvs_push(c, e->id, KVS_EV_EP_DRAINED, UCS_PTR_STATUS(sp));
+    }
+}
+
+ucs_status_t kvs_rkey_unpack(kvs_ep_t *e, const void *buf, uint64_t *rkey)
+{
+    ucp_rkey_h h;
+    ucs_status_t status = ucp_ep_rkey_unpack(e->ep, buf, &h);
+    if (status == UCS_OK) {
+        *rkey = (uint64_t)(uintptr_t)h;
+    }
+    return status;
+}
+
+void kvs_rkey_destroy(uint64_t rkey)
+{
+    ucp_rkey_destroy((ucp_rkey_h)(uintptr_t)rkey);
+}
+
+// Posts every put of a batch, then one flush whose completion is the batch's
+// completion: ucp_ep_flush_nbx completes only when all earlier RMA on the
+// endpoint is complete at the target, which is the remote visibility that
+// rdma.Endpoint.Post promises. A put that fails to start stops the batch, but
+// the flush still runs so that the batch is reported only once nothing of it
+// is still in flight.
+void kvs_post(kvs_ctx_t *c, kvs_ep_t *e, const kvs_write_t *ws, size_t n,
+              kvs_req_t *r)
+{
+    ucp_request_param_t param;
+    ucs_status_ptr_t sp;
+    size_t i;
+
+    r->ctx       = c;
+    r->first_err = UCS_OK;
+    memset(&param, 0, sizeof(param));
+    for (i = 0; i < n; i++) {
+        if (ws[i].len == 0) {
+            continue;
+        }
+        // Passing the source's memh spares UCX a registration lookup.
+        param.op_attr_mask = ws[i].memh ? UCP_OP_ATTR_FIELD_MEMH : 0;
+        param.memh         = (ucp_mem_h)(uintptr_t)ws[i].memh;
+        sp = ucp_put_nbx(e->ep, (void*)(uintptr_t)ws[i].src, ws[i].len,
+                         ws[i].dst, (ucp_rkey_h)(uintptr_t)ws[i].rkey, &param);
+        if (UCS_PTR_IS_ERR(sp)) {
+            r->first_err = UCS_PTR_STATUS(sp);
+            break;
+        }
+        if (sp != NULL) {
+            // Completion is tracked by the flush; the request is released
+            // by UCX when it completes.
+            ucp_request_free(sp);
+        }
+    }
+
+    memset(&param, 0, sizeof(param));
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    param.cb.send      = kvs_flush_cb;
+    param.user_data    = r;
+    sp = ucp_ep_flush_nbx(e->ep, &param);
+    if (sp == NULL) {
+        kvs_push(c, r->id, KVS_EV_BATCH, r->first_err);
+    } else if (UCS_PTR_IS_ERR(sp)) {
+        kvs_push(c, r->id, KVS_EV_BATCH,
+                 r->first_err != UCS_OK ? r->first_err : UCS_PTR_STATUS(sp));
+    }
+}
+
+// Progresses the worker until it has nothing more to do (or max_iter
+// rounds), then moves up to cap queued events into out and returns their
+// count, with bit 31 set if an event was lost. The progress count goes to
+// c->progressed, so the caller can tell idle from busy without passing a
+// pointer (which would make cgo allocate on every call).
+unsigned kvs_poll(kvs_ctx_t *c, kvs_event_t *out, unsigned cap,
+                  unsigned max_iter)
+{
+    unsigned total = 0, n, i;
+    size_t k;
+
+    for (i = 0; i < max_iter; i++) {
+        n = ucp_worker_progress(c->worker);
+        total += n;
+        if (n == 0 || c->nev >= cap) {
+            break;
+        }
+    }
+    c->progressed = total;
+    if (c->nev == 0 && !c->oom) {
+        return 0;
+    }
+
+    pthread_mutex_lock(&c->lock);
+    k = c->nev < cap ? c->nev : cap;
+    memcpy(out, c->ev, k * sizeof(*out));
+    memmove(c->ev, c->ev + k, (c->nev - k) * sizeof(*out));
+    c->nev -= k;
+    if (c->oom) {
+        c->oom = 0;
+        k |= 0x80000000u;
+    }
+    pthread_mutex_unlock(&c->lock);
+    return (unsigned)k;
+}
+
+// Sleeps until the worker has an event, ucp_worker_signal is called, or
+// timeout_us passes (ppoll, for sub-millisecond naps). Returns 1 when the
+// worker had unprocessed events and must be progressed before it can sleep.
+int kvs_wait(kvs_ctx_t *c, long timeout_us)
+{
+    struct pollfd pfd;
+    struct timespec ts;
+    ucs_status_t status;
+
+    ts.tv_sec  = timeout_us / 1000000;
+    ts.tv_nsec = (timeout_us % 1000000) * 1000;
+    if (c->efd < 0) {
+        nanosleep(&ts, NULL);
+        return 0;
+    }
+    status = ucp_worker_arm(c->worker);
+    if (status == UCS_ERR_BUSY) {
+        return 1;
+    }
+    if (status != UCS_OK) {
+        return -1;
+    }
+    pfd.fd      = c->efd;
+    pfd.events  = POLLIN;
+    pfd.revents = 0;
+    // EINTR (Go's preemption signals) just ends the nap early.
+    ppoll(&pfd, 1, &ts, NULL);
+    return 0;
+}
+
+ucs_status_t kvs_signal(kvs_ctx_t *c)
+{
+    return ucp_worker_signal(c->worker);
+}

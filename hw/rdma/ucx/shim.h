@@ -1,0 +1,95 @@
+//go:build ucx
+
+// The C side of the ucx transport. Everything here is called by the
+// transport's progress goroutine, which owns the UCP context and worker
+// (UCS_THREAD_MODE_SERIALIZED: one caller at a time, on whatever OS thread
+// Go runs it), except kvs_signal, which UCX documents as safe from any
+// thread.
+//
+// UCX callbacks never call into Go: they append (id, kind, status) records
+// to a C-owned event queue, which the progress goroutine drains after every
+// ucp_worker_progress. That keeps Go pointers out of C memory entirely and
+// saves a cgo callback per completion.
+
+#ifndef KVS_UCX_SHIM_H
+#define KVS_UCX_SHIM_H
+
+#include <stdint.h>
+#include <stddef.h>
+#include <pthread.h>
+#include <ucp/api/ucp.h>
+
+enum {
+    KVS_EV_BATCH     = 1, // a batch's flush completed (status: its outcome)
+    KVS_EV_EP_ERROR  = 2, // UCX reported an endpoint failure (peer lost, ...)
+    KVS_EV_EP_CLOSED = 3, // an endpoint's close request completed
+    KVS_EV_EP_DRAINED = 4 // the flush started by kvs_ep_drain completed
+};
+
+typedef struct {
+    uint64_t id;
+    int32_t  kind;
+    int32_t  status;
+} kvs_event_t;
+
+// One write, resolved in Go: raw addresses and UCX handles as integers so
+// that Go can hold an array of them without holding C pointers typed as
+// pointers.
+typedef struct {
+    uint64_t src;
+    uint64_t dst;
+    uint64_t len;
+    uint64_t rkey; // ucp_rkey_h
+    uint64_t memh; // ucp_mem_h of the source region
+} kvs_write_t;
+
+typedef struct {
+    ucp_context_h   context;
+    ucp_worker_h    worker;
+    int             efd; // -1 without UCP_FEATURE_WAKEUP
+    pthread_mutex_t lock;
+    kvs_event_t    *ev;
+    size_t          nev, cap;
+    int             oom; // an event could not be queued (see kvs_push)
+    unsigned        progressed; // kvs_poll's last progress count
+} kvs_ctx_t;
+
+// Per-batch record, the user_data of the batch's flush request. Owned by
+// Go's batch; reused only after its own event was drained.
+typedef struct {
+    kvs_ctx_t   *ctx;
+    uint64_t     id;
+    ucs_status_t first_err; // the first put that failed to start, if any
+} kvs_req_t;
+
+// Per-endpoint record, the argument of the error handler and the user_data
+// of the close request.
+typedef struct {
+    kvs_ctx_t *ctx;
+    uint64_t   id;
+    ucp_ep_h   ep;
+} kvs_ep_t;
+
+ucs_status_t kvs_init(kvs_ctx_t **out, const char **keys, const char **vals,
+                      int nkv, int wakeup, const char *name);
+void         kvs_destroy(kvs_ctx_t *c);
+ucs_status_t kvs_address(kvs_ctx_t *c, void **buf, size_t *len);
+
+ucs_status_t kvs_mem_map(kvs_ctx_t *c, uint64_t addr, uint64_t len,
+                         ucp_mem_h *memh, void **rkey, size_t *rkey_len);
+ucs_status_t kvs_mem_unmap(kvs_ctx_t *c, ucp_mem_h memh);
+
+ucs_status_t kvs_ep_create(kvs_ctx_t *c, kvs_ep_t *e, const void *addr);
+ucs_status_t kvs_ep_close(kvs_ctx_t *c, kvs_ep_t *e);
+void         kvs_ep_drain(kvs_ctx_t *c, kvs_ep_t *e);
+ucs_status_t kvs_rkey_unpack(kvs_ep_t *e, const void *buf, uint64_t *rkey);
+void         kvs_rkey_destroy(uint64_t rkey);
+
+void         kvs_post(kvs_ctx_t *c, kvs_ep_t *e, const kvs_write_t *ws,
+                      size_t n, kvs_req_t *r);
+unsigned     kvs_poll(kvs_ctx_t *c, kvs_event_t *out, unsigned cap,
+                      unsigned max_iter);
+int          kvs_wait(kvs_ctx_t *c, long timeout_us);
+ucs_status_t kvs_signal(kvs_ctx_t *c);
+
+#endif

@@ -1,0 +1,529 @@
+//go:build ucx
+
+package ucx
+
+/*
+#cgo pkg-config: ucx
+#include <stdlib.h>
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"os"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/hw/rdma"
+)
+
+// Options tune a Transport. The zero value is the normal configuration.
+type Options struct {
+	// Name names the UCP context in UCX's logs.
+	Name string
+	// Config sets UCX configuration variables for this Transport, named
+	// without the UCX_ prefix ("TLS": "tcp"). They override the
+	// environment. UCX accepts names it does not know and only warns.
+	Config map[string]string
+	// NoWakeup leaves out UCP_FEATURE_WAKEUP, for transports that have no
+	// event support: the idle progress loop then naps 50µs at a time
+	// instead of sleeping on the worker's event fd.
+	NoWakeup bool
+	// Spin is how long the progress loop keeps polling an idle worker
+	// before it sleeps: polling keeps latency low while traffic flows,
+	// sleeping frees the core when it does not. Zero means 50µs; negative
+	// means sleep at once.
+	Spin time.Duration
+	// CloseDrain bounds how long Endpoint.Close and Close wait for the
+	// writes already handed to UCX to complete before forcing the endpoint
+	// closed (see Endpoint.Close). Zero means 5s. Negative means force at
+	// once, which is a barrier only where the sender performs the writes
+	// (RDMA NICs), not over TCP or shared memory.
+	CloseDrain time.Duration
+	// CloseTimeout bounds how long Endpoint.Close and Close wait for UCX
+	// to release an endpoint after the drain (DESIGN.md invariant 9: never
+	// hang). Zero means 10s.
+	CloseTimeout time.Duration
+}
+
+// defaults are applied unless the environment or Options.Config set the
+// variable; doc.go says why. UCX warns about a variable that no transport in
+// use reads, hence the conditions.
+func (o Options) defaults() [][2]string {
+	d := [][2]string{{"RCACHE_ENABLE", "n"}}
+	tls, ok := o.Config["TLS"]
+	if !ok {
+		tls = os.Getenv("UCX_TLS")
+	}
+	if usesSharedMemory(tls) {
+		d = append(d, [2]string{"MM_ERROR_HANDLING", "y"})
+	}
+	if ib, _ := os.ReadDir("/sys/class/infiniband"); len(ib) > 0 {
+		d = append(d, [2]string{"IB_REG_METHODS", "direct"})
+	}
+	return d
+}
+
+// usesSharedMemory reports whether a UCX_TLS value may select UCX's
+// shared-memory (mm) transports.
+func usesSharedMemory(tls string) bool {
+	if tls == "" || strings.HasPrefix(tls, "^") {
+		return true // "all", or everything but some
+	}
+	for _, name := range strings.Split(tls, ",") {
+		switch strings.TrimPrefix(name, `\`) {
+		case "all", "sm", "shm", "mm", "posix", "sysv":
+			return true
+		}
+	}
+	return false
+}
+
+// Transport is one UCP context and worker, driven by one progress
+// goroutine.
+type Transport struct {
+	opts    Options
+	ctx     *C.kvs_ctx_t // immutable after New; destroyed by the progress goroutine
+	addr    []byte
+	loopG   uint64 // goroutine id of the progress goroutine
+	stopped chan struct{}
+	queued  atomic.Int32 // len(queue), readable without the lock
+
+	mu        sync.Mutex
+	closed    bool
+	sleeping  bool   // the progress goroutine sleeps in kvs_wait: wake it
+	queue     []item // work for the progress goroutine, in order
+	regions   map[rdma.LocalKey]*region
+	nextKey   rdma.LocalKey
+	free      []*batch // batches ready for reuse
+	nextBatch uint64
+	reqs      []*C.kvs_req_t // every batch record, freed after the worker
+
+	// Owned by the progress goroutine.
+	spare    []item
+	released []*batch
+	eps      map[uint64]*Endpoint
+	nextEp   uint64
+	inflight map[uint64]*batch
+	draining int           // endpoints in epDraining
+	woke     bool          // a done callback ran since the last yield
+	eprecs   []*C.kvs_ep_t // every endpoint record, freed after the worker
+	evbuf    []C.kvs_event_t
+	stopping bool
+}
+
+// item is one unit of work for the progress goroutine: a batch to post or a
+// function to run there.
+type item struct {
+	b  *batch
+	fn func()
+}
+
+var _ rdma.Transport = (*Transport)(nil)
+
+// ErrClosed marks operations on a closed Transport.
+var ErrClosed = errors.New("ucx: transport closed")
+
+// New creates a UCP context and worker and starts the progress goroutine.
+// UCX reads its UCX_* environment variables now.
+func New(opts Options) (*Transport, error) {
+	if opts.Spin == 0 {
+		opts.Spin = 50 * time.Microsecond
+	}
+	if opts.CloseDrain == 0 {
+		opts.CloseDrain = 5 * time.Second
+	}
+	if opts.CloseTimeout <= 0 {
+		opts.CloseTimeout = 10 * time.Second
+	}
+	t := &Transport{
+		opts:     opts,
+		stopped:  make(chan struct{}),
+		regions:  map[rdma.LocalKey]*region{},
+		eps:      map[uint64]*Endpoint{},
+		inflight: map[uint64]*batch{},
+		evbuf:    make([]C.kvs_event_t, 256),
+	}
+	initDone := make(chan error, 1)
+	go t.run(initDone)
+	if err := <-initDone; err != nil {
+		<-t.stopped
+		return nil, err
+	}
+	return t, nil
+}
+
+// config merges defaults, then the caller's overrides, into UCX keys and
+// values; a default yields to the same variable in the environment.
+func (o Options) config() (keys, vals []string) {
+	set := map[string]string{}
+	for _, d := range o.defaults() {
+		if _, ok := os.LookupEnv("UCX_" + d[0]); !ok {
+			set[d[0]] = d[1]
+		}
+	}
+	for k, v := range o.Config {
+		set[k] = v
+	}
+	for k := range set {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys) // deterministic, for error messages
+	for _, k := range keys {
+		vals = append(vals, set[k])
+	}
+	return keys, vals
+}
+
+// initContext runs on the progress goroutine, like every other UCP call.
+func (t *Transport) initContext() error {
+	keys, vals := t.opts.config()
+	ck := make([]*C.char, len(keys)+1)
+	cv := make([]*C.char, len(vals)+1)
+	// The arrays of C strings live in C memory: a Go array of pointers may
+	// not be passed to C.
+	ckeys := (**C.char)(C.calloc(C.size_t(len(ck)), C.size_t(unsafe.Sizeof(ck[0]))))
+	cvals := (**C.char)(C.calloc(C.size_t(len(cv)), C.size_t(unsafe.Sizeof(cv[0]))))
+	defer C.free(unsafe.Pointer(ckeys))
+	defer C.free(unsafe.Pointer(cvals))
+	ks := unsafe.Slice(ckeys, len(ck))
+	vs := unsafe.Slice(cvals, len(cv))
+	for i := range keys {
+		ks[i], vs[i] = C.CString(keys[i]), C.CString(vals[i])
+		defer C.free(unsafe.Pointer(ks[i]))
+		defer C.free(unsafe.Pointer(vs[i]))
+	}
+	name := C.CString(t.opts.Name)
+	defer C.free(unsafe.Pointer(name))
+	wakeup := C.int(1)
+	if t.opts.NoWakeup {
+		wakeup = 0
+	}
+	var ctx *C.kvs_ctx_t
+	st := C.kvs_init(&ctx, ckeys, cvals, C.int(len(keys)), wakeup, name)
+	if st != C.UCS_OK {
+		return statusErr(st, "ucx: init (config %v=%v)", keys, vals)
+	}
+	t.ctx = ctx
+	var buf unsafe.Pointer
+	var n C.size_t
+	if st := C.kvs_address(ctx, &buf, &n); st != C.UCS_OK {
+		C.kvs_destroy(ctx)
+		t.ctx = nil
+		return statusErr(st, "ucx: worker address")
+	}
+	t.addr = C.GoBytes(buf, C.int(n))
+	C.free(buf)
+	return nil
+}
+
+// Name returns "ucx".
+func (t *Transport) Name() string { return "ucx" }
+
+// Address returns the worker address, for peers to Connect to.
+func (t *Transport) Address() []byte { return t.addr }
+
+// onLoop reports whether the caller is the progress goroutine, where done
+// callbacks run and may call back in: waiting for the progress goroutine
+// there would deadlock, so work runs inline instead. Only control paths ask
+// (never Post), so the cost of reading the goroutine id is fine.
+func (t *Transport) onLoop() bool { return goid() == t.loopG }
+
+// goid returns the current goroutine's id, parsed from the first line of its
+// stack trace ("goroutine 42 [running]:"): the runtime exposes it no other
+// way.
+func goid() uint64 {
+	var buf [64]byte
+	b := buf[:runtime.Stack(buf[:], false)]
+	b = b[len("goroutine "):]
+	var id uint64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			break
+		}
+		id = id*10 + uint64(c-'0')
+	}
+	return id
+}
+
+// enqueueLocked hands work to the progress goroutine. t.mu is held; waking
+// under the lock keeps the worker alive for the signal (it is destroyed only
+// after closed is set under the same lock).
+func (t *Transport) enqueueLocked(it item) {
+	t.queue = append(t.queue, it)
+	t.queued.Store(int32(len(t.queue)))
+	if t.sleeping {
+		t.sleeping = false
+		C.kvs_signal(t.ctx)
+	}
+}
+
+// do runs fn on the progress goroutine and returns its error: inline when
+// called from there, else through the queue.
+func (t *Transport) do(fn func() error) error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return errors.Mark(ErrClosed, rdma.ErrEndpointBroken)
+	}
+	if t.onLoop() {
+		t.mu.Unlock()
+		return fn()
+	}
+	ch := make(chan error, 1)
+	t.enqueueLocked(item{fn: func() { ch <- fn() }})
+	t.mu.Unlock()
+	return <-ch
+}
+
+// Close closes every endpoint (failing their unfinished batches), unmaps
+// every region, destroys the worker and the context, and stops the progress
+// goroutine. Called from a done callback it only starts the teardown, which
+// completes when the callback returns.
+func (t *Transport) Close() error {
+	t.mu.Lock()
+	if !t.closed {
+		t.closed = true
+		t.enqueueLocked(item{fn: func() { t.stopping = true }})
+	}
+	t.mu.Unlock()
+	if t.onLoop() {
+		t.stopping = true
+		return nil
+	}
+	<-t.stopped
+	return nil
+}
+
+// run is the progress goroutine. It is not locked to an OS thread: the
+// worker is created UCS_THREAD_MODE_SERIALIZED, which allows calls from any
+// thread one at a time, and one goroutine makes them all. Staying unlocked
+// keeps runtime.Gosched cheap, which matters below.
+func (t *Transport) run(initDone chan<- error) {
+	defer close(t.stopped)
+	t.loopG = goid()
+	if err := t.initContext(); err != nil {
+		initDone <- err
+		return
+	}
+	initDone <- nil
+
+	var idleSince time.Time
+	for {
+		busy := false
+		if t.queued.Load() > 0 || len(t.released) > 0 {
+			busy = t.drainQueue()
+		}
+		if t.pollOnce(t.evbuf) {
+			busy = true
+		}
+		if t.stopping {
+			t.teardown()
+			return
+		}
+		if t.woke {
+			// A done callback usually wakes a goroutine, which the
+			// runtime queues on this goroutine's P. Spinning on would
+			// keep it waiting until preemption (10ms), so yield.
+			t.woke = false
+			runtime.Gosched()
+		}
+		if busy {
+			idleSince = time.Time{}
+			continue
+		}
+		if idleSince.IsZero() {
+			idleSince = time.Now()
+		}
+		if time.Since(idleSince) < t.opts.Spin {
+			continue
+		}
+		t.sleep()
+		idleSince = time.Time{}
+	}
+}
+
+// drainQueue takes the queued work (returning released batches to the free
+// list on the way) and performs it in order.
+func (t *Transport) drainQueue() bool {
+	t.mu.Lock()
+	q := t.queue
+	t.queue = t.spare[:0]
+	t.queued.Store(0)
+	t.free = append(t.free, t.released...)
+	t.mu.Unlock()
+	clear(t.released)
+	t.released = t.released[:0]
+	for i := range q {
+		if q[i].b != nil {
+			t.start(q[i].b)
+		} else {
+			q[i].fn()
+		}
+		q[i] = item{}
+	}
+	t.spare = q[:0]
+	return len(q) > 0
+}
+
+// Sleep timeouts of the progress loop: safety nets against a transport that
+// signals no event for some progress.
+const (
+	idleNap = 100 * time.Millisecond
+	busyNap = 50 * time.Microsecond
+)
+
+// sleep waits on the worker's event fd until UCX or a producer wakes it, or
+// the nap ends.
+func (t *Transport) sleep() {
+	t.mu.Lock()
+	if len(t.queue) > 0 {
+		t.mu.Unlock()
+		return
+	}
+	t.sleeping = true
+	t.mu.Unlock()
+	timeout := idleNap
+	if len(t.inflight) > 0 || t.draining > 0 || t.opts.NoWakeup {
+		// Not every transport signals the event fd when queued sends can
+		// proceed (shared-memory FIFO space freed by the receiver): with
+		// work outstanding, only nap. Without an event fd, nothing but
+		// the timeout ends a sleep.
+		timeout = busyNap
+	}
+	C.kvs_wait(t.ctx, C.long(timeout.Microseconds()))
+	t.mu.Lock()
+	t.sleeping = false
+	t.mu.Unlock()
+}
+
+// pollOnce progresses the worker and handles the events it produced. buf is
+// the caller's: nested calls (a done callback closing an endpoint) use their
+// own.
+func (t *Transport) pollOnce(buf []C.kvs_event_t) bool {
+	k := uint32(C.kvs_poll(t.ctx, &buf[0], C.unsigned(len(buf)), 16))
+	n := t.ctx.progressed
+	oom := k&0x80000000 != 0
+	k &^= 0x80000000
+	for i := range int(k) {
+		ev := buf[i]
+		t.handle(uint64(ev.id), int(ev.kind), C.ucs_status_t(ev.status))
+	}
+	if oom {
+		// An event was lost: some batch would never complete. Fail
+		// closed: tear every endpoint down.
+		for _, e := range t.eps {
+			t.startClose(e, errors.New("ucx: out of memory queueing a completion"), true)
+		}
+	}
+	t.checkDrains()
+	return n > 0 || k > 0
+}
+
+func (t *Transport) handle(id uint64, kind int, st C.ucs_status_t) {
+	switch kind {
+	case C.KVS_EV_BATCH:
+		b := t.inflight[id]
+		if b == nil {
+			return // already failed by its endpoint's teardown
+		}
+		delete(t.inflight, id)
+		var err error
+		if st != C.UCS_OK {
+			err = errors.Mark(statusErr(st, "ucx: batch %d", id), rdma.ErrEndpointBroken)
+		}
+		t.complete(b, err, true)
+	case C.KVS_EV_EP_ERROR:
+		// UCX requires a failed endpoint to be closed, and there is
+		// nothing to drain.
+		if e := t.eps[id]; e != nil {
+			t.startClose(e, statusErr(st, "ucx: endpoint %d failed", id), true)
+		}
+	case C.KVS_EV_EP_DRAINED:
+		if e := t.eps[id]; e != nil && e.lstate == epDraining {
+			t.startClose(e, nil, true)
+		}
+	case C.KVS_EV_EP_CLOSED:
+		if e := t.eps[id]; e != nil {
+			t.finishClose(e)
+		}
+	}
+}
+
+// complete reports a batch. A batch whose flush may still call back keeps
+// its C record out of reuse (reusable false).
+func (t *Transport) complete(b *batch, err error, reusable bool) {
+	done := b.done
+	b.done, b.ep = nil, nil
+	t.woke = true
+	if reusable {
+		t.released = append(t.released, b)
+	}
+	done(err)
+}
+
+// progressUntil progresses the worker from the progress goroutine itself
+// (Close called from a done callback, or teardown) until cond holds or
+// timeout passes.
+func (t *Transport) progressUntil(cond func() bool, timeout time.Duration) bool {
+	buf := make([]C.kvs_event_t, 64)
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		if !t.pollOnce(buf) && !cond() {
+			C.kvs_wait(t.ctx, C.long(busyNap.Microseconds()))
+		}
+	}
+	return true
+}
+
+// teardown runs on the progress goroutine once Close was called and every
+// earlier queued item ran.
+func (t *Transport) teardown() {
+	reason := errors.Mark(ErrClosed, rdma.ErrEndpointBroken)
+	for _, e := range t.eps {
+		t.startClose(e, reason, false)
+	}
+	t.progressUntil(func() bool { return len(t.eps) == 0 }, max(t.opts.CloseDrain, 0)+t.opts.CloseTimeout)
+	for _, e := range t.eps { // close never completed: abandon
+		t.finishClose(e)
+	}
+	for id, b := range t.inflight { // batches of endpoints closed earlier
+		delete(t.inflight, id)
+		t.complete(b, errors.Mark(errors.Newf("ucx: batch %d: %v", id, reason), rdma.ErrEndpointBroken), false)
+	}
+	t.mu.Lock()
+	regions := t.regions
+	t.regions = map[rdma.LocalKey]*region{}
+	t.mu.Unlock()
+	for _, r := range regions {
+		C.kvs_mem_unmap(t.ctx, r.memh)
+	}
+	C.kvs_destroy(t.ctx)
+	t.ctx = nil
+	// No UCX callback can refer to these records any more.
+	t.mu.Lock()
+	reqs := t.reqs
+	t.reqs, t.free = nil, nil
+	t.mu.Unlock()
+	for _, r := range reqs {
+		C.free(unsafe.Pointer(r))
+	}
+	for _, r := range t.eprecs {
+		C.free(unsafe.Pointer(r))
+	}
+	t.eprecs = nil
+}
+
+// statusErr formats a UCX status.
+func statusErr(st C.ucs_status_t, format string, args ...any) error {
+	return errors.Newf(format+": %s", append(args, C.GoString(C.ucs_status_string(st)))...)
+}

@@ -1,0 +1,421 @@
+//go:build ucx
+
+package ucx
+
+import (
+	"bytes"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/hw/hostmem"
+	"github.com/kvstream/kvstream/hw/rdma"
+	"github.com/kvstream/kvstream/hw/rdma/rdmatest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(peerEnv) != "" {
+		os.Exit(runPeer())
+	}
+	goleak.VerifyTestMain(m)
+}
+
+// fabrics are the UCX_TLS settings every test runs under: by default TCP
+// through the loopback interface and shared memory. KVSTREAM_UCX_TLS
+// replaces them with ';'-separated UCX_TLS values, e.g. "rc,self" on a host
+// with an RDMA NIC.
+var fabrics = func() []struct{ name, tls string } {
+	if env := os.Getenv("KVSTREAM_UCX_TLS"); env != "" {
+		var fs []struct{ name, tls string }
+		for _, tls := range strings.Split(env, ";") {
+			fs = append(fs, struct{ name, tls string }{strings.ReplaceAll(tls, ",", "+"), tls})
+		}
+		return fs
+	}
+	return []struct{ name, tls string }{{"tcp", "tcp"}, {"shm", "sm,self"}}
+}()
+
+// eachFabric runs f once per UCX_TLS setting. UCX reads the variable in
+// New, so it is set before the transports are created.
+func eachFabric(t *testing.T, f func(t *testing.T)) {
+	for _, fab := range fabrics {
+		t.Run(fab.name, func(t *testing.T) {
+			t.Setenv("UCX_TLS", fab.tls)
+			f(t)
+		})
+	}
+}
+
+func newPair(t *testing.T) (rdma.Transport, rdma.Transport) {
+	t.Helper()
+	a, err := New(Options{Name: "prefill"})
+	require.NoError(t, err)
+	b, err := New(Options{Name: "decode"})
+	if err != nil {
+		_ = a.Close()
+	}
+	require.NoError(t, err)
+	return a, b
+}
+
+func TestContract(t *testing.T) {
+	eachFabric(t, func(t *testing.T) {
+		// No SlowPair: UCX has no way to slow a link down. The teardown
+		// property is checked by TestCloseLandsNothingMore instead.
+		rdmatest.Run(t, rdmatest.Factory{Pair: newPair})
+	})
+}
+
+type fixture struct {
+	from, to *Transport
+	src, dst *hostmem.Block
+	sreg     rdma.Region
+	dreg     rdma.Region
+	ep       rdma.Endpoint
+	rk       rdma.RemoteKey
+}
+
+func newFixture(t testing.TB, n int) *fixture {
+	t.Helper()
+	return newFixtureOpts(t, n, Options{})
+}
+
+func newFixtureOpts(t testing.TB, n int, opts Options) *fixture {
+	t.Helper()
+	opts.Name = "prefill"
+	from, err := New(opts)
+	require.NoError(t, err)
+	opts.Name = "decode"
+	to, err := New(opts)
+	require.NoError(t, err)
+	f := &fixture{from: from, to: to}
+	t.Cleanup(func() { _ = f.from.Close(); _ = f.to.Close() })
+	f.src, err = hostmem.Alloc(n)
+	require.NoError(t, err)
+	f.dst, err = hostmem.Alloc(n)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = f.src.Free(); _ = f.dst.Free() }) // runs after the transports closed
+	f.sreg, err = from.Register(f.src.Addr, uint64(n))
+	require.NoError(t, err)
+	f.dreg, err = to.Register(f.dst.Addr, uint64(n))
+	require.NoError(t, err)
+	f.ep, err = from.Connect(to.Address())
+	require.NoError(t, err)
+	f.rk, err = f.ep.Import(f.dreg.Desc())
+	require.NoError(t, err)
+	return f
+}
+
+func (f *fixture) write(off, n uint64) rdma.Write {
+	return rdma.Write{Src: f.src.Addr + off, Dst: f.dst.Addr + off, Len: n, Local: f.sreg.Key(), Remote: f.rk}
+}
+
+func waitErr(t *testing.T, ch <-chan error) error {
+	t.Helper()
+	select {
+	case err := <-ch:
+		return err
+	case <-time.After(10 * time.Second):
+		t.Fatal("batch never completed")
+		return nil
+	}
+}
+
+// TestCloseLandsNothingMore is the teardown check of rdmatest's SlowPair
+// done with a batch large enough to still be in flight: post 256 MiB, close
+// the endpoint at once, then watch the destination for 200 ms. Close drains
+// what UCX already sent, so the batch may complete or fail, but nothing may
+// land once Close returned.
+func TestCloseLandsNothingMore(t *testing.T) {
+	eachFabric(t, func(t *testing.T) {
+		// Draining 256 MiB into fresh pages takes seconds on a small VM;
+		// the property checked is the barrier, not the time.
+		closeThenWatch(t, Options{CloseDrain: time.Minute}, true)
+	})
+}
+
+// TestForcedCloseOverEmulatedPuts shows why Close drains: with the drain
+// off (CloseDrain < 0), UCX 1.13 over TCP and shared memory emulates puts
+// with messages that the receiver applies, and bytes already sent land after
+// the forced close returned. It only reports; run it with
+// KVSTREAM_UCX_FORCED=1.
+func TestForcedCloseOverEmulatedPuts(t *testing.T) {
+	if os.Getenv("KVSTREAM_UCX_FORCED") == "" {
+		t.Skip("set KVSTREAM_UCX_FORCED=1 to measure")
+	}
+	eachFabric(t, func(t *testing.T) {
+		closeThenWatch(t, Options{CloseDrain: -1}, false)
+	})
+}
+
+// fill sets every byte to v by doubling copies: a byte loop over 256 MiB
+// is slow under the race detector.
+func fill(b []byte, v byte) {
+	b[0] = v
+	for n := 1; n < len(b); n *= 2 {
+		copy(b[n:], b[:n])
+	}
+}
+
+func closeThenWatch(t *testing.T, opts Options, strict bool) {
+	const n = 256 << 20
+	const parts = 64 // several puts, as a real batch has
+	f := newFixtureOpts(t, n, opts)
+	fill(f.src.Bytes, 0xAB)
+	ws := make([]rdma.Write, parts)
+	for i := range ws {
+		ws[i] = f.write(uint64(i)*n/parts, n/parts)
+	}
+	var calls atomic.Int32
+	done := make(chan error, 2)
+	require.NoError(t, f.ep.Post(ws, func(err error) { calls.Add(1); done <- err }))
+	start := time.Now()
+	closeErr := f.ep.Close()
+	took := time.Since(start)
+	closedAt := append([]byte(nil), f.dst.Bytes...)
+	err := waitErr(t, done)
+	time.Sleep(200 * time.Millisecond)
+	landedAtClose := bytes.Count(closedAt, []byte{0xAB})
+	landedLater := bytes.Count(f.dst.Bytes, []byte{0xAB}) - landedAtClose
+	t.Logf("Close took %v (err %v); batch: %v; landed when Close returned: %d of %d bytes; landed after: %d",
+		took, closeErr, err, landedAtClose, n, landedLater)
+	if !strict {
+		return
+	}
+	require.NoError(t, closeErr)
+	assert.Equal(t, int32(1), calls.Load(), "done runs exactly once")
+	if err != nil {
+		assert.True(t, errors.Is(err, rdma.ErrEndpointBroken), "%v", err)
+	} else {
+		assert.Equal(t, n, landedAtClose, "a batch reported complete landed entirely")
+	}
+	assert.True(t, bytes.Equal(closedAt, f.dst.Bytes), "bytes changed after Close returned (%d more landed)", landedLater)
+
+	err = f.ep.Post(ws[:1], func(error) { t.Error("done after a refused Post") })
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, rdma.ErrEndpointBroken), "%v", err)
+}
+
+// TestCloseReportsUndrainedWrites stalls the receiver (a done callback of
+// its own blocks its progress goroutine), so that the sender's drain cannot
+// complete: Close must still return within CloseDrain, fail the batch and
+// say that writes may still land, which they then may.
+func TestCloseReportsUndrainedWrites(t *testing.T) {
+	eachFabric(t, func(t *testing.T) {
+		const n = 32 << 20
+		f := newFixtureOpts(t, n, Options{CloseDrain: 200 * time.Millisecond})
+		fill(f.src.Bytes, 0xCD)
+
+		// Stall the receiver: it posts a write back whose done blocks.
+		back, err := f.to.Connect(f.from.Address())
+		require.NoError(t, err)
+		brk, err := back.Import(f.sreg.Desc())
+		require.NoError(t, err)
+		stalled, release := make(chan struct{}), make(chan struct{})
+		require.NoError(t, back.Post([]rdma.Write{{Src: f.dst.Addr, Dst: f.src.Addr, Len: 0, Local: f.dreg.Key(), Remote: brk}},
+			func(error) { close(stalled); <-release }))
+		<-stalled
+		released := false
+		defer func() {
+			if !released {
+				close(release)
+			}
+		}()
+
+		done := make(chan error, 1)
+		require.NoError(t, f.ep.Post([]rdma.Write{f.write(0, n)}, func(err error) { done <- err }))
+		start := time.Now()
+		closeErr := f.ep.Close()
+		took := time.Since(start)
+		require.Error(t, closeErr, "the drain cannot complete while the receiver is stalled")
+		assert.True(t, errors.Is(closeErr, rdma.ErrEndpointBroken), "%v", closeErr)
+		assert.Contains(t, closeErr.Error(), "may still land")
+		assert.Less(t, took, 5*time.Second)
+		err = waitErr(t, done)
+		require.Error(t, err)
+		assert.True(t, errors.Is(err, rdma.ErrEndpointBroken), "%v", err)
+
+		closedAt := bytes.Count(f.dst.Bytes, []byte{0xCD})
+		close(release)
+		released = true
+		time.Sleep(200 * time.Millisecond)
+		t.Logf("Close took %v: %v; landed when it returned: %d; after the receiver resumed: %d more",
+			took, closeErr, closedAt, bytes.Count(f.dst.Bytes, []byte{0xCD})-closedAt)
+	})
+}
+
+// TestPeerLoss closes the receiving transport under an open endpoint. Over
+// TCP the error handler (UCP_ERR_HANDLING_MODE_PEER) fails the endpoint.
+// Over shared memory UCX detects a lost peer by its process, which lives on
+// here, so the batch hangs until Close: then the drain times out, the
+// endpoint is forced closed and the batch fails. Either way nothing hangs.
+func TestPeerLoss(t *testing.T) {
+	eachFabric(t, func(t *testing.T) {
+		f := newFixtureOpts(t, 1<<20, Options{CloseDrain: 300 * time.Millisecond})
+		ok := make(chan error, 1)
+		require.NoError(t, f.ep.Post([]rdma.Write{f.write(0, 4096)}, func(err error) { ok <- err }))
+		require.NoError(t, waitErr(t, ok))
+		require.NoError(t, f.to.Close())
+
+		ch := make(chan error, 1)
+		err := f.ep.Post([]rdma.Write{f.write(0, 4096)}, func(err error) { ch <- err })
+		if err == nil {
+			select {
+			case err = <-ch:
+				t.Logf("batch failed by UCX: %v", err)
+			case <-time.After(2 * time.Second):
+				t.Log("UCX did not notice the lost peer; closing the endpoint")
+				closeErr := f.ep.Close()
+				require.Error(t, closeErr, "the drain cannot complete")
+				assert.True(t, errors.Is(closeErr, rdma.ErrEndpointBroken), "%v", closeErr)
+				err = waitErr(t, ch)
+			}
+		}
+		require.Error(t, err, "a write to a closed peer succeeded")
+		assert.True(t, errors.Is(err, rdma.ErrEndpointBroken), "%v", err)
+		_ = f.ep.Close()
+	})
+}
+
+// TestDoneMayCallBack checks that done, which runs on the progress
+// goroutine, can post and close without deadlocking it.
+func TestDoneMayCallBack(t *testing.T) {
+	eachFabric(t, func(t *testing.T) {
+		f := newFixture(t, 1<<16)
+		res := make(chan error, 3)
+		require.NoError(t, f.ep.Post([]rdma.Write{f.write(0, 64)}, func(err error) {
+			if goid() != f.from.loopG {
+				t.Error("done ran outside the progress goroutine")
+			}
+			res <- err
+			res <- f.ep.Post([]rdma.Write{f.write(64, 64)}, func(err error) {
+				res <- f.ep.Close()
+			})
+		}))
+		for range 3 {
+			require.NoError(t, waitErr(t, res))
+		}
+		err := f.ep.Post([]rdma.Write{f.write(0, 8)}, func(error) {})
+		assert.True(t, errors.Is(err, rdma.ErrEndpointBroken), "%v", err)
+	})
+}
+
+// TestCloseFromDone closes the whole transport from a done callback: Close
+// only starts the teardown there, which completes once the callback
+// returned; a second Close from outside waits for it.
+func TestCloseFromDone(t *testing.T) {
+	f := newFixture(t, 1<<16)
+	res := make(chan error, 1)
+	require.NoError(t, f.ep.Post([]rdma.Write{f.write(0, 64)}, func(err error) { res <- f.from.Close() }))
+	require.NoError(t, waitErr(t, res))
+	require.NoError(t, f.from.Close())
+	err := f.ep.Post([]rdma.Write{f.write(0, 8)}, func(error) {})
+	assert.True(t, errors.Is(err, rdma.ErrEndpointBroken), "%v", err)
+	_, err = f.from.Connect(f.to.Address())
+	assert.True(t, errors.Is(err, ErrClosed), "%v", err)
+}
+
+// TestConcurrentPosts posts from several goroutines at once (as the
+// submitter pool does) and checks every byte.
+func TestConcurrentPosts(t *testing.T) {
+	eachFabric(t, func(t *testing.T) {
+		const (
+			posters = 4
+			batches = 50
+			chunk   = 4096
+		)
+		n := posters * batches * chunk
+		f := newFixture(t, n)
+		for i := range f.src.Bytes {
+			f.src.Bytes[i] = byte(i*31 + 7)
+		}
+		var wg sync.WaitGroup
+		var calls atomic.Int64
+		errs := make(chan error, posters*batches)
+		for p := range posters {
+			wg.Go(func() {
+				for i := range batches {
+					off := uint64((p*batches + i) * chunk)
+					ws := []rdma.Write{f.write(off, chunk/2), f.write(off+chunk/2, chunk/2)}
+					if err := f.ep.Post(ws, func(err error) { calls.Add(1); errs <- err }); err != nil {
+						errs <- err
+					}
+				}
+			})
+		}
+		wg.Wait()
+		for range posters * batches {
+			require.NoError(t, waitErr(t, errs))
+		}
+		assert.Equal(t, int64(posters*batches), calls.Load())
+		assert.True(t, bytes.Equal(f.src.Bytes, f.dst.Bytes))
+	})
+}
+
+func TestRegisterRejectsUnmappedMemory(t *testing.T) {
+	tr, err := New(Options{})
+	require.NoError(t, err)
+	defer tr.Close()
+	_, err = tr.Register(0x1000, 64)
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, rdma.ErrInvalidWrite), "%v", err)
+	_, err = tr.Register(0x1000, 0)
+	require.ErrorContains(t, err, "zero length")
+}
+
+// TestDeregisterRefusesLaterWrites checks that writes from a deregistered
+// region are rejected in Go rather than handed to UCX.
+func TestDeregisterRefusesLaterWrites(t *testing.T) {
+	f := newFixture(t, 1<<16)
+	require.NoError(t, f.sreg.Deregister())
+	require.NoError(t, f.sreg.Deregister(), "twice is a no-op")
+	err := f.ep.Post([]rdma.Write{f.write(0, 8)}, func(error) { t.Error("done after a refused Post") })
+	assert.True(t, errors.Is(err, rdma.ErrInvalidWrite), "%v", err)
+}
+
+// TestOptionsConfigOverridesEnvironment checks the pass-through: a bogus
+// transport list from the environment fails New, and Options.Config wins
+// over it.
+func TestOptionsConfigOverridesEnvironment(t *testing.T) {
+	t.Setenv("UCX_TLS", "no_such_transport")
+	_, err := New(Options{})
+	require.Error(t, err, "UCX_TLS from the environment reaches UCX")
+	tr, err := New(Options{Config: map[string]string{"TLS": "tcp"}})
+	require.NoError(t, err)
+	require.NoError(t, tr.Close())
+}
+
+// TestNoWakeup runs batches without UCP_FEATURE_WAKEUP, where the idle
+// loop naps instead of sleeping on the event fd, with pauses that let both
+// loops fall asleep between batches.
+func TestNoWakeup(t *testing.T) {
+	eachFabric(t, func(t *testing.T) {
+		f := newFixtureOpts(t, 1<<16, Options{NoWakeup: true, Spin: -1})
+		fill(f.src.Bytes, 0x5A)
+		for i := range 4 {
+			time.Sleep(5 * time.Millisecond)
+			ch := make(chan error, 1)
+			require.NoError(t, f.ep.Post([]rdma.Write{f.write(uint64(i)*4096, 4096)}, func(err error) { ch <- err }))
+			require.NoError(t, waitErr(t, ch))
+		}
+		assert.True(t, bytes.Equal(f.src.Bytes[:4*4096], f.dst.Bytes[:4*4096]))
+	})
+}
+
+// TestGoFaultsStillPanic guards against UCX's signal handlers (installed
+// when libucs loads, UCX_HANDLE_ERRORS) taking a Go nil dereference away
+// from the Go runtime.
+func TestGoFaultsStillPanic(t *testing.T) {
+	tr, err := New(Options{})
+	require.NoError(t, err)
+	defer tr.Close()
+	var p *fixture
+	assert.Panics(t, func() { _ = p.from })
+}
