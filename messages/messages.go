@@ -248,8 +248,12 @@ type ChunkDone struct {
 type AddChunk struct {
 	Chunk    Chunk
 	PerLayer bool
-	Props    *actor.Props
-	Reply    chan<- Added
+	// Owned and Dests summarize the plan (pages this rank sends per buffer
+	// and destination, and real destinations): with PerLayer they are all a
+	// chunk's core needs, which lets a trace rebuild it.
+	Owned, Dests int
+	Props        *actor.Props
+	Reply        chan<- Added
 }
 
 // Added answers AddChunk.

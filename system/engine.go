@@ -304,7 +304,8 @@ func (e *Engine) Register(ctx context.Context, spec ChunkSpec) (Registration, er
 	job := actors.NewJob(plan)
 	reply := make(chan messages.Added, 1)
 	e.system.Root.Send(e.manager, &messages.AddChunk{
-		Chunk: plan.Chunk, PerLayer: plan.Mode == cp.PerLayer, Props: actors.ChunkProps(e.env, job), Reply: reply,
+		Chunk: plan.Chunk, PerLayer: plan.Mode == cp.PerLayer, Owned: plan.Owned, Dests: len(plan.Dests),
+		Props: actors.ChunkProps(e.env, job), Reply: reply,
 	})
 	select {
 	case a := <-reply:

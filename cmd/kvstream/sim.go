@@ -13,6 +13,8 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cp"
 	"github.com/kvstream/kvstream/internal/workload"
+	"github.com/kvstream/kvstream/system"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
@@ -21,6 +23,7 @@ import (
 )
 
 type simFlags struct {
+	metrics                  *metricsFlags
 	model, cpRule            string
 	cfg                      workload.Config
 	jsonOut, verbose, noProg bool
@@ -68,6 +71,7 @@ Models: ` + presetHelp(),
 	fl.StringVar(&f.plotOut, "plot", "", "write a PNG timeline of forward vs transfer for both modes")
 	fl.BoolVar(&f.verbose, "verbose", false, "log the engine at DEBUG")
 	fl.BoolVar(&f.noProg, "no-progress", false, "no progress bar")
+	f.metrics = addMetricsFlags(cmd)
 	return cmd
 }
 
@@ -116,6 +120,21 @@ func runSim(cmd *cobra.Command, f *simFlags) error {
 			_ = bar.Set(done)
 		}
 	}
+	reg, stopMetrics, err := f.metrics.start()
+	defer stopMetrics()
+	if err != nil {
+		return err
+	}
+	if reg != nil {
+		// One registry, the two runs told apart by a label.
+		cfg.PerMode = func(perLayer bool) []system.Option {
+			run := "monolithic"
+			if perLayer {
+				run = "per_layer"
+			}
+			return []system.Option{system.WithMetrics(prometheus.WrapRegistererWith(prometheus.Labels{"run": run}, reg))}
+		}
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	rep, err := workload.Run(ctx, cfg, log)
@@ -134,6 +153,7 @@ func runSim(cmd *cobra.Command, f *simFlags) error {
 		}
 	} else {
 		rep.Text(out)
+		printKeyMetrics(out, reg)
 	}
 	if f.traceOut != "" {
 		if err := writeFile(f.traceOut, rep.WriteTrace); err != nil {

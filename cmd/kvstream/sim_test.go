@@ -4,11 +4,17 @@ import (
 	"bytes"
 	"encoding/json"
 	"image/png"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/kvstream/kvstream/system"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -123,4 +129,56 @@ func TestHelpListsSim(t *testing.T) {
 	out, err := run(t, "--help")
 	require.NoError(t, err)
 	assert.Contains(t, out, "sim")
+}
+
+// syncBuffer is a bytes.Buffer safe for the command's writer and a reader.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+// TestSimServesMetrics scrapes /metrics from a running sim and finds the
+// documented names, labelled by run.
+func TestSimServesMetrics(t *testing.T) {
+	root := newRoot()
+	var out syncBuffer
+	root.SetOut(&out)
+	root.SetErr(&out)
+	root.SetArgs(append(quick, "--metrics-addr", "127.0.0.1:0", "--metrics-linger", "3s"))
+	done := make(chan error, 1)
+	go func() { done <- root.Execute() }()
+
+	addr := regexp.MustCompile(`serving metrics at (http://[^ ]+/metrics)`)
+	var url string
+	require.Eventually(t, func() bool {
+		m := addr.FindStringSubmatch(out.String())
+		if m != nil {
+			url = m[1]
+		}
+		return m != nil
+	}, 10*time.Second, 10*time.Millisecond)
+	// Scrape once the sim finished (during the linger): every figure is in.
+	require.Eventually(t, func() bool { return strings.Contains(out.String(), "bytes_equal: true") }, 60*time.Second, 50*time.Millisecond)
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	for _, name := range []string{
+		system.MetricPostedBytes, system.MetricBatches, system.MetricEventWait, system.MetricBatchSeconds,
+		system.MetricFinishSeconds, system.MetricExposedTransfer, system.MetricRegistrations, system.MetricChunks,
+	} {
+		assert.Contains(t, string(body), name, "scrape lacks %s", name)
+	}
+	assert.Contains(t, string(body), `run="per_layer"`)
+	assert.Contains(t, string(body), `run="monolithic"`)
+	assert.Contains(t, out.String(), "metrics: batches")
+	require.NoError(t, <-done)
 }

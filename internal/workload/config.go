@@ -15,6 +15,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cp"
+	"github.com/kvstream/kvstream/system"
 )
 
 // Preset is a model's KV geometry and a compute model.
@@ -85,6 +86,11 @@ type Config struct {
 	Timeline bool
 	// Progress, if set, is told about finished forwards.
 	Progress func(done, total int)
+	// EngineOptions are added to both engines (metrics, traces).
+	EngineOptions []system.Option
+	// PerMode, if set, returns options for the engine of one mode (for
+	// example a registry labelled with the run).
+	PerMode func(perLayer bool) []system.Option
 }
 
 // Defaults is a run that finishes in seconds on 2 cores.

@@ -199,7 +199,7 @@ func runMode(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool
 	eng, err := system.New(system.Config{
 		Buffers: pool.EngineBuffers(), HookLayers: g.hookLayers, GroupSize: cfg.GroupSize, PageSize: cfg.PageSize,
 		CP: cfg.CP, Submitters: cfg.Submitters, FinishTimeout: cfg.FinishTimeout, DisablePerLayer: !perLayer,
-	}, system.WithStream(stream), system.WithTransport(pre), system.WithObserver(col), system.WithLogger(log))
+	}, engineOptions(cfg, perLayer, system.WithStream(stream), system.WithTransport(pre), system.WithObserver(col), system.WithLogger(log))...)
 	if err != nil {
 		return nil, err
 	}
@@ -311,4 +311,12 @@ func verify(cfg Config, g geometry, p *plan, pool *testbed.Pool, decode *testbed
 		}
 	}
 	return ""
+}
+
+func engineOptions(cfg Config, perLayer bool, base ...system.Option) []system.Option {
+	opts := append(base, cfg.EngineOptions...)
+	if cfg.PerMode != nil {
+		opts = append(opts, cfg.PerMode(perLayer)...)
+	}
+	return opts
 }
