@@ -23,19 +23,31 @@ type Block struct {
 	Bytes []byte
 }
 
+const pageSize = 4096
+
 var (
 	mu     sync.RWMutex
 	blocks []*Block // sorted by Addr
 )
 
-// Alloc maps n zeroed bytes. n must be positive.
+// Alloc maps n zeroed bytes. n must be positive. The pages are populated at
+// once (MAP_POPULATE), as registering memory for RDMA pins them anyway:
+// first-touch page faults would otherwise land in the middle of transfers
+// (and in a VM they are expensive).
 func Alloc(n int) (*Block, error) {
 	if n <= 0 {
 		return nil, errors.Newf("hostmem: allocation of %d bytes: must be positive", n)
 	}
-	mem, err := syscall.Mmap(-1, 0, n, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+	mem, err := syscall.Mmap(-1, 0, n, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE|syscall.MAP_POPULATE)
 	if err != nil {
 		return nil, errors.Wrapf(err, "hostmem: mmap %d bytes", n)
+	}
+	// Touch every page: MAP_POPULATE asks the guest kernel, but under a
+	// hypervisor that backs guest memory lazily the first write to each page
+	// still traps (measured here: memcpy into fresh pages at 0.6 GB/s, 16+
+	// GB/s once touched). Registered memory is resident on a real NIC too.
+	for i := 0; i < len(mem); i += pageSize {
+		mem[i] = 0
 	}
 	b := &Block{Addr: uint64(uintptr(unsafe.Pointer(&mem[0]))), Bytes: mem}
 	mu.Lock()

@@ -30,6 +30,9 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (*Report, error) {
 	}
 	plan := newPlan(cfg, g)
 	rep := newReport(cfg, g, plan)
+	// Warm the modeled link's staging buffers for the largest batch (a whole
+	// chunk, monolithic) before anything is timed.
+	loopback.Prewarm(uint64(g.itemLen)*uint64(cfg.ChunkTokens/cfg.PageSize+1)*uint64(g.buffers), 2*cfg.Submitters)
 	total := 2 * len(plan.forwards)
 	done := 0
 	for _, perLayer := range []bool{true, false} {
@@ -164,7 +167,7 @@ func (c *collector) kernel(name string) (sim.Span, bool) {
 func runMode(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool, log *zap.Logger, progress func()) (*ModeReport, error) {
 	col := &collector{kernels: map[string]sim.Span{}}
 	fab := loopback.NewFabric(loopback.Options{
-		Bandwidth: cfg.LinkGbps * 1e9 / 8, Latency: cfg.LinkLatency, TimeScale: cfg.TimeScale, ByteScale: g.byteScale,
+		Bandwidth: cfg.LinkGbps * 1e9 / 8, Latency: cfg.LinkLatency, TimeScale: cfg.TimeScale, ByteScale: g.byteScale, Precise: true,
 	})
 	pre, err := fab.NewTransport("prefill")
 	if err != nil {
@@ -185,15 +188,13 @@ func runMode(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool
 		return nil, errors.Wrapf(err, "prefill pool of %d MiB", len(geom.Layers)*g.itemLen*p.pool>>20)
 	}
 	defer pool.Free()
-	for i := range pool.Block.Bytes {
-		pool.Block.Bytes[i] = 0xEE // stale KV: a read before the write would copy this
-	}
+	fill(pool.Block.Bytes, 0xEE) // stale KV: a read before the write would copy this
 	decode, err := testbed.NewDecode(dec, geom)
 	if err != nil {
 		return nil, err
 	}
 	defer decode.Free()
-	gpu := sim.New(sim.Options{TimeScale: cfg.TimeScale, OnSpan: col.span})
+	gpu := sim.New(sim.Options{TimeScale: cfg.TimeScale, OnSpan: col.span, Precise: true})
 	defer gpu.Close()
 	stream := gpu.NewStream("compute")
 	eng, err := system.New(system.Config{
@@ -319,4 +320,16 @@ func engineOptions(cfg Config, perLayer bool, base ...system.Option) []system.Op
 		opts = append(opts, cfg.PerMode(perLayer)...)
 	}
 	return opts
+}
+
+// fill sets every byte of b to v, by doubling copies (a byte loop over a
+// few hundred MB takes seconds).
+func fill(b []byte, v byte) {
+	if len(b) == 0 {
+		return
+	}
+	b[0] = v
+	for n := 1; n < len(b); n *= 2 {
+		copy(b[n:], b[:n])
+	}
 }

@@ -22,6 +22,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/hw/cuda"
+	"github.com/kvstream/kvstream/hw/internal/clock"
 )
 
 // Options configure a virtual GPU.
@@ -33,6 +34,10 @@ type Options struct {
 	OnSpan func(Span)
 	// Faults, if set, decides per recorded event whether it misbehaves.
 	Faults func(EventInfo) Fault
+	// Precise ends kernels at their modeled instant to within microseconds
+	// (by yielding the last stretch instead of trusting the timer), at the
+	// cost of some busy CPU. Benchmarks want it; tests need not.
+	Precise bool
 }
 
 // Span is one executed kernel: [Start, End) on the modeled timeline (as
@@ -241,12 +246,14 @@ func (s *Stream) loop() {
 				start = o.launched
 			}
 			end := start.Add(time.Duration(float64(o.kernel.Duration) / scale))
-			if d := time.Until(end); d > 0 {
-				time.Sleep(d)
-			}
+			// The kernel's work happens inside its modeled interval; its end
+			// (and the events after it) come at the modeled instant, or
+			// later if the work itself took longer.
+			clock.SleepUntil(start, s.gpu.opts.Precise)
 			if o.kernel.Run != nil {
 				o.kernel.Run()
 			}
+			clock.SleepUntil(end, s.gpu.opts.Precise)
 			busyUntil = end
 			if f := s.gpu.opts.OnSpan; f != nil {
 				f(Span{Stream: s.name, Name: o.kernel.Name, Start: start, End: end, Ran: time.Now()})

@@ -1,0 +1,35 @@
+// Package clock sleeps until an instant with the precision a model needs.
+// Go's timers can wake a millisecond late on a virtual machine (measured
+// here: a 200 µs sleep returns ~1 ms late), which would add a millisecond
+// of fake latency to every modeled kernel and transfer.
+package clock
+
+import (
+	"runtime"
+	"time"
+)
+
+// Slack is how long before the deadline SleepUntil stops trusting the
+// timer and yields in a loop instead.
+const Slack = 1500 * time.Microsecond
+
+// SleepUntil returns at deadline (or at once if it passed). With precise
+// set it sleeps until Slack before the deadline, then yields the processor
+// until the deadline: accurate to a few microseconds, at the cost of up to
+// Slack of busy CPU per call. Without, it is time.Sleep.
+func SleepUntil(deadline time.Time, precise bool) {
+	d := time.Until(deadline)
+	if d <= 0 {
+		return
+	}
+	if !precise {
+		time.Sleep(d)
+		return
+	}
+	if d > Slack {
+		time.Sleep(d - Slack)
+	}
+	for time.Now().Before(deadline) {
+		runtime.Gosched()
+	}
+}

@@ -1,0 +1,16 @@
+// Package trace records what the engine's actors handle and reads it back.
+//
+// A trace is JSON lines: a versioned header (engine version, configuration,
+// the pool layout), then one record per message an engine actor handled:
+// sequence number, monotonic time, actor kind and id, message type and
+// fields, and the effects the actor's functional core returned for it.
+// Recording is a protoactor receiver middleware (plus explicit hooks for
+// ReenterAfter continuations and façade calls, which middleware does not
+// see) writing into a bounded in-memory ring, so a long run cannot fill a
+// disk; the ring is written out on demand and when the engine closes. When
+// tracing is off the middleware is not installed at all: no cost.
+//
+// Replaying a trace (package trace/replay) feeds its external inputs to
+// fresh functional cores and checks that every internal message and every
+// effect matches the recording.
+package trace
