@@ -6,6 +6,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/kvstream/kvstream/messages"
+	"github.com/kvstream/kvstream/trace"
 	"go.uber.org/zap"
 )
 
@@ -13,18 +14,26 @@ import (
 func ChunkProps(env *Env, job *Job) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor {
 		return &chunkActor{env: env, job: job, core: NewChunkCore(env.Layout, job.Plan)}
-	}, actor.WithDispatcher(env.Dispatcher), actor.WithMailbox(actor.UnboundedLockfree()))
+	}, env.props(actor.WithDispatcher(env.Dispatcher), actor.WithMailbox(actor.UnboundedLockfree()))...)
 }
 
 type chunkActor struct {
 	env        *Env
 	job        *Job
 	core       *ChunkCore
+	last       []Effect
 	timer      *time.Timer
 	stopCancel func() bool // stops watching the Finish caller's context
 }
 
+// TraceIdentity implements trace.Traced.
+func (a *chunkActor) TraceIdentity() (string, string) { return trace.Chunk, trace.ChunkID(a.job.ID()) }
+
+// TraceEffects implements trace.Traced.
+func (a *chunkActor) TraceEffects() []any { return anys(a.last) }
+
 func (a *chunkActor) Receive(ctx actor.Context) {
+	a.last = nil
 	switch ctx.Message().(type) {
 	case *actor.Started, *actor.Stopping, *actor.Restarting:
 		return
@@ -37,7 +46,8 @@ func (a *chunkActor) Receive(ctx actor.Context) {
 			a.stopCancel = context.AfterFunc(m.Ctx, func() { root.Send(self, &messages.Cancel{Reason: m.Ctx.Err()}) })
 		}
 	}
-	for _, e := range a.core.Step(ctx.Message()) {
+	a.last = a.core.Step(ctx.Message())
+	for _, e := range a.last {
 		a.perform(ctx, e)
 	}
 }

@@ -185,7 +185,7 @@ func (c *ChunkCore) forwardEnd(m *messages.ForwardEnd) {
 		return
 	}
 	c.ended = true
-	c.stats.ForwardEnd = m.At
+	c.stats.ForwardEnd = m.At.Round(0)
 	c.sendRest(m.Event, m.Err, "end-of-forward")
 }
 
@@ -264,16 +264,18 @@ func (c *ChunkCore) submitted(m *messages.Submitted) {
 	c.stats.Bytes += m.Bytes
 	c.stats.Blocks += m.Blocks
 	c.stats.Batches++
-	c.stats.EventWait += m.WaitEnd.Sub(m.WaitStart)
-	if c.stats.FirstPost.IsZero() || m.PostedAt.Before(c.stats.FirstPost) {
-		c.stats.FirstPost = m.PostedAt
+	// Wall-clock readings only (Round(0) drops the monotonic one): a
+	// replayed trace carries wall times, and must decide exactly the same.
+	c.stats.EventWait += m.WaitEnd.Round(0).Sub(m.WaitStart.Round(0))
+	if c.stats.FirstPost.IsZero() || m.PostedAt.Round(0).Before(c.stats.FirstPost) {
+		c.stats.FirstPost = m.PostedAt.Round(0)
 	}
 }
 
 func (c *ChunkCore) batchDone(m *messages.BatchDone) {
 	c.completed++
-	if m.At.After(c.stats.LastDone) {
-		c.stats.LastDone = m.At
+	if m.At.Round(0).After(c.stats.LastDone) {
+		c.stats.LastDone = m.At.Round(0)
 	}
 	if m.Err != nil {
 		c.fail(errors.Wrapf(m.Err, "room %d chunk %d %s: batch failed", c.id.Room, c.id.Start, part(m.Seq, m.Dest)))

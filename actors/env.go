@@ -5,6 +5,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/kvstream/kvstream/hw/rdma"
+	"github.com/kvstream/kvstream/trace"
 	"go.uber.org/zap"
 )
 
@@ -21,6 +22,9 @@ type Env struct {
 	Dispatcher *Dispatcher
 	// Observer sees batches and chunks (Observers{} when nobody listens).
 	Observer Observer
+	// Trace, if set, records what the actors handle (see package trace);
+	// nil when tracing is off, and then nothing is installed.
+	Trace *trace.Recorder
 
 	Forward    *actor.PID
 	Manager    *actor.PID
@@ -33,3 +37,19 @@ type Env struct {
 }
 
 func (e *Env) send(to *actor.PID, msg any) { e.System.Root.Send(to, msg) }
+
+// props adds the trace middleware when tracing is on.
+func (e *Env) props(opts ...actor.PropsOption) []actor.PropsOption {
+	if e != nil && e.Trace != nil {
+		opts = append(opts, actor.WithReceiverMiddleware(trace.Middleware(e.Trace)))
+	}
+	return opts
+}
+
+func anys(effs []Effect) []any {
+	out := make([]any, len(effs))
+	for i, e := range effs {
+		out[i] = e
+	}
+	return out
+}

@@ -1,26 +1,37 @@
 package actors
 
 import (
+	"strconv"
+
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/kvstream/kvstream/messages"
+	"github.com/kvstream/kvstream/trace"
 )
 
 // ForwardProps returns the forward actor's props. It runs on a synchronized
 // dispatcher: a message sent from the forward loop is handled on the forward
 // loop's goroutine, with no hand-off, unless another sender is inside the
 // mailbox at that moment (then that sender's goroutine handles it).
-func ForwardProps() *actor.Props {
+func ForwardProps(env *Env) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor {
 		return &forwardActor{core: NewForwardCore()}
-	}, actor.WithDispatcher(actor.NewSynchronizedDispatcher(300)))
+	}, env.props(actor.WithDispatcher(actor.NewSynchronizedDispatcher(300)))...)
 }
 
 type forwardActor struct {
 	core *ForwardCore
+	last []Effect
 }
 
+// TraceIdentity implements trace.Traced.
+func (a *forwardActor) TraceIdentity() (string, string) { return trace.Forward, "forward" }
+
+// TraceEffects implements trace.Traced.
+func (a *forwardActor) TraceEffects() []any { return anys(a.last) }
+
 func (a *forwardActor) Receive(ctx actor.Context) {
-	for _, e := range a.core.Step(ctx.Message()) {
+	a.last = a.core.Step(ctx.Message())
+	for _, e := range a.last {
 		switch e := e.(type) {
 		case FanOut:
 			for _, t := range e.To {
@@ -36,17 +47,25 @@ func (a *forwardActor) Receive(ctx actor.Context) {
 func ManagerProps(env *Env) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor {
 		return &managerActor{env: env, core: NewManagerCore(), rooms: map[uint64]*actor.PID{}}
-	})
+	}, env.props()...)
 }
 
 type managerActor struct {
 	env   *Env
 	core  *ManagerCore
 	rooms map[uint64]*actor.PID
+	last  []Effect
 }
 
+// TraceIdentity implements trace.Traced.
+func (a *managerActor) TraceIdentity() (string, string) { return trace.Manager, "manager" }
+
+// TraceEffects implements trace.Traced.
+func (a *managerActor) TraceEffects() []any { return anys(a.last) }
+
 func (a *managerActor) Receive(ctx actor.Context) {
-	for _, e := range a.core.Step(ctx.Message()) {
+	a.last = a.core.Step(ctx.Message())
+	for _, e := range a.last {
 		switch e := e.(type) {
 		case SpawnRoom:
 			a.rooms[e.Room] = ctx.Spawn(roomProps(a.env, e.Room))
@@ -66,7 +85,7 @@ func (a *managerActor) Receive(ctx actor.Context) {
 func roomProps(env *Env, room uint64) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor {
 		return &roomActor{env: env, core: NewRoomCore(room), room: room, pids: map[messages.Chunk]*actor.PID{}}
-	})
+	}, env.props()...)
 }
 
 type roomActor struct {
@@ -74,10 +93,20 @@ type roomActor struct {
 	core *RoomCore
 	room uint64
 	pids map[messages.Chunk]*actor.PID
+	last []Effect
 }
 
+// TraceIdentity implements trace.Traced.
+func (a *roomActor) TraceIdentity() (string, string) {
+	return trace.Room, strconv.FormatUint(a.room, 10)
+}
+
+// TraceEffects implements trace.Traced.
+func (a *roomActor) TraceEffects() []any { return anys(a.last) }
+
 func (a *roomActor) Receive(ctx actor.Context) {
-	for _, e := range a.core.Step(ctx.Message()) {
+	a.last = a.core.Step(ctx.Message())
+	for _, e := range a.last {
 		switch e := e.(type) {
 		case SpawnChunk:
 			c := e.Add.Chunk

@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/kvstream/kvstream/hw/cuda"
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/messages"
+	"github.com/kvstream/kvstream/trace"
 	"go.uber.org/zap"
 )
 
@@ -78,7 +80,7 @@ func SpawnSubmitters(env *Env, cfg PoolConfig) (routerPID, supervisor *actor.PID
 			for i := range pids {
 				pids[i] = ctx.SpawnPrefix(actor.PropsFromProducer(func() actor.Actor {
 					return &submitter{env: env, index: i, conns: map[string]*conn{}}
-				}), "submitter")
+				}, env.props()...), "submitter")
 			}
 			ready <- pids
 		}
@@ -143,6 +145,13 @@ func (c *conn) completed() {
 	}
 }
 
+// TraceIdentity implements trace.Traced.
+func (s *submitter) TraceIdentity() (string, string) { return trace.Submitter, strconv.Itoa(s.index) }
+
+// TraceEffects implements trace.Traced: a Work only starts a wait; what it
+// leads to is recorded with the continuation.
+func (s *submitter) TraceEffects() []any { return nil }
+
 func (s *submitter) Receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
 	case *actor.Restarting:
@@ -184,6 +193,10 @@ func (s *submitter) start(ctx actor.Context, w *messages.Work) {
 		wt, _ := res.(waited)
 		out, failure := cur.work(w, wt)
 		cur.env.Queued.Add(-1)
+		if rec := cur.env.Trace; rec != nil { // middleware does not see continuations
+			rec.Add(trace.Submitter, strconv.Itoa(cur.index), "", &trace.Waited{Chunk: trace.ChunkID(w.Chunk), Seq: w.Seq, Dest: w.Dest, Err: errText(wt.err)},
+				trace.Effects([]any{out}))
+		}
 		// Answer before panicking: a message that panics is lost on restart,
 		// and the chunk must hear about its work.
 		ctx.Send(w.ReplyTo, out)
@@ -191,6 +204,13 @@ func (s *submitter) start(ctx actor.Context, w *messages.Work) {
 			panic(failure)
 		}
 	})
+}
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }
 
 func (s *submitter) disconnect(peer string) {

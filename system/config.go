@@ -135,6 +135,14 @@ func (c Config) withDefaults(getenv func(string) string) (Config, error) {
 	return c, nil
 }
 
+// getenv returns the environment lookup a Config uses.
+func (c Config) getenv(f func(string) string) func(string) string {
+	if f == nil {
+		return os.Getenv
+	}
+	return f
+}
+
 func envInt(getenv func(string) string, name string, def int) (int, error) {
 	v := strings.TrimSpace(getenv(name))
 	if v == "" {

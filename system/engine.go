@@ -3,6 +3,7 @@ package system
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"sync"
@@ -18,6 +19,7 @@ import (
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
 	"github.com/kvstream/kvstream/messages"
+	"github.com/kvstream/kvstream/trace"
 	"go.uber.org/zap"
 	"go.uber.org/zap/exp/zapslog"
 	"go.uber.org/zap/zapcore"
@@ -58,6 +60,8 @@ const (
 type Option func(*options)
 
 type options struct {
+	traceTo   io.Writer
+	traceCap  int
 	observers observers
 	// started run at the end of New, with the engine (gauges, watchers).
 	started   []func(*Engine)
@@ -119,6 +123,10 @@ type Engine struct {
 	obs      observers
 	restarts *actors.RestartWindow
 
+	trace     *trace.Recorder
+	traceTo   io.Writer
+	traceFile *os.File
+
 	closeMu   sync.RWMutex // held for reading by calls, for writing by Close
 	closed    bool
 	unhealthy atomic.Pointer[error]
@@ -139,6 +147,9 @@ func New(cfg Config, opts ...Option) (*Engine, error) {
 	}
 	e := &Engine{cfg: cfg, log: o.log, stream: o.stream,
 		restarts: &actors.RestartWindow{Max: cfg.MaxRestarts, Window: cfg.RestartWindow}}
+	if err := e.startTrace(&o, cfg.getenv(o.getenv)); err != nil {
+		return nil, err
+	}
 	if e.stream == nil {
 		e.ownGPU = sim.New(sim.Options{})
 		e.stream = e.ownGPU.NewStream("compute")
@@ -179,11 +190,11 @@ func New(cfg Config, opts ...Option) (*Engine, error) {
 		actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return protoactorLogger(e.log) }),
 		actor.WithDeadLetterThrottleInterval(100*time.Millisecond),
 	)
-	e.env = &actors.Env{System: e.system, Log: e.log, Layout: e.layout, Peers: actors.NewPeers(), Transport: tr,
+	e.env = &actors.Env{System: e.system, Log: e.log, Layout: e.layout, Peers: actors.NewPeers(), Transport: tr, Trace: e.trace,
 		Registry: actors.NewRegistry(), Dispatcher: actors.NewDispatcher(0), Observer: o.observers}
 	e.obs = o.observers
 	root := e.system.Root
-	if e.forward, err = root.SpawnNamed(actors.ForwardProps(), "forward"); err == nil {
+	if e.forward, err = root.SpawnNamed(actors.ForwardProps(e.env), "forward"); err == nil {
 		e.env.Forward = e.forward
 		e.submitters, e.pool, err = actors.SpawnSubmitters(e.env, actors.PoolConfig{
 			Submitters: cfg.Submitters, Restarts: e.restarts, OnDeviceLost: e.markUnhealthy,
@@ -269,10 +280,12 @@ func (e *Engine) AddPeer(p Peer) error {
 	if e.closed {
 		return closedError("AddPeer")
 	}
-	if err := actors.ValidatePeer(e.layout, p); err != nil {
-		return err
+	err := actors.ValidatePeer(e.layout, p)
+	if err == nil {
+		err = e.env.Peers.Add(&p)
 	}
-	return e.env.Peers.Add(&p)
+	e.traceAddPeer(&p, err)
+	return err
 }
 
 // Register registers the chunk that the next forward writes, before that
@@ -280,9 +293,10 @@ func (e *Engine) AddPeer(p Peer) error {
 // registering an active chunk again changes nothing and is cheap. It returns the mode the
 // room uses: per-layer when it has exactly one non-dummy destination and
 // per-layer is on, else monolithic.
-func (e *Engine) Register(ctx context.Context, spec ChunkSpec) (Registration, error) {
+func (e *Engine) Register(ctx context.Context, spec ChunkSpec) (reg Registration, err error) {
 	e.closeMu.RLock()
 	defer e.closeMu.RUnlock()
+	defer func() { e.traceRegister(&spec, reg, err) }()
 	if e.closed {
 		e.obs.Refused("closed")
 		return Registration{}, closedError("Register")
@@ -420,8 +434,9 @@ func (e *Engine) Close() error {
 		_ = e.drop(context.Background(), room)
 	}
 	e.stopActors()
+	err := e.closeTrace() // the actors stopped: the trace is complete
 	e.release()
-	return nil
+	return err
 }
 
 func (e *Engine) stopActors() {
@@ -436,6 +451,10 @@ func (e *Engine) stopActors() {
 }
 
 func (e *Engine) release() {
+	if e.traceFile != nil { // New failed after opening KVSTREAM_TRACE
+		_ = e.traceFile.Close()
+		e.traceFile = nil
+	}
 	for _, r := range e.regions {
 		_ = r.Deregister()
 	}

@@ -1,7 +1,10 @@
 package system
 
 import (
+	"bytes"
 	"context"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -10,6 +13,7 @@ import (
 	"github.com/kvstream/kvstream/hw/hostmem"
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
+	"github.com/kvstream/kvstream/trace"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -201,4 +205,40 @@ func TestConfigDefaultsAndEnvironment(t *testing.T) {
 	_, err = New(Config{HookLayers: 2, PageSize: 4, Buffers: []Buffer{{Name: "KV0", Base: 1, ItemLen: 0, Pages: 4}}}, WithLogger(zap.NewNop()))
 	require.Error(t, err)
 	assert.ErrorContains(t, err, "buffer 0 (KV0): item length 0")
+}
+
+// KVSTREAM_TRACE=path turns recording on without a code change: the trace
+// is written when the engine closes, and DumpTrace works meanwhile.
+func TestTraceFromEnvironment(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "trace.jsonl")
+	e := newEngine(t, map[string]string{EnvTrace: path})
+	_, err := e.Register(context.Background(), goodSpec())
+	require.NoError(t, err)
+	var now bytes.Buffer
+	require.NoError(t, e.DumpTrace(&now))
+	assert.Contains(t, now.String(), `"type":"RegisterCall"`)
+	require.NoError(t, e.Close())
+	raw, err := os.ReadFile(path)
+	require.NoError(t, err)
+	tr, err := trace.Read(bytes.NewReader(raw))
+	require.NoError(t, err)
+	assert.Equal(t, 3, tr.Header.Config.HookLayers)
+	var types []string
+	for _, r := range tr.Records {
+		types = append(types, r.Actor+"/"+r.Type)
+	}
+	assert.Contains(t, types, "engine/AddPeerCall")
+	assert.Contains(t, types, "manager/AddChunk")
+	assert.Contains(t, types, "chunk/Drop", "Close dropped the room")
+
+	off := newEngine(t, nil)
+	require.ErrorContains(t, off.DumpTrace(&now), "tracing is off")
+	_, err = New(Config{HookLayers: 1, PageSize: 1, Buffers: MLABuffers([]uint64{1}, 8, 1)},
+		WithGetenv(func(k string) string {
+			if k == EnvTrace {
+				return "/nonexistent/dir/trace"
+			}
+			return ""
+		}), WithLogger(zap.NewNop()))
+	require.ErrorContains(t, err, `KVSTREAM_TRACE="/nonexistent/dir/trace"`)
 }

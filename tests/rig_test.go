@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"sync"
 	"testing"
 	"time"
@@ -48,6 +49,7 @@ type rigOpts struct {
 	netFaults func(loopback.BatchInfo) loopback.Fault
 	link      loopback.Options
 	log       *zap.Logger
+	trace     io.Writer // record a message trace, written when the engine closes
 }
 
 func newRig(t *testing.T, o rigOpts) *rig {
@@ -95,8 +97,12 @@ func newRig(t *testing.T, o rigOpts) *rig {
 	if o.perLayer != nil && !*o.perLayer {
 		r.cfg.DisablePerLayer = true
 	}
-	r.eng, err = system.New(r.cfg, system.WithStream(r.stream), system.WithTransport(pre), system.WithLogger(log),
-		system.WithGetenv(func(string) string { return "" }))
+	opts := []system.Option{system.WithStream(r.stream), system.WithTransport(pre), system.WithLogger(log),
+		system.WithGetenv(func(string) string { return "" })}
+	if o.trace != nil {
+		opts = append(opts, system.WithTrace(o.trace, 0))
+	}
+	r.eng, err = system.New(r.cfg, opts...)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = r.eng.Close() })
 	for i, d := range r.decodes {

@@ -30,6 +30,7 @@ var (
 	pidType      = reflect.TypeOf((*actor.PID)(nil))
 	propsType    = reflect.TypeOf((*actor.Props)(nil))
 	anyType      = reflect.TypeOf((*any)(nil)).Elem()
+	stringerType = reflect.TypeOf((*fmt.Stringer)(nil)).Elem()
 )
 
 func skipped(t reflect.Type) bool {
@@ -54,6 +55,9 @@ func encodeValue(v reflect.Value) any {
 		return tm.UnixNano()
 	case t == durationType:
 		return v.Int()
+	}
+	if t.Kind() == reflect.Int && t.Implements(stringerType) {
+		return v.Interface().(fmt.Stringer).String() // statuses, modes: readable
 	}
 	switch t.Kind() {
 	case reflect.Interface:

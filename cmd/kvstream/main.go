@@ -25,6 +25,6 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newSim())
+	root.AddCommand(newSim(), newReplay())
 	return root
 }

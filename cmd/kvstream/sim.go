@@ -23,12 +23,12 @@ import (
 )
 
 type simFlags struct {
-	metrics                  *metricsFlags
-	model, cpRule            string
-	cfg                      workload.Config
-	jsonOut, verbose, noProg bool
-	traceOut, plotOut        string
-	linkLatencyUs            float64
+	metrics                   *metricsFlags
+	model, cpRule             string
+	cfg                       workload.Config
+	jsonOut, verbose, noProg  bool
+	traceOut, plotOut, record string
+	linkLatencyUs             float64
 }
 
 func newSim() *cobra.Command {
@@ -69,6 +69,7 @@ Models: ` + presetHelp(),
 	fl.BoolVar(&f.jsonOut, "json", false, "print the report as one JSON object")
 	fl.StringVar(&f.traceOut, "trace-out", "", "write a Chrome/Perfetto trace-event JSON of both runs")
 	fl.StringVar(&f.plotOut, "plot", "", "write a PNG timeline of forward vs transfer for both modes")
+	fl.StringVar(&f.record, "record", "", "write the per-layer run's message trace (replay it with kvstream replay)")
 	fl.BoolVar(&f.verbose, "verbose", false, "log the engine at DEBUG")
 	fl.BoolVar(&f.noProg, "no-progress", false, "no progress bar")
 	f.metrics = addMetricsFlags(cmd)
@@ -134,6 +135,14 @@ func runSim(cmd *cobra.Command, f *simFlags) error {
 			}
 			return []system.Option{system.WithMetrics(prometheus.WrapRegistererWith(prometheus.Labels{"run": run}, reg))}
 		}
+	}
+	if f.record != "" {
+		fh, err := os.Create(f.record)
+		if err != nil {
+			return errors.Wrap(err, "--record")
+		}
+		defer fh.Close()
+		cfg.Record = fh // written when the per-layer engine closes
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()

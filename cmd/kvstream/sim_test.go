@@ -182,3 +182,32 @@ func TestSimServesMetrics(t *testing.T) {
 	assert.Contains(t, out.String(), "metrics: batches")
 	require.NoError(t, <-done)
 }
+
+// TestSimRecordReplays records a sim run's trace and replays it with no
+// divergence, through `kvstream replay` (cores and engine).
+func TestSimRecordReplays(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "sim.jsonl")
+	out, err := run(t, append(quick, "--record", path)...)
+	require.NoError(t, err, out)
+	out, err = run(t, "replay", "--engine", path)
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "no divergence")
+	assert.Contains(t, out, "chunk statuses: SUCCESS 8")
+	assert.Contains(t, out, "engine replay: same statuses, bytes equal")
+
+	// A trace with one message removed diverges: exit status 1.
+	raw, err := os.ReadFile(path)
+	require.NoError(t, err)
+	lines := strings.Split(string(raw), "\n")
+	for i, l := range lines {
+		if strings.Contains(l, `"type":"Boundary"`) {
+			lines = append(lines[:i], lines[i+1:]...)
+			break
+		}
+	}
+	bad := filepath.Join(t.TempDir(), "bad.jsonl")
+	require.NoError(t, os.WriteFile(bad, []byte(strings.Join(lines, "\n")), 0o644))
+	out, err = run(t, "replay", bad)
+	require.Error(t, err)
+	assert.Contains(t, out, "divergence at record")
+}

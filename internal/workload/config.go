@@ -8,6 +8,7 @@
 package workload
 
 import (
+	"io"
 	"math"
 	"sort"
 	"strings"
@@ -86,6 +87,8 @@ type Config struct {
 	Timeline bool
 	// Progress, if set, is told about finished forwards.
 	Progress func(done, total int)
+	// Record, if set, receives the message trace of the per-layer run.
+	Record io.Writer
 	// EngineOptions are added to both engines (metrics, traces).
 	EngineOptions []system.Option
 	// PerMode, if set, returns options for the engine of one mode (for

@@ -316,6 +316,9 @@ func verify(cfg Config, g geometry, p *plan, pool *testbed.Pool, decode *testbed
 
 func engineOptions(cfg Config, perLayer bool, base ...system.Option) []system.Option {
 	opts := append(base, cfg.EngineOptions...)
+	if perLayer && cfg.Record != nil {
+		opts = append(opts, system.WithTrace(cfg.Record, 0))
+	}
 	if cfg.PerMode != nil {
 		opts = append(opts, cfg.PerMode(perLayer)...)
 	}
