@@ -117,7 +117,7 @@ func (p *Plan) Bytes(l *Layout) uint64 {
 // BuildPlan validates a spec and computes its plan: the exact range, the
 // owned pages and their absolute positions, and the runs toward every real
 // destination. perLayer false forces the monolithic send. It is pure, and on
-// error it names the bad value.
+// error it names the bad value. peers answers whether a peer exists.
 func BuildPlan(l *Layout, peers func(string) (*Peer, bool), s *ChunkSpec, perLayer bool) (*Plan, error) {
 	r, err := cp.ChunkRange(s.Start, s.End, l.PageSize, s.Last)
 	if err != nil {

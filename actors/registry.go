@@ -3,6 +3,8 @@ package actors
 import (
 	"sync"
 
+	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/messages"
 )
 
@@ -95,10 +97,35 @@ func (r *Registry) ended(c messages.Chunk) {
 type Peers struct {
 	mu    sync.RWMutex
 	peers map[string]*Peer
+	lost  map[string]error
 }
 
+// ErrPeerLost marks work for a decode peer the engine was told is gone.
+var ErrPeerLost = errors.New("decode peer lost")
+
 // NewPeers returns an empty table.
-func NewPeers() *Peers { return &Peers{peers: map[string]*Peer{}} }
+func NewPeers() *Peers { return &Peers{peers: map[string]*Peer{}, lost: map[string]error{}} }
+
+// Lose marks a peer gone: work for it fails at once from now on.
+func (p *Peers) Lose(id string, cause error) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.peers[id]; !ok {
+		return badInput("unknown peer %q", id)
+	}
+	if cause == nil {
+		cause = errors.New("no cause given")
+	}
+	p.lost[id] = errors.Mark(errors.Mark(errors.Wrapf(cause, "peer %q lost", id), ErrPeerLost), rdma.ErrEndpointBroken)
+	return nil
+}
+
+// Lost returns why a peer was lost, or nil.
+func (p *Peers) Lost(id string) error {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.lost[id]
+}
 
 // Get returns a peer by id.
 func (p *Peers) Get(id string) (*Peer, bool) {

@@ -245,6 +245,11 @@ func (s *submitter) work(w *messages.Work, wt waited) (res *messages.Submitted, 
 	}
 
 	dest := job.Plan.Dests[w.Dest]
+	if lost := s.env.Peers.Lost(dest.Peer); lost != nil {
+		s.disconnect(dest.Peer)
+		res.Err = lost // nothing to restart for: the peer is gone
+		return res, nil
+	}
 	replyTo, root, obs := w.ReplyTo, s.env.System.Root, s.env.Observer
 	rec := Batch{Chunk: w.Chunk, Seq: w.Seq, Dest: w.Dest, Submitter: s.index, WaitStart: res.WaitStart, WaitEnd: res.WaitEnd}
 	var c *conn

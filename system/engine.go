@@ -288,6 +288,18 @@ func (e *Engine) AddPeer(p Peer) error {
 	return err
 }
 
+// ErrPeerLost marks failures caused by a decode peer reported lost.
+var ErrPeerLost = actors.ErrPeerLost
+
+// PeerLost tells the engine a decode peer is gone (its process died, the
+// control plane lost it): work for it fails at once instead of waiting for
+// transport errors or timeouts, and new registrations to it are refused
+// (ErrPeerLost, also ErrEndpointBroken). Chunks with writes in flight to it
+// still quiesce before they answer.
+func (e *Engine) PeerLost(id string, cause error) error {
+	return e.env.Peers.Lose(id, cause)
+}
+
 // Register registers the chunk that the next forward writes, before that
 // forward begins. It is idempotent per (room, exact chunk range):
 // registering an active chunk again changes nothing and is cheap. It returns the mode the
@@ -308,6 +320,12 @@ func (e *Engine) Register(ctx context.Context, spec ChunkSpec) (reg Registration
 	if err := e.Healthy(); err != nil {
 		e.obs.Refused("unhealthy")
 		return Registration{}, err
+	}
+	for _, in := range spec.Infos {
+		if lost := e.env.Peers.Lost(in.Peer); lost != nil && !in.Dummy {
+			e.obs.Refused("peer_lost")
+			return Registration{}, lost
+		}
 	}
 	plan, err := actors.BuildPlan(e.layout, e.env.Peers.Get, &spec, !e.cfg.DisablePerLayer)
 	if err != nil {

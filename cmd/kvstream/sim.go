@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"golang.org/x/term"
@@ -33,7 +34,6 @@ type simFlags struct {
 
 func newSim() *cobra.Command {
 	f := &simFlags{cfg: workload.Defaults()}
-	d := f.cfg
 	cmd := &cobra.Command{
 		Use:   "sim",
 		Short: "Run a prefill→decode workload per layer and monolithically, check every byte, compare",
@@ -47,6 +47,20 @@ Models: ` + presetHelp(),
 		RunE: func(cmd *cobra.Command, _ []string) error { return runSim(cmd, f) },
 	}
 	fl := cmd.Flags()
+	addWorkloadFlags(fl, f)
+	fl.BoolVar(&f.jsonOut, "json", false, "print the report as one JSON object")
+	fl.StringVar(&f.traceOut, "trace-out", "", "write a Chrome/Perfetto trace-event JSON of both runs")
+	fl.StringVar(&f.plotOut, "plot", "", "write a PNG timeline of forward vs transfer for both modes")
+	fl.StringVar(&f.record, "record", "", "write the per-layer run's message trace (replay it with kvstream replay)")
+	fl.BoolVar(&f.verbose, "verbose", false, "log the engine at DEBUG")
+	fl.BoolVar(&f.noProg, "no-progress", false, "no progress bar")
+	f.metrics = addMetricsFlags(cmd)
+	return cmd
+}
+
+// addWorkloadFlags declares the workload's flags (sim, prefill).
+func addWorkloadFlags(fl *pflag.FlagSet, f *simFlags) {
+	d := workload.Defaults()
 	fl.StringVar(&f.model, "model", d.Preset.Name, "model preset: "+strings.Join(workload.PresetNames(), ", "))
 	fl.IntVar(&f.cfg.Layers, "layers", 0, "hook layers (0: the preset's; dsv3 with 78 gives 78 hooks over 79 buffers)")
 	fl.IntVar(&f.cfg.Requests, "requests", d.Requests, "requests in the batch")
@@ -66,14 +80,6 @@ Models: ` + presetHelp(),
 	fl.Float64Var(&f.cfg.LayerUsPerKTok, "layer-us-per-ktok", 0, "modeled compute per layer per 1000 tokens of a forward, µs (0: the preset's)")
 	fl.DurationVar(&f.cfg.FinishTimeout, "finish-timeout", d.FinishTimeout, "bound of each Finish")
 	fl.Uint64Var(&f.cfg.Seed, "seed", d.Seed, "seed of the page allocation and the KV bytes")
-	fl.BoolVar(&f.jsonOut, "json", false, "print the report as one JSON object")
-	fl.StringVar(&f.traceOut, "trace-out", "", "write a Chrome/Perfetto trace-event JSON of both runs")
-	fl.StringVar(&f.plotOut, "plot", "", "write a PNG timeline of forward vs transfer for both modes")
-	fl.StringVar(&f.record, "record", "", "write the per-layer run's message trace (replay it with kvstream replay)")
-	fl.BoolVar(&f.verbose, "verbose", false, "log the engine at DEBUG")
-	fl.BoolVar(&f.noProg, "no-progress", false, "no progress bar")
-	f.metrics = addMetricsFlags(cmd)
-	return cmd
 }
 
 func presetHelp() string {
@@ -84,20 +90,29 @@ func presetHelp() string {
 	return b.String()
 }
 
-func runSim(cmd *cobra.Command, f *simFlags) error {
+// config turns the flags into a workload configuration, naming a bad value.
+func (f *simFlags) config() (workload.Config, error) {
+	cfg := f.cfg
 	p, ok := workload.Presets[f.model]
 	if !ok {
-		return errors.Newf("--model %q: want one of %s", f.model, strings.Join(workload.PresetNames(), ", "))
+		return cfg, errors.Newf("--model %q: want one of %s", f.model, strings.Join(workload.PresetNames(), ", "))
 	}
-	cfg := f.cfg
 	cfg.Preset = p
 	rule, err := cp.ParseRule(f.cpRule)
 	if err != nil {
-		return errors.Wrap(err, "--cp-rule")
+		return cfg, errors.Wrap(err, "--cp-rule")
 	}
 	cfg.CP.Rule = rule
 	cfg.MemoryBudget <<= 20
 	cfg.LinkLatency = time.Duration(f.linkLatencyUs * float64(time.Microsecond))
+	return cfg, nil
+}
+
+func runSim(cmd *cobra.Command, f *simFlags) error {
+	cfg, err := f.config()
+	if err != nil {
+		return err
+	}
 	cfg.Timeline = f.traceOut != "" || f.plotOut != ""
 
 	level := zap.WarnLevel

@@ -20,7 +20,17 @@ import (
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// cliMainEnv makes the test binary run as the kvstream command, so that
+// tests can start real separate processes (prefill and decode).
+const cliMainEnv = "KVSTREAM_TEST_CLI_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(cliMainEnv) == "1" {
+		main()
+		os.Exit(0)
+	}
+	goleak.VerifyTestMain(m)
+}
 
 func run(t *testing.T, args ...string) (string, error) {
 	t.Helper()

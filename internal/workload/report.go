@@ -82,6 +82,11 @@ type ModeReport struct {
 	Finish      Dist            `json:"finish_ms"`
 	WallSeconds float64         `json:"wall_seconds"`
 	PerRequest  []RequestReport `json:"per_request"`
+	// Failed counts chunks whose Finish failed; FirstError is the first
+	// cause. Aborted says why the run stopped scheduling early.
+	Failed     int    `json:"failed_chunks"`
+	FirstError string `json:"first_error,omitempty"`
+	Aborted    string `json:"aborted,omitempty"`
 
 	mismatch string
 	timeline *Timeline
@@ -101,6 +106,13 @@ type Dist struct {
 	P50 float64 `json:"p50"`
 	P99 float64 `json:"p99"`
 	Max float64 `json:"max"`
+}
+
+func (m *ModeReport) mode() string {
+	if m.PerLayer {
+		return "per-layer"
+	}
+	return "monolithic"
 }
 
 func dist(xs []float64) Dist {

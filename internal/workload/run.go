@@ -1,9 +1,7 @@
 package workload
 
 import (
-	"bytes"
 	"context"
-	"fmt"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -42,9 +40,12 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (*Report, error) {
 				cfg.Progress(done, total)
 			}
 		}
-		mr, err := runMode(ctx, cfg, g, plan, perLayer, log, progress)
+		mr, err := runMode(ctx, cfg, g, plan, perLayer, log, progress, &localPlane{cfg: cfg, g: g, p: plan})
 		if err != nil {
 			return nil, err
+		}
+		if mr.Failed > 0 {
+			return nil, errors.Newf("%s run: %d chunks failed: %s", mr.mode(), mr.Failed, mr.FirstError)
 		}
 		if perLayer {
 			rep.PerLayer = mr
@@ -163,37 +164,25 @@ func (c *collector) kernel(name string) (sim.Span, bool) {
 	return s, ok
 }
 
-// runMode runs the whole schedule on a fresh engine, GPU, fabric and pools.
-func runMode(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool, log *zap.Logger, progress func()) (*ModeReport, error) {
+// runMode runs the whole schedule on a fresh engine, GPU and prefill pool,
+// with the decode side dp provides.
+func runMode(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool, log *zap.Logger, progress func(), dp DataPlane) (*ModeReport, error) {
 	col := &collector{kernels: map[string]sim.Span{}}
-	fab := loopback.NewFabric(loopback.Options{
-		Bandwidth: cfg.LinkGbps * 1e9 / 8, Latency: cfg.LinkLatency, TimeScale: cfg.TimeScale, ByteScale: g.byteScale, Precise: true,
-	})
-	pre, err := fab.NewTransport("prefill")
-	if err != nil {
-		return nil, err
-	}
-	defer pre.Close()
-	dec, err := fab.NewTransport("decode")
-	if err != nil {
-		return nil, err
-	}
-	defer dec.Close()
 	geom := testbed.MLA(g.layers, uint64(g.itemLen), p.pool)
 	if !cfg.Preset.MLA {
 		geom = testbed.KV(g.layers, uint64(g.itemLen), p.pool)
 	}
+	pre, peer, err := dp.Open(geom, cfg.Seed, log)
+	if err != nil {
+		return nil, err
+	}
+	defer dp.Close()
 	pool, err := testbed.NewPool(geom)
 	if err != nil {
 		return nil, errors.Wrapf(err, "prefill pool of %d MiB", len(geom.Layers)*g.itemLen*p.pool>>20)
 	}
 	defer pool.Free()
 	fill(pool.Block.Bytes, 0xEE) // stale KV: a read before the write would copy this
-	decode, err := testbed.NewDecode(dec, geom)
-	if err != nil {
-		return nil, err
-	}
-	defer decode.Free()
 	gpu := sim.New(sim.Options{TimeScale: cfg.TimeScale, OnSpan: col.span, Precise: true})
 	defer gpu.Close()
 	stream := gpu.NewStream("compute")
@@ -205,8 +194,11 @@ func runMode(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool
 		return nil, err
 	}
 	defer eng.Close()
-	if err := eng.AddPeer(decode.Peer("decode")); err != nil {
+	if err := eng.AddPeer(peer); err != nil {
 		return nil, err
+	}
+	if lost, ok := dp.(interface{ OnPeerLost(func(error)) }); ok {
+		lost.OnPeerLost(func(cause error) { eng.PeerLost(peer.ID, cause) })
 	}
 	usPerKTok := cfg.Preset.LayerUsPerKTok
 	if cfg.LayerUsPerKTok > 0 {
@@ -219,43 +211,48 @@ func runMode(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool
 
 	// One transfer worker per room finishes its chunks in send order, as soon
 	// as each chunk's forward ended; the forward loop never waits for it.
-	work := make([]chan messages.ChunkKey, cfg.Requests)
+	mr := &ModeReport{PerLayer: perLayer, Forwards: len(p.forwards)}
+	work := make([]chan piece, cfg.Requests)
 	var wg sync.WaitGroup
-	var failMu sync.Mutex
-	var failed error
 	for r := range work {
-		work[r] = make(chan messages.ChunkKey, len(p.forwards))
+		work[r] = make(chan piece, len(p.forwards))
 		wg.Add(1)
 		go func(r int) {
 			defer wg.Done()
-			for range work[r] {
+			for pc := range work[r] {
 				call := time.Now()
 				res, err := eng.Finish(ctx, uint64(r))
 				ret := time.Now()
 				col.mu.Lock()
 				col.finishes = append(col.finishes, finishRec{room: r, chunk: res.Chunk, call: call, ret: ret, status: res.Status})
-				col.mu.Unlock()
 				if err != nil {
-					failMu.Lock()
-					failed = errors.CombineErrors(failed, err)
-					failMu.Unlock()
+					mr.Failed++
+					if mr.FirstError == "" {
+						mr.FirstError = err.Error()
+					}
 				}
+				col.mu.Unlock()
+				dp.ChunkDone(notice(cfg, g, p, pc, res))
 			}
 		}(r)
 	}
 
-	mr := &ModeReport{PerLayer: perLayer, Forwards: len(p.forwards)}
 	t0 := time.Now()
 	forwardEnds := make([]time.Time, len(p.forwards))
 	lastLayer := g.layers - 1
+forwards:
 	for k, fw := range p.forwards {
 		writes := make([]testbed.Write, 0, len(fw))
 		for _, pc := range fw {
 			spec := system.ChunkSpec{Room: uint64(pc.room), Start: pc.start, End: pc.end, Last: pc.last,
 				SrcPages: p.src[pc.room][pc.rng.PageStart : pc.rng.PageStart+pc.rng.Pages], TotalPages: g.pagesPerRequest,
-				Infos: []system.DecodeInfo{{Peer: "decode", DstPages: p.dst[pc.room]}}}
+				Infos: []system.DecodeInfo{{Peer: peer.ID, DstPages: p.dst[pc.room]}}}
 			if _, err := eng.Register(ctx, spec); err != nil {
-				return nil, errors.Wrapf(err, "forward %d", k+1)
+				// The decode side was lost (or refused): stop scheduling, let
+				// what is registered finish (or fail), and report.
+				mr.Aborted = errors.Wrapf(err, "forward %d", k+1).Error()
+				forwardEnds = forwardEnds[:k]
+				break forwards
 			}
 			writes = append(writes, testbed.Write{Room: uint64(pc.room), PageStart: pc.rng.PageStart, SrcPages: spec.SrcPages, Tokens: pc.end - pc.start})
 		}
@@ -271,7 +268,7 @@ func runMode(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool
 		}
 		forwardEnds[k] = end.End
 		for _, pc := range fw {
-			work[pc.room] <- messages.ChunkKey{Room: uint64(pc.room), Start: pc.start}
+			work[pc.room] <- pc
 		}
 		progress()
 	}
@@ -280,38 +277,12 @@ func runMode(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool
 	}
 	wg.Wait()
 	mr.WallSeconds = time.Since(t0).Seconds()
-	if failed != nil {
-		return nil, errors.Wrap(failed, "a chunk failed")
+	if mr.Aborted != "" {
+		return mr, nil
 	}
-	mr.mismatch = verify(cfg, g, p, pool, decode)
+	mr.mismatch = dp.Verify(pool)
 	mr.summarize(cfg, g, p, col, t0, forwardEnds)
 	return mr, nil
-}
-
-// verify compares every owned destination page with its source page, and
-// checks that pages this rank does not own were not written.
-func verify(cfg Config, g geometry, p *plan, pool *testbed.Pool, decode *testbed.Decode) string {
-	zero := make([]byte, g.itemLen)
-	for r := 0; r < cfg.Requests; r++ {
-		owned := map[int]bool{}
-		_, pos, _ := cfg.CP.Owned(p.src[r], 0, g.pagesPerRequest)
-		for _, x := range pos {
-			owned[x] = true
-		}
-		for x := 0; x < g.pagesPerRequest; x++ {
-			for b := 0; b < pool.Geometry.Buffers(); b++ {
-				got := decode.Page(b, p.dst[r][x])
-				want := zero
-				if owned[x] {
-					want = pool.Page(b, p.src[r][x])
-				}
-				if !bytes.Equal(got, want) {
-					return fmt.Sprintf("room %d position %d (decode page %d) buffer %s: bytes differ from the source", r, x, p.dst[r][x], pool.Names[b])
-				}
-			}
-		}
-	}
-	return ""
 }
 
 func engineOptions(cfg Config, perLayer bool, base ...system.Option) []system.Option {
@@ -335,4 +306,27 @@ func fill(b []byte, v byte) {
 	for n := 1; n < len(b); n *= 2 {
 		copy(b[n:], b[:n])
 	}
+}
+
+// RunRemote runs the workload once, per layer (or monolithically), with
+// the decode side dp (another process): no modeled link, the transport is
+// real. A lost decode side stops the run early (Aborted) instead of
+// failing it, so that the caller reports what happened.
+func RunRemote(ctx context.Context, cfg Config, log *zap.Logger, dp DataPlane, perLayer bool) (*ModeReport, error) {
+	g, err := cfg.validate()
+	if err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	plan := newPlan(cfg, g)
+	done := 0
+	progress := func() {
+		done++
+		if cfg.Progress != nil {
+			cfg.Progress(done, len(plan.forwards))
+		}
+	}
+	return runMode(ctx, cfg, g, plan, perLayer, log, progress, dp)
 }

@@ -1,0 +1,136 @@
+//go:build ucx
+
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"io"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// cli runs this test binary as the kvstream command (see TestMain), in its
+// own process: prefill and decode really are two processes.
+type cli struct {
+	cmd    *exec.Cmd
+	mu     sync.Mutex
+	stdout bytes.Buffer
+	stderr bytes.Buffer
+	lines  chan string // stdout and stderr lines as they come
+	done   chan error
+}
+
+func startCLI(t *testing.T, env []string, args ...string) *cli {
+	t.Helper()
+	c := &cli{cmd: exec.Command(os.Args[0], args...), lines: make(chan string, 1024), done: make(chan error, 1)}
+	c.cmd.Env = append(append(os.Environ(), cliMainEnv+"=1"), env...)
+	outR, err := c.cmd.StdoutPipe()
+	require.NoError(t, err)
+	errR, err := c.cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, c.cmd.Start())
+	var wg sync.WaitGroup
+	pump := func(r io.Reader, into *bytes.Buffer) {
+		defer wg.Done()
+		sc := bufio.NewScanner(r)
+		for sc.Scan() {
+			c.mu.Lock()
+			into.WriteString(sc.Text() + "\n")
+			c.mu.Unlock()
+			select {
+			case c.lines <- sc.Text():
+			default:
+			}
+		}
+	}
+	wg.Add(2)
+	go pump(outR, &c.stdout)
+	go pump(errR, &c.stderr)
+	go func() { wg.Wait(); c.done <- c.cmd.Wait() }()
+	t.Cleanup(func() { _ = c.cmd.Process.Kill() })
+	return c
+}
+
+func (c *cli) waitLine(t *testing.T, re *regexp.Regexp, timeout time.Duration) []string {
+	t.Helper()
+	deadline := time.After(timeout)
+	for {
+		select {
+		case l := <-c.lines:
+			if m := re.FindStringSubmatch(l); m != nil {
+				return m
+			}
+		case <-deadline:
+			t.Fatalf("no line matching %s within %v; stdout:\n%s\nstderr:\n%s", re, timeout, c.out(), c.errOut())
+		}
+	}
+}
+
+func (c *cli) wait(t *testing.T, timeout time.Duration) error {
+	t.Helper()
+	select {
+	case err := <-c.done:
+		return err
+	case <-time.After(timeout):
+		_ = c.cmd.Process.Kill()
+		t.Fatalf("process did not exit within %v; stdout:\n%s\nstderr:\n%s", timeout, c.out(), c.errOut())
+		return nil
+	}
+}
+
+func (c *cli) out() string    { c.mu.Lock(); defer c.mu.Unlock(); return c.stdout.String() }
+func (c *cli) errOut() string { c.mu.Lock(); defer c.mu.Unlock(); return c.stderr.String() }
+
+var listening = regexp.MustCompile(`decode: listening on (\S+)`)
+
+// TestTwoProcess runs decode and prefill as two processes on 127.0.0.1 with
+// the KV over UCX: TCP, and shared memory.
+func TestTwoProcess(t *testing.T) {
+	for _, tls := range []string{"tcp", "sm,self"} {
+		t.Run(strings.ReplaceAll(tls, ",", "+"), func(t *testing.T) {
+			env := []string{"UCX_TLS=" + tls}
+			dec := startCLI(t, env, "decode", "--listen", "127.0.0.1:0", "--wait", "2m")
+			addr := dec.waitLine(t, listening, 30*time.Second)[1]
+			pre := startCLI(t, env, "prefill", "--decode", addr, "--model", "small", "--requests", "3",
+				"--prompt-tokens", "2000", "--chunk-tokens", "1024", "--page-size", "16", "--group", "4")
+			require.NoError(t, pre.wait(t, 2*time.Minute), "prefill:\n%s\n%s", pre.out(), pre.errOut())
+			require.NoError(t, dec.wait(t, 30*time.Second), "decode:\n%s\n%s", dec.out(), dec.errOut())
+			// 3 requests x 125 pages x 9 buffers of the small model: every
+			// page went over UCX and was checked by the other process.
+			assert.Contains(t, pre.out(), "0 chunks failed")
+			assert.Contains(t, pre.out(), "decode verified 3375 pages")
+			assert.Contains(t, pre.out(), "bytes equal: true")
+			assert.Regexp(t, `decode: 8 chunks \(0 not successful\), 3375 pages verified, bytes equal: true`, dec.out())
+		})
+	}
+}
+
+// TestPeerKilledMidTransfer kills the decode process while the prefill
+// streams into it: the prefill reports the loss and failure within its
+// finish timeout, and exits non-zero; nothing hangs.
+func TestPeerKilledMidTransfer(t *testing.T) {
+	env := []string{"UCX_TLS=tcp"}
+	dec := startCLI(t, env, "decode", "--listen", "127.0.0.1:0", "--wait", "2m")
+	addr := dec.waitLine(t, listening, 30*time.Second)[1]
+	pre := startCLI(t, env, "prefill", "--decode", addr, "--model", "small", "--requests", "4",
+		"--prompt-tokens", "8192", "--chunk-tokens", "1024", "--page-size", "16", "--layer-us-per-ktok", "5000",
+		"--finish-timeout", "3s")
+	pre.waitLine(t, regexp.MustCompile(`prefill: forward 2/\d+ done`), time.Minute)
+	require.NoError(t, dec.cmd.Process.Kill())
+	killed := time.Now()
+	err := pre.wait(t, time.Minute)
+	require.Error(t, err, "the prefill must not report success")
+	assert.Less(t, time.Since(killed), 30*time.Second, "bounded by the finish timeout, not hanging")
+	out := pre.out()
+	assert.Contains(t, out, "decode lost")
+	assert.Contains(t, out, "bytes equal: false")
+}
