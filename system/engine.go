@@ -15,6 +15,7 @@ import (
 	"github.com/kvstream/kvstream/actors"
 	"github.com/kvstream/kvstream/cp"
 	"github.com/kvstream/kvstream/hw/cuda"
+	"github.com/kvstream/kvstream/hw/cuda/driver"
 	"github.com/kvstream/kvstream/hw/cuda/sim"
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
@@ -60,6 +61,8 @@ const (
 type Option func(*options)
 
 type options struct {
+	gpu       *driver.Device
+	gpuErr    error
 	traceTo   io.Writer
 	traceCap  int
 	observers observers
@@ -78,6 +81,19 @@ func WithLogger(l *zap.Logger) Option { return func(o *options) { o.log = l } }
 // WithStream sets the compute stream events are recorded on. The default is
 // a stream of a virtual GPU owned by the engine (see Engine.Stream).
 func WithStream(s cuda.Stream) Option { return func(o *options) { o.stream = s } }
+
+// WithGPU records the engine's events on a new stream of a real GPU (see
+// hw/cuda/driver), and closes that stream when the engine closes. It takes
+// driver.Open's results as they are, so that a missing driver library or
+// device is New's error:
+//
+//	eng, err := system.New(cfg, system.WithGPU(driver.Open(0)))
+//
+// To record on a stream the serving stack already owns, use
+// WithStream(dev.WrapStream(handle)) instead.
+func WithGPU(dev *driver.Device, err error) Option {
+	return func(o *options) { o.gpu, o.gpuErr = dev, err }
+}
 
 // WithTransport sets the transport. The default is a node of
 // loopback.Default(), the process's in-memory fabric.
@@ -116,6 +132,7 @@ type Engine struct {
 	nextSerial  atomic.Uint64
 
 	transport    rdma.Transport
+	ownStream    interface{ Close() error } // a stream the engine created (WithGPU)
 	regions      []rdma.Region
 	ownGPU       *sim.GPU
 	ownTransport bool
@@ -149,6 +166,18 @@ func New(cfg Config, opts ...Option) (*Engine, error) {
 		restarts: &actors.RestartWindow{Max: cfg.MaxRestarts, Window: cfg.RestartWindow}}
 	if err := e.startTrace(&o, cfg.getenv(o.getenv)); err != nil {
 		return nil, err
+	}
+	if o.gpuErr != nil {
+		e.release()
+		return nil, errors.Wrap(o.gpuErr, "WithGPU")
+	}
+	if o.gpu != nil && e.stream == nil {
+		s, err := o.gpu.NewStream()
+		if err != nil {
+			e.release()
+			return nil, errors.Wrap(err, "WithGPU: create the compute stream")
+		}
+		e.stream, e.ownStream = s, s
 	}
 	if e.stream == nil {
 		e.ownGPU = sim.New(sim.Options{})
@@ -482,5 +511,9 @@ func (e *Engine) release() {
 	}
 	if e.ownGPU != nil {
 		e.ownGPU.Close()
+	}
+	if e.ownStream != nil {
+		_ = e.ownStream.Close()
+		e.ownStream = nil
 	}
 }

@@ -7,11 +7,14 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cp"
+	"github.com/kvstream/kvstream/hw/cuda/driver"
+	"github.com/kvstream/kvstream/internal/gpucheck"
 	"github.com/kvstream/kvstream/internal/workload"
 	"github.com/kvstream/kvstream/system"
 	"github.com/prometheus/client_golang/prometheus"
@@ -24,6 +27,7 @@ import (
 )
 
 type simFlags struct {
+	gpu                       string
 	metrics                   *metricsFlags
 	model, cpRule             string
 	cfg                       workload.Config
@@ -54,6 +58,7 @@ Models: ` + presetHelp(),
 	fl.StringVar(&f.record, "record", "", "write the per-layer run's message trace (replay it with kvstream replay)")
 	fl.BoolVar(&f.verbose, "verbose", false, "log the engine at DEBUG")
 	fl.BoolVar(&f.noProg, "no-progress", false, "no progress bar")
+	fl.StringVar(&f.gpu, "gpu", "", "cuda:N: run the engine end to end on a real GPU instead (pool in device memory, kernels and events on a real stream); the virtual GPU is the default")
 	f.metrics = addMetricsFlags(cmd)
 	return cmd
 }
@@ -109,6 +114,9 @@ func (f *simFlags) config() (workload.Config, error) {
 }
 
 func runSim(cmd *cobra.Command, f *simFlags) error {
+	if f.gpu != "" {
+		return runGPU(cmd, f.gpu)
+	}
 	cfg, err := f.config()
 	if err != nil {
 		return err
@@ -205,4 +213,26 @@ func writeFile(path string, write func(io.Writer) error) error {
 		return err
 	}
 	return fh.Close()
+}
+
+// runGPU runs the engine end to end on a real GPU (internal/gpucheck).
+func runGPU(cmd *cobra.Command, spec string) error {
+	n, err := strconv.Atoi(strings.TrimPrefix(spec, "cuda:"))
+	if !strings.HasPrefix(spec, "cuda:") || err != nil || n < 0 {
+		return errors.Newf("--gpu %q: want cuda:N, for example cuda:0", spec)
+	}
+	dev, err := driver.Open(n)
+	if err != nil {
+		return errors.Wrapf(err, "--gpu %s (the virtual GPU needs no flag)", spec)
+	}
+	defer dev.Close()
+	rep, err := gpucheck.Run(cmd.Context(), dev, gpucheck.Defaults())
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(cmd.OutOrStdout(), rep)
+	if !rep.BytesEqual {
+		return errors.Newf("bytes differ: %s", rep.Mismatch)
+	}
+	return nil
 }

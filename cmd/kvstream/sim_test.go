@@ -128,11 +128,23 @@ func TestSimBadFlags(t *testing.T) {
 		{[]string{"sim", "--requests", "0"}, "--requests 0: must be at least 1"},
 		{[]string{"sim", "--link-gbps", "-1"}, "--link-gbps -1: must be positive"},
 		{[]string{"sim", "--page-size", "abc"}, `invalid argument "abc" for "--page-size"`},
+		{[]string{"sim", "--gpu", "gpu0"}, `--gpu "gpu0": want cuda:N`},
 	} {
 		_, err := run(t, tc.args...)
 		require.Error(t, err, "%v", tc.args)
 		assert.Contains(t, err.Error(), tc.want)
 	}
+}
+
+// Without a CUDA driver, --gpu says so plainly.
+func TestSimGPUWithoutDriver(t *testing.T) {
+	if _, err := os.Stat("/usr/lib/x86_64-linux-gnu/libcuda.so.1"); err == nil {
+		t.Skip("a CUDA driver is installed here")
+	}
+	_, err := run(t, "sim", "--gpu", "cuda:0")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "--gpu cuda:0")
+	assert.Contains(t, err.Error(), "libcuda.so.1 not found")
 }
 
 func TestHelpListsSim(t *testing.T) {

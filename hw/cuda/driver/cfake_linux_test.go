@@ -51,6 +51,8 @@ func TestCFakeLibcuda(t *testing.T) {
 	}
 	require.NoError(t, err)
 	assert.Contains(t, text, "GPU found: kvstream fakecuda (device 0)")
+	assert.Contains(t, text, "--- PASS: TestGPUEngineEndToEnd", "the engine ran end to end on the stand-in driver")
+	assert.Contains(t, text, "bytes equal: true")
 	assert.Contains(t, text, "a CUDA driver is present")
 	assert.NotContains(t, text, "--- SKIP")
 	for _, name := range []string{"BenchmarkRecord", "BenchmarkQuery"} {

@@ -43,6 +43,12 @@ type Options struct {
 	// Precise lands batches at their modeled instant to within microseconds
 	// (see hw/cuda/sim.Options.Precise).
 	Precise bool
+	// ReadDevice, if set, lets the transport register memory that is not
+	// hostmem as device memory (a GPU pool) and read write sources from it,
+	// the way a GPUDirect-capable NIC would: cuMemcpyDtoH into the staging
+	// buffer when the batch is posted. Device memory cannot be a
+	// destination here.
+	ReadDevice func(dst []byte, src uint64) error
 }
 
 // BatchInfo identifies a batch for fault decisions.
@@ -171,9 +177,10 @@ var _ rdma.Transport = (*Transport)(nil)
 
 type region struct {
 	addr, len uint64
-	mem       []byte
+	mem       []byte // nil for device memory
 	key       rdma.LocalKey
 	t         *Transport
+	device    bool
 }
 
 // Name returns "loopback".
@@ -188,8 +195,12 @@ func (t *Transport) Register(addr, length uint64) (rdma.Region, error) {
 		return nil, errors.Mark(errors.Newf("loopback: register %#x: zero length", addr), rdma.ErrInvalidWrite)
 	}
 	mem, err := hostmem.Lookup(addr, length)
+	device := false
 	if err != nil {
-		return nil, errors.Mark(errors.Wrap(err, "loopback: register (memory must come from hostmem)"), rdma.ErrInvalidWrite)
+		if t.fab.opts.ReadDevice == nil {
+			return nil, errors.Mark(errors.Wrap(err, "loopback: register (memory must come from hostmem)"), rdma.ErrInvalidWrite)
+		}
+		device, mem = true, nil
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -197,7 +208,7 @@ func (t *Transport) Register(addr, length uint64) (rdma.Region, error) {
 		return nil, errors.Mark(errors.Newf("loopback: node %s closed", t.name), rdma.ErrEndpointBroken)
 	}
 	t.nextKey++
-	r := &region{addr: addr, len: length, mem: mem, key: t.nextKey, t: t}
+	r := &region{addr: addr, len: length, mem: mem, key: t.nextKey, t: t, device: device}
 	t.regions[r.key] = r
 	return r, nil
 }
@@ -388,13 +399,23 @@ func (e *Endpoint) Post(ws []rdma.Write, done func(error)) error {
 		b.landAt = b.landAt.Add(scaled(b.fault.Delay, opts.TimeScale))
 	}
 	t.lmu.Unlock()
-	if b.landAt.After(b.posted) {
+	if b.landAt.After(b.posted) || hasDevice(b.srcs, ws) {
 		// A real NIC may read the sources any time after the post: on a
 		// modeled link read them now, the strictest test of write-before-
-		// read. An unmodeled link lands at once and reads them then.
+		// read. An unmodeled link lands at once and reads them then, unless
+		// they are in device memory, which is read (DtoH) here.
 		b.staged = getStage(total)
-		for _, s := range b.srcs {
-			b.staged = append(b.staged, s...)
+		for i, s := range b.srcs {
+			if s != nil || ws[i].Len == 0 {
+				b.staged = append(b.staged, s...)
+				continue
+			}
+			off := len(b.staged)
+			b.staged = b.staged[:off+int(ws[i].Len)]
+			if err := opts.ReadDevice(b.staged[off:], ws[i].Src); err != nil {
+				putStage(b.staged)
+				return errors.Mark(errors.Wrapf(err, "loopback: read write %d's source from device memory", i), rdma.ErrInvalidWrite)
+			}
 		}
 	}
 	e.mu.Lock()
@@ -432,10 +453,24 @@ func (e *Endpoint) resolve(ws []rdma.Write) (srcs, dsts [][]byte, total uint64, 
 		if !dst.contains(w.Dst, w.Len) {
 			return nil, nil, 0, errors.Mark(errors.Newf("loopback: write %d: destination [%#x, +%d) outside its region [%#x, +%d)", i, w.Dst, w.Len, dst.addr, dst.len), rdma.ErrInvalidWrite)
 		}
+		if dst.device {
+			return nil, nil, 0, errors.Mark(errors.Newf("loopback: write %d: destination %#x is device memory, which this transport can only read", i, w.Dst), rdma.ErrInvalidWrite)
+		}
 		srcs[i], dsts[i] = src.slice(w.Src, w.Len), dst.slice(w.Dst, w.Len)
 		total += w.Len
 	}
 	return srcs, dsts, total, nil
+}
+
+// hasDevice reports whether a write's source is device memory (resolve
+// leaves its bytes nil).
+func hasDevice(srcs [][]byte, ws []rdma.Write) bool {
+	for i, s := range srcs {
+		if s == nil && ws[i].Len > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 func scaled(d time.Duration, scale float64) time.Duration {
@@ -447,6 +482,9 @@ func (r *region) contains(addr, n uint64) bool {
 }
 
 func (r *region) slice(addr, n uint64) []byte {
+	if r.mem == nil {
+		return nil // device memory: read at post
+	}
 	off := addr - r.addr
 	return r.mem[off : off+n]
 }

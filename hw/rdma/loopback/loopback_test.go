@@ -153,3 +153,53 @@ func TestRegisterRejectsForeignMemory(t *testing.T) {
 	_, err = from.Register(0x1000, 0)
 	require.ErrorContains(t, err, "zero length")
 }
+
+// TestDeviceSources: memory that is not hostmem registers as device memory
+// when the fabric can read it, and writes from it land the device's bytes.
+func TestDeviceSources(t *testing.T) {
+	const devBase, n = 0x7f00_0000_0000, 4096
+	device := make([]byte, n)
+	for i := range device {
+		device[i] = byte(i * 3)
+	}
+	reads := 0
+	fab := NewFabric(Options{ReadDevice: func(dst []byte, src uint64) error {
+		reads++
+		if src < devBase || src-devBase+uint64(len(dst)) > n {
+			return errors.New("fake device: address out of range")
+		}
+		copy(dst, device[src-devBase:])
+		return nil
+	}})
+	a, err := fab.NewTransport("gpu-host")
+	require.NoError(t, err)
+	b, err := fab.NewTransport("decode")
+	require.NoError(t, err)
+	defer a.Close()
+	defer b.Close()
+	src, err := a.Register(devBase, n)
+	require.NoError(t, err, "non-hostmem memory registers as device memory")
+	dst, err := hostmem.Alloc(n)
+	require.NoError(t, err)
+	defer dst.Free()
+	dr, err := b.Register(dst.Addr, n)
+	require.NoError(t, err)
+	ep, err := a.Connect(b.Address())
+	require.NoError(t, err)
+	rk, err := ep.Import(dr.Desc())
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	require.NoError(t, ep.Post([]rdma.Write{{Src: devBase + 100, Dst: dst.Addr, Len: 1000, Local: src.Key(), Remote: rk}}, func(err error) { done <- err }))
+	require.NoError(t, <-done)
+	assert.Equal(t, device[100:1100], dst.Bytes[:1000])
+	assert.Equal(t, 1, reads)
+
+	// Device memory is a source only.
+	ep2, err := b.Connect(a.Address())
+	require.NoError(t, err)
+	rk2, err := ep2.Import(src.Desc())
+	require.NoError(t, err)
+	err = ep2.Post([]rdma.Write{{Src: dst.Addr, Dst: devBase, Len: 8, Local: dr.Key(), Remote: rk2}}, func(error) {})
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, rdma.ErrInvalidWrite))
+}
