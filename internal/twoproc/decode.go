@@ -51,7 +51,12 @@ type Decode struct {
 	pool    *testbed.Decode
 	seed    uint64
 	summary DecodeSummary
+	bye     bool // the prefill said goodbye: its leaving is no loss
 }
+
+// byeGrace bounds how long a decode process waits, after answering Bye, for
+// the prefill to leave.
+var byeGrace = callTimeout
 
 // StartDecode listens on listen and serves one prefill session over tr.
 func StartDecode(listen string, tr rdma.Transport, log *zap.Logger) (*Decode, error) {
@@ -117,11 +122,22 @@ func (d *Decode) receive(ctx actor.Context) {
 	case *wire.Bye:
 		d.mu.Lock()
 		s := d.summary
+		d.bye = true
 		d.mu.Unlock()
 		ctx.Respond(&wire.Summary{Chunks: uint64(s.Chunks), VerifiedPages: s.VerifiedPages, Mismatch: s.Mismatch})
-		d.end(nil)
+		// The reply is still queued in the endpoint writer: stopping the node
+		// now would drop it. The session ends when the prefill, having read
+		// it, leaves (Terminated below), or after a grace period.
+		time.AfterFunc(byeGrace, func() { d.end(nil) })
 	case *actor.Terminated:
-		d.end(errors.Newf("%s terminated", m.Who))
+		d.mu.Lock()
+		bye := d.bye
+		d.mu.Unlock()
+		if bye {
+			d.end(nil)
+		} else {
+			d.end(errors.Newf("%s terminated", m.Who))
+		}
 	}
 }
 

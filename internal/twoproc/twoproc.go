@@ -67,8 +67,24 @@ func startNode(listen string, log *zap.Logger) (n *node, err error) {
 // Addr is the address peers reach this node on.
 func (n *node) Addr() string { return n.system.Address() }
 
+// endpointActors are the actors protoactor-go remote spawns under these
+// names to hold its outgoing connections (see remote/endpoint_manager.go).
+var endpointActors = []string{"EndpointSupervisor", "activator"}
+
+// stop tears the node down without Remote.Shutdown(true): that call sets the
+// endpoint manager's connection map to nil while a goroutine that saw a
+// connection end (the peer leaving, or our own close) may still be reading it
+// in removeEndpoint, a data race that is a nil dereference without -race.
+// Stopping the endpoint actors closes the outgoing connections just as that
+// call does, and Shutdown(false) stops the gRPC server; the connection map
+// stays valid for any late reader.
 func (n *node) stop() {
-	n.remote.Shutdown(true)
+	for _, id := range endpointActors {
+		if _, ok := n.system.ProcessRegistry.GetLocal(id); ok {
+			_ = n.system.Root.StopFuture(actor.NewPID(n.system.Address(), id)).Wait()
+		}
+	}
+	n.remote.Shutdown(false)
 	n.system.Shutdown()
 }
 
