@@ -115,6 +115,19 @@ func (f *simFlags) config() (workload.Config, error) {
 
 func runSim(cmd *cobra.Command, f *simFlags) error {
 	if f.gpu != "" {
+		// The GPU run is a fixed check workload (internal/gpucheck): say so
+		// rather than ignore a workload flag the user thought applied.
+		var unused []string
+		cmd.Flags().Visit(func(fl *pflag.Flag) {
+			if fl.Name != "gpu" && fl.Name != "no-progress" && fl.Name != "verbose" {
+				unused = append(unused, "--"+fl.Name)
+			}
+		})
+		if len(unused) > 0 {
+			d := gpucheck.Defaults()
+			return errors.Newf("--gpu runs a fixed check workload (%d buffers, %d requests, K = %d) and takes no %s",
+				d.Layers, d.Requests, d.GroupSize, strings.Join(unused, ", "))
+		}
 		return runGPU(cmd, f.gpu)
 	}
 	cfg, err := f.config()

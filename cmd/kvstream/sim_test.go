@@ -129,6 +129,7 @@ func TestSimBadFlags(t *testing.T) {
 		{[]string{"sim", "--link-gbps", "-1"}, "--link-gbps -1: must be positive"},
 		{[]string{"sim", "--page-size", "abc"}, `invalid argument "abc" for "--page-size"`},
 		{[]string{"sim", "--gpu", "gpu0"}, `--gpu "gpu0": want cuda:N`},
+		{[]string{"sim", "--gpu", "cuda:0", "--model", "small", "--requests", "2"}, "fixed check workload (16 buffers, 4 requests, K = 4) and takes no --model, --requests"},
 	} {
 		_, err := run(t, tc.args...)
 		require.Error(t, err, "%v", tc.args)
