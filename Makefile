@@ -39,7 +39,7 @@ run:
 	$(GO) run ./cmd/kvstream sim
 
 bench:
-	$(GO) test -run='^$$' -bench=. -benchmem $(PKGS)
+	$(GO) test -p 1 -run='^$$' -bench=. -benchmem $(PKGS)
 
 # A short run of every fuzz target (seed corpora under testdata/fuzz are
 # committed and also run by `make test`).
