@@ -3,8 +3,16 @@
 // sending node has a link that models bandwidth and latency. It is the
 // embedded default, the sim's data path and the test double for real
 // transports, so it keeps the contract's hard parts real: completion is
-// asynchronous, the source is read when the batch is posted and the bytes land
-// when the batch completes, and a closed endpoint lands nothing more.
+// asynchronous, a write lands no later than its batch completes, and a closed
+// endpoint lands nothing more.
+//
+// On a modeled link (bandwidth, latency or a delaying fault) Post reads the
+// sources into a staging buffer and the link lands the bytes at their
+// modeled instant. On an unmodeled link there is nothing to wait for, so Post
+// copies the bytes itself and the link goroutine only delivers the
+// completion: a memcpy transport's work is the copy, and doing it on the
+// poster's thread spares every batch a hand-off to another goroutine, which on
+// two cores cost more than a 64 KiB copy (docs/TRANSPORT-BENCH.md).
 //
 // Faults (post errors, lost, delayed or failed completions, a vanished peer, a
 // slow link) can be injected per batch for reliability tests.
@@ -14,6 +22,7 @@ import (
 	"encoding/binary"
 	"math/bits"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -36,9 +45,11 @@ type Options struct {
 	ByteScale float64
 	// Faults, if set, decides per posted batch how it misbehaves.
 	Faults func(BatchInfo) Fault
-	// OnLand, if set, observes every write as it lands.
+	// OnLand, if set, observes every write as it lands, on the goroutine
+	// that lands it: the link's, or on an unmodeled link the one calling
+	// Post. It must not call into the endpoint.
 	OnLand func(Landing)
-	// OnBatch, if set, observes every batch that landed.
+	// OnBatch, if set, observes every batch that landed, like OnLand.
 	OnBatch func(BatchSpan)
 	// Precise lands batches at their modeled instant to within microseconds
 	// (see hw/cuda/sim.Options.Precise).
@@ -162,13 +173,16 @@ type Transport struct {
 	regions   map[rdma.LocalKey]*region
 	nextKey   rdma.LocalKey
 	endpoints []*Endpoint
-	closed    bool
+	// closed is written under mu (so that no region or endpoint is added
+	// after Close) and read without it: landing checks the peer while
+	// holding an endpoint's lock, and a node may connect to itself.
+	closed atomic.Bool
 
 	// the link: batches in completion order
 	lmu       sync.Mutex
 	queue     []*batch
 	busyUntil time.Time
-	seq       uint64
+	seq       atomic.Uint64
 	wake      chan struct{}
 	stopped   chan struct{}
 }
@@ -204,7 +218,7 @@ func (t *Transport) Register(addr, length uint64) (rdma.Region, error) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.closed {
+	if t.closed.Load() {
 		return nil, errors.Mark(errors.Newf("loopback: node %s closed", t.name), rdma.ErrEndpointBroken)
 	}
 	t.nextKey++
@@ -242,7 +256,7 @@ func (t *Transport) Connect(addr []byte) (rdma.Endpoint, error) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.closed {
+	if t.closed.Load() {
 		return nil, errors.Mark(errors.Newf("loopback: node %s closed", t.name), rdma.ErrEndpointBroken)
 	}
 	ep := &Endpoint{from: t, to: peer, pending: map[*batch]struct{}{}}
@@ -253,11 +267,11 @@ func (t *Transport) Connect(addr []byte) (rdma.Endpoint, error) {
 // Close tears down every endpoint and stops the link.
 func (t *Transport) Close() error {
 	t.mu.Lock()
-	if t.closed {
+	if t.closed.Load() {
 		t.mu.Unlock()
 		return nil
 	}
-	t.closed = true
+	t.closed.Store(true)
 	eps := t.endpoints
 	t.endpoints = nil
 	t.mu.Unlock()
@@ -272,11 +286,7 @@ func (t *Transport) Close() error {
 	return nil
 }
 
-func (t *Transport) isClosed() bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.closed
-}
+func (t *Transport) isClosed() bool { return t.closed.Load() }
 
 func (t *Transport) forget(e *Endpoint) {
 	t.mu.Lock()
@@ -300,11 +310,20 @@ func (t *Transport) signal() {
 type Endpoint struct {
 	from, to *Transport
 
-	mu      sync.Mutex // serialises landing against Close
-	remotes []*region
+	// landMu is held across every copy into the peer's memory; Close takes
+	// it after marking the endpoint closed, which makes Close a barrier. It
+	// is separate from mu so that reporting a completion never waits for
+	// another batch's copy. Order: landMu before mu.
+	landMu  sync.Mutex
+	mu      sync.Mutex // guards the fields below and the batches' report state
 	pending map[*batch]struct{}
 	closed  bool
 	broken  error
+
+	// Read by every Post without a lock: a lock the link goroutine also
+	// takes costs a cache-line transfer between cores per batch.
+	remotes atomic.Pointer[[]*region] // imported regions; replaced, never changed
+	down    atomic.Bool               // closed or broken (set under mu)
 }
 
 var _ rdma.Endpoint = (*Endpoint)(nil)
@@ -320,7 +339,31 @@ type batch struct {
 	done     func(error)
 	posted   time.Time
 	landAt   time.Time
-	reported bool // done was called (guarded by ep.mu)
+	applied  bool  // landed or failed already; only the report is left
+	err      error // the outcome once applied
+	reported bool  // done was called (guarded by ep.mu)
+}
+
+// Batch records are reused once land has reported them, so that the steady
+// state of a transfer allocates nothing per batch. A record that Close failed
+// is left to the collector: Close calls its done after letting go of ep.mu,
+// and the link may still pop it from the queue.
+var batches = sync.Pool{New: func() any { return new(batch) }}
+
+func newBatch(n int) *batch {
+	b := batches.Get().(*batch)
+	if cap(b.srcs) < n {
+		b.srcs, b.dsts = make([][]byte, n), make([][]byte, n)
+	}
+	b.srcs, b.dsts = b.srcs[:n], b.dsts[:n]
+	return b
+}
+
+func recycle(b *batch) {
+	clear(b.srcs) // drop references to registered memory
+	clear(b.dsts)
+	*b = batch{srcs: b.srcs[:0], dsts: b.dsts[:0], writes: b.writes[:0]}
+	batches.Put(b)
 }
 
 // Import resolves a region descriptor of the peer node.
@@ -334,50 +377,43 @@ func (e *Endpoint) Import(d rdma.RegionDesc) (rdma.RemoteKey, error) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.remotes = append(e.remotes, r)
-	return rdma.RemoteKey(len(e.remotes) - 1), nil
+	var rs []*region
+	if p := e.remotes.Load(); p != nil {
+		rs = *p
+	}
+	rs = append(rs[:len(rs):len(rs)], r)
+	e.remotes.Store(&rs)
+	return rdma.RemoteKey(len(rs) - 1), nil
 }
 
-// Post validates the writes, reads their sources (on a modeled link) and
-// queues the batch on the sending node's link.
+// Post validates the writes and starts the batch: on a modeled link it reads
+// the sources and queues the batch on the sending node's link; on an unmodeled
+// one it lands the bytes at once and queues only the completion.
 func (e *Endpoint) Post(ws []rdma.Write, done func(error)) error {
-	srcs, dsts, total, err := e.resolve(ws)
+	b := newBatch(len(ws))
+	total, err := e.resolve(ws, b.srcs, b.dsts)
 	if err != nil {
+		recycle(b)
 		return err
 	}
+	if e.down.Load() || e.to.isClosed() {
+		recycle(b)
+		return e.refuse()
+	}
 	t := e.from
-	if e.to.isClosed() {
-		return errors.Mark(errors.Newf("loopback: peer %s is gone", e.to.name), rdma.ErrEndpointBroken)
-	}
-	e.mu.Lock()
-	if e.closed || e.broken != nil {
-		err := e.broken
-		e.mu.Unlock()
-		if err == nil {
-			err = errors.Newf("loopback: endpoint %s->%s closed", t.name, e.to.name)
-		}
-		return errors.Mark(err, rdma.ErrEndpointBroken)
-	}
-	e.mu.Unlock()
-
-	t.lmu.Lock()
-	t.seq++
-	b := &batch{ep: e, done: done, posted: time.Now(), srcs: srcs, dsts: dsts, writes: append([]rdma.Write(nil), ws...),
-		info: BatchInfo{From: t.name, To: e.to.name, Seq: t.seq, Bytes: total, Writes: len(ws)}}
+	b.ep, b.done, b.posted = e, done, time.Now()
+	b.writes = append(b.writes, ws...)
+	b.info = BatchInfo{From: t.name, To: e.to.name, Seq: t.seq.Add(1), Bytes: total, Writes: len(ws)}
 	if len(ws) > 0 {
 		b.info.Dst = ws[0].Dst
 	}
-	t.lmu.Unlock()
 	if f := t.fab.opts.Faults; f != nil {
 		b.fault = f(b.info)
 	}
-	switch b.fault.Kind {
-	case PostError:
-		return errors.Mark(errors.Newf("loopback: post of batch %d %s->%s: injected error", b.info.Seq, t.name, e.to.name), ErrInjected)
-	case PeerGone:
-		e.mu.Lock()
-		e.broken = errors.Mark(errors.Newf("loopback: peer %s gone (batch %d)", e.to.name, b.info.Seq), ErrInjected)
-		e.mu.Unlock()
+	if b.fault.Kind == PostError {
+		err := errors.Mark(errors.Newf("loopback: post of batch %d %s->%s: injected error", b.info.Seq, t.name, e.to.name), ErrInjected)
+		recycle(b)
+		return err
 	}
 
 	opts := t.fab.opts
@@ -399,11 +435,11 @@ func (e *Endpoint) Post(ws []rdma.Write, done func(error)) error {
 		b.landAt = b.landAt.Add(scaled(b.fault.Delay, opts.TimeScale))
 	}
 	t.lmu.Unlock()
-	if b.landAt.After(b.posted) || hasDevice(b.srcs, ws) {
+	now := !b.landAt.After(b.posted)
+	if !now || hasDevice(b.srcs, ws) {
 		// A real NIC may read the sources any time after the post: on a
 		// modeled link read them now, the strictest test of write-before-
-		// read. An unmodeled link lands at once and reads them then, unless
-		// they are in device memory, which is read (DtoH) here.
+		// read. Device memory is read (DtoH) here in any case.
 		b.staged = getStage(total)
 		for i, s := range b.srcs {
 			if s != nil || ws[i].Len == 0 {
@@ -414,13 +450,44 @@ func (e *Endpoint) Post(ws []rdma.Write, done func(error)) error {
 			b.staged = b.staged[:off+int(ws[i].Len)]
 			if err := opts.ReadDevice(b.staged[off:], ws[i].Src); err != nil {
 				putStage(b.staged)
+				recycle(b)
 				return errors.Mark(errors.Wrapf(err, "loopback: read write %d's source from device memory", i), rdma.ErrInvalidWrite)
 			}
 		}
 	}
+	if now {
+		e.landMu.Lock()
+	}
 	e.mu.Lock()
+	// Checked again under the lock that Close takes: a Close since the
+	// first check must not find a batch it did not fail.
+	if e.closed || (e.broken != nil && b.fault.Kind != PeerGone) {
+		e.mu.Unlock()
+		if now {
+			e.landMu.Unlock()
+		}
+		putStage(b.staged)
+		recycle(b)
+		return e.refuse()
+	}
+	if b.fault.Kind == PeerGone && e.broken == nil {
+		e.broken = errors.Mark(errors.Newf("loopback: peer %s gone (batch %d)", e.to.name, b.info.Seq), ErrInjected)
+		e.down.Store(true)
+	}
 	e.pending[b] = struct{}{}
+	if now {
+		b.err = e.fate(b)
+	}
 	e.mu.Unlock()
+	if now {
+		// Not yet on the queue, so nothing but Close sees the batch; a
+		// Close now waits for landMu, and then the copy is over.
+		if b.err == nil {
+			e.copyBytes(b)
+		}
+		b.applied = true
+		e.landMu.Unlock()
+	}
 	t.lmu.Lock()
 	t.insert(b)
 	t.lmu.Unlock()
@@ -428,38 +495,56 @@ func (e *Endpoint) Post(ws []rdma.Write, done func(error)) error {
 	return nil
 }
 
-// resolve checks every write against the registered regions, the way a NIC's
-// protection check would, and returns the source and destination bytes.
-func (e *Endpoint) resolve(ws []rdma.Write) (srcs, dsts [][]byte, total uint64, err error) {
-	srcs, dsts = make([][]byte, len(ws)), make([][]byte, len(ws))
-	var src, dst *region
-	e.from.mu.Lock()
+// refuse returns why the endpoint takes no more batches, or nil.
+func (e *Endpoint) refuse() error {
+	if e.to.isClosed() {
+		return errors.Mark(errors.Newf("loopback: peer %s is gone", e.to.name), rdma.ErrEndpointBroken)
+	}
 	e.mu.Lock()
-	defer e.from.mu.Unlock()
 	defer e.mu.Unlock()
+	switch {
+	case e.broken != nil:
+		return errors.Mark(e.broken, rdma.ErrEndpointBroken)
+	case e.closed:
+		return errors.Mark(errors.Newf("loopback: endpoint %s->%s closed", e.from.name, e.to.name), rdma.ErrEndpointBroken)
+	}
+	return nil
+}
+
+// resolve checks every write against the registered regions, the way a NIC's
+// protection check would, and fills srcs and dsts with the source and
+// destination bytes.
+func (e *Endpoint) resolve(ws []rdma.Write, srcs, dsts [][]byte) (total uint64, err error) {
+	var src, dst *region
+	var remotes []*region
+	if p := e.remotes.Load(); p != nil {
+		remotes = *p
+	}
+	e.from.mu.Lock()
+	defer e.from.mu.Unlock()
 	for i, w := range ws {
 		if src == nil || src.key != w.Local {
 			if src = e.from.regions[w.Local]; src == nil {
-				return nil, nil, 0, errors.Mark(errors.Newf("loopback: write %d: unknown local key %d", i, w.Local), rdma.ErrInvalidWrite)
+				return 0, errors.Mark(errors.Newf("loopback: write %d: unknown local key %d", i, w.Local), rdma.ErrInvalidWrite)
 			}
 		}
 		if !src.contains(w.Src, w.Len) {
-			return nil, nil, 0, errors.Mark(errors.Newf("loopback: write %d: source [%#x, +%d) outside its region [%#x, +%d)", i, w.Src, w.Len, src.addr, src.len), rdma.ErrInvalidWrite)
+			return 0, errors.Mark(errors.Newf("loopback: write %d: source [%#x, +%d) outside its region [%#x, +%d)", i, w.Src, w.Len, src.addr, src.len), rdma.ErrInvalidWrite)
 		}
-		if int(w.Remote) >= len(e.remotes) {
-			return nil, nil, 0, errors.Mark(errors.Newf("loopback: write %d: remote key %d not imported", i, w.Remote), rdma.ErrInvalidWrite)
+		if int(w.Remote) >= len(remotes) {
+			return 0, errors.Mark(errors.Newf("loopback: write %d: remote key %d not imported", i, w.Remote), rdma.ErrInvalidWrite)
 		}
-		dst = e.remotes[w.Remote]
+		dst = remotes[w.Remote]
 		if !dst.contains(w.Dst, w.Len) {
-			return nil, nil, 0, errors.Mark(errors.Newf("loopback: write %d: destination [%#x, +%d) outside its region [%#x, +%d)", i, w.Dst, w.Len, dst.addr, dst.len), rdma.ErrInvalidWrite)
+			return 0, errors.Mark(errors.Newf("loopback: write %d: destination [%#x, +%d) outside its region [%#x, +%d)", i, w.Dst, w.Len, dst.addr, dst.len), rdma.ErrInvalidWrite)
 		}
 		if dst.device {
-			return nil, nil, 0, errors.Mark(errors.Newf("loopback: write %d: destination %#x is device memory, which this transport can only read", i, w.Dst), rdma.ErrInvalidWrite)
+			return 0, errors.Mark(errors.Newf("loopback: write %d: destination %#x is device memory, which this transport can only read", i, w.Dst), rdma.ErrInvalidWrite)
 		}
 		srcs[i], dsts[i] = src.slice(w.Src, w.Len), dst.slice(w.Dst, w.Len)
 		total += w.Len
 	}
-	return srcs, dsts, total, nil
+	return total, nil
 }
 
 // hasDevice reports whether a write's source is device memory (resolve
@@ -505,82 +590,77 @@ func (t *Transport) link() {
 	defer close(t.stopped)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	var due []*batch // reused: only this goroutine touches it
 	for {
-		t.mu.Lock()
-		closed := t.closed
-		t.mu.Unlock()
-		if closed {
+		if t.isClosed() {
 			return
 		}
+		// Take every due batch off the head in one go. The head is read
+		// and removed under one lock: a concurrent Post may insert a batch
+		// with an earlier landing time in front of it.
 		t.lmu.Lock()
-		var next *batch
-		if len(t.queue) > 0 {
-			next = t.queue[0]
+		now := time.Now()
+		for len(t.queue) > 0 && !t.queue[0].landAt.After(now) {
+			due = append(due, t.queue[0])
+			t.queue[0] = nil // the record may be reused once landed
+			t.queue = t.queue[1:]
+		}
+		var next time.Time
+		if len(due) == 0 && len(t.queue) > 0 {
+			next = t.queue[0].landAt
 		}
 		t.lmu.Unlock()
-		if next == nil {
+		if len(due) > 0 {
+			for i, b := range due {
+				b.ep.land(b)
+				due[i] = nil
+			}
+			due = due[:0]
+			continue
+		}
+		if next.IsZero() {
 			<-t.wake
 			continue
 		}
-		if d := time.Until(next.landAt); d > 0 {
-			if t.fab.opts.Precise && d <= clock.Slack {
-				clock.SleepUntil(next.landAt, true)
-				continue
-			}
-			if t.fab.opts.Precise {
-				d -= clock.Slack // wake early, then land on time
-			}
-			timer.Reset(d)
-			select {
-			case <-timer.C:
-			case <-t.wake:
-				timer.Stop() // Go 1.23+: no stale value survives Stop
-			}
-			continue // the queue may have a new head
+		d := next.Sub(now)
+		if t.fab.opts.Precise && d <= clock.Slack {
+			clock.SleepUntil(next, true)
+			continue
 		}
-		t.lmu.Lock()
-		t.queue = t.queue[1:]
-		t.lmu.Unlock()
-		next.ep.land(next)
+		if t.fab.opts.Precise {
+			d -= clock.Slack // wake early, then land on time
+		}
+		timer.Reset(d)
+		select {
+		case <-timer.C:
+		case <-t.wake:
+			timer.Stop() // Go 1.23+: no stale value survives Stop
+		}
 	}
 }
 
-// land writes a batch's bytes and reports it, unless the endpoint was torn
-// down first. Holding ep.mu across the copy is what makes Close a barrier.
+// land writes a batch's bytes, unless Post did, and reports it, unless the
+// endpoint was torn down first.
 func (e *Endpoint) land(b *batch) {
-	e.mu.Lock()
-	if b.reported {
+	if !b.applied {
+		e.landMu.Lock()
+		e.mu.Lock()
+		if !b.reported {
+			b.err = e.fate(b)
+		}
+		skip := b.reported || b.err != nil
 		e.mu.Unlock()
-		return
-	}
-	var err error
-	switch {
-	case e.to.isClosed():
-		err = errors.Mark(errors.Newf("loopback: batch %d %s->%s: the peer is gone", b.info.Seq, b.info.From, b.info.To), rdma.ErrEndpointBroken)
-	case b.fault.Kind == FailCompletion:
-		err = errors.Mark(errors.Newf("loopback: batch %d %s->%s: injected completion error", b.info.Seq, b.info.From, b.info.To), ErrInjected)
-	case b.fault.Kind == PeerGone:
-		err = errors.Mark(e.broken, rdma.ErrEndpointBroken)
-	default:
-		opts := e.from.fab.opts
-		off := 0
-		for i, dst := range b.dsts {
-			if b.staged != nil {
-				copy(dst, b.staged[off:off+len(dst)])
-				off += len(dst)
-			} else {
-				copy(dst, b.srcs[i])
-			}
-			if opts.OnLand != nil {
-				opts.OnLand(Landing{Node: e.to.name, Addr: b.writes[i].Dst, Len: b.writes[i].Len, Posted: b.posted, At: time.Now()})
-			}
+		if !skip {
+			e.copyBytes(b)
 		}
-		if opts.OnBatch != nil {
-			opts.OnBatch(BatchSpan{From: b.info.From, To: b.info.To, Seq: b.info.Seq, Bytes: b.info.Bytes, Posted: b.posted, Landed: time.Now()})
-		}
+		b.applied = true
+		e.landMu.Unlock()
 	}
-	if b.fault.Kind == LoseCompletion {
-		e.mu.Unlock() // landed; the report is lost until teardown
+	e.mu.Lock()
+	if b.reported || b.fault.Kind == LoseCompletion {
+		// Close failed it, or it landed and its report is lost until
+		// teardown.
+		e.mu.Unlock()
 		return
 	}
 	b.reported = true
@@ -588,7 +668,42 @@ func (e *Endpoint) land(b *batch) {
 	e.mu.Unlock()
 	putStage(b.staged)
 	b.staged = nil
-	b.done(err)
+	b.done(b.err)
+	recycle(b)
+}
+
+// fate decides whether a batch's bytes may land: nil, or why it fails. The
+// caller holds e.mu.
+func (e *Endpoint) fate(b *batch) error {
+	switch {
+	case e.to.isClosed():
+		return errors.Mark(errors.Newf("loopback: batch %d %s->%s: the peer is gone", b.info.Seq, b.info.From, b.info.To), rdma.ErrEndpointBroken)
+	case b.fault.Kind == FailCompletion:
+		return errors.Mark(errors.Newf("loopback: batch %d %s->%s: injected completion error", b.info.Seq, b.info.From, b.info.To), ErrInjected)
+	case b.fault.Kind == PeerGone:
+		return errors.Mark(e.broken, rdma.ErrEndpointBroken)
+	}
+	return nil
+}
+
+// copyBytes lands a batch's bytes. The caller holds e.landMu.
+func (e *Endpoint) copyBytes(b *batch) {
+	opts := e.from.fab.opts
+	off := 0
+	for i, dst := range b.dsts {
+		if b.staged != nil {
+			copy(dst, b.staged[off:off+len(dst)])
+			off += len(dst)
+		} else {
+			copy(dst, b.srcs[i])
+		}
+		if opts.OnLand != nil {
+			opts.OnLand(Landing{Node: e.to.name, Addr: b.writes[i].Dst, Len: b.writes[i].Len, Posted: b.posted, At: time.Now()})
+		}
+	}
+	if opts.OnBatch != nil {
+		opts.OnBatch(BatchSpan{From: b.info.From, To: b.info.To, Seq: b.info.Seq, Bytes: b.info.Bytes, Posted: b.posted, Landed: time.Now()})
+	}
 }
 
 // Staging buffers are reused: fresh memory costs a page fault per page on
@@ -656,6 +771,7 @@ func (e *Endpoint) Close() error {
 		return nil
 	}
 	e.closed = true
+	e.down.Store(true)
 	var failed []*batch
 	for b := range e.pending {
 		if !b.reported {
@@ -665,6 +781,8 @@ func (e *Endpoint) Close() error {
 	}
 	e.pending = nil
 	e.mu.Unlock()
+	e.landMu.Lock() // wait for a copy under way: then nothing more lands
+	e.landMu.Unlock()
 	e.from.forget(e)
 	for _, b := range failed {
 		b.done(errors.Mark(errors.Newf("loopback: batch %d %s->%s: endpoint torn down", b.info.Seq, b.info.From, b.info.To), rdma.ErrEndpointBroken))

@@ -2,7 +2,9 @@ package loopback
 
 import (
 	"bytes"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -79,13 +81,121 @@ func TestModeledBandwidthAndByteScale(t *testing.T) {
 }
 
 func TestSourcesAreReadAtPost(t *testing.T) {
-	f := newFixture(t, Options{Latency: 20 * time.Millisecond}, 4096)
-	copy(f.src.Bytes, bytes.Repeat([]byte{1}, 4096))
-	done := f.post(t, 0, 4096)
-	copy(f.src.Bytes, bytes.Repeat([]byte{2}, 4096)) // written after the post
-	assert.Equal(t, make([]byte, 4096), f.dst.Bytes, "nothing lands before completion")
-	require.NoError(t, <-done)
-	assert.Equal(t, bytes.Repeat([]byte{1}, 4096), f.dst.Bytes, "the NIC read the sources when the batch was posted")
+	for name, opts := range map[string]Options{"modeled": {Latency: 20 * time.Millisecond}, "unmodeled": {}} {
+		t.Run(name, func(t *testing.T) {
+			f := newFixture(t, opts, 4096)
+			copy(f.src.Bytes, bytes.Repeat([]byte{1}, 4096))
+			done := f.post(t, 0, 4096)
+			copy(f.src.Bytes, bytes.Repeat([]byte{2}, 4096)) // written after the post
+			if opts.Latency > 0 {
+				assert.Equal(t, make([]byte, 4096), f.dst.Bytes, "nothing lands before the modeled time")
+			}
+			require.NoError(t, <-done)
+			assert.Equal(t, bytes.Repeat([]byte{1}, 4096), f.dst.Bytes, "the sources were read when the batch was posted")
+		})
+	}
+}
+
+// TestConcurrentPostsAllComplete posts from several goroutines at once, so
+// that batches reach the link out of their landing order: every one must
+// complete, exactly once, without the endpoint being closed.
+func TestConcurrentPostsAllComplete(t *testing.T) {
+	const posters, per, size = 4, 2000, 512
+	// Delayed batches sit at the head while later ones are inserted in
+	// front of them.
+	delayOdd := func(b BatchInfo) Fault {
+		if b.Seq%2 == 1 {
+			return Fault{Kind: DelayCompletion, Delay: time.Duration(b.Seq%7) * 20 * time.Microsecond}
+		}
+		return Fault{}
+	}
+	for name, opts := range map[string]Options{"unmodeled": {}, "modeled": {Bandwidth: 1e12}, "delayed": {Faults: delayOdd}} {
+		t.Run(name, func(t *testing.T) {
+			f := newFixture(t, opts, posters*size)
+			var completed atomic.Int64
+			var twice atomic.Bool
+			var wg sync.WaitGroup
+			for p := range posters {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					off := uint64(p * size)
+					for range per {
+						var once atomic.Bool
+						err := f.ep.Post([]rdma.Write{{Src: f.src.Addr + off, Dst: f.dst.Addr + off, Len: size, Local: f.lk, Remote: f.rk}}, func(err error) {
+							assert.NoError(t, err)
+							if once.Swap(true) {
+								twice.Store(true)
+							}
+							completed.Add(1)
+						})
+						if !assert.NoError(t, err) {
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			require.Eventually(t, func() bool { return completed.Load() == posters*per }, 10*time.Second, time.Millisecond,
+				"batches completed: %d of %d", completed.Load(), posters*per)
+			assert.False(t, twice.Load(), "a batch completed twice")
+		})
+	}
+}
+
+// TestPostRacesClose posts from several goroutines while the endpoint is
+// closed: every Post either fails as broken, with no completion, or has its
+// completion run exactly once, and nothing lands after Close returned.
+func TestPostRacesClose(t *testing.T) {
+	const posters, size = 4, 4096
+	for round := range 50 {
+		f := newFixture(t, Options{}, posters*size)
+		var wg sync.WaitGroup
+		var completions, accepted sync.Map
+		start := make(chan struct{})
+		for p := range posters {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				off := uint64(p * size)
+				for i := 0; ; i++ {
+					f.src.Bytes[off] = byte(i) // a later landing would change the destination
+					key := [2]int{p, i}
+					err := f.ep.Post([]rdma.Write{{Src: f.src.Addr + off, Dst: f.dst.Addr + off, Len: size, Local: f.lk, Remote: f.rk}}, func(err error) {
+						n, _ := completions.LoadOrStore(key, new(atomic.Int32))
+						n.(*atomic.Int32).Add(1)
+					})
+					if err != nil {
+						assert.True(t, errors.Is(err, rdma.ErrEndpointBroken), "round %d: post failed unmarked: %v", round, err)
+						return
+					}
+					accepted.Store(key, true)
+				}
+			}()
+		}
+		close(start)
+		time.Sleep(time.Duration(round%5) * 100 * time.Microsecond)
+		require.NoError(t, f.ep.Close())
+		closedAt := append([]byte(nil), f.dst.Bytes...)
+		wg.Wait()
+		require.Eventually(t, func() bool {
+			all := true
+			accepted.Range(func(k, _ any) bool {
+				_, ok := completions.Load(k)
+				all = all && ok
+				return all
+			})
+			return all
+		}, 5*time.Second, time.Millisecond, "round %d: an accepted batch never completed", round)
+		completions.Range(func(k, n any) bool {
+			_, ok := accepted.Load(k)
+			assert.True(t, ok, "round %d: batch %v completed but its post failed", round, k)
+			assert.Equal(t, int32(1), n.(*atomic.Int32).Load(), "round %d: batch %v completed more than once", round, k)
+			return true
+		})
+		assert.Equal(t, closedAt, f.dst.Bytes, "round %d: bytes landed after Close returned", round)
+	}
 }
 
 func TestInjectedFaults(t *testing.T) {
@@ -202,4 +312,73 @@ func TestDeviceSources(t *testing.T) {
 	err = ep2.Post([]rdma.Write{{Src: dst.Addr, Dst: devBase, Len: 8, Local: dr.Key(), Remote: rk2}}, func(error) {})
 	require.Error(t, err)
 	assert.True(t, errors.Is(err, rdma.ErrInvalidWrite))
+}
+
+// BenchmarkPost is the bench command's loop on an unmodeled link: one write
+// per batch, up to 64 batches in flight. Compare with BenchmarkMemcpy.
+func BenchmarkPost(b *testing.B) {
+	for _, size := range []int{64 << 10, 1 << 20} {
+		b.Run(byteLabel(size), func(b *testing.B) {
+			from, to := pairOf(Options{})(&testing.T{})
+			defer func() { _ = from.Close(); _ = to.Close() }()
+			src, err := hostmem.Alloc(size)
+			require.NoError(b, err)
+			dst, err := hostmem.Alloc(size)
+			require.NoError(b, err)
+			defer func() { _ = src.Free(); _ = dst.Free() }()
+			sr, err := from.Register(src.Addr, uint64(size))
+			require.NoError(b, err)
+			dr, err := to.Register(dst.Addr, uint64(size))
+			require.NoError(b, err)
+			ep, err := from.Connect(to.Address())
+			require.NoError(b, err)
+			rk, err := ep.Import(dr.Desc())
+			require.NoError(b, err)
+			const window = 64
+			done := make(chan error, window)
+			cb := func(err error) { done <- err }
+			ws := []rdma.Write{{Src: src.Addr, Dst: dst.Addr, Len: uint64(size), Local: sr.Key(), Remote: rk}}
+			b.SetBytes(int64(size))
+			b.ReportAllocs()
+			b.ResetTimer()
+			inflight := 0
+			for range b.N {
+				if inflight == window {
+					if err := <-done; err != nil {
+						b.Fatal(err)
+					}
+					inflight--
+				}
+				if err := ep.Post(ws, cb); err != nil {
+					b.Fatal(err)
+				}
+				inflight++
+			}
+			for ; inflight > 0; inflight-- {
+				if err := <-done; err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkMemcpy is the baseline of BenchmarkPost.
+func BenchmarkMemcpy(b *testing.B) {
+	for _, size := range []int{64 << 10, 1 << 20} {
+		b.Run(byteLabel(size), func(b *testing.B) {
+			src, dst := make([]byte, size), make([]byte, size)
+			b.SetBytes(int64(size))
+			for range b.N {
+				copy(dst, src)
+			}
+		})
+	}
+}
+
+func byteLabel(n int) string {
+	if n >= 1<<20 {
+		return strconv.Itoa(n>>20) + "MiB"
+	}
+	return strconv.Itoa(n>>10) + "KiB"
 }
