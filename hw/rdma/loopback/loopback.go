@@ -47,7 +47,8 @@ type Options struct {
 	Faults func(BatchInfo) Fault
 	// OnLand, if set, observes every write as it lands, on the goroutine
 	// that lands it: the link's, or on an unmodeled link the one calling
-	// Post. It must not call into the endpoint.
+	// Post, while the copy is under way: it must not call into the
+	// transport nor take a lock that a caller of Post may hold.
 	OnLand func(Landing)
 	// OnBatch, if set, observes every batch that landed, like OnLand.
 	OnBatch func(BatchSpan)
@@ -178,6 +179,11 @@ type Transport struct {
 	// holding an endpoint's lock, and a node may connect to itself.
 	closed atomic.Bool
 
+	// inbound is held for reading across every copy into this node's
+	// memory, and taken for writing by Close once closed is set: after
+	// Close returns no other node's write lands here.
+	inbound sync.RWMutex
+
 	// the link: batches in completion order
 	lmu       sync.Mutex
 	queue     []*batch
@@ -278,6 +284,8 @@ func (t *Transport) Close() error {
 	for _, ep := range eps {
 		_ = ep.Close()
 	}
+	t.inbound.Lock() // wait for other nodes' copies under way
+	t.inbound.Unlock()
 	t.fab.mu.Lock()
 	delete(t.fab.nodes, t.name)
 	t.fab.mu.Unlock()
@@ -313,7 +321,7 @@ type Endpoint struct {
 	// landMu is held across every copy into the peer's memory; Close takes
 	// it after marking the endpoint closed, which makes Close a barrier. It
 	// is separate from mu so that reporting a completion never waits for
-	// another batch's copy. Order: landMu before mu.
+	// another batch's copy. Order: landMu, then the peer's inbound, then mu.
 	landMu  sync.Mutex
 	mu      sync.Mutex // guards the fields below and the batches' report state
 	pending map[*batch]struct{}
@@ -401,7 +409,7 @@ func (e *Endpoint) Post(ws []rdma.Write, done func(error)) error {
 		return e.refuse()
 	}
 	t := e.from
-	b.ep, b.done, b.posted = e, done, time.Now()
+	b.ep, b.done = e, done
 	b.writes = append(b.writes, ws...)
 	b.info = BatchInfo{From: t.name, To: e.to.name, Seq: t.seq.Add(1), Bytes: total, Writes: len(ws)}
 	if len(ws) > 0 {
@@ -425,6 +433,11 @@ func (e *Endpoint) Post(ws []rdma.Write, done func(error)) error {
 		busy += b.fault.Delay
 	}
 	t.lmu.Lock()
+	// Stamped under the link's lock, so that stamps and busyUntil move
+	// together: a stamp taken before another poster's batch moved
+	// busyUntil would send this batch the modeled way on an unmodeled
+	// link, and a later batch of the same poster could land before it.
+	b.posted = time.Now()
 	start := b.posted
 	if t.busyUntil.After(start) {
 		start = t.busyUntil
@@ -457,6 +470,7 @@ func (e *Endpoint) Post(ws []rdma.Write, done func(error)) error {
 	}
 	if now {
 		e.landMu.Lock()
+		e.to.inbound.RLock()
 	}
 	e.mu.Lock()
 	// Checked again under the lock that Close takes: a Close since the
@@ -464,6 +478,7 @@ func (e *Endpoint) Post(ws []rdma.Write, done func(error)) error {
 	if e.closed || (e.broken != nil && b.fault.Kind != PeerGone) {
 		e.mu.Unlock()
 		if now {
+			e.to.inbound.RUnlock()
 			e.landMu.Unlock()
 		}
 		putStage(b.staged)
@@ -486,6 +501,7 @@ func (e *Endpoint) Post(ws []rdma.Write, done func(error)) error {
 			e.copyBytes(b)
 		}
 		b.applied = true
+		e.to.inbound.RUnlock()
 		e.landMu.Unlock()
 	}
 	t.lmu.Lock()
@@ -644,6 +660,7 @@ func (t *Transport) link() {
 func (e *Endpoint) land(b *batch) {
 	if !b.applied {
 		e.landMu.Lock()
+		e.to.inbound.RLock()
 		e.mu.Lock()
 		if !b.reported {
 			b.err = e.fate(b)
@@ -654,6 +671,7 @@ func (e *Endpoint) land(b *batch) {
 			e.copyBytes(b)
 		}
 		b.applied = true
+		e.to.inbound.RUnlock()
 		e.landMu.Unlock()
 	}
 	e.mu.Lock()
@@ -768,6 +786,10 @@ func (e *Endpoint) Close() error {
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
+		// Another Close is under way: this one too returns only once no
+		// copy is.
+		e.landMu.Lock()
+		e.landMu.Unlock()
 		return nil
 	}
 	e.closed = true

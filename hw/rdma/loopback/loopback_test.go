@@ -47,6 +47,11 @@ type fixture struct {
 func newFixture(t *testing.T, opts Options, n int) fixture {
 	from, to := pairOf(opts)(t)
 	t.Cleanup(func() { _ = from.Close(); _ = to.Close() })
+	return fixtureOn(t, from, to, n)
+}
+
+// fixtureOn registers n bytes on each side and connects from to to.
+func fixtureOn(t *testing.T, from, to rdma.Transport, n int) fixture {
 	src, err := hostmem.Alloc(n)
 	require.NoError(t, err)
 	dst, err := hostmem.Alloc(n)
@@ -94,6 +99,131 @@ func TestSourcesAreReadAtPost(t *testing.T) {
 			assert.Equal(t, bytes.Repeat([]byte{1}, 4096), f.dst.Bytes, "the sources were read when the batch was posted")
 		})
 	}
+}
+
+// heldCopy returns options whose OnLand holds the first landing, that is a
+// copy under way, until release is closed; inCopy is closed once it holds.
+func heldCopy(base Options) (opts Options, inCopy, release chan struct{}) {
+	inCopy, release = make(chan struct{}), make(chan struct{})
+	var first atomic.Bool
+	base.OnLand = func(Landing) {
+		if !first.Swap(true) {
+			close(inCopy)
+			<-release
+		}
+	}
+	return base, inCopy, release
+}
+
+// twoWrites is a batch whose second write is copied after the first landed.
+func (f fixture) twoWrites() []rdma.Write {
+	return []rdma.Write{
+		{Src: f.src.Addr, Dst: f.dst.Addr, Len: 8, Local: f.lk, Remote: f.rk},
+		{Src: f.src.Addr + 8, Dst: f.dst.Addr + 8, Len: 8, Local: f.lk, Remote: f.rk},
+	}
+}
+
+// stillRunning fails the test if done is closed within a short while: a
+// barrier returned while a copy was held. A slow machine can only make the
+// check pass wrongly, never fail wrongly.
+func stillRunning(t *testing.T, done <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-done:
+		t.Errorf("%s returned while a copy was under way", what)
+	case <-time.After(20 * time.Millisecond):
+	}
+}
+
+// TestCloseIsABarrier holds a copy under way (in Post on an unmodeled link,
+// on the link goroutine on a modeled one) and checks that neither Close nor
+// a second, concurrent Close returns before it is over.
+func TestCloseIsABarrier(t *testing.T) {
+	for name, base := range map[string]Options{"unmodeled": {}, "modeled": {Latency: time.Millisecond}} {
+		t.Run(name, func(t *testing.T) {
+			opts, inCopy, release := heldCopy(base)
+			f := newFixture(t, opts, 4096)
+			go func() { _ = f.ep.Post(f.twoWrites(), func(error) {}) }()
+			<-inCopy
+			first, second := make(chan struct{}), make(chan struct{})
+			go func() { _ = f.ep.Close(); close(first) }()
+			require.Eventually(t, f.ep.(*Endpoint).down.Load, 5*time.Second, 100*time.Microsecond, "the first Close never marked the endpoint")
+			go func() { _ = f.ep.Close(); close(second) }()
+			stillRunning(t, first, "Close")
+			stillRunning(t, second, "a second Close")
+			close(release)
+			<-first
+			<-second
+			assert.Equal(t, f.src.Bytes[:16], f.dst.Bytes[:16], "the copy under way completed before Close returned")
+		})
+	}
+}
+
+// TestPeerCloseWaitsForCopy: once the receiving node's Transport.Close
+// returned, no write lands in its memory any more (its owner may free it).
+func TestPeerCloseWaitsForCopy(t *testing.T) {
+	for name, base := range map[string]Options{"unmodeled": {}, "modeled": {Latency: time.Millisecond}} {
+		t.Run(name, func(t *testing.T) {
+			opts, inCopy, release := heldCopy(base)
+			fab := NewFabric(opts)
+			from, err := fab.NewTransport("prefill")
+			require.NoError(t, err)
+			to, err := fab.NewTransport("decode")
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = from.Close() })
+			f := fixtureOn(t, from, to, 4096)
+			go func() { _ = f.ep.Post(f.twoWrites(), func(error) {}) }()
+			<-inCopy
+			closed := make(chan struct{})
+			go func() { _ = to.Close(); close(closed) }()
+			stillRunning(t, closed, "the peer's Transport.Close")
+			close(release)
+			<-closed
+		})
+	}
+}
+
+// TestLaterPostWins: on an unmodeled link, a batch posted while another
+// poster's batch moves the link's clock must not take the modeled path and
+// land after a later batch of its own poster to the same destination.
+func TestLaterPostWins(t *testing.T) {
+	aInFaults, cPosted := make(chan struct{}), make(chan struct{})
+	var aStamp time.Time
+	opts := Options{Faults: func(b BatchInfo) Fault {
+		if b.Seq == 2 { // A, held between its validation and its stamp
+			aStamp = time.Now()
+			close(aInFaults)
+			<-cPosted
+		}
+		return Fault{}
+	}}
+	f := newFixture(t, opts, 8192)
+	w := func(off uint64) []rdma.Write {
+		return []rdma.Write{{Src: f.src.Addr + off, Dst: f.dst.Addr + off, Len: 8, Local: f.lk, Remote: f.rk}}
+	}
+	// Z's completion holds the link goroutine, so that nothing queued lands
+	// until B is done.
+	zIn, zRelease := make(chan struct{}), make(chan struct{})
+	require.NoError(t, f.ep.Post(w(4096), func(error) { close(zIn); <-zRelease }))
+	<-zIn
+	f.src.Bytes[0] = 'A'
+	aDone, aPosted := make(chan error, 1), make(chan error, 1)
+	go func() { aPosted <- f.ep.Post(w(0), func(err error) { aDone <- err }) }()
+	<-aInFaults
+	for !time.Now().After(aStamp) { // C's stamp must be later than A's could be
+	}
+	cDone := make(chan error, 1)
+	require.NoError(t, f.ep.Post(w(4096), func(err error) { cDone <- err }))
+	close(cPosted)
+	require.NoError(t, <-aPosted)
+	f.src.Bytes[0] = 'B'
+	bDone := make(chan error, 1)
+	require.NoError(t, f.ep.Post(w(0), func(err error) { bDone <- err }))
+	close(zRelease)
+	require.NoError(t, <-aDone)
+	require.NoError(t, <-bDone)
+	require.NoError(t, <-cDone)
+	assert.Equal(t, byte('B'), f.dst.Bytes[0], "the later write must win")
 }
 
 // TestConcurrentPostsAllComplete posts from several goroutines at once, so
