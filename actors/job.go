@@ -91,8 +91,17 @@ func (j *Job) teardown() (eps []rdma.Endpoint, err error) {
 	}
 	j.mu.Unlock()
 	j.cancel()
-	for _, ep := range eps {
-		if cerr := ep.Close(); errors.Is(cerr, rdma.ErrNotQuiesced) {
+	// In parallel: a Close may drain for up to the transport's bound (UCX:
+	// CloseDrain), and one after another they would add up past the
+	// finish timeout's reserve.
+	errs := make([]error, len(eps))
+	var wg sync.WaitGroup
+	for i, ep := range eps {
+		wg.Go(func() { errs[i] = ep.Close() })
+	}
+	wg.Wait()
+	for _, cerr := range errs {
+		if errors.Is(cerr, rdma.ErrNotQuiesced) {
 			err = errors.CombineErrors(err, cerr)
 		}
 	}

@@ -436,7 +436,9 @@ func (e *Engine) Finish(ctx context.Context, room uint64) (Result, error) {
 // Drop aborts every queued chunk of the room (abort or failure on the
 // serving side). It returns when none of their writes can land any more, so
 // their decode pages may be reused; within the finish timeout. Dropping an
-// unknown room is an error marked ErrBadInput.
+// unknown room is an error marked ErrBadInput. An error marked
+// ErrNotQuiesced says a chunk's teardown could not stop its writes (see
+// Finish): those pages must not be reused.
 func (e *Engine) Drop(ctx context.Context, room uint64) error {
 	e.closeMu.RLock()
 	defer e.closeMu.RUnlock()
@@ -458,7 +460,15 @@ func (e *Engine) drop(ctx context.Context, room uint64) error {
 		if len(rs) == 1 && rs[0].Chunk.Serial == 0 && rs[0].Err != nil {
 			return rs[0].Err
 		}
-		return nil
+		// A dropped chunk fails by design; what the caller must hear is a
+		// teardown that could not quiesce: those pages must not be reused.
+		var err error
+		for _, r := range rs {
+			if errors.Is(r.Err, ErrNotQuiesced) {
+				err = errors.CombineErrors(err, r.Err)
+			}
+		}
+		return err
 	case <-time.After(timeout + finishGrace):
 		return errors.AssertionFailedf("room %d: the engine did not answer Drop within %v (a bug)", room, timeout+finishGrace)
 	}
@@ -469,6 +479,8 @@ func (e *Engine) HasRoom(room uint64) bool { return e.env.Registry.HasRoom(room)
 
 // Close drops every room (so that nothing lands after it returns), stops the
 // actors and releases what the engine owns. Later calls return ErrClosed.
+// An error marked ErrNotQuiesced names rooms whose writes could not be
+// stopped (see Drop).
 func (e *Engine) Close() error {
 	e.closeMu.Lock()
 	if e.closed {
@@ -477,11 +489,14 @@ func (e *Engine) Close() error {
 	}
 	e.closed = true
 	e.closeMu.Unlock()
+	var err error
 	for _, room := range e.env.Registry.Rooms() {
-		_ = e.drop(context.Background(), room)
+		if derr := e.drop(context.Background(), room); errors.Is(derr, ErrNotQuiesced) {
+			err = errors.CombineErrors(err, derr)
+		}
 	}
 	e.stopActors()
-	err := e.closeTrace() // the actors stopped: the trace is complete
+	err = errors.CombineErrors(err, e.closeTrace()) // the actors stopped: the trace is complete
 	e.release()
 	return err
 }

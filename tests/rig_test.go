@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvstream/kvstream/cp"
 	"github.com/kvstream/kvstream/hw/cuda/sim"
+	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
 	"github.com/kvstream/kvstream/internal/testbed"
 	"github.com/kvstream/kvstream/system"
@@ -36,20 +37,22 @@ type rig struct {
 }
 
 type rigOpts struct {
-	geom      testbed.Geometry
-	hooks     int
-	group     int
-	pageSize  int
-	cp        cp.CP
-	decodes   int
-	layerTime time.Duration
-	timeout   time.Duration
-	perLayer  *bool
-	gpuFaults func(sim.EventInfo) sim.Fault
-	netFaults func(loopback.BatchInfo) loopback.Fault
-	link      loopback.Options
-	log       *zap.Logger
-	trace     io.Writer // record a message trace, written when the engine closes
+	geom       testbed.Geometry
+	hooks      int
+	group      int
+	pageSize   int
+	cp         cp.CP
+	decodes    int
+	layerTime  time.Duration
+	timeout    time.Duration
+	perLayer   *bool
+	gpuFaults  func(sim.EventInfo) sim.Fault
+	netFaults  func(loopback.BatchInfo) loopback.Fault
+	link       loopback.Options
+	log        *zap.Logger
+	trace      io.Writer // record a message trace, written when the engine closes
+	wrap       func(rdma.Transport) rdma.Transport
+	submitters int
 }
 
 func newRig(t *testing.T, o rigOpts) *rig {
@@ -93,11 +96,15 @@ func newRig(t *testing.T, o rigOpts) *rig {
 		log = zap.NewNop()
 	}
 	r.cfg = system.Config{Buffers: r.pool.EngineBuffers(), HookLayers: o.hooks, GroupSize: o.group, PageSize: o.pageSize,
-		CP: o.cp, FinishTimeout: o.timeout}
+		CP: o.cp, FinishTimeout: o.timeout, Submitters: o.submitters}
 	if o.perLayer != nil && !*o.perLayer {
 		r.cfg.DisablePerLayer = true
 	}
-	opts := []system.Option{system.WithStream(r.stream), system.WithTransport(pre), system.WithLogger(log),
+	var tr rdma.Transport = pre
+	if o.wrap != nil {
+		tr = o.wrap(pre)
+	}
+	opts := []system.Option{system.WithStream(r.stream), system.WithTransport(tr), system.WithLogger(log),
 		system.WithGetenv(func(string) string { return "" })}
 	if o.trace != nil {
 		opts = append(opts, system.WithTrace(o.trace, 0))

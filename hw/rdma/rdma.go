@@ -77,7 +77,9 @@ type Endpoint interface {
 	// guarantee that (UCX over TCP or shared memory emulates puts with
 	// messages the receiver applies; if the peer stalls they may still be
 	// applied later) returns an error marked ErrNotQuiesced: the destination
-	// pages of those writes must not be reused.
+	// pages of those writes must not be reused. The batches such a Close
+	// fails report errors marked ErrNotQuiesced as well, so that their
+	// owners learn it even when someone else closed the endpoint.
 	Close() error
 }
 

@@ -315,8 +315,10 @@ func (t *Transport) finishClose(e *Endpoint) {
 // waits until UCX released it. Batches that completed during the drain
 // report success; the others fail with rdma.ErrEndpointBroken. When Close
 // returns nil, no write posted on the endpoint can land any more; when the
-// drain timed out it returns an error marked rdma.ErrEndpointBroken,
-// because writes already sent may still be applied by the peer.
+// drain timed out, or UCX did not release the endpoint in time, it returns
+// an error marked rdma.ErrEndpointBroken and rdma.ErrNotQuiesced, because
+// writes already sent may still be applied by the peer, and the batches it
+// failed report errors marked rdma.ErrNotQuiesced too.
 func (e *Endpoint) Close() error {
 	t := e.t
 	t.mu.Lock()
@@ -331,7 +333,7 @@ func (e *Endpoint) Close() error {
 	}
 	t.mu.Unlock()
 	timeout := max(t.opts.CloseDrain, 0) + t.opts.CloseTimeout
-	tooLong := errors.Mark(errors.Newf("ucx: endpoint %d: close did not complete in %v", e.id, timeout), rdma.ErrEndpointBroken)
+	tooLong := errors.Mark(errors.Mark(errors.Newf("ucx: endpoint %d: close did not complete in %v, so its writes may still land", e.id, timeout), rdma.ErrEndpointBroken), rdma.ErrNotQuiesced)
 	if onLoop {
 		if t.ctx == nil {
 			return nil

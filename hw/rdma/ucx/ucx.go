@@ -459,6 +459,13 @@ func (t *Transport) handle(id uint64, kind int, st C.ucs_status_t) {
 // complete reports a batch. A batch whose flush may still call back keeps
 // its C record out of reuse (reusable false).
 func (t *Transport) complete(b *batch, err error, reusable bool) {
+	if err != nil && b.ep != nil && errors.Is(b.ep.closeErr, rdma.ErrNotQuiesced) {
+		// Failed by a forced close after the drain timed out (its flush
+		// cancelled, or the endpoint released): its writes may still
+		// land, and whoever owns its destination must hear that, not
+		// only the caller of Close (another chunk may have closed it).
+		err = errors.Mark(errors.Wrap(err, "forced closed after the drain timed out, its writes may still land"), rdma.ErrNotQuiesced)
+	}
 	done := b.done
 	b.done, b.ep = nil, nil
 	t.woke = true

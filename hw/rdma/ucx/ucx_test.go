@@ -238,9 +238,11 @@ func TestCloseReportsUndrainedWrites(t *testing.T) {
 		assert.True(t, errors.Is(closeErr, rdma.ErrEndpointBroken), "%v", closeErr)
 		assert.Contains(t, closeErr.Error(), "may still land")
 		assert.Less(t, took, 5*time.Second)
+		assert.True(t, errors.Is(closeErr, rdma.ErrNotQuiesced), "%v", closeErr)
 		err = waitErr(t, done)
 		require.Error(t, err)
 		assert.True(t, errors.Is(err, rdma.ErrEndpointBroken), "%v", err)
+		assert.True(t, errors.Is(err, rdma.ErrNotQuiesced), "the batch's own error says its writes may still land: %v", err)
 
 		closedAt := bytes.Count(f.dst.Bytes, []byte{0xCD})
 		close(release)

@@ -1,0 +1,155 @@
+package tests
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/hw/rdma"
+	"github.com/kvstream/kvstream/hw/rdma/loopback"
+	"github.com/kvstream/kvstream/internal/testbed"
+	"github.com/kvstream/kvstream/system"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// unquiescedTransport wraps loopback with a Close that cannot guarantee
+// quiescence, as UCX over TCP or shared memory reports when its drain times
+// out (a stalled peer): Close returns an error marked ErrNotQuiesced, and
+// so do the batches it fails (the rdma.Endpoint contract).
+type unquiescedTransport struct {
+	rdma.Transport
+	closes atomic.Int32
+}
+
+func (t *unquiescedTransport) Connect(a []byte) (rdma.Endpoint, error) {
+	ep, err := t.Transport.Connect(a)
+	if err != nil {
+		return nil, err
+	}
+	return &unquiescedEndpoint{Endpoint: ep, t: t}, nil
+}
+
+type unquiescedEndpoint struct {
+	rdma.Endpoint
+	t       *unquiescedTransport
+	closing atomic.Bool
+}
+
+func (e *unquiescedEndpoint) Post(ws []rdma.Write, done func(error)) error {
+	return e.Endpoint.Post(ws, func(err error) {
+		if err != nil && e.closing.Load() {
+			err = errors.Mark(errors.Wrap(err, "forced closed, may still land"), rdma.ErrNotQuiesced)
+		}
+		done(err)
+	})
+}
+
+func (e *unquiescedEndpoint) Close() error {
+	e.t.closes.Add(1)
+	e.closing.Store(true)
+	_ = e.Endpoint.Close()
+	return errors.Mark(errors.New("drain timed out; forced closed, writes may still land"), rdma.ErrNotQuiesced)
+}
+
+// decodePage maps a batch's first destination to its page on decode pool 0.
+func decodePage(r *rig, g testbed.Geometry, dst uint64) uint64 {
+	per := g.ItemLen * uint64(g.Pages)
+	return ((dst - r.decodes[0].Bases[0]) % per) / g.ItemLen
+}
+
+// TestDropReportsNotQuiesced: a Drop whose chunks' teardown could not
+// quiesce must say so, as Finish does; it used to return nil, and its caller
+// would reuse pages that writes may still hit.
+func TestDropReportsNotQuiesced(t *testing.T) {
+	g := testbed.MLA(4, 16, 64)
+	tr := &unquiescedTransport{}
+	r := newRig(t, rigOpts{geom: g, hooks: 4, group: 2, timeout: 250 * time.Millisecond,
+		wrap:      func(p rdma.Transport) rdma.Transport { tr.Transport = p; return tr },
+		netFaults: func(loopback.BatchInfo) loopback.Fault { return loopback.Fault{Kind: loopback.LoseCompletion} }})
+	r.register(chunk{room: 1, end: 8, src: []int{0, 1}, total: 4, infos: oneInfo("d0", []int{0, 1, 2, 3})})
+	r.register(chunk{room: 2, end: 8, src: []int{4, 5}, total: 4, infos: oneInfo("d0", []int{10, 11, 12, 13})})
+	r.forward(testbed.Write{Room: 1, SrcPages: []int{0, 1}, Tokens: 8}, testbed.Write{Room: 2, SrcPages: []int{4, 5}, Tokens: 8})
+	_, err := r.eng.Finish(context.Background(), 1)
+	assert.True(t, errors.Is(err, system.ErrNotQuiesced), "Finish: %v", err)
+	err = r.eng.Drop(context.Background(), 2)
+	assert.True(t, errors.Is(err, system.ErrNotQuiesced), "Drop: %v", err)
+	require.Positive(t, tr.closes.Load(), "a teardown closed an endpoint")
+}
+
+// TestNotQuiescedReachesOtherChunks: chunk A's teardown closes the endpoint
+// that also carries chunk B's batch, and that Close could not quiesce. B's
+// answer must carry ErrNotQuiesced too: B's pages are as unsafe as A's.
+func TestNotQuiescedReachesOtherChunks(t *testing.T) {
+	g := testbed.MLA(4, 16, 64)
+	tr := &unquiescedTransport{}
+	var r *rig
+	r = newRig(t, rigOpts{geom: g, hooks: 4, group: 2, timeout: 250 * time.Millisecond, submitters: 1,
+		wrap: func(p rdma.Transport) rdma.Transport { tr.Transport = p; return tr },
+		netFaults: func(b loopback.BatchInfo) loopback.Fault {
+			if decodePage(r, g, b.Dst) < 10 {
+				return loopback.Fault{Kind: loopback.LoseCompletion} // room 1 times out
+			}
+			return loopback.Fault{Kind: loopback.DelayCompletion, Delay: 3 * time.Second} // room 2: in flight
+		}})
+	r.register(chunk{room: 1, end: 8, last: true, src: []int{0, 1}, total: 2, infos: oneInfo("d0", []int{0, 1})})
+	r.register(chunk{room: 2, end: 8, last: true, src: []int{4, 5}, total: 2, infos: oneInfo("d0", []int{10, 11})})
+	r.forward(testbed.Write{Room: 1, SrcPages: []int{0, 1}, Tokens: 8}, testbed.Write{Room: 2, SrcPages: []int{4, 5}, Tokens: 8})
+	_, err := r.eng.Finish(context.Background(), 1)
+	require.True(t, errors.Is(err, system.ErrNotQuiesced), "A: %v", err)
+	res, err := r.eng.Finish(context.Background(), 2)
+	require.Equal(t, system.Failed, res.Status, "%v", err)
+	assert.True(t, errors.Is(err, system.ErrNotQuiesced), "B: %v", err)
+}
+
+// overlapTransport records how many endpoint Closes run at once. Each Close
+// waits (up to 200 ms) for a second one to start, so that closes made one
+// after another show a maximum of 1 and concurrent ones at least 2.
+type overlapTransport struct {
+	rdma.Transport
+	inClose, most, closes atomic.Int32
+}
+
+func (t *overlapTransport) Connect(a []byte) (rdma.Endpoint, error) {
+	ep, err := t.Transport.Connect(a)
+	if err != nil {
+		return nil, err
+	}
+	return &overlapEndpoint{Endpoint: ep, t: t}, nil
+}
+
+type overlapEndpoint struct {
+	rdma.Endpoint
+	t *overlapTransport
+}
+
+func (e *overlapEndpoint) Close() error {
+	n := e.t.inClose.Add(1)
+	defer e.t.inClose.Add(-1)
+	e.t.closes.Add(1)
+	for m := e.t.most.Load(); n > m && !e.t.most.CompareAndSwap(m, n); m = e.t.most.Load() {
+	}
+	for i := 0; i < 200 && e.t.inClose.Load() < 2; i++ {
+		time.Sleep(time.Millisecond)
+	}
+	return e.Endpoint.Close()
+}
+
+// TestTeardownClosesEndpointsTogether: a timed-out chunk whose batches are
+// in flight on several submitters' endpoints closes them concurrently, so
+// that the teardown costs one Close's drain, not their sum (invariant 9).
+func TestTeardownClosesEndpointsTogether(t *testing.T) {
+	g := testbed.MLA(8, 16, 64)
+	tr := &overlapTransport{}
+	r := newRig(t, rigOpts{geom: g, hooks: 8, group: 1, timeout: 250 * time.Millisecond, submitters: 4,
+		wrap:      func(p rdma.Transport) rdma.Transport { tr.Transport = p; return tr },
+		netFaults: func(loopback.BatchInfo) loopback.Fault { return loopback.Fault{Kind: loopback.LoseCompletion} }})
+	r.register(chunk{room: 1, end: 8, last: true, src: []int{0, 1}, total: 2, infos: oneInfo("d0", []int{0, 1})})
+	r.forward(testbed.Write{Room: 1, SrcPages: []int{0, 1}, Tokens: 8})
+	res, err := r.eng.Finish(context.Background(), 1)
+	require.Equal(t, system.Failed, res.Status, "%v", err)
+	require.GreaterOrEqual(t, tr.closes.Load(), int32(2), "the chunk's batches were in flight on several endpoints")
+	assert.GreaterOrEqual(t, tr.most.Load(), int32(2), "endpoint closes ran one after another")
+}
