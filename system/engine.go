@@ -146,6 +146,7 @@ type Engine struct {
 
 	closeMu   sync.RWMutex // held for reading by calls, for writing by Close
 	closed    bool
+	closeDone chan struct{} // closed when the first Close has finished
 	unhealthy atomic.Pointer[error]
 }
 
@@ -162,7 +163,7 @@ func New(cfg Config, opts ...Option) (*Engine, error) {
 	if o.log == nil {
 		o.log = defaultLogger()
 	}
-	e := &Engine{cfg: cfg, log: o.log, stream: o.stream,
+	e := &Engine{cfg: cfg, log: o.log, stream: o.stream, closeDone: make(chan struct{}),
 		restarts: &actors.RestartWindow{Max: cfg.MaxRestarts, Window: cfg.RestartWindow}}
 	if err := e.startTrace(&o, cfg.getenv(o.getenv)); err != nil {
 		return nil, err
@@ -485,10 +486,14 @@ func (e *Engine) Close() error {
 	e.closeMu.Lock()
 	if e.closed {
 		e.closeMu.Unlock()
+		// A Close is under way: return when it is over, since our caller
+		// too may free what the rooms' writes target.
+		<-e.closeDone
 		return nil
 	}
 	e.closed = true
 	e.closeMu.Unlock()
+	defer close(e.closeDone)
 	var err error
 	for _, room := range e.env.Registry.Rooms() {
 		if derr := e.drop(context.Background(), room); errors.Is(derr, ErrNotQuiesced) {

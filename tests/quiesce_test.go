@@ -2,6 +2,7 @@ package tests
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -152,4 +153,60 @@ func TestTeardownClosesEndpointsTogether(t *testing.T) {
 	require.Equal(t, system.Failed, res.Status, "%v", err)
 	require.GreaterOrEqual(t, tr.closes.Load(), int32(2), "the chunk's batches were in flight on several endpoints")
 	assert.GreaterOrEqual(t, tr.most.Load(), int32(2), "endpoint closes ran one after another")
+}
+
+// heldCloseTransport's endpoint Close blocks until release is closed;
+// closing is closed when the first one starts.
+type heldCloseTransport struct {
+	rdma.Transport
+	closing, release chan struct{}
+	once             sync.Once
+}
+
+func (t *heldCloseTransport) Connect(a []byte) (rdma.Endpoint, error) {
+	ep, err := t.Transport.Connect(a)
+	if err != nil {
+		return nil, err
+	}
+	return &heldCloseEndpoint{Endpoint: ep, t: t}, nil
+}
+
+type heldCloseEndpoint struct {
+	rdma.Endpoint
+	t *heldCloseTransport
+}
+
+func (e *heldCloseEndpoint) Close() error {
+	e.t.once.Do(func() { close(e.t.closing) })
+	<-e.t.release
+	return e.Endpoint.Close()
+}
+
+// TestSecondEngineCloseWaits: a second, concurrent Engine.Close returns only
+// once the first one has torn everything down, since its caller too may
+// free the memory that the rooms' writes target.
+func TestSecondEngineCloseWaits(t *testing.T) {
+	g := testbed.MLA(4, 16, 64)
+	tr := &heldCloseTransport{closing: make(chan struct{}), release: make(chan struct{})}
+	r := newRig(t, rigOpts{geom: g, hooks: 4, group: 2, timeout: 500 * time.Millisecond,
+		wrap:      func(p rdma.Transport) rdma.Transport { tr.Transport = p; return tr },
+		netFaults: func(loopback.BatchInfo) loopback.Fault { return loopback.Fault{Kind: loopback.LoseCompletion} }})
+	r.register(chunk{room: 1, end: 8, last: true, src: []int{0, 1}, total: 2, infos: oneInfo("d0", []int{0, 1})})
+	r.forward(testbed.Write{Room: 1, SrcPages: []int{0, 1}, Tokens: 8})
+	// A batch in flight (landed, its completion lost): dropping the room
+	// must close its endpoint.
+	require.Eventually(t, func() bool { r.mu.Lock(); defer r.mu.Unlock(); return len(r.landings) > 0 },
+		5*time.Second, time.Millisecond, "no batch was posted")
+	first, second := make(chan struct{}), make(chan struct{})
+	go func() { _ = r.eng.Close(); close(first) }()
+	<-tr.closing // the first Close is tearing the room down
+	go func() { _ = r.eng.Close(); close(second) }()
+	select {
+	case <-second:
+		t.Error("a second Close returned while the first was still tearing down")
+	case <-time.After(20 * time.Millisecond): // can only pass wrongly on a slow machine, never fail wrongly
+	}
+	close(tr.release)
+	<-first
+	<-second
 }
