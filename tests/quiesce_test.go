@@ -16,26 +16,38 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// unquiescedTransport wraps loopback with a Close that cannot guarantee
-// quiescence, as UCX over TCP or shared memory reports when its drain times
-// out (a stalled peer): Close returns an error marked ErrNotQuiesced, and
-// so do the batches it fails (the rdma.Endpoint contract).
-type unquiescedTransport struct {
-	rdma.Transport
-	closes atomic.Int32
+// wrapping is a rig option that wraps every endpoint the engine's transport
+// connects.
+func wrapping(wrap func(rdma.Endpoint) rdma.Endpoint) func(rdma.Transport) rdma.Transport {
+	return func(t rdma.Transport) rdma.Transport { return wrappedTransport{Transport: t, wrap: wrap} }
 }
 
-func (t *unquiescedTransport) Connect(a []byte) (rdma.Endpoint, error) {
+type wrappedTransport struct {
+	rdma.Transport
+	wrap func(rdma.Endpoint) rdma.Endpoint
+}
+
+func (t wrappedTransport) Connect(a []byte) (rdma.Endpoint, error) {
 	ep, err := t.Transport.Connect(a)
 	if err != nil {
 		return nil, err
 	}
-	return &unquiescedEndpoint{Endpoint: ep, t: t}, nil
+	return t.wrap(ep), nil
+}
+
+// unquiesced counts the Closes of endpoints that cannot guarantee
+// quiescence, as UCX over TCP or shared memory reports when its drain times
+// out (a stalled peer): Close returns an error marked ErrNotQuiesced, and
+// so do the batches it fails (the rdma.Endpoint contract).
+type unquiesced struct{ closes atomic.Int32 }
+
+func (u *unquiesced) wrap(ep rdma.Endpoint) rdma.Endpoint {
+	return &unquiescedEndpoint{Endpoint: ep, t: u}
 }
 
 type unquiescedEndpoint struct {
 	rdma.Endpoint
-	t       *unquiescedTransport
+	t       *unquiesced
 	closing atomic.Bool
 }
 
@@ -66,9 +78,9 @@ func decodePage(r *rig, g testbed.Geometry, dst uint64) uint64 {
 // would reuse pages that writes may still hit.
 func TestDropReportsNotQuiesced(t *testing.T) {
 	g := testbed.MLA(4, 16, 64)
-	tr := &unquiescedTransport{}
+	tr := &unquiesced{}
 	r := newRig(t, rigOpts{geom: g, hooks: 4, group: 2, timeout: 250 * time.Millisecond,
-		wrap:      func(p rdma.Transport) rdma.Transport { tr.Transport = p; return tr },
+		wrap:      wrapping(tr.wrap),
 		netFaults: func(loopback.BatchInfo) loopback.Fault { return loopback.Fault{Kind: loopback.LoseCompletion} }})
 	r.register(chunk{room: 1, end: 8, src: []int{0, 1}, total: 4, infos: oneInfo("d0", []int{0, 1, 2, 3})})
 	r.register(chunk{room: 2, end: 8, src: []int{4, 5}, total: 4, infos: oneInfo("d0", []int{10, 11, 12, 13})})
@@ -85,10 +97,10 @@ func TestDropReportsNotQuiesced(t *testing.T) {
 // answer must carry ErrNotQuiesced too: B's pages are as unsafe as A's.
 func TestNotQuiescedReachesOtherChunks(t *testing.T) {
 	g := testbed.MLA(4, 16, 64)
-	tr := &unquiescedTransport{}
+	tr := &unquiesced{}
 	var r *rig
 	r = newRig(t, rigOpts{geom: g, hooks: 4, group: 2, timeout: 250 * time.Millisecond, submitters: 1,
-		wrap: func(p rdma.Transport) rdma.Transport { tr.Transport = p; return tr },
+		wrap: wrapping(tr.wrap),
 		netFaults: func(b loopback.BatchInfo) loopback.Fault {
 			if decodePage(r, g, b.Dst) < 10 {
 				return loopback.Fault{Kind: loopback.LoseCompletion} // room 1 times out
@@ -105,25 +117,16 @@ func TestNotQuiescedReachesOtherChunks(t *testing.T) {
 	assert.True(t, errors.Is(err, system.ErrNotQuiesced), "B: %v", err)
 }
 
-// overlapTransport records how many endpoint Closes run at once. Each Close
-// waits (up to 200 ms) for a second one to start, so that closes made one
-// after another show a maximum of 1 and concurrent ones at least 2.
-type overlapTransport struct {
-	rdma.Transport
-	inClose, most, closes atomic.Int32
-}
+// overlap records how many endpoint Closes run at once. Each Close waits
+// (up to 200 ms) for a second one to start, so that closes made one after
+// another show a maximum of 1 and concurrent ones at least 2.
+type overlap struct{ inClose, most, closes atomic.Int32 }
 
-func (t *overlapTransport) Connect(a []byte) (rdma.Endpoint, error) {
-	ep, err := t.Transport.Connect(a)
-	if err != nil {
-		return nil, err
-	}
-	return &overlapEndpoint{Endpoint: ep, t: t}, nil
-}
+func (o *overlap) wrap(ep rdma.Endpoint) rdma.Endpoint { return &overlapEndpoint{Endpoint: ep, t: o} }
 
 type overlapEndpoint struct {
 	rdma.Endpoint
-	t *overlapTransport
+	t *overlap
 }
 
 func (e *overlapEndpoint) Close() error {
@@ -143,9 +146,9 @@ func (e *overlapEndpoint) Close() error {
 // that the teardown costs one Close's drain, not their sum (invariant 9).
 func TestTeardownClosesEndpointsTogether(t *testing.T) {
 	g := testbed.MLA(8, 16, 64)
-	tr := &overlapTransport{}
+	tr := &overlap{}
 	r := newRig(t, rigOpts{geom: g, hooks: 8, group: 1, timeout: 250 * time.Millisecond, submitters: 4,
-		wrap:      func(p rdma.Transport) rdma.Transport { tr.Transport = p; return tr },
+		wrap:      wrapping(tr.wrap),
 		netFaults: func(loopback.BatchInfo) loopback.Fault { return loopback.Fault{Kind: loopback.LoseCompletion} }})
 	r.register(chunk{room: 1, end: 8, last: true, src: []int{0, 1}, total: 2, infos: oneInfo("d0", []int{0, 1})})
 	r.forward(testbed.Write{Room: 1, SrcPages: []int{0, 1}, Tokens: 8})
@@ -155,25 +158,20 @@ func TestTeardownClosesEndpointsTogether(t *testing.T) {
 	assert.GreaterOrEqual(t, tr.most.Load(), int32(2), "endpoint closes ran one after another")
 }
 
-// heldCloseTransport's endpoint Close blocks until release is closed;
+// heldClose makes every endpoint Close block until release is closed;
 // closing is closed when the first one starts.
-type heldCloseTransport struct {
-	rdma.Transport
+type heldClose struct {
 	closing, release chan struct{}
 	once             sync.Once
 }
 
-func (t *heldCloseTransport) Connect(a []byte) (rdma.Endpoint, error) {
-	ep, err := t.Transport.Connect(a)
-	if err != nil {
-		return nil, err
-	}
-	return &heldCloseEndpoint{Endpoint: ep, t: t}, nil
+func (h *heldClose) wrap(ep rdma.Endpoint) rdma.Endpoint {
+	return &heldCloseEndpoint{Endpoint: ep, t: h}
 }
 
 type heldCloseEndpoint struct {
 	rdma.Endpoint
-	t *heldCloseTransport
+	t *heldClose
 }
 
 func (e *heldCloseEndpoint) Close() error {
@@ -187,9 +185,9 @@ func (e *heldCloseEndpoint) Close() error {
 // free the memory that the rooms' writes target.
 func TestSecondEngineCloseWaits(t *testing.T) {
 	g := testbed.MLA(4, 16, 64)
-	tr := &heldCloseTransport{closing: make(chan struct{}), release: make(chan struct{})}
+	tr := &heldClose{closing: make(chan struct{}), release: make(chan struct{})}
 	r := newRig(t, rigOpts{geom: g, hooks: 4, group: 2, timeout: 500 * time.Millisecond,
-		wrap:      func(p rdma.Transport) rdma.Transport { tr.Transport = p; return tr },
+		wrap:      wrapping(tr.wrap),
 		netFaults: func(loopback.BatchInfo) loopback.Fault { return loopback.Fault{Kind: loopback.LoseCompletion} }})
 	r.register(chunk{room: 1, end: 8, last: true, src: []int{0, 1}, total: 2, infos: oneInfo("d0", []int{0, 1})})
 	r.forward(testbed.Write{Room: 1, SrcPages: []int{0, 1}, Tokens: 8})

@@ -51,7 +51,7 @@ func newFixture(t *testing.T, opts Options, n int) fixture {
 }
 
 // fixtureOn registers n bytes on each side and connects from to to.
-func fixtureOn(t *testing.T, from, to rdma.Transport, n int) fixture {
+func fixtureOn(t testing.TB, from, to rdma.Transport, n int) fixture {
 	src, err := hostmem.Alloc(n)
 	require.NoError(t, err)
 	dst, err := hostmem.Alloc(n)
@@ -449,25 +449,17 @@ func TestDeviceSources(t *testing.T) {
 func BenchmarkPost(b *testing.B) {
 	for _, size := range []int{64 << 10, 1 << 20} {
 		b.Run(byteLabel(size), func(b *testing.B) {
-			from, to := pairOf(Options{})(&testing.T{})
-			defer func() { _ = from.Close(); _ = to.Close() }()
-			src, err := hostmem.Alloc(size)
+			fab := NewFabric(Options{})
+			from, err := fab.NewTransport("prefill")
 			require.NoError(b, err)
-			dst, err := hostmem.Alloc(size)
+			to, err := fab.NewTransport("decode")
 			require.NoError(b, err)
-			defer func() { _ = src.Free(); _ = dst.Free() }()
-			sr, err := from.Register(src.Addr, uint64(size))
-			require.NoError(b, err)
-			dr, err := to.Register(dst.Addr, uint64(size))
-			require.NoError(b, err)
-			ep, err := from.Connect(to.Address())
-			require.NoError(b, err)
-			rk, err := ep.Import(dr.Desc())
-			require.NoError(b, err)
+			b.Cleanup(func() { _ = from.Close(); _ = to.Close() })
+			f := fixtureOn(b, from, to, size)
 			const window = 64
 			done := make(chan error, window)
 			cb := func(err error) { done <- err }
-			ws := []rdma.Write{{Src: src.Addr, Dst: dst.Addr, Len: uint64(size), Local: sr.Key(), Remote: rk}}
+			ws := []rdma.Write{{Src: f.src.Addr, Dst: f.dst.Addr, Len: uint64(size), Local: f.lk, Remote: f.rk}}
 			b.SetBytes(int64(size))
 			b.ReportAllocs()
 			b.ResetTimer()
@@ -479,7 +471,7 @@ func BenchmarkPost(b *testing.B) {
 					}
 					inflight--
 				}
-				if err := ep.Post(ws, cb); err != nil {
+				if err := f.ep.Post(ws, cb); err != nil {
 					b.Fatal(err)
 				}
 				inflight++
