@@ -143,6 +143,7 @@ func TestCloseIsABarrier(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			opts, inCopy, release := heldCopy(base)
 			f := newFixture(t, opts, 4096)
+			copy(f.src.Bytes, "both writes land") // 16 bytes: the batch's two writes
 			go func() { _ = f.ep.Post(f.twoWrites(), func(error) {}) }()
 			<-inCopy
 			first, second := make(chan struct{}), make(chan struct{})
@@ -154,7 +155,7 @@ func TestCloseIsABarrier(t *testing.T) {
 			close(release)
 			<-first
 			<-second
-			assert.Equal(t, f.src.Bytes[:16], f.dst.Bytes[:16], "the copy under way completed before Close returned")
+			assert.Equal(t, "both writes land", string(f.dst.Bytes[:16]), "the copy under way completed before Close returned")
 		})
 	}
 }
