@@ -5,6 +5,6 @@
 // Everything here is a plain function over page lists: no goroutines, no
 // clocks, no hardware. The per-layer path and the monolithic send both derive
 // their writes from these functions, which is what makes their bytes identical
-// (DESIGN.md invariant 2). Invalid input is an error that names the bad value;
+// (invariant 2 of docs/ARCHITECTURE.md). Invalid input is an error that names the bad value;
 // nothing here panics on caller data.
 package cp

@@ -12,7 +12,12 @@
 //	eng.Close()
 //
 // The engine chooses per-layer streaming or the monolithic post-forward send
-// per room (DESIGN.md invariant 8) and says which. Finish and Drop return only
-// when no write of the chunk can land any more, and always within the finish
-// timeout.
+// per room (invariant 8 of docs/ARCHITECTURE.md, where the invariants and
+// the vocabulary are) and says which. Finish and Drop return only when no
+// write of the chunk can land any more, and always within the finish timeout.
+//
+// The files: types.go names the values a caller passes and gets back,
+// config.go and options.go configure New, engine.go is the lifecycle (New,
+// Close), calls.go the calls of the scheduler and the transfer path
+// (AddPeer, Register, Finish, Drop), forward.go the forward loop's hooks.
 package system

@@ -27,6 +27,9 @@ var (
 	// guarantee that nothing more lands (UCX over TCP or shared memory with
 	// a stalled peer): do not reuse its decode pages.
 	ErrNotQuiesced = rdma.ErrNotQuiesced
+	// ErrPeerLost: a decode peer was reported lost (Engine.PeerLost). Also
+	// marked ErrEndpointBroken.
+	ErrPeerLost = actors.ErrPeerLost
 )
 
 func closedError(call string) error {

@@ -22,7 +22,7 @@ import (
 // benchEngine returns an engine over an MLA pool of 79 buffers (78 hooks,
 // K = 8) with n single-page chunks registered and a forward begun. Events
 // come from a stream whose events are complete at once, so that the figures
-// exclude the driver's event record, as DESIGN.md's target does.
+// exclude the driver's event record, as the target in docs/PERFORMANCE.md does.
 func benchEngine(b *testing.B, n int) (*system.Engine, *system.Forward) {
 	g := testbed.MLA(79, 64, n+1)
 	fab := loopback.NewFabric(loopback.Options{})
@@ -185,7 +185,7 @@ func (o *landedObserver) Batch(b actors.Batch) {
 }
 
 // BenchmarkFinishAfterLanded is Finish's latency when every write of the
-// chunk already completed (DESIGN.md target: p99 ≤ 100 µs): the round trip
+// chunk already completed (target: p99 ≤ 100 µs, docs/PERFORMANCE.md): the round trip
 // through manager, room and chunk actors and back.
 func BenchmarkFinishAfterLanded(b *testing.B) {
 	g := testbed.MLA(9, 64, 8)

@@ -73,7 +73,7 @@ type Endpoint interface {
 	Post(ws []Write, done func(error)) error
 	// Close tears the endpoint down: batches not yet completed fail, and when
 	// Close returns no write posted on this endpoint can land any more
-	// (DESIGN.md invariant 10 rests on this). A transport that cannot
+	// (invariant 10 rests on this). A transport that cannot
 	// guarantee that (UCX over TCP or shared memory emulates puts with
 	// messages the receiver applies; if the peer stalls they may still be
 	// applied later) returns an error marked ErrNotQuiesced: the destination

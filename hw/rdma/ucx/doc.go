@@ -92,7 +92,7 @@
 // already in socket buffers or shared-memory FIFOs still land afterwards
 // (measured here: megabytes over TCP, hundreds of kilobytes over shared
 // memory). That is why Endpoint.Close drains first, and why it returns an
-// error when the drain times out: DESIGN.md invariant 10 then does not hold
+// error when the drain times out: invariant 10 of docs/ARCHITECTURE.md then does not hold
 // and the caller must not reuse the destination pages on the strength of
 // that Close. Options.CloseDrain < 0 skips the drain, for RDMA NICs.
 //

@@ -47,7 +47,7 @@ type Options struct {
 	// (RDMA NICs), not over TCP or shared memory.
 	CloseDrain time.Duration
 	// CloseTimeout bounds how long Endpoint.Close and Close wait for UCX
-	// to release an endpoint after the drain (DESIGN.md invariant 9: never
+	// to release an endpoint after the drain (invariant 9: never
 	// hang). Zero means 10s.
 	CloseTimeout time.Duration
 }

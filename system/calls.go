@@ -1,0 +1,189 @@
+package system
+
+import (
+	"context"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/actors"
+	"github.com/kvstream/kvstream/cp"
+	"github.com/kvstream/kvstream/messages"
+)
+
+// AddPeer adds a decode session. Its buffers must match the prefill layout
+// one for one (same item lengths).
+func (e *Engine) AddPeer(p Peer) error {
+	e.closeMu.RLock()
+	defer e.closeMu.RUnlock()
+	if e.closed {
+		return closedError("AddPeer")
+	}
+	err := actors.ValidatePeer(e.layout, p)
+	if err == nil {
+		err = e.env.Peers.Add(&p)
+	}
+	e.traceAddPeer(&p, err)
+	return err
+}
+
+// PeerLost tells the engine a decode peer is gone (its process died, the
+// control plane lost it): work for it fails at once instead of waiting for
+// transport errors or timeouts, and new registrations to it are refused
+// (ErrPeerLost, also ErrEndpointBroken). Chunks with writes in flight to it
+// still quiesce before they answer.
+func (e *Engine) PeerLost(id string, cause error) error {
+	return e.env.Peers.Lose(id, cause)
+}
+
+// Register registers the chunk that the next forward writes, before that
+// forward begins. It is idempotent per (room, exact chunk range):
+// registering an active chunk again changes nothing and is cheap. It returns the mode the
+// room uses: per-layer when it has exactly one non-dummy destination and
+// per-layer is on, else monolithic.
+func (e *Engine) Register(ctx context.Context, spec ChunkSpec) (reg Registration, err error) {
+	e.closeMu.RLock()
+	defer e.closeMu.RUnlock()
+	defer func() { e.traceRegister(&spec, reg, err) }()
+	if e.closed {
+		e.obs.Refused("closed")
+		return Registration{}, closedError("Register")
+	}
+	key := spec.Key(e.cfg.PageSize, e.nextForward.Load())
+	if a, ok := e.env.Registry.Lookup(key); ok {
+		return registration(a, 0), nil
+	}
+	if err := e.Healthy(); err != nil {
+		e.obs.Refused("unhealthy")
+		return Registration{}, err
+	}
+	for _, in := range spec.Infos {
+		if lost := e.env.Peers.Lost(in.Peer); lost != nil && !in.Dummy {
+			e.obs.Refused("peer_lost")
+			return Registration{}, lost
+		}
+	}
+	plan, err := actors.BuildPlan(e.layout, e.env.Peers.Get, &spec, !e.cfg.DisablePerLayer)
+	if err != nil {
+		e.obs.Refused("bad_input")
+		return Registration{}, err
+	}
+	plan.Chunk = messages.Chunk{ChunkKey: key, Serial: e.nextSerial.Add(1)}
+	job := actors.NewJob(plan)
+	reply := make(chan messages.Added, 1)
+	e.system.Root.Send(e.manager, &messages.AddChunk{
+		Chunk: plan.Chunk, PerLayer: plan.Mode == cp.PerLayer, Owned: plan.Owned, Dests: len(plan.Dests),
+		Props: actors.ChunkProps(e.env, job), Reply: reply,
+	})
+	select {
+	case a := <-reply:
+		reg := registration(a, plan.Reason)
+		if a.Existing {
+			job.Release()
+		} else {
+			e.obs.Registered(reg)
+		}
+		return reg, nil
+	case <-ctx.Done():
+		// The registration still completes; the caller may retry, which is
+		// idempotent.
+		return Registration{}, errors.Wrapf(ctx.Err(), "register room %d chunk %d", spec.Room, spec.Start)
+	}
+}
+
+func registration(a messages.Added, r Reason) Registration {
+	m := Monolithic
+	if a.PerLayer {
+		m = PerLayer
+	}
+	return Registration{Mode: m, Reason: r, Existing: a.Existing, Chunk: a.Chunk}
+}
+
+// timeout is how long Finish or Drop may take: the finish timeout, or less
+// when ctx has an earlier deadline (but at least a millisecond, so that an
+// expired ctx still fails the chunk through its own path).
+func (e *Engine) timeout(ctx context.Context) time.Duration {
+	timeout := e.cfg.FinishTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = min(timeout, max(time.Until(dl), time.Millisecond))
+	}
+	return timeout
+}
+
+// finishGrace bounds how long Finish waits past the chunk's own deadline for
+// its answer: the chunk answers at its deadline after a teardown, so only a
+// bug can use this margin. It keeps "never hang" true even then.
+const finishGrace = 5 * time.Second
+
+// Finish waits for the room's front chunk (chunks finish in send order) and
+// returns its result. It returns within the finish timeout (or ctx's
+// deadline, if sooner), and only when no write of the chunk can land any
+// more. A failed chunk returns its result and an error marked with its
+// class (ErrTimeout, ErrEndpointBroken, ErrEventWait, ErrDeviceLost); an
+// unknown room returns an error marked ErrBadInput. If ctx is cancelled the
+// chunk fails (and still quiesces before Finish returns).
+func (e *Engine) Finish(ctx context.Context, room uint64) (Result, error) {
+	e.closeMu.RLock()
+	defer e.closeMu.RUnlock()
+	if e.closed {
+		return Result{}, closedError("Finish")
+	}
+	timeout := e.timeout(ctx)
+	call := time.Now()
+	ev, evErr := e.stream.Record()
+	reply := make(chan Result, 1)
+	e.system.Root.Send(e.manager, &messages.Finish{Room: room, Timeout: timeout, Ctx: ctx, Event: ev, EventErr: evErr, Reply: reply})
+	select {
+	case r := <-reply:
+		if r.Chunk.Serial != 0 { // a chunk answered (not an unknown room)
+			ret := time.Now()
+			if !r.Stats.ForwardEnd.IsZero() {
+				r.Stats.Exposed = ret.Sub(r.Stats.ForwardEnd)
+			}
+			e.obs.Finished(FinishRecord{Result: r, Latency: ret.Sub(call), Exposed: r.Stats.Exposed})
+		}
+		return r, r.Err
+	case <-time.After(timeout + finishGrace):
+		return Result{}, errors.AssertionFailedf("room %d: the engine did not answer Finish within %v (a bug)", room, timeout+finishGrace)
+	}
+}
+
+// Drop aborts every queued chunk of the room (abort or failure on the
+// serving side). It returns when none of their writes can land any more, so
+// their decode pages may be reused; within the finish timeout. Dropping an
+// unknown room is an error marked ErrBadInput. An error marked
+// ErrNotQuiesced says a chunk's teardown could not stop its writes (see
+// Finish): those pages must not be reused.
+func (e *Engine) Drop(ctx context.Context, room uint64) error {
+	e.closeMu.RLock()
+	defer e.closeMu.RUnlock()
+	if e.closed {
+		return closedError("Drop")
+	}
+	return e.drop(ctx, room)
+}
+
+func (e *Engine) drop(ctx context.Context, room uint64) error {
+	timeout := e.timeout(ctx)
+	reply := make(chan []Result, 1)
+	e.system.Root.Send(e.manager, &messages.Drop{Room: room, Timeout: timeout, Reply: reply})
+	select {
+	case rs := <-reply:
+		if len(rs) == 1 && rs[0].Chunk.Serial == 0 && rs[0].Err != nil {
+			return rs[0].Err
+		}
+		// A dropped chunk fails by design; what the caller must hear is a
+		// teardown that could not quiesce: those pages must not be reused.
+		var err error
+		for _, r := range rs {
+			if errors.Is(r.Err, ErrNotQuiesced) {
+				err = errors.CombineErrors(err, r.Err)
+			}
+		}
+		return err
+	case <-time.After(timeout + finishGrace):
+		return errors.AssertionFailedf("room %d: the engine did not answer Drop within %v (a bug)", room, timeout+finishGrace)
+	}
+}
+
+// HasRoom reports whether the room has a live chunk context.
+func (e *Engine) HasRoom(room uint64) bool { return e.env.Registry.HasRoom(room) }

@@ -1,0 +1,60 @@
+package system
+
+import (
+	"io"
+
+	"github.com/kvstream/kvstream/hw/cuda"
+	"github.com/kvstream/kvstream/hw/cuda/driver"
+	"github.com/kvstream/kvstream/hw/rdma"
+	"go.uber.org/zap"
+)
+
+// Option configures an Engine beyond its Config.
+type Option func(*options)
+
+type options struct {
+	gpu       *driver.Device
+	gpuErr    error
+	traceTo   io.Writer
+	traceCap  int
+	observers observers
+	// started run at the end of New, with the engine (gauges, watchers).
+	started   []func(*Engine)
+	log       *zap.Logger
+	stream    cuda.Stream
+	transport rdma.Transport
+	getenv    func(string) string
+}
+
+// WithLogger sets the logger. The default writes WARN and above to stderr,
+// so failures are seen and successes are not (invariant 12).
+func WithLogger(l *zap.Logger) Option { return func(o *options) { o.log = l } }
+
+// WithStream sets the compute stream events are recorded on. The default is
+// a stream of a virtual GPU owned by the engine (see Engine.Stream).
+func WithStream(s cuda.Stream) Option { return func(o *options) { o.stream = s } }
+
+// WithGPU records the engine's events on a new stream of a real GPU (see
+// hw/cuda/driver), and closes that stream when the engine closes. It takes
+// driver.Open's results as they are, so that a missing driver library or
+// device is New's error:
+//
+//	eng, err := system.New(cfg, system.WithGPU(driver.Open(0)))
+//
+// To record on a stream the serving stack already owns, use
+// WithStream(dev.WrapStream(handle)) instead.
+func WithGPU(dev *driver.Device, err error) Option {
+	return func(o *options) { o.gpu, o.gpuErr = dev, err }
+}
+
+// WithTransport sets the transport. The default is a node of
+// loopback.Default(), the process's in-memory fabric.
+func WithTransport(t rdma.Transport) Option { return func(o *options) { o.transport = t } }
+
+// WithObserver adds an observer (metrics, traces, reports).
+func WithObserver(o Observer) Option {
+	return func(op *options) { op.observers = append(op.observers, o) }
+}
+
+// WithGetenv replaces os.Getenv for the KVSTREAM_* variables (tests).
+func WithGetenv(f func(string) string) Option { return func(o *options) { o.getenv = f } }

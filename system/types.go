@@ -1,0 +1,57 @@
+package system
+
+import (
+	"github.com/kvstream/kvstream/actors"
+	"github.com/kvstream/kvstream/cp"
+	"github.com/kvstream/kvstream/messages"
+)
+
+// The values a serving stack passes in and gets back. They are defined in
+// lower packages (the actors use them too) and named here so that a user of
+// the façade needs no other import.
+type (
+	// Result is a chunk context's outcome: its key, Status, Stats and, when
+	// it failed, the error (marked with its class, see the Err* values).
+	Result = messages.Result
+	// Status is how a chunk ended: Succeeded, Failed or Dropped.
+	Status = messages.Status
+	// ChunkStats are a chunk's transfer figures (bytes, batches, instants).
+	ChunkStats = messages.Stats
+	// Peer is a decode session this engine writes to: its id, its
+	// transport address and its buffers in the prefill layout's order.
+	// Pass it to AddPeer before registering chunks that name it.
+	Peer = actors.Peer
+	// PeerBuffer is one decode buffer of a Peer: its registered region
+	// (address, length, packed key) and its item length (bytes per page).
+	PeerBuffer = actors.PeerBuffer
+	// ChunkSpec is what the scheduler registers before the forward that
+	// writes tokens [Start, End) of a room: the prefill pages backing the
+	// chunk (SrcPages, in position order), the request's page count and the
+	// room's decode destinations (Infos).
+	ChunkSpec = actors.ChunkSpec
+	// DecodeInfo is one decode destination of a room: the peer, the full
+	// request's destination page list (position p goes to DstPages[p]),
+	// and whether it is a dummy that receives nothing.
+	DecodeInfo = actors.DecodeInfo
+	// Mode is how a room is sent: PerLayer or Monolithic.
+	Mode = cp.Mode
+	// Reason says why the register guard chose a mode.
+	Reason = cp.Reason
+)
+
+// Statuses and modes.
+const (
+	Succeeded  = messages.Succeeded
+	Failed     = messages.Failed
+	Dropped    = messages.Dropped
+	PerLayer   = cp.PerLayer
+	Monolithic = cp.Monolithic
+)
+
+// Registration is what Register returns.
+type Registration struct {
+	Mode     Mode
+	Reason   Reason // why the guard chose Mode
+	Existing bool   // the chunk was already registered: nothing changed
+	Chunk    messages.Chunk
+}

@@ -1,0 +1,199 @@
+package tests
+
+import (
+	"bufio"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+const module = "github.com/kvstream/kvstream"
+
+// docRow is one row of the package table in docs/ARCHITECTURE.md: a
+// package and the packages of ours it may import, or "anything above" for
+// the top of the stack.
+type docRow struct {
+	pkg     string
+	imports []string
+	above   bool // "anything above": any package listed before it
+}
+
+// readPackageTable parses the "## Packages" table: rows whose first cell is
+// a `package` and whose last cell lists `imports`, "nothing", or "anything
+// above".
+func readPackageTable(t *testing.T, path string) []docRow {
+	t.Helper()
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	tick := regexp.MustCompile("`([^`]+)`")
+	var rows []docRow
+	in := false
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, "## "):
+			in = line == "## Packages"
+			continue
+		case !in || !strings.HasPrefix(line, "| `"):
+			continue
+		}
+		cells := strings.Split(strings.Trim(line, "|"), "|")
+		require.GreaterOrEqual(t, len(cells), 3, "package table row %q", line)
+		pkg := tick.FindStringSubmatch(cells[0])
+		require.NotNil(t, pkg, "package table row %q names no package", line)
+		last := strings.TrimSpace(cells[len(cells)-1])
+		r := docRow{pkg: pkg[1]}
+		switch last {
+		case "nothing":
+		case "anything above":
+			r.above = true
+		default:
+			for _, m := range tick.FindAllStringSubmatch(last, -1) {
+				r.imports = append(r.imports, m[1])
+			}
+			require.NotEmpty(t, r.imports, "package table row %q: imports cell %q is neither a list nor \"nothing\"", line, last)
+		}
+		rows = append(rows, r)
+	}
+	require.NoError(t, sc.Err())
+	require.NotEmpty(t, rows, "no package table in %s", path)
+	return rows
+}
+
+// testUpward lists the only tests allowed to import a package above their
+// own, each with the reason.
+var testUpward = map[[2]string]string{
+	// The engine's end-to-end run on the C stand-in libcuda must run in the
+	// driver's own test binary: TestCFakeLibcuda re-runs that binary with
+	// the fake library first on LD_LIBRARY_PATH.
+	{"hw/cuda/driver", "internal/gpucheck"}: "re-run under the fake libcuda",
+}
+
+// goPackages lists every package of the module with its imports of ours
+// (test files included: a test may not reach above its package either,
+// but for testUpward).
+func goPackages(t *testing.T, root string) map[string][]string {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-tags", "ucx", "-json", "./...")
+	cmd.Dir = root
+	out, err := cmd.Output()
+	require.NoError(t, err, "go list")
+	pkgs := map[string][]string{}
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	for dec.More() {
+		var p struct {
+			ImportPath                         string
+			Imports, TestImports, XTestImports []string
+		}
+		require.NoError(t, dec.Decode(&p))
+		rel := strings.TrimPrefix(strings.TrimPrefix(p.ImportPath, module), "/")
+		if rel == "" {
+			continue
+		}
+		seen := map[string]bool{}
+		for _, imp := range slices.Concat(p.Imports, p.TestImports, p.XTestImports) {
+			if r, ok := strings.CutPrefix(imp, module+"/"); ok && r != rel && !seen[r] {
+				seen[r] = true
+				pkgs[rel] = append(pkgs[rel], r)
+			}
+		}
+		sort.Strings(pkgs[rel])
+		if _, ok := pkgs[rel]; !ok {
+			pkgs[rel] = nil
+		}
+	}
+	return pkgs
+}
+
+// TestLayersPointDown checks the package table of docs/ARCHITECTURE.md
+// against the code: every package is in the table, imports exactly what its
+// row says (non-test files), and only packages listed above it (test files
+// too), so the doc and the code cannot drift and no layer reaches up.
+func TestLayersPointDown(t *testing.T) {
+	root, err := filepath.Abs("..")
+	require.NoError(t, err)
+	rows := readPackageTable(t, filepath.Join(root, "docs", "ARCHITECTURE.md"))
+	all := goPackages(t, root)
+	nonTest := nonTestImports(t, root)
+
+	rank := map[string]int{}
+	for i, r := range rows {
+		_, dup := rank[r.pkg]
+		require.False(t, dup, "package %s is listed twice", r.pkg)
+		rank[r.pkg] = i
+	}
+	for pkg := range all {
+		if _, ok := rank[pkg]; !ok && !strings.HasPrefix(pkg, "examples/") {
+			t.Errorf("package %s is missing from the table in docs/ARCHITECTURE.md", pkg)
+		}
+	}
+	for _, r := range rows {
+		imps, ok := all[r.pkg]
+		if !ok {
+			t.Errorf("docs/ARCHITECTURE.md lists %s, which does not exist", r.pkg)
+			continue
+		}
+		for _, imp := range imps {
+			at, known := rank[imp]
+			if _, ok := testUpward[[2]string{r.pkg, imp}]; ok && !slices.Contains(nonTest[r.pkg], imp) {
+				continue
+			}
+			if !known || at >= rank[r.pkg] {
+				t.Errorf("%s imports %s, which is not listed above it", r.pkg, imp)
+			}
+		}
+		if r.above {
+			continue
+		}
+		want := slices.Clone(r.imports)
+		sort.Strings(want)
+		if got := nonTest[r.pkg]; !slices.Equal(got, want) {
+			t.Errorf("%s imports %v; docs/ARCHITECTURE.md says %v", r.pkg, got, want)
+		}
+	}
+	// The examples are what a user copies: only public packages.
+	for pkg, imps := range all {
+		if !strings.HasPrefix(pkg, "examples/") {
+			continue
+		}
+		for _, imp := range imps {
+			if strings.HasPrefix(imp, "internal/") || strings.Contains(imp, "/internal/") {
+				t.Errorf("%s imports %s: an example must use public packages only", pkg, imp)
+			}
+		}
+	}
+}
+
+// nonTestImports lists each package's imports of ours from its non-test
+// files only.
+func nonTestImports(t *testing.T, root string) map[string][]string {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-tags", "ucx", "-f", `{{.ImportPath}}{{range .Imports}} {{.}}{{end}}`, "./...")
+	cmd.Dir = root
+	out, err := cmd.Output()
+	require.NoError(t, err, "go list")
+	pkgs := map[string][]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		rel := strings.TrimPrefix(strings.TrimPrefix(f[0], module), "/")
+		var ours []string
+		for _, imp := range f[1:] {
+			if r, ok := strings.CutPrefix(imp, module+"/"); ok {
+				ours = append(ours, r)
+			}
+		}
+		sort.Strings(ours)
+		pkgs[rel] = ours
+	}
+	return pkgs
+}
