@@ -8,6 +8,7 @@ import (
 	"github.com/kvstream/kvstream/cp"
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/messages"
+	"github.com/kvstream/kvstream/plan"
 )
 
 // ErrTimeout marks a chunk that did not complete within its finish or drop
@@ -68,7 +69,7 @@ type ChunkCore struct {
 	perLayer bool
 	empty    bool
 	dests    int
-	layout   *Layout
+	layout   *plan.Layout
 
 	bound   bool
 	forward uint64
@@ -91,7 +92,7 @@ type ChunkCore struct {
 }
 
 // NewChunkCore returns the core of a chunk context for plan.
-func NewChunkCore(l *Layout, p *Plan) *ChunkCore {
+func NewChunkCore(l *plan.Layout, p *plan.Plan) *ChunkCore {
 	return &ChunkCore{
 		id:       p.Chunk,
 		perLayer: p.Mode == cp.PerLayer,

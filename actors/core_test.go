@@ -9,27 +9,28 @@ import (
 	"github.com/kvstream/kvstream/cp"
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/messages"
+	"github.com/kvstream/kvstream/plan"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
 // layoutMLA returns an MLA layout of n buffers, hooks hook layers, group k.
-func layoutMLA(t testing.TB, n, hooks, k int) *Layout {
-	bufs := make([]Buffer, n)
+func layoutMLA(t testing.TB, n, hooks, k int) *plan.Layout {
+	bufs := make([]plan.Buffer, n)
 	keys := make([]rdma.LocalKey, n)
 	for i := range bufs {
-		bufs[i] = Buffer{Name: "KV", Base: uint64(0x10000 * (i + 1)), ItemLen: 16, Pages: 64, Layer: i}
+		bufs[i] = plan.Buffer{Name: "KV", Base: uint64(0x10000 * (i + 1)), ItemLen: 16, Pages: 64, Layer: i}
 		keys[i] = rdma.LocalKey(i + 1)
 	}
-	l, err := NewLayout(bufs, keys, hooks, k, 4, cp.CP{Size: 1})
+	l, err := plan.NewLayout(bufs, keys, hooks, k, 4, cp.CP{Size: 1})
 	require.NoError(t, err)
 	return l
 }
 
-func planOf(mode cp.Mode, dests, owned int) *Plan {
-	p := &Plan{Chunk: messages.Chunk{ChunkKey: messages.ChunkKey{Room: 7, Start: 0, End: 16}, Serial: 1}, Mode: mode, Owned: owned}
+func planOf(mode cp.Mode, dests, owned int) *plan.Plan {
+	p := &plan.Plan{Chunk: messages.Chunk{ChunkKey: messages.ChunkKey{Room: 7, Start: 0, End: 16}, Serial: 1}, Mode: mode, Owned: owned}
 	for d := 0; d < dests; d++ {
-		p.Dests = append(p.Dests, Dest{Info: d, Peer: "d", Runs: []cp.Run{{Src: 0, Dst: 0, Len: owned}}})
+		p.Dests = append(p.Dests, plan.Dest{Info: d, Peer: "d", Runs: []cp.Run{{Src: 0, Dst: 0, Len: owned}}})
 	}
 	return p
 }

@@ -5,6 +5,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/kvstream/kvstream/hw/rdma"
+	"github.com/kvstream/kvstream/plan"
 	"github.com/kvstream/kvstream/trace"
 	"go.uber.org/zap"
 )
@@ -14,7 +15,7 @@ import (
 type Env struct {
 	System    *actor.ActorSystem
 	Log       *zap.Logger
-	Layout    *Layout
+	Layout    *plan.Layout
 	Peers     *Peers
 	Transport rdma.Transport
 	Registry  *Registry

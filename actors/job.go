@@ -5,9 +5,9 @@ import (
 	"sync"
 
 	"github.com/cockroachdb/errors"
-
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/messages"
+	"github.com/kvstream/kvstream/plan"
 )
 
 // Job is the data-plane half of a chunk context, shared by its actor and the
@@ -20,7 +20,7 @@ import (
 // future post after the close (they are skipped), and the ledger names every
 // endpoint that can still land a write of this chunk.
 type Job struct {
-	Plan   *Plan
+	Plan   *plan.Plan
 	ctx    context.Context
 	cancel context.CancelFunc
 
@@ -30,7 +30,7 @@ type Job struct {
 }
 
 // NewJob returns the job of plan.
-func NewJob(p *Plan) *Job {
+func NewJob(p *plan.Plan) *Job {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Job{Plan: p, ctx: ctx, cancel: cancel, inflight: map[rdma.Endpoint]int{}}
 }

@@ -6,6 +6,7 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/messages"
+	"github.com/kvstream/kvstream/plan"
 )
 
 // Registry is a read model of the rooms' queues, kept by the room shells, so
@@ -96,7 +97,7 @@ func (r *Registry) ended(c messages.Chunk) {
 // submitters when they connect.
 type Peers struct {
 	mu    sync.RWMutex
-	peers map[string]*Peer
+	peers map[string]*plan.Peer
 	lost  map[string]error
 }
 
@@ -104,7 +105,7 @@ type Peers struct {
 var ErrPeerLost = errors.New("decode peer lost")
 
 // NewPeers returns an empty table.
-func NewPeers() *Peers { return &Peers{peers: map[string]*Peer{}, lost: map[string]error{}} }
+func NewPeers() *Peers { return &Peers{peers: map[string]*plan.Peer{}, lost: map[string]error{}} }
 
 // Lose marks a peer gone: work for it fails at once from now on.
 func (p *Peers) Lose(id string, cause error) error {
@@ -128,7 +129,7 @@ func (p *Peers) Lost(id string) error {
 }
 
 // Get returns a peer by id.
-func (p *Peers) Get(id string) (*Peer, bool) {
+func (p *Peers) Get(id string) (*plan.Peer, bool) {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	peer, ok := p.peers[id]
@@ -136,7 +137,7 @@ func (p *Peers) Get(id string) (*Peer, bool) {
 }
 
 // Add inserts a peer; it fails if the id exists.
-func (p *Peers) Add(peer *Peer) error {
+func (p *Peers) Add(peer *plan.Peer) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if _, dup := p.peers[peer.ID]; dup {

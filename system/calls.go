@@ -8,6 +8,7 @@ import (
 	"github.com/kvstream/kvstream/actors"
 	"github.com/kvstream/kvstream/cp"
 	"github.com/kvstream/kvstream/messages"
+	"github.com/kvstream/kvstream/plan"
 )
 
 // AddPeer adds a decode session. Its buffers must match the prefill layout
@@ -18,7 +19,7 @@ func (e *Engine) AddPeer(p Peer) error {
 	if e.closed {
 		return closedError("AddPeer")
 	}
-	err := actors.ValidatePeer(e.layout, p)
+	err := plan.ValidatePeer(e.layout, p)
 	if err == nil {
 		err = e.env.Peers.Add(&p)
 	}
@@ -62,7 +63,7 @@ func (e *Engine) Register(ctx context.Context, spec ChunkSpec) (reg Registration
 			return Registration{}, lost
 		}
 	}
-	plan, err := actors.BuildPlan(e.layout, e.env.Peers.Get, &spec, !e.cfg.DisablePerLayer)
+	plan, err := plan.BuildPlan(e.layout, e.env.Peers.Get, &spec, !e.cfg.DisablePerLayer)
 	if err != nil {
 		e.obs.Refused("bad_input")
 		return Registration{}, err

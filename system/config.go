@@ -7,12 +7,12 @@ import (
 	"time"
 
 	"github.com/cockroachdb/errors"
-	"github.com/kvstream/kvstream/actors"
 	"github.com/kvstream/kvstream/cp"
+	"github.com/kvstream/kvstream/plan"
 )
 
-// Buffer is one KV tensor of the prefill pool (see actors.Buffer).
-type Buffer = actors.Buffer
+// Buffer is one KV tensor of the prefill pool (see plan.Buffer).
+type Buffer = plan.Buffer
 
 // Defaults, as in the seed implementation.
 const (

@@ -17,6 +17,7 @@ import (
 	"github.com/kvstream/kvstream/hw/cuda/sim"
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
+	"github.com/kvstream/kvstream/plan"
 	"github.com/kvstream/kvstream/trace"
 	"go.uber.org/zap"
 	"go.uber.org/zap/exp/zapslog"
@@ -30,7 +31,7 @@ type Engine struct {
 	env    *actors.Env
 	system *actor.ActorSystem
 	stream cuda.Stream
-	layout *actors.Layout
+	layout *plan.Layout
 
 	boundary []bool // per hook layer: does it close a group?
 
@@ -90,7 +91,7 @@ func New(cfg Config, opts ...Option) (_ *Engine, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if e.layout, err = actors.NewLayout(cfg.Buffers, keys, cfg.HookLayers, cfg.GroupSize, cfg.PageSize, cfg.CP); err != nil {
+	if e.layout, err = plan.NewLayout(cfg.Buffers, keys, cfg.HookLayers, cfg.GroupSize, cfg.PageSize, cfg.CP); err != nil {
 		return nil, err
 	}
 	e.boundary = make([]bool, cfg.HookLayers)

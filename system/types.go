@@ -1,9 +1,9 @@
 package system
 
 import (
-	"github.com/kvstream/kvstream/actors"
 	"github.com/kvstream/kvstream/cp"
 	"github.com/kvstream/kvstream/messages"
+	"github.com/kvstream/kvstream/plan"
 )
 
 // The values a serving stack passes in and gets back. They are defined in
@@ -20,19 +20,19 @@ type (
 	// Peer is a decode session this engine writes to: its id, its
 	// transport address and its buffers in the prefill layout's order.
 	// Pass it to AddPeer before registering chunks that name it.
-	Peer = actors.Peer
+	Peer = plan.Peer
 	// PeerBuffer is one decode buffer of a Peer: its registered region
 	// (address, length, packed key) and its item length (bytes per page).
-	PeerBuffer = actors.PeerBuffer
+	PeerBuffer = plan.PeerBuffer
 	// ChunkSpec is what the scheduler registers before the forward that
 	// writes tokens [Start, End) of a room: the prefill pages backing the
 	// chunk (SrcPages, in position order), the request's page count and the
 	// room's decode destinations (Infos).
-	ChunkSpec = actors.ChunkSpec
+	ChunkSpec = plan.ChunkSpec
 	// DecodeInfo is one decode destination of a room: the peer, the full
 	// request's destination page list (position p goes to DstPages[p]),
 	// and whether it is a dummy that receives nothing.
-	DecodeInfo = actors.DecodeInfo
+	DecodeInfo = plan.DecodeInfo
 	// Mode is how a room is sent: PerLayer or Monolithic.
 	Mode = cp.Mode
 	// Reason says why the register guard chose a mode.

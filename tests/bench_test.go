@@ -14,6 +14,7 @@ import (
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
 	"github.com/kvstream/kvstream/internal/testbed"
+	"github.com/kvstream/kvstream/plan"
 	"github.com/kvstream/kvstream/system"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
@@ -109,29 +110,29 @@ func BenchmarkPlan100k(b *testing.B) {
 		shuffle bool
 	}{{"cp1/consecutive", 1, false}, {"cp1/shuffled", 1, true}, {"cp8/shuffled", 8, true}} {
 		b.Run(tc.name, func(b *testing.B) {
-			bufs := make([]actors.Buffer, 61)
+			bufs := make([]plan.Buffer, 61)
 			keys := make([]rdma.LocalKey, 61)
 			for i := range bufs {
-				bufs[i] = actors.Buffer{Base: uint64(i+1) << 32, ItemLen: 1152, Pages: tokens, Layer: i}
+				bufs[i] = plan.Buffer{Base: uint64(i+1) << 32, ItemLen: 1152, Pages: tokens, Layer: i}
 			}
-			l, err := actors.NewLayout(bufs, keys, 61, 8, 1, cp.CP{Size: tc.cp})
+			l, err := plan.NewLayout(bufs, keys, 61, 8, 1, cp.CP{Size: tc.cp})
 			require.NoError(b, err)
 			dst := seq(tokens)
 			if tc.shuffle {
 				rand.New(rand.NewPCG(1, 2)).Shuffle(len(dst), func(i, j int) { dst[i], dst[j] = dst[j], dst[i] })
 			}
-			peer := &actors.Peer{ID: "d", Buffers: make([]actors.PeerBuffer, 61)}
+			peer := &plan.Peer{ID: "d", Buffers: make([]plan.PeerBuffer, 61)}
 			for i := range peer.Buffers {
-				peer.Buffers[i] = actors.PeerBuffer{Region: rdma.RegionDesc{Len: 1152 * tokens}, ItemLen: 1152}
+				peer.Buffers[i] = plan.PeerBuffer{Region: rdma.RegionDesc{Len: 1152 * tokens}, ItemLen: 1152}
 			}
-			spec := &actors.ChunkSpec{Room: 1, End: tokens, Last: true, SrcPages: seq(tokens), TotalPages: tokens,
-				Infos: []actors.DecodeInfo{{Peer: "d", DstPages: dst}}}
-			get := func(string) (*actors.Peer, bool) { return peer, true }
+			spec := &plan.ChunkSpec{Room: 1, End: tokens, Last: true, SrcPages: seq(tokens), TotalPages: tokens,
+				Infos: []plan.DecodeInfo{{Peer: "d", DstPages: dst}}}
+			get := func(string) (*plan.Peer, bool) { return peer, true }
 			b.ReportAllocs()
 			b.ResetTimer()
 			var runs int
 			for i := 0; i < b.N; i++ {
-				p, err := actors.BuildPlan(l, get, spec, true)
+				p, err := plan.BuildPlan(l, get, spec, true)
 				if err != nil {
 					b.Fatal(err)
 				}

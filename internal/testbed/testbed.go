@@ -10,9 +10,9 @@ import (
 	"strconv"
 
 	"github.com/cockroachdb/errors"
-	"github.com/kvstream/kvstream/actors"
 	"github.com/kvstream/kvstream/hw/hostmem"
 	"github.com/kvstream/kvstream/hw/rdma"
+	"github.com/kvstream/kvstream/system"
 )
 
 // Geometry is a KV pool's shape: one entry per buffer.
@@ -73,10 +73,10 @@ func NewPool(g Geometry) (*Pool, error) {
 }
 
 // EngineBuffers returns the engine's view of the pool.
-func (p *Pool) EngineBuffers() []actors.Buffer {
-	out := make([]actors.Buffer, p.Geometry.Buffers())
+func (p *Pool) EngineBuffers() []system.Buffer {
+	out := make([]system.Buffer, p.Geometry.Buffers())
 	for b := range out {
-		out[b] = actors.Buffer{Name: p.Names[b], Base: p.Bases[b], ItemLen: p.ItemLen, Pages: p.Pages, Layer: p.Layers[b]}
+		out[b] = system.Buffer{Name: p.Names[b], Base: p.Bases[b], ItemLen: p.ItemLen, Pages: p.Pages, Layer: p.Layers[b]}
 	}
 	return out
 }
@@ -116,10 +116,10 @@ func NewDecode(tr rdma.Transport, g Geometry) (*Decode, error) {
 }
 
 // Peer describes the pool to a prefill engine.
-func (d *Decode) Peer(id string) actors.Peer {
-	p := actors.Peer{ID: id, Address: d.Transport.Address()}
+func (d *Decode) Peer(id string) system.Peer {
+	p := system.Peer{ID: id, Address: d.Transport.Address()}
 	for _, r := range d.Regions {
-		p.Buffers = append(p.Buffers, actors.PeerBuffer{Region: r.Desc(), ItemLen: d.ItemLen})
+		p.Buffers = append(p.Buffers, system.PeerBuffer{Region: r.Desc(), ItemLen: d.ItemLen})
 	}
 	return p
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/kvstream/kvstream/cp"
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/messages"
+	"github.com/kvstream/kvstream/plan"
 	"github.com/kvstream/kvstream/trace"
 )
 
@@ -79,7 +80,7 @@ type inbox struct {
 
 type replayer struct {
 	t       *trace.Trace
-	layout  *actors.Layout
+	layout  *plan.Layout
 	out     *Outcome
 	manager *actors.ManagerCore
 	forward *actors.ForwardCore
@@ -113,17 +114,17 @@ func Cores(t *trace.Trace) (*Outcome, error) {
 }
 
 // Layout rebuilds the engine's layout from a trace's configuration.
-func Layout(c trace.Config) (*actors.Layout, error) {
+func Layout(c trace.Config) (*plan.Layout, error) {
 	rule, err := cp.ParseRule(c.CPRule)
 	if err != nil {
 		return nil, errors.Wrap(err, "trace header")
 	}
-	bufs := make([]actors.Buffer, len(c.Buffers))
+	bufs := make([]plan.Buffer, len(c.Buffers))
 	keys := make([]rdma.LocalKey, len(c.Buffers))
 	for i, b := range c.Buffers {
-		bufs[i] = actors.Buffer{Name: b.Name, Base: uint64(i+1) << 32, ItemLen: b.ItemLen, Pages: b.Pages, Layer: b.Layer}
+		bufs[i] = plan.Buffer{Name: b.Name, Base: uint64(i+1) << 32, ItemLen: b.ItemLen, Pages: b.Pages, Layer: b.Layer}
 	}
-	l, err := actors.NewLayout(bufs, keys, c.HookLayers, c.GroupSize, c.PageSize, cp.CP{Size: c.CPSize, Rank: c.CPRank, Rule: rule})
+	l, err := plan.NewLayout(bufs, keys, c.HookLayers, c.GroupSize, c.PageSize, cp.CP{Size: c.CPSize, Rank: c.CPRank, Rule: rule})
 	return l, errors.Wrap(err, "trace header")
 }
 
@@ -269,7 +270,7 @@ func (r *replayer) route(rec *trace.Record, effs []any) {
 			delete(r.rooms, e.Room)
 		case actors.SpawnChunk:
 			id := trace.ChunkID(e.Add.Chunk)
-			plan := &actors.Plan{Chunk: e.Add.Chunk, Owned: e.Add.Owned, Dests: make([]actors.Dest, e.Add.Dests)}
+			plan := &plan.Plan{Chunk: e.Add.Chunk, Owned: e.Add.Owned, Dests: make([]plan.Dest, e.Add.Dests)}
 			if e.Add.PerLayer {
 				plan.Mode = cp.PerLayer
 			}

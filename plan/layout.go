@@ -1,4 +1,4 @@
-package actors
+package plan
 
 import (
 	"github.com/cockroachdb/errors"
