@@ -38,9 +38,14 @@ func (e *Engine) PeerLost(id string, cause error) error {
 
 // Register registers the chunk that the next forward writes, before that
 // forward begins. It is idempotent per (room, exact chunk range):
-// registering an active chunk again changes nothing and is cheap. It returns the mode the
-// room uses: per-layer when it has exactly one non-dummy destination and
-// per-layer is on, else monolithic.
+// registering an active chunk again changes nothing and is cheap. It returns
+// the mode the room uses: per-layer when it has exactly one non-dummy
+// destination and per-layer is on, else monolithic.
+//
+// An error means nothing changed. ctx is checked before the chunk is handed
+// to the engine; once handed over, the registration completes (the manager
+// answers at once) and Register returns its result whatever ctx does, so
+// that a cancelled caller never leaves behind a chunk it was told failed.
 func (e *Engine) Register(ctx context.Context, spec ChunkSpec) (reg Registration, err error) {
 	e.closeMu.RLock()
 	defer e.closeMu.RUnlock()
@@ -53,6 +58,10 @@ func (e *Engine) Register(ctx context.Context, spec ChunkSpec) (reg Registration
 	if a, ok := e.env.Registry.Lookup(key); ok {
 		return registration(a, 0), nil
 	}
+	if err := ctx.Err(); err != nil {
+		e.obs.Refused("cancelled")
+		return Registration{}, errors.Wrapf(err, "register room %d chunk %d: nothing registered", spec.Room, spec.Start)
+	}
 	if err := e.Healthy(); err != nil {
 		e.obs.Refused("unhealthy")
 		return Registration{}, err
@@ -63,31 +72,29 @@ func (e *Engine) Register(ctx context.Context, spec ChunkSpec) (reg Registration
 			return Registration{}, lost
 		}
 	}
-	plan, err := plan.BuildPlan(e.layout, e.env.Peers.Get, &spec, !e.cfg.DisablePerLayer)
+	p, err := plan.BuildPlan(e.layout, e.env.Peers.Get, &spec, !e.cfg.DisablePerLayer)
 	if err != nil {
 		e.obs.Refused("bad_input")
 		return Registration{}, err
 	}
-	plan.Chunk = messages.Chunk{ChunkKey: key, Serial: e.nextSerial.Add(1)}
-	job := actors.NewJob(plan)
+	p.Chunk = messages.Chunk{ChunkKey: key, Serial: e.nextSerial.Add(1)}
+	job := actors.NewJob(p)
 	reply := make(chan messages.Added, 1)
 	e.system.Root.Send(e.manager, &messages.AddChunk{
-		Chunk: plan.Chunk, PerLayer: plan.Mode == cp.PerLayer, Owned: plan.Owned, Dests: len(plan.Dests),
+		Chunk: p.Chunk, PerLayer: p.Mode == cp.PerLayer, Owned: p.Owned, Dests: len(p.Dests),
 		Props: actors.ChunkProps(e.env, job), Reply: reply,
 	})
 	select {
 	case a := <-reply:
-		reg := registration(a, plan.Reason)
+		reg := registration(a, p.Reason)
 		if a.Existing {
 			job.Release()
 		} else {
 			e.obs.Registered(reg)
 		}
 		return reg, nil
-	case <-ctx.Done():
-		// The registration still completes; the caller may retry, which is
-		// idempotent.
-		return Registration{}, errors.Wrapf(ctx.Err(), "register room %d chunk %d", spec.Room, spec.Start)
+	case <-time.After(finishGrace):
+		return Registration{}, errors.AssertionFailedf("room %d chunk %d: the engine did not answer Register within %v (a bug)", spec.Room, spec.Start, finishGrace)
 	}
 }
 

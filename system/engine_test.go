@@ -242,3 +242,28 @@ func TestTraceFromEnvironment(t *testing.T) {
 		}), WithLogger(zap.NewNop()))
 	require.ErrorContains(t, err, `KVSTREAM_TRACE="/nonexistent/dir/trace"`)
 }
+
+// TestRegisterCancelledChangesNothing: an error from Register means nothing
+// was registered, so no later forward sends anything for it.
+func TestRegisterCancelledChangesNothing(t *testing.T) {
+	e := newEngine(t, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := e.Register(ctx, goodSpec())
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, context.Canceled), "%v", err)
+	assert.False(t, e.HasRoom(1), "a cancelled registration left a chunk behind")
+	fw, err := e.BeginForward()
+	require.NoError(t, err)
+	for l := 0; l < 3; l++ {
+		require.NoError(t, fw.LayerEnd(l))
+	}
+	require.NoError(t, fw.End())
+	_, err = e.Finish(context.Background(), 1)
+	assert.True(t, errors.Is(err, ErrBadInput), "nothing to finish: %v", err)
+
+	// The same chunk with a live context registers normally.
+	reg, err := e.Register(context.Background(), goodSpec())
+	require.NoError(t, err)
+	assert.False(t, reg.Existing)
+}
