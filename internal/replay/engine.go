@@ -40,188 +40,314 @@ const replayTimeout = 2 * time.Second
 // loopback transport, re-injecting a failure into every chunk that failed
 // in the recording, and compares statuses and destination bytes.
 func Engine(ctx context.Context, t *trace.Trace) (*EngineOutcome, error) {
-	c := t.Header.Config
-	if _, err := Layout(c); err != nil {
+	r, err := setupEngine(t)
+	if err != nil {
 		return nil, err
+	}
+	defer r.close()
+	if err := r.drive(ctx, t.Records); err != nil {
+		return nil, err
+	}
+	return r.compare(), nil
+}
+
+// engineReplay is one replay through a real engine: the engine and its
+// simulated hardware, the decode pools of the trace's peers, and what the
+// replay has issued and collected so far.
+type engineReplay struct {
+	cfg      trace.Config
+	recorded map[uint64][]string // chunk statuses per room, as recorded
+	geom     testbed.Geometry
+	inj      *injector
+	fab      *loopback.Fabric
+	pool     *testbed.Pool
+	eng      *system.Engine
+	model    *testbed.Model
+	// decodes are the peers' pools by peer id. The injector reads them
+	// from transport goroutines, so additions hold inj.mu.
+	decodes  map[string]*testbed.Decode
+	cleanups []func() // close runs them last first
+
+	pendingWrites []testbed.Write // of the chunks registered since the last forward
+	specs         []system.ChunkSpec
+	rooms         roomWorkers
+}
+
+// engineGeometry is the pool layout an engine replay builds from the
+// trace's configuration; the test bed needs one item length for all
+// buffers.
+func engineGeometry(c trace.Config) (testbed.Geometry, error) {
+	if _, err := Layout(c); err != nil {
+		return testbed.Geometry{}, err
 	}
 	maxPages := 0
 	for _, b := range c.Buffers {
 		maxPages = max(maxPages, b.Pages)
 	}
 	if len(c.Buffers) == 0 {
-		return nil, errors.New("trace header: no buffers")
+		return testbed.Geometry{}, errors.New("trace header: no buffers")
 	}
 	geom := testbed.Geometry{ItemLen: c.Buffers[0].ItemLen, Pages: maxPages}
 	for _, b := range c.Buffers {
 		if b.ItemLen != geom.ItemLen {
-			return nil, errors.Newf("engine replay needs one item length for every buffer; buffer %s has %d, not %d", b.Name, b.ItemLen, geom.ItemLen)
+			return testbed.Geometry{}, errors.Newf("engine replay needs one item length for every buffer; buffer %s has %d, not %d", b.Name, b.ItemLen, geom.ItemLen)
 		}
 		geom.Names, geom.Layers = append(geom.Names, b.Name), append(geom.Layers, b.Layer)
+	}
+	return geom, nil
+}
+
+// setupEngine opens a fresh engine of the trace's configuration on the
+// simulated GPU, with a prefill pool on a loopback fabric whose faults fail
+// the chunks that failed when recorded. On error it closes what it opened.
+func setupEngine(t *trace.Trace) (_ *engineReplay, err error) {
+	c := t.Header.Config
+	geom, err := engineGeometry(c)
+	if err != nil {
+		return nil, err
 	}
 	recorded, failing, err := recordedOutcomes(t)
 	if err != nil {
 		return nil, err
 	}
-
-	decodes := map[string]*testbed.Decode{}
-	inj := &injector{failing: failing, dst: map[string]map[uint64]string{}, done: map[string]bool{}, decodes: decodes}
+	r := &engineReplay{cfg: c, recorded: recorded, geom: geom, decodes: map[string]*testbed.Decode{},
+		rooms: roomWorkers{replayed: map[uint64][]string{}, results: map[uint64][]system.Result{}, queues: map[uint64]chan func(){}}}
+	defer func() {
+		if err != nil {
+			r.close()
+		}
+	}()
+	inj := &injector{failing: failing, dst: map[string]map[uint64]string{}, done: map[string]bool{}, decodes: r.decodes}
 	fab := loopback.NewFabric(loopback.Options{Faults: inj.fault})
+	r.inj, r.fab = inj, fab
 	pre, err := fab.NewTransport("prefill")
 	if err != nil {
 		return nil, err
 	}
-	defer pre.Close()
-	pool, err := testbed.NewPool(geom)
-	if err != nil {
+	r.onClose(func() { _ = pre.Close() })
+	if r.pool, err = testbed.NewPool(geom); err != nil {
 		return nil, err
 	}
-	defer pool.Free()
+	r.onClose(func() { _ = r.pool.Free() })
 	gpu := sim.New(sim.Options{})
-	defer gpu.Close()
+	r.onClose(gpu.Close)
 	stream := gpu.NewStream("compute")
 	rule, _ := cp.ParseRule(c.CPRule)
-	eng, err := system.New(system.Config{Buffers: pool.EngineBuffers(), HookLayers: c.HookLayers, GroupSize: c.GroupSize, PageSize: c.PageSize,
+	r.eng, err = system.New(system.Config{Buffers: r.pool.EngineBuffers(), HookLayers: c.HookLayers, GroupSize: c.GroupSize, PageSize: c.PageSize,
 		CP: cp.CP{Size: c.CPSize, Rank: c.CPRank, Rule: rule}, Submitters: c.Submitters, FinishTimeout: replayTimeout, DisablePerLayer: !c.PerLayer},
 		system.WithStream(stream), system.WithTransport(pre), system.WithLogger(zap.NewNop()), system.WithGetenv(func(string) string { return "" }))
 	if err != nil {
 		return nil, err
 	}
-	defer eng.Close()
-	model := &testbed.Model{Stream: stream, Pool: pool, HookLayers: c.HookLayers, Seed: 11,
-		LayerTime: func(int) time.Duration { return 100 * time.Microsecond }}
-
-	defer func() {
-		for _, d := range decodes {
+	// The room workers stop after the engine closed: a replay that failed
+	// half way leaves Finish calls queued, which a closed engine answers
+	// at once.
+	r.onClose(r.rooms.stop)
+	r.onClose(func() { _ = r.eng.Close() })
+	r.onClose(func() {
+		for _, d := range r.decodes {
 			_ = d.Transport.Close()
 			_ = d.Free()
 		}
-	}()
-	var pendingWrites []testbed.Write
-	var specs []system.ChunkSpec
-	// One transfer worker per room finishes its chunks in call order, as a
-	// serving stack's transfer path does; the replay loop never blocks on a
-	// chunk whose forward it has not replayed yet.
-	var mu sync.Mutex
-	replayed := map[uint64][]string{}
-	results := map[uint64][]system.Result{}
-	workers := map[uint64]chan func(){}
-	var wg sync.WaitGroup
-	onRoom := func(room uint64, f func()) {
-		q, ok := workers[room]
-		if !ok {
-			q = make(chan func(), 1024)
-			workers[room] = q
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for f := range q {
-					f()
-				}
-			}()
-		}
-		q <- f
+	})
+	r.model = &testbed.Model{Stream: stream, Pool: r.pool, HookLayers: c.HookLayers, Seed: 11,
+		LayerTime: func(int) time.Duration { return 100 * time.Microsecond }}
+	return r, nil
+}
+
+// onClose registers a cleanup; close runs the latest first, as defers do.
+func (r *engineReplay) onClose(f func()) { r.cleanups = append(r.cleanups, f) }
+
+// close releases the decode pools, the engine, the GPU, the prefill pool
+// and its transport, in that order.
+func (r *engineReplay) close() {
+	for i := len(r.cleanups) - 1; i >= 0; i-- {
+		r.cleanups[i]()
 	}
-	finish := func(room uint64) func() {
-		return func() {
-			res, err := eng.Finish(ctx, room)
-			mu.Lock()
-			defer mu.Unlock()
-			if res.Chunk.Serial == 0 && err != nil {
-				replayed[room] = append(replayed[room], "ERROR")
-				return
-			}
-			replayed[room] = append(replayed[room], res.Status.String())
-			results[room] = append(results[room], res)
+	r.cleanups = nil
+}
+
+// drive re-issues the trace's façade calls in record order, then waits
+// for every room's finishes.
+func (r *engineReplay) drive(ctx context.Context, recs []trace.Record) error {
+	for i := range recs {
+		if err := r.step(ctx, &recs[i]); err != nil {
+			return err
 		}
 	}
-	drop := func(room uint64) func() {
-		return func() {
-			if err := eng.Drop(ctx, room); err == nil {
-				mu.Lock()
-				replayed[room] = append(replayed[room], dropped(recorded[room], replayed[room])...)
-				mu.Unlock()
-			}
+	r.rooms.stop()
+	return nil
+}
+
+// step re-issues one record's call; records of anything else are not
+// calls and are passed over.
+func (r *engineReplay) step(ctx context.Context, rec *trace.Record) error {
+	switch {
+	case rec.Actor == trace.Engine && rec.Type == "AddPeerCall":
+		return r.addPeer(rec)
+	case rec.Actor == trace.Engine && rec.Type == "RegisterCall":
+		return r.register(ctx, rec)
+	case rec.Actor == trace.Forward && rec.Type == "Begin":
+		if err := r.model.Forward(r.eng, r.pendingWrites); err != nil {
+			return errors.Wrapf(err, "record %d: replayed forward", rec.Seq)
+		}
+		r.pendingWrites = nil
+	case rec.Actor == trace.Manager && rec.Type == "Finish":
+		m, err := trace.Decode(rec)
+		if err != nil {
+			return err
+		}
+		room := m.(*messages.Finish).Room
+		r.rooms.do(room, r.finish(ctx, room))
+	case rec.Actor == trace.Manager && rec.Type == "Drop":
+		m, err := trace.Decode(rec)
+		if err != nil {
+			return err
+		}
+		room := m.(*messages.Drop).Room
+		r.rooms.do(room, r.drop(ctx, room))
+	}
+	return nil
+}
+
+// addPeer gives a peer the recording added a decode pool of its recorded
+// geometry on the fabric, and adds it to the engine.
+func (r *engineReplay) addPeer(rec *trace.Record) error {
+	var call trace.AddPeerCall
+	if err := remarshal(rec.Msg, &call); err != nil {
+		return errors.Wrapf(err, "record %d", rec.Seq)
+	}
+	if call.Err != "" || len(call.Pages) == 0 {
+		return nil
+	}
+	tr, err := r.fab.NewTransport(call.ID)
+	if err != nil {
+		return err
+	}
+	pg := r.geom
+	pg.Pages = call.Pages[0]
+	d, err := testbed.NewDecode(tr, pg)
+	if err != nil {
+		return err
+	}
+	r.inj.mu.Lock()
+	r.decodes[call.ID] = d
+	r.inj.mu.Unlock()
+	if err := r.eng.AddPeer(d.Peer(call.ID)); err != nil {
+		return errors.Wrapf(err, "record %d: AddPeer %s", rec.Seq, call.ID)
+	}
+	return nil
+}
+
+// register re-issues a registration that created a chunk when recorded,
+// and queues the chunk's pages for the next forward to write.
+func (r *engineReplay) register(ctx context.Context, rec *trace.Record) error {
+	var call trace.RegisterCall
+	if err := remarshal(rec.Msg, &call); err != nil {
+		return errors.Wrapf(err, "record %d", rec.Seq)
+	}
+	if call.Err != "" || call.Existing {
+		return nil
+	}
+	spec := system.ChunkSpec{Room: call.Room, Start: call.Start, End: call.End, Last: call.Last, SrcPages: call.SrcPages, TotalPages: call.TotalPages}
+	for _, in := range call.Infos {
+		spec.Infos = append(spec.Infos, system.DecodeInfo{Peer: in.Peer, DstPages: in.DstPages, Dummy: in.Dummy})
+	}
+	reg, err := r.eng.Register(ctx, spec)
+	if err != nil {
+		return errors.Wrapf(err, "record %d: replayed Register", rec.Seq)
+	}
+	r.inj.watch(call, reg.Chunk)
+	rg, _ := cp.ChunkRange(spec.Start, spec.End, r.cfg.PageSize, spec.Last)
+	r.pendingWrites = append(r.pendingWrites, testbed.Write{Room: spec.Room, PageStart: rg.PageStart, SrcPages: rg2src(spec, rg), Tokens: rg.End - rg.Start})
+	r.specs = append(r.specs, spec)
+	return nil
+}
+
+// finish is a room worker's Finish: it notes the status, and the result
+// for the byte comparison.
+func (r *engineReplay) finish(ctx context.Context, room uint64) func() {
+	w := &r.rooms
+	return func() {
+		res, err := r.eng.Finish(ctx, room)
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if res.Chunk.Serial == 0 && err != nil {
+			w.replayed[room] = append(w.replayed[room], "ERROR")
+			return
+		}
+		w.replayed[room] = append(w.replayed[room], res.Status.String())
+		w.results[room] = append(w.results[room], res)
+	}
+}
+
+// drop is a room worker's Drop: the chunks it ended are those the
+// recording shows dropped.
+func (r *engineReplay) drop(ctx context.Context, room uint64) func() {
+	w := &r.rooms
+	return func() {
+		if err := r.eng.Drop(ctx, room); err == nil {
+			w.mu.Lock()
+			w.replayed[room] = append(w.replayed[room], dropped(r.recorded[room], w.replayed[room])...)
+			w.mu.Unlock()
 		}
 	}
-	for i := range t.Records {
-		rec := &t.Records[i]
-		switch {
-		case rec.Actor == trace.Engine && rec.Type == "AddPeerCall":
-			var call trace.AddPeerCall
-			if err := remarshal(rec.Msg, &call); err != nil {
-				return nil, errors.Wrapf(err, "record %d", rec.Seq)
-			}
-			if call.Err != "" || len(call.Pages) == 0 {
-				continue
-			}
-			tr, err := fab.NewTransport(call.ID)
-			if err != nil {
-				return nil, err
-			}
-			pg := geom
-			pg.Pages = call.Pages[0]
-			d, err := testbed.NewDecode(tr, pg)
-			if err != nil {
-				return nil, err
-			}
-			inj.mu.Lock()
-			decodes[call.ID] = d
-			inj.mu.Unlock()
-			if err := eng.AddPeer(d.Peer(call.ID)); err != nil {
-				return nil, errors.Wrapf(err, "record %d: AddPeer %s", rec.Seq, call.ID)
-			}
-		case rec.Actor == trace.Engine && rec.Type == "RegisterCall":
-			var call trace.RegisterCall
-			if err := remarshal(rec.Msg, &call); err != nil {
-				return nil, errors.Wrapf(err, "record %d", rec.Seq)
-			}
-			if call.Err != "" || call.Existing {
-				continue
-			}
-			spec := system.ChunkSpec{Room: call.Room, Start: call.Start, End: call.End, Last: call.Last, SrcPages: call.SrcPages, TotalPages: call.TotalPages}
-			for _, in := range call.Infos {
-				spec.Infos = append(spec.Infos, system.DecodeInfo{Peer: in.Peer, DstPages: in.DstPages, Dummy: in.Dummy})
-			}
-			reg, err := eng.Register(ctx, spec)
-			if err != nil {
-				return nil, errors.Wrapf(err, "record %d: replayed Register", rec.Seq)
-			}
-			inj.watch(call, reg.Chunk)
-			rg, _ := cp.ChunkRange(spec.Start, spec.End, c.PageSize, spec.Last)
-			pendingWrites = append(pendingWrites, testbed.Write{Room: spec.Room, PageStart: rg.PageStart, SrcPages: rg2src(spec, rg), Tokens: rg.End - rg.Start})
-			specs = append(specs, spec)
-		case rec.Actor == trace.Forward && rec.Type == "Begin":
-			if err := model.Forward(eng, pendingWrites); err != nil {
-				return nil, errors.Wrapf(err, "record %d: replayed forward", rec.Seq)
-			}
-			pendingWrites = nil
-		case rec.Actor == trace.Manager && rec.Type == "Finish":
-			m, err := trace.Decode(rec)
-			if err != nil {
-				return nil, err
-			}
-			room := m.(*messages.Finish).Room
-			onRoom(room, finish(room))
-		case rec.Actor == trace.Manager && rec.Type == "Drop":
-			m, err := trace.Decode(rec)
-			if err != nil {
-				return nil, err
-			}
-			room := m.(*messages.Drop).Room
-			onRoom(room, drop(room))
-		}
-	}
-	for _, q := range workers {
-		close(q)
-	}
-	wg.Wait()
-	out := &EngineOutcome{Recorded: render(recorded), Replayed: render(replayed), Chunks: len(specs)}
+}
+
+// compare sets the replayed chunk statuses beside the recorded ones and,
+// when they agree, every successful chunk's destination bytes beside the
+// model's. Call it after drive.
+func (r *engineReplay) compare() *EngineOutcome {
+	out := &EngineOutcome{Recorded: render(r.recorded), Replayed: render(r.rooms.replayed), Chunks: len(r.specs)}
 	if strings.Join(out.Recorded, "\n") != strings.Join(out.Replayed, "\n") {
 		out.Mismatch = "chunk statuses differ"
-		return out, nil
+		return out
 	}
-	out.Mismatch = checkBytes(specs, results, decodes, pool, c, model.Seed)
-	return out, nil
+	out.Mismatch = checkBytes(r.specs, r.rooms.results, r.decodes, r.pool, r.cfg, r.model.Seed)
+	return out
+}
+
+// roomWorkers finish each room's chunks in call order, one goroutine per
+// room, as a serving stack's transfer path does: the replay loop never
+// blocks on a chunk whose forward it has not replayed yet.
+type roomWorkers struct {
+	mu       sync.Mutex
+	replayed map[uint64][]string        // statuses per room, in finish order
+	results  map[uint64][]system.Result // of the finishes that ended a chunk
+	queues   map[uint64]chan func()     // only the replay loop touches it
+	wg       sync.WaitGroup
+	stopped  bool
+}
+
+// do queues f on the room's worker, starting the worker on the room's
+// first call.
+func (w *roomWorkers) do(room uint64, f func()) {
+	q, ok := w.queues[room]
+	if !ok {
+		q = make(chan func(), 1024)
+		w.queues[room] = q
+		w.wg.Add(1)
+		go func() {
+			defer w.wg.Done()
+			for f := range q {
+				f()
+			}
+		}()
+	}
+	q <- f
+}
+
+// stop lets every worker run what it was given, and waits for them. Later
+// calls do nothing.
+func (w *roomWorkers) stop() {
+	if w.stopped {
+		return
+	}
+	w.stopped = true
+	for _, q := range w.queues {
+		close(q)
+	}
+	w.wg.Wait()
 }
 
 // dropped fills in DROPPED for the recorded chunks a drop ended.
