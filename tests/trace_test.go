@@ -15,10 +15,10 @@ import (
 	"github.com/kvstream/kvstream/cp"
 	"github.com/kvstream/kvstream/hw/cuda/sim"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
+	"github.com/kvstream/kvstream/internal/replay"
 	"github.com/kvstream/kvstream/internal/testbed"
 	"github.com/kvstream/kvstream/system"
 	"github.com/kvstream/kvstream/trace"
-	"github.com/kvstream/kvstream/trace/replay"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )

@@ -10,7 +10,9 @@
 // disk; the ring is written out on demand and when the engine closes. When
 // tracing is off the middleware is not installed at all: no cost.
 //
-// Replaying a trace (package trace/replay) feeds its external inputs to
-// fresh functional cores and checks that every internal message and every
-// effect matches the recording.
+// Replaying a trace (package internal/replay, above the engine: it drives
+// the cores and a whole engine, so it cannot live below actors as this
+// package does) feeds its external inputs to fresh functional cores and
+// checks that every internal message and every effect matches the
+// recording.
 package trace

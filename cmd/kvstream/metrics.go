@@ -4,21 +4,18 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"math"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
-	"reflect"
 	"sync"
 	"time"
 
 	"github.com/cockroachdb/errors"
-	"github.com/kvstream/kvstream/system"
+	"github.com/kvstream/kvstream/internal/keymetrics"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/spf13/cobra"
 )
 
@@ -114,153 +111,6 @@ func (m *metricsFlags) waitLinger() {
 	}
 }
 
-// printKeyMetrics prints the figures an operator checks first after a run:
-// batches and bytes, chunk outcomes, timeouts, restarts and the finish and
-// exposed-transfer quantiles. Quantiles are estimated from the histogram
-// buckets the way PromQL's histogram_quantile does, so they match a
-// dashboard, not the exact sample. It prints nothing when g is nil or holds
-// no kvstream figures.
-func printKeyMetrics(w io.Writer, g prometheus.Gatherer) {
-	if g == nil {
-		return
-	}
-	if v := reflect.ValueOf(g); v.Kind() == reflect.Pointer && v.IsNil() {
-		return
-	}
-	mfs, err := g.Gather()
-	if err != nil && len(mfs) == 0 {
-		fmt.Fprintf(w, "metrics: %v\n", err)
-		return
-	}
-	fam := make(map[string]*dto.MetricFamily, len(mfs))
-	for _, mf := range mfs {
-		fam[mf.GetName()] = mf
-	}
-	if fam[system.MetricBatches] == nil && fam[system.MetricChunks] == nil {
-		return
-	}
-	fmt.Fprintf(w, "metrics: batches %.0f ok, %.0f failed; %s in %.0f blocks posted\n",
-		metricSum(fam[system.MetricBatches], "result", "ok"), metricSum(fam[system.MetricBatches], "result", "failed"),
-		metricBytes(metricSum(fam[system.MetricPostedBytes], "", "")), metricSum(fam[system.MetricPostedBlocks], "", ""))
-	fmt.Fprintf(w, "metrics: chunks %.0f success, %.0f failed, %.0f dropped; timeouts %.0f; submitter restarts %.0f\n",
-		metricSum(fam[system.MetricChunks], "status", "success"), metricSum(fam[system.MetricChunks], "status", "failed"),
-		metricSum(fam[system.MetricChunks], "status", "dropped"), metricSum(fam[system.MetricTimeouts], "", ""),
-		metricSum(fam[system.MetricSubmitterRestarts], "", ""))
-	fmt.Fprintf(w, "metrics: finish %s; exposed transfer %s\n",
-		metricQuantiles(fam[system.MetricFinishSeconds]), metricQuantiles(fam[system.MetricExposedTransfer]))
-	if err != nil {
-		fmt.Fprintf(w, "metrics: (partial: %v)\n", err)
-	}
-}
-
-// metricSum adds up the counter or gauge series of mf whose label name has value
-// (every series when name is empty).
-func metricSum(mf *dto.MetricFamily, name, value string) float64 {
-	var s float64
-	for _, m := range mf.GetMetric() {
-		if name != "" && !metricHasLabel(m, name, value) {
-			continue
-		}
-		switch {
-		case m.GetCounter() != nil:
-			s += m.GetCounter().GetValue()
-		case m.GetGauge() != nil:
-			s += m.GetGauge().GetValue()
-		}
-	}
-	return s
-}
-
-func metricHasLabel(m *dto.Metric, name, value string) bool {
-	for _, lp := range m.GetLabel() {
-		if lp.GetName() == name {
-			return lp.GetValue() == value
-		}
-	}
-	return false
-}
-
-// metricQuantiles returns "p50 ≈ X, p99 ≈ Y (n samples)" for a histogram family,
-// merging its series (they share kvstream's buckets).
-func metricQuantiles(mf *dto.MetricFamily) string {
-	var n uint64
-	cum := map[float64]uint64{}
-	var bounds []float64
-	for _, m := range mf.GetMetric() {
-		h := m.GetHistogram()
-		if h == nil {
-			continue
-		}
-		n += h.GetSampleCount()
-		for _, b := range h.GetBucket() {
-			ub := b.GetUpperBound()
-			if _, ok := cum[ub]; !ok {
-				bounds = append(bounds, ub)
-			}
-			cum[ub] += b.GetCumulativeCount()
-		}
-	}
-	if n == 0 {
-		return "no samples"
-	}
-	// Series of one family share their bounds, in increasing order.
-	counts := make([]uint64, len(bounds))
-	for i, ub := range bounds {
-		counts[i] = cum[ub]
-	}
-	q := func(p float64) string {
-		s, ok := bucketQuantile(p, bounds, counts, n)
-		if !ok {
-			return "> " + metricDuration(s)
-		}
-		return "≈ " + metricDuration(s)
-	}
-	return fmt.Sprintf("p50 %s, p99 %s (%d samples)", q(0.5), q(0.99), n)
-}
-
-// bucketQuantile interpolates linearly inside the bucket that holds rank
-// p·n, as histogram_quantile does. ok is false when the rank lies beyond the
-// last finite bound: then the value is that bound, a lower limit.
-func bucketQuantile(p float64, bounds []float64, counts []uint64, n uint64) (v float64, ok bool) {
-	rank := p * float64(n)
-	lower, below := 0.0, uint64(0)
-	for i, ub := range bounds {
-		if math.IsInf(ub, 1) {
-			break
-		}
-		if float64(counts[i]) >= rank {
-			in := counts[i] - below
-			if in == 0 {
-				return ub, true
-			}
-			return lower + (ub-lower)*(rank-float64(below))/float64(in), true
-		}
-		lower, below = ub, counts[i]
-	}
-	return lower, false
-}
-
-// metricDuration prints seconds with three significant digits in the unit
-// that suits them: bucket estimates carry no more precision than that.
-func metricDuration(s float64) string {
-	switch {
-	case s >= 1:
-		return fmt.Sprintf("%.3gs", s)
-	case s >= 1e-3:
-		return fmt.Sprintf("%.3gms", s*1e3)
-	}
-	return fmt.Sprintf("%.3gµs", s*1e6)
-}
-
-func metricBytes(b float64) string {
-	units := []string{"B", "KiB", "MiB", "GiB", "TiB"}
-	i := 0
-	for b >= 1024 && i < len(units)-1 {
-		b /= 1024
-		i++
-	}
-	if i == 0 {
-		return fmt.Sprintf("%.0f B", b)
-	}
-	return fmt.Sprintf("%.1f %s", b, units[i])
-}
+// printKeyMetrics prints a run's key figures (keymetrics.Print) under the
+// name the commands call it by.
+func printKeyMetrics(w io.Writer, g prometheus.Gatherer) { keymetrics.Print(w, g) }

@@ -5,8 +5,8 @@ import (
 	"os"
 
 	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/internal/replay"
 	"github.com/kvstream/kvstream/trace"
-	"github.com/kvstream/kvstream/trace/replay"
 	"github.com/spf13/cobra"
 )
 

@@ -14,4 +14,10 @@
 // simulated GPU and loopback transport and compares the final chunk
 // statuses with the recorded ones, and every successful chunk's
 // destination bytes with the model's.
+//
+// The package sits at the top of the stack, beside the CLI (`kvstream
+// replay`) and the cross-package tests that use it: it imports actors,
+// system and the test bed, while the trace format and recorder it reads
+// (package trace) stay below actors. It is internal because it depends on
+// internal/testbed's fixtures.
 package replay

@@ -1,0 +1,12 @@
+// Package xferbench measures put bandwidth through an rdma.Transport the
+// way the engine's submitters use it: hostmem regions registered on both
+// sides, writes posted through rdma.Endpoint.Post with a window of batches
+// in flight, completion meaning "visible at the destination", every
+// destination byte checked after every run, and optionally a plain memcpy
+// of the same bytes timed alongside.
+//
+// `kvstream bench transport` is its command line (flags map one to one onto
+// Config, and Config's errors name those flags); tests and Go benchmarks
+// open a Rig directly. docs/TRANSPORT-BENCH.md has the method and the
+// figures.
+package xferbench
