@@ -55,10 +55,8 @@ func (a *chunkActor) Receive(ctx actor.Context) {
 func (a *chunkActor) perform(ctx actor.Context, e Effect) {
 	switch e := e.(type) {
 	case Submit:
-		w := e.Work
-		w.Job, w.ReplyTo = a.job, ctx.Self()
 		a.env.Queued.Add(1)
-		ctx.Send(a.env.Submitters, &w)
+		ctx.Send(a.env.Submitters, &Work{Work: e.Work, Job: a.job, ReplyTo: ctx.Self()})
 	case StartTimer:
 		self, root := ctx.Self(), a.env.System.Root
 		a.timer = time.AfterFunc(e.After, func() { root.Send(self, &messages.Timeout{}) })
@@ -71,7 +69,7 @@ func (a *chunkActor) perform(ctx actor.Context, e Effect) {
 				zap.Uint64("room", a.job.ID().Room), zap.Int("chunk", a.job.ID().Start), zap.Int("endpoints", len(eps)), zap.Error(err))
 		}
 		ctx.Send(ctx.Self(), &messages.TornDown{Err: err})
-	case Reply:
+	case AnswerFinish:
 		e.To <- e.Result // buffered by the caller
 	case ChunkEnded:
 		a.stopTimer()

@@ -161,7 +161,7 @@ func (s *submitter) Receive(ctx actor.Context) {
 		}
 	case *actor.Stopping:
 		s.closeAll()
-	case *messages.Work:
+	case *Work:
 		s.start(ctx, m)
 	}
 }
@@ -177,8 +177,8 @@ type waited struct {
 // post inside the actor. So one chunk's event (a hung kernel, a wait that
 // only its own timeout ends) never holds up another chunk's work queued on
 // the same submitter; posts stay serialized per submitter.
-func (s *submitter) start(ctx actor.Context, w *messages.Work) {
-	job := w.Job.(*Job)
+func (s *submitter) start(ctx actor.Context, w *Work) {
+	job := w.Job
 	fut := actor.NewFuture(ctx.ActorSystem(), -1)
 	root := ctx.ActorSystem().Root
 	begin := time.Now()
@@ -230,8 +230,8 @@ func (s *submitter) closeAll() {
 // work posts one Work whose event wait ended as wt. failure, when not nil,
 // is what the submitter must panic with after answering, for its supervisor
 // to act on.
-func (s *submitter) work(w *messages.Work, wt waited) (res *messages.Submitted, failure error) {
-	job := w.Job.(*Job)
+func (s *submitter) work(w *Work, wt waited) (res *messages.Submitted, failure error) {
+	job := w.Job
 	res = &messages.Submitted{Seq: w.Seq, Dest: w.Dest, WaitStart: wt.start, WaitEnd: wt.end}
 	if err := wt.err; err != nil {
 		if job.Context().Err() != nil {
