@@ -40,11 +40,6 @@ func (a *chunkActor) Receive(ctx actor.Context) {
 	case *actor.Stopped:
 		a.stopTimer()
 		return
-	case *messages.Finish:
-		if m := ctx.Message().(*messages.Finish); m.Ctx != nil {
-			self, root := ctx.Self(), a.env.System.Root
-			a.stopCancel = context.AfterFunc(m.Ctx, func() { root.Send(self, &messages.Cancel{Reason: m.Ctx.Err()}) })
-		}
 	}
 	a.last = a.core.Step(ctx.Message())
 	for _, e := range a.last {
@@ -60,6 +55,9 @@ func (a *chunkActor) perform(ctx actor.Context, e Effect) {
 	case StartTimer:
 		self, root := ctx.Self(), a.env.System.Root
 		a.timer = time.AfterFunc(e.After, func() { root.Send(self, &messages.Timeout{}) })
+		if caller := e.Caller; caller != nil {
+			a.stopCancel = context.AfterFunc(caller, func() { root.Send(self, &messages.Cancel{Reason: caller.Err()}) })
+		}
 	case CancelWork:
 		a.job.closeGate()
 	case Teardown:

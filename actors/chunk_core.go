@@ -197,7 +197,9 @@ func (c *ChunkCore) finish(m *messages.Finish) {
 		return
 	}
 	c.finishing, c.reply = true, m.Reply
-	c.out = append(c.out, StartTimer{After: m.Timeout - TeardownReserve(m.Timeout)})
+	// The caller giving up ends the wait too (ErrCancelled): the shell
+	// watches its context with the timer.
+	c.out = append(c.out, StartTimer{After: m.Timeout - TeardownReserve(m.Timeout), Caller: m.Ctx})
 	if !c.bound {
 		// No forward ever bound this chunk: the caller finishing it vouches
 		// that its KV is written, and m.Event (recorded at Finish on the

@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"context"
 	"time"
 
 	"github.com/kvstream/kvstream/messages"
@@ -8,13 +9,13 @@ import (
 
 // Effect is something a core asks its shell to do. Every effect is listed in
 // this file, under the core that emits it; the shells perform them (forward,
-// manager and room in shells.go, chunk in chunk.go) and trace/replay routes
-// them the way the shells do.
+// manager and room in shells.go, chunk in chunk.go, submitter in
+// submitter.go) and trace/replay routes them the way the shells do.
 //
 // Effect names say who answers what: an Answer* effect completes the façade
 // call that waits on its channel (AnswerBegin, AnswerRegister, AnswerFinish,
-// AnswerDrop); every other effect delivers a message to an actor, spawns or
-// stops one, or acts on the hardware.
+// AnswerDrop), AnswerWork answers a chunk's Work; every other effect delivers
+// a message to an actor, spawns or stops one, or acts on the hardware.
 type Effect interface{ effect() }
 
 // --- Forward core (ForwardCore) ---
@@ -97,8 +98,14 @@ type Idle struct{ Seen uint64 }
 // the reply address: see Work).
 type Submit struct{ Work messages.Work }
 
-// StartTimer arms the chunk's deadline: after After, deliver Timeout.
-type StartTimer struct{ After time.Duration }
+// StartTimer arms the chunk's deadline: after After, deliver Timeout. If
+// Caller is set (the Finish caller's context), its end delivers Cancel
+// sooner. The shell stops both when the chunk ends. The core never calls
+// Caller: it only hands it to the shell (traces leave it out).
+type StartTimer struct {
+	After  time.Duration
+	Caller context.Context
+}
 
 // CancelWork closes the chunk's gate: work not yet posted is skipped and
 // event waits return. Batches already posted continue.
@@ -119,6 +126,36 @@ type AnswerFinish struct {
 	Result messages.Result
 }
 
+// --- Submitter (SubmitCore, one per Work) ---
+
+// PostBatch asks the submitter shell to connect to the destination (on first
+// use), build the Work's writes and post them as one batch through the
+// chunk's gate, then report PostEnded. Try counts from 1.
+type PostBatch struct{ Try int }
+
+// Disconnect asks the submitter shell to close and forget its endpoint to
+// Peer: the peer is lost, or the endpoint broke.
+type Disconnect struct{ Peer string }
+
+// AnswerWork answers the chunk's Work (the shell sends it Submitted):
+// Posted (a batch is in flight), Skipped (the chunk closed its gate: nothing
+// posted, no error) or Failed (Err says why).
+type AnswerWork struct {
+	Outcome Outcome
+	Err     error
+}
+
+// Restart asks the submitter shell to panic after answering, so that its
+// supervisor restarts it with fresh endpoints; Cause is what broke.
+type Restart struct {
+	Peer  string
+	Cause error
+}
+
+// Escalate asks the submitter shell to panic after answering with a lost
+// device: nothing a restart fixes, the engine turns unhealthy for good.
+type Escalate struct{ Cause error }
+
 func (FanOut) effect()         {}
 func (AnswerBegin) effect()    {}
 func (SpawnRoom) effect()      {}
@@ -137,3 +174,8 @@ func (CancelWork) effect()     {}
 func (Teardown) effect()       {}
 func (ChunkEnded) effect()     {}
 func (AnswerFinish) effect()   {}
+func (PostBatch) effect()      {}
+func (Disconnect) effect()     {}
+func (AnswerWork) effect()     {}
+func (Restart) effect()        {}
+func (Escalate) effect()       {}
