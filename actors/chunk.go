@@ -8,6 +8,7 @@ import (
 	"github.com/kvstream/kvstream/messages"
 	"github.com/kvstream/kvstream/trace"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 )
 
 // ChunkProps returns the props of a chunk actor for job.
@@ -99,8 +100,24 @@ func (a *chunkActor) log(r messages.Result) {
 		zap.Uint64("bytes", r.Stats.Bytes), zap.Int("batches", r.Stats.Batches), zap.Int("groups", r.Stats.Groups),
 	}
 	if r.Err != nil {
-		a.env.Log.Warn("chunk transfer failed", append(fields, zap.Error(r.Err))...)
-		return
+		fields = append(fields, zap.Error(r.Err))
 	}
-	a.env.Log.Debug("chunk transfer done", fields...)
+	a.env.Log.Log(LogLevel(r), logMessage(r), fields...)
+}
+
+// LogLevel is the level a chunk's end is logged at (invariant 12: quiet
+// success, loud failure): DEBUG when it succeeded, WARN when it carries an
+// error (failed, or a drop that could not quiesce).
+func LogLevel(r messages.Result) zapcore.Level {
+	if r.Err != nil {
+		return zapcore.WarnLevel
+	}
+	return zapcore.DebugLevel
+}
+
+func logMessage(r messages.Result) string {
+	if r.Err != nil {
+		return "chunk transfer failed"
+	}
+	return "chunk transfer done"
 }
