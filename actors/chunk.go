@@ -8,6 +8,7 @@ import (
 	"github.com/kvstream/kvstream/messages"
 	"github.com/kvstream/kvstream/trace"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 )
 
 // ChunkProps returns the props of a chunk actor for job.
@@ -40,11 +41,6 @@ func (a *chunkActor) Receive(ctx actor.Context) {
 	case *actor.Stopped:
 		a.stopTimer()
 		return
-	case *messages.Finish:
-		if m := ctx.Message().(*messages.Finish); m.Ctx != nil {
-			self, root := ctx.Self(), a.env.System.Root
-			a.stopCancel = context.AfterFunc(m.Ctx, func() { root.Send(self, &messages.Cancel{Reason: m.Ctx.Err()}) })
-		}
 	}
 	a.last = a.core.Step(ctx.Message())
 	for _, e := range a.last {
@@ -55,13 +51,14 @@ func (a *chunkActor) Receive(ctx actor.Context) {
 func (a *chunkActor) perform(ctx actor.Context, e Effect) {
 	switch e := e.(type) {
 	case Submit:
-		w := e.Work
-		w.Job, w.ReplyTo = a.job, ctx.Self()
 		a.env.Queued.Add(1)
-		ctx.Send(a.env.Submitters, &w)
+		ctx.Send(a.env.Submitters, &Work{Work: e.Work, Job: a.job, ReplyTo: ctx.Self()})
 	case StartTimer:
 		self, root := ctx.Self(), a.env.System.Root
 		a.timer = time.AfterFunc(e.After, func() { root.Send(self, &messages.Timeout{}) })
+		if caller := e.Caller; caller != nil {
+			a.stopCancel = context.AfterFunc(caller, func() { root.Send(self, &messages.Cancel{Reason: caller.Err()}) })
+		}
 	case CancelWork:
 		a.job.closeGate()
 	case Teardown:
@@ -71,7 +68,7 @@ func (a *chunkActor) perform(ctx actor.Context, e Effect) {
 				zap.Uint64("room", a.job.ID().Room), zap.Int("chunk", a.job.ID().Start), zap.Int("endpoints", len(eps)), zap.Error(err))
 		}
 		ctx.Send(ctx.Self(), &messages.TornDown{Err: err})
-	case Reply:
+	case AnswerFinish:
 		e.To <- e.Result // buffered by the caller
 	case ChunkEnded:
 		a.stopTimer()
@@ -103,8 +100,24 @@ func (a *chunkActor) log(r messages.Result) {
 		zap.Uint64("bytes", r.Stats.Bytes), zap.Int("batches", r.Stats.Batches), zap.Int("groups", r.Stats.Groups),
 	}
 	if r.Err != nil {
-		a.env.Log.Warn("chunk transfer failed", append(fields, zap.Error(r.Err))...)
-		return
+		fields = append(fields, zap.Error(r.Err))
 	}
-	a.env.Log.Debug("chunk transfer done", fields...)
+	a.env.Log.Log(LogLevel(r), logMessage(r), fields...)
+}
+
+// LogLevel is the level a chunk's end is logged at (invariant 12: quiet
+// success, loud failure): DEBUG when it succeeded, WARN when it carries an
+// error (failed, or a drop that could not quiesce).
+func LogLevel(r messages.Result) zapcore.Level {
+	if r.Err != nil {
+		return zapcore.WarnLevel
+	}
+	return zapcore.DebugLevel
+}
+
+func logMessage(r messages.Result) string {
+	if r.Err != nil {
+		return "chunk transfer failed"
+	}
+	return "chunk transfer done"
 }

@@ -24,41 +24,6 @@ var ErrCancelled = errors.New("cancelled")
 // on UCX) also fits in the timeout.
 func TeardownReserve(timeout time.Duration) time.Duration { return min(timeout/10, time.Second) }
 
-// Effect is something a core asks its shell to do.
-type Effect interface{ effect() }
-
-// Submit sends Work to the submitter pool (the shell adds the job and the
-// reply address).
-type Submit struct{ Work messages.Work }
-
-// Reply answers a Finish caller.
-type Reply struct {
-	To     chan<- messages.Result
-	Result messages.Result
-}
-
-// StartTimer arms the chunk's deadline: after After, deliver Timeout.
-type StartTimer struct{ After time.Duration }
-
-// CancelWork closes the chunk's gate: work not yet posted is skipped and
-// event waits return. Batches already posted continue.
-type CancelWork struct{}
-
-// Teardown closes the gate and tears down every endpoint that still has a
-// batch of this chunk in flight, so that nothing of it can land any more
-// (invariant 10). The shell performs it before the effects that follow.
-type Teardown struct{}
-
-// ChunkEnded tells the room that the chunk is over.
-type ChunkEnded struct{ Result messages.Result }
-
-func (Submit) effect()     {}
-func (Reply) effect()      {}
-func (StartTimer) effect() {}
-func (CancelWork) effect() {}
-func (Teardown) effect()   {}
-func (ChunkEnded) effect() {}
-
 // ChunkCore is the functional core of one chunk context. It decides which
 // groups to accept (invariants 4 and 11), what is still owed at the end of
 // the forward or at finish (invariant 3), when the chunk is complete
@@ -233,7 +198,9 @@ func (c *ChunkCore) finish(m *messages.Finish) {
 		return
 	}
 	c.finishing, c.reply = true, m.Reply
-	c.out = append(c.out, StartTimer{After: m.Timeout - TeardownReserve(m.Timeout)})
+	// The caller giving up ends the wait too (ErrCancelled): the shell
+	// watches its context with the timer.
+	c.out = append(c.out, StartTimer{After: m.Timeout - TeardownReserve(m.Timeout), Caller: m.Ctx})
 	if !c.bound {
 		// No forward ever bound this chunk: the caller finishing it vouches
 		// that its KV is written, and m.Event (recorded at Finish on the
@@ -343,7 +310,7 @@ func (c *ChunkCore) answer() {
 	// the chunk.
 	c.out = append(c.out, ChunkEnded{Result: res})
 	if c.reply != nil {
-		c.out = append(c.out, Reply{To: c.reply, Result: res})
+		c.out = append(c.out, AnswerFinish{To: c.reply, Result: res})
 	}
 }
 

@@ -53,7 +53,7 @@ func submits(effs []Effect) []messages.Work {
 
 func reply(effs []Effect) (messages.Result, bool) {
 	for _, e := range effs {
-		if r, ok := e.(Reply); ok {
+		if r, ok := e.(AnswerFinish); ok {
 			return r.Result, true
 		}
 	}
@@ -396,7 +396,7 @@ func TestForwardCoreBindsOnlyPending(t *testing.T) {
 	assert.Empty(t, c.Step(&messages.Boundary{Forward: 2, Group: 1}), "a finished chunk is forgotten")
 	effs := c.Step(&messages.Begin{Forward: 3, Bound: make(chan int, 1)})
 	require.Len(t, effs, 1)
-	assert.Equal(t, 0, effs[0].(Answer).N, "a forward with no chunk says so")
+	assert.Equal(t, 0, effs[0].(AnswerBegin).N, "a forward with no chunk says so")
 }
 
 func TestRoomCoreFIFO(t *testing.T) {
@@ -412,9 +412,9 @@ func TestRoomCoreFIFO(t *testing.T) {
 	assert.True(t, has[SpawnChunk](effs))
 	effs = add(ch(0, 2)) // same key again: never overwrite the active context
 	assert.False(t, has[SpawnChunk](effs))
-	var a AnswerAdd
+	var a AnswerRegister
 	for _, e := range effs {
-		if x, ok := e.(AnswerAdd); ok {
+		if x, ok := e.(AnswerRegister); ok {
 			a = x
 		}
 	}

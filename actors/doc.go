@@ -10,8 +10,13 @@
 //     enqueued/processed work and posted/completed batches, sends what no
 //     group covered, answers finish once everything landed, fails closed;
 //   - ManagerCore (the root): routes by room and stops idle rooms safely;
-//   - submitters (a supervised pool behind a protoactor round-robin group
-//     router): wait a group's event, build its blocks, post one batch.
+//   - SubmitCore (one per Work, in a submitter of a supervised pool behind a
+//     protoactor round-robin group router): after the group's event wait,
+//     decides between posting, skipping, failing, retrying once, restarting
+//     the submitter and escalating a lost device; the submitter builds the
+//     blocks and posts one batch.
+//
+// Every effect is declared in effects.go, under the core that emits it.
 //
 // A core takes a message and returns effects; it has no goroutines, no clocks
 // and no hardware, so every behaviour can be tested by feeding messages and

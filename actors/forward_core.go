@@ -11,23 +11,6 @@ type Target struct {
 	PID   *actor.PID
 }
 
-// FanOut asks the forward shell to deliver one message to every target. The
-// slice is the core's own list, shared read-only, so that a boundary with n
-// active contexts allocates nothing per context.
-type FanOut struct {
-	To  []Target
-	Msg any
-}
-
-// Answer tells BeginForward how many chunks bound to its forward.
-type Answer struct {
-	To chan<- int
-	N  int
-}
-
-func (FanOut) effect() {}
-func (Answer) effect() {}
-
 // ForwardCore binds registered chunks to forwards and fans a forward's group
 // boundaries out to its chunks only. A chunk registered before Begin binds to
 // that forward and no other (invariant 4), so a later forward re-firing the
@@ -71,7 +54,7 @@ func (c *ForwardCore) Step(msg any) []Effect {
 			c.out = append(c.out, FanOut{To: bound, Msg: &messages.Bind{Forward: m.Forward}})
 		}
 		if m.Bound != nil {
-			c.out = append(c.out, Answer{To: m.Bound, N: len(bound)})
+			c.out = append(c.out, AnswerBegin{To: m.Bound, N: len(bound)})
 		}
 	case *messages.Boundary:
 		if to := c.forwards[m.Forward]; len(to) > 0 {

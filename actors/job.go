@@ -4,11 +4,23 @@ import (
 	"context"
 	"sync"
 
+	"github.com/asynkron/protoactor-go/actor"
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/messages"
 	"github.com/kvstream/kvstream/plan"
+	"github.com/kvstream/kvstream/trace"
 )
+
+// Work is what a submitter receives: the Work a chunk's core decided, with
+// the chunk's job (its plan, gate and cancellation) and the chunk actor's
+// address attached by the chunk's shell. The job is a typed field rather
+// than a value in messages, which cannot know the job's type.
+type Work struct {
+	messages.Work
+	Job     *Job
+	ReplyTo *actor.PID
+}
 
 // Job is the data-plane half of a chunk context, shared by its actor and the
 // submitters that serve it: the plan, a context that cancels event waits,
@@ -37,6 +49,9 @@ func NewJob(p *plan.Plan) *Job {
 
 // ID returns the chunk.
 func (j *Job) ID() messages.Chunk { return j.Plan.Chunk }
+
+// TraceName implements trace naming: a trace names a job by its chunk.
+func (j *Job) TraceName() string { return trace.ChunkID(j.ID()) }
 
 // Context is cancelled when the chunk stops accepting work.
 func (j *Job) Context() context.Context { return j.ctx }

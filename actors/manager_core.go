@@ -4,22 +4,6 @@ import (
 	"github.com/kvstream/kvstream/messages"
 )
 
-// SpawnRoom asks the manager shell to start a room actor.
-type SpawnRoom struct{ Room uint64 }
-
-// Route asks the manager shell to deliver Msg to a room actor.
-type Route struct {
-	Room uint64
-	Msg  any
-}
-
-// StopRoom asks the manager shell to stop an idle room actor.
-type StopRoom struct{ Room uint64 }
-
-func (SpawnRoom) effect() {}
-func (Route) effect()     {}
-func (StopRoom) effect()  {}
-
 // ManagerCore routes registrations, finishes and drops to room actors. A room
 // actor lives while it holds chunks; it is stopped only when it reported idle
 // after handling every message the manager routed to it, so that no message
@@ -43,7 +27,7 @@ func (c *ManagerCore) Step(msg any) []Effect {
 		c.route(m.Chunk.Room, m, true)
 	case *messages.Finish:
 		if !c.route(m.Room, m, false) {
-			c.out = append(c.out, Reply{To: m.Reply, Result: messages.Result{
+			c.out = append(c.out, AnswerFinish{To: m.Reply, Result: messages.Result{
 				Status: messages.Failed,
 				Err:    badInput("unknown room %d", m.Room),
 			}})

@@ -4,48 +4,6 @@ import (
 	"github.com/kvstream/kvstream/messages"
 )
 
-// Send asks a shell to deliver Msg to chunk To.
-type Send struct {
-	To  messages.Chunk
-	Msg any
-}
-
-// SpawnChunk asks the room shell to start a chunk actor from Props and tell
-// the forward actor it is pending.
-type SpawnChunk struct {
-	Add *messages.AddChunk
-}
-
-// AnswerAdd answers a registration.
-type AnswerAdd struct {
-	To    chan<- messages.Added
-	Added messages.Added
-}
-
-// Unqueue tells the shell that a chunk left the room's queue (popped by
-// finish, or ended): a registration of its key creates a new context again.
-type Unqueue struct{ Chunk messages.Chunk }
-
-// StopChunk stops an ended chunk actor and makes the forward actor forget it.
-type StopChunk struct{ Chunk messages.Chunk }
-
-// AnswerDrop answers a Drop once every dropped chunk quiesced.
-type AnswerDrop struct {
-	To      chan<- []messages.Result
-	Results []messages.Result
-}
-
-// Idle tells the manager the room holds no chunk.
-type Idle struct{ Seen uint64 }
-
-func (Send) effect()       {}
-func (SpawnChunk) effect() {}
-func (AnswerAdd) effect()  {}
-func (Unqueue) effect()    {}
-func (StopChunk) effect()  {}
-func (AnswerDrop) effect() {}
-func (Idle) effect()       {}
-
 // RoomCore keeps one room's chunk contexts. Queued contexts form a FIFO in
 // send order (invariant 7): registering an active key is a no-op, a new key
 // appends, finish pops the front, drop drains every queued context.
@@ -110,18 +68,18 @@ func (c *RoomCore) add(m *messages.AddChunk) {
 		if q.chunk.ChunkKey == m.Chunk.ChunkKey {
 			// Never overwrite an active context: the scheduler re-registers
 			// the same chunk many times while forming a batch.
-			c.out = append(c.out, AnswerAdd{To: m.Reply, Added: messages.Added{Chunk: q.chunk, PerLayer: q.perLayer, Existing: true}})
+			c.out = append(c.out, AnswerRegister{To: m.Reply, Added: messages.Added{Chunk: q.chunk, PerLayer: q.perLayer, Existing: true}})
 			return
 		}
 	}
 	c.queue = append(c.queue, queued{chunk: m.Chunk, perLayer: m.PerLayer})
 	c.live++
-	c.out = append(c.out, SpawnChunk{Add: m}, AnswerAdd{To: m.Reply, Added: messages.Added{Chunk: m.Chunk, PerLayer: m.PerLayer}})
+	c.out = append(c.out, SpawnChunk{Add: m}, AnswerRegister{To: m.Reply, Added: messages.Added{Chunk: m.Chunk, PerLayer: m.PerLayer}})
 }
 
 func (c *RoomCore) finish(m *messages.Finish) {
 	if len(c.queue) == 0 {
-		c.out = append(c.out, Reply{To: m.Reply, Result: messages.Result{
+		c.out = append(c.out, AnswerFinish{To: m.Reply, Result: messages.Result{
 			Status: messages.Failed,
 			Err:    badInput("room %d has no chunk to finish", c.room),
 		}})

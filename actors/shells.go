@@ -37,7 +37,7 @@ func (a *forwardActor) Receive(ctx actor.Context) {
 			for _, t := range e.To {
 				ctx.Send(t.PID, e.Msg)
 			}
-		case Answer:
+		case AnswerBegin:
 			e.To <- e.N
 		}
 	}
@@ -74,7 +74,7 @@ func (a *managerActor) Receive(ctx actor.Context) {
 		case StopRoom:
 			ctx.Stop(a.rooms[e.Room])
 			delete(a.rooms, e.Room)
-		case Reply:
+		case AnswerFinish:
 			e.To <- e.Result
 		case AnswerDrop:
 			e.To <- e.Results
@@ -114,7 +114,7 @@ func (a *roomActor) Receive(ctx actor.Context) {
 			a.pids[c] = pid
 			a.env.Registry.spawned(c, e.Add.PerLayer)
 			ctx.Send(a.env.Forward, &messages.Pending{Chunk: c, PID: pid})
-		case AnswerAdd:
+		case AnswerRegister:
 			e.To <- e.Added
 		case Unqueue:
 			a.env.Registry.unqueued(e.Chunk)
@@ -124,7 +124,7 @@ func (a *roomActor) Receive(ctx actor.Context) {
 			ctx.Stop(a.pids[e.Chunk])
 			delete(a.pids, e.Chunk)
 			ctx.Send(a.env.Forward, &messages.Forget{Chunk: e.Chunk})
-		case Reply:
+		case AnswerFinish:
 			e.To <- e.Result
 		case AnswerDrop:
 			e.To <- e.Results

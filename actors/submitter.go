@@ -10,9 +10,9 @@ import (
 	"github.com/asynkron/protoactor-go/router"
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cp"
-	"github.com/kvstream/kvstream/hw/cuda"
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/messages"
+	"github.com/kvstream/kvstream/plan"
 	"github.com/kvstream/kvstream/trace"
 	"go.uber.org/zap"
 )
@@ -108,9 +108,11 @@ func (observe restartAlways) HandleFailure(_ *actor.ActorSystem, sup actor.Super
 	sup.RestartChildren(child)
 }
 
-// submitter waits a group's event, builds its blocks and posts one batch.
-// Waiting blocks this actor (and only this actor): never the forward thread,
-// never the compute stream (invariant 1).
+// submitter waits a group's event, builds its blocks and posts one batch;
+// what a Work comes to (posted, skipped, failed, retried, restart,
+// escalate) is its SubmitCore's decision. Waiting blocks this actor's wait
+// goroutine only: never the forward thread, never the compute stream
+// (invariant 1).
 type submitter struct {
 	env    *Env
 	index  int
@@ -161,7 +163,7 @@ func (s *submitter) Receive(ctx actor.Context) {
 		}
 	case *actor.Stopping:
 		s.closeAll()
-	case *messages.Work:
+	case *Work:
 		s.start(ctx, m)
 	}
 }
@@ -177,8 +179,8 @@ type waited struct {
 // post inside the actor. So one chunk's event (a hung kernel, a wait that
 // only its own timeout ends) never holds up another chunk's work queued on
 // the same submitter; posts stay serialized per submitter.
-func (s *submitter) start(ctx actor.Context, w *messages.Work) {
-	job := w.Job.(*Job)
+func (s *submitter) start(ctx actor.Context, w *Work) {
+	job := w.Job
 	fut := actor.NewFuture(ctx.ActorSystem(), -1)
 	root := ctx.ActorSystem().Root
 	begin := time.Now()
@@ -227,74 +229,60 @@ func (s *submitter) closeAll() {
 	}
 }
 
-// work posts one Work whose event wait ended as wt. failure, when not nil,
-// is what the submitter must panic with after answering, for its supervisor
-// to act on.
-func (s *submitter) work(w *messages.Work, wt waited) (res *messages.Submitted, failure error) {
-	job := w.Job.(*Job)
+// work carries out what a SubmitCore decides for one Work whose event wait
+// ended as wt: it connects, posts and disconnects, and returns the answer to
+// the chunk. failure, when not nil, is what the submitter must panic with
+// after answering, for its supervisor to act on.
+func (s *submitter) work(w *Work, wt waited) (res *messages.Submitted, failure error) {
+	dest := &w.Job.Plan.Dests[w.Dest]
 	res = &messages.Submitted{Seq: w.Seq, Dest: w.Dest, WaitStart: wt.start, WaitEnd: wt.end}
-	if err := wt.err; err != nil {
-		if job.Context().Err() != nil {
-			return res, nil // the chunk was cancelled: skipped, not failed
-		}
-		res.Err = errors.Mark(err, ErrEventWait)
-		if errors.Is(err, cuda.ErrDeviceLost) {
-			return res, deviceFailure{err: err}
-		}
-		return res, nil
-	}
-
-	dest := job.Plan.Dests[w.Dest]
-	if lost := s.env.Peers.Lost(dest.Peer); lost != nil {
-		s.disconnect(dest.Peer)
-		res.Err = lost // nothing to restart for: the peer is gone
-		return res, nil
-	}
-	replyTo, root, obs := w.ReplyTo, s.env.System.Root, s.env.Observer
 	rec := Batch{Chunk: w.Chunk, Seq: w.Seq, Dest: w.Dest, Submitter: s.index, WaitStart: res.WaitStart, WaitEnd: res.WaitEnd}
-	var c *conn
+	core := NewSubmitCore(dest.Peer)
+	effs := core.Step(&WaitEnded{Err: wt.err, Cancelled: w.Job.Context().Err() != nil, PeerLost: s.env.Peers.Lost(dest.Peer)})
+	for i := 0; i < len(effs); i++ {
+		switch e := effs[i].(type) {
+		case Disconnect:
+			s.disconnect(e.Peer)
+		case PostBatch: // always the last effect: go on with what its end brings
+			effs, i = core.Step(s.post(w, dest, &rec, res)), -1
+		case AnswerWork:
+			res.Err = e.Err
+			if e.Outcome == WorkPosted {
+				res.Posted, res.Bytes, res.Blocks = true, rec.Bytes, rec.Blocks
+			}
+		case Restart:
+			failure = endpointFailure{peer: e.Peer, err: e.Cause}
+		case Escalate:
+			failure = deviceFailure{err: e.Cause}
+		}
+	}
+	return res, failure
+}
+
+// post connects to the destination (on first use), builds the Work's
+// writes and posts them as one batch through the chunk's gate.
+func (s *submitter) post(w *Work, dest *plan.Dest, rec *Batch, res *messages.Submitted) *PostEnded {
+	c, err := s.conn(dest.Peer)
+	if err != nil {
+		return &PostEnded{ConnErr: err}
+	}
+	s.build(w.Buffers, dest.Runs, c)
+	rec.Bytes, rec.Blocks, rec.Posted = bytesOf(s.writes), len(s.writes), time.Now()
+	replyTo, root, obs, b := w.ReplyTo, s.env.System.Root, s.env.Observer, *rec
 	done := func(err error) {
 		c.completed()
-		b := rec // the closure is per batch; each call completes a copy
+		b := b // the closure is per batch; each call completes a copy
 		b.Done, b.Err = time.Now(), err
 		obs.Batch(b)
 		root.Send(replyTo, &messages.BatchDone{Seq: b.Seq, Dest: b.Dest, Err: err, At: b.Done})
 	}
-	var posted bool
-	// Two attempts: an endpoint may have been torn down by another chunk's
-	// quiescence since our last batch; nothing was posted on a failed Post,
-	// so one retry on a fresh endpoint is safe. A second failure is real.
-	for attempt := 0; attempt < 2; attempt++ {
-		var err error
-		if c, err = s.conn(dest.Peer); err != nil {
-			res.Err = err
-			return res, endpointFailure{peer: dest.Peer, err: err}
-		}
-		s.build(w.Buffers, dest.Runs, c)
-		rec.Bytes, rec.Blocks, rec.Posted = bytesOf(s.writes), len(s.writes), time.Now()
-		c.inflight.Add(1)
-		posted, err = job.post(c.ep, s.writes, done)
-		res.PostedAt = rec.Posted
-		if !posted {
-			c.inflight.Add(-1) // done will never run
-		}
-		if err == nil {
-			break
-		}
-		res.Err = errors.Wrapf(err, "post %d writes to %s", len(s.writes), dest.Peer)
-		if !errors.Is(err, rdma.ErrEndpointBroken) {
-			return res, nil
-		}
-		s.disconnect(dest.Peer)
-		if attempt == 1 {
-			return res, endpointFailure{peer: dest.Peer, err: err}
-		}
-		res.Err = nil
+	c.inflight.Add(1)
+	posted, err := w.Job.post(c.ep, s.writes, done)
+	res.PostedAt = rec.Posted
+	if !posted {
+		c.inflight.Add(-1) // done will never run
 	}
-	if posted {
-		res.Posted, res.Bytes, res.Blocks = true, rec.Bytes, rec.Blocks
-	}
-	return res, nil
+	return &PostEnded{Posted: posted, Err: err, Writes: len(s.writes)}
 }
 
 // build turns the runs into one write per (buffer, run), reusing the

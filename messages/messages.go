@@ -36,13 +36,6 @@ type Event interface {
 	Wait(ctx context.Context) error
 }
 
-// Job is the data-plane half of one chunk context (its plan, its cancellation
-// and its ledger of posted batches). Actors pass it to submitters; only the
-// engine's actors know its concrete type.
-type Job interface {
-	ID() Chunk
-}
-
 // Rest is the Work sequence number of the buffers that no fired group covered
 // (hookless buffers, groups that never fired, or everything for a
 // monolithic send).
@@ -203,15 +196,15 @@ type TornDown struct {
 }
 
 // Work asks a submitter to wait Event, then post the blocks of Buffers over
-// the chunk's runs to destination Dest, as one batch.
+// the chunk's runs to destination Dest, as one batch. It is what a chunk's
+// core decides; the chunk's shell sends it with the chunk's data-plane job
+// and its own address attached (actors.Work).
 type Work struct {
 	Chunk   Chunk
 	Seq     int // group, or Rest
 	Dest    int // index of the destination in the chunk's plan
 	Buffers []int
 	Event   Event
-	Job     Job
-	ReplyTo *actor.PID
 }
 
 // Submitted reports one Work back to its chunk: posted (a batch is in

@@ -178,9 +178,9 @@ func Canonical(msg any) string {
 	return string(b)
 }
 
-// Job stands for a chunk's data-plane job in a replay (the shells attach
-// the real one to every Work they send).
-type Job messages.Chunk
-
-// ID implements messages.Job.
-func (j Job) ID() messages.Chunk { return messages.Chunk(j) }
+// Work is a submitter's Work in a replay, encoded as the chunk shell's
+// actors.Work is: the core's Work plus the chunk's job, named by its chunk.
+type Work struct {
+	messages.Work
+	Job messages.Chunk
+}

@@ -14,16 +14,16 @@ import (
 // Encode turns a message or an effect into plain JSON-able data. Runtime
 // objects are reduced to what identifies them across a record and a replay:
 // an event becomes "ev:<address>" (the same event shared by several chunks
-// keeps one name), a job its chunk, an error its text, times Unix
-// nanoseconds; PIDs, props, channels and contexts are left out (they are
-// addresses, not meaning).
+// keeps one name), a value with a TraceName method that name (a chunk's job:
+// its chunk), an error its text, times Unix nanoseconds; PIDs, props,
+// channels and contexts are left out (they are addresses, not meaning).
 func Encode(v any) any {
 	return encodeValue(reflect.ValueOf(v))
 }
 
 var (
 	eventType    = reflect.TypeOf((*messages.Event)(nil)).Elem()
-	jobType      = reflect.TypeOf((*messages.Job)(nil)).Elem()
+	namedType    = reflect.TypeOf((*interface{ TraceName() string })(nil)).Elem()
 	errorType    = reflect.TypeOf((*error)(nil)).Elem()
 	timeType     = reflect.TypeOf(time.Time{})
 	durationType = reflect.TypeOf(time.Duration(0))
@@ -56,6 +56,12 @@ func encodeValue(v reflect.Value) any {
 	case t == durationType:
 		return v.Int()
 	}
+	if t.Kind() != reflect.Interface && t.Implements(namedType) {
+		if t.Kind() == reflect.Pointer && v.IsNil() {
+			return nil
+		}
+		return v.Interface().(interface{ TraceName() string }).TraceName()
+	}
 	if t.Kind() == reflect.Int && t.Implements(stringerType) {
 		return v.Interface().(fmt.Stringer).String() // statuses, modes: readable
 	}
@@ -69,8 +75,6 @@ func encodeValue(v reflect.Value) any {
 			return v.Interface().(error).Error()
 		case t == eventType:
 			return EventName(v.Interface())
-		case t == jobType:
-			return ChunkID(v.Interface().(messages.Job).ID())
 		case t == anyType:
 			return Typed(v.Interface())
 		}

@@ -111,6 +111,9 @@ func Read(r io.Reader) (*Trace, error) {
 		if rec.Actor == "" || rec.Type == "" {
 			return nil, errors.Newf("trace line %d: record without actor or type", line)
 		}
+		for i, e := range rec.Effects {
+			rec.Effects[i] = currentEffect(e)
+		}
 		t.Records = append(t.Records, rec)
 	}
 	if err := sc.Err(); err != nil {
@@ -120,6 +123,33 @@ func Read(r io.Reader) (*Trace, error) {
 		return nil, errors.New("trace: no header line (is this a kvstream trace?)")
 	}
 	return t, nil
+}
+
+// effectRenames maps the effect names that traces recorded before the
+// effects were named for who answers what (docs/ARCHITECTURE.md, Actors) to
+// today's names, so that such traces still replay.
+var effectRenames = map[string]string{
+	"Answer":    "AnswerBegin",
+	"AnswerAdd": "AnswerRegister",
+	"Reply":     "AnswerFinish",
+}
+
+// currentEffect returns a recorded effect line ("Type {...}") as this
+// version of kvstream writes it: under the effect's current name, and
+// without the job a Submit's Work carried, always null there, before the
+// chunk shell attached the job outside the message (actors.Work).
+func currentEffect(line string) string {
+	name, rest, ok := strings.Cut(line, " ")
+	if !ok {
+		return line
+	}
+	if now, renamed := effectRenames[name]; renamed {
+		return now + " " + rest
+	}
+	if name == "Submit" {
+		return name + " " + strings.Replace(rest, `"Job":null,`, "", 1)
+	}
+	return line
 }
 
 // Write writes a trace.

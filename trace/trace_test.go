@@ -94,3 +94,37 @@ func TestReadErrorsNameTheLine(t *testing.T) {
 	_, err = Read(strings.NewReader("# only comments\n"))
 	assert.ErrorContains(t, err, "no header line")
 }
+
+// A trace recorded before the answer effects were renamed and the job left
+// messages.Work still replays: Read gives its effects today's form.
+func TestReadRenamesOldEffects(t *testing.T) {
+	in := `{"kvstream_trace":1}
+{"seq":1,"actor":"forward","id":"forward","type":"Begin","msg":{},"effects":["Answer {\"N\":1}"]}
+{"seq":2,"actor":"room","id":"1","type":"AddChunk","msg":{},"effects":["AnswerAdd {\"Added\":{}}","AnswerDrop {\"Results\":null}"]}
+{"seq":3,"actor":"chunk","id":"1:0-8#1","type":"BatchDone","msg":{},"effects":["ChunkEnded {}","Reply {\"Result\":{}}"]}
+{"seq":4,"actor":"chunk","id":"1:0-8#1","type":"GroupReady","msg":{},"effects":["Submit {\"Work\":{\"Buffers\":[0],\"Dest\":0,\"Event\":\"ev:1\",\"Job\":null,\"Seq\":0}}"]}
+`
+	tr, err := Read(strings.NewReader(in))
+	require.NoError(t, err)
+	require.Len(t, tr.Records, 4)
+	assert.Equal(t, []string{`AnswerBegin {"N":1}`}, tr.Records[0].Effects)
+	assert.Equal(t, []string{`AnswerRegister {"Added":{}}`, `AnswerDrop {"Results":null}`}, tr.Records[1].Effects)
+	assert.Equal(t, []string{`ChunkEnded {}`, `AnswerFinish {"Result":{}}`}, tr.Records[2].Effects)
+	assert.Equal(t, []string{`Submit {"Work":{"Buffers":[0],"Dest":0,"Event":"ev:1","Seq":0}}`}, tr.Records[3].Effects)
+}
+
+// A value that names itself for traces (a chunk's job) is encoded as its
+// name, wherever it sits.
+func TestEncodeUsesTraceNames(t *testing.T) {
+	type work struct {
+		messages.Work
+		Job *named
+	}
+	got := Canonical(Encode(&work{Work: messages.Work{Seq: 2, Buffers: []int{1}}, Job: &named{"7:0-16#1"}}))
+	assert.Equal(t, `{"Buffers":[1],"Chunk":"0:0-0#0","Dest":0,"Event":null,"Job":"7:0-16#1","Seq":2}`, got)
+	assert.Equal(t, `{"Buffers":null,"Chunk":"0:0-0#0","Dest":0,"Event":null,"Job":null,"Seq":0}`, Canonical(Encode(&work{})))
+}
+
+type named struct{ name string }
+
+func (n *named) TraceName() string { return n.name }

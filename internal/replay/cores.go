@@ -291,9 +291,7 @@ func (r *replayer) route(rec *trace.Record, effs []any) {
 				send(trace.Chunk, trace.ChunkID(t.Chunk), e.Msg)
 			}
 		case actors.Submit:
-			w := e.Work
-			w.Job = trace.Job(w.Chunk) // the chunk shell attaches the job
-			send(trace.Submitter, "*", &w)
+			send(trace.Submitter, "*", &trace.Work{Work: e.Work, Job: e.Work.Chunk}) // the chunk shell attaches the job
 		case actors.ChunkEnded:
 			res := e.Result
 			send(trace.Room, strconv.FormatUint(res.Chunk.Room, 10), &messages.ChunkDone{Result: res})
