@@ -23,7 +23,7 @@ type chunkActor struct {
 	job        *Job
 	core       *ChunkCore
 	last       []Effect
-	timer      *time.Timer
+	timers     []*time.Timer
 	stopCancel func() bool // stops watching the Finish caller's context
 }
 
@@ -55,7 +55,9 @@ func (a *chunkActor) perform(ctx actor.Context, e Effect) {
 		ctx.Send(a.env.Submitters, &Work{Work: e.Work, Job: a.job, ReplyTo: ctx.Self()})
 	case StartTimer:
 		self, root := ctx.Self(), a.env.System.Root
-		a.timer = time.AfterFunc(e.After, func() { root.Send(self, &messages.Timeout{}) })
+		// A Drop during a Finish arms a second timer: the chunk answers
+		// within whichever bound comes first.
+		a.timers = append(a.timers, time.AfterFunc(e.After, func() { root.Send(self, &messages.Timeout{}) }))
 		if caller := e.Caller; caller != nil {
 			a.stopCancel = context.AfterFunc(caller, func() { root.Send(self, &messages.Cancel{Reason: caller.Err()}) })
 		}
@@ -81,10 +83,10 @@ func (a *chunkActor) perform(ctx actor.Context, e Effect) {
 }
 
 func (a *chunkActor) stopTimer() {
-	if a.timer != nil {
-		a.timer.Stop()
-		a.timer = nil
+	for _, t := range a.timers {
+		t.Stop()
 	}
+	a.timers = nil
 	if a.stopCancel != nil {
 		a.stopCancel()
 		a.stopCancel = nil

@@ -212,10 +212,13 @@ func (c *ChunkCore) finish(m *messages.Finish) {
 }
 
 func (c *ChunkCore) drop(m *messages.Drop) {
-	if c.finishing || c.dropping {
+	if c.dropping {
 		return
 	}
 	c.dropping = true
+	// Pending work is skipped; what is in flight lands or is torn down
+	// before the chunk answers, within this timer or the Finish's, whichever
+	// fires first. A Finish under way answers DROPPED, never SUCCESS.
 	c.out = append(c.out, CancelWork{}, StartTimer{After: m.Timeout - TeardownReserve(m.Timeout)})
 }
 
@@ -300,6 +303,9 @@ func (c *ChunkCore) settle() {
 func (c *ChunkCore) answer() {
 	res := messages.Result{Chunk: c.id, PerLayer: c.perLayer, Status: messages.Succeeded, Stats: c.stats}
 	switch {
+	case c.dropping && c.finishing && c.err == nil:
+		res.Status = messages.Dropped
+		res.Err = errors.Mark(errors.Newf("room %d chunk %d: dropped while its Finish waited", c.id.Room, c.id.Start), ErrDropped)
 	case c.dropping:
 		res.Status, res.Err = messages.Dropped, c.err
 	case c.err != nil:

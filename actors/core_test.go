@@ -443,13 +443,13 @@ func TestRoomCoreFIFO(t *testing.T) {
 			n++
 		}
 	}
-	assert.Equal(t, 2, n, "drop drains every queued chunk")
+	assert.Equal(t, 3, n, "drop drains every queued chunk and the one being finished")
 	assert.Empty(t, c.Queue())
 	assert.False(t, has[AnswerDrop](c.Step(&messages.ChunkDone{Result: messages.Result{Chunk: ch(16, 3)}})))
 	effs = c.Step(&messages.ChunkDone{Result: messages.Result{Chunk: ch(32, 4)}})
-	assert.True(t, has[AnswerDrop](effs), "drop answers once every dropped chunk quiesced")
-	assert.False(t, has[Idle](effs), "the finishing chunk is still live")
+	assert.False(t, has[AnswerDrop](effs), "the chunk being finished has not quiesced yet")
 	effs = c.Step(&messages.ChunkDone{Result: messages.Result{Chunk: ch(0, 1)}})
+	assert.True(t, has[AnswerDrop](effs), "drop answers once every dropped chunk quiesced, the finishing one too")
 	assert.True(t, has[Idle](effs))
 
 	effs = c.Step(&messages.Finish{Room: 5, Reply: rc})
@@ -470,5 +470,6 @@ func TestManagerCoreStopsOnlyQuietRooms(t *testing.T) {
 	r, ok := reply(c.Step(&messages.Finish{Room: 3, Reply: rc}))
 	require.True(t, ok)
 	assert.True(t, errors.Is(r.Err, ErrBadInput))
-	assert.ErrorContains(t, r.Err, "unknown room 3")
+	assert.True(t, errors.Is(r.Err, ErrNoChunk))
+	assert.ErrorContains(t, r.Err, "room 3: no chunk to finish")
 }

@@ -29,14 +29,14 @@ func (c *ManagerCore) Step(msg any) []Effect {
 		if !c.route(m.Room, m, false) {
 			c.out = append(c.out, AnswerFinish{To: m.Reply, Result: messages.Result{
 				Status: messages.Failed,
-				Err:    badInput("unknown room %d", m.Room),
+				Err:    noChunk(m.Room, "finish"),
 			}})
 		}
 	case *messages.Drop:
 		if !c.route(m.Room, m, false) {
 			c.out = append(c.out, AnswerDrop{To: m.Reply, Results: []messages.Result{{
 				Status: messages.Failed,
-				Err:    badInput("unknown room %d", m.Room),
+				Err:    noChunk(m.Room, "drop"),
 			}}})
 		}
 	case *messages.RoomIdle:

@@ -10,10 +10,13 @@ import (
 type RoomCore struct {
 	room  uint64
 	queue []queued
-	live  int // queued + popped but not ended
-	drops []*dropWait
-	seen  uint64
-	out   []Effect
+	// finishing are the chunks popped by Finish that have not ended: a Drop
+	// must reach them too, or their writes could land after it returned.
+	finishing []messages.Chunk
+	live      int // queued + finishing
+	drops     []*dropWait
+	seen      uint64
+	out       []Effect
 }
 
 type queued struct {
@@ -81,12 +84,13 @@ func (c *RoomCore) finish(m *messages.Finish) {
 	if len(c.queue) == 0 {
 		c.out = append(c.out, AnswerFinish{To: m.Reply, Result: messages.Result{
 			Status: messages.Failed,
-			Err:    badInput("room %d has no chunk to finish", c.room),
+			Err:    noChunk(c.room, "finish"),
 		}})
 		return
 	}
 	front := c.queue[0]
 	c.queue = c.queue[1:]
+	c.finishing = append(c.finishing, front.chunk)
 	c.out = append(c.out, Unqueue{Chunk: front.chunk}, Send{To: front.chunk, Msg: m})
 }
 
@@ -97,8 +101,14 @@ func (c *RoomCore) drop(m *messages.Drop) {
 		c.out = append(c.out, Unqueue{Chunk: q.chunk}, Send{To: q.chunk, Msg: m})
 	}
 	c.queue = nil
+	// A chunk being finished is dropped too: its Finish then answers
+	// DROPPED, and this Drop waits until its writes quiesced.
+	for _, ch := range c.finishing {
+		w.waiting[ch] = true
+		c.out = append(c.out, Send{To: ch, Msg: m})
+	}
 	if len(w.waiting) == 0 {
-		c.out = append(c.out, AnswerDrop{To: m.Reply})
+		c.out = append(c.out, AnswerDrop{To: m.Reply, Results: []messages.Result{{Status: messages.Failed, Err: noChunk(c.room, "drop")}}})
 		return
 	}
 	c.drops = append(c.drops, w)
@@ -106,6 +116,12 @@ func (c *RoomCore) drop(m *messages.Drop) {
 
 func (c *RoomCore) ended(r messages.Result) {
 	c.live--
+	for i, ch := range c.finishing {
+		if ch == r.Chunk {
+			c.finishing = append(c.finishing[:i:i], c.finishing[i+1:]...)
+			break
+		}
+	}
 	for i, q := range c.queue {
 		if q.chunk == r.Chunk { // ended while queued (cannot happen today; keep the FIFO honest)
 			c.queue = append(c.queue[:i:i], c.queue[i+1:]...)

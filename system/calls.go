@@ -126,8 +126,10 @@ const finishGrace = 5 * time.Second
 // returns its result. It returns within the finish timeout (or ctx's
 // deadline, if sooner), and only when no write of the chunk can land any
 // more. A failed chunk returns its result and an error marked with its
-// class (ErrTimeout, ErrEndpointBroken, ErrEventWait, ErrDeviceLost); an
-// unknown room returns an error marked ErrBadInput. If ctx is cancelled the
+// class (ErrTimeout, ErrEndpointBroken, ErrEventWait, ErrDeviceLost); a
+// chunk dropped while Finish waited returns status Dropped and ErrDropped; a
+// room with no chunk to finish (unknown, or all finished or dropped) returns
+// ErrNoChunk, also ErrBadInput. If ctx is cancelled the
 // chunk fails (and still quiesces before Finish returns).
 func (e *Engine) Finish(ctx context.Context, room uint64) (Result, error) {
 	e.closeMu.RLock()
@@ -155,10 +157,12 @@ func (e *Engine) Finish(ctx context.Context, room uint64) (Result, error) {
 	}
 }
 
-// Drop aborts every queued chunk of the room (abort or failure on the
-// serving side). It returns when none of their writes can land any more, so
-// their decode pages may be reused; within the finish timeout. Dropping an
-// unknown room is an error marked ErrBadInput. An error marked
+// Drop aborts every chunk of the room, queued or being finished (abort or
+// failure on the serving side): a Finish waiting on one of them answers
+// Dropped. It returns when none of their writes can land any more, so their
+// decode pages may be reused; within the finish timeout. Dropping a room
+// with no chunk (unknown, or all finished or dropped) is ErrNoChunk, also
+// ErrBadInput. An error marked
 // ErrNotQuiesced says a chunk's teardown could not stop its writes (see
 // Finish): those pages must not be reused.
 func (e *Engine) Drop(ctx context.Context, room uint64) error {

@@ -125,11 +125,21 @@ func TestForwardBadInput(t *testing.T) {
 func TestUnknownRoomsAndCallsAfterClose(t *testing.T) {
 	e := newEngine(t, nil)
 	_, err := e.Finish(context.Background(), 42)
-	assert.True(t, errors.Is(err, ErrBadInput))
-	assert.ErrorContains(t, err, "unknown room 42")
+	assert.True(t, errors.Is(err, ErrBadInput) && errors.Is(err, ErrNoChunk), "%v", err)
+	assert.ErrorContains(t, err, "room 42: no chunk to finish")
 	err = e.Drop(context.Background(), 42)
-	assert.True(t, errors.Is(err, ErrBadInput))
-	assert.ErrorContains(t, err, "unknown room 42")
+	assert.True(t, errors.Is(err, ErrBadInput) && errors.Is(err, ErrNoChunk), "%v", err)
+	assert.ErrorContains(t, err, "room 42: no chunk to drop")
+
+	// A second Finish of a room meets the same error, whether its room
+	// actor is still there or already stopped.
+	_, err = e.Register(context.Background(), goodSpec())
+	require.NoError(t, err)
+	_, err = e.Finish(context.Background(), 1)
+	require.NoError(t, err)
+	_, err = e.Finish(context.Background(), 1)
+	assert.True(t, errors.Is(err, ErrNoChunk), "%v", err)
+	assert.ErrorContains(t, err, "room 1: no chunk to finish")
 
 	_, err = e.Register(context.Background(), goodSpec())
 	require.NoError(t, err)

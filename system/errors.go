@@ -30,6 +30,13 @@ var (
 	// ErrPeerLost: a decode peer was reported lost (Engine.PeerLost). Also
 	// marked ErrEndpointBroken.
 	ErrPeerLost = actors.ErrPeerLost
+	// ErrNoChunk: Finish or Drop of a room with no chunk to finish or drop
+	// (never registered, or every chunk already finished or dropped). Also
+	// ErrBadInput. One error for both, whatever the timing.
+	ErrNoChunk = actors.ErrNoChunk
+	// ErrDropped: the chunk a Finish waited for was dropped (Drop of its
+	// room) before it completed; the result's status is Dropped.
+	ErrDropped = actors.ErrDropped
 )
 
 func closedError(call string) error {

@@ -208,3 +208,67 @@ func TestSecondEngineCloseWaits(t *testing.T) {
 	<-first
 	<-second
 }
+
+// postSignal wraps endpoints so that a test learns when a batch was posted.
+type postSignal struct{ posted chan struct{} }
+
+func (s postSignal) wrap(ep rdma.Endpoint) rdma.Endpoint {
+	return postSignalEndpoint{Endpoint: ep, s: s}
+}
+
+type postSignalEndpoint struct {
+	rdma.Endpoint
+	s postSignal
+}
+
+func (e postSignalEndpoint) Post(ws []rdma.Write, done func(error)) error {
+	err := e.Endpoint.Post(ws, done)
+	select {
+	case e.s.posted <- struct{}{}:
+	default:
+	}
+	return err
+}
+
+// TestDropWaitsForTheChunkBeingFinished: Drop while a Finish of the same
+// room waits on a slow transfer used to return at once (the room drained
+// only its queue, which the finishing chunk had left); the write landed
+// 300 ms later and the Finish reported SUCCESS. A returned Drop must mean
+// nothing of the room can land any more, and that Finish says DROPPED.
+func TestDropWaitsForTheChunkBeingFinished(t *testing.T) {
+	g := testbed.MLA(4, 16, 64)
+	sig := postSignal{posted: make(chan struct{}, 1)}
+	r := newRig(t, rigOpts{geom: g, hooks: 4, group: 2, link: loopback.Options{Latency: 300 * time.Millisecond},
+		wrap: wrapping(sig.wrap)})
+	r.register(chunk{room: 1, end: 8, src: []int{0, 1}, total: 2, infos: oneInfo("d0", []int{0, 1})})
+
+	// No forward: the chunk sends everything when Finish pops it, so the
+	// post proves the Finish took the chunk out of the room's queue.
+	type answer struct {
+		res system.Result
+		err error
+	}
+	finished := make(chan answer, 1)
+	go func() {
+		res, err := r.eng.Finish(context.Background(), 1)
+		finished <- answer{res, err}
+	}()
+	select {
+	case <-sig.posted:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the Finish posted nothing")
+	}
+	require.NoError(t, r.eng.Drop(context.Background(), 1))
+	dropped := time.Now()
+
+	r.mu.Lock()
+	landings := append([]loopback.Landing(nil), r.landings...)
+	r.mu.Unlock()
+	require.NotEmpty(t, landings, "Drop returned before the in-flight write landed")
+	for _, l := range landings {
+		assert.False(t, l.At.After(dropped), "a write landed %v after Drop returned", l.At.Sub(dropped))
+	}
+	a := <-finished
+	assert.Equal(t, system.Dropped, a.res.Status, "a Finish whose chunk was dropped never says SUCCESS")
+	assert.True(t, errors.Is(a.err, system.ErrDropped), "%v", a.err)
+}
