@@ -18,24 +18,39 @@ import (
 // there.
 type Registry struct {
 	mu     sync.RWMutex
-	queued map[messages.ChunkKey]messages.Added
+	queued map[messages.ChunkKey]registered
 	rooms  map[uint64]int // live contexts per room (queued or finishing)
+}
+
+type registered struct {
+	added messages.Added
+	spec  any // what the façade registered, to check later registrations against
 }
 
 // NewRegistry returns an empty registry.
 func NewRegistry() *Registry {
-	return &Registry{queued: map[messages.ChunkKey]messages.Added{}, rooms: map[uint64]int{}}
+	return &Registry{queued: map[messages.ChunkKey]registered{}, rooms: map[uint64]int{}}
 }
 
-// Lookup returns the queued context with key k.
-func (r *Registry) Lookup(k messages.ChunkKey) (messages.Added, bool) {
+// Lookup returns the queued context with key k, and the spec remembered
+// for it (nil if none yet).
+func (r *Registry) Lookup(k messages.ChunkKey) (messages.Added, any, bool) {
 	r.mu.RLock()
-	a, ok := r.queued[k]
+	e, ok := r.queued[k]
 	r.mu.RUnlock()
-	if ok {
-		a.Existing = true
+	e.added.Existing = ok
+	return e.added, e.spec, ok
+}
+
+// Remember keeps the spec chunk c was registered with while c is queued, so
+// that a later registration of its key can be checked against it.
+func (r *Registry) Remember(c messages.Chunk, spec any) {
+	r.mu.Lock()
+	if e, ok := r.queued[c.ChunkKey]; ok && e.added.Chunk == c {
+		e.spec = spec
+		r.queued[c.ChunkKey] = e
 	}
-	return a, ok
+	r.mu.Unlock()
 }
 
 // HasRoom reports whether the room has a live chunk context.
@@ -69,14 +84,14 @@ func (r *Registry) Live() int {
 
 func (r *Registry) spawned(c messages.Chunk, perLayer bool) {
 	r.mu.Lock()
-	r.queued[c.ChunkKey] = messages.Added{Chunk: c, PerLayer: perLayer}
+	r.queued[c.ChunkKey] = registered{added: messages.Added{Chunk: c, PerLayer: perLayer}}
 	r.rooms[c.Room]++
 	r.mu.Unlock()
 }
 
 func (r *Registry) unqueued(c messages.Chunk) {
 	r.mu.Lock()
-	if a, ok := r.queued[c.ChunkKey]; ok && a.Chunk == c {
+	if e, ok := r.queued[c.ChunkKey]; ok && e.added.Chunk == c {
 		delete(r.queued, c.ChunkKey)
 	}
 	r.mu.Unlock()
@@ -84,7 +99,7 @@ func (r *Registry) unqueued(c messages.Chunk) {
 
 func (r *Registry) ended(c messages.Chunk) {
 	r.mu.Lock()
-	if a, ok := r.queued[c.ChunkKey]; ok && a.Chunk == c {
+	if e, ok := r.queued[c.ChunkKey]; ok && e.added.Chunk == c {
 		delete(r.queued, c.ChunkKey)
 	}
 	if r.rooms[c.Room]--; r.rooms[c.Room] <= 0 {

@@ -1,9 +1,11 @@
 package plan
 
 import (
+	"fmt"
 	"github.com/kvstream/kvstream/cp"
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/messages"
+	"slices"
 )
 
 // Peer is a decode session this engine writes to: where to connect and its
@@ -205,4 +207,69 @@ func checkPages(what string, pages []int, capacity int) error {
 		seen[w] |= bit
 	}
 	return nil
+}
+
+// Clone returns a copy of s that shares no slice with it: the engine keeps
+// it to check later registrations of the same chunk, while the caller may
+// reuse its own slices.
+func (s *ChunkSpec) Clone() *ChunkSpec {
+	c := *s
+	c.SrcPages = slices.Clone(s.SrcPages)
+	c.Infos = slices.Clone(s.Infos)
+	for i := range c.Infos {
+		c.Infos[i].DstPages = slices.Clone(s.Infos[i].DstPages)
+	}
+	return &c
+}
+
+// SameTransfer returns nil if o asks for exactly the transfer s asks for,
+// else an error marked ErrBadInput that names the first difference. A chunk
+// registered again must not silently keep pages the caller no longer means.
+func (s *ChunkSpec) SameTransfer(o *ChunkSpec) error {
+	where := func(format string, args ...any) error {
+		return badInput("room %d chunk [%d, %d): registered again with %s", s.Room, s.Start, s.End, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case o.Last != s.Last || o.End != s.End:
+		return where("end %d (last %v), first registered with end %d (last %v)", o.End, o.Last, s.End, s.Last)
+	case o.TotalPages != s.TotalPages:
+		return where("%d total pages, first registered with %d", o.TotalPages, s.TotalPages)
+	case len(o.Infos) != len(s.Infos):
+		return where("%d decode infos, first registered with %d", len(o.Infos), len(s.Infos))
+	}
+	if err := samePages("source pages", -1, s.SrcPages, o.SrcPages); err != "" {
+		return where("%s", err)
+	}
+	for i, in := range s.Infos {
+		on := o.Infos[i]
+		switch {
+		case on.Peer != in.Peer || on.Dummy != in.Dummy:
+			return where("info %d for peer %q (dummy %v), first registered for %q (dummy %v)", i, on.Peer, on.Dummy, in.Peer, in.Dummy)
+		}
+		if err := samePages("destination pages", i, in.DstPages, on.DstPages); err != "" {
+			return where("%s", err)
+		}
+	}
+	return nil
+}
+
+// samePages describes the first difference between two page lists (of
+// decode info info, unless it is negative), or returns "". It formats only
+// when they differ: the check runs on every re-registration.
+func samePages(what string, info int, was, now []int) string {
+	if slices.Equal(was, now) {
+		return ""
+	}
+	if info >= 0 {
+		what = fmt.Sprintf("info %d %s", info, what)
+	}
+	if len(was) != len(now) {
+		return fmt.Sprintf("%d %s, first registered with %d", len(now), what, len(was))
+	}
+	for i := range was {
+		if was[i] != now[i] {
+			return fmt.Sprintf("%s: page %d at index %d, first registered as %d", what, now[i], i, was[i])
+		}
+	}
+	return ""
 }

@@ -55,7 +55,11 @@ func (e *Engine) Register(ctx context.Context, spec ChunkSpec) (reg Registration
 		return Registration{}, closedError("Register")
 	}
 	key := spec.Key(e.cfg.PageSize, e.nextForward.Load())
-	if a, ok := e.env.Registry.Lookup(key); ok {
+	if a, first, ok := e.env.Registry.Lookup(key); ok {
+		if err := sameTransfer(first, &spec); err != nil {
+			e.obs.Refused("bad_input")
+			return Registration{}, err
+		}
 		return registration(a, 0), nil
 	}
 	if err := ctx.Err(); err != nil {
@@ -89,13 +93,31 @@ func (e *Engine) Register(ctx context.Context, spec ChunkSpec) (reg Registration
 		reg := registration(a, p.Reason)
 		if a.Existing {
 			job.Release()
+			// A concurrent registration of the key won the race: check
+			// against it as the fast path would have.
+			if _, first, ok := e.env.Registry.Lookup(key); ok {
+				if err := sameTransfer(first, &spec); err != nil {
+					e.obs.Refused("bad_input")
+					return Registration{}, err
+				}
+			}
 		} else {
+			e.env.Registry.Remember(a.Chunk, spec.Clone())
 			e.obs.Registered(reg)
 		}
 		return reg, nil
 	case <-time.After(finishGrace):
 		return Registration{}, errors.AssertionFailedf("room %d chunk %d: the engine did not answer Register within %v (a bug)", spec.Room, spec.Start, finishGrace)
 	}
+}
+
+// sameTransfer checks a registration of an active chunk against the spec
+// the chunk was registered with (nil until the first Register returned).
+func sameTransfer(first any, spec *plan.ChunkSpec) error {
+	if f, ok := first.(*plan.ChunkSpec); ok {
+		return f.SameTransfer(spec)
+	}
+	return nil
 }
 
 func registration(a messages.Added, r Reason) Registration {

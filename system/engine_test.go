@@ -277,3 +277,45 @@ func TestRegisterCancelledChangesNothing(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, reg.Existing)
 }
+
+// TestReRegisterWithOtherPagesIsRefused: registering an active chunk again
+// with different pages used to keep the old pages silently.
+func TestReRegisterWithOtherPagesIsRefused(t *testing.T) {
+	e := newEngine(t, nil)
+	first, err := e.Register(context.Background(), goodSpec())
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		name string
+		mod  func(*ChunkSpec)
+		want string
+	}{
+		{"source page", func(s *ChunkSpec) { s.SrcPages[2] = 9 }, "source pages: page 9 at index 2, first registered as 2"},
+		{"destination page", func(s *ChunkSpec) { s.Infos[0].DstPages[0] = 12 }, "info 0 destination pages: page 12 at index 0, first registered as 4"},
+		{"destination count", func(s *ChunkSpec) { s.Infos = append(s.Infos, DecodeInfo{Peer: "d", Dummy: true}) }, "2 decode infos, first registered with 1"},
+		{"total pages", func(s *ChunkSpec) { s.TotalPages = 8 }, "8 total pages, first registered with 4"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := goodSpec()
+			tc.mod(&s)
+			_, err := e.Register(context.Background(), s)
+			require.Error(t, err)
+			assert.True(t, errors.Is(err, ErrBadInput), "%v", err)
+			assert.Contains(t, err.Error(), "room 1 chunk [0, 16): registered again with "+tc.want)
+		})
+	}
+	again, err := e.Register(context.Background(), goodSpec())
+	require.NoError(t, err, "the same pages again are a cheap no-op")
+	assert.True(t, again.Existing)
+	assert.Equal(t, first.Chunk, again.Chunk)
+
+	// The engine keeps its own copy: a caller reusing its slices changes
+	// nothing of the registration.
+	s := goodSpec()
+	_, err = e.Register(context.Background(), ChunkSpec{Room: 2, End: 16, Last: true, SrcPages: s.SrcPages, TotalPages: 4,
+		Infos: []DecodeInfo{{Peer: "d", DstPages: s.Infos[0].DstPages}}})
+	require.NoError(t, err)
+	s.SrcPages[0] = 15
+	_, err = e.Register(context.Background(), ChunkSpec{Room: 2, End: 16, Last: true, SrcPages: s.SrcPages, TotalPages: 4,
+		Infos: []DecodeInfo{{Peer: "d", DstPages: s.Infos[0].DstPages}}})
+	assert.ErrorContains(t, err, "source pages: page 15 at index 0, first registered as 0")
+}

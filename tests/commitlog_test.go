@@ -94,21 +94,27 @@ func TestLaterForwardsDoNotRefeed(t *testing.T) {
 }
 
 // "register never overwrites an active context" and re-registration is a
-// no-op: the second registration with other pages changes nothing.
+// no-op: the ~9 registrations of one batch formation change nothing, and a
+// registration of the same chunk with other pages is refused (it used to be
+// accepted and silently ignored) and changes nothing either.
 func TestRegisterNeverOverwrites(t *testing.T) {
 	g := testbed.MLA(4, 16, 64)
 	r := newRig(t, rigOpts{geom: g, hooks: 4, group: 2})
 	first := r.register(chunk{room: 1, end: 8, last: true, src: []int{0, 1}, total: 2, infos: oneInfo("d0", []int{5, 6})})
 	for i := 0; i < 9; i++ { // the scheduler re-iterates requests ~9x
-		again := r.register(chunk{room: 1, end: 8, last: true, src: []int{0, 1}, total: 2, infos: oneInfo("d0", []int{40, 41})})
+		again := r.register(chunk{room: 1, end: 8, last: true, src: []int{0, 1}, total: 2, infos: oneInfo("d0", []int{5, 6})})
 		assert.True(t, again.Existing)
 		assert.Equal(t, first.Chunk, again.Chunk)
 	}
+	_, err := r.eng.Register(context.Background(), r.spec(chunk{room: 1, end: 8, last: true, src: []int{0, 1}, total: 2, infos: oneInfo("d0", []int{40, 41})}))
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, system.ErrBadInput), "%v", err)
+	assert.ErrorContains(t, err, "registered again with info 0 destination pages: page 40 at index 0, first registered as 5")
 	r.forward(testbed.Write{Room: 1, SrcPages: []int{0, 1}, Tokens: 8})
 	r.finish(1)
 	r.expectPages(0, 1, []int{0, 1}, []int{5, 6})
 	r.expectZero(0, []int{40, 41})
-	_, err := r.eng.Finish(context.Background(), 1)
+	_, err = r.eng.Finish(context.Background(), 1)
 	require.Error(t, err, "one context, one finish")
 	assert.True(t, errors.Is(err, system.ErrBadInput))
 }
