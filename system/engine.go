@@ -120,6 +120,12 @@ func (e *Engine) openHardware(o *options) error {
 		}
 		e.stream, e.ownStream = s, s
 	}
+	switch {
+	case e.stream == nil && !o.simulated:
+		return badInput("no compute stream: pass WithStream or WithGPU (or WithSimulatedHardware for a virtual GPU)")
+	case o.transport == nil && !o.simulated:
+		return badInput("no transport: pass WithTransport (or WithSimulatedHardware for the in-process loopback fabric)")
+	}
 	if e.stream == nil {
 		e.ownGPU = sim.New(sim.Options{})
 		e.stream = e.ownGPU.NewStream("compute")

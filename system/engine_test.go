@@ -10,6 +10,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cp"
+	"github.com/kvstream/kvstream/hw/cuda/sim"
 	"github.com/kvstream/kvstream/hw/hostmem"
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
@@ -49,7 +50,7 @@ func newEngine(t testing.TB, env map[string]string) *Engine {
 		return out
 	}
 	e, err := New(Config{Buffers: MLABuffers(bases(src), itemLen, pages), HookLayers: 3, PageSize: 4},
-		WithTransport(pre), WithLogger(zap.NewNop()), WithGetenv(func(k string) string { return env[k] }))
+		WithTransport(pre), WithSimulatedHardware(), WithLogger(zap.NewNop()), WithGetenv(func(k string) string { return env[k] }))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = e.Close() })
 	peer := Peer{ID: "d", Address: dec.Address()}
@@ -212,7 +213,7 @@ func TestConfigDefaultsAndEnvironment(t *testing.T) {
 		assert.True(t, errors.Is(err, ErrBadInput))
 		assert.Contains(t, err.Error(), name+`="`+val+`"`)
 	}
-	_, err = New(Config{HookLayers: 2, PageSize: 4, Buffers: []Buffer{{Name: "KV0", Base: 1, ItemLen: 0, Pages: 4}}}, WithLogger(zap.NewNop()))
+	_, err = New(Config{HookLayers: 2, PageSize: 4, Buffers: []Buffer{{Name: "KV0", Base: 1, ItemLen: 0, Pages: 4}}}, WithSimulatedHardware(), WithLogger(zap.NewNop()))
 	require.Error(t, err)
 	assert.ErrorContains(t, err, "buffer 0 (KV0): item length 0")
 }
@@ -243,7 +244,7 @@ func TestTraceFromEnvironment(t *testing.T) {
 
 	off := newEngine(t, nil)
 	require.ErrorContains(t, off.DumpTrace(&now), "tracing is off")
-	_, err = New(Config{HookLayers: 1, PageSize: 1, Buffers: MLABuffers([]uint64{1}, 8, 1)},
+	_, err = New(Config{HookLayers: 1, PageSize: 1, Buffers: MLABuffers([]uint64{1}, 8, 1)}, WithSimulatedHardware(),
 		WithGetenv(func(k string) string {
 			if k == EnvTrace {
 				return "/nonexistent/dir/trace"
@@ -318,4 +319,30 @@ func TestReRegisterWithOtherPagesIsRefused(t *testing.T) {
 	_, err = e.Register(context.Background(), ChunkSpec{Room: 2, End: 16, Last: true, SrcPages: s.SrcPages, TotalPages: 4,
 		Infos: []DecodeInfo{{Peer: "d", DstPages: s.Infos[0].DstPages}}})
 	assert.ErrorContains(t, err, "source pages: page 15 at index 0, first registered as 0")
+}
+
+// TestNoSilentSimulatedHardware: an engine without a stream or a transport
+// used to run quietly on a virtual GPU and in-process memory, moving
+// nothing anywhere. Simulated hardware is now an explicit choice.
+func TestNoSilentSimulatedHardware(t *testing.T) {
+	mem, err := hostmem.Alloc(8)
+	require.NoError(t, err)
+	defer mem.Free()
+	cfg := Config{HookLayers: 1, PageSize: 1, Buffers: MLABuffers([]uint64{mem.Addr}, 8, 1)}
+	tr, err := loopback.NewFabric(loopback.Options{}).NewTransport("p")
+	require.NoError(t, err)
+	defer tr.Close()
+	_, err = New(cfg, WithTransport(tr), WithLogger(zap.NewNop()))
+	assert.True(t, errors.Is(err, ErrBadInput), "%v", err)
+	assert.ErrorContains(t, err, "no compute stream: pass WithStream or WithGPU (or WithSimulatedHardware for a virtual GPU)")
+	gpu := sim.New(sim.Options{})
+	defer gpu.Close()
+	_, err = New(cfg, WithStream(gpu.NewStream("s")), WithLogger(zap.NewNop()))
+	assert.ErrorContains(t, err, "no transport: pass WithTransport (or WithSimulatedHardware for the in-process loopback fabric)")
+
+	e, err := New(cfg, WithSimulatedHardware(), WithLogger(zap.NewNop()))
+	require.NoError(t, err)
+	assert.NotNil(t, e.Stream())
+	assert.NotNil(t, e.Transport())
+	require.NoError(t, e.Close())
 }

@@ -55,7 +55,7 @@ func newMetricsEngine(t testing.TB, reg prometheus.Registerer, rig metricsRig) *
 	}
 	e, err := New(Config{Buffers: MLABuffers(bases(src), itemLen, pages), HookLayers: 3, PageSize: 4,
 		GroupSize: rig.group, FinishTimeout: rig.timeout},
-		WithTransport(pre), WithLogger(rig.log), WithGetenv(func(k string) string { return rig.env[k] }),
+		WithTransport(pre), WithSimulatedHardware(), WithLogger(rig.log), WithGetenv(func(k string) string { return rig.env[k] }),
 		WithMetrics(reg))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = e.Close() })

@@ -23,6 +23,7 @@ type options struct {
 	log       *zap.Logger
 	stream    cuda.Stream
 	transport rdma.Transport
+	simulated bool
 	getenv    func(string) string
 }
 
@@ -30,8 +31,9 @@ type options struct {
 // so failures are seen and successes are not (invariant 12).
 func WithLogger(l *zap.Logger) Option { return func(o *options) { o.log = l } }
 
-// WithStream sets the compute stream events are recorded on. The default is
-// a stream of a virtual GPU owned by the engine (see Engine.Stream).
+// WithStream sets the compute stream events are recorded on. A production
+// engine needs it (or WithGPU); see WithSimulatedHardware for the virtual
+// GPU.
 func WithStream(s cuda.Stream) Option { return func(o *options) { o.stream = s } }
 
 // WithGPU records the engine's events on a new stream of a real GPU (see
@@ -47,9 +49,20 @@ func WithGPU(dev *driver.Device, err error) Option {
 	return func(o *options) { o.gpu, o.gpuErr = dev, err }
 }
 
-// WithTransport sets the transport. The default is a node of
-// loopback.Default(), the process's in-memory fabric.
+// WithTransport sets the transport the KV moves over (UCX in production).
+// A production engine needs it; see WithSimulatedHardware for the
+// in-process loopback.
 func WithTransport(t rdma.Transport) Option { return func(o *options) { o.transport = t } }
+
+// WithSimulatedHardware lets the engine fill in, with simulated hardware,
+// what the other options left out: a virtual GPU's compute stream (owned by
+// the engine, see Engine.Stream) for a missing WithStream/WithGPU, and a
+// node of loopback.Default(), the process's in-memory fabric, for a missing
+// WithTransport. Simulated hardware moves bytes between buffers of this
+// process only: it is for simulations, tests and examples, and never a
+// silent default. Without it, New refuses to start without a stream and a
+// transport.
+func WithSimulatedHardware() Option { return func(o *options) { o.simulated = true } }
 
 // WithObserver adds an observer (metrics, traces, reports).
 func WithObserver(o Observer) Option {

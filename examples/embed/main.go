@@ -48,12 +48,18 @@ func main() {
 		peer.Buffers = append(peer.Buffers, system.PeerBuffer{Region: r.Desc(), ItemLen: itemLen})
 	}
 
-	// The prefill engine, on a virtual GPU's compute stream.
+	// The prefill engine, on a virtual GPU's compute stream and its own
+	// node of the loopback fabric. In production these are a real stream
+	// (system.WithGPU) and a real transport (UCX): the engine refuses to
+	// start without them unless told to simulate.
 	gpu := sim.New(sim.Options{})
 	defer gpu.Close()
 	stream := gpu.NewStream("compute")
+	prefillTr, err := loopback.Default().NewTransport("prefill")
+	check(err)
+	defer prefillTr.Close()
 	eng, err := system.New(system.Config{Buffers: bufs, HookLayers: layers, GroupSize: 4, PageSize: 16},
-		system.WithStream(stream))
+		system.WithStream(stream), system.WithTransport(prefillTr))
 	check(err)
 	check(eng.AddPeer(peer))
 
