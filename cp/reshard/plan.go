@@ -29,6 +29,12 @@ type Route struct {
 	Pieces []Piece
 	// Whole: the route copies whole pages, so a run of pages is one write.
 	Whole bool
+	// PageJoin: the last write of a page ends both items and the first write
+	// of a page starts both, so within a run (pages consecutive on both
+	// sides) a page's last write and the next page's first are one write.
+	// It happens when the orders differ but the route covers every head of
+	// both ranks.
+	PageJoin bool
 
 	kinds              int
 	srcFirst, dstFirst int // first layer of the prefill and the decode stage
@@ -70,15 +76,20 @@ func (r *Route) Blocks(runs []cp.Run) int {
 	for _, p := range r.Pieces {
 		per += p.Count
 	}
-	return per * cp.Pages(runs)
+	n := per * cp.Pages(runs)
+	if r.PageJoin {
+		n -= cp.Pages(runs) - len(runs)
+	}
+	return n
 }
 
 // AppendBlocks appends one buffer's writes for runs and returns the extended
 // slice; srcBase and dstBase are the addresses of page 0 of the prefill
 // buffer and of the decode buffer it feeds. A whole-page route makes one
 // write per run, like cp.AppendBlocks; otherwise every page of a run makes
-// its pieces' writes. It allocates only to grow bs, so a submitter that
-// reuses its slice builds a group's batch without allocating.
+// its pieces' writes, joined across pages when PageJoin. It allocates only
+// to grow bs, so a submitter that reuses its slice builds a group's batch
+// without allocating.
 func (r *Route) AppendBlocks(bs []cp.Block, runs []cp.Run, srcBase, dstBase uint64) []cp.Block {
 	if r.Whole {
 		return cp.AppendBlocks(bs, runs, srcBase, dstBase, r.SrcItem)
@@ -87,9 +98,15 @@ func (r *Route) AppendBlocks(bs []cp.Block, runs []cp.Run, srcBase, dstBase uint
 		src := srcBase + uint64(run.Src)*r.SrcItem
 		dst := dstBase + uint64(run.Dst)*r.DstItem
 		for k := 0; k < run.Len; k++ {
-			for _, p := range r.Pieces {
+			for j, p := range r.Pieces {
 				s, d := src+p.Src, dst+p.Dst
-				for i := 0; i < p.Count; i++ {
+				i := 0
+				if k > 0 && j == 0 && r.PageJoin {
+					// The previous page's last write ends where this one starts.
+					bs[len(bs)-1].Len += p.Len
+					s, d, i = s+p.SrcStride, d+p.DstStride, 1
+				}
+				for ; i < p.Count; i++ {
 					bs = append(bs, cp.Block{Src: s, Dst: d, Len: p.Len})
 					s += p.SrcStride
 					d += p.DstStride
@@ -165,8 +182,12 @@ func NewPlan(p *Pairing, src Rank) (*Plan, error) {
 				Pieces: pieces(sg, dg, hLo, hHi),
 				kinds:  pre.Kinds(), srcFirst: srcLo, dstFirst: dLo,
 			}
-			r.Whole = len(r.Pieces) == 1 && r.Pieces[0].Count == 1 && r.Pieces[0].Src == 0 && r.Pieces[0].Dst == 0 &&
-				r.Pieces[0].Len == r.SrcItem && r.Pieces[0].Len == r.DstItem
+			first, last := r.Pieces[0], r.Pieces[len(r.Pieces)-1]
+			n := uint64(last.Count - 1)
+			starts := first.Src == 0 && first.Dst == 0
+			ends := last.Src+n*last.SrcStride+last.Len == r.SrcItem && last.Dst+n*last.DstStride+last.Len == r.DstItem
+			r.Whole = starts && ends && len(r.Pieces) == 1 && last.Count == 1
+			r.PageJoin = starts && ends && !r.Whole
 		}
 	}
 	return plan, nil

@@ -231,3 +231,29 @@ func TestAppendBlocks(t *testing.T) {
 	_, ok := empty.DstBuffer(0)
 	assert.False(t, ok)
 }
+
+func TestPageJoinAcrossOrders(t *testing.T) {
+	// Every head on both sides, token-major into head-major: each page is
+	// one strided piece per head, but its last write (the last token of the
+	// last head) ends both pages and the next page's first write starts
+	// both, so consecutive pages share a write.
+	pre, dec := gqa(1, TokenMajor), gqa(1, HeadMajor)
+	pre.KVHeads, dec.KVHeads, pre.PageSize, dec.PageSize = 2, 2, 2, 2
+	p := Pairing{Prefill: pre, Decode: dec}
+	plan, err := NewPlan(&p, Rank{})
+	require.NoError(t, err)
+	r := plan.Route(Rank{})
+	require.False(t, r.Whole)
+	require.True(t, r.PageJoin)
+	runs := []cp.Run{{Src: 0, Dst: 0, Len: 2}, {Src: 5, Dst: 9, Len: 1}}
+	got := r.AppendBlocks(nil, runs, 0, 0)
+	const hb = 4
+	assert.Equal(t, []cp.Block{
+		{Src: 0, Dst: 0, Len: hb}, {Src: 2 * hb, Dst: hb, Len: hb}, // head 0, tokens 0 and 1
+		{Src: hb, Dst: 2 * hb, Len: hb}, {Src: 3 * hb, Dst: 3 * hb, Len: 2 * hb}, // head 1 token 1 + page 1 head 0 token 0
+		{Src: 6 * hb, Dst: 5 * hb, Len: hb}, {Src: 5 * hb, Dst: 6 * hb, Len: hb}, {Src: 7 * hb, Dst: 7 * hb, Len: hb},
+		{Src: 20 * hb, Dst: 36 * hb, Len: hb}, {Src: 22 * hb, Dst: 37 * hb, Len: hb}, // the next run starts afresh
+		{Src: 21 * hb, Dst: 38 * hb, Len: hb}, {Src: 23 * hb, Dst: 39 * hb, Len: hb},
+	}, got)
+	assert.Equal(t, len(got), r.Blocks(runs))
+}
