@@ -94,6 +94,21 @@ func (r *Route) AppendBlocks(bs []cp.Block, runs []cp.Run, srcBase, dstBase uint
 	if r.Whole {
 		return cp.AppendBlocks(bs, runs, srcBase, dstBase, r.SrcItem)
 	}
+	if len(r.Pieces) == 1 && r.Pieces[0].Count == 1 {
+		// One write per page (a head slice of a head-major page): the common
+		// case when the sides shard differently, kept to a tight loop.
+		p := r.Pieces[0]
+		for _, run := range runs {
+			src := srcBase + uint64(run.Src)*r.SrcItem + p.Src
+			dst := dstBase + uint64(run.Dst)*r.DstItem + p.Dst
+			for k := 0; k < run.Len; k++ {
+				bs = append(bs, cp.Block{Src: src, Dst: dst, Len: p.Len})
+				src += r.SrcItem
+				dst += r.DstItem
+			}
+		}
+		return bs
+	}
 	for _, run := range runs {
 		src := srcBase + uint64(run.Src)*r.SrcItem
 		dst := dstBase + uint64(run.Dst)*r.DstItem
