@@ -24,9 +24,8 @@ const (
 	// page_size, heads, head_dim]). A subset of a page's heads is then
 	// page_size strided pieces, one per token.
 	TokenMajor Order = iota
-	// HeadMajor is [page][head][token][dim] (vLLM's "HND" layout, which its
-	// heterogeneous-TP transfers require): a subset of a page's heads is one
-	// contiguous piece.
+	// HeadMajor is [page][head][token][dim] (the layout vLLM calls "HND"):
+	// a subset of a page's heads is one contiguous piece.
 	HeadMajor
 )
 

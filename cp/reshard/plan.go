@@ -147,9 +147,15 @@ type Plan struct {
 	decodeTP int
 }
 
-// Route returns the route to decode rank d; d must be a rank of the decode
-// side.
-func (p *Plan) Route(d Rank) *Route { return &p.Routes[d.Stage*p.decodeTP+d.TP] }
+// Route returns the route to decode rank d, or nil when d is not a rank of
+// the decode side.
+func (p *Plan) Route(d Rank) *Route {
+	i := d.Stage*p.decodeTP + d.TP
+	if d.TP < 0 || d.TP >= p.decodeTP || d.Stage < 0 || i >= len(p.Routes) {
+		return nil
+	}
+	return &p.Routes[i]
+}
 
 // NewPlan validates the pairing and computes what prefill rank src sends to
 // each decode rank:

@@ -225,6 +225,10 @@ func TestAppendBlocks(t *testing.T) {
 	})
 	assert.Zero(t, allocs, "the per-group path allocates nothing into a reused slice")
 
+	assert.Nil(t, plan.Route(Rank{TP: 4}))
+	assert.Nil(t, plan.Route(Rank{Stage: 1}))
+	assert.Nil(t, plan.Route(Rank{TP: -1, Stage: 1}))
+
 	var empty Route
 	assert.True(t, empty.Empty())
 	assert.Empty(t, empty.AppendBlocks(nil, runs, 0, 0))
