@@ -33,6 +33,8 @@ type world struct {
 	dstPages [][]int // decode rank index (stage*TP + tp) -> position -> page
 	// corrupt, when set, may alter a prefill rank's plan before it is applied.
 	corrupt func(src Rank, cpRank int, p *Plan)
+	// tamper, when set, may alter the prefill buffers after they are filled.
+	tamper func(src map[[3]int]rankBufs)
 }
 
 func (w *world) pages() int {
@@ -107,7 +109,7 @@ func owner(rule cp.Rule, size, total, p int) int {
 	return -1
 }
 
-// prefillRank is one rank's buffers, indexed [stage layer * kinds + kind].
+// rankBufs is one rank's buffers, indexed [stage layer * kinds + kind].
 type rankBufs [][]byte
 
 // fill builds every prefill rank's buffers: its owned pages hold the
@@ -306,15 +308,21 @@ func (w *world) apply(src map[[3]int]rankBufs) (got []rankBufs, count [][][]uint
 	return got, count, nil
 }
 
-// check runs the oracle: nil when the plan's writes equal the reference.
+// check runs the oracle: nil when the plan's writes equal the reference,
+// else an error naming the first byte written a wrong number of times and
+// the first byte with a wrong value (either may be missing).
 func (w *world) check() error {
 	src := w.fill()
+	if w.tamper != nil {
+		w.tamper(src)
+	}
 	want, mask := w.reference(src)
 	got, count, err := w.apply(src)
 	if err != nil {
 		return err
 	}
 	dec := &w.pair.Decode
+	var badCount, badByte string
 	for di := range want {
 		d := Rank{TP: di % dec.TP, Stage: di / dec.TP}
 		for b := range want[di] {
@@ -323,23 +331,28 @@ func (w *world) check() error {
 				if mask[di][b][j] {
 					n = 1
 				}
-				if count[di][b][j] != n {
-					return fmt.Errorf("decode %+v buffer %d byte %d: written %d times, want %d", d, b, j, count[di][b][j], n)
+				if count[di][b][j] != n && badCount == "" {
+					badCount = fmt.Sprintf("decode %+v buffer %d byte %d: written %d times, want %d", d, b, j, count[di][b][j], n)
 				}
-				if got[di][b][j] != want[di][b][j] {
-					return fmt.Errorf("decode %+v buffer %d byte %d: mismatch: got %d, want %d", d, b, j, got[di][b][j], want[di][b][j])
+				if got[di][b][j] != want[di][b][j] && badByte == "" {
+					badByte = fmt.Sprintf("decode %+v buffer %d byte %d: mismatch: got %d, want %d", d, b, j, got[di][b][j], want[di][b][j])
 				}
 			}
 		}
 	}
-	return nil
+	if badCount == "" && badByte == "" {
+		return nil
+	}
+	return fmt.Errorf("%s; %s", badCount, badByte)
 }
 
-var namedPairs = []struct {
+type namedPair struct {
 	name        string
 	heads, p, d int
 	mla         bool
-}{
+}
+
+var namedPairs = []namedPair{
 	{"GQA 8 heads TP 8->16", 8, 8, 16, false},
 	{"GQA 8 heads TP 16->8", 8, 16, 8, false},
 	{"GQA 8 heads TP 1->2", 8, 1, 2, false},
@@ -387,11 +400,15 @@ func drawPages(t *rapid.T, pool, n int, label string) []int {
 	return all[:n]
 }
 
-func drawWorld(t *rapid.T) *world {
+// drawWorld draws a world on the given pair, or on a random one (a named
+// pair half of the time) when np is nil.
+func drawWorld(t *rapid.T, np *namedPair) *world {
 	var heads, tpP, tpD int
 	var isMLA bool
-	if rapid.Bool().Draw(t, "named") {
-		np := namedPairs[rapid.IntRange(0, len(namedPairs)-1).Draw(t, "pair")]
+	if np == nil && rapid.Bool().Draw(t, "named") {
+		np = &namedPairs[rapid.IntRange(0, len(namedPairs)-1).Draw(t, "pair")]
+	}
+	if np != nil {
 		heads, tpP, tpD, isMLA = np.heads, np.p, np.d, np.mla
 	} else {
 		isMLA = rapid.IntRange(0, 3).Draw(t, "mla") == 0
@@ -449,9 +466,22 @@ func drawWorld(t *rapid.T) *world {
 // reference and is written exactly once.
 func TestReshardEqualsReference(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		w := drawWorld(t)
+		w := drawWorld(t, nil)
 		require.NoError(t, w.check())
 	})
+}
+
+// TestReshardNamedPairs runs the oracle on each pairing issue 17 names,
+// with everything else (PP cuts, pages, orders, CP, chunks) drawn.
+func TestReshardNamedPairs(t *testing.T) {
+	for i := range namedPairs {
+		np := &namedPairs[i]
+		t.Run(np.name, func(t *testing.T) {
+			rapid.Check(t, func(t *rapid.T) {
+				require.NoError(t, drawWorld(t, np).check())
+			})
+		})
+	}
 }
 
 // fixed is a deterministic world for the planted mistakes.
@@ -528,6 +558,39 @@ func TestOracleCatchesPlantedMistakes(t *testing.T) {
 			}
 			return w
 		}, "written 2 times, want 1"},
+		{"a replicated head sent twice with different bytes", func(t *testing.T) *world {
+			w := fixed(gqa(16, TokenMajor), gqa(8, TokenMajor), 1)
+			w.pair.Replicas = FirstReplica // rank 2 sends head 1; the reference reads it there too
+			w.tamper = func(src map[[3]int]rankBufs) {
+				for _, buf := range src[[3]int{0, 3, 0}] { // replica 1 diverged
+					for i := range buf {
+						buf[i] ^= 0x5a
+					}
+				}
+			}
+			w.corrupt = func(src Rank, _ int, p *Plan) {
+				if src.TP == 3 { // applied after rank 2: its bytes are the ones left
+					r := p.Route(Rank{TP: 1})
+					require.True(t, r.Empty(), "rank 3 is not the chosen replica")
+					twin, err := NewPlan(&w.pair, Rank{TP: 2})
+					require.NoError(t, err)
+					*r = *twin.Route(Rank{TP: 1})
+				}
+			}
+			return w
+		}, "written 2 times, want 1; decode {TP:1 Stage:0} buffer 0 byte 0: mismatch"},
+		{"a diverged replica that does not send changes nothing", func(t *testing.T) *world {
+			w := fixed(gqa(16, TokenMajor), gqa(8, TokenMajor), 1)
+			w.pair.Replicas = FirstReplica
+			w.tamper = func(src map[[3]int]rankBufs) {
+				for _, buf := range src[[3]int{0, 3, 0}] {
+					for i := range buf {
+						buf[i] ^= 0x5a
+					}
+				}
+			}
+			return w
+		}, ""},
 		{"an MLA latent copy sent twice", func(t *testing.T) *world {
 			w := fixed(mla(2), mla(4), 1)
 			w.corrupt = func(src Rank, _ int, p *Plan) {
@@ -575,7 +638,7 @@ func TestOracleCatchesPlantedMistakes(t *testing.T) {
 // written 0 times, and so is the lowest destination byte of the moved route.
 func TestOracleRejectsPerturbedPlans(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		w := drawWorld(t)
+		w := drawWorld(t, nil)
 		pre := &w.pair.Prefill
 		var senders []Rank
 		for st := 0; st < pre.PP(); st++ {
