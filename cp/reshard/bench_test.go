@@ -129,7 +129,11 @@ func BenchmarkReshardAppendGroup(b *testing.B) {
 				}
 			}
 			buffers := 8 * bc.p.Prefill.Kinds()
-			var bs []cp.Block
+			most := 0
+			for _, r := range routes {
+				most = max(most, r.Blocks(runs))
+			}
+			bs := make([]cp.Block, 0, most) // a submitter's slice after its first batch
 			n := 0
 			b.ReportAllocs()
 			for b.Loop() {
