@@ -119,15 +119,35 @@ func (g *guardedStream) RecvMsg(m any) error {
 	if err := ValidateBatch(b, g.local()); err != nil {
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
-	if g.authorize == nil {
-		return nil
-	}
-	for _, e := range b.Envelopes {
-		if err := g.authorize(g.peer, envelopeOf(b, e)); err != nil {
-			return status.Errorf(codes.PermissionDenied, "peer %q: %v", g.peer.Name(), err)
+	if g.authorize != nil {
+		for _, e := range b.Envelopes {
+			if err := g.authorize(g.peer, envelopeOf(b, e)); err != nil {
+				return status.Errorf(codes.PermissionDenied, "peer %q: %v", g.peer.Name(), err)
+			}
 		}
 	}
+	stampPeer(b, g.peer.Name())
 	return nil
+}
+
+// stampPeer sets PeerHeader on every envelope to the verified peer name,
+// or removes it for an unauthenticated peer, so that no peer can claim
+// another's name through it.
+func stampPeer(b *remote.MessageBatch, name string) {
+	for _, e := range b.Envelopes {
+		switch {
+		case name != "":
+			if e.MessageHeader == nil {
+				e.MessageHeader = &remote.MessageHeader{}
+			}
+			if e.MessageHeader.HeaderData == nil {
+				e.MessageHeader.HeaderData = map[string]string{}
+			}
+			e.MessageHeader.HeaderData[PeerHeader] = name
+		case e.MessageHeader != nil:
+			delete(e.MessageHeader.HeaderData, PeerHeader)
+		}
+	}
 }
 
 func envelopeOf(b *remote.MessageBatch, e *remote.MessageEnvelope) Envelope {

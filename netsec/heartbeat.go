@@ -13,6 +13,11 @@ import (
 // HeartbeatActor).
 const HeartbeatActor = "heartbeat"
 
+// HeartbeatMonitor is the default name of a Monitor's actor, which the
+// peer's Pongs target: a node's Authorize must accept it (for a
+// SessionPolicy, Allow it with HeartbeatActor).
+const HeartbeatMonitor = "heartbeat-monitor"
+
 // ErrPeerLost marks the error a Monitor reports when its peer stopped
 // answering.
 var ErrPeerLost = errors.New("peer lost")
@@ -37,6 +42,11 @@ type HeartbeatConfig struct {
 	// Misses is how many intervals may pass without any Pong before the
 	// peer is declared lost.
 	Misses int
+	// Name is the monitor actor's id; default HeartbeatMonitor. A fixed
+	// name lets a node's Authorize accept the Pongs before the monitor
+	// exists, so that none is refused (a refused batch closes the stream
+	// that carried it).
+	Name string
 }
 
 // Bound is the longest a peer that stopped answering can go undeclared:
@@ -81,10 +91,16 @@ func WatchHeartbeats(system *actor.ActorSystem, peer *actor.PID, cfg HeartbeatCo
 	if peer == nil || lost == nil {
 		return nil, errors.New("heartbeat: peer and lost must be given")
 	}
+	if cfg.Name == "" {
+		cfg.Name = HeartbeatMonitor
+	}
 	props := actor.PropsFromProducer(func() actor.Actor {
 		return &monitor{peer: peer, cfg: cfg, lost: lost}
 	})
-	pid := system.Root.Spawn(props)
+	pid, err := system.Root.SpawnNamed(props, cfg.Name)
+	if err != nil {
+		return nil, errors.Wrapf(err, "heartbeat monitor %q", cfg.Name)
+	}
 	return &Monitor{system: system, pid: pid}, nil
 }
 

@@ -12,11 +12,11 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/remote"
-	"github.com/cockroachdb/errors"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
 // certs are the test's certificates: decode, prefill and intruder from the
@@ -53,17 +53,12 @@ func rogueClient(c certs) *tls.Config {
 	return cfg
 }
 
-// sessionPeer is the decode's policy in these tests: only the node named
-// "prefill" may deliver, and only for hosts its certificate names.
-func sessionPeer(peer Identity, e Envelope) error {
-	if !peer.Is("prefill") {
-		return errors.Newf("%q is not this session's peer", peer.Name())
-	}
-	return CheckSender(peer, e)
-}
+// policy is the node's Authorize: the session's actors, bound to the
+// peer named "prefill".
+var policy = NewSessionPolicy(HeartbeatActor, HeartbeatMonitor, "session")
 
 // fx is the one real protoactor remote node of this test binary (decode's
-// certificate, the guards, sessionPeer, a heartbeat responder) on
+// certificate, the guards, policy, a heartbeat responder) on
 // 127.0.0.1, which the tests below attack in file order and then show still
 // serving: "still up" means this very node. It is one node for the whole
 // binary because remote.Start sets grpc's global logger, which the
@@ -88,7 +83,10 @@ func (w withNode) Run() int {
 	if fx.c, err = makeCerts(dir); err != nil {
 		panic(err)
 	}
-	fx.n, err = startNode(Options{TLS: fx.c.decode, Authorize: sessionPeer})
+	if err := policy.Bind("prefill"); err != nil {
+		panic(err)
+	}
+	fx.n, err = startNode(Options{TLS: fx.c.decode, Authorize: policy.Authorize})
 	if err != nil {
 		panic(err)
 	}
@@ -172,6 +170,8 @@ func TestRefusesMalformedBatches(t *testing.T) {
 		"Terminated without Who":        {terminated(nil), codes.InvalidArgument},
 		"Terminated of another host":    {terminated(actor.NewPID("10.1.2.3:9100", "decode")), codes.PermissionDenied},
 		"sender on another host":        {with(func(b *remote.MessageBatch) { b.Senders[0].Address = "10.1.2.3:9100" }), codes.PermissionDenied},
+		"Stop":                          {with(func(b *remote.MessageBatch) { b.TypeNames[0] = "actor.Stop"; b.Envelopes[0].MessageData = nil }), codes.PermissionDenied},
+		"an actor not of the session":   {with(func(b *remote.MessageBatch) { b.Targets[0].Id = "EndpointSupervisor" }), codes.PermissionDenied},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -208,6 +208,34 @@ func TestServesLegitimatePeer(t *testing.T) {
 		require.Equal(t, uint64(42), pong.Seq)
 	case <-time.After(10 * time.Second):
 		t.Fatal("no Pong from the node")
+	}
+}
+
+// The actor that handles a peer's message learns who sent it from the
+// guard, whatever the peer wrote in its headers.
+func TestPeerNameReachesTheActor(t *testing.T) {
+	_, err := fx.n.system.Root.SpawnNamed(actor.PropsFromFunc(func(ctx actor.Context) {
+		if _, ok := ctx.Message().(*Ping); ok {
+			ctx.Respond(wrapperspb.String(PeerName(ctx)))
+		}
+	}), "session")
+	require.NoError(t, err)
+	defer func() { _ = fx.n.system.Root.StopFuture(actor.NewPID(fx.addr, "session")).Wait() }()
+
+	names := make(chan string, 1)
+	p := startPeer(t, fx.c.prefill.ServerConfig(), fx.c.prefill.ClientConfig(), fx.addr, func(d delivery) {
+		if s, ok := d.msg.(*wrapperspb.StringValue); ok {
+			names <- s.Value
+		}
+	})
+	forged := batchOf(actor.NewPID(fx.addr, "session"), p.pid("s"), &Ping{Seq: 1})
+	forged.GetMessageBatch().Envelopes[0].MessageHeader = &remote.MessageHeader{HeaderData: map[string]string{PeerHeader: "decode"}}
+	require.NoError(t, p.sendRaw(forged))
+	select {
+	case name := <-names:
+		require.Equal(t, "prefill", name)
+	case <-time.After(10 * time.Second):
+		t.Fatal("no answer from the session actor")
 	}
 }
 

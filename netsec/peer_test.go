@@ -159,6 +159,13 @@ func (p *peerNode) send(target, sender *actor.PID, m proto.Message) error {
 	return p.out.Send(batchOf(target, sender, m))
 }
 
+// sendRaw sends a message as it is.
+func (p *peerNode) sendRaw(m *remote.RemoteMessage) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.out.Send(m)
+}
+
 func batchOf(target, sender *actor.PID, m proto.Message) *remote.RemoteMessage {
 	data, err := proto.Marshal(m)
 	if err != nil {
