@@ -183,6 +183,16 @@ func TestRefusesMalformedBatches(t *testing.T) {
 	}
 }
 
+// A batch over the receive limit ends its stream before it is decoded.
+func TestRefusesOversizedBatch(t *testing.T) {
+	b := batchOf(fx.heartbeat, nil, &Ping{Seq: 1})
+	b.GetMessageBatch().Envelopes[0].MessageData = make([]byte, DefaultMaxMsgSize+1)
+	_, s := dialStream(t, fx.c.prefill.ClientConfig(), fx.addr)
+	require.NoError(t, s.Send(b))
+	_, err := s.Recv()
+	require.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
+}
+
 // A node whose certificate the CA signed, but that is not the session's
 // peer, delivers nothing.
 func TestRefusesAnotherAuthenticatedNode(t *testing.T) {

@@ -23,6 +23,9 @@ type Limits struct {
 	// MaxConcurrentStreams bounds the streams of one connection (protoactor
 	// uses one per peer node). Default 4.
 	MaxConcurrentStreams uint32
+	// MaxHeaderListSize bounds one request's metadata, in bytes; protoactor
+	// sends none, and gRPC's own default is 16 MiB. Default 64 KiB.
+	MaxHeaderListSize uint32
 	// HandshakeTimeout bounds a new connection's TLS handshake, so that a
 	// peer that connects and says nothing cannot hold it. Default 5 s.
 	HandshakeTimeout time.Duration
@@ -33,6 +36,7 @@ const (
 	DefaultMaxMsgSize           = 4 << 20
 	DefaultMaxConcurrentStreams = 4
 	DefaultHandshakeTimeout     = 5 * time.Second
+	DefaultMaxHeaderListSize    = 64 << 10
 )
 
 func (l Limits) withDefaults() (Limits, error) {
@@ -48,6 +52,9 @@ func (l Limits) withDefaults() (Limits, error) {
 	}
 	if l.MaxConcurrentStreams == 0 {
 		l.MaxConcurrentStreams = DefaultMaxConcurrentStreams
+	}
+	if l.MaxHeaderListSize == 0 {
+		l.MaxHeaderListSize = DefaultMaxHeaderListSize
 	}
 	if l.HandshakeTimeout == 0 {
 		l.HandshakeTimeout = DefaultHandshakeTimeout
@@ -79,6 +86,7 @@ func ServerOptions(system *actor.ActorSystem, o Options) ([]grpc.ServerOption, e
 		grpc.MaxRecvMsgSize(l.MaxRecvMsgSize),
 		grpc.MaxSendMsgSize(l.MaxSendMsgSize),
 		grpc.MaxConcurrentStreams(l.MaxConcurrentStreams),
+		grpc.MaxHeaderListSize(l.MaxHeaderListSize),
 		grpc.ConnectionTimeout(l.HandshakeTimeout),
 		grpc.ChainUnaryInterceptor(UnaryGuard()),
 		grpc.ChainStreamInterceptor(StreamGuard(system.Address, o.Authorize)),
