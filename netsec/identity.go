@@ -98,24 +98,43 @@ func IdentityFromPeer(p *peer.Peer) (Identity, error) {
 }
 
 // CheckSender refuses an envelope in which an authenticated peer speaks for
-// a host its certificate does not name: the sender PID's host, and for a
-// Terminated the host of the actor it reports dead (protoactor dials that
-// address to deliver it, and the watcher ends its session on it). Use it
-// inside an Authorize once TLS is on; the zero identity covers no host.
+// a host its certificate does not name: the sender PID's host, and the host
+// in a Terminated (the actor it reports dead: the watcher ends its session
+// on it) or a Watch or Unwatch (the watcher: protoactor dials it to deliver
+// a Terminated later). Those addresses are where protoactor would dial; the
+// port is not checked. Use it inside an Authorize once TLS is on; the zero
+// identity covers no host.
 func CheckSender(peer Identity, e Envelope) error {
 	if e.Sender != nil {
 		if err := covers(peer, "sender", e.Sender.Address); err != nil {
 			return err
 		}
 	}
-	if e.TypeName != "actor.Terminated" {
+	var pid func([]byte) (*actor.PID, error)
+	switch e.TypeName {
+	case "actor.Terminated":
+		pid = func(b []byte) (*actor.PID, error) {
+			var m actor.Terminated
+			return m.Who, proto.Unmarshal(b, &m)
+		}
+	case "actor.Watch":
+		pid = func(b []byte) (*actor.PID, error) {
+			var m actor.Watch
+			return m.Watcher, proto.Unmarshal(b, &m)
+		}
+	case "actor.Unwatch":
+		pid = func(b []byte) (*actor.PID, error) {
+			var m actor.Unwatch
+			return m.Watcher, proto.Unmarshal(b, &m)
+		}
+	default:
 		return nil
 	}
-	var t actor.Terminated
-	if err := proto.Unmarshal(e.Data, &t); err != nil {
-		return errors.Wrap(err, "Terminated")
+	p, err := pid(e.Data)
+	if err != nil {
+		return errors.Wrap(err, e.TypeName)
 	}
-	return covers(peer, "Terminated of", t.GetWho().GetAddress())
+	return covers(peer, e.TypeName, p.GetAddress())
 }
 
 func covers(peer Identity, what, address string) error {

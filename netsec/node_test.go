@@ -170,8 +170,12 @@ func TestRefusesMalformedBatches(t *testing.T) {
 		"Terminated without Who":        {terminated(nil), codes.InvalidArgument},
 		"Terminated of another host":    {terminated(actor.NewPID("10.1.2.3:9100", "decode")), codes.PermissionDenied},
 		"sender on another host":        {with(func(b *remote.MessageBatch) { b.Senders[0].Address = "10.1.2.3:9100" }), codes.PermissionDenied},
-		"Stop":                          {with(func(b *remote.MessageBatch) { b.TypeNames[0] = "actor.Stop"; b.Envelopes[0].MessageData = nil }), codes.PermissionDenied},
-		"an actor not of the session":   {with(func(b *remote.MessageBatch) { b.Targets[0].Id = "EndpointSupervisor" }), codes.PermissionDenied},
+		"Watch by a watcher on another host": {with(func(b *remote.MessageBatch) {
+			b.TypeNames[0] = "actor.Watch"
+			b.Envelopes[0].MessageData, _ = proto.Marshal(&actor.Watch{Watcher: actor.NewPID("10.1.2.3:9100", "w")})
+		}), codes.PermissionDenied},
+		"Stop":                        {with(func(b *remote.MessageBatch) { b.TypeNames[0] = "actor.Stop"; b.Envelopes[0].MessageData = nil }), codes.PermissionDenied},
+		"an actor not of the session": {with(func(b *remote.MessageBatch) { b.Targets[0].Id = "EndpointSupervisor" }), codes.PermissionDenied},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

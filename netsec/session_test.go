@@ -6,6 +6,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
 )
 
 func TestSessionPolicy(t *testing.T) {
@@ -30,6 +31,14 @@ func TestSessionPolicy(t *testing.T) {
 	require.ErrorContains(t, p.Bind("other"), `already bound to "prefill"`)
 	require.NoError(t, p.Authorize(prefill, to("decode", "kvstream.wire.Hello")))
 	require.ErrorContains(t, p.Authorize(other, to("decode", "kvstream.wire.Hello")), `"other" is not this session's peer`)
+
+	watch := func(host string) Envelope {
+		e := to("decode", "actor.Watch")
+		e.Data, _ = proto.Marshal(&actor.Watch{Watcher: actor.NewPID(host+":9200", "prefill-session")})
+		return e
+	}
+	require.NoError(t, p.Authorize(prefill, watch("127.0.0.1")))
+	require.ErrorContains(t, p.Authorize(prefill, watch("10.1.2.3")), `"10.1.2.3"`)
 
 	p.Unbind()
 	require.NoError(t, p.Authorize(other, to("decode", "kvstream.wire.Hello")))
