@@ -25,19 +25,28 @@ type certs struct {
 	decode, prefill, intruder, rogue *TLS
 }
 
-func makeCerts(dir string) (c certs, err error) {
-	good, err := GenerateDevCerts(filepath.Join(dir, "good"), []string{"decode", "prefill", "intruder"}, nil)
-	if err != nil {
-		return c, err
+// makeCerts writes the test's certificates under dir (good/, rogue/) and
+// loads them.
+func makeCerts(dir string) (certs, error) {
+	if _, err := GenerateDevCerts(filepath.Join(dir, "good"), []string{"decode", "prefill", "intruder"}, nil); err != nil {
+		return certs{}, err
 	}
-	bad, err := GenerateDevCerts(filepath.Join(dir, "rogue"), []string{"prefill"}, nil)
-	if err != nil {
-		return c, err
+	if _, err := GenerateDevCerts(filepath.Join(dir, "rogue"), []string{"prefill"}, nil); err != nil {
+		return certs{}, err
+	}
+	return makeCertsFrom(dir)
+}
+
+// makeCertsFrom loads the certificates makeCerts wrote under dir.
+func makeCertsFrom(dir string) (c certs, err error) {
+	f := func(ca, node string) Files {
+		d := filepath.Join(dir, ca)
+		return Files{CA: filepath.Join(d, CAFile), Cert: filepath.Join(d, node+".pem"), Key: filepath.Join(d, node+".key")}
 	}
 	for _, l := range []struct {
 		to *(*TLS)
 		f  Files
-	}{{&c.decode, good["decode"]}, {&c.prefill, good["prefill"]}, {&c.intruder, good["intruder"]}, {&c.rogue, bad["prefill"]}} {
+	}{{&c.decode, f("good", "decode")}, {&c.prefill, f("good", "prefill")}, {&c.intruder, f("good", "intruder")}, {&c.rogue, f("rogue", "prefill")}} {
 		if *l.to, err = LoadTLS(l.f); err != nil {
 			return c, err
 		}
@@ -65,6 +74,7 @@ var policy = NewSessionPolicy(HeartbeatActor, HeartbeatMonitor, "session")
 // goroutines of any node started earlier have read (a data race under
 // -count > 1).
 var fx struct {
+	dir       string // the certificates' directory
 	c         certs
 	n         *node
 	addr      string
@@ -80,6 +90,7 @@ func (w withNode) Run() int {
 		panic(err)
 	}
 	defer os.RemoveAll(dir)
+	fx.dir = dir
 	if fx.c, err = makeCerts(dir); err != nil {
 		panic(err)
 	}
