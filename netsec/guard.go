@@ -12,6 +12,7 @@ import (
 	"github.com/cockroachdb/errors"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -54,46 +55,60 @@ const remotingService = "/remote.Remoting/"
 // me"), and an interceptor is the one place that sees them before they
 // run, since protoactor registers its own unexported service value. A
 // handler of any other service runs with its panics recovered as
-// codes.Internal.
-func UnaryGuard() grpc.UnaryServerInterceptor {
+// codes.Internal and logged on log (nil: slog.Default()).
+func UnaryGuard(log *slog.Logger) grpc.UnaryServerInterceptor {
+	log = orDefault(log)
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
 		if strings.HasPrefix(info.FullMethod, remotingService) {
 			return nil, status.Errorf(codes.Unimplemented, "%s is not served", info.FullMethod)
 		}
-		defer recoverAs(&err, info.FullMethod)
+		defer recoverAs(&err, info.FullMethod, log)
 		return handler(ctx, req)
 	}
 }
 
-// StreamGuard serves only the Receive stream of protoactor remote's service
-// (any other stream of it answers codes.Unimplemented), recovers any panic of its handler as
-// codes.Internal, and checks every received message batch with
-// ValidateBatch against local (the node's own address; called per batch
-// because a port-0 node learns it only after it started) and authorize (nil
-// accepts every authenticated or loopback peer): a batch that fails ends
-// the stream with codes.InvalidArgument or codes.PermissionDenied before
-// protoactor reads it.
-func StreamGuard(local func() string, authorize Authorize) grpc.StreamServerInterceptor {
+func orDefault(log *slog.Logger) *slog.Logger {
+	if log == nil {
+		return slog.Default()
+	}
+	return log
+}
+
+// StreamGuard serves only the Receive stream of protoactor remote's
+// service (any other stream of it answers codes.Unimplemented), recovers
+// any panic of its handler as codes.Internal, and checks every received
+// message batch with ValidateBatch against local (the node's own address;
+// called per batch because a port-0 node learns it only after it started)
+// and then with authorize (nil accepts every batch that validates): a batch
+// that fails ends the stream with codes.InvalidArgument or
+// codes.PermissionDenied before protoactor reads it, and is logged at WARN
+// on log (nil: slog.Default()) with the peer's name and address.
+func StreamGuard(local func() string, authorize Authorize, log *slog.Logger) grpc.StreamServerInterceptor {
+	log = orDefault(log)
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
-		defer recoverAs(&err, info.FullMethod)
+		defer recoverAs(&err, info.FullMethod, log)
 		if info.FullMethod != receiveMethod {
 			if strings.HasPrefix(info.FullMethod, remotingService) {
 				return status.Errorf(codes.Unimplemented, "%s is not served", info.FullMethod)
 			}
 			return handler(srv, ss)
 		}
-		id, _ := PeerIdentity(ss.Context()) // plaintext loopback: the zero identity
-		return handler(srv, &guardedStream{ServerStream: ss, local: local, authorize: authorize, peer: id})
+		g := &guardedStream{ServerStream: ss, local: local, authorize: authorize, log: log}
+		g.peer, _ = PeerIdentity(ss.Context()) // plaintext loopback: the zero identity
+		if p, ok := peer.FromContext(ss.Context()); ok {
+			g.addr = fmt.Sprint(p.Addr)
+		}
+		return handler(srv, g)
 	}
 }
 
 // recoverAs turns a panic into a gRPC error so that a handler's bug costs
 // one stream, not the process.
-func recoverAs(err *error, method string) {
+func recoverAs(err *error, method string, log *slog.Logger) {
 	if p := recover(); p != nil {
 		*err = status.Errorf(codes.Internal, "%s: recovered panic", method)
 		// The panic value and stack are for the operator's log, not the peer.
-		slog.Error("netsec: recovered a panic of a gRPC handler", "method", method, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+		log.Error("netsec: recovered a panic of a gRPC handler", "method", method, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 	}
 }
 
@@ -101,7 +116,15 @@ type guardedStream struct {
 	grpc.ServerStream
 	local     func() string
 	authorize Authorize
+	log       *slog.Logger
 	peer      Identity
+	addr      string
+}
+
+// refuse logs a refused batch for the operator and ends the stream.
+func (g *guardedStream) refuse(code codes.Code, err error) error {
+	g.log.Warn("netsec: refused a message batch", "peer", g.peer.Name(), "addr", g.addr, "error", err.Error())
+	return status.Error(code, err.Error())
 }
 
 func (g *guardedStream) RecvMsg(m any) error {
@@ -117,12 +140,12 @@ func (g *guardedStream) RecvMsg(m any) error {
 		return nil
 	}
 	if err := ValidateBatch(b, g.local()); err != nil {
-		return status.Error(codes.InvalidArgument, err.Error())
+		return g.refuse(codes.InvalidArgument, err)
 	}
 	if g.authorize != nil {
 		for _, e := range b.Envelopes {
 			if err := g.authorize(g.peer, envelopeOf(b, e)); err != nil {
-				return status.Errorf(codes.PermissionDenied, "peer %q: %v", g.peer.Name(), err)
+				return g.refuse(codes.PermissionDenied, errors.Wrapf(err, "peer %q", g.peer.Name()))
 			}
 		}
 	}

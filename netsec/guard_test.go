@@ -2,6 +2,8 @@ package netsec
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"testing"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -13,22 +15,24 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
 // A handler that panics costs its call, not the process. Protoactor's own
 // methods are refused before their handler runs, so a panicking handler of
 // another service stands in for any bug.
 func TestGuardsRecoverPanics(t *testing.T) {
 	boom := func() { panic("boom") }
-	_, err := UnaryGuard()(context.Background(), nil, &grpc.UnaryServerInfo{FullMethod: "/other.Service/Call"},
+	_, err := UnaryGuard(quiet)(context.Background(), nil, &grpc.UnaryServerInfo{FullMethod: "/other.Service/Call"},
 		func(context.Context, any) (any, error) { boom(); return nil, nil })
 	require.Equal(t, codes.Internal, status.Code(err), "%v", err)
 	require.NotContains(t, err.Error(), "boom", "the panic value is for the log, not the peer")
 
-	err = StreamGuard(func() string { return "" }, nil)(nil, nil, &grpc.StreamServerInfo{FullMethod: "/other.Service/Stream"},
+	err = StreamGuard(func() string { return "" }, nil, quiet)(nil, nil, &grpc.StreamServerInfo{FullMethod: "/other.Service/Stream"},
 		func(any, grpc.ServerStream) error { boom(); return nil })
 	require.Equal(t, codes.Internal, status.Code(err), "%v", err)
 
 	called := false
-	_, err = UnaryGuard()(context.Background(), nil, &grpc.UnaryServerInfo{FullMethod: "/remote.Remoting/ListProcesses"},
+	_, err = UnaryGuard(quiet)(context.Background(), nil, &grpc.UnaryServerInfo{FullMethod: "/remote.Remoting/ListProcesses"},
 		func(context.Context, any) (any, error) { called = true; return nil, nil })
 	require.Equal(t, codes.Unimplemented, status.Code(err))
 	require.False(t, called, "protoactor's unimplemented handler ran")

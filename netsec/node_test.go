@@ -196,6 +196,7 @@ func TestRefusesMalformedBatches(t *testing.T) {
 			require.Equal(t, tc.code, status.Code(err), "%v", err)
 		})
 	}
+	require.Contains(t, guardLog.String(), `level=WARN msg="netsec: refused a message batch" peer=prefill addr=127.0.0.1:`)
 }
 
 // A batch over the receive limit ends its stream before it is decoded.

@@ -1,6 +1,7 @@
 package netsec
 
 import (
+	"log/slog"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -72,6 +73,9 @@ type Options struct {
 	// Authorize, if set, sees every envelope of every received batch with
 	// the sending peer's identity and may refuse it (see Authorize).
 	Authorize Authorize
+	// Log receives recovered panics (ERROR) and refused batches (WARN);
+	// nil: slog.Default().
+	Log *slog.Logger
 }
 
 // ServerOptions are the gRPC server options of a node whose actor system is
@@ -88,8 +92,8 @@ func ServerOptions(system *actor.ActorSystem, o Options) ([]grpc.ServerOption, e
 		grpc.MaxConcurrentStreams(l.MaxConcurrentStreams),
 		grpc.MaxHeaderListSize(l.MaxHeaderListSize),
 		grpc.ConnectionTimeout(l.HandshakeTimeout),
-		grpc.ChainUnaryInterceptor(UnaryGuard()),
-		grpc.ChainStreamInterceptor(StreamGuard(system.Address, o.Authorize)),
+		grpc.ChainUnaryInterceptor(UnaryGuard(o.Log)),
+		grpc.ChainStreamInterceptor(StreamGuard(system.Address, o.Authorize, o.Log)),
 	}
 	if o.TLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(o.TLS.ServerConfig())))

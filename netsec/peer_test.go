@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -37,6 +38,9 @@ func startNode(o Options) (*node, error) {
 		// within goleak's retries instead of filtering it.
 		actor.WithDeadLetterThrottleInterval(10*time.Millisecond),
 	)
+	if o.Log == nil {
+		o.Log = slog.New(slog.NewTextHandler(&guardLog, nil))
+	}
 	opts, err := RemoteOptions(system, "127.0.0.1:0", o)
 	if err != nil {
 		return nil, err
@@ -57,6 +61,26 @@ func (n *node) stop() {
 	}
 	n.remote.Shutdown(false)
 	n.system.Shutdown()
+}
+
+// guardLog collects what the guards of a test node log.
+var guardLog lockedBuffer
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // delivery is one message a peerNode received for one of its actors.
