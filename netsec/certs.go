@@ -1,0 +1,162 @@
+package netsec
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"time"
+
+	"github.com/cockroachdb/errors"
+)
+
+// DevValidity is how long GenerateDevCerts' certificates are valid.
+const DevValidity = 365 * 24 * time.Hour
+
+// CA file names that GenerateDevCerts writes in its directory; a node's
+// files are NODE.pem and NODE.key.
+const (
+	CAFile    = "ca.pem"
+	CAKeyFile = "ca.key"
+)
+
+var nodeName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+
+// GenerateDevCerts writes a development CA and one certificate per node
+// into dir (created if missing), all ECDSA P-256, and returns each node's
+// Files. Every node certificate has the node's name as its subject CN,
+// serves as both server and client (each node dials and accepts), and
+// names 127.0.0.1, ::1, localhost and every entry of hosts (IP addresses or
+// DNS names) so that a peer dialling any of them verifies it. It never
+// overwrites a file: an existing one is an error naming it. Production
+// deployments should use certificates from their own CA instead; the CA key
+// written here signs anything.
+func GenerateDevCerts(dir string, nodes, hosts []string) (map[string]Files, error) {
+	if len(nodes) == 0 {
+		return nil, errors.New("certs: no node names")
+	}
+	seen := map[string]bool{}
+	for _, n := range nodes {
+		if !nodeName.MatchString(n) || n == "ca" {
+			return nil, errors.Newf("certs: node name %q: want 1-63 letters, digits, '.', '_' or '-', not \"ca\"", n)
+		}
+		if seen[n] {
+			return nil, errors.Newf("certs: node name %q given twice", n)
+		}
+		seen[n] = true
+	}
+	ips := []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}
+	dns := []string{"localhost"}
+	for _, h := range hosts {
+		switch ip := net.ParseIP(h); {
+		case ip != nil:
+			ips = append(ips, ip)
+		case h != "" && len(h) <= 253:
+			dns = append(dns, h)
+		default:
+			return nil, errors.Newf("certs: host %q is neither an IP address nor a DNS name", h)
+		}
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, errors.Wrap(err, "certs: directory")
+	}
+
+	now := time.Now()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, errors.Wrap(err, "certs: CA key")
+	}
+	caTmpl := &x509.Certificate{
+		Subject:               pkix.Name{CommonName: "kvstream development CA"},
+		NotBefore:             now.Add(-time.Hour), // tolerate clock skew between hosts
+		NotAfter:              now.Add(DevValidity),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		MaxPathLenZero:        true,
+	}
+	caDER, caCert, err := sign(caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		return nil, errors.Wrap(err, "certs: CA certificate")
+	}
+	caPath := filepath.Join(dir, CAFile)
+	if err := writePEM(caPath, "CERTIFICATE", caDER, 0o644); err != nil {
+		return nil, err
+	}
+	if err := writeKey(filepath.Join(dir, CAKeyFile), caKey); err != nil {
+		return nil, err
+	}
+
+	out := map[string]Files{}
+	for _, n := range nodes {
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			return nil, errors.Wrapf(err, "certs: key of %s", n)
+		}
+		tmpl := &x509.Certificate{
+			Subject:     pkix.Name{CommonName: n},
+			NotBefore:   now.Add(-time.Hour),
+			NotAfter:    now.Add(DevValidity),
+			KeyUsage:    x509.KeyUsageDigitalSignature,
+			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+			DNSNames:    dns,
+			IPAddresses: ips,
+		}
+		der, _, err := sign(tmpl, caCert, &key.PublicKey, caKey)
+		if err != nil {
+			return nil, errors.Wrapf(err, "certs: certificate of %s", n)
+		}
+		f := Files{CA: caPath, Cert: filepath.Join(dir, n+".pem"), Key: filepath.Join(dir, n+".key")}
+		if err := writePEM(f.Cert, "CERTIFICATE", der, 0o644); err != nil {
+			return nil, err
+		}
+		if err := writeKey(f.Key, key); err != nil {
+			return nil, err
+		}
+		out[n] = f
+	}
+	return out, nil
+}
+
+func sign(tmpl, parent *x509.Certificate, pub *ecdsa.PublicKey, signer *ecdsa.PrivateKey) ([]byte, *x509.Certificate, error) {
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	if err != nil {
+		return nil, nil, err
+	}
+	tmpl.SerialNumber = serial
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, pub, signer)
+	if err != nil {
+		return nil, nil, err
+	}
+	cert, err := x509.ParseCertificate(der)
+	return der, cert, err
+}
+
+func writeKey(path string, key *ecdsa.PrivateKey) error {
+	der, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return errors.Wrapf(err, "certs: %s", path)
+	}
+	return writePEM(path, "PRIVATE KEY", der, 0o600)
+}
+
+// writePEM creates path exclusively: regenerating must never silently
+// replace a CA that other hosts already trust.
+func writePEM(path, kind string, der []byte, mode os.FileMode) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
+	if err != nil {
+		return errors.Wrapf(err, "certs: %s", path)
+	}
+	if err := pem.Encode(f, &pem.Block{Type: kind, Bytes: der}); err != nil {
+		_ = f.Close()
+		return errors.Wrapf(err, "certs: %s", path)
+	}
+	return errors.Wrapf(f.Close(), "certs: %s", path)
+}

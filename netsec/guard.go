@@ -1,0 +1,253 @@
+package netsec
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"strings"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/asynkron/protoactor-go/remote"
+	"github.com/cockroachdb/errors"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+)
+
+// receiveMethod is the one RPC of protoactor remote that a node needs: the
+// bidirectional stream that carries message batches. The service's unary
+// methods (ListProcesses, GetProcessDiagnostics) panic "implement me".
+const receiveMethod = "/remote.Remoting/Receive"
+
+// protoSerializer is protoactor remote's serializer id for protobuf, the
+// only one the control plane uses. The JSON serializer (id 1) turns any
+// unknown type name into a message delivered to the target, so it is
+// refused.
+const protoSerializer = 0
+
+// Envelope is one message of a batch as the peer sent it, after the batch
+// passed ValidateBatch: the target is local, the indexes were in range and
+// the type is a registered protobuf message.
+type Envelope struct {
+	Target   *actor.PID
+	Sender   *actor.PID // nil when the peer sent none
+	TypeName string
+	Data     []byte
+}
+
+// Authorize decides whether a peer may deliver an envelope. It runs on the
+// gRPC stream's goroutine before protoactor sees the batch; an error
+// refuses the whole batch and closes the stream, so protoactor delivers
+// nothing of it.
+type Authorize func(peer Identity, e Envelope) error
+
+// remotingService prefixes the methods of protoactor remote's gRPC service.
+const remotingService = "/remote.Remoting/"
+
+// UnaryGuard answers every unary call of protoactor remote's service with
+// codes.Unimplemented without calling its handler: protoactor implements
+// none of them (ListProcesses and GetProcessDiagnostics panic "implement
+// me"), and an interceptor is the one place that sees them before they
+// run, since protoactor registers its own unexported service value. A
+// handler of any other service runs with its panics recovered as
+// codes.Internal and logged on log (nil: slog.Default()).
+func UnaryGuard(log *slog.Logger) grpc.UnaryServerInterceptor {
+	log = orDefault(log)
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
+		if strings.HasPrefix(info.FullMethod, remotingService) {
+			return nil, status.Errorf(codes.Unimplemented, "%s is not served", info.FullMethod)
+		}
+		defer recoverAs(&err, info.FullMethod, log)
+		return handler(ctx, req)
+	}
+}
+
+func orDefault(log *slog.Logger) *slog.Logger {
+	if log == nil {
+		return slog.Default()
+	}
+	return log
+}
+
+// StreamGuard serves only the Receive stream of protoactor remote's
+// service (any other stream of it answers codes.Unimplemented), recovers
+// any panic of its handler as codes.Internal, and checks every received
+// message batch with ValidateBatch against local (the node's own address;
+// called per batch because a port-0 node learns it only after it started)
+// and then with authorize (nil accepts every batch that validates): a batch
+// that fails ends the stream with codes.InvalidArgument or
+// codes.PermissionDenied before protoactor reads it, and is logged at WARN
+// on log (nil: slog.Default()) with the peer's name and address.
+func StreamGuard(local func() string, authorize Authorize, log *slog.Logger) grpc.StreamServerInterceptor {
+	log = orDefault(log)
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
+		defer recoverAs(&err, info.FullMethod, log)
+		if info.FullMethod != receiveMethod {
+			if strings.HasPrefix(info.FullMethod, remotingService) {
+				return status.Errorf(codes.Unimplemented, "%s is not served", info.FullMethod)
+			}
+			return handler(srv, ss)
+		}
+		g := &guardedStream{ServerStream: ss, local: local, authorize: authorize, log: log}
+		g.peer, _ = PeerIdentity(ss.Context()) // plaintext loopback: the zero identity
+		if p, ok := peer.FromContext(ss.Context()); ok {
+			g.addr = fmt.Sprint(p.Addr)
+		}
+		return handler(srv, g)
+	}
+}
+
+// recoverAs turns a panic into a gRPC error so that a handler's bug costs
+// one stream, not the process.
+func recoverAs(err *error, method string, log *slog.Logger) {
+	if p := recover(); p != nil {
+		*err = status.Errorf(codes.Internal, "%s: recovered panic", method)
+		// The panic value and stack are for the operator's log, not the peer.
+		log.Error("netsec: recovered a panic of a gRPC handler", "method", method, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+	}
+}
+
+type guardedStream struct {
+	grpc.ServerStream
+	local     func() string
+	authorize Authorize
+	log       *slog.Logger
+	peer      Identity
+	addr      string
+}
+
+// refuse logs a refused batch for the operator and ends the stream.
+func (g *guardedStream) refuse(code codes.Code, err error) error {
+	g.log.Warn("netsec: refused a message batch", "peer", g.peer.Name(), "addr", g.addr, "error", err.Error())
+	return status.Error(code, err.Error())
+}
+
+func (g *guardedStream) RecvMsg(m any) error {
+	if err := g.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	rm, ok := m.(*remote.RemoteMessage)
+	if !ok {
+		return status.Errorf(codes.Internal, "unexpected message %T on the Receive stream", m)
+	}
+	b := rm.GetMessageBatch()
+	if b == nil {
+		return nil
+	}
+	if err := ValidateBatch(b, g.local()); err != nil {
+		return g.refuse(codes.InvalidArgument, err)
+	}
+	if g.authorize != nil {
+		for _, e := range b.Envelopes {
+			if err := g.authorize(g.peer, envelopeOf(b, e)); err != nil {
+				return g.refuse(codes.PermissionDenied, errors.Wrapf(err, "peer %q", g.peer.Name()))
+			}
+		}
+	}
+	stampPeer(b, g.peer.Name())
+	return nil
+}
+
+// stampPeer sets PeerHeader on every envelope to the verified peer name,
+// or removes it for an unauthenticated peer, so that no peer can claim
+// another's name through it.
+func stampPeer(b *remote.MessageBatch, name string) {
+	for _, e := range b.Envelopes {
+		switch {
+		case name != "":
+			if e.MessageHeader == nil {
+				e.MessageHeader = &remote.MessageHeader{}
+			}
+			if e.MessageHeader.HeaderData == nil {
+				e.MessageHeader.HeaderData = map[string]string{}
+			}
+			e.MessageHeader.HeaderData[PeerHeader] = name
+		case e.MessageHeader != nil:
+			delete(e.MessageHeader.HeaderData, PeerHeader)
+		}
+	}
+}
+
+func envelopeOf(b *remote.MessageBatch, e *remote.MessageEnvelope) Envelope {
+	out := Envelope{Target: b.Targets[e.Target], TypeName: b.TypeNames[e.TypeId], Data: e.MessageData}
+	if e.Sender > 0 {
+		out.Sender = b.Senders[e.Sender-1]
+	}
+	return out
+}
+
+// ValidateBatch checks what protoactor remote's endpoint reader
+// (onMessageBatch, deserializeSender/Target, Deserialize) indexes or
+// dereferences without checking, so that a batch that passes cannot make it
+// panic: target, sender and type indexes in range and naming non-nil
+// entries, the protobuf serializer, a type name that protobuf knows, and
+// the PIDs inside the system messages it acts on non-nil. It also refuses a
+// target whose address is not local (when local is not empty): protoactor
+// would forward such a message to another node, or, for another spelling of
+// this node's own address, to itself forever.
+func ValidateBatch(b *remote.MessageBatch, local string) error {
+	for i, e := range b.Envelopes {
+		if e == nil {
+			return errors.Newf("envelope %d: empty", i)
+		}
+		if e.Target < 0 || int(e.Target) >= len(b.Targets) || b.Targets[e.Target] == nil {
+			return errors.Newf("envelope %d: target index %d out of range [0, %d)", i, e.Target, len(b.Targets))
+		}
+		t := b.Targets[e.Target]
+		if t.Id == "" {
+			return errors.Newf("envelope %d: target has no id", i)
+		}
+		if local != "" && t.Address != local {
+			return errors.Newf("envelope %d: target address %q is not this node (%q): messages are never forwarded", i, t.Address, local)
+		}
+		if e.Sender < 0 || int(e.Sender) > len(b.Senders) || (e.Sender > 0 && b.Senders[e.Sender-1] == nil) {
+			return errors.Newf("envelope %d: sender index %d out of range [0, %d]", i, e.Sender, len(b.Senders))
+		}
+		if e.TypeId < 0 || int(e.TypeId) >= len(b.TypeNames) {
+			return errors.Newf("envelope %d: type index %d out of range [0, %d)", i, e.TypeId, len(b.TypeNames))
+		}
+		if e.SerializerId != protoSerializer {
+			return errors.Newf("envelope %d: serializer %d refused (protobuf only)", i, e.SerializerId)
+		}
+		name := b.TypeNames[e.TypeId]
+		mt, err := protoregistry.GlobalTypes.FindMessageByName(protoreflect.FullName(name))
+		if err != nil {
+			return errors.Newf("envelope %d: unknown message type %q", i, name)
+		}
+		if err := checkSystem(mt, e.MessageData); err != nil {
+			return errors.Wrapf(err, "envelope %d", i)
+		}
+	}
+	return nil
+}
+
+// checkSystem decodes the system messages whose PIDs protoactor
+// dereferences on receipt (Terminated's Who in the endpoint reader,
+// Watch's and Unwatch's Watcher in the target actor) and refuses nil ones.
+// Other types are decoded once, by protoactor, after this check.
+func checkSystem(mt protoreflect.MessageType, data []byte) error {
+	var pid func(proto.Message) *actor.PID
+	switch mt.Descriptor().FullName() {
+	case "actor.Terminated":
+		pid = func(m proto.Message) *actor.PID { return m.(*actor.Terminated).Who }
+	case "actor.Watch":
+		pid = func(m proto.Message) *actor.PID { return m.(*actor.Watch).Watcher }
+	case "actor.Unwatch":
+		pid = func(m proto.Message) *actor.PID { return m.(*actor.Unwatch).Watcher }
+	default:
+		return nil
+	}
+	m := mt.New().Interface()
+	if err := proto.Unmarshal(data, m); err != nil {
+		return errors.Wrapf(err, "%s", mt.Descriptor().FullName())
+	}
+	if p := pid(m); p == nil || p.Address == "" || p.Id == "" {
+		return errors.Newf("%s without a complete PID", mt.Descriptor().FullName())
+	}
+	return nil
+}

@@ -1,0 +1,47 @@
+package netsec
+
+import (
+	"net"
+	"testing"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
+)
+
+func TestSessionPolicy(t *testing.T) {
+	p := NewSessionPolicy("decode")
+	prefill := Identity{CommonName: "prefill", IPs: []net.IP{net.IPv4(127, 0, 0, 1)}}
+	other := Identity{CommonName: "other", IPs: []net.IP{net.IPv4(127, 0, 0, 1)}}
+	to := func(id, typeName string) Envelope {
+		return Envelope{Target: actor.NewPID("127.0.0.1:9100", id), Sender: actor.NewPID("127.0.0.1:9200", "prefill"), TypeName: typeName}
+	}
+
+	require.ErrorIs(t, p.Authorize(Identity{}, to("decode", "kvstream.wire.Hello")), ErrUnauthenticated)
+	require.NoError(t, p.Authorize(other, to("decode", "kvstream.wire.Hello")), "unbound: any authenticated peer")
+	require.ErrorContains(t, p.Authorize(prefill, to("EndpointSupervisor", "kvstream.wire.Hello")), `"EndpointSupervisor"`)
+	require.NoError(t, p.Authorize(prefill, to("future$1f", "kvstream.wire.Hello")), "answers to this node's requests")
+	for _, typ := range []string{"actor.Stop", "actor.PoisonPill", "actor.Touch"} {
+		require.ErrorContains(t, p.Authorize(prefill, to("decode", typ)), typ)
+	}
+
+	require.Error(t, p.Bind(""))
+	require.NoError(t, p.Bind("prefill"))
+	require.NoError(t, p.Bind("prefill"))
+	require.ErrorContains(t, p.Bind("other"), `already bound to "prefill"`)
+	require.NoError(t, p.Authorize(prefill, to("decode", "kvstream.wire.Hello")))
+	require.ErrorContains(t, p.Authorize(other, to("decode", "kvstream.wire.Hello")), `"other" is not this session's peer`)
+
+	watch := func(host string) Envelope {
+		e := to("decode", "actor.Watch")
+		e.Data, _ = proto.Marshal(&actor.Watch{Watcher: actor.NewPID(host+":9200", "prefill-session")})
+		return e
+	}
+	require.NoError(t, p.Authorize(prefill, watch("127.0.0.1")))
+	require.ErrorContains(t, p.Authorize(prefill, watch("10.1.2.3")), `"10.1.2.3"`)
+
+	p.Unbind()
+	require.NoError(t, p.Authorize(other, to("decode", "kvstream.wire.Hello")))
+	p.Allow("late")
+	require.NoError(t, p.Authorize(other, to("late", "kvstream.wire.Hello")))
+}
