@@ -18,6 +18,7 @@ import (
 	"github.com/kvstream/kvstream/hw/cuda/sim"
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
+	"github.com/kvstream/kvstream/hw/rdma/rdmafault"
 	"github.com/kvstream/kvstream/internal/testbed"
 	"github.com/kvstream/kvstream/messages"
 	"github.com/kvstream/kvstream/system"
@@ -197,7 +198,7 @@ type relEngine struct {
 	rng    *rand.Rand
 	stats  *relStats
 	fab    *loopback.Fabric
-	pre    *loopback.Transport
+	pre    rdma.Transport // the loopback node, behind the fault wrapper
 	gpu    *sim.GPU
 	stream *faultStream
 	pool   *testbed.Pool
@@ -213,18 +214,19 @@ type relEngine struct {
 	current  int                          // the forward in progress: batches now belong to its chunks
 	pageRoom map[string]map[uint64]uint64 // node -> page -> room (pages are never reused)
 	landings []loopback.Landing           // not yet checked
+	slowNext map[slowKey]time.Duration    // slow-link faults decided, for the loopback to apply
 	returned map[uint64]time.Time         // room -> its last Finish/Drop return
 }
 
 func newRelEngine(t *testing.T, seed uint64, stats *relStats) *relEngine {
 	r := &relEngine{t: t, rng: rand.New(rand.NewPCG(seed, 99)), stats: stats, seen: map[uint64]int{}, fired: map[chunkRef][]string{},
-		pageRoom: map[string]map[uint64]uint64{}, returned: map[uint64]time.Time{}}
+		pageRoom: map[string]map[uint64]uint64{}, returned: map[uint64]time.Time{}, slowNext: map[slowKey]time.Duration{}}
 	r.cp = cp.CP{Size: 1 + int(seed%2), Rule: cp.Rule(seed % 2)}
 	r.cp.Rank = int(seed/2) % r.cp.Size
-	r.fab = loopback.NewFabric(loopback.Options{Faults: r.fault, OnLand: r.land})
-	var err error
-	r.pre, err = r.fab.NewTransport("prefill")
+	r.fab = loopback.NewFabric(loopback.Options{Slow: r.slow, OnLand: r.land})
+	lb, err := r.fab.NewTransport("prefill")
 	require.NoError(t, err)
+	r.pre = rdmafault.Wrap(lb, r.fault)
 	t.Cleanup(func() { _ = r.pre.Close() })
 	r.geom = testbed.MLA(relLayers, relItemLen, relPoolPages)
 	r.pool, err = testbed.NewPool(testbed.MLA(relLayers, relItemLen, relSrcPages))
@@ -271,14 +273,16 @@ func (r *relEngine) livePeers() []*relPeer {
 	return out
 }
 
-// fault is the transport's fault hook: it maps a batch to its room by the
-// destination page and applies the scenario's plan.
-func (r *relEngine) fault(b loopback.BatchInfo) loopback.Fault {
+// fault is the fault wrapper's hook: it maps a batch to its room by the
+// destination page and applies the scenario's plan. A slow link is the
+// loopback's to model: fault leaves it to slow, which the same Post calls
+// next.
+func (r *relEngine) fault(b rdmafault.BatchInfo) rdmafault.Fault {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	room, ok := r.roomOf(b.To, b.Dst)
 	if !ok {
-		return loopback.Fault{}
+		return rdmafault.Fault{}
 	}
 	n := r.seen[room]
 	r.seen[room]++
@@ -290,24 +294,46 @@ func (r *relEngine) fault(b loopback.BatchInfo) loopback.Fault {
 		r.fired[ref] = append(r.fired[ref], f.kind)
 		switch f.kind {
 		case fPostError:
-			return loopback.Fault{Kind: loopback.PostError}
+			return rdmafault.Fault{Kind: rdmafault.PostError}
 		case fFailDone:
-			return loopback.Fault{Kind: loopback.FailCompletion}
+			return rdmafault.Fault{Kind: rdmafault.FailCompletion}
 		case fLoseDone:
-			return loopback.Fault{Kind: loopback.LoseCompletion}
+			return rdmafault.Fault{Kind: rdmafault.LoseCompletion}
 		case fDelayShort:
-			return loopback.Fault{Kind: loopback.DelayCompletion, Delay: 5 * time.Millisecond}
+			return rdmafault.Fault{Kind: rdmafault.DelayCompletion, Delay: 5 * time.Millisecond}
 		case fDelayLong:
 			// Later than any Finish of the scenario can wait (Finishes run one
 			// after the other, each bounded by the timeout).
-			return loopback.Fault{Kind: loopback.DelayCompletion, Delay: 20 * relTimeout}
+			return rdmafault.Fault{Kind: rdmafault.DelayCompletion, Delay: 20 * relTimeout}
 		case fBrokenEP:
-			return loopback.Fault{Kind: loopback.PeerGone}
+			return rdmafault.Fault{Kind: rdmafault.PeerGone}
 		case fSlowLink:
-			return loopback.Fault{Kind: loopback.SlowLink, Delay: 5 * time.Millisecond}
+			r.slowNext[slowKey{b.To, b.Dst}] = 5 * time.Millisecond
+			return rdmafault.Fault{}
 		}
 	}
-	return loopback.Fault{}
+	return rdmafault.Fault{}
+}
+
+// slowKey names a batch in both hooks: its destination node and first
+// destination address (no two batches in flight share them).
+type slowKey struct {
+	node string
+	dst  uint64
+}
+
+// slow is the loopback's hook: it applies the slow link fault decided for
+// the batch.
+func (r *relEngine) slow(b loopback.BatchInfo) loopback.Slowdown {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	k := slowKey{b.To, b.Dst}
+	d, ok := r.slowNext[k]
+	if !ok {
+		return loopback.Slowdown{}
+	}
+	delete(r.slowNext, k)
+	return loopback.Slowdown{Hold: d}
 }
 
 func (r *relEngine) roomOf(node string, addr uint64) (uint64, bool) {
