@@ -51,8 +51,9 @@ func (e *Endpoint) Import(d rdma.RegionDesc) (rdma.RemoteKey, error) {
 }
 
 // Post validates the writes, stamps the batch on the sending node's link and
-// either lands its bytes at once (unmodeled) or reads its sources into
-// staging and queues it for its landing instant (modeled).
+// either copies its bytes at once (unmodeled, or no time to spare) or reads
+// its sources into staging for the link to copy; the link reports the batch
+// at its landing instant.
 func (e *Endpoint) Post(ws []rdma.Write, done func(error)) error {
 	b := newBatch(len(ws))
 	total, err := e.resolve(ws, b.srcs, b.dsts)
@@ -75,20 +76,28 @@ func (e *Endpoint) Post(ws []rdma.Write, done func(error)) error {
 	if f := t.fab.opts.Slow; f != nil {
 		slow = f(b.info)
 	}
+	// Copy now when the batch lands at once, or when its copy must start
+	// now to be in place by its landing instant (the emulator's copy is not
+	// to delay modeled time); else stage it and let the link copy it just
+	// ahead of its instant.
 	now := t.out.schedule(b, slow)
-	if !now || hasDevice(b.srcs, ws) {
-		// A real NIC may read the sources any time after the post: on a
-		// modeled link read them now, the strictest test of write-before-
-		// read. Device memory is read (DtoH) here in any case.
+	direct := now || (t.out.lead(total) >= b.landAt.Sub(b.posted) && t.out.staged.Load() == 0)
+	if !direct || hasDevice(b.srcs, ws) {
+		// A real NIC may read the sources any time after the post: read
+		// them now, the strictest test of write-before-read. Device memory
+		// is read (DtoH) here in any case.
 		if err := e.stage(b, total); err != nil {
 			recycle(b)
 			return err
 		}
 	}
-	if now {
+	if direct {
 		err = e.landNow(b)
 	} else {
-		err = e.admit(b)
+		b.copyAt = b.landAt.Add(-t.out.lead(total))
+		if err = e.admit(b); err == nil {
+			t.out.staged.Add(1)
+		}
 	}
 	if err != nil {
 		recycle(b)
@@ -129,7 +138,7 @@ func (e *Endpoint) admit(b *batch) error {
 }
 
 // landNow admits b and copies its bytes on the poster's goroutine; the link
-// only reports it. Not yet on the queue, so nothing but Close sees the
+// only reports it, at its landing instant. Not yet on the queue, so nothing but Close sees the
 // batch, and a Close waits for landMu: then the copy is over.
 func (e *Endpoint) landNow(b *batch) error {
 	e.landMu.Lock()

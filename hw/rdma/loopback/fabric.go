@@ -28,7 +28,9 @@ type Options struct {
 	// Post, while the copy is under way: it must not call into the
 	// transport nor take a lock that a caller of Post may hold.
 	OnLand func(Landing)
-	// OnBatch, if set, observes every batch that landed, like OnLand.
+	// OnBatch, if set, observes every batch that completed successfully, on
+	// the link's goroutine just before its done runs; the same rules as for
+	// OnLand apply.
 	OnBatch func(BatchSpan)
 	// Precise lands batches at their modeled instant to within microseconds
 	// (see hw/cuda/sim.Options.Precise).
@@ -68,12 +70,19 @@ type Landing struct {
 	At     time.Time // when it landed
 }
 
-// BatchSpan is one batch's life on the link.
+// BatchSpan is one batch's life on the link, in wall time.
 type BatchSpan struct {
-	From, To       string
-	Seq            uint64
-	Bytes          uint64
-	Posted, Landed time.Time
+	From, To string
+	Seq      uint64
+	Bytes    uint64 // real bytes; the link modeled Bytes x ByteScale
+	Posted   time.Time
+	// Due is the modeled landing instant; Landed is when the batch
+	// completed, later than Due by the link goroutine's wake-up, or by
+	// the copy where the copy could not finish in time.
+	Due, Landed time.Time
+	// Copy is the emulator's own cost: the real memcpy into the
+	// destination, done ahead of Due where the link's time allows.
+	Copy time.Duration
 }
 
 // Fabric connects the transports of one process.

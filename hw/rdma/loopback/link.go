@@ -1,6 +1,7 @@
 package loopback
 
 import (
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,13 +22,46 @@ type link struct {
 	busyUntil time.Time
 	seq       atomic.Uint64
 
+	// copyCost is the measured wall time of copying one byte (float64
+	// bits, ns), a moving average over this node's copies: a batch's copy
+	// starts that long, with a margin, before its landing instant.
+	copyCost atomic.Uint64
+	// staged counts the batches posted for the link goroutine to copy and
+	// not copied yet: while there is one, Post does not copy a batch
+	// itself, which would land it before an earlier post to the same place.
+	staged atomic.Int64
+
 	wake    chan struct{}
 	closing atomic.Bool
 	stopped chan struct{}
 }
 
+// The copy's lead over the landing instant: twice the expected copy time,
+// plus copyMargin for a timer that fires late (about a millisecond on a VM).
+const (
+	initialCopyCost = 1.0 // ns per byte, until a copy was measured
+	copyMargin      = 2 * time.Millisecond
+)
+
 func (l *link) init(opts *Options) {
 	l.opts, l.wake, l.stopped = opts, make(chan struct{}, 1), make(chan struct{})
+	l.copyCost.Store(math.Float64bits(initialCopyCost))
+}
+
+// lead is how long before its landing instant a batch of n real bytes must
+// start its copy to be in place by then.
+func (l *link) lead(n uint64) time.Duration {
+	return time.Duration(2*math.Float64frombits(l.copyCost.Load())*float64(n)) + copyMargin
+}
+
+// measured feeds a copy's duration into the cost estimate. Copies under
+// 64 KiB say more about the clock than about the memory.
+func (l *link) measured(n uint64, d time.Duration) {
+	if n < 64<<10 {
+		return
+	}
+	old := math.Float64frombits(l.copyCost.Load())
+	l.copyCost.Store(math.Float64bits(0.75*old + 0.25*float64(d)/float64(n)))
 }
 
 // batch is one posted batch on its way through the link.
@@ -40,7 +74,9 @@ type batch struct {
 	staged   []byte   // on a modeled link: the sources as read at post time
 	done     func(error)
 	posted   time.Time
-	landAt   time.Time
+	landAt   time.Time     // the modeled landing instant: done runs then
+	copyAt   time.Time     // on a modeled link: when the staged bytes' copy must start
+	copyDur  time.Duration // how long the copy into the destination took
 	applied  bool  // landed or failed already; only the report is left
 	err      error // the outcome once applied
 	reported bool  // done was called (guarded by ep.mu)
@@ -123,7 +159,10 @@ func (l *link) stop() {
 	<-l.stopped
 }
 
-// run lands batches at their modeled instants.
+// run copies staged batches into their destinations ahead of their landing
+// instants, in landing order, and reports each batch at its instant: the
+// emulator's copy is not charged to modeled time unless it is longer than
+// the batch's whole time on the link (BatchSpan says by how much).
 func (l *link) run() {
 	defer close(l.stopped)
 	timer := time.NewTimer(time.Hour)
@@ -143,9 +182,24 @@ func (l *link) run() {
 			l.queue[0] = nil // the record may be reused once landed
 			l.queue = l.queue[1:]
 		}
-		var next time.Time
+		var next, copyAt time.Time
+		var copyNext *batch
 		if len(due) == 0 && len(l.queue) > 0 {
 			next = l.queue[0].landAt
+			// The first batch not yet copied is copied as soon as it or
+			// any batch behind it must start: copies go in landing order,
+			// so that a later write to the same place wins.
+			for _, b := range l.queue {
+				if b.applied {
+					continue
+				}
+				if copyNext == nil || b.copyAt.Before(copyAt) {
+					copyAt = b.copyAt
+				}
+				if copyNext == nil {
+					copyNext = b
+				}
+			}
 		}
 		l.mu.Unlock()
 		if len(due) > 0 {
@@ -156,16 +210,24 @@ func (l *link) run() {
 			due = due[:0]
 			continue
 		}
+		if copyNext != nil && !copyAt.After(now) {
+			copyNext.ep.apply(copyNext)
+			continue
+		}
 		if next.IsZero() {
 			<-l.wake
 			continue
 		}
+		precise := l.opts.Precise
+		if copyNext != nil && copyAt.Before(next) {
+			next, precise = copyAt, false // the copy's lead absorbs a late timer
+		}
 		d := next.Sub(now)
-		if l.opts.Precise && d <= clock.Slack {
+		if precise && d <= clock.Slack {
 			clock.SleepUntil(next, true)
 			continue
 		}
-		if l.opts.Precise {
+		if precise {
 			d -= clock.Slack // wake early, then land on time
 		}
 		timer.Reset(d)
@@ -177,24 +239,32 @@ func (l *link) run() {
 	}
 }
 
-// land writes a batch's bytes, unless Post did, and reports it, unless the
-// endpoint was torn down first.
+// apply copies a staged batch's bytes into the destination, unless the
+// endpoint was torn down or the peer is gone. Only the link goroutine calls
+// it, for batches on its queue.
+func (e *Endpoint) apply(b *batch) {
+	e.landMu.Lock()
+	defer e.landMu.Unlock()
+	e.to.inbound.RLock()
+	defer e.to.inbound.RUnlock()
+	e.mu.Lock()
+	if !b.reported {
+		b.err = e.fate(b)
+	}
+	skip := b.reported || b.err != nil
+	e.mu.Unlock()
+	if !skip {
+		e.copyBytes(b)
+	}
+	b.applied = true
+	e.from.out.staged.Add(-1)
+}
+
+// land reports a batch at its landing instant (copying its bytes first if
+// that has not happened yet), unless the endpoint was torn down first.
 func (e *Endpoint) land(b *batch) {
 	if !b.applied {
-		e.landMu.Lock()
-		e.to.inbound.RLock()
-		e.mu.Lock()
-		if !b.reported {
-			b.err = e.fate(b)
-		}
-		skip := b.reported || b.err != nil
-		e.mu.Unlock()
-		if !skip {
-			e.copyBytes(b)
-		}
-		b.applied = true
-		e.to.inbound.RUnlock()
-		e.landMu.Unlock()
+		e.apply(b)
 	}
 	e.mu.Lock()
 	if b.reported { // Close failed it
@@ -204,6 +274,9 @@ func (e *Endpoint) land(b *batch) {
 	b.reported = true
 	delete(e.pending, b)
 	e.mu.Unlock()
+	if f := e.from.fab.opts.OnBatch; f != nil && b.err == nil {
+		f(BatchSpan{From: b.info.From, To: b.info.To, Seq: b.info.Seq, Bytes: b.info.Bytes, Posted: b.posted, Due: b.landAt, Landed: time.Now(), Copy: b.copyDur})
+	}
 	b.done(b.err)
 	recycle(b)
 }
@@ -217,9 +290,11 @@ func (e *Endpoint) fate(b *batch) error {
 	return nil
 }
 
-// copyBytes lands a batch's bytes. The caller holds e.landMu.
+// copyBytes lands a batch's bytes and times the copy. The caller holds
+// e.landMu.
 func (e *Endpoint) copyBytes(b *batch) {
 	opts := e.from.fab.opts
+	start := time.Now()
 	off := 0
 	for i, dst := range b.dsts {
 		if b.staged != nil {
@@ -232,7 +307,6 @@ func (e *Endpoint) copyBytes(b *batch) {
 			opts.OnLand(Landing{Node: e.to.name, Addr: b.writes[i].Dst, Len: b.writes[i].Len, Posted: b.posted, At: time.Now()})
 		}
 	}
-	if opts.OnBatch != nil {
-		opts.OnBatch(BatchSpan{From: b.info.From, To: b.info.To, Seq: b.info.Seq, Bytes: b.info.Bytes, Posted: b.posted, Landed: time.Now()})
-	}
+	b.copyDur = time.Since(start)
+	e.from.out.measured(b.info.Bytes, b.copyDur)
 }

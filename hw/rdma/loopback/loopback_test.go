@@ -139,7 +139,7 @@ func stillRunning(t *testing.T, done <-chan struct{}, what string) {
 // on the link goroutine on a modeled one) and checks that neither Close nor
 // a second, concurrent Close returns before it is over.
 func TestCloseIsABarrier(t *testing.T) {
-	for name, base := range map[string]Options{"unmodeled": {}, "modeled": {Latency: time.Millisecond}} {
+	for name, base := range map[string]Options{"unmodeled": {}, "modeled": {Latency: 50 * time.Millisecond}} {
 		t.Run(name, func(t *testing.T) {
 			opts, inCopy, release := heldCopy(base)
 			f := newFixture(t, opts, 4096)
@@ -163,7 +163,7 @@ func TestCloseIsABarrier(t *testing.T) {
 // TestPeerCloseWaitsForCopy: once the receiving node's Transport.Close
 // returned, no write lands in its memory any more (its owner may free it).
 func TestPeerCloseWaitsForCopy(t *testing.T) {
-	for name, base := range map[string]Options{"unmodeled": {}, "modeled": {Latency: time.Millisecond}} {
+	for name, base := range map[string]Options{"unmodeled": {}, "modeled": {Latency: 50 * time.Millisecond}} {
 		t.Run(name, func(t *testing.T) {
 			opts, inCopy, release := heldCopy(base)
 			fab := NewFabric(opts)
@@ -478,4 +478,47 @@ func byteLabel(n int) string {
 		return strconv.Itoa(n>>20) + "MiB"
 	}
 	return strconv.Itoa(n>>10) + "KiB"
+}
+
+// TestCompletesAtModeledInstant: the emulator's copy is done ahead of the
+// batch's modeled landing instant, on the link goroutine (staged) or in Post
+// when there is no time to spare, and the batch completes at that instant,
+// never before; the copy's own time is reported apart.
+func TestCompletesAtModeledInstant(t *testing.T) {
+	for name, tc := range map[string]struct {
+		latency time.Duration
+		inPost  bool
+	}{"staged": {60 * time.Millisecond, false}, "copied in Post": {time.Millisecond, true}} {
+		t.Run(name, func(t *testing.T) {
+			const n = 1 << 20
+			var mu sync.Mutex
+			var spans []BatchSpan
+			var landed []Landing
+			f := newFixture(t, Options{Latency: tc.latency,
+				OnLand:  func(l Landing) { mu.Lock(); landed = append(landed, l); mu.Unlock() },
+				OnBatch: func(s BatchSpan) { mu.Lock(); spans = append(spans, s); mu.Unlock() },
+			}, n)
+			for i := range f.src.Bytes {
+				f.src.Bytes[i] = byte(i*5 + 1)
+			}
+			done := f.post(t, 0, n)
+			mu.Lock()
+			copiedInPost := len(landed) == 1
+			mu.Unlock()
+			assert.Equal(t, tc.inPost, copiedInPost, "where the copy ran")
+			require.NoError(t, <-done)
+			completed := time.Now()
+			assert.Equal(t, f.src.Bytes, f.dst.Bytes)
+			mu.Lock()
+			defer mu.Unlock()
+			require.Len(t, spans, 1)
+			require.Len(t, landed, 1)
+			s := spans[0]
+			assert.Equal(t, s.Posted.Add(tc.latency), s.Due, "the modeled instant")
+			assert.False(t, s.Landed.Before(s.Due), "completed %v before its modeled instant", s.Due.Sub(s.Landed))
+			assert.False(t, completed.Before(s.Due), "done ran before the modeled instant")
+			assert.Positive(t, s.Copy, "the copy is timed")
+			assert.False(t, landed[0].At.After(s.Landed), "the bytes landed before the batch completed")
+		})
+	}
 }
