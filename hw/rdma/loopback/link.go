@@ -77,9 +77,9 @@ type batch struct {
 	landAt   time.Time     // the modeled landing instant: done runs then
 	copyAt   time.Time     // on a modeled link: when the staged bytes' copy must start
 	copyDur  time.Duration // how long the copy into the destination took
-	applied  bool  // landed or failed already; only the report is left
-	err      error // the outcome once applied
-	reported bool  // done was called (guarded by ep.mu)
+	applied  bool          // landed or failed already; only the report is left
+	err      error         // the outcome once applied
+	reported bool          // done was called (guarded by ep.mu)
 }
 
 // Batch records are reused once land has reported them, so that the steady

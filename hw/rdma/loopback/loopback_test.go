@@ -522,3 +522,18 @@ func TestCompletesAtModeledInstant(t *testing.T) {
 		})
 	}
 }
+
+// TestLaterPostWinsOverStagedCopy: a batch whose copy could not wait (so
+// Post would copy it at once) must not land before an earlier batch of the
+// same poster still staged for the link to copy: the later write wins.
+func TestLaterPostWinsOverStagedCopy(t *testing.T) {
+	const big = 32 << 20 // its copy's lead (2 x 1 ns per byte until a copy is measured) exceeds the latency
+	f := newFixture(t, Options{Latency: 50 * time.Millisecond}, big)
+	f.src.Bytes[0] = 'A'
+	first := f.post(t, 0, 4096) // staged: copied just ahead of its instant
+	f.src.Bytes[0] = 'B'
+	second := f.post(t, 0, big)
+	require.NoError(t, <-first)
+	require.NoError(t, <-second)
+	assert.Equal(t, byte('B'), f.dst.Bytes[0], "the later write must win")
+}
