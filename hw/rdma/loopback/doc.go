@@ -15,16 +15,20 @@
 //	link.go      The sending node's link stamps the batch: it starts when
 //	             the link is free, occupies it for its modeled bytes at the
 //	             modeled rate (Options.Slow may hold it longer), and lands
-//	             a latency later.
-//	             Unmodeled (it lands at its stamp): Post copies the bytes
-//	             itself and queues only the completion, sparing every batch
-//	             a hand-off to another goroutine, which on two cores costs
-//	             more than a 64 KiB copy (docs/TRANSPORT-BENCH.md).
-//	             Modeled: Post reads the sources into a staging buffer
-//	             (staging.go), the strictest test of write-before-read, and
-//	             queues the batch by landing instant.
-//	link.go      The link goroutine copies the staged bytes into the
-//	             destination and reports done at the landing instant.
+//	             a latency later: its modeled instant.
+//	endpoint.go  Post reads the sources now, the strictest test of
+//	             write-before-read: into a staging buffer (staging.go), or
+//	             straight into the destination when the batch lands at
+//	             once (an unmodeled link: a memcpy transport's work is the
+//	             copy, and doing it on the poster's thread spares every
+//	             batch a hand-off, which on two cores costs more than a
+//	             64 KiB copy, docs/TRANSPORT-BENCH.md) or when its copy
+//	             must start now to be in place by its instant.
+//	link.go      The link goroutine copies staged batches into their
+//	             destinations a measured lead ahead of their instants, in
+//	             landing order, and runs each batch's done at its instant:
+//	             the emulator's memcpy is not charged to modeled time
+//	             (BatchSpan reports it apart).
 //	endpoint.go  Close fails every batch not yet reported and waits for a
 //	             copy under way: after it returns nothing of the endpoint
 //	             lands. transport.go's Close does the same for every

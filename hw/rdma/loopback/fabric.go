@@ -23,10 +23,11 @@ type Options struct {
 	// tests, or batches that overtake each other. It runs inside Post, on
 	// the poster's goroutine.
 	Slow func(BatchInfo) Slowdown
-	// OnLand, if set, observes every write as it lands, on the goroutine
-	// that lands it: the link's, or on an unmodeled link the one calling
-	// Post, while the copy is under way: it must not call into the
-	// transport nor take a lock that a caller of Post may hold.
+	// OnLand, if set, observes every write as it lands (ahead of its
+	// batch's completion on a modeled link), on the goroutine that lands
+	// it: the link's, or the one calling Post where Post copies, while the
+	// copy is under way: it must not call into the transport nor take a
+	// lock that a caller of Post may hold.
 	OnLand func(Landing)
 	// OnBatch, if set, observes every batch that completed successfully, on
 	// the link's goroutine just before its done runs; the same rules as for
