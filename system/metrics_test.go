@@ -8,7 +8,9 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cp"
 	"github.com/kvstream/kvstream/hw/hostmem"
+	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
+	"github.com/kvstream/kvstream/hw/rdma/rdmafault"
 	"github.com/kvstream/kvstream/messages"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
@@ -24,7 +26,7 @@ type metricsRig struct {
 	group   int
 	timeout time.Duration
 	env     map[string]string
-	faults  func(loopback.BatchInfo) loopback.Fault
+	faults  func(rdmafault.BatchInfo) rdmafault.Fault
 	log     *zap.Logger // default: none
 }
 
@@ -33,7 +35,7 @@ type metricsRig struct {
 // "d" with 16 pages, on a private fabric.
 func newMetricsEngine(t testing.TB, reg prometheus.Registerer, rig metricsRig) *Engine {
 	t.Helper()
-	fab := loopback.NewFabric(loopback.Options{Faults: rig.faults})
+	fab := loopback.NewFabric(loopback.Options{})
 	pre, err := fab.NewTransport("p")
 	require.NoError(t, err)
 	dec, err := fab.NewTransport("d")
@@ -50,12 +52,16 @@ func newMetricsEngine(t testing.TB, reg prometheus.Registerer, rig metricsRig) *
 		}
 		return out
 	}
+	var tr rdma.Transport = pre
+	if rig.faults != nil {
+		tr = rdmafault.Wrap(pre, rig.faults)
+	}
 	if rig.log == nil {
 		rig.log = zap.NewNop()
 	}
 	e, err := New(Config{Buffers: MLABuffers(bases(src), itemLen, pages), HookLayers: 3, PageSize: 4,
 		GroupSize: rig.group, FinishTimeout: rig.timeout},
-		WithTransport(pre), WithSimulatedHardware(), WithLogger(rig.log), WithGetenv(func(k string) string { return rig.env[k] }),
+		WithTransport(tr), WithSimulatedHardware(), WithLogger(rig.log), WithGetenv(func(k string) string { return rig.env[k] }),
 		WithMetrics(reg))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = e.Close() })
@@ -215,14 +221,14 @@ func TestMetricsCountAKnownWorkload(t *testing.T) {
 func TestMetricsCountFailuresAndTimeouts(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	const timeout = 300 * time.Millisecond
-	e := newMetricsEngine(t, reg, metricsRig{group: 2, timeout: timeout, faults: func(b loopback.BatchInfo) loopback.Fault {
+	e := newMetricsEngine(t, reg, metricsRig{group: 2, timeout: timeout, faults: func(b rdmafault.BatchInfo) rdmafault.Fault {
 		switch b.Seq {
 		case 1:
-			return loopback.Fault{Kind: loopback.FailCompletion}
+			return rdmafault.Fault{Kind: rdmafault.FailCompletion}
 		case 2:
-			return loopback.Fault{Kind: loopback.LoseCompletion}
+			return rdmafault.Fault{Kind: rdmafault.LoseCompletion}
 		}
-		return loopback.Fault{}
+		return rdmafault.Fault{}
 	}})
 	ctx := context.Background()
 

@@ -9,7 +9,7 @@ import (
 	"github.com/kvstream/kvstream/actors"
 	"github.com/kvstream/kvstream/cp"
 	"github.com/kvstream/kvstream/hw/cuda/sim"
-	"github.com/kvstream/kvstream/hw/rdma/loopback"
+	"github.com/kvstream/kvstream/hw/rdma/rdmafault"
 	"github.com/kvstream/kvstream/internal/testbed"
 	"github.com/kvstream/kvstream/system"
 	"github.com/stretchr/testify/assert"
@@ -237,17 +237,17 @@ func TestTimeoutFailsWithinTimeout(t *testing.T) {
 func TestSubmitFailureReportsFailure(t *testing.T) {
 	g := testbed.MLA(8, 16, 64)
 	r := newRig(t, rigOpts{geom: g, hooks: 8, group: 2,
-		netFaults: func(b loopback.BatchInfo) loopback.Fault {
+		netFaults: func(b rdmafault.BatchInfo) rdmafault.Fault {
 			if b.Seq == 2 {
-				return loopback.Fault{Kind: loopback.PostError}
+				return rdmafault.Fault{Kind: rdmafault.PostError}
 			}
-			return loopback.Fault{}
+			return rdmafault.Fault{}
 		}})
 	r.register(chunk{room: 1, end: 8, last: true, src: []int{0, 1}, total: 2, infos: oneInfo("d0", []int{0, 1})})
 	r.forward(testbed.Write{Room: 1, SrcPages: []int{0, 1}, Tokens: 8})
 	res, err := r.eng.Finish(context.Background(), 1)
 	require.Error(t, err)
-	assert.True(t, errors.Is(err, loopback.ErrInjected), "%v", err)
+	assert.True(t, errors.Is(err, rdmafault.ErrInjected), "%v", err)
 	assert.Equal(t, system.Failed, res.Status)
 	assert.ErrorContains(t, err, "room 1 chunk 0")
 }
@@ -277,11 +277,11 @@ func TestQuietSuccessLoudFailure(t *testing.T) {
 	core, logs := observer.New(zapcore.DebugLevel)
 	g := testbed.MLA(4, 16, 64)
 	r := newRig(t, rigOpts{geom: g, hooks: 4, group: 2, log: zap.New(core),
-		netFaults: func(b loopback.BatchInfo) loopback.Fault {
+		netFaults: func(b rdmafault.BatchInfo) rdmafault.Fault {
 			if b.Seq == 3 {
-				return loopback.Fault{Kind: loopback.FailCompletion}
+				return rdmafault.Fault{Kind: rdmafault.FailCompletion}
 			}
-			return loopback.Fault{}
+			return rdmafault.Fault{}
 		}})
 	r.register(chunk{room: 1, end: 8, last: true, src: []int{0, 1}, total: 2, infos: oneInfo("d0", []int{0, 1})})
 	r.forward(testbed.Write{Room: 1, SrcPages: []int{0, 1}, Tokens: 8}) // batches 1, 2

@@ -10,6 +10,7 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
+	"github.com/kvstream/kvstream/hw/rdma/rdmafault"
 	"github.com/kvstream/kvstream/internal/testbed"
 	"github.com/kvstream/kvstream/system"
 	"github.com/stretchr/testify/assert"
@@ -81,7 +82,7 @@ func TestDropReportsNotQuiesced(t *testing.T) {
 	tr := &unquiesced{}
 	r := newRig(t, rigOpts{geom: g, hooks: 4, group: 2, timeout: 250 * time.Millisecond,
 		wrap:      wrapping(tr.wrap),
-		netFaults: func(loopback.BatchInfo) loopback.Fault { return loopback.Fault{Kind: loopback.LoseCompletion} }})
+		netFaults: func(rdmafault.BatchInfo) rdmafault.Fault { return rdmafault.Fault{Kind: rdmafault.LoseCompletion} }})
 	r.register(chunk{room: 1, end: 8, src: []int{0, 1}, total: 4, infos: oneInfo("d0", []int{0, 1, 2, 3})})
 	r.register(chunk{room: 2, end: 8, src: []int{4, 5}, total: 4, infos: oneInfo("d0", []int{10, 11, 12, 13})})
 	r.forward(testbed.Write{Room: 1, SrcPages: []int{0, 1}, Tokens: 8}, testbed.Write{Room: 2, SrcPages: []int{4, 5}, Tokens: 8})
@@ -101,11 +102,11 @@ func TestNotQuiescedReachesOtherChunks(t *testing.T) {
 	var r *rig
 	r = newRig(t, rigOpts{geom: g, hooks: 4, group: 2, timeout: 250 * time.Millisecond, submitters: 1,
 		wrap: wrapping(tr.wrap),
-		netFaults: func(b loopback.BatchInfo) loopback.Fault {
+		netFaults: func(b rdmafault.BatchInfo) rdmafault.Fault {
 			if decodePage(r, g, b.Dst) < 10 {
-				return loopback.Fault{Kind: loopback.LoseCompletion} // room 1 times out
+				return rdmafault.Fault{Kind: rdmafault.LoseCompletion} // room 1 times out
 			}
-			return loopback.Fault{Kind: loopback.DelayCompletion, Delay: 3 * time.Second} // room 2: in flight
+			return rdmafault.Fault{Kind: rdmafault.DelayCompletion, Delay: 3 * time.Second} // room 2: in flight
 		}})
 	r.register(chunk{room: 1, end: 8, last: true, src: []int{0, 1}, total: 2, infos: oneInfo("d0", []int{0, 1})})
 	r.register(chunk{room: 2, end: 8, last: true, src: []int{4, 5}, total: 2, infos: oneInfo("d0", []int{10, 11})})
@@ -149,7 +150,7 @@ func TestTeardownClosesEndpointsTogether(t *testing.T) {
 	tr := &overlap{}
 	r := newRig(t, rigOpts{geom: g, hooks: 8, group: 1, timeout: 250 * time.Millisecond, submitters: 4,
 		wrap:      wrapping(tr.wrap),
-		netFaults: func(loopback.BatchInfo) loopback.Fault { return loopback.Fault{Kind: loopback.LoseCompletion} }})
+		netFaults: func(rdmafault.BatchInfo) rdmafault.Fault { return rdmafault.Fault{Kind: rdmafault.LoseCompletion} }})
 	r.register(chunk{room: 1, end: 8, last: true, src: []int{0, 1}, total: 2, infos: oneInfo("d0", []int{0, 1})})
 	r.forward(testbed.Write{Room: 1, SrcPages: []int{0, 1}, Tokens: 8})
 	res, err := r.eng.Finish(context.Background(), 1)
@@ -188,7 +189,7 @@ func TestSecondEngineCloseWaits(t *testing.T) {
 	tr := &heldClose{closing: make(chan struct{}), release: make(chan struct{})}
 	r := newRig(t, rigOpts{geom: g, hooks: 4, group: 2, timeout: 500 * time.Millisecond,
 		wrap:      wrapping(tr.wrap),
-		netFaults: func(loopback.BatchInfo) loopback.Fault { return loopback.Fault{Kind: loopback.LoseCompletion} }})
+		netFaults: func(rdmafault.BatchInfo) rdmafault.Fault { return rdmafault.Fault{Kind: rdmafault.LoseCompletion} }})
 	r.register(chunk{room: 1, end: 8, last: true, src: []int{0, 1}, total: 2, infos: oneInfo("d0", []int{0, 1})})
 	r.forward(testbed.Write{Room: 1, SrcPages: []int{0, 1}, Tokens: 8})
 	// A batch in flight (landed, its completion lost): dropping the room

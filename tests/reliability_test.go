@@ -18,6 +18,7 @@ import (
 	"github.com/kvstream/kvstream/hw/cuda/sim"
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
+	"github.com/kvstream/kvstream/hw/rdma/rdmafault"
 	"github.com/kvstream/kvstream/internal/testbed"
 	"github.com/kvstream/kvstream/messages"
 	"github.com/kvstream/kvstream/system"
@@ -197,7 +198,7 @@ type relEngine struct {
 	rng    *rand.Rand
 	stats  *relStats
 	fab    *loopback.Fabric
-	pre    *loopback.Transport
+	pre    rdma.Transport // the loopback node, behind the fault wrapper
 	gpu    *sim.GPU
 	stream *faultStream
 	pool   *testbed.Pool
@@ -213,18 +214,19 @@ type relEngine struct {
 	current  int                          // the forward in progress: batches now belong to its chunks
 	pageRoom map[string]map[uint64]uint64 // node -> page -> room (pages are never reused)
 	landings []loopback.Landing           // not yet checked
+	slowNext map[slowKey]time.Duration    // slow-link faults decided, for the loopback to apply
 	returned map[uint64]time.Time         // room -> its last Finish/Drop return
 }
 
 func newRelEngine(t *testing.T, seed uint64, stats *relStats) *relEngine {
 	r := &relEngine{t: t, rng: rand.New(rand.NewPCG(seed, 99)), stats: stats, seen: map[uint64]int{}, fired: map[chunkRef][]string{},
-		pageRoom: map[string]map[uint64]uint64{}, returned: map[uint64]time.Time{}}
+		pageRoom: map[string]map[uint64]uint64{}, returned: map[uint64]time.Time{}, slowNext: map[slowKey]time.Duration{}}
 	r.cp = cp.CP{Size: 1 + int(seed%2), Rule: cp.Rule(seed % 2)}
 	r.cp.Rank = int(seed/2) % r.cp.Size
-	r.fab = loopback.NewFabric(loopback.Options{Faults: r.fault, OnLand: r.land})
-	var err error
-	r.pre, err = r.fab.NewTransport("prefill")
+	r.fab = loopback.NewFabric(loopback.Options{Slow: r.slow, OnLand: r.land})
+	lb, err := r.fab.NewTransport("prefill")
 	require.NoError(t, err)
+	r.pre = rdmafault.Wrap(lb, r.fault)
 	t.Cleanup(func() { _ = r.pre.Close() })
 	r.geom = testbed.MLA(relLayers, relItemLen, relPoolPages)
 	r.pool, err = testbed.NewPool(testbed.MLA(relLayers, relItemLen, relSrcPages))
@@ -271,14 +273,16 @@ func (r *relEngine) livePeers() []*relPeer {
 	return out
 }
 
-// fault is the transport's fault hook: it maps a batch to its room by the
-// destination page and applies the scenario's plan.
-func (r *relEngine) fault(b loopback.BatchInfo) loopback.Fault {
+// fault is the fault wrapper's hook: it maps a batch to its room by the
+// destination page and applies the scenario's plan. A slow link is the
+// loopback's to model: fault leaves it to slow, which the same Post calls
+// next.
+func (r *relEngine) fault(b rdmafault.BatchInfo) rdmafault.Fault {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	room, ok := r.roomOf(b.To, b.Dst)
 	if !ok {
-		return loopback.Fault{}
+		return rdmafault.Fault{}
 	}
 	n := r.seen[room]
 	r.seen[room]++
@@ -290,24 +294,46 @@ func (r *relEngine) fault(b loopback.BatchInfo) loopback.Fault {
 		r.fired[ref] = append(r.fired[ref], f.kind)
 		switch f.kind {
 		case fPostError:
-			return loopback.Fault{Kind: loopback.PostError}
+			return rdmafault.Fault{Kind: rdmafault.PostError}
 		case fFailDone:
-			return loopback.Fault{Kind: loopback.FailCompletion}
+			return rdmafault.Fault{Kind: rdmafault.FailCompletion}
 		case fLoseDone:
-			return loopback.Fault{Kind: loopback.LoseCompletion}
+			return rdmafault.Fault{Kind: rdmafault.LoseCompletion}
 		case fDelayShort:
-			return loopback.Fault{Kind: loopback.DelayCompletion, Delay: 5 * time.Millisecond}
+			return rdmafault.Fault{Kind: rdmafault.DelayCompletion, Delay: 5 * time.Millisecond}
 		case fDelayLong:
 			// Later than any Finish of the scenario can wait (Finishes run one
 			// after the other, each bounded by the timeout).
-			return loopback.Fault{Kind: loopback.DelayCompletion, Delay: 20 * relTimeout}
+			return rdmafault.Fault{Kind: rdmafault.DelayCompletion, Delay: 20 * relTimeout}
 		case fBrokenEP:
-			return loopback.Fault{Kind: loopback.PeerGone}
+			return rdmafault.Fault{Kind: rdmafault.PeerGone}
 		case fSlowLink:
-			return loopback.Fault{Kind: loopback.SlowLink, Delay: 5 * time.Millisecond}
+			r.slowNext[slowKey{b.To, b.Dst}] = 5 * time.Millisecond
+			return rdmafault.Fault{}
 		}
 	}
-	return loopback.Fault{}
+	return rdmafault.Fault{}
+}
+
+// slowKey names a batch in both hooks: its destination node and first
+// destination address (no two batches in flight share them).
+type slowKey struct {
+	node string
+	dst  uint64
+}
+
+// slow is the loopback's hook: it applies the slow link fault decided for
+// the batch.
+func (r *relEngine) slow(b loopback.BatchInfo) loopback.Slowdown {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	k := slowKey{b.To, b.Dst}
+	d, ok := r.slowNext[k]
+	if !ok {
+		return loopback.Slowdown{}
+	}
+	delete(r.slowNext, k)
+	return loopback.Slowdown{Hold: d}
 }
 
 func (r *relEngine) roomOf(node string, addr uint64) (uint64, bool) {
@@ -330,9 +356,50 @@ func (r *relEngine) land(l loopback.Landing) {
 	r.mu.Unlock()
 }
 
-// scenario generates and runs one scenario, then checks it. A clean
-// scenario injects nothing.
+// relScenario is one drawn scenario: its rooms and the faults planned for
+// it (the transport's are in relEngine.planned, where its hook finds them).
+type relScenario struct {
+	n          int
+	rooms      []*relRoom
+	forwards   int
+	eventFault map[[2]int]string // (forward, boundary index; -1 = end) -> kind
+	vanishPeer *relPeer          // the decode peer that vanishes, if any,
+	vanishAt   int               // before this forward
+}
+
+// relOutcome is what running a scenario showed beyond the rooms' results.
+type relOutcome struct {
+	touched         map[chunkRef][]string // the faults that touched each chunk
+	timeoutHappened bool                  // a Finish or Drop timed out and tore endpoints down
+	aborted         bool                  // a registration failed: nothing to check
+}
+
+// scenario draws, runs and checks one scenario. A clean scenario injects
+// nothing.
 func (r *relEngine) scenario(n int, clean bool) []*relRoom {
+	sc := r.draw(n, clean)
+	out := r.run(sc)
+	if !out.aborted {
+		r.check(sc, out)
+	}
+	return sc.rooms
+}
+
+// draw generates scenario n: its rooms, then its faults.
+func (r *relEngine) draw(n int, clean bool) *relScenario {
+	sc := &relScenario{n: n, rooms: r.drawRooms(n), eventFault: map[[2]int]string{}, vanishAt: -1}
+	for _, rm := range sc.rooms {
+		sc.forwards = max(sc.forwards, len(rm.chunks))
+	}
+	if !clean {
+		r.drawFaults(sc)
+	}
+	return sc
+}
+
+// drawRooms draws 1 to 3 rooms of 1 or 2 chunks on the live peers (or on
+// dummy destinations), each on decode pages no earlier scenario used.
+func (r *relEngine) drawRooms(n int) []*relRoom {
 	rng := r.rng
 	live := r.livePeers()
 	rooms := make([]*relRoom, 1+rng.IntN(3))
@@ -377,30 +444,29 @@ func (r *relEngine) scenario(n int, clean bool) []*relRoom {
 		r.mu.Unlock()
 		rooms[i] = rm
 	}
+	return rooms
+}
 
-	// Faults: none in about a third of the scenarios, else one or two.
-	eventFault := map[[2]int]string{} // (forward, boundary index; -1 = end) -> kind
-	var vanishBefore = -1
-	var vanishPeer *relPeer
-	forwards := 0
-	for _, rm := range rooms {
-		forwards = max(forwards, len(rm.chunks))
-	}
-	if !clean && rng.IntN(3) > 0 {
+// drawFaults plans none in about a third of the scenarios, else one or two:
+// event faults, drops and a vanishing peer in sc, transport faults in
+// r.planned, where the fault hook finds them.
+func (r *relEngine) drawFaults(sc *relScenario) {
+	rng := r.rng
+	if rng.IntN(3) > 0 {
 		for k := 1 + rng.IntN(2); k > 0; k-- {
 			kinds := []string{fPostError, fFailDone, fLoseDone, fDelayShort, fDelayLong, fBrokenEP, fSlowLink,
 				fNeverDone, fWaitError, fRecordError, fDropMid, fPeerVanishes}
 			kind := kinds[rng.IntN(len(kinds))]
-			rm := rooms[rng.IntN(len(rooms))]
+			rm := sc.rooms[rng.IntN(len(sc.rooms))]
 			switch kind {
 			case fNeverDone, fWaitError, fRecordError:
 				boundaries := (relLayers - 1 + relGroup - 1) / relGroup
-				eventFault[[2]int{rng.IntN(forwards), rng.IntN(boundaries+1) - 1}] = kind
+				sc.eventFault[[2]int{rng.IntN(sc.forwards), rng.IntN(boundaries+1) - 1}] = kind
 			case fDropMid:
 				rm.dropAt, rm.dropLyr = rng.IntN(len(rm.chunks)), rng.IntN(relLayers)
 			case fPeerVanishes:
-				if vanishPeer == nil && len(rm.peerRefs) > 0 && rng.IntN(4) == 0 { // rare: it costs a peer
-					vanishPeer, vanishBefore = rm.peerRefs[0], rng.IntN(forwards)
+				if sc.vanishPeer == nil && len(rm.peerRefs) > 0 && rng.IntN(4) == 0 { // rare: it costs a peer
+					sc.vanishPeer, sc.vanishAt = rm.peerRefs[0], rng.IntN(sc.forwards)
 				} else {
 					continue
 				}
@@ -411,145 +477,186 @@ func (r *relEngine) scenario(n int, clean bool) []*relRoom {
 			}
 		}
 	}
+}
 
-	ctx := context.Background()
-	type need struct {
-		group map[int]bool // per-layer chunks of this forward wait its group events
-		end   bool
+// run drives the scenario's forwards through the engine, injecting its
+// event faults, drops and vanishing peer, and records which chunks each
+// fault touched.
+func (r *relEngine) run(sc *relScenario) *relOutcome {
+	out := &relOutcome{touched: map[chunkRef][]string{}}
+	for k := 0; k < sc.forwards; k++ {
+		if !r.runForward(sc, k, out) {
+			return &relOutcome{aborted: true}
+		}
 	}
-	touched := map[chunkRef][]string{}
-	timeoutHappened := false
-	for k := 0; k < forwards; k++ {
-		r.mu.Lock()
-		r.current = k
-		r.mu.Unlock()
-		if k == vanishBefore && vanishPeer != nil {
-			vanishPeer.dead = true
-			_ = vanishPeer.tr.Close() // the decode process is gone: connects and posts fail
-			r.count(fPeerVanishes)
+	if sc.vanishPeer != nil {
+		r.addPeer() // the engine keeps serving: later scenarios use a fresh decode session
+	}
+	return out
+}
+
+// runForward runs forward k of the scenario: the vanishing peer goes
+// before it if planned, its chunks are registered, the forward runs with its
+// event faults and drops, and its chunks are finished. It records in out
+// which faults touched which chunk, and reports false if a registration
+// failed.
+func (r *relEngine) runForward(sc *relScenario, k int, out *relOutcome) bool {
+	r.mu.Lock()
+	r.current = k
+	r.mu.Unlock()
+	if k == sc.vanishAt && sc.vanishPeer != nil {
+		sc.vanishPeer.dead = true
+		_ = sc.vanishPeer.tr.Close() // the decode process is gone: connects and posts fail
+		r.count(fPeerVanishes)
+	}
+	writes, inFwd, ok := r.registerForward(sc, k)
+	if !ok {
+		return false
+	}
+	needEvents := r.driveForward(sc, k, writes, inFwd, out)
+	r.attribute(sc, k, inFwd, needEvents, out)
+	r.finishForward(sc, k, inFwd, out)
+	return true
+}
+
+// registerForward registers the chunk of every room that forward k writes
+// and returns the forward's writes and rooms.
+func (r *relEngine) registerForward(sc *relScenario, k int) (writes []testbed.Write, inFwd []*relRoom, ok bool) {
+	n, rooms, ctx := sc.n, sc.rooms, context.Background()
+	for _, rm := range rooms {
+		if k >= len(rm.chunks) || (rm.dropAt >= 0 && k > rm.dropAt) {
+			continue
 		}
-		var writes []testbed.Write
-		var inFwd []*relRoom
-		for _, rm := range rooms {
-			if k >= len(rm.chunks) || (rm.dropAt >= 0 && k > rm.dropAt) {
-				continue
-			}
-			start := 0
-			if k > 0 {
-				start = rm.chunks[k-1]
-			}
-			last := k == len(rm.chunks)-1
-			rg, err := cp.ChunkRange(start, rm.chunks[k], relPageSize, last)
-			require.NoError(r.t, err)
-			spec := system.ChunkSpec{Room: rm.room, Start: start, End: rm.chunks[k], Last: last,
-				SrcPages: rm.src[rg.PageStart : rg.PageStart+rg.Pages], TotalPages: len(rm.src)}
-			if rm.dummy {
-				spec.Infos = []system.DecodeInfo{{Peer: "x", Dummy: true}}
-			}
-			for _, p := range rm.peerRefs {
-				spec.Infos = append(spec.Infos, system.DecodeInfo{Peer: p.id, DstPages: rm.dst})
-			}
-			reg, err := r.eng.Register(ctx, spec)
-			if err != nil {
-				r.stats.problem("scenario %d: register room %d: %v", n, rm.room, err)
-				r.t.Errorf("scenario %d: register room %d: %v", n, rm.room, err)
-				return rooms
-			}
-			rm.mode = reg.Mode
-			writes = append(writes, testbed.Write{Room: rm.room, PageStart: rg.PageStart, SrcPages: spec.SrcPages, Tokens: rg.End - rg.Start})
-			inFwd = append(inFwd, rm)
+		start := 0
+		if k > 0 {
+			start = rm.chunks[k-1]
 		}
-		fw, err := r.eng.BeginForward()
+		last := k == len(rm.chunks)-1
+		rg, err := cp.ChunkRange(start, rm.chunks[k], relPageSize, last)
 		require.NoError(r.t, err)
-		var needEvents []string
-		for l := 0; l < relLayers; l++ {
-			require.NoError(r.t, r.stream.Launch(sim.Kernel{Duration: time.Duration(r.rng.IntN(150)) * time.Microsecond, Run: layerWriter(r.pool, l, writes)}))
-			if l < relLayers-1 {
-				if (l+1)%relGroup == 0 || l == relLayers-2 {
-					g := l / relGroup
-					if kind, ok := eventFault[[2]int{k, g}]; ok {
-						if r.stream.inject(kind, func() { _ = fw.LayerEnd(l) }) {
-							r.count(kind)
-							needEvents = append(needEvents, fmt.Sprintf("g%d:%s", g, kind))
-						}
-					} else {
-						require.NoError(r.t, fw.LayerEnd(l))
+		spec := system.ChunkSpec{Room: rm.room, Start: start, End: rm.chunks[k], Last: last,
+			SrcPages: rm.src[rg.PageStart : rg.PageStart+rg.Pages], TotalPages: len(rm.src)}
+		if rm.dummy {
+			spec.Infos = []system.DecodeInfo{{Peer: "x", Dummy: true}}
+		}
+		for _, p := range rm.peerRefs {
+			spec.Infos = append(spec.Infos, system.DecodeInfo{Peer: p.id, DstPages: rm.dst})
+		}
+		reg, err := r.eng.Register(ctx, spec)
+		if err != nil {
+			r.stats.problem("scenario %d: register room %d: %v", n, rm.room, err)
+			r.t.Errorf("scenario %d: register room %d: %v", n, rm.room, err)
+			return nil, nil, false
+		}
+		rm.mode = reg.Mode
+		writes = append(writes, testbed.Write{Room: rm.room, PageStart: rg.PageStart, SrcPages: spec.SrcPages, Tokens: rg.End - rg.Start})
+		inFwd = append(inFwd, rm)
+	}
+	return writes, inFwd, true
+}
+
+// driveForward launches forward k's layers on the virtual GPU, ends its
+// layers (injecting the planned event faults) and drops rooms in the middle
+// of it; it returns the event faults that fired ("g<group>:<kind>" or
+// "end:<kind>").
+func (r *relEngine) driveForward(sc *relScenario, k int, writes []testbed.Write, inFwd []*relRoom, out *relOutcome) []string {
+	eventFault, ctx := sc.eventFault, context.Background()
+	fw, err := r.eng.BeginForward()
+	require.NoError(r.t, err)
+	var needEvents []string
+	for l := 0; l < relLayers; l++ {
+		require.NoError(r.t, r.stream.Launch(sim.Kernel{Duration: time.Duration(r.rng.IntN(150)) * time.Microsecond, Run: layerWriter(r.pool, l, writes)}))
+		if l < relLayers-1 {
+			if (l+1)%relGroup == 0 || l == relLayers-2 {
+				g := l / relGroup
+				if kind, ok := eventFault[[2]int{k, g}]; ok {
+					if r.stream.inject(kind, func() { _ = fw.LayerEnd(l) }) {
+						r.count(kind)
+						needEvents = append(needEvents, fmt.Sprintf("g%d:%s", g, kind))
 					}
 				} else {
 					require.NoError(r.t, fw.LayerEnd(l))
 				}
-			}
-			for _, rm := range inFwd {
-				if rm.dropAt == k && rm.dropLyr == l {
-					start := time.Now()
-					err := r.eng.Drop(ctx, rm.room)
-					if time.Since(start) >= relTimeout {
-						timeoutHappened = true // the drop timed out and tore endpoints down
-					}
-					rm.returns = append(rm.returns, time.Now())
-					rm.results = append(rm.results, system.Result{Status: system.Dropped, Err: err})
-					r.count(fDropMid)
-				}
-			}
-		}
-		if kind, ok := eventFault[[2]int{k, -1}]; ok {
-			if r.stream.inject(kind, func() { _ = fw.End() }) {
-				r.count(kind)
-				needEvents = append(needEvents, "end:"+kind)
-			}
-		} else {
-			require.NoError(r.t, fw.End())
-		}
-		// Which chunks of this forward an event fault touched.
-		for _, rm := range inFwd {
-			if rm.dropAt == k {
-				continue
-			}
-			owned := r.owned(rm, k)
-			for _, ev := range needEvents {
-				kind := ev[strings.Index(ev, ":")+1:]
-				group := strings.HasPrefix(ev, "g")
-				sends := owned > 0 && len(rm.peerRefs) > 0
-				if (group && rm.mode == system.PerLayer && sends) || (!group && sends) {
-					touched[chunkRef{rm.room, k}] = append(touched[chunkRef{rm.room, k}], kind)
-				}
-			}
-			if vanishPeer != nil && k >= vanishBefore && owned > 0 {
-				for _, p := range rm.peerRefs {
-					if p == vanishPeer {
-						touched[chunkRef{rm.room, k}] = append(touched[chunkRef{rm.room, k}], fPeerVanishes)
-					}
-				}
+			} else {
+				require.NoError(r.t, fw.LayerEnd(l))
 			}
 		}
 		for _, rm := range inFwd {
-			if rm.dropAt == k {
-				continue
-			}
-			start := time.Now()
-			res, err := r.eng.Finish(ctx, rm.room)
-			took := time.Since(start)
-			rm.returns = append(rm.returns, time.Now())
-			if err != nil && res.Chunk.Serial == 0 {
-				r.t.Errorf("scenario %d: finish room %d: %v", n, rm.room, err)
-			}
-			rm.results = append(rm.results, res)
-			if took > relTimeout+relHangSlack {
-				r.stats.mu.Lock()
-				r.stats.hangs++
-				r.stats.mu.Unlock()
-				r.stats.problem("scenario %d room %d: Finish took %v", n, rm.room, took)
-			}
-			if errors.Is(err, system.ErrTimeout) {
-				timeoutHappened = true
+			if rm.dropAt == k && rm.dropLyr == l {
+				start := time.Now()
+				err := r.eng.Drop(ctx, rm.room)
+				if time.Since(start) >= relTimeout {
+					out.timeoutHappened = true // the drop timed out and tore endpoints down
+				}
+				rm.returns = append(rm.returns, time.Now())
+				rm.results = append(rm.results, system.Result{Status: system.Dropped, Err: err})
+				r.count(fDropMid)
 			}
 		}
 	}
-	if vanishPeer != nil {
-		r.addPeer() // the engine keeps serving: later scenarios use a fresh decode session
+	if kind, ok := eventFault[[2]int{k, -1}]; ok {
+		if r.stream.inject(kind, func() { _ = fw.End() }) {
+			r.count(kind)
+			needEvents = append(needEvents, "end:"+kind)
+		}
+	} else {
+		require.NoError(r.t, fw.End())
 	}
-	r.check(n, rooms, touched, timeoutHappened)
-	return rooms
+	return needEvents
+}
+
+// attribute records which chunks of forward k the fired event faults and a
+// vanished peer touched.
+func (r *relEngine) attribute(sc *relScenario, k int, inFwd []*relRoom, needEvents []string, out *relOutcome) {
+	for _, rm := range inFwd {
+		if rm.dropAt == k {
+			continue
+		}
+		owned := r.owned(rm, k)
+		for _, ev := range needEvents {
+			kind := ev[strings.Index(ev, ":")+1:]
+			group := strings.HasPrefix(ev, "g")
+			sends := owned > 0 && len(rm.peerRefs) > 0
+			if (group && rm.mode == system.PerLayer && sends) || (!group && sends) {
+				out.touched[chunkRef{rm.room, k}] = append(out.touched[chunkRef{rm.room, k}], kind)
+			}
+		}
+		if sc.vanishPeer != nil && k >= sc.vanishAt && owned > 0 {
+			for _, p := range rm.peerRefs {
+				if p == sc.vanishPeer {
+					out.touched[chunkRef{rm.room, k}] = append(out.touched[chunkRef{rm.room, k}], fPeerVanishes)
+				}
+			}
+		}
+	}
+}
+
+// finishForward finishes forward k's chunks one after the other and counts
+// a Finish that overran its timeout as a hang.
+func (r *relEngine) finishForward(sc *relScenario, k int, inFwd []*relRoom, out *relOutcome) {
+	n, ctx := sc.n, context.Background()
+	for _, rm := range inFwd {
+		if rm.dropAt == k {
+			continue
+		}
+		start := time.Now()
+		res, err := r.eng.Finish(ctx, rm.room)
+		took := time.Since(start)
+		rm.returns = append(rm.returns, time.Now())
+		if err != nil && res.Chunk.Serial == 0 {
+			r.t.Errorf("scenario %d: finish room %d: %v", n, rm.room, err)
+		}
+		rm.results = append(rm.results, res)
+		if took > relTimeout+relHangSlack {
+			r.stats.mu.Lock()
+			r.stats.hangs++
+			r.stats.mu.Unlock()
+			r.stats.problem("scenario %d room %d: Finish took %v", n, rm.room, took)
+		}
+		if errors.Is(err, system.ErrTimeout) {
+			out.timeoutHappened = true
+		}
+	}
 }
 
 func describe(touched map[chunkRef][]string) string {
@@ -587,8 +694,9 @@ func layerWriter(pool *testbed.Pool, l int, writes []testbed.Write) func() {
 	}
 }
 
-// check applies the suite's assertions to a finished scenario.
-func (r *relEngine) check(n int, rooms []*relRoom, touched map[chunkRef][]string, timeoutHappened bool) {
+// check applies the suite's assertions to a scenario that ran.
+func (r *relEngine) check(sc *relScenario, out *relOutcome) {
+	n, rooms, touched, timeoutHappened := sc.n, sc.rooms, out.touched, out.timeoutHappened
 	var firedKinds []string
 	r.mu.Lock()
 	for ref, kinds := range r.fired {

@@ -13,6 +13,7 @@ import (
 	"github.com/kvstream/kvstream/hw/cuda/sim"
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
+	"github.com/kvstream/kvstream/hw/rdma/rdmafault"
 	"github.com/kvstream/kvstream/internal/testbed"
 	"github.com/kvstream/kvstream/system"
 	"github.com/stretchr/testify/require"
@@ -47,7 +48,7 @@ type rigOpts struct {
 	timeout    time.Duration
 	perLayer   *bool
 	gpuFaults  func(sim.EventInfo) sim.Fault
-	netFaults  func(loopback.BatchInfo) loopback.Fault
+	netFaults  func(rdmafault.BatchInfo) rdmafault.Fault
 	link       loopback.Options
 	log        *zap.Logger
 	trace      io.Writer // record a message trace, written when the engine closes
@@ -68,7 +69,6 @@ func newRig(t *testing.T, o rigOpts) *rig {
 	}
 	r := &rig{t: t, geom: o.geom}
 	link := o.link
-	link.Faults = o.netFaults
 	link.OnLand = func(l loopback.Landing) { r.mu.Lock(); r.landings = append(r.landings, l); r.mu.Unlock() }
 	fab := loopback.NewFabric(link)
 	pre, err := fab.NewTransport("prefill")
@@ -101,8 +101,11 @@ func newRig(t *testing.T, o rigOpts) *rig {
 		r.cfg.DisablePerLayer = true
 	}
 	var tr rdma.Transport = pre
+	if o.netFaults != nil {
+		tr = rdmafault.Wrap(pre, o.netFaults)
+	}
 	if o.wrap != nil {
-		tr = o.wrap(pre)
+		tr = o.wrap(tr)
 	}
 	opts := []system.Option{system.WithStream(r.stream), system.WithTransport(tr), system.WithLogger(log),
 		system.WithGetenv(func(string) string { return "" })}

@@ -14,7 +14,7 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cp"
 	"github.com/kvstream/kvstream/hw/cuda/sim"
-	"github.com/kvstream/kvstream/hw/rdma/loopback"
+	"github.com/kvstream/kvstream/hw/rdma/rdmafault"
 	"github.com/kvstream/kvstream/internal/replay"
 	"github.com/kvstream/kvstream/internal/testbed"
 	"github.com/kvstream/kvstream/system"
@@ -157,11 +157,11 @@ var traceScenarios = []traceScenario{
 		name:  "submit_failure",
 		about: []string{"The transport refuses the second batch: the chunk fails closed and reports FAILED."},
 		opts: func() rigOpts {
-			return rigOpts{geom: testbed.MLA(8, 16, 64), hooks: 8, group: 2, netFaults: func(b loopback.BatchInfo) loopback.Fault {
+			return rigOpts{geom: testbed.MLA(8, 16, 64), hooks: 8, group: 2, netFaults: func(b rdmafault.BatchInfo) rdmafault.Fault {
 				if b.Seq == 2 {
-					return loopback.Fault{Kind: loopback.PostError}
+					return rdmafault.Fault{Kind: rdmafault.PostError}
 				}
-				return loopback.Fault{}
+				return rdmafault.Fault{}
 			}}
 		},
 		run: func(t *testing.T, r *rig) {

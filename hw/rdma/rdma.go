@@ -6,7 +6,8 @@
 // flush; verbs: a signaled RC completion).
 //
 // Implementations: hw/rdma/loopback (in-process, the default and the test
-// double) and hw/rdma/ucx (libucx through cgo, build tag ucx).
+// double) and hw/rdma/ucx (libucx through cgo, build tag ucx). Any of them
+// can be wrapped by hw/rdma/rdmafault to inject faults.
 package rdma
 
 import "github.com/cockroachdb/errors"

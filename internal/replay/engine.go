@@ -14,6 +14,7 @@ import (
 	"github.com/kvstream/kvstream/cp"
 	"github.com/kvstream/kvstream/hw/cuda/sim"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
+	"github.com/kvstream/kvstream/hw/rdma/rdmafault"
 	"github.com/kvstream/kvstream/internal/testbed"
 	"github.com/kvstream/kvstream/messages"
 	"github.com/kvstream/kvstream/system"
@@ -118,12 +119,13 @@ func setupEngine(t *trace.Trace) (_ *engineReplay, err error) {
 		}
 	}()
 	inj := &injector{failing: failing, dst: map[string]map[uint64]string{}, done: map[string]bool{}, decodes: r.decodes}
-	fab := loopback.NewFabric(loopback.Options{Faults: inj.fault})
+	fab := loopback.NewFabric(loopback.Options{})
 	r.inj, r.fab = inj, fab
-	pre, err := fab.NewTransport("prefill")
+	lb, err := fab.NewTransport("prefill")
 	if err != nil {
 		return nil, err
 	}
+	pre := rdmafault.Wrap(lb, inj.fault)
 	r.onClose(func() { _ = pre.Close() })
 	if r.pool, err = testbed.NewPool(geom); err != nil {
 		return nil, err
@@ -459,21 +461,21 @@ func (in *injector) watch(call trace.RegisterCall, _ messages.Chunk) {
 	}
 }
 
-func (in *injector) fault(b loopback.BatchInfo) loopback.Fault {
+func (in *injector) fault(b rdmafault.BatchInfo) rdmafault.Fault {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	d := in.decodes[b.To]
 	if d == nil || b.Dst < d.Bases[0] {
-		return loopback.Fault{}
+		return rdmafault.Fault{}
 	}
 	per := d.ItemLen * uint64(d.Pages)
 	page := ((b.Dst - d.Bases[0]) % per) / d.ItemLen
 	k, ok := in.dst[b.To][page]
 	if !ok || in.done[k] {
-		return loopback.Fault{}
+		return rdmafault.Fault{}
 	}
 	in.done[k] = true
-	return loopback.Fault{Kind: loopback.PostError}
+	return rdmafault.Fault{Kind: rdmafault.PostError}
 }
 
 // checkBytes compares every successful chunk's owned destination pages

@@ -1,0 +1,146 @@
+package loopback
+
+import (
+	"sync"
+	"time"
+
+	"github.com/cockroachdb/errors"
+)
+
+// Options model the fabric.
+type Options struct {
+	// Bandwidth is each sending node's link rate in modeled bytes per second;
+	// zero means unlimited.
+	Bandwidth float64
+	// Latency is added to every batch's completion.
+	Latency time.Duration
+	// TimeScale is modeled seconds per wall second; zero means 1.
+	TimeScale float64
+	// ByteScale is modeled bytes per real byte, so that a run with shrunken
+	// pages keeps realistic link times; zero means 1.
+	ByteScale float64
+	// Slow, if set, slows single batches down: a slow link for reliability
+	// tests, or batches that overtake each other. It runs inside Post, on
+	// the poster's goroutine.
+	Slow func(BatchInfo) Slowdown
+	// OnLand, if set, observes every write as it lands (ahead of its
+	// batch's completion on a modeled link), on the goroutine that lands
+	// it: the link's, or the one calling Post where Post copies, while the
+	// copy is under way: it must not call into the transport nor take a
+	// lock that a caller of Post may hold.
+	OnLand func(Landing)
+	// OnBatch, if set, observes every batch that completed successfully, on
+	// the link's goroutine just before its done runs; the same rules as for
+	// OnLand apply.
+	OnBatch func(BatchSpan)
+	// Precise lands batches at their modeled instant to within microseconds
+	// (see hw/cuda/sim.Options.Precise).
+	Precise bool
+	// ReadDevice, if set, lets the transport register memory that is not
+	// hostmem as device memory (a GPU pool) and read write sources from it,
+	// the way a GPUDirect-capable NIC would: cuMemcpyDtoH into the staging
+	// buffer when the batch is posted. Device memory cannot be a
+	// destination here.
+	ReadDevice func(dst []byte, src uint64) error
+}
+
+// BatchInfo identifies a batch for Options.Slow.
+type BatchInfo struct {
+	From, To string
+	Seq      uint64 // per sending node, from 1
+	Bytes    uint64
+	Writes   int
+	Dst      uint64 // the first write's destination address (0 if none)
+}
+
+// Slowdown is how much longer one batch takes, in modeled time.
+type Slowdown struct {
+	// Hold occupies the link this much longer: later batches wait too.
+	Hold time.Duration
+	// Extra lands the batch this much later without holding the link, so
+	// that later batches may land before it.
+	Extra time.Duration
+}
+
+// Landing is one write that reached its destination.
+type Landing struct {
+	Node   string // destination node
+	Addr   uint64
+	Len    uint64
+	Posted time.Time // when its batch was posted
+	At     time.Time // when it landed
+}
+
+// BatchSpan is one batch's life on the link, in wall time.
+type BatchSpan struct {
+	From, To string
+	Seq      uint64
+	Bytes    uint64 // real bytes; the link modeled Bytes x ByteScale
+	Posted   time.Time
+	// Due is the modeled landing instant; Landed is when the batch
+	// completed, later than Due by the link goroutine's wake-up, or by
+	// the copy where the copy could not finish in time.
+	Due, Landed time.Time
+	// Copy is the emulator's own cost: the real memcpy into the
+	// destination, done ahead of Due where the link's time allows.
+	Copy time.Duration
+}
+
+// Fabric connects the transports of one process.
+type Fabric struct {
+	opts  Options
+	mu    sync.Mutex
+	nodes map[string]*Transport
+}
+
+// NewFabric returns an empty fabric.
+func NewFabric(opts Options) *Fabric {
+	if opts.TimeScale <= 0 {
+		opts.TimeScale = 1
+	}
+	if opts.ByteScale <= 0 {
+		opts.ByteScale = 1
+	}
+	return &Fabric{opts: opts, nodes: map[string]*Transport{}}
+}
+
+// NewTransport adds a node; its Address is its name.
+func (f *Fabric) NewTransport(name string) (*Transport, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if name == "" {
+		return nil, errors.New("loopback: node name must not be empty")
+	}
+	if _, dup := f.nodes[name]; dup {
+		return nil, errors.Newf("loopback: node %q already exists", name)
+	}
+	t := newTransport(f, name)
+	f.nodes[name] = t
+	go t.out.run()
+	return t, nil
+}
+
+func (f *Fabric) node(name string) *Transport {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.nodes[name]
+}
+
+func (f *Fabric) forget(name string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.nodes, name)
+}
+
+var (
+	defaultOnce   sync.Once
+	defaultFabric *Fabric
+)
+
+// Default returns the process's shared fabric with no modeled link: the
+// embedded default through which an engine and an in-process decode pool
+// reach each other.
+func Default() *Fabric {
+	defaultOnce.Do(func() { defaultFabric = NewFabric(Options{}) })
+	return defaultFabric
+}

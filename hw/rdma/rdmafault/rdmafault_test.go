@@ -1,0 +1,226 @@
+package rdmafault_test
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/hw/hostmem"
+	"github.com/kvstream/kvstream/hw/rdma"
+	"github.com/kvstream/kvstream/hw/rdma/loopback"
+	"github.com/kvstream/kvstream/hw/rdma/rdmafault"
+	"github.com/kvstream/kvstream/hw/rdma/rdmatest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// pairOf wraps the sending side of a loopback pair.
+func pairOf(opts loopback.Options, decide func(rdmafault.BatchInfo) rdmafault.Fault) func(t *testing.T) (rdma.Transport, rdma.Transport) {
+	return func(t *testing.T) (rdma.Transport, rdma.Transport) {
+		fab := loopback.NewFabric(opts)
+		a, err := fab.NewTransport("prefill")
+		require.NoError(t, err)
+		b, err := fab.NewTransport("decode")
+		require.NoError(t, err)
+		return rdmafault.Wrap(a, decide), b
+	}
+}
+
+func never(rdmafault.BatchInfo) rdmafault.Fault { return rdmafault.Fault{} }
+
+// delayAll holds every completion for a millisecond, so that the contract
+// runs through the wrapper's own bookkeeping rather than past it.
+func delayAll(rdmafault.BatchInfo) rdmafault.Fault {
+	return rdmafault.Fault{Kind: rdmafault.DelayCompletion, Delay: time.Millisecond}
+}
+
+func TestContract(t *testing.T) {
+	for name, decide := range map[string]func(rdmafault.BatchInfo) rdmafault.Fault{"none": never, "delayed": delayAll} {
+		t.Run(name, func(t *testing.T) {
+			rdmatest.Run(t, rdmatest.Factory{
+				Pair:     pairOf(loopback.Options{}, decide),
+				SlowPair: pairOf(loopback.Options{Latency: 50 * time.Millisecond}, decide),
+			})
+		})
+	}
+}
+
+type fixture struct {
+	src, dst *hostmem.Block
+	ep       rdma.Endpoint
+	lk       rdma.LocalKey
+	rk       rdma.RemoteKey
+}
+
+func newFixture(t *testing.T, from, to rdma.Transport, n int) fixture {
+	t.Cleanup(func() { _ = from.Close(); _ = to.Close() })
+	src, err := hostmem.Alloc(n)
+	require.NoError(t, err)
+	dst, err := hostmem.Alloc(n)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = src.Free(); _ = dst.Free() })
+	sr, err := from.Register(src.Addr, uint64(n))
+	require.NoError(t, err)
+	dr, err := to.Register(dst.Addr, uint64(n))
+	require.NoError(t, err)
+	ep, err := from.Connect(to.Address())
+	require.NoError(t, err)
+	rk, err := ep.Import(dr.Desc())
+	require.NoError(t, err)
+	return fixture{src: src, dst: dst, ep: ep, lk: sr.Key(), rk: rk}
+}
+
+func (f fixture) write(off, n uint64) []rdma.Write {
+	return []rdma.Write{{Src: f.src.Addr + off, Dst: f.dst.Addr + off, Len: n, Local: f.lk, Remote: f.rk}}
+}
+
+func (f fixture) post(t *testing.T, off, n uint64) <-chan error {
+	ch := make(chan error, 1)
+	require.NoError(t, f.ep.Post(f.write(off, n), func(err error) { ch <- err }))
+	return ch
+}
+
+func TestInjectedFaults(t *testing.T) {
+	kinds := map[uint64]rdmafault.Kind{1: rdmafault.PostError, 2: rdmafault.FailCompletion, 3: rdmafault.LoseCompletion, 4: rdmafault.DelayCompletion}
+	var mu sync.Mutex
+	var landed []loopback.Landing
+	var infos []rdmafault.BatchInfo
+	from, to := pairOf(loopback.Options{OnLand: func(l loopback.Landing) { mu.Lock(); landed = append(landed, l); mu.Unlock() }},
+		func(b rdmafault.BatchInfo) rdmafault.Fault {
+			mu.Lock()
+			infos = append(infos, b)
+			mu.Unlock()
+			return rdmafault.Fault{Kind: kinds[b.Seq], Delay: 30 * time.Millisecond}
+		})(t)
+	f := newFixture(t, from, to, 4096)
+	for i := range f.src.Bytes {
+		f.src.Bytes[i] = 9
+	}
+
+	err := f.ep.Post(f.write(0, 8), func(error) { t.Error("done after a failed post") })
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, rdmafault.ErrInjected))
+
+	err = <-f.post(t, 0, 8)
+	require.Error(t, err, "failed completion")
+	assert.True(t, errors.Is(err, rdmafault.ErrInjected))
+	assert.Equal(t, byte(0), f.dst.Bytes[0], "a failed batch lands nothing")
+
+	lost := f.post(t, 8, 8)
+	start := time.Now()
+	require.NoError(t, <-f.post(t, 16, 8), "delayed completion still succeeds")
+	assert.GreaterOrEqual(t, time.Since(start), 30*time.Millisecond)
+	select {
+	case <-lost:
+		t.Fatal("a lost completion must not be reported")
+	default:
+	}
+	assert.Equal(t, byte(9), f.dst.Bytes[8], "the lost-completion batch landed")
+	require.NoError(t, f.ep.Close())
+	err = <-lost
+	require.Error(t, err, "teardown reports the lost batch as failed")
+	assert.True(t, errors.Is(err, rdma.ErrEndpointBroken))
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Len(t, landed, 2, "the lost and the delayed batch landed")
+	require.Len(t, infos, 4)
+	assert.Equal(t, rdmafault.BatchInfo{From: "prefill", To: "decode", Seq: 3, Bytes: 8, Writes: 1, Dst: f.dst.Addr + 8}, infos[2])
+}
+
+func TestPeerGoneBreaksEndpoint(t *testing.T) {
+	from, to := pairOf(loopback.Options{}, func(b rdmafault.BatchInfo) rdmafault.Fault {
+		if b.Seq == 2 {
+			return rdmafault.Fault{Kind: rdmafault.PeerGone}
+		}
+		return rdmafault.Fault{}
+	})(t)
+	f := newFixture(t, from, to, 4096)
+	require.NoError(t, <-f.post(t, 0, 8))
+	err := <-f.post(t, 0, 8)
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, rdma.ErrEndpointBroken))
+	err = f.ep.Post(f.write(0, 8), func(error) { t.Error("done after a refused post") })
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, rdma.ErrEndpointBroken))
+}
+
+// TestCloseFailsHeldBatchesOnce: a delayed completion whose endpoint closes
+// before the delay ran out is failed by Close, once, and the timer that
+// would have reported it later does not run it again.
+func TestCloseFailsHeldBatchesOnce(t *testing.T) {
+	from, to := pairOf(loopback.Options{}, func(rdmafault.BatchInfo) rdmafault.Fault {
+		return rdmafault.Fault{Kind: rdmafault.DelayCompletion, Delay: 20 * time.Millisecond}
+	})(t)
+	f := newFixture(t, from, to, 4096)
+	var calls atomic.Int32
+	done := make(chan error, 2)
+	require.NoError(t, f.ep.Post(f.write(0, 8), func(err error) { calls.Add(1); done <- err }))
+	require.NoError(t, f.ep.Close())
+	err := <-done
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, rdma.ErrEndpointBroken), "%v", err)
+	select {
+	case err := <-done:
+		t.Fatalf("done ran a second time: %v", err)
+	case <-time.After(60 * time.Millisecond): // past the delay
+	}
+	assert.Equal(t, int32(1), calls.Load())
+}
+
+// TestTransportCloseClosesEndpoints: closing the wrapped transport fails
+// the lost completions of its endpoints.
+func TestTransportCloseClosesEndpoints(t *testing.T) {
+	from, to := pairOf(loopback.Options{}, func(rdmafault.BatchInfo) rdmafault.Fault {
+		return rdmafault.Fault{Kind: rdmafault.LoseCompletion}
+	})(t)
+	f := newFixture(t, from, to, 4096)
+	lost := f.post(t, 0, 8)
+	require.NoError(t, from.Close())
+	err := <-lost
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, rdma.ErrEndpointBroken), "%v", err)
+	_, err = from.Connect(to.Address())
+	require.Error(t, err, "a closed transport connects nothing")
+}
+
+// TestNotQuiescedReachesHeldBatches: when the transport's Close cannot
+// quiesce, a held batch the transport had not completed carries the mark.
+func TestNotQuiescedReachesHeldBatches(t *testing.T) {
+	fab := loopback.NewFabric(loopback.Options{Latency: time.Hour})
+	a, err := fab.NewTransport("prefill")
+	require.NoError(t, err)
+	b, err := fab.NewTransport("decode")
+	require.NoError(t, err)
+	from := rdmafault.Wrap(unquiesced{a}, func(rdmafault.BatchInfo) rdmafault.Fault {
+		return rdmafault.Fault{Kind: rdmafault.LoseCompletion}
+	})
+	f := newFixture(t, from, b, 4096)
+	lost := f.post(t, 0, 8)
+	require.True(t, errors.Is(f.ep.Close(), rdma.ErrNotQuiesced))
+	err = <-lost
+	assert.True(t, errors.Is(err, rdma.ErrNotQuiesced), "%v", err)
+}
+
+// unquiesced is a transport whose endpoints' Close reports that writes may
+// still land and whose Close fails nothing itself: the batch stays with its
+// transport.
+type unquiesced struct{ rdma.Transport }
+
+func (u unquiesced) Connect(addr []byte) (rdma.Endpoint, error) {
+	ep, err := u.Transport.Connect(addr)
+	if err != nil {
+		return nil, err
+	}
+	return unquiescedEndpoint{ep}, nil
+}
+
+type unquiescedEndpoint struct{ rdma.Endpoint }
+
+func (unquiescedEndpoint) Close() error {
+	return errors.Mark(errors.New("drain timed out"), rdma.ErrNotQuiesced)
+}
