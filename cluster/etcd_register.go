@@ -101,7 +101,9 @@ func (p *Etcd) acquire(ctx context.Context, r *etcdReg) (clientv3.LeaseID, error
 			return 0, err
 		}
 		if deadline.IsZero() {
-			deadline = time.Now().Add(p.holderTTL(ctx, clientv3.LeaseID(holder.Lease)) + time.Second)
+			// etcd reports whole seconds, and revokes expired leases in
+			// a periodic sweep through raft: allow a second for each.
+			deadline = time.Now().Add(p.holderTTL(ctx, clientv3.LeaseID(holder.Lease)) + 2*time.Second)
 		}
 		if time.Now().After(deadline) {
 			return 0, err
@@ -203,6 +205,7 @@ func (r *etcdReg) keep(lease clientv3.LeaseID) {
 			return
 		}
 		log.Warn("cluster: lease lost; registering again", zap.Int64("lease", int64(lease)), zap.Error(err))
+		failures := 0
 		for {
 			select {
 			case <-r.ctx.Done():
@@ -222,7 +225,13 @@ func (r *etcdReg) keep(lease clientv3.LeaseID) {
 				r.end(err)
 				return
 			}
-			log.Warn("cluster: registering again failed; retrying", zap.Error(err))
+			// One WARN per outage; the retries are DEBUG.
+			failures++
+			if failures == 1 {
+				log.Warn("cluster: registering again failed; retrying until etcd answers", zap.Error(err))
+			} else {
+				log.Debug("cluster: registering again failed", zap.Int("attempt", failures), zap.Error(err))
+			}
 		}
 		r.mu.Lock()
 		r.lease = lease

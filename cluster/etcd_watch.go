@@ -141,6 +141,7 @@ func (w *etcdWatch) run(initial []Member, rev int64) {
 		// The channel closed without our cancel (or reported an error):
 		// list again until etcd answers, then carry on from there.
 		backoff := 100 * time.Millisecond
+		failures := 0
 		for {
 			ms, r, err := w.p.list(w.ctx, w.role)
 			if err == nil {
@@ -153,7 +154,10 @@ func (w *etcdWatch) run(initial []Member, rev int64) {
 			if w.ctx.Err() != nil {
 				return
 			}
-			log.Warn("cluster: listing for a watch failed; retrying", zap.Error(err))
+			failures++
+			if failures == 1 {
+				log.Warn("cluster: listing for a watch failed; retrying until etcd answers", zap.Error(err))
+			}
 			select {
 			case <-w.ctx.Done():
 				return
