@@ -19,10 +19,9 @@ func TestMembership(t *testing.T) {
 		d0, err := p.Register(ctx, decode("decode-0", "127.0.0.1:9000"))
 		require.NoError(t, err)
 
-		events, err := p.Watch(ctx, cluster.RoleDecode)
+		initial, events, err := p.Watch(ctx, cluster.RoleDecode)
 		require.NoError(t, err)
-		e := next(t, events, 5*time.Second)
-		require.Equal(t, cluster.Event{Kind: cluster.Joined, Member: decode("decode-0", "127.0.0.1:9000")}, e, "a watch starts with the members present")
+		require.Equal(t, []cluster.Member{decode("decode-0", "127.0.0.1:9000")}, initial, "a watch starts with the members present")
 
 		d1, err := p.Register(ctx, decode("decode-1", "127.0.0.1:9001"))
 		require.NoError(t, err)
@@ -97,7 +96,7 @@ func TestConflict(t *testing.T) {
 func TestWatchEndsWithContext(t *testing.T) {
 	providers(t, func(t *testing.T, p cluster.Provider) {
 		ctx, cancel := context.WithCancel(ctxT(t))
-		events, err := p.Watch(ctx, cluster.RolePrefill)
+		_, events, err := p.Watch(ctx, cluster.RolePrefill)
 		require.NoError(t, err)
 		cancel()
 		select {
@@ -116,7 +115,7 @@ func TestProviderClose(t *testing.T) {
 		ctx := ctxT(t)
 		reg, err := p.Register(ctx, decode("decode-1", "127.0.0.1:9001"))
 		require.NoError(t, err)
-		events, err := p.Watch(ctx, cluster.RolePrefill)
+		_, events, err := p.Watch(ctx, cluster.RolePrefill)
 		require.NoError(t, err)
 		require.NoError(t, p.Close())
 		select {
@@ -132,7 +131,7 @@ func TestProviderClose(t *testing.T) {
 		requireIs(t, err, cluster.ErrClosed)
 		_, err = p.List(ctx, cluster.RoleDecode)
 		requireIs(t, err, cluster.ErrClosed)
-		_, err = p.Watch(ctx, cluster.RoleDecode)
+		_, _, err = p.Watch(ctx, cluster.RoleDecode)
 		requireIs(t, err, cluster.ErrClosed)
 		require.NoError(t, p.Close(), "Close twice")
 	})
@@ -174,7 +173,7 @@ func TestBadInput(t *testing.T) {
 		requireIs(t, err, cluster.ErrInvalid)
 		_, err = p.List(ctx, "gpu")
 		requireIs(t, err, cluster.ErrInvalid)
-		_, err = p.Watch(ctx, "gpu")
+		_, _, err = p.Watch(ctx, "gpu")
 		requireIs(t, err, cluster.ErrInvalid)
 		require.ErrorContains(t, err, `"gpu"`)
 	})

@@ -10,42 +10,45 @@ import (
 	"go.uber.org/zap"
 )
 
-// Watch implements Provider. The first listing is synchronous, so a watch
-// on an unreachable etcd fails at once (ErrUnavailable). Afterwards the
+// Watch implements Provider. A watch on an unreachable etcd fails at once
+// (ErrUnavailable) since its listing does. Afterwards the
 // watch survives etcd restarts (the client resumes from the last revision
 // seen); when it cannot resume (the revision was compacted away), it lists
 // the role again and reports the difference, so the caller's view stays
 // exact either way.
-func (p *Etcd) Watch(ctx context.Context, role Role) (<-chan Event, error) {
+func (p *Etcd) Watch(ctx context.Context, role Role) ([]Member, <-chan Event, error) {
 	if err := role.Validate(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := p.checkOpen("watch %s", role); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	initial, rev, err := p.list(ctx, role)
 	if err != nil {
-		return nil, errors.Wrap(err, "watch")
+		return nil, nil, errors.Wrap(err, "watch")
 	}
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
-		return nil, errors.Mark(errors.Newf("watch %s: provider closed", role), ErrClosed)
+		return nil, nil, errors.Mark(errors.Newf("watch %s: provider closed", role), ErrClosed)
 	}
 	p.wg.Add(1)
 	p.mu.Unlock()
 	wctx, cancel := context.WithCancel(ctx)
 	stop := context.AfterFunc(p.ctx, cancel)
 	out := make(chan Event)
-	w := &etcdWatch{p: p, role: role, out: out, ctx: wctx, known: map[string]Member{}}
+	w := &etcdWatch{p: p, role: role, out: out, ctx: wctx, known: make(map[string]Member, len(initial))}
+	for _, m := range initial {
+		w.known[m.ID] = m
+	}
 	go func() {
 		defer p.wg.Done()
 		defer close(out)
 		defer stop()
 		defer cancel()
-		w.run(initial, rev)
+		w.run(rev)
 	}()
-	return out, nil
+	return initial, out, nil
 }
 
 type etcdWatch struct {
@@ -91,12 +94,9 @@ func (w *etcdWatch) sync(ms []Member) bool {
 	return true
 }
 
-func (w *etcdWatch) run(initial []Member, rev int64) {
+func (w *etcdWatch) run(rev int64) {
 	log := w.p.log.With(zap.String("role", string(w.role)))
 	prefix := w.p.rolePrefix(w.role)
-	if !w.sync(initial) {
-		return
-	}
 	for {
 		wch := w.p.cli.Watch(w.ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithPrevKV())
 		for wr := range wch {
@@ -112,7 +112,15 @@ func (w *etcdWatch) run(initial []Member, rev int64) {
 				case clientv3.EventTypePut:
 					m, err := w.p.decode(string(ev.Kv.Key), ev.Kv.Value)
 					if err != nil {
+						// A record that no longer parses is no longer a
+						// member a caller can use.
 						log.Warn("cluster: skipping a member record", zap.Error(err))
+						if old, ok := w.known[id]; ok {
+							delete(w.known, id)
+							if !w.emit(Left, old) {
+								return
+							}
+						}
 						continue
 					}
 					if old, ok := w.known[id]; ok && old == m {

@@ -168,19 +168,17 @@ func (p *Local) listLocked(role Role) []Member {
 }
 
 // Watch implements Provider.
-func (p *Local) Watch(ctx context.Context, role Role) (<-chan Event, error) {
+func (p *Local) Watch(ctx context.Context, role Role) ([]Member, <-chan Event, error) {
 	if err := role.Validate(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	w := &localWatch{role: role, wake: make(chan struct{}, 1), stop: make(chan struct{})}
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
-		return nil, errors.Mark(errors.Newf("watch %s: provider closed", role), ErrClosed)
+		return nil, nil, errors.Mark(errors.Newf("watch %s: provider closed", role), ErrClosed)
 	}
-	for _, m := range p.listLocked(role) {
-		w.push(Event{Kind: Joined, Member: m})
-	}
+	initial := p.listLocked(role)
 	p.watchers[w] = struct{}{}
 	p.mu.Unlock()
 
@@ -215,7 +213,7 @@ func (p *Local) Watch(ctx context.Context, role Role) (<-chan Event, error) {
 			}
 		}
 	}()
-	return out, nil
+	return initial, out, nil
 }
 
 // Close implements Provider: every member leaves (watchers are told) and

@@ -21,11 +21,11 @@ type Provider interface {
 	Lookup(ctx context.Context, role Role, id string) (Member, error)
 	// List returns the members of a role, sorted by id.
 	List(ctx context.Context, role Role) ([]Member, error)
-	// Watch reports a role's membership: first a Joined event for every
-	// member present when the watch starts, then each change as it
-	// happens, in order. The channel closes when ctx ends or the provider
+	// Watch lists a role's members (sorted by id) and reports every change
+	// after that listing, in order: initial plus the events is always the
+	// exact membership. The channel closes when ctx ends or the provider
 	// closes.
-	Watch(ctx context.Context, role Role) (<-chan Event, error)
+	Watch(ctx context.Context, role Role) (initial []Member, events <-chan Event, err error)
 	// Close revokes every registration made through this provider, stops
 	// its watches and releases its connections.
 	Close() error

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/errors"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvstream/kvstream/cluster"
@@ -71,11 +72,8 @@ func TestResolverFollows(t *testing.T) {
 				return err == nil && m.Addr == addr
 			}
 		}
-		require.Eventually(t, func() bool {
-			before := c.lookups.Load()
-			ok := resolved("127.0.0.1:9001")()
-			return ok && c.lookups.Load() == before
-		}, 5*time.Second, 10*time.Millisecond, "the watch fills the cache")
+		require.True(t, resolved("127.0.0.1:9001")(), "Follow returns with the members cached")
+		require.Zero(t, c.lookups.Load(), "no lookup for a followed member")
 
 		require.NoError(t, reg.Close())
 		require.Eventually(t, func() bool {
@@ -87,6 +85,66 @@ func TestResolverFollows(t *testing.T) {
 		require.NoError(t, err)
 		require.Eventually(t, resolved("127.0.0.1:9002"), 5*time.Second, 10*time.Millisecond, "a rejoin's new address")
 		require.NoError(t, reg.Close())
+	})
+}
+
+// TestResolverPick: a scheduler picks among the live decode instances from
+// memory; one that leaves is no longer picked, one that joins is.
+func TestResolverPick(t *testing.T) {
+	providers(t, func(t *testing.T, p cluster.Provider) {
+		ctx := ctxT(t)
+		r := cluster.NewResolver(p)
+		defer r.Close()
+		_, err := r.Pick(cluster.RoleDecode, 0)
+		requireIs(t, err, cluster.ErrInvalid, "not followed")
+		require.ErrorContains(t, err, `"decode" is not followed`)
+
+		require.NoError(t, r.Follow(cluster.RoleDecode))
+		_, err = r.Pick(cluster.RoleDecode, 0)
+		requireIs(t, err, cluster.ErrNotFound, "no decode instance yet")
+
+		d1, err := p.Register(ctx, decode("decode-1", "127.0.0.1:9001"))
+		require.NoError(t, err)
+		d2, err := p.Register(ctx, decode("decode-2", "127.0.0.1:9002"))
+		require.NoError(t, err)
+		_, err = p.Register(ctx, prefill("prefill-g0-r0", "127.0.0.1:9100", "g0", 0, 1))
+		require.NoError(t, err)
+		picked := func(ids ...string) func() bool {
+			return func() bool {
+				got := map[string]bool{}
+				for k := range uint64(4) {
+					m, err := r.Pick(cluster.RoleDecode, k)
+					if err != nil {
+						return false
+					}
+					got[m.ID] = true
+				}
+				want := map[string]bool{}
+				for _, id := range ids {
+					want[id] = true
+				}
+				return len(got) == len(want) && func() bool {
+					for id := range want {
+						if !got[id] {
+							return false
+						}
+					}
+					return true
+				}()
+			}
+		}
+		require.Eventually(t, picked("decode-1", "decode-2"), 5*time.Second, 10*time.Millisecond)
+		m0, _ := r.Pick(cluster.RoleDecode, 0)
+		m1, _ := r.Pick(cluster.RoleDecode, 1)
+		require.Equal(t, []string{"decode-1", "decode-2"}, []string{m0.ID, m1.ID}, "round robin in id order")
+
+		require.NoError(t, d1.Close())
+		require.Eventually(t, picked("decode-2"), 5*time.Second, 10*time.Millisecond, "a member that left is not picked")
+		require.NoError(t, d2.Close())
+		require.Eventually(t, func() bool {
+			_, err := r.Pick(cluster.RoleDecode, 0)
+			return errors.Is(err, cluster.ErrNotFound)
+		}, 5*time.Second, 10*time.Millisecond)
 	})
 }
 
@@ -107,6 +165,26 @@ func BenchmarkResolve(b *testing.B) {
 		b.ResetTimer()
 		for b.Loop() {
 			if _, err := r.Resolve(ctx, cluster.RoleDecode, "decode-1"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("pick", func(b *testing.B) {
+		p := cluster.NewLocal()
+		defer p.Close()
+		for _, id := range []string{"decode-1", "decode-2"} {
+			_, err := p.Register(ctx, decode(id, "127.0.0.1:9001"))
+			require.NoError(b, err)
+		}
+		r := cluster.NewResolver(p)
+		defer r.Close()
+		require.NoError(b, r.Follow(cluster.RoleDecode))
+		b.ReportAllocs()
+		b.ResetTimer()
+		var k uint64
+		for b.Loop() {
+			k++
+			if _, err := r.Pick(cluster.RoleDecode, k); err != nil {
 				b.Fatal(err)
 			}
 		}

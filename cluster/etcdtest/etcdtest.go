@@ -186,8 +186,44 @@ func (s *Server) Restart() {
 }
 
 // Pause freezes etcd (SIGSTOP): its sockets stay open but nothing answers,
-// like a host that hangs. Resume undoes it.
-func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
+// like a host that hangs. It returns once the kernel reports the process
+// stopped (a group stop is asynchronous: a thread can still serve a request
+// just after the signal was sent). Resume undoes it.
+func (s *Server) Pause() {
+	s.t.Helper()
+	s.signal(syscall.SIGSTOP)
+	s.mu.Lock()
+	pid := s.cmd.Process.Pid
+	s.mu.Unlock()
+	deadline := time.Now().Add(5 * time.Second)
+	for !stopped(pid) {
+		if time.Now().After(deadline) {
+			s.t.Fatalf("etcdtest: etcd (pid %d) not stopped 5s after SIGSTOP", pid)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// stopped reads the process state from /proc: 'T' is stopped by a signal.
+// Every thread must have stopped, not only the main one.
+func stopped(pid int) bool {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return false
+	}
+	for _, task := range tasks {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+		if err != nil {
+			return false
+		}
+		// The state follows the command name, which is in parentheses.
+		i := bytes.LastIndexByte(stat, ')')
+		if i < 0 || i+2 >= len(stat) || stat[i+2] != 'T' {
+			return false
+		}
+	}
+	return true
+}
 
 // Resume continues a paused etcd (SIGCONT).
 func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
