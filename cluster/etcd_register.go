@@ -77,7 +77,7 @@ func (p *Etcd) Register(ctx context.Context, m Member) (Registration, error) {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
-		p.revoke(lease)
+		_ = p.revoke(lease)
 		return nil, errors.Mark(errors.Newf("register %s %q: provider closed", m.Role, m.ID), ErrClosed)
 	}
 	r.ctx, r.cancel = context.WithCancel(p.ctx)
@@ -92,18 +92,25 @@ func (p *Etcd) Register(ctx context.Context, m Member) (Registration, error) {
 // is free; see Register for a key held by another lease.
 func (p *Etcd) acquire(ctx context.Context, r *etcdReg) (clientv3.LeaseID, error) {
 	var deadline time.Time
+	var conflict error // the last conflict seen, if any
 	for {
-		lease, holder, err := p.tryCreate(ctx, r)
+		lease, h, err := p.tryCreate(ctx, r)
 		if err == nil {
 			return lease, nil
 		}
-		if holder == nil {
+		if h == nil {
+			if conflict != nil && ctx.Err() != nil {
+				// The caller's time ran out while it waited for the
+				// holder: that is what it needs to hear.
+				return 0, errors.Wrapf(conflict, "gave up waiting for the holder's lease to expire (%v)", ctx.Err())
+			}
 			return 0, err
 		}
+		conflict = err
 		if deadline.IsZero() {
 			// etcd reports whole seconds, and revokes expired leases in
 			// a periodic sweep through raft: allow a second for each.
-			deadline = time.Now().Add(p.holderTTL(ctx, clientv3.LeaseID(holder.Lease)) + 2*time.Second)
+			deadline = time.Now().Add(p.holderTTL(ctx, h.lease) + 2*time.Second)
 		}
 		if time.Now().After(deadline) {
 			return 0, err
@@ -119,7 +126,7 @@ func (p *Etcd) acquire(ctx context.Context, r *etcdReg) (clientv3.LeaseID, error
 
 // tryCreate makes one attempt; when the key is taken it returns the
 // holder's record with an error marked ErrConflict.
-func (p *Etcd) tryCreate(ctx context.Context, r *etcdReg) (clientv3.LeaseID, *mvccKV, error) {
+func (p *Etcd) tryCreate(ctx context.Context, r *etcdReg) (clientv3.LeaseID, *holder, error) {
 	octx, cancel := p.opCtx(ctx)
 	defer cancel()
 	g, err := p.cli.Grant(octx, p.ttlSec)
@@ -135,24 +142,24 @@ func (p *Etcd) tryCreate(ctx context.Context, r *etcdReg) (clientv3.LeaseID, *mv
 		return g.ID, nil, nil
 	}
 	// The lease holds nothing: do not leave it to its TTL.
-	p.revoke(g.ID)
+	_ = p.revoke(g.ID)
 	if err != nil {
 		return 0, nil, p.callErr(ctx, err, "register %s %q", r.m.Role, r.m.ID)
 	}
 	kvs := resp.Responses[0].GetResponseRange().Kvs
 	if len(kvs) == 0 {
 		// Deleted between the compare and the get: retry at once.
-		return 0, &mvccKV{}, errors.Mark(errors.Newf("register %s %q: key changed during registration", r.m.Role, r.m.ID), ErrConflict)
+		return 0, &holder{}, errors.Mark(errors.Newf("register %s %q: key changed during registration", r.m.Role, r.m.ID), ErrConflict)
 	}
 	addr := "?"
 	if m, derr := p.decode(r.key, kvs[0].Value); derr == nil {
 		addr = m.Addr
 	}
-	return 0, &mvccKV{Lease: kvs[0].Lease}, errors.Mark(errors.Newf("register %s %q: already registered at %s by a live member (lease %x)", r.m.Role, r.m.ID, addr, kvs[0].Lease), ErrConflict)
+	return 0, &holder{lease: clientv3.LeaseID(kvs[0].Lease)}, errors.Mark(errors.Newf("register %s %q: already registered at %s by a live member (lease %x)", r.m.Role, r.m.ID, addr, kvs[0].Lease), ErrConflict)
 }
 
-// mvccKV is the part of a holder's record acquire needs.
-type mvccKV struct{ Lease int64 }
+// holder is the part of a conflicting record acquire needs.
+type holder struct{ lease clientv3.LeaseID }
 
 // holderTTL is how long the holder's lease has left (the configured TTL
 // if etcd cannot say).
@@ -187,9 +194,11 @@ func (p *Etcd) revoke(lease clientv3.LeaseID) error {
 // isLeaseGone: revoking a lease that already expired is not a failure.
 func isLeaseGone(err error) bool { return errors.Is(err, rpctypes.ErrLeaseNotFound) }
 
-// keep renews the lease until Close; when the keep-alive ends without a
-// Close, the lease is gone (etcd expired it, or was unreachable for longer
-// than the TTL), and keep registers the member again.
+// keep renews the lease until Close. When the keep-alive ends without a
+// Close, etcd expired the lease or did not answer for a whole TTL; keep then
+// renews the same lease if it still exists (etcd restarted within the TTL
+// and renewed it: nobody saw the member leave), and registers the member
+// under a new lease otherwise.
 func (r *etcdReg) keep(lease clientv3.LeaseID) {
 	defer r.p.wg.Done()
 	defer close(r.exited)
@@ -204,7 +213,7 @@ func (r *etcdReg) keep(lease clientv3.LeaseID) {
 		if r.ctx.Err() != nil {
 			return
 		}
-		log.Warn("cluster: lease lost; registering again", zap.Int64("lease", int64(lease)), zap.Error(err))
+		log.Warn("cluster: keep-alive ended; renewing or registering again", zap.Int64("lease", int64(lease)), zap.Error(err))
 		failures := 0
 		for {
 			select {
@@ -213,9 +222,23 @@ func (r *etcdReg) keep(lease clientv3.LeaseID) {
 			case <-time.After(backoff):
 			}
 			backoff = min(2*backoff, max(r.p.cfg.TTL/2, 200*time.Millisecond))
-			lease, err = r.p.acquire(r.ctx, r)
-			if err == nil {
+			var alive bool
+			alive, err = r.p.renewOnce(r.ctx, lease)
+			if alive {
+				log.Info("cluster: lease renewed", zap.Int64("lease", int64(lease)))
 				break
+			}
+			if err == nil {
+				var fresh clientv3.LeaseID
+				fresh, err = r.p.acquire(r.ctx, r)
+				if err == nil {
+					lease = fresh
+					r.mu.Lock()
+					r.lease = lease
+					r.mu.Unlock()
+					log.Info("cluster: registered again", zap.Int64("lease", int64(lease)))
+					break
+				}
 			}
 			if r.ctx.Err() != nil {
 				return
@@ -233,12 +256,23 @@ func (r *etcdReg) keep(lease clientv3.LeaseID) {
 				log.Debug("cluster: registering again failed", zap.Int("attempt", failures), zap.Error(err))
 			}
 		}
-		r.mu.Lock()
-		r.lease = lease
-		r.mu.Unlock()
 		backoff = 100 * time.Millisecond
-		log.Info("cluster: registered again", zap.Int64("lease", int64(lease)))
 	}
+}
+
+// renewOnce reports whether lease still exists (and renews it); false with
+// no error means it expired.
+func (p *Etcd) renewOnce(ctx context.Context, lease clientv3.LeaseID) (bool, error) {
+	octx, cancel := p.opCtx(ctx)
+	defer cancel()
+	resp, err := p.cli.KeepAliveOnce(octx, lease)
+	switch {
+	case err == nil:
+		return resp.TTL > 0, nil
+	case isLeaseGone(err):
+		return false, nil
+	}
+	return false, p.callErr(ctx, err, "renew lease %x", int64(lease))
 }
 
 // Close implements Registration: it stops the keep-alive and revokes the
