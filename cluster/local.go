@@ -12,6 +12,7 @@ import (
 // Local is the in-process provider: the same semantics as etcd's within one
 // process, with no lease to expire (a member stays until it closes).
 type Local struct {
+	wg       sync.WaitGroup // watch goroutines: Close waits for them
 	mu       sync.Mutex
 	closed   bool
 	members  map[memberKey]*localReg
@@ -157,7 +158,7 @@ func (p *Local) List(_ context.Context, role Role) ([]Member, error) {
 }
 
 func (p *Local) listLocked(role Role) []Member {
-	var out []Member
+	out := []Member{}
 	for k, r := range p.members {
 		if k.role == role {
 			out = append(out, r.m)
@@ -180,10 +181,12 @@ func (p *Local) Watch(ctx context.Context, role Role) ([]Member, <-chan Event, e
 	}
 	initial := p.listLocked(role)
 	p.watchers[w] = struct{}{}
+	p.wg.Add(1)
 	p.mu.Unlock()
 
 	out := make(chan Event)
 	go func() {
+		defer p.wg.Done()
 		defer close(out)
 		defer func() {
 			p.mu.Lock()
@@ -239,5 +242,6 @@ func (p *Local) Close() error {
 	for _, r := range regs {
 		r.end(nil)
 	}
+	p.wg.Wait()
 	return nil
 }
