@@ -157,6 +157,7 @@ func TestBadInput(t *testing.T) {
 		{prefill("p", "127.0.0.1:9000", "g0", 2, 2), "CP rank 2 of size 2"},
 		{prefill("p", "127.0.0.1:9000", "g0", -1, 2), "CP rank -1 of size 2"},
 		{prefill("p", "127.0.0.1:9000", "", 0, 2), "empty CP group"},
+		{prefill("p", "127.0.0.1:9000", "g0", 0, 1025), "CP rank 0 of size 1025"},
 		{cluster.Member{ID: "d", Role: cluster.RoleDecode, Addr: "127.0.0.1:9000", Rank: 1, Size: 2}, "a decode instance has no CP group"},
 	}
 	providers(t, func(t *testing.T, p cluster.Provider) {

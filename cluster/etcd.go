@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
@@ -135,7 +136,7 @@ func (p *Etcd) opCtx(ctx context.Context) (context.Context, context.CancelFunc) 
 // marked ErrUnavailable. A caller that cancelled gets its own cancellation.
 func (p *Etcd) callErr(caller context.Context, err error, format string, args ...any) error {
 	err = errors.Wrapf(err, format, args...)
-	if caller.Err() == context.Canceled {
+	if errors.Is(caller.Err(), context.Canceled) {
 		return err
 	}
 	if isUnreachable(err) {
@@ -151,6 +152,13 @@ func markUnavailable(err error, endpoints []string) error {
 func isUnreachable(err error) bool {
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, clientv3.ErrNoAvailableEndpoints) {
 		return true
+	}
+	// etcd's own errors for a cluster that cannot serve (no leader, a
+	// request timed out in raft) carry the code Unavailable, like a
+	// connection that cannot be made.
+	var ee rpctypes.EtcdError
+	if errors.As(err, &ee) {
+		return ee.Code() == codes.Unavailable || ee.Code() == codes.DeadlineExceeded
 	}
 	var se interface{ GRPCStatus() *status.Status }
 	if errors.As(err, &se) {

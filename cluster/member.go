@@ -53,6 +53,10 @@ func (r Role) Validate() error {
 // MaxIDLen bounds a member id; ids are key path segments.
 const MaxIDLen = 128
 
+// MaxCPSize bounds a CP group's size: far above any real group, low enough
+// that a corrupt record cannot make Group allocate without bound.
+const MaxCPSize = 1024
+
 // Member is one process's identity and where its control plane listens.
 type Member struct {
 	// ID is unique within its role: "decode-1", "prefill-g0-r3". Letters,
@@ -86,8 +90,8 @@ func (m Member) Validate() error {
 		if err := validateSegment("CP group", m.Group); err != nil {
 			return errors.Wrapf(err, "member %q", m.ID)
 		}
-		if m.Size < 1 || m.Rank < 0 || m.Rank >= m.Size {
-			return errors.Mark(errors.Newf("member %q: CP rank %d of size %d (want 0 <= rank < size)", m.ID, m.Rank, m.Size), ErrInvalid)
+		if m.Size < 1 || m.Size > MaxCPSize || m.Rank < 0 || m.Rank >= m.Size {
+			return errors.Mark(errors.Newf("member %q: CP rank %d of size %d (want 0 <= rank < size <= %d)", m.ID, m.Rank, m.Size, MaxCPSize), ErrInvalid)
 		}
 	case RoleDecode:
 		if m.Group != "" || m.Rank != 0 || m.Size != 0 {
@@ -165,4 +169,53 @@ func (k EventKind) String() string {
 type Event struct {
 	Kind   EventKind
 	Member Member
+}
+
+// Group returns the prefill ranks of one CP group from a listing, ordered by
+// rank, once the group is complete: every rank of [0, size) present exactly
+// once, all with the same size. A decode instance uses it to know which
+// ranks must report for a request; a launcher, to know the group is up.
+// An incomplete group is an error marked ErrNotFound naming the missing
+// ranks; an inconsistent one (two sizes, a rank twice) is marked ErrInvalid.
+func Group(members []Member, group string) ([]Member, error) {
+	var ranks []Member
+	for _, m := range members {
+		if m.Role == RolePrefill && m.Group == group {
+			ranks = append(ranks, m)
+		}
+	}
+	if len(ranks) == 0 {
+		return nil, errors.Mark(errors.Newf("CP group %q: no rank registered", group), ErrNotFound)
+	}
+	size := ranks[0].Size
+	if size < 1 || size > MaxCPSize {
+		return nil, errors.Mark(errors.Newf("CP group %q: member %q says size %d (want 1..%d)", group, ranks[0].ID, size, MaxCPSize), ErrInvalid)
+	}
+	byRank := make([]*Member, size)
+	for i := range ranks {
+		m := &ranks[i]
+		if m.Size != size {
+			return nil, errors.Mark(errors.Newf("CP group %q: rank %q says size %d, rank %q says %d", group, ranks[0].ID, size, m.ID, m.Size), ErrInvalid)
+		}
+		if m.Rank < 0 || m.Rank >= size {
+			return nil, errors.Mark(errors.Newf("CP group %q: member %q has rank %d of size %d", group, m.ID, m.Rank, size), ErrInvalid)
+		}
+		if prev := byRank[m.Rank]; prev != nil {
+			return nil, errors.Mark(errors.Newf("CP group %q: rank %d registered twice (%q, %q)", group, m.Rank, prev.ID, m.ID), ErrInvalid)
+		}
+		byRank[m.Rank] = m
+	}
+	out := make([]Member, 0, size)
+	var missing []int
+	for r, m := range byRank {
+		if m == nil {
+			missing = append(missing, r)
+			continue
+		}
+		out = append(out, *m)
+	}
+	if len(missing) > 0 {
+		return nil, errors.Mark(errors.Newf("CP group %q of size %d: ranks %v not registered", group, size, missing), ErrNotFound)
+	}
+	return out, nil
 }
