@@ -98,52 +98,13 @@ func (w *etcdWatch) run(rev int64) {
 	log := w.p.log.With(zap.String("role", string(w.role)))
 	prefix := w.p.rolePrefix(w.role)
 	for {
-		wch := w.p.cli.Watch(w.ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithPrevKV())
-		for wr := range wch {
-			if err := wr.Err(); err != nil {
-				if w.ctx.Err() == nil {
-					log.Warn("cluster: watch interrupted; listing again", zap.Error(err))
-				}
-				break
-			}
-			for _, ev := range wr.Events {
-				id := strings.TrimPrefix(string(ev.Kv.Key), prefix)
-				switch ev.Type {
-				case clientv3.EventTypePut:
-					m, err := w.p.decode(string(ev.Kv.Key), ev.Kv.Value)
-					if err != nil {
-						// A record that no longer parses is no longer a
-						// member a caller can use.
-						log.Warn("cluster: skipping a member record", zap.Error(err))
-						if old, ok := w.known[id]; ok {
-							delete(w.known, id)
-							if !w.emit(Left, old) {
-								return
-							}
-						}
-						continue
-					}
-					if old, ok := w.known[id]; ok && old == m {
-						continue
-					}
-					w.known[id] = m
-					if !w.emit(Joined, m) {
-						return
-					}
-				case clientv3.EventTypeDelete:
-					old, ok := w.known[id]
-					if !ok {
-						continue
-					}
-					delete(w.known, id)
-					if !w.emit(Left, old) {
-						return
-					}
-				}
-			}
-			rev = wr.Header.Revision
-		}
-		if w.ctx.Err() != nil {
+		// A context per attempt: breaking out of the loop below must end
+		// the client's watch stream too, or each resync would leave one.
+		actx, acancel := context.WithCancel(w.ctx)
+		wch := w.p.cli.Watch(actx, prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithPrevKV())
+		ok := w.consume(wch, prefix, &rev, log)
+		acancel()
+		if !ok || w.ctx.Err() != nil {
 			return
 		}
 		// The channel closed without our cancel (or reported an error):
@@ -174,4 +135,55 @@ func (w *etcdWatch) run(rev int64) {
 			backoff = min(2*backoff, 2*time.Second)
 		}
 	}
+}
+
+// consume applies a watch's events to the known view and reports them,
+// until the channel ends or reports an error; false means the caller's
+// context ended while reporting.
+func (w *etcdWatch) consume(wch clientv3.WatchChan, prefix string, rev *int64, log *zap.Logger) bool {
+	for wr := range wch {
+		if err := wr.Err(); err != nil {
+			if w.ctx.Err() == nil {
+				log.Warn("cluster: watch interrupted; listing again", zap.Error(err))
+			}
+			break
+		}
+		for _, ev := range wr.Events {
+			id := strings.TrimPrefix(string(ev.Kv.Key), prefix)
+			switch ev.Type {
+			case clientv3.EventTypePut:
+				m, err := w.p.decode(string(ev.Kv.Key), ev.Kv.Value)
+				if err != nil {
+					// A record that no longer parses is no longer a
+					// member a caller can use.
+					log.Warn("cluster: skipping a member record", zap.Error(err))
+					if old, ok := w.known[id]; ok {
+						delete(w.known, id)
+						if !w.emit(Left, old) {
+							return false
+						}
+					}
+					continue
+				}
+				if old, ok := w.known[id]; ok && old == m {
+					continue
+				}
+				w.known[id] = m
+				if !w.emit(Joined, m) {
+					return false
+				}
+			case clientv3.EventTypeDelete:
+				old, ok := w.known[id]
+				if !ok {
+					continue
+				}
+				delete(w.known, id)
+				if !w.emit(Left, old) {
+					return false
+				}
+			}
+		}
+		*rev = wr.Header.Revision
+	}
+	return true
 }
