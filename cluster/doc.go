@@ -10,7 +10,10 @@
 // quick start and unit tests. Open picks one from Config.
 //
 // Discovery is a session-time concern. A Resolver answers repeated lookups
-// from memory, so the per-forward path never asks the provider anything.
+// from memory and, following a role's watch, picks a live member per
+// request from memory too, so the per-request and per-forward paths never
+// ask the provider anything. Group tells whether a CP group's ranks are all
+// registered.
 //
 // The package imports nothing of kvstream's: the processes that use it (the
 // decode package, `kvstream up`) sit above it.
