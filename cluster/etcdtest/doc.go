@@ -1,6 +1,6 @@
-// Package etcdtest runs a throwaway single-member etcd (the etcd binary of
-// the Debian package etcd-server, or $ETCD_BIN) for tests: free loopback
-// ports, a temporary data directory, stopped and reaped at the end of the
-// test. Tests stop, pause and restart it to exercise discovery while etcd
-// is away.
+// Package etcdtest runs a throwaway single-member etcd (package etcdproc)
+// for a test: free loopback ports, a temporary data directory, short raft
+// ticks, killed and reaped when the test ends, skipped with the reason when
+// there is no etcd binary. Tests kill, pause and restart it to exercise
+// discovery while etcd is away.
 package etcdtest
