@@ -13,16 +13,22 @@ import (
 	"github.com/kvstream/kvstream/cluster/etcdtest"
 )
 
-// testTTL is the lease TTL of the tests' members: the minimum etcdtest's
-// tick settings allow (1.5 election timeouts of 500 ms, rounded up).
+// testTTL is the lease TTL of members whose expiry a test waits for: the
+// minimum etcdtest's tick settings allow (1.5 election timeouts of 500 ms,
+// rounded up).
 const testTTL = time.Second
+
+// steadyTTL is every other member's: long enough that a test process
+// starved of CPU on a loaded machine does not miss its keep-alives and see
+// its own members flap.
+const steadyTTL = 5 * time.Second
 
 // newEtcd opens a provider on srv; closed when the test ends.
 func newEtcd(t *testing.T, srv *etcdtest.Server, mod ...func(*cluster.Config)) *cluster.Etcd {
 	t.Helper()
 	cfg := cluster.Config{
 		Endpoints: []string{srv.Endpoint()},
-		TTL:       testTTL,
+		TTL:       steadyTTL,
 		OpTimeout: time.Second,
 		Logger:    zaptest.NewLogger(t),
 	}
