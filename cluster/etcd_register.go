@@ -1,0 +1,298 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// etcdReg holds one member's key: a keep-alive goroutine renews its lease,
+// and rejoins under a new lease when the old one was lost (etcd unreachable
+// for longer than the TTL, or the lease revoked by someone else).
+type etcdReg struct {
+	p      *Etcd
+	m      Member
+	key    string
+	val    string
+	ctx    context.Context // ends at Close
+	cancel context.CancelFunc
+	exited chan struct{} // the keep-alive goroutine returned
+
+	closeOnce sync.Once
+	closeErr  error
+	endOnce   sync.Once
+	done      chan struct{}
+
+	mu    sync.Mutex
+	err   error
+	lease clientv3.LeaseID
+}
+
+func (r *etcdReg) Member() Member        { return r.m }
+func (r *etcdReg) Done() <-chan struct{} { return r.done }
+
+func (r *etcdReg) Err() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.err
+}
+
+func (r *etcdReg) end(err error) {
+	r.endOnce.Do(func() {
+		r.mu.Lock()
+		r.err = err
+		r.mu.Unlock()
+		close(r.done)
+	})
+}
+
+// Register implements Provider. When another live lease holds the identity
+// (a process restarted before its predecessor's lease expired), Register
+// waits for that lease to run out, bounded by ctx; if the holder is still
+// there after its TTL it is alive, and Register fails with ErrConflict
+// naming it.
+func (p *Etcd) Register(ctx context.Context, m Member) (Registration, error) {
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	if err := p.checkOpen("register %s %q", m.Role, m.ID); err != nil {
+		return nil, err
+	}
+	val, err := json.Marshal(m)
+	if err != nil {
+		return nil, errors.Wrapf(err, "register %s %q", m.Role, m.ID)
+	}
+	r := &etcdReg{p: p, m: m, key: p.key(m.Role, m.ID), val: string(val), exited: make(chan struct{}), done: make(chan struct{})}
+	lease, err := p.acquire(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	r.lease = lease
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		_ = p.revoke(lease)
+		return nil, errors.Mark(errors.Newf("register %s %q: provider closed", m.Role, m.ID), ErrClosed)
+	}
+	r.ctx, r.cancel = context.WithCancel(p.ctx)
+	p.regs[r] = struct{}{}
+	p.wg.Add(1)
+	p.mu.Unlock()
+	go r.keep(lease)
+	return r, nil
+}
+
+// acquire grants a lease and creates the member's key under it, if the key
+// is free; see Register for a key held by another lease.
+func (p *Etcd) acquire(ctx context.Context, r *etcdReg) (clientv3.LeaseID, error) {
+	var deadline time.Time
+	var conflict error // the last conflict seen, if any
+	for {
+		lease, h, err := p.tryCreate(ctx, r)
+		if err == nil {
+			return lease, nil
+		}
+		if h == nil {
+			if conflict != nil && ctx.Err() != nil {
+				// The caller's time ran out while it waited for the
+				// holder: that is what it needs to hear.
+				return 0, errors.Wrapf(conflict, "gave up waiting for the holder's lease to expire (%v)", ctx.Err())
+			}
+			return 0, err
+		}
+		conflict = err
+		if deadline.IsZero() {
+			// etcd reports whole seconds, and revokes expired leases in
+			// a periodic sweep through raft: allow a second for each.
+			deadline = time.Now().Add(p.holderTTL(ctx, h.lease) + 2*time.Second)
+		}
+		if time.Now().After(deadline) {
+			return 0, err
+		}
+		poll := min(p.cfg.TTL/10+50*time.Millisecond, time.Second)
+		select {
+		case <-ctx.Done():
+			return 0, errors.Wrapf(err, "gave up waiting for the holder's lease to expire (%v)", ctx.Err())
+		case <-time.After(poll):
+		}
+	}
+}
+
+// tryCreate makes one attempt; when the key is taken it returns the
+// holder's record with an error marked ErrConflict.
+func (p *Etcd) tryCreate(ctx context.Context, r *etcdReg) (clientv3.LeaseID, *holder, error) {
+	octx, cancel := p.opCtx(ctx)
+	defer cancel()
+	g, err := p.cli.Grant(octx, p.ttlSec)
+	if err != nil {
+		return 0, nil, p.callErr(ctx, err, "register %s %q: grant a lease", r.m.Role, r.m.ID)
+	}
+	resp, err := p.cli.Txn(octx).
+		If(clientv3.Compare(clientv3.CreateRevision(r.key), "=", 0)).
+		Then(clientv3.OpPut(r.key, r.val, clientv3.WithLease(g.ID))).
+		Else(clientv3.OpGet(r.key)).
+		Commit()
+	if err == nil && resp.Succeeded {
+		return g.ID, nil, nil
+	}
+	// The lease holds nothing: do not leave it to its TTL.
+	_ = p.revoke(g.ID)
+	if err != nil {
+		return 0, nil, p.callErr(ctx, err, "register %s %q", r.m.Role, r.m.ID)
+	}
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	if len(kvs) == 0 {
+		// Deleted between the compare and the get: retry at once.
+		return 0, &holder{}, errors.Mark(errors.Newf("register %s %q: key changed during registration", r.m.Role, r.m.ID), ErrConflict)
+	}
+	addr := "?"
+	if m, derr := p.decode(r.key, kvs[0].Value); derr == nil {
+		addr = m.Addr
+	}
+	return 0, &holder{lease: clientv3.LeaseID(kvs[0].Lease)}, errors.Mark(errors.Newf("register %s %q: already registered at %s by a live member (lease %x)", r.m.Role, r.m.ID, addr, kvs[0].Lease), ErrConflict)
+}
+
+// holder is the part of a conflicting record acquire needs.
+type holder struct{ lease clientv3.LeaseID }
+
+// holderTTL is how long the holder's lease has left (the configured TTL
+// if etcd cannot say).
+func (p *Etcd) holderTTL(ctx context.Context, lease clientv3.LeaseID) time.Duration {
+	if lease == 0 {
+		return 0
+	}
+	octx, cancel := p.opCtx(ctx)
+	defer cancel()
+	resp, err := p.cli.TimeToLive(octx, lease)
+	if err != nil {
+		return p.cfg.TTL
+	}
+	if resp.TTL < 0 {
+		return 0
+	}
+	return time.Duration(resp.TTL) * time.Second
+}
+
+// revoke drops a lease now, bounded by OpTimeout; etcd's TTL is the
+// fallback when it cannot be reached.
+func (p *Etcd) revoke(lease clientv3.LeaseID) error {
+	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.OpTimeout)
+	defer cancel()
+	_, err := p.cli.Revoke(ctx, lease)
+	if err != nil && !isLeaseGone(err) {
+		return p.callErr(ctx, err, "revoke lease %x", int64(lease))
+	}
+	return nil
+}
+
+// isLeaseGone: revoking a lease that already expired is not a failure.
+func isLeaseGone(err error) bool { return errors.Is(err, rpctypes.ErrLeaseNotFound) }
+
+// keep renews the lease until Close. When the keep-alive ends without a
+// Close, etcd expired the lease or did not answer for a whole TTL; keep then
+// renews the same lease if it still exists (etcd restarted within the TTL
+// and renewed it: nobody saw the member leave), and registers the member
+// under a new lease otherwise.
+func (r *etcdReg) keep(lease clientv3.LeaseID) {
+	defer r.p.wg.Done()
+	defer close(r.exited)
+	log := r.p.log.With(zap.String("role", string(r.m.Role)), zap.String("id", r.m.ID))
+	backoff := 100 * time.Millisecond
+	for {
+		ch, err := r.p.cli.KeepAlive(r.ctx, lease)
+		if err == nil {
+			for range ch {
+			}
+		}
+		if r.ctx.Err() != nil {
+			return
+		}
+		log.Warn("cluster: keep-alive ended; renewing or registering again", zap.Int64("lease", int64(lease)), zap.Error(err))
+		failures := 0
+		for {
+			select {
+			case <-r.ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, max(r.p.cfg.TTL/2, 200*time.Millisecond))
+			var alive bool
+			alive, err = r.p.renewOnce(r.ctx, lease)
+			if alive {
+				log.Info("cluster: lease renewed", zap.Int64("lease", int64(lease)))
+				break
+			}
+			if err == nil {
+				var fresh clientv3.LeaseID
+				fresh, err = r.p.acquire(r.ctx, r)
+				if err == nil {
+					lease = fresh
+					r.mu.Lock()
+					r.lease = lease
+					r.mu.Unlock()
+					log.Info("cluster: registered again", zap.Int64("lease", int64(lease)))
+					break
+				}
+			}
+			if r.ctx.Err() != nil {
+				return
+			}
+			if errors.Is(err, ErrConflict) {
+				log.Warn("cluster: registration ended: identity taken while the lease was lost", zap.Error(err))
+				r.end(err)
+				return
+			}
+			// One WARN per outage; the retries are DEBUG.
+			failures++
+			if failures == 1 {
+				log.Warn("cluster: registering again failed; retrying until etcd answers", zap.Error(err))
+			} else {
+				log.Debug("cluster: registering again failed", zap.Int("attempt", failures), zap.Error(err))
+			}
+		}
+		backoff = 100 * time.Millisecond
+	}
+}
+
+// renewOnce reports whether lease still exists (and renews it); false with
+// no error means it expired.
+func (p *Etcd) renewOnce(ctx context.Context, lease clientv3.LeaseID) (bool, error) {
+	octx, cancel := p.opCtx(ctx)
+	defer cancel()
+	resp, err := p.cli.KeepAliveOnce(octx, lease)
+	switch {
+	case err == nil:
+		return resp.TTL > 0, nil
+	case isLeaseGone(err):
+		return false, nil
+	}
+	return false, p.callErr(ctx, err, "renew lease %x", int64(lease))
+}
+
+// Close implements Registration: it stops the keep-alive and revokes the
+// lease, so the key is deleted at once.
+func (r *etcdReg) Close() error {
+	r.closeOnce.Do(func() {
+		r.cancel()
+		<-r.exited
+		r.mu.Lock()
+		lease := r.lease
+		r.mu.Unlock()
+		if err := r.p.revoke(lease); err != nil {
+			r.p.log.Warn("cluster: revoking a lease failed; the member leaves when its TTL runs out",
+				zap.String("role", string(r.m.Role)), zap.String("id", r.m.ID), zap.Error(err))
+			r.closeErr = errors.Wrapf(err, "close %s %q", r.m.Role, r.m.ID)
+		}
+		r.p.mu.Lock()
+		delete(r.p.regs, r)
+		r.p.mu.Unlock()
+		r.end(nil)
+	})
+	return r.closeErr
+}

@@ -1,0 +1,189 @@
+package cluster
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// Watch implements Provider. A watch on an unreachable etcd fails at once
+// (ErrUnavailable) since its listing does. Afterwards the
+// watch survives etcd restarts (the client resumes from the last revision
+// seen); when it cannot resume (the revision was compacted away), it lists
+// the role again and reports the difference, so the caller's view stays
+// exact either way.
+func (p *Etcd) Watch(ctx context.Context, role Role) ([]Member, <-chan Event, error) {
+	if err := role.Validate(); err != nil {
+		return nil, nil, err
+	}
+	if err := p.checkOpen("watch %s", role); err != nil {
+		return nil, nil, err
+	}
+	initial, rev, err := p.list(ctx, role)
+	if err != nil {
+		return nil, nil, errors.Wrap(err, "watch")
+	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil, nil, errors.Mark(errors.Newf("watch %s: provider closed", role), ErrClosed)
+	}
+	p.wg.Add(1)
+	p.mu.Unlock()
+	wctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(p.ctx, cancel)
+	out := make(chan Event)
+	w := &etcdWatch{p: p, role: role, out: out, ctx: wctx, known: make(map[string]Member, len(initial))}
+	for _, m := range initial {
+		w.known[m.ID] = m
+	}
+	go func() {
+		defer p.wg.Done()
+		defer close(out)
+		defer stop()
+		defer cancel()
+		w.run(rev)
+	}()
+	return initial, out, nil
+}
+
+type etcdWatch struct {
+	p     *Etcd
+	role  Role
+	out   chan<- Event
+	ctx   context.Context
+	known map[string]Member // by id: the view the caller has been told
+}
+
+func (w *etcdWatch) emit(kind EventKind, m Member) bool {
+	select {
+	case w.out <- Event{Kind: kind, Member: m}:
+		return true
+	case <-w.ctx.Done():
+		return false
+	}
+}
+
+// sync reports the difference between the known view and a listing.
+func (w *etcdWatch) sync(ms []Member) bool {
+	seen := make(map[string]bool, len(ms))
+	for _, m := range ms {
+		seen[m.ID] = true
+	}
+	for id, old := range w.known {
+		if !seen[id] {
+			delete(w.known, id)
+			if !w.emit(Left, old) {
+				return false
+			}
+		}
+	}
+	for _, m := range ms {
+		if old, ok := w.known[m.ID]; ok && old == m {
+			continue
+		}
+		w.known[m.ID] = m
+		if !w.emit(Joined, m) {
+			return false
+		}
+	}
+	return true
+}
+
+func (w *etcdWatch) run(rev int64) {
+	log := w.p.log.With(zap.String("role", string(w.role)))
+	prefix := w.p.rolePrefix(w.role)
+	for {
+		// A context per attempt: breaking out of the loop below must end
+		// the client's watch stream too, or each resync would leave one.
+		actx, acancel := context.WithCancel(w.ctx)
+		wch := w.p.cli.Watch(actx, prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithPrevKV())
+		ok := w.consume(wch, prefix, &rev, log)
+		acancel()
+		if !ok || w.ctx.Err() != nil {
+			return
+		}
+		// The channel closed without our cancel (or reported an error):
+		// list again until etcd answers, then carry on from there.
+		backoff := 100 * time.Millisecond
+		failures := 0
+		for {
+			ms, r, err := w.p.list(w.ctx, w.role)
+			if err == nil {
+				if !w.sync(ms) {
+					return
+				}
+				rev = r
+				break
+			}
+			if w.ctx.Err() != nil {
+				return
+			}
+			failures++
+			if failures == 1 {
+				log.Warn("cluster: listing for a watch failed; retrying until etcd answers", zap.Error(err))
+			}
+			select {
+			case <-w.ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 2*time.Second)
+		}
+	}
+}
+
+// consume applies a watch's events to the known view and reports them,
+// until the channel ends or reports an error; false means the caller's
+// context ended while reporting.
+func (w *etcdWatch) consume(wch clientv3.WatchChan, prefix string, rev *int64, log *zap.Logger) bool {
+	for wr := range wch {
+		if err := wr.Err(); err != nil {
+			if w.ctx.Err() == nil {
+				log.Warn("cluster: watch interrupted; listing again", zap.Error(err))
+			}
+			break
+		}
+		for _, ev := range wr.Events {
+			id := strings.TrimPrefix(string(ev.Kv.Key), prefix)
+			switch ev.Type {
+			case clientv3.EventTypePut:
+				m, err := w.p.decode(string(ev.Kv.Key), ev.Kv.Value)
+				if err != nil {
+					// A record that no longer parses is no longer a
+					// member a caller can use.
+					log.Warn("cluster: skipping a member record", zap.Error(err))
+					if old, ok := w.known[id]; ok {
+						delete(w.known, id)
+						if !w.emit(Left, old) {
+							return false
+						}
+					}
+					continue
+				}
+				if old, ok := w.known[id]; ok && old == m {
+					continue
+				}
+				w.known[id] = m
+				if !w.emit(Joined, m) {
+					return false
+				}
+			case clientv3.EventTypeDelete:
+				old, ok := w.known[id]
+				if !ok {
+					continue
+				}
+				delete(w.known, id)
+				if !w.emit(Left, old) {
+					return false
+				}
+			}
+		}
+		*rev = wr.Header.Revision
+	}
+	return true
+}
