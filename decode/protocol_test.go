@@ -53,6 +53,20 @@ func TestServerRefusesAnotherVersion(t *testing.T) {
 	assert.Empty(t, offer.Regions, "no pool described to a peer that cannot read it")
 	assert.Empty(t, offer.Session)
 
+	// A second Hello from a session actor that has a session is refused.
+	live, err := n.system.Root.SpawnNamed(actor.PropsFromFunc(func(actor.Context) {}), "s1") // a session actor that stays
+	require.NoError(t, err)
+	defer n.stopActor(context.Background(), live)
+	hello := &wire.Hello{Version: ProtocolVersion, Prefill: "p", SessionAddress: live.Address, SessionId: live.Id,
+		Buffers: []*wire.Buffer{{Name: "KV0", ItemLen: 256}}}
+	res, err = n.request(context.Background(), srv.pid, hello, time.Second)
+	require.NoError(t, err)
+	require.Equal(t, wire.Code_OK, res.(*wire.Offer).Code, res.(*wire.Offer).Error)
+	res, err = n.request(context.Background(), srv.pid, hello, time.Second)
+	require.NoError(t, err)
+	assert.Equal(t, wire.Code_REFUSED, res.(*wire.Offer).Code)
+	assert.Contains(t, res.(*wire.Offer).Error, "already has a session")
+
 	// A notice with a session the server never gave is refused.
 	res, err = n.request(context.Background(), srv.pid, &wire.ChunkNotice{Session: "forged", Room: 1, Status: wire.Status_SUCCEEDED}, time.Second)
 	require.NoError(t, err)

@@ -72,10 +72,12 @@ func (s *Server) hello(ctx actor.Context, m *wire.Hello) *wire.Offer {
 		s.log.Warn("hello refused: geometry", zap.String("prefill", m.Prefill), zap.Error(err))
 		return refuse(wire.Code_BAD_INPUT, "hello from %q: %v", m.Prefill, err)
 	}
-	ss := &Session{token: newToken(), prefill: m.Prefill, addr: sender.Address, metadata: m.Metadata,
-		done: make(chan struct{})}
 	watch := actor.NewPID(m.SessionAddress, m.SessionId)
-	ss.watch = watch.String()
+	if s.watched[watch.String()] != nil {
+		return refuse(wire.Code_REFUSED, "hello from %q: its session actor %s already has a session", m.Prefill, watch)
+	}
+	ss := &Session{token: newToken(), prefill: m.Prefill, addr: sender.Address, metadata: m.Metadata,
+		done: make(chan struct{}), watch: watch.String()}
 	ss.report.Prefill = m.Prefill
 	s.sessions[ss.token] = ss
 	s.watched[ss.watch] = ss
