@@ -37,8 +37,9 @@
 //	node, err := decode.Listen("0.0.0.0:0", log)
 //	c, err := decode.Dial(ctx, node, decode.DialConfig{Decode: "decode-host:9100", Buffers: cfg.Buffers})
 //	err = c.Attach(eng)           // Engine.AddPeer, and Engine.PeerLost when the decode server goes
-//	// per chunk, after eng.Finish(ctx, room) returned res:
-//	err = c.Notify(ctx, decode.Notice{Result: res, Last: last, Positions: pos, DstPages: dst})
+//	// per chunk, after eng.Finish(ctx, room) returned res for the chunk registered as spec:
+//	n, err := c.NoticeFor(eng.Config(), spec, res) // the absolute positions sent, their decode pages
+//	err = c.Notify(ctx, n)
 //	// at the end, after eng.Close (nothing writes any more):
 //	sum, err := c.Bye(ctx, nil)   // or the reason the prefill stopped early
 //

@@ -59,8 +59,9 @@ func Example() {
 	check(err)
 	check(sess.Attach(eng))
 
-	_, err = eng.Register(ctx, system.ChunkSpec{Room: 1, Start: 0, End: 32, Last: true, SrcPages: []int{0, 1}, TotalPages: 2,
-		Infos: []system.DecodeInfo{{Peer: sess.Peer().ID, DstPages: dst}}})
+	spec := system.ChunkSpec{Room: 1, Start: 0, End: 32, Last: true, SrcPages: []int{0, 1}, TotalPages: 2,
+		Infos: []system.DecodeInfo{{Peer: sess.Peer().ID, DstPages: dst}}}
+	_, err = eng.Register(ctx, spec)
 	check(err)
 	fw, err := eng.BeginForward()
 	check(err)
@@ -70,7 +71,9 @@ func Example() {
 	check(fw.End())
 	res, err := eng.Finish(ctx, 1)
 	check(err)
-	check(sess.Notify(ctx, decode.Notice{Result: res, Last: true, Positions: []int{0, 1}, DstPages: dst}))
+	notice, err := sess.NoticeFor(eng.Config(), spec, res)
+	check(err)
+	check(sess.Notify(ctx, notice))
 
 	room, err := srv.Wait(ctx, 1)
 	check(err)

@@ -18,18 +18,10 @@ type piece struct {
 	rt         route
 	start, end int
 	src        []int // prefill pages of positions [start/pageSize, ...)
+	spec       system.ChunkSpec
 }
 
 func (p piece) last() bool { return p.end == prompt }
-
-// positions are the request positions the chunk writes, dst their decode
-// pages.
-func (p piece) positions() (pos, dst []int) {
-	for x := p.start / pageSize; x < (p.end+pageSize-1)/pageSize; x++ {
-		pos, dst = append(pos, x), append(dst, p.rt.pages[x])
-	}
-	return pos, dst
-}
 
 // prefillLoop is the prefill server: its scheduler registers each forward's
 // chunks, its forward loop runs the model and calls LayerEnd, and a
@@ -79,8 +71,12 @@ func prefillLoop(ctx context.Context, node *decode.Node, fabric *loopback.Fabric
 		defer wg.Done()
 		for p := range in {
 			res, ferr := eng.Finish(ctx, p.rt.room) // returns once the bytes landed, or FAILED
-			pos, dst := p.positions()
-			nerr := sess.Notify(ctx, decode.Notice{Result: res, Last: p.last(), Positions: pos, DstPages: dst})
+			// The notice names the request positions sent and their decode
+			// pages (absolute positions, this CP rank's only).
+			n, nerr := sess.NoticeFor(eng.Config(), p.spec, res)
+			if nerr == nil {
+				nerr = sess.Notify(ctx, n)
+			}
 			mu.Lock()
 			for _, e := range []error{ferr, nerr} {
 				if e != nil && firstErr == nil {
@@ -122,10 +118,11 @@ func prefillLoop(ctx context.Context, node *decode.Node, fabric *loopback.Fabric
 			batch = append(batch, p)
 		}
 		pending = later
-		for _, p := range batch {
-			if _, err := eng.Register(ctx, system.ChunkSpec{Room: p.rt.room, Start: p.start, End: p.end, Last: p.last(),
+		for i, p := range batch {
+			batch[i].spec = system.ChunkSpec{Room: p.rt.room, Start: p.start, End: p.end, Last: p.last(),
 				SrcPages: p.src, TotalPages: len(p.rt.pages),
-				Infos: []system.DecodeInfo{{Peer: sess.Peer().ID, DstPages: p.rt.pages}}}); err != nil {
+				Infos: []system.DecodeInfo{{Peer: sess.Peer().ID, DstPages: p.rt.pages}}}
+			if _, err := eng.Register(ctx, batch[i].spec); err != nil {
 				return err
 			}
 		}
