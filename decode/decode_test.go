@@ -335,3 +335,34 @@ func TestSizeFromTheFirstPrefill(t *testing.T) {
 	require.NoError(t, c.Close(context.Background()))
 	t.Cleanup(func() { _ = pool.Free() }) // after the server deregistered it
 }
+
+// A pool that Config.Size returns and that does not match the prefill's
+// layout is refused before anything is registered: the next prefill gets
+// another chance to size it.
+func TestSizeThatDoesNotMatchChangesNothing(t *testing.T) {
+	var pool *hostmem.Block
+	calls := 0
+	r := newRig(t, decode.Config{Size: func(l []decode.PrefillBuffer) ([]decode.Buffer, error) {
+		calls++
+		if pool == nil {
+			var err error
+			if pool, err = hostmem.Alloc(buffers * itemLen * pages); err != nil {
+				return nil, err
+			}
+		}
+		bufs := decodeBuffers(pool)
+		if calls == 1 {
+			bufs = bufs[:1]
+		}
+		return bufs, nil
+	}})
+	t.Cleanup(func() { _ = pool.Free() })
+	_, err := decode.Dial(waitCtx(t), r.node, decode.DialConfig{Decode: r.srv.Addr(), Buffers: prefillLayout(itemLen)})
+	assert.True(t, errors.Is(err, decode.ErrBadInput), "%v", err)
+	assert.ErrorContains(t, err, "3 prefill buffers, the decode pool has 1")
+	_, err = r.srv.Peer()
+	assert.True(t, errors.Is(err, decode.ErrBadInput), "still not sized: %v", err)
+	r.dial(t)
+	_, err = r.srv.Peer()
+	assert.NoError(t, err)
+}

@@ -61,6 +61,9 @@ func (s *Server) hello(ctx actor.Context, m *wire.Hello) *wire.Offer {
 	if s.regions == nil {
 		bufs, err := s.cfg.Size(slices.Clone(layout))
 		if err == nil {
+			err = matchLayout(bufs, layout) // before anything is registered
+		}
+		if err == nil {
 			err = s.size(bufs)
 		}
 		if err != nil {
