@@ -315,13 +315,9 @@ func TestVerifyRejectsTheRoom(t *testing.T) {
 
 func TestSizeFromTheFirstPrefill(t *testing.T) {
 	var got []decode.PrefillBuffer
-	var pool *hostmem.Block
+	pool := sizedPool(t)
 	r := newRig(t, decode.Config{Size: func(l []decode.PrefillBuffer) ([]decode.Buffer, error) {
 		got = l
-		var err error
-		if pool, err = hostmem.Alloc(len(l) * int(l[0].ItemLen) * pages); err != nil {
-			return nil, err
-		}
 		return decodeBuffers(pool), nil
 	}})
 	_, err := r.srv.Peer()
@@ -333,30 +329,32 @@ func TestSizeFromTheFirstPrefill(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, peer, c.Peer())
 	require.NoError(t, c.Close(context.Background()))
-	t.Cleanup(func() { _ = pool.Free() }) // after the server deregistered it
+}
+
+// sizedPool is a pool for Config.Size to return, freed after the rig's
+// cleanup closed the server (cleanups run last-registered first).
+func sizedPool(t *testing.T) *hostmem.Block {
+	t.Helper()
+	pool, err := hostmem.Alloc(buffers * itemLen * pages)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pool.Free() })
+	return pool
 }
 
 // A pool that Config.Size returns and that does not match the prefill's
 // layout is refused before anything is registered: the next prefill gets
 // another chance to size it.
 func TestSizeThatDoesNotMatchChangesNothing(t *testing.T) {
-	var pool *hostmem.Block
+	pool := sizedPool(t)
 	calls := 0
-	r := newRig(t, decode.Config{Size: func(l []decode.PrefillBuffer) ([]decode.Buffer, error) {
+	r := newRig(t, decode.Config{Size: func([]decode.PrefillBuffer) ([]decode.Buffer, error) {
 		calls++
-		if pool == nil {
-			var err error
-			if pool, err = hostmem.Alloc(buffers * itemLen * pages); err != nil {
-				return nil, err
-			}
-		}
 		bufs := decodeBuffers(pool)
 		if calls == 1 {
 			bufs = bufs[:1]
 		}
 		return bufs, nil
 	}})
-	t.Cleanup(func() { _ = pool.Free() })
 	_, err := decode.Dial(waitCtx(t), r.node, decode.DialConfig{Decode: r.srv.Addr(), Buffers: prefillLayout(itemLen)})
 	assert.True(t, errors.Is(err, decode.ErrBadInput), "%v", err)
 	assert.ErrorContains(t, err, "3 prefill buffers, the decode pool has 1")
