@@ -44,7 +44,9 @@ func newDecode() *cobra.Command {
 (protoactor-go remote, gRPC), allocates a pool of the prefill's geometry, registers it with the
 transport (UCX: the prefill writes into it directly), and verifies every page of every chunk the
 prefill reports finished against the model's bytes. It prints one summary line and exits 0 only when
-every chunk succeeded and every byte matched.`,
+every chunk succeeded, every byte matched and the session was complete: the prefill said goodbye
+having sent every chunk it meant to, and every room it started received its last chunk. It is a
+thin command over package decode (decode.Listen, decode.New, Server.Accept).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log := cliLogger(verbose)
@@ -100,7 +102,8 @@ func newPrefill() *cobra.Command {
 (UCX) into a decode process (kvstream decode), which verifies every page. The link is real, so
 --link-gbps and --time-scale do not apply. It prints one summary line and exits 0 only when every
 chunk succeeded and the decode process found every byte equal. If the decode process dies, its
-chunks fail within the finish timeout and the run stops.`,
+chunks fail within the finish timeout and the run stops. The session with the decode process is
+package decode's Client (decode.Dial, Notify per chunk, Bye with the run's outcome).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := f.config()
