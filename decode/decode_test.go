@@ -364,3 +364,28 @@ func TestSizeThatDoesNotMatchChangesNothing(t *testing.T) {
 	_, err = r.srv.Peer()
 	assert.NoError(t, err)
 }
+
+// TestRefusedAndDecodeLost: the prefill side's classes, seen by the
+// standard library's errors.Is: a session beyond Config.MaxSessions is
+// refused, and a decode server that goes away is reported lost, to the
+// engine's PeerLost hook and to the next Notify.
+func TestRefusedAndDecodeLost(t *testing.T) {
+	r := newRig(t, decode.Config{MaxSessions: 1})
+	c := r.dial(t)
+	_, err := decode.Dial(waitCtx(t), r.node, decode.DialConfig{Decode: r.srv.Addr(), Buffers: prefillLayout(itemLen)})
+	assert.True(t, errors.Is(err, decode.ErrRefused), "%v", err)
+	assert.ErrorContains(t, err, "already 1 sessions (Config.MaxSessions)")
+
+	lost := make(chan error, 1)
+	c.OnLost(func(err error) { lost <- err })
+	require.NoError(t, r.srv.Close(waitCtx(t)))
+	select {
+	case err := <-lost:
+		assert.True(t, errors.Is(err, decode.ErrDecodeLost), "%v", err)
+	case <-waitCtx(t).Done():
+		t.Fatal("the decode server's stop was not reported")
+	}
+	err = c.Notify(waitCtx(t), notice(1, 0, 1, 0, true, system.Succeeded, nil))
+	assert.True(t, errors.Is(err, decode.ErrDecodeLost), "%v", err)
+	assert.True(t, errors.Is(c.Lost(), decode.ErrDecodeLost))
+}
