@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO ?= go
 PKGS := ./...
 
-.PHONY: all build test vet fmt bench run fuzz test-ucx
+.PHONY: all build test vet fmt bench run fuzz test-ucx proto
 
 all: build
 
@@ -15,6 +15,12 @@ vet:
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')
+
+# The control plane's messages. Needs protoc (apt-get install
+# protobuf-compiler) and protoc-gen-go at go.mod's protobuf version
+# (go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12).
+proto:
+	PATH="$$PATH:$$($(GO) env GOPATH)/bin" protoc --go_out=. --go_opt=paths=source_relative messages/wire/wire.proto
 
 # The whole suite under -race. The reliability suite runs on its own so that
 # its summary line is printed; the UCX transport's tests run when libucx is

@@ -13,13 +13,14 @@ import (
 
 // AddPeer adds a decode session. Its buffers must match the prefill layout
 // one for one (same item lengths).
-func (e *Engine) AddPeer(p Peer) error {
+func (e *Engine) AddPeer(p Peer) (err error) {
+	defer func() { err = public(err) }()
 	e.closeMu.RLock()
 	defer e.closeMu.RUnlock()
 	if e.closed {
 		return closedError("AddPeer")
 	}
-	err := plan.ValidatePeer(e.layout, p)
+	err = plan.ValidatePeer(e.layout, p)
 	if err == nil {
 		err = e.env.Peers.Add(&p)
 	}
@@ -33,7 +34,7 @@ func (e *Engine) AddPeer(p Peer) error {
 // (ErrPeerLost, also ErrEndpointBroken). Chunks with writes in flight to it
 // still quiesce before they answer.
 func (e *Engine) PeerLost(id string, cause error) error {
-	return e.env.Peers.Lose(id, cause)
+	return public(e.env.Peers.Lose(id, cause))
 }
 
 // Register registers the chunk that the next forward writes, before that
@@ -47,6 +48,7 @@ func (e *Engine) PeerLost(id string, cause error) error {
 // answers at once) and Register returns its result whatever ctx does, so
 // that a cancelled caller never leaves behind a chunk it was told failed.
 func (e *Engine) Register(ctx context.Context, spec ChunkSpec) (reg Registration, err error) {
+	defer func() { err = public(err) }()
 	e.closeMu.RLock()
 	defer e.closeMu.RUnlock()
 	defer func() { e.traceRegister(&spec, reg, err) }()
@@ -157,7 +159,7 @@ func (e *Engine) Finish(ctx context.Context, room uint64) (Result, error) {
 	e.closeMu.RLock()
 	defer e.closeMu.RUnlock()
 	if e.closed {
-		return Result{}, closedError("Finish")
+		return Result{}, public(closedError("Finish"))
 	}
 	timeout := e.timeout(ctx)
 	call := time.Now()
@@ -173,9 +175,10 @@ func (e *Engine) Finish(ctx context.Context, room uint64) (Result, error) {
 			}
 			e.obs.Finished(FinishRecord{Result: r, Latency: ret.Sub(call), Exposed: r.Stats.Exposed})
 		}
+		r.Err = public(r.Err)
 		return r, r.Err
 	case <-time.After(timeout + finishGrace):
-		return Result{}, errors.AssertionFailedf("room %d: the engine did not answer Finish within %v (a bug)", room, timeout+finishGrace)
+		return Result{}, public(errors.AssertionFailedf("room %d: the engine did not answer Finish within %v (a bug)", room, timeout+finishGrace))
 	}
 }
 
@@ -191,9 +194,9 @@ func (e *Engine) Drop(ctx context.Context, room uint64) error {
 	e.closeMu.RLock()
 	defer e.closeMu.RUnlock()
 	if e.closed {
-		return closedError("Drop")
+		return public(closedError("Drop"))
 	}
-	return e.drop(ctx, room)
+	return public(e.drop(ctx, room))
 }
 
 func (e *Engine) drop(ctx context.Context, room uint64) error {

@@ -11,7 +11,16 @@ import (
 	"github.com/kvstream/kvstream/plan"
 )
 
-// Buffer is one KV tensor of the prefill pool (see plan.Buffer).
+// Buffer is one KV tensor of the prefill pool (Config.Buffers; MLABuffers
+// and KVBuffers build the usual layouts):
+//
+//	Name    for logs: "K3", "V3", "KV12", "MTP0"
+//	Base    address of page 0, in memory the transport can register
+//	ItemLen bytes of ONE page of this buffer
+//	Pages   capacity in pages
+//	Layer   the hook layer whose LayerEnd follows this buffer's write; a
+//	        layer outside [0, HookLayers) fires no hook (the MTP layer) and
+//	        its buffers are sent at the end of the forward
 type Buffer = plan.Buffer
 
 // Defaults, as in the seed implementation.

@@ -16,6 +16,12 @@
 // the vocabulary are) and says which. Finish and Drop return only when no
 // write of the chunk can land any more, and always within the finish timeout.
 //
+// The decode side is package decode: a decode server's pool, and the
+// session that gives this engine its Peer (decode.Client.Attach) and tells
+// the decode side each chunk's outcome. Every error the engine returns
+// answers errors.Is for its class (the Err* values) with the standard
+// library's errors package as with cockroachdb's.
+//
 // The files: types.go names the values a caller passes and gets back,
 // config.go and options.go configure New, engine.go is the lifecycle (New,
 // Close), calls.go the calls of the scheduler and the transfer path

@@ -63,6 +63,7 @@ type Engine struct {
 // registers the prefill pool, and spawns the actors. On error, whatever it
 // had opened is released.
 func New(cfg Config, opts ...Option) (_ *Engine, err error) {
+	defer func() { err = public(err) }()
 	o := options{}
 	for _, opt := range opts {
 		opt(&o)
@@ -227,10 +228,10 @@ var ErrUnhealthy = errors.New("engine unhealthy")
 // falls back under Config.MaxRestarts per Config.RestartWindow).
 func (e *Engine) Healthy() error {
 	if p := e.unhealthy.Load(); p != nil {
-		return *p
+		return public(*p)
 	}
 	if e.restarts.Storm(time.Now()) {
-		return errors.Mark(errors.Newf("engine unhealthy: more than %d submitter restarts within %v", e.cfg.MaxRestarts, e.cfg.RestartWindow), ErrUnhealthy)
+		return public(errors.Mark(errors.Newf("engine unhealthy: more than %d submitter restarts within %v", e.cfg.MaxRestarts, e.cfg.RestartWindow), ErrUnhealthy))
 	}
 	return nil
 }
@@ -244,7 +245,13 @@ func (e *Engine) markUnhealthy(err error) {
 // actors and releases what the engine owns. Later calls return ErrClosed.
 // An error marked ErrNotQuiesced names rooms whose writes could not be
 // stopped (see Drop).
-func (e *Engine) Close() error {
+//
+// Close takes no context because it must not return early: the caller frees
+// what the rooms' writes target once it returns. Its bound is the finish
+// timeout (Config.FinishTimeout) per room still queued, dropped one after
+// the other, plus stopping the actors; a second Close waits for the first.
+func (e *Engine) Close() (err error) {
+	defer func() { err = public(err) }()
 	e.closeMu.Lock()
 	if e.closed {
 		e.closeMu.Unlock()
@@ -256,7 +263,6 @@ func (e *Engine) Close() error {
 	e.closed = true
 	e.closeMu.Unlock()
 	defer close(e.closeDone)
-	var err error
 	for _, room := range e.env.Registry.Rooms() {
 		if derr := e.drop(context.Background(), room); errors.Is(derr, ErrNotQuiesced) {
 			err = errors.CombineErrors(err, derr)

@@ -5,6 +5,7 @@ import (
 	"github.com/kvstream/kvstream/actors"
 	"github.com/kvstream/kvstream/hw/cuda"
 	"github.com/kvstream/kvstream/hw/rdma"
+	"github.com/kvstream/kvstream/internal/stderrs"
 )
 
 // Error classes a caller branches on with errors.Is.
@@ -38,6 +39,10 @@ var (
 	// room) before it completed; the result's status is Dropped.
 	ErrDropped = actors.ErrDropped
 )
+
+// public is how every exported function returns its error: marks become
+// visible to the standard library's errors.Is too (see internal/stderrs).
+func public(err error) error { return stderrs.Public(err) }
 
 func closedError(call string) error {
 	return errors.Mark(errors.Mark(errors.Newf("%s after Close", call), ErrClosed), ErrBadInput)

@@ -24,7 +24,7 @@ func (e *Engine) BeginForward() (*Forward, error) {
 	e.closeMu.RLock()
 	defer e.closeMu.RUnlock()
 	if e.closed {
-		return nil, closedError("BeginForward")
+		return nil, public(closedError("BeginForward"))
 	}
 	f := &Forward{e: e, id: e.nextForward.Add(1), boundary: e.boundary}
 	bound := make(chan int, 1)
@@ -43,12 +43,12 @@ func (f *Forward) ID() uint64 { return f.id }
 // to this forward.
 func (f *Forward) LayerEnd(l int) error {
 	if uint(l) >= uint(len(f.boundary)) || f.ended {
-		return f.badLayer(l)
+		return public(f.badLayer(l))
 	}
 	if !f.boundary[l] || f.idle {
 		return nil
 	}
-	return f.atBoundary(l)
+	return public(f.atBoundary(l))
 }
 
 func (f *Forward) badLayer(l int) error {
@@ -73,7 +73,7 @@ func (f *Forward) atBoundary(l int) error {
 // buffers of layers that fire no hook) and what monolithic chunks send.
 func (f *Forward) End() error {
 	if f.ended {
-		return badInput("forward %d: End called twice", f.id)
+		return public(badInput("forward %d: End called twice", f.id))
 	}
 	f.ended = true
 	if f.idle {
@@ -82,7 +82,7 @@ func (f *Forward) End() error {
 	ev, err := f.e.stream.Record()
 	f.e.system.Root.Send(f.e.forward, &messages.End{Forward: f.id, Event: ev, Err: err, At: time.Now()})
 	if err != nil {
-		return errors.Wrapf(err, "forward %d: record end event", f.id)
+		return public(errors.Wrapf(err, "forward %d: record end event", f.id))
 	}
 	return nil
 }

@@ -10,28 +10,55 @@ import (
 // lower packages (the actors use them too) and named here so that a user of
 // the façade needs no other import.
 type (
-	// Result is a chunk context's outcome: its key, Status, Stats and, when
-	// it failed, the error (marked with its class, see the Err* values).
+	// Result is a chunk context's outcome, as Finish returns it:
+	//
+	//	Chunk    the chunk: Room, Start, End (its exact range), Epoch, Serial
+	//	PerLayer whether it was streamed per layer (else monolithic)
+	//	Status   Succeeded, Failed or Dropped
+	//	Err      why it did not succeed, marked with its class (the Err* values)
+	//	Stats    its transfer figures (ChunkStats)
 	Result = messages.Result
 	// Status is how a chunk ended: Succeeded, Failed or Dropped.
 	Status = messages.Status
-	// ChunkStats are a chunk's transfer figures (bytes, batches, instants).
+	// ChunkStats are a chunk's transfer figures:
+	//
+	//	Bytes, Blocks, Batches  bytes, contiguous writes and batches posted
+	//	Groups, Ignored         groups accepted from its forward; duplicates ignored
+	//	FirstPost, LastDone     when its first write was posted, its last one landed
+	//	ForwardEnd              when its forward ended (zero if it never did)
+	//	EventWait               time submitters waited on its events
+	//	Exposed                 Finish's return minus ForwardEnd: what the forward did not hide
 	ChunkStats = messages.Stats
-	// Peer is a decode session this engine writes to: its id, its
-	// transport address and its buffers in the prefill layout's order.
-	// Pass it to AddPeer before registering chunks that name it.
+	// Peer is a decode pool this engine writes to. Pass it to AddPeer
+	// before registering chunks that name it; decode.Client.Peer (or
+	// Attach) gives it for a decode server in another process.
+	//
+	//	ID      the name DecodeInfo.Peer refers to
+	//	Address the decode transport's worker address (rdma.Transport.Address)
+	//	Buffers one PeerBuffer per prefill buffer, in Config.Buffers' order
 	Peer = plan.Peer
-	// PeerBuffer is one decode buffer of a Peer: its registered region
-	// (address, length, packed key) and its item length (bytes per page).
+	// PeerBuffer is one decode buffer of a Peer:
+	//
+	//	Region  its registration on the decode side: Addr, Len, Key (packed remote key)
+	//	ItemLen bytes of one page; must equal the prefill buffer's
 	PeerBuffer = plan.PeerBuffer
 	// ChunkSpec is what the scheduler registers before the forward that
-	// writes tokens [Start, End) of a room: the prefill pages backing the
-	// chunk (SrcPages, in position order), the request's page count and the
-	// room's decode destinations (Infos).
+	// writes tokens [Start, End) of a room:
+	//
+	//	Room       the request's transfer id, shared with the decode side
+	//	Start, End tokens; Start page-aligned, End floored to a page unless Last
+	//	Last       the request's last chunk
+	//	SrcPages   the prefill pages backing the chunk, in position order (a
+	//	           trailing partial page of a non-last chunk goes with the next)
+	//	TotalPages the request's page count (the contiguous CP rule needs it;
+	//	           when set it is checked against the chunk and the destinations)
+	//	Infos      the room's decode destinations (DecodeInfo)
 	ChunkSpec = plan.ChunkSpec
-	// DecodeInfo is one decode destination of a room: the peer, the full
-	// request's destination page list (position p goes to DstPages[p]),
-	// and whether it is a dummy that receives nothing.
+	// DecodeInfo is one decode destination of a room:
+	//
+	//	Peer     the ID of a Peer added with AddPeer
+	//	DstPages the whole request's decode pages: position p goes to DstPages[p]
+	//	Dummy    a destination that receives nothing
 	DecodeInfo = plan.DecodeInfo
 	// Mode is how a room is sent: PerLayer or Monolithic.
 	Mode = cp.Mode

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/decode"
 	"github.com/kvstream/kvstream/internal/twoproc"
 	"github.com/kvstream/kvstream/internal/workload"
 	"github.com/spf13/cobra"
@@ -23,9 +24,18 @@ func cliLogger(verbose bool) *zap.Logger {
 	return zap.New(zapcore.NewCore(zapcore.NewConsoleEncoder(zap.NewDevelopmentEncoderConfig()), zapcore.Lock(os.Stderr), level))
 }
 
+// closeWithin runs a Close that takes a context, bounded for a command
+// that is exiting.
+func closeWithin(close func(context.Context) error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_ = close(ctx)
+}
+
 func newDecode() *cobra.Command {
 	var listen, transport string
 	var wait time.Duration
+	var maxPoolMiB uint64
 	var verbose bool
 	cmd := &cobra.Command{
 		Use:   "decode",
@@ -34,7 +44,9 @@ func newDecode() *cobra.Command {
 (protoactor-go remote, gRPC), allocates a pool of the prefill's geometry, registers it with the
 transport (UCX: the prefill writes into it directly), and verifies every page of every chunk the
 prefill reports finished against the model's bytes. It prints one summary line and exits 0 only when
-every chunk succeeded and every byte matched.`,
+every chunk succeeded, every byte matched and the session was complete: the prefill said goodbye
+having sent every chunk it meant to, and every room it started received its last chunk. It is a
+thin command over package decode (decode.Listen, decode.New, Server.Accept).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log := cliLogger(verbose)
@@ -44,19 +56,28 @@ every chunk succeeded and every byte matched.`,
 				return err
 			}
 			defer tr.Close()
-			d, err := twoproc.StartDecode(listen, tr, log)
+			node, err := decode.Listen(listen, log)
 			if err != nil {
 				return err
 			}
-			defer d.Close()
-			fmt.Fprintf(cmd.OutOrStdout(), "decode: listening on %s (transport %s)\n", d.Addr(), transport)
-			s, err := d.Wait(wait)
+			defer closeWithin(node.Close)
+			d, err := twoproc.StartDecode(node, tr, uint64(maxPoolMiB)<<20, log)
 			if err != nil {
 				return err
+			}
+			defer closeWithin(d.Close)
+			fmt.Fprintf(cmd.OutOrStdout(), "decode: listening on %s (transport %s)\n", node.Addr(), transport)
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+			defer stop()
+			ctx, cancel := context.WithTimeout(ctx, wait)
+			defer cancel()
+			s, err := d.Serve(ctx)
+			if err != nil {
+				return errors.Wrapf(err, "no prefill session ended within --wait %v", wait)
 			}
 			fmt.Fprintln(cmd.OutOrStdout(), s)
 			if !s.OK() {
-				return errors.New("decode: the session did not end with every chunk successful and every byte equal")
+				return errors.New("decode: the session did not complete with every chunk successful and every byte equal")
 			}
 			return nil
 		},
@@ -65,6 +86,7 @@ every chunk succeeded and every byte matched.`,
 	fl.StringVar(&listen, "listen", "127.0.0.1:9100", "control-plane address (host:port; port 0 picks one)")
 	fl.StringVar(&transport, "transport", "ucx", "data transport: ucx (loopback does not cross processes)")
 	fl.DurationVar(&wait, "wait", time.Hour, "give up when no prefill session ended within this")
+	fl.Uint64Var(&maxPoolMiB, "max-pool-mib", 4096, "the most memory the decode pool sized for the prefill may take")
 	fl.BoolVar(&verbose, "verbose", false, "log at DEBUG")
 	return cmd
 }
@@ -80,7 +102,8 @@ func newPrefill() *cobra.Command {
 (UCX) into a decode process (kvstream decode), which verifies every page. The link is real, so
 --link-gbps and --time-scale do not apply. It prints one summary line and exits 0 only when every
 chunk succeeded and the decode process found every byte equal. If the decode process dies, its
-chunks fail within the finish timeout and the run stops.`,
+chunks fail within the finish timeout and the run stops. The session with the decode process is
+package decode's Client (decode.Dial, Notify per chunk, Bye with the run's outcome).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := f.config()
@@ -97,10 +120,12 @@ chunks fail within the finish timeout and the run stops.`,
 				return err
 			}
 			defer tr.Close()
-			plane, err := twoproc.NewPrefill(listen, decodeAddr, tr, log)
+			node, err := decode.Listen(listen, log)
 			if err != nil {
 				return err
 			}
+			defer closeWithin(node.Close)
+			plane := twoproc.NewPrefill(node, decodeAddr, tr, cfg.PromptTokens)
 			out := cmd.OutOrStdout()
 			if !f.noProg {
 				cfg.Progress = func(done, total int) { fmt.Fprintf(cmd.ErrOrStderr(), "prefill: forward %d/%d done\n", done, total) }
@@ -109,23 +134,40 @@ chunks fail within the finish timeout and the run stops.`,
 			defer stop()
 			mr, err := workload.RunRemote(ctx, cfg, log, plane, !monolithic)
 			if err != nil {
+				if plane.Lost() == nil {
+					byeCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+					_, _ = plane.End(byeCtx, err)
+					cancel()
+				}
 				return err
 			}
+			// Goodbye, with the run's outcome: a run that stopped early is
+			// never reported complete by the decode side.
+			var aborted error
+			if mr.Aborted != "" {
+				aborted = errors.New(mr.Aborted)
+			}
+			byeCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			summary, byeErr := plane.End(byeCtx, aborted)
+			cancel()
 			mode := "per-layer"
 			if monolithic {
 				mode = "monolithic"
 			}
 			chunks := len(mr.PerRequest)
-			line := fmt.Sprintf("prefill: %s over %s, %d requests, %d chunks failed, decode verified %d pages, bytes equal: %v, exposed transfer mean %.2f ms, %.2f GB/s",
-				mode, transport, chunks, mr.Failed, plane.Verified(), mr.Failed == 0 && plane.Verify(nil) == "" && mr.Aborted == "", mr.ExposedMs, mr.EffectiveGBps)
+			line := fmt.Sprintf("prefill: %s over %s, %d requests, %d chunks failed, decode accepted %d chunks, bytes equal: %v, exposed transfer mean %.2f ms, %.2f GB/s",
+				mode, transport, chunks, mr.Failed, summary.Chunks, mr.Failed == 0 && plane.Verify(nil) == "" && mr.Aborted == "" && byeErr == nil, mr.ExposedMs, mr.EffectiveGBps)
 			if mr.Aborted != "" {
 				line += "; stopped: " + mr.Aborted
 			}
 			if lost := plane.Lost(); lost != nil {
 				line += "; decode lost: " + lost.Error()
 			}
+			if byeErr != nil && plane.Lost() == nil {
+				line += "; decode: " + byeErr.Error()
+			}
 			fmt.Fprintln(out, line)
-			if mr.Failed > 0 || mr.Aborted != "" || plane.Verify(nil) != "" {
+			if mr.Failed > 0 || mr.Aborted != "" || plane.Verify(nil) != "" || byeErr != nil {
 				if mr.FirstError != "" {
 					fmt.Fprintln(out, "prefill: first failure:", mr.FirstError)
 				}

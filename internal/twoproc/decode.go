@@ -2,212 +2,157 @@ package twoproc
 
 import (
 	"bytes"
+	"context"
 	"fmt"
+	"strconv"
 	"sync"
-	"time"
 
-	"github.com/asynkron/protoactor-go/actor"
 	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/decode"
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/internal/testbed"
-	"github.com/kvstream/kvstream/messages/wire"
 	"go.uber.org/zap"
 )
 
-// DecodeSummary is what a decode process reports when its session ends.
+// SeedKey is the session metadata key that carries the sim model's seed:
+// what every page must hold.
+const SeedKey = "kvstream-sim-seed"
+
+// DecodeSummary is what the sim's decode process reports when its session
+// ends.
 type DecodeSummary struct {
-	Chunks        int
-	Failed        int // chunks the prefill reported not successful
+	decode.SessionReport
 	VerifiedPages uint64
 	Mismatch      string
-	// Lost says the prefill process went away before saying goodbye.
-	Lost error
+	// Err says why the session is not complete (aborted, lost, a failed
+	// chunk), or nil.
+	Err error
 }
 
-// OK reports whether every chunk succeeded and every page matched.
-func (s DecodeSummary) OK() bool { return s.Lost == nil && s.Mismatch == "" && s.Failed == 0 }
+// OK reports whether the session completed with every byte equal.
+func (s DecodeSummary) OK() bool { return s.Err == nil && s.Mismatch == "" && s.Complete }
 
 // String is the decode process's one summary line.
 func (s DecodeSummary) String() string {
-	line := fmt.Sprintf("decode: %d chunks (%d not successful), %d pages verified, bytes equal: %v", s.Chunks, s.Failed, s.VerifiedPages, s.Mismatch == "")
+	line := fmt.Sprintf("decode: %d chunks (%d not successful), %d pages verified, bytes equal: %v, session complete: %v",
+		s.Chunks, s.Failed, s.VerifiedPages, s.Mismatch == "", s.Complete)
 	if s.Mismatch != "" {
 		line += "; first mismatch: " + s.Mismatch
 	}
-	if s.Lost != nil {
-		line += "; prefill lost: " + s.Lost.Error()
+	if s.Err != nil {
+		line += "; " + s.Err.Error()
 	}
 	return line
 }
 
-// Decode is a decode process: one session with one prefill process.
+// Decode is the sim's decode process: a decode.Server whose pool is sized
+// by the first prefill and whose Verify checks the model's pattern.
 type Decode struct {
-	node *node
-	tr   rdma.Transport
-	log  *zap.Logger
-	done chan DecodeSummary
-	once sync.Once
+	Server *decode.Server
 
-	mu      sync.Mutex
-	pool    *testbed.Decode
-	seed    uint64
-	summary DecodeSummary
-	bye     bool // the prefill said goodbye: its leaving is no loss
+	mu       sync.Mutex
+	pool     *testbed.Pool
+	verified uint64
+	mismatch string
 }
 
-// byeGrace bounds how long a decode process waits, after answering Bye, for
-// the prefill to leave.
-var byeGrace = callTimeout
-
-// StartDecode listens on listen and serves one prefill session over tr.
-func StartDecode(listen string, tr rdma.Transport, log *zap.Logger) (*Decode, error) {
-	n, err := startNode(listen, log)
+// StartDecode serves prefill sessions on node over tr; the pool it sizes
+// for the first prefill holds at most maxPoolBytes.
+func StartDecode(node *decode.Node, tr rdma.Transport, maxPoolBytes uint64, log *zap.Logger) (*Decode, error) {
+	d := &Decode{}
+	srv, err := decode.New(node, tr, decode.Config{
+		Size:               func(l []decode.PrefillBuffer) ([]decode.Buffer, error) { return d.size(l, maxPoolBytes) },
+		AcceptUnknownRooms: true, // the sim's decode side does not schedule; it checks
+		Verify:             d.verify,
+		Log:                log,
+	})
 	if err != nil {
 		return nil, err
 	}
-	d := &Decode{node: n, tr: tr, log: log, done: make(chan DecodeSummary, 1)}
-	if _, err := n.system.Root.SpawnNamed(actor.PropsFromFunc(d.receive), DecodeActor); err != nil {
-		n.stop()
-		return nil, errors.Wrap(err, "spawn the decode actor")
-	}
+	d.Server = srv
 	return d, nil
 }
 
-// Addr is where the prefill process sends its Hello.
-func (d *Decode) Addr() string { return d.node.Addr() }
-
-// Wait returns the session's summary once the prefill said goodbye or was
-// lost, or after timeout.
-func (d *Decode) Wait(timeout time.Duration) (DecodeSummary, error) {
-	select {
-	case s := <-d.done:
-		return s, nil
-	case <-time.After(timeout):
-		return DecodeSummary{}, errors.Newf("no prefill session ended within %v", timeout)
+// size allocates a pool of the prefill's geometry, within the bound.
+func (d *Decode) size(layout []decode.PrefillBuffer, maxBytes uint64) ([]decode.Buffer, error) {
+	g := testbed.Geometry{ItemLen: layout[0].ItemLen}
+	for i, b := range layout {
+		if b.ItemLen != g.ItemLen || b.ItemLen == 0 {
+			return nil, errors.Newf("buffer %d (%s): item length %d, buffer 0: %d", i, b.Name, b.ItemLen, g.ItemLen)
+		}
+		g.Names, g.Layers = append(g.Names, b.Name), append(g.Layers, b.Layer)
 	}
+	// The sim's destination pages are below the prefill pool's size: a
+	// pool of that many pages, if it fits the bound.
+	pages := layout[0].Pages
+	if pages == 0 || pages > maxBytes/uint64(len(layout))/g.ItemLen {
+		return nil, errors.Newf("%d buffers of %d pages of %d bytes: more than --max-pool-mib allows (%d bytes)", len(layout), pages, g.ItemLen, maxBytes)
+	}
+	g.Pages = int(pages)
+	pool, err := testbed.NewPool(g)
+	if err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	d.pool = pool
+	d.mu.Unlock()
+	out := make([]decode.Buffer, len(layout))
+	for b := range out {
+		out[b] = decode.Buffer{Name: g.Names[b], Base: pool.Bases[b], ItemLen: g.ItemLen, Pages: g.Pages}
+	}
+	return out, nil
 }
 
-// Close frees the pool and stops the node.
-func (d *Decode) Close() {
-	d.node.stop()
+// verify checks every page a successful chunk wrote: each must hold the
+// model's bytes for its room, buffer and position.
+func (d *Decode) verify(ss *decode.Session, c decode.Chunk) error {
+	seed, err := strconv.ParseUint(ss.Metadata()[SeedKey], 10, 64)
+	if err != nil {
+		return errors.Newf("the prefill %s sent no sim seed (%s): its pages cannot be checked", ss.Prefill(), SeedKey)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	want := make([]byte, d.pool.ItemLen)
+	for i, pos := range c.Positions {
+		for b := range d.pool.Layers {
+			testbed.Fill(want, seed, c.Room, b, pos)
+			if !bytes.Equal(want, d.pool.Page(b, c.DstPages[i])) {
+				msg := fmt.Sprintf("room %d position %d (decode page %d) buffer %s: bytes differ", c.Room, pos, c.DstPages[i], d.pool.Names[b])
+				if d.mismatch == "" {
+					d.mismatch = msg
+				}
+				return errors.New(msg)
+			}
+			d.verified++
+		}
+	}
+	return nil
+}
+
+// Serve accepts the first prefill session and returns its summary once it
+// ended (the error is ctx's, when it ended first).
+func (d *Decode) Serve(ctx context.Context) (DecodeSummary, error) {
+	ss, err := d.Server.Accept(ctx)
+	if err != nil {
+		return DecodeSummary{}, err
+	}
+	rep, err := ss.Wait(ctx)
+	if ctx.Err() != nil && rep.Prefill == "" {
+		return DecodeSummary{}, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return DecodeSummary{SessionReport: rep, VerifiedPages: d.verified, Mismatch: d.mismatch, Err: err}, nil
+}
+
+// Close closes the server and frees the pool.
+func (d *Decode) Close(ctx context.Context) error {
+	err := d.Server.Close(ctx)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.pool != nil {
-		_ = d.pool.Free()
+		err = errors.CombineErrors(err, d.pool.Free())
 		d.pool = nil
 	}
-}
-
-func (d *Decode) end(lost error) {
-	d.once.Do(func() {
-		d.mu.Lock()
-		s := d.summary
-		s.Lost = lost
-		d.mu.Unlock()
-		d.done <- s
-	})
-}
-
-func (d *Decode) receive(ctx actor.Context) {
-	switch m := ctx.Message().(type) {
-	case *wire.Hello:
-		offer := d.hello(m)
-		if offer.Error == "" && m.SessionId != "" {
-			// The prefill's session actor going away ends the session (the
-			// request's sender is a short-lived future).
-			ctx.Watch(actor.NewPID(m.SessionAddress, m.SessionId))
-		}
-		ctx.Respond(offer)
-	case *wire.ChunkNotice:
-		ctx.Respond(d.notice(m))
-	case *wire.Bye:
-		d.mu.Lock()
-		s := d.summary
-		d.bye = true
-		d.mu.Unlock()
-		ctx.Respond(&wire.Summary{Chunks: uint64(s.Chunks), VerifiedPages: s.VerifiedPages, Mismatch: s.Mismatch})
-		// The reply is still queued in the endpoint writer: stopping the node
-		// now would drop it. The session ends when the prefill, having read
-		// it, leaves (Terminated below), or after a grace period.
-		time.AfterFunc(byeGrace, func() { d.end(nil) })
-	case *actor.Terminated:
-		d.mu.Lock()
-		bye := d.bye
-		d.mu.Unlock()
-		if bye {
-			d.end(nil)
-		} else {
-			d.end(errors.Newf("%s terminated", m.Who))
-		}
-	}
-}
-
-func (d *Decode) hello(m *wire.Hello) *wire.Offer {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.pool != nil {
-		return &wire.Offer{Error: "this decode process already serves a prefill"}
-	}
-	if len(m.Buffers) == 0 || m.Pages == 0 {
-		return &wire.Offer{Error: fmt.Sprintf("hello with %d buffers of %d pages", len(m.Buffers), m.Pages)}
-	}
-	g := testbed.Geometry{ItemLen: m.Buffers[0].ItemLen, Pages: int(m.Pages)}
-	for _, b := range m.Buffers {
-		if b.ItemLen != g.ItemLen {
-			return &wire.Offer{Error: fmt.Sprintf("buffer %s: item length %d, the others %d", b.Name, b.ItemLen, g.ItemLen)}
-		}
-		g.Names, g.Layers = append(g.Names, b.Name), append(g.Layers, int(b.Layer))
-	}
-	pool, err := testbed.NewDecode(d.tr, g)
-	if err != nil {
-		return &wire.Offer{Error: err.Error()}
-	}
-	d.pool, d.seed = pool, m.Seed
-	d.log.Debug("decode pool ready", zap.String("prefill", m.Prefill), zap.Int("buffers", len(g.Layers)), zap.Uint64("pages", m.Pages))
-	offer := &wire.Offer{PeerId: "decode", WorkerAddress: d.tr.Address()}
-	for _, r := range pool.Regions {
-		desc := r.Desc()
-		offer.Regions = append(offer.Regions, &wire.Region{Addr: desc.Addr, Len: desc.Len, Key: desc.Key, ItemLen: g.ItemLen})
-	}
-	return offer
-}
-
-// notice verifies a finished chunk: every page it wrote must hold the
-// model's bytes for its room, buffer and position.
-func (d *Decode) notice(m *wire.ChunkNotice) *wire.NoticeAck {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.summary.Chunks++
-	if m.Status != "SUCCESS" {
-		d.summary.Failed++
-		return &wire.NoticeAck{}
-	}
-	ack := &wire.NoticeAck{}
-	if d.pool == nil || len(m.Positions) != len(m.DstPages) {
-		ack.Mismatch = "a notice before the pool, or positions and pages of different lengths"
-	} else {
-		want := make([]byte, d.pool.ItemLen)
-		for i, pos := range m.Positions {
-			page := int(m.DstPages[i])
-			if page < 0 || page >= d.pool.Pages {
-				ack.Mismatch = fmt.Sprintf("room %d: decode page %d outside the pool", m.Room, page)
-				break
-			}
-			for b := range d.pool.Layers {
-				testbed.Fill(want, d.seed, m.Room, b, int(pos))
-				if !bytes.Equal(want, d.pool.Page(b, page)) {
-					ack.Mismatch = fmt.Sprintf("room %d position %d (decode page %d) buffer %s: bytes differ", m.Room, pos, page, d.pool.Names[b])
-					break
-				}
-				ack.VerifiedPages++
-			}
-			if ack.Mismatch != "" {
-				break
-			}
-		}
-	}
-	d.summary.VerifiedPages += ack.VerifiedPages
-	if d.summary.Mismatch == "" {
-		d.summary.Mismatch = ack.Mismatch
-	}
-	return ack
+	return err
 }

@@ -1,178 +1,127 @@
 package twoproc
 
 import (
+	"context"
+	"strconv"
 	"sync"
-	"time"
 
-	"github.com/asynkron/protoactor-go/actor"
 	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/decode"
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/internal/testbed"
 	"github.com/kvstream/kvstream/internal/workload"
-	"github.com/kvstream/kvstream/messages/wire"
 	"github.com/kvstream/kvstream/system"
 	"go.uber.org/zap"
 )
 
-// callTimeout bounds one control-plane round trip.
-const callTimeout = 10 * time.Second
-
-// Prefill is the prefill process's side of the control plane: a
-// workload.DataPlane whose decode side is another process.
+// Prefill is the sim workload's decode side when the decode is another
+// process: a workload.DataPlane over a decode.Client. The session stays
+// open after the run (Close does not end it) so that the command can say
+// goodbye with the run's outcome (End).
 type Prefill struct {
-	node    *node
-	decode  *actor.PID
-	session *actor.PID
-	tr      rdma.Transport
+	node         *decode.Node
+	decodeAddr   string
+	tr           rdma.Transport
+	promptTokens int
 
 	mu       sync.Mutex
-	closing  bool // after Bye the decode process leaves: that is no loss
-	onLost   func(error)
-	lost     error
-	verified uint64
-	notices  int
+	client   *decode.Client
+	onLost   []func(error)
 	mismatch string
-	summary  *wire.Summary
+	notices  int
 }
 
 var _ workload.DataPlane = (*Prefill)(nil)
 
-// NewPrefill starts a node on listen and targets the decode process at
-// decodeAddr; data goes over tr.
-func NewPrefill(listen, decodeAddr string, tr rdma.Transport, log *zap.Logger) (*Prefill, error) {
-	n, err := startNode(listen, log)
-	if err != nil {
-		return nil, err
-	}
-	p := &Prefill{node: n, decode: actor.NewPID(decodeAddr, DecodeActor), tr: tr}
-	// The session actor lives as long as this process: the decode side
-	// watches it to notice the prefill going away. It also watches the
-	// decode actor, for the opposite.
-	if p.session, err = n.system.Root.SpawnNamed(watcher(p.decode, p.peerLost), "prefill-session"); err != nil {
-		n.stop()
-		return nil, err
-	}
-	return p, nil
+// NewPrefill targets the decode process at decodeAddr from node; data goes
+// over tr. promptTokens is every request's length: a chunk ending there is
+// its room's last.
+func NewPrefill(node *decode.Node, decodeAddr string, tr rdma.Transport, promptTokens int) *Prefill {
+	return &Prefill{node: node, decodeAddr: decodeAddr, tr: tr, promptTokens: promptTokens}
 }
 
-// Open asks the decode process for a pool of geom and returns its peer.
-func (p *Prefill) Open(geom testbed.Geometry, seed uint64, _ *zap.Logger) (rdma.Transport, system.Peer, error) {
-	hello := &wire.Hello{Prefill: p.node.Addr(), Pages: uint64(geom.Pages), Seed: seed,
-		SessionAddress: p.session.Address, SessionId: p.session.Id}
-	for i, l := range geom.Layers {
-		hello.Buffers = append(hello.Buffers, &wire.Buffer{Name: geom.Names[i], Layer: int32(l), ItemLen: geom.ItemLen})
+// Open dials the decode process with the pool's layout and returns its peer.
+func (p *Prefill) Open(geom testbed.Geometry, seed uint64, log *zap.Logger) (rdma.Transport, system.Peer, error) {
+	bufs := make([]system.Buffer, len(geom.Layers))
+	for i := range bufs {
+		bufs[i] = system.Buffer{Name: geom.Names[i], Layer: geom.Layers[i], ItemLen: geom.ItemLen, Pages: geom.Pages}
 	}
-	res, err := p.node.system.Root.RequestFuture(p.decode, hello, callTimeout).Result()
+	c, err := decode.Dial(context.Background(), p.node, decode.DialConfig{Decode: p.decodeAddr, Buffers: bufs,
+		Metadata: map[string]string{SeedKey: strconv.FormatUint(seed, 10)}, Log: log})
 	if err != nil {
-		return nil, system.Peer{}, errors.Wrapf(err, "hello to the decode process at %s", p.decode.Address)
+		return nil, system.Peer{}, err
 	}
-	offer, ok := res.(*wire.Offer)
-	if !ok {
-		return nil, system.Peer{}, errors.Newf("decode process answered %T to hello", res)
+	p.mu.Lock()
+	p.client = c
+	fs := p.onLost
+	p.mu.Unlock()
+	for _, f := range fs {
+		c.OnLost(f)
 	}
-	if offer.Error != "" {
-		return nil, system.Peer{}, errors.Newf("decode process: %s", offer.Error)
-	}
-	peer := system.Peer{ID: offer.PeerId, Address: offer.WorkerAddress}
-	for _, r := range offer.Regions {
-		peer.Buffers = append(peer.Buffers, system.PeerBuffer{Region: rdma.RegionDesc{Addr: r.Addr, Len: r.Len, Key: r.Key}, ItemLen: r.ItemLen})
-	}
-	return p.tr, peer, nil
+	return p.tr, c.Peer(), nil
 }
 
 // OnPeerLost sets what to do when the decode process is lost.
 func (p *Prefill) OnPeerLost(f func(error)) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.onLost = f
-	if p.lost != nil {
-		f(p.lost)
+	c := p.client
+	if c == nil {
+		p.onLost = append(p.onLost, f)
 	}
-}
-
-func (p *Prefill) peerLost(err error) {
-	p.mu.Lock()
-	if p.closing {
-		p.mu.Unlock()
-		return
-	}
-	p.lost = err
-	f := p.onLost
 	p.mu.Unlock()
-	if f != nil {
-		f(err)
+	if c != nil {
+		c.OnLost(f)
 	}
 }
 
 // Lost returns why the decode process was lost, or nil.
 func (p *Prefill) Lost() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.lost
+	if c := p.session(); c != nil {
+		return c.Lost()
+	}
+	return nil
 }
 
-// ChunkDone sends a finished chunk to the decode process for verification.
+func (p *Prefill) session() *decode.Client {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.client
+}
+
+// ChunkDone sends a finished chunk to the decode process, which verifies it.
 func (p *Prefill) ChunkDone(n workload.Notice) {
-	if p.Lost() != nil {
+	c := p.session()
+	if c == nil || c.Lost() != nil {
 		return
 	}
-	msg := &wire.ChunkNotice{Room: n.Room, Start: int64(n.Start), End: int64(n.End), Status: n.Status.String(), Bytes: n.Bytes}
-	if n.Err != nil {
-		msg.Error = n.Err.Error()
-	}
-	for i := range n.Positions {
-		msg.Positions = append(msg.Positions, int64(n.Positions[i]))
-		msg.DstPages = append(msg.DstPages, int64(n.DstPages[i]))
-	}
-	res, err := p.node.system.Root.RequestFuture(p.decode, msg, callTimeout).Result()
+	res := system.Result{Status: n.Status, Err: n.Err, Stats: system.ChunkStats{Bytes: n.Bytes}}
+	res.Chunk.Room, res.Chunk.Start, res.Chunk.End = n.Room, n.Start, n.End
+	err := c.Notify(context.Background(), decode.Notice{Result: res, Last: n.End >= p.promptTokens,
+		Positions: n.Positions, DstPages: n.DstPages})
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.notices++
-	ack, ok := res.(*wire.NoticeAck)
-	switch {
-	case err != nil:
-		if p.mismatch == "" && p.lost == nil {
-			p.mismatch = "decode process did not acknowledge a chunk: " + err.Error()
-		}
-	case !ok:
-		p.mismatch = "decode process answered a notice with something else"
-	default:
-		p.verified += ack.VerifiedPages
-		if p.mismatch == "" {
-			p.mismatch = ack.Mismatch
-		}
+	if err != nil && p.mismatch == "" && c.Lost() == nil {
+		p.mismatch = err.Error()
 	}
 }
 
-// Verify returns the decode process's first mismatch, or "".
+// Verify returns the decode process's first refusal or mismatch, or "".
 func (p *Prefill) Verify(*testbed.Pool) string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.mismatch
 }
 
-// Verified returns how many pages (x buffers) the decode process checked.
-func (p *Prefill) Verified() uint64 {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.verified
-}
+// Close keeps the session open: End says goodbye with the run's outcome.
+func (p *Prefill) Close() error { return nil }
 
-// Close says goodbye (when the decode process is still there) and stops
-// the node.
-func (p *Prefill) Close() error {
-	p.mu.Lock()
-	p.closing = true
-	p.mu.Unlock()
-	if p.Lost() == nil {
-		if res, err := p.node.system.Root.RequestFuture(p.decode, &wire.Bye{Chunks: uint64(p.notices)}, callTimeout).Result(); err == nil {
-			if s, ok := res.(*wire.Summary); ok {
-				p.mu.Lock()
-				p.summary = s
-				p.mu.Unlock()
-			}
-		}
+// End says goodbye: aborted is nil when the run sent every chunk, else why
+// it stopped. It returns the decode process's summary and its verdict.
+func (p *Prefill) End(ctx context.Context, aborted error) (decode.Summary, error) {
+	c := p.session()
+	if c == nil {
+		return decode.Summary{}, errors.New("no session: the run never opened one")
 	}
-	p.node.stop()
-	return nil
+	return c.Bye(ctx, aborted)
 }

@@ -1,0 +1,337 @@
+package decode
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/hw/rdma"
+	"github.com/kvstream/kvstream/messages/wire"
+	"github.com/kvstream/kvstream/system"
+	"go.uber.org/zap"
+)
+
+// DefaultCallTimeout bounds one control-plane round trip when the caller's
+// context has no earlier deadline.
+const DefaultCallTimeout = 10 * time.Second
+
+// DialConfig says which decode server a prefill opens a session with, and
+// what it describes to it.
+type DialConfig struct {
+	// Decode is the decode server's node address (its Server.Addr).
+	Decode string
+	// Buffers is the prefill layout: the engine's system.Config.Buffers.
+	// Names, layers and item lengths cross the wire; the decode server
+	// checks its pool against them.
+	Buffers []system.Buffer
+	// Name names this prefill in the decode server's logs (default: the
+	// node's address).
+	Name string
+	// Metadata is passed to the decode side as is (Session.Metadata).
+	Metadata map[string]string
+	// CallTimeout bounds each round trip (default DefaultCallTimeout).
+	CallTimeout time.Duration
+	// Log receives failures at WARN (default: none).
+	Log *zap.Logger
+}
+
+// Client is the prefill side of a session with a decode server: the Peer to
+// add to the engine, the chunk notices after each Finish, the goodbye, and
+// the decode server's loss.
+type Client struct {
+	node    *Node
+	cfg     DialConfig
+	decode  *actor.PID
+	self    *actor.PID // the session actor the decode server watches
+	session string
+	peer    system.Peer
+	notices atomic.Uint64
+
+	mu     sync.Mutex
+	ended  bool // Bye sent: the decode server leaving is no loss
+	lost   error
+	onLost []func(error)
+}
+
+var clients atomic.Uint64
+
+// Dial opens a session with the decode server at cfg.Decode: it sends the
+// prefill layout and receives the decode pool's description. A decode
+// server of another protocol version is an error marked ErrVersion; a
+// layout that does not match its pool, ErrBadInput (naming the buffer).
+func Dial(ctx context.Context, node *Node, cfg DialConfig) (_ *Client, err error) {
+	defer func() { err = public(err) }()
+	switch {
+	case node == nil:
+		return nil, badInput("decode.Dial needs a node")
+	case node.isClosed():
+		return nil, closedError("decode.Dial on a closed node")
+	case cfg.Decode == "":
+		return nil, badInput("DialConfig.Decode is empty: the decode server's address")
+	case len(cfg.Buffers) == 0 || len(cfg.Buffers) > maxBuffers:
+		return nil, badInput("DialConfig.Buffers: %d buffers (want 1 to %d)", len(cfg.Buffers), maxBuffers)
+	case cfg.CallTimeout < 0:
+		return nil, badInput("DialConfig.CallTimeout %v: must not be negative", cfg.CallTimeout)
+	}
+	if cfg.CallTimeout == 0 {
+		cfg.CallTimeout = DefaultCallTimeout
+	}
+	if cfg.Name == "" {
+		cfg.Name = node.Addr()
+	}
+	if cfg.Log == nil {
+		cfg.Log = zap.NewNop()
+	}
+	c := &Client{node: node, cfg: cfg, decode: actor.NewPID(cfg.Decode, ServerActor)}
+	// The session actor lives as long as the session: the decode server
+	// watches it to notice the prefill going away, and it watches the
+	// decode server, for the opposite.
+	name := "kvstream-prefill-" + strconv.FormatUint(clients.Add(1), 10)
+	if c.self, err = node.system.Root.SpawnNamed(actor.PropsFromFunc(c.receive), name); err != nil {
+		return nil, errors.Wrap(err, "spawn the prefill session actor")
+	}
+	defer func() {
+		if err != nil {
+			_ = node.stopActor(context.Background(), c.self)
+		}
+	}()
+	hello := &wire.Hello{Version: ProtocolVersion, Prefill: cfg.Name, SessionAddress: c.self.Address,
+		SessionId: c.self.Id, Metadata: maps.Clone(cfg.Metadata)}
+	for _, b := range cfg.Buffers {
+		hello.Buffers = append(hello.Buffers, &wire.Buffer{Name: b.Name, Layer: int32(b.Layer), ItemLen: b.ItemLen, Pages: uint64(max(b.Pages, 0))})
+	}
+	res, err := node.request(ctx, c.decode, hello, cfg.CallTimeout)
+	if err != nil {
+		return nil, errors.Wrapf(err, "hello to the decode server at %s", cfg.Decode)
+	}
+	offer, ok := res.(*wire.Offer)
+	switch {
+	case !ok:
+		return nil, errors.Newf("the decode server at %s answered %T to hello", cfg.Decode, res)
+	case offer.Version != ProtocolVersion:
+		return nil, errors.Mark(errors.Mark(errors.Newf("the decode server at %s speaks protocol version %d, this prefill %d: %s",
+			cfg.Decode, offer.Version, ProtocolVersion, offer.Error), ErrVersion), ErrBadInput)
+	case offer.Code != wire.Code_OK:
+		return nil, codeError(offer.Code, "decode server at %s: %s", cfg.Decode, offer.Error)
+	case len(offer.Regions) != len(cfg.Buffers):
+		return nil, errors.Newf("the decode server at %s offered %d regions for %d buffers", cfg.Decode, len(offer.Regions), len(cfg.Buffers))
+	}
+	c.session = offer.Session
+	c.peer = system.Peer{ID: offer.PeerId, Address: offer.WorkerAddress}
+	for _, r := range offer.Regions {
+		c.peer.Buffers = append(c.peer.Buffers, system.PeerBuffer{Region: rdma.RegionDesc{Addr: r.Addr, Len: r.Len, Key: r.Key}, ItemLen: r.ItemLen})
+	}
+	return c, nil
+}
+
+// codeError marks an answer's refusal with its class.
+func codeError(code wire.Code, format string, args ...any) error {
+	err := errors.Newf(format, args...)
+	switch code {
+	case wire.Code_BAD_INPUT:
+		return errors.Mark(err, ErrBadInput)
+	case wire.Code_VERSION:
+		return errors.Mark(errors.Mark(err, ErrVersion), ErrBadInput)
+	case wire.Code_ROOM_FAILED:
+		return errors.Mark(err, ErrChunkFailed)
+	default:
+		return errors.Mark(err, ErrRefused)
+	}
+}
+
+// receive is the session actor: it watches the decode server.
+func (c *Client) receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *actor.Started:
+		ctx.Watch(c.decode)
+	case *actor.Stopping:
+		// Unwatch before leaving, so that the decode server's own stop
+		// later sends nothing here: protoactor-go remote panics on a
+		// Terminated that arrives while this node closes (its endpoint
+		// supervisor already stopped, the connection map not yet marked).
+		ctx.Unwatch(c.decode)
+	case *actor.Terminated:
+		c.peerLost(errors.Mark(errors.Newf("decode server %s went away (%s)", fmt.Sprint(m.Who), m.Why), ErrDecodeLost))
+	}
+}
+
+// Peer is the decode pool as the prefill engine needs it
+// (system.Engine.AddPeer); Attach adds it.
+func (c *Client) Peer() system.Peer { return c.peer }
+
+// Attach adds the decode pool to the engine as a peer and tells the engine
+// when the decode server is lost (system.Engine.PeerLost: its work fails at
+// once).
+func (c *Client) Attach(eng *system.Engine) error {
+	if err := eng.AddPeer(c.peer); err != nil {
+		return public(err)
+	}
+	c.OnLost(func(cause error) { _ = eng.PeerLost(c.peer.ID, cause) })
+	return nil
+}
+
+// OnLost calls f (on a goroutine of the node) when the decode server goes
+// away before Bye; at once if it already did.
+func (c *Client) OnLost(f func(error)) {
+	c.mu.Lock()
+	lost := c.lost
+	if lost == nil {
+		c.onLost = append(c.onLost, f)
+	}
+	c.mu.Unlock()
+	if lost != nil {
+		f(lost)
+	}
+}
+
+func (c *Client) peerLost(err error) {
+	c.mu.Lock()
+	if c.ended || c.lost != nil {
+		c.mu.Unlock()
+		return
+	}
+	c.lost = err
+	fs := c.onLost
+	c.mu.Unlock()
+	c.cfg.Log.Warn("decode server lost", zap.String("decode", c.cfg.Decode), zap.Error(err))
+	for _, f := range fs {
+		f(public(err))
+	}
+}
+
+// Lost returns why the decode server was lost (marked ErrDecodeLost), or
+// nil.
+func (c *Client) Lost() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return public(c.lost)
+}
+
+// Notify tells the decode server how a chunk ended, after the engine's
+// Finish (or Drop) returned for it: a chunk reported successful must have
+// every byte landed, and a failed one must have stopped writing, which
+// Finish and Drop guarantee unless their error is marked ErrNotQuiesced
+// (sent along). The error is the decode server's refusal (ErrBadInput with
+// the value, ErrChunkFailed when its Verify rejected the bytes, ErrRefused),
+// ErrDecodeLost, or ctx's.
+func (c *Client) Notify(ctx context.Context, n Notice) error {
+	c.mu.Lock()
+	ended := c.ended
+	c.mu.Unlock()
+	if ended {
+		return public(closedError("Notify"))
+	}
+	if lost := c.Lost(); lost != nil {
+		return lost
+	}
+	if len(n.Positions) != len(n.DstPages) {
+		return public(badInput("room %d notice: %d positions, %d pages", n.Result.Chunk.Room, len(n.Positions), len(n.DstPages)))
+	}
+	r := n.Result
+	msg := &wire.ChunkNotice{Session: c.session, Room: r.Chunk.Room, Start: int64(r.Chunk.Start), End: int64(r.Chunk.End),
+		Last: n.Last, Bytes: r.Stats.Bytes, Positions: make([]int64, len(n.Positions)), DstPages: make([]int64, len(n.DstPages))}
+	switch r.Status {
+	case system.Succeeded:
+		msg.Status = wire.Status_SUCCEEDED
+	case system.Dropped:
+		msg.Status = wire.Status_DROPPED
+	default:
+		msg.Status = wire.Status_FAILED
+	}
+	if r.Err != nil {
+		msg.Error = r.Err.Error()
+		msg.NotQuiesced = errors.Is(r.Err, system.ErrNotQuiesced)
+	}
+	for i := range n.Positions {
+		msg.Positions[i], msg.DstPages[i] = int64(n.Positions[i]), int64(n.DstPages[i])
+	}
+	c.notices.Add(1)
+	res, err := c.node.request(ctx, c.decode, msg, c.cfg.CallTimeout)
+	if err != nil {
+		if lost := c.Lost(); lost != nil {
+			return lost
+		}
+		return public(errors.Wrapf(err, "room %d chunk [%d, %d): notice", msg.Room, msg.Start, msg.End))
+	}
+	a, ok := res.(*wire.NoticeAck)
+	switch {
+	case !ok:
+		return public(errors.Newf("room %d: the decode server answered %T to a notice", msg.Room, res))
+	case a.Code != wire.Code_OK:
+		return public(codeError(a.Code, "decode server: %s", a.Error))
+	}
+	return nil
+}
+
+// Summary is the decode server's view of the session, answered to Bye.
+type Summary struct {
+	Chunks, Failed int // notices it accepted, and of which not successful or refused
+}
+
+// Bye ends the session: aborted is nil when the prefill sent every chunk
+// it meant to, else why it stopped early (the decode server then reports
+// the session, and its unfinished rooms, aborted). Send it after the
+// engine finished or dropped every chunk to this decode server (after
+// Engine.Close, say), so that nothing writes its pages any more. The error
+// is the decode server's verdict when the session is not complete
+// (ErrChunkFailed, ErrSessionAborted...), ErrDecodeLost, or ctx's; Summary
+// holds what it counted. Bye stops the session actor; a second Bye is an
+// error marked ErrClosed.
+func (c *Client) Bye(ctx context.Context, aborted error) (Summary, error) {
+	c.mu.Lock()
+	if c.ended {
+		c.mu.Unlock()
+		return Summary{}, public(closedError("Bye"))
+	}
+	c.ended = true
+	lost := c.lost
+	c.mu.Unlock()
+	defer func() { _ = c.node.stopActor(ctx, c.self) }()
+	if lost != nil {
+		return Summary{}, public(lost)
+	}
+	bye := &wire.Bye{Session: c.session, Chunks: c.notices.Load()}
+	if aborted != nil {
+		bye.Aborted = aborted.Error()
+	}
+	res, err := c.node.request(ctx, c.decode, bye, c.cfg.CallTimeout)
+	if err != nil {
+		return Summary{}, public(errors.Wrap(err, "bye"))
+	}
+	s, ok := res.(*wire.Summary)
+	if !ok {
+		return Summary{}, public(errors.Newf("the decode server answered %T to bye", res))
+	}
+	sum := Summary{Chunks: int(s.Chunks), Failed: int(s.Failed)}
+	if s.Code != wire.Code_OK {
+		err := codeError(s.Code, "decode server: session not complete: %s", s.Error)
+		if aborted != nil {
+			err = errors.Mark(err, ErrSessionAborted)
+		}
+		return sum, public(err)
+	}
+	return sum, nil
+}
+
+// Close says Bye (as aborted, "closed without Bye") if the session has not
+// ended, within ctx, and stops the session actor. It does not stop the
+// node.
+func (c *Client) Close(ctx context.Context) error {
+	c.mu.Lock()
+	ended := c.ended
+	c.mu.Unlock()
+	if ended {
+		return nil
+	}
+	_, err := c.Bye(ctx, errors.New("closed without Bye"))
+	if errors.Is(err, ErrSessionAborted) || errors.Is(err, ErrDecodeLost) {
+		return nil // what closing without Bye means
+	}
+	return err
+}

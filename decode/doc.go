@@ -1,0 +1,61 @@
+// Package decode is kvstream's decode side, and the prefill's session with
+// it: a serving stack embeds a Server next to its decode pool, and each
+// prefill engine opens a session with it through a Client. The KV moves over
+// the transport (RDMA/UCX: the prefill writes straight into the decode
+// pool); this package is the control plane beside it (protoactor-go remote,
+// the versioned protobuf messages of messages/wire).
+//
+// # Decode side
+//
+//	node, err := decode.Listen("0.0.0.0:9100", log)      // one per process
+//	srv, err := decode.New(node, transport, decode.Config{Buffers: pool}) // registers the pool
+//	// Per request: allocate decode pages, publish them to the prefill's
+//	// scheduler (its DecodeInfo.DstPages), then:
+//	err = srv.Expect(room, pages)
+//	r, err := srv.Wait(ctx, room) // the chunks the prefill reported, once their bytes landed
+//	// err == nil: every chunk succeeded, the last one included: decode r's pages.
+//	srv.Release(room)             // when the pages are free again
+//
+// Wait never reports a room complete unless the prefill reported its last
+// chunk successful, after its Finish returned (every byte landed), with every
+// earlier chunk successful. Otherwise it says why, by class (errors.Is, with
+// the standard library's errors package or cockroachdb's):
+//
+//   - ErrChunkFailed: the prefill reported a chunk FAILED or DROPPED, or
+//     named pages that are not the room's, or Config.Verify rejected it;
+//   - ErrSessionAborted: the prefill said goodbye before the room's last
+//     chunk (a prefill that stopped early is never reported complete);
+//   - ErrPrefillLost: the prefill's process or connection went away;
+//   - ErrNotQuiesced (with one of the above): writes may still land in the
+//     room's pages; do not hand them to another room. A failed chunk's
+//     notice comes after the prefill's Finish or Drop stopped its writes,
+//     so without this mark the pages are quiet;
+//   - ErrClosed, or the context's error.
+//
+// # Prefill side
+//
+//	node, err := decode.Listen("0.0.0.0:0", log)
+//	c, err := decode.Dial(ctx, node, decode.DialConfig{Decode: "decode-host:9100", Buffers: cfg.Buffers})
+//	err = c.Attach(eng)           // Engine.AddPeer, and Engine.PeerLost when the decode server goes
+//	// per chunk, after eng.Finish(ctx, room) returned res for the chunk registered as spec:
+//	n, err := c.NoticeFor(eng.Config(), spec, res) // the absolute positions sent, their decode pages
+//	err = c.Notify(ctx, n)
+//	// at the end, after eng.Close (nothing writes any more):
+//	sum, err := c.Bye(ctx, nil)   // or the reason the prefill stopped early
+//
+// # Protocol
+//
+// Hello (the prefill's layout and protocol version) is answered by an Offer
+// (the pool's regions, keys and transport address, and a session token)
+// or a refusal with a code: VERSION when the versions differ (Dial's error
+// is marked ErrVersion), BAD_INPUT when the layout does not match the pool
+// (ErrBadInput, naming the buffer). Every ChunkNotice carries the session
+// token and must come from the node that said Hello; it is checked against
+// the pool and the room before it changes anything. Bye carries how many
+// notices the prefill sent and whether it stopped early; its answer is the
+// decode side's verdict. Each side watches the other's session actor, so a
+// vanished peer is reported (ErrPrefillLost, ErrDecodeLost).
+//
+// Close methods take a context; every wait in this package is bounded by
+// one.
+package decode

@@ -1,0 +1,57 @@
+package decode
+
+import (
+	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/internal/stderrs"
+	"github.com/kvstream/kvstream/system"
+)
+
+// Error classes a caller branches on with errors.Is (the standard library's
+// or cockroachdb's: every error this package returns answers both).
+var (
+	// ErrBadInput: a value passed in, or a value a peer sent, cannot be
+	// served (pages out of range, an unknown room, a buffer geometry that
+	// does not match the pool). The error names the value; nothing changed.
+	// It is system.ErrBadInput, so one check covers both packages.
+	ErrBadInput = system.ErrBadInput
+	// ErrVersion: the peer speaks another version of the control protocol
+	// (package messages/wire). Also marked ErrBadInput.
+	ErrVersion = errors.New("control protocol version mismatch")
+	// ErrChunkFailed: the prefill reported a chunk of the room not
+	// successful (FAILED or DROPPED), or a notice for the room was refused,
+	// or Config.Verify rejected the room's bytes. Do not decode the room.
+	// The prefill sends a failed chunk's notice only after its writes
+	// stopped (its Finish or Drop quiesced), so the pages may be reused
+	// unless the error is also marked ErrNotQuiesced.
+	ErrChunkFailed = errors.New("chunk failed")
+	// ErrPrefillLost: the prefill's process or connection went away before
+	// the room completed. Also marked ErrNotQuiesced: writes it posted may
+	// still be in flight.
+	ErrPrefillLost = errors.New("prefill lost")
+	// ErrDecodeLost: (prefill side) the decode server went away.
+	ErrDecodeLost = errors.New("decode server lost")
+	// ErrSessionAborted: the prefill ended its session (Bye) before the room
+	// completed, or said it stopped early: the session is not complete.
+	ErrSessionAborted = errors.New("session aborted")
+	// ErrNotQuiesced: writes into the room's pages may still land; do not
+	// reuse those pages for another room. It is system.ErrNotQuiesced.
+	ErrNotQuiesced = system.ErrNotQuiesced
+	// ErrClosed: the server, client or node was closed. Also marked
+	// ErrBadInput when a call came after Close.
+	ErrClosed = errors.New("closed")
+	// ErrRefused: the decode server refused a message: not the sender's
+	// session, the session already ended, or too many sessions.
+	ErrRefused = errors.New("refused")
+)
+
+// badInput is an error of a caller's value: it names the value.
+func badInput(format string, args ...any) error {
+	return errors.Mark(errors.Newf(format, args...), ErrBadInput)
+}
+
+// public is how every exported function returns its error.
+func public(err error) error { return stderrs.Public(err) }
+
+func closedError(call string) error {
+	return errors.Mark(errors.Mark(errors.Newf("%s after Close", call), ErrClosed), ErrBadInput)
+}

@@ -1,0 +1,95 @@
+package decode_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+
+	"github.com/kvstream/kvstream/decode"
+	"github.com/kvstream/kvstream/hw/cuda/sim"
+	"github.com/kvstream/kvstream/hw/hostmem"
+	"github.com/kvstream/kvstream/hw/rdma/loopback"
+	"github.com/kvstream/kvstream/system"
+)
+
+// A decode server and a prefill engine stream one request's KV: the decode
+// side expects the room on the pages it allocated, the prefill registers
+// the chunk, runs the forward, finishes it and tells the decode side, which
+// learns that the room's bytes landed. Here both sides share one process,
+// one node and the loopback fabric; in production each has its own process
+// and node, over RDMA. (examples/disagg is the full loop.)
+func Example() {
+	const layers, itemLen, pages = 2, 256, 8
+	ctx := context.Background()
+	fabric := loopback.NewFabric(loopback.Options{})
+	node, err := decode.Listen("127.0.0.1:0", nil)
+	check(err)
+	defer node.Close(ctx)
+
+	// Decode side: register the pool, expect room 1 on decode pages 5 and 2.
+	decodeTr, err := fabric.NewTransport("decode")
+	check(err)
+	defer decodeTr.Close()
+	dpool, err := hostmem.Alloc(layers * itemLen * pages)
+	check(err)
+	defer dpool.Free()
+	srv, err := decode.New(node, decodeTr, decode.Config{Buffers: []decode.Buffer{
+		{Name: "KV0", Base: dpool.Addr, ItemLen: itemLen, Pages: pages},
+		{Name: "KV1", Base: dpool.Addr + itemLen*pages, ItemLen: itemLen, Pages: pages},
+	}})
+	check(err)
+	defer srv.Close(ctx)
+	dst := []int{5, 2}
+	check(srv.Expect(1, dst))
+
+	// Prefill side: an engine on a virtual GPU, with the decode pool as peer.
+	prefillTr, err := fabric.NewTransport("prefill")
+	check(err)
+	defer prefillTr.Close()
+	ppool, err := hostmem.Alloc(layers * itemLen * pages)
+	check(err)
+	defer ppool.Free()
+	gpu := sim.New(sim.Options{})
+	defer gpu.Close()
+	cfg := system.Config{Buffers: system.MLABuffers([]uint64{ppool.Addr, ppool.Addr + itemLen*pages}, itemLen, pages),
+		HookLayers: layers, PageSize: 16}
+	eng, err := system.New(cfg, system.WithStream(gpu.NewStream("compute")), system.WithTransport(prefillTr))
+	check(err)
+	sess, err := decode.Dial(ctx, node, decode.DialConfig{Decode: srv.Addr(), Buffers: cfg.Buffers})
+	check(err)
+	check(sess.Attach(eng))
+
+	spec := system.ChunkSpec{Room: 1, Start: 0, End: 32, Last: true, SrcPages: []int{0, 1}, TotalPages: 2,
+		Infos: []system.DecodeInfo{{Peer: sess.Peer().ID, DstPages: dst}}}
+	_, err = eng.Register(ctx, spec)
+	check(err)
+	fw, err := eng.BeginForward()
+	check(err)
+	for l := 0; l < layers; l++ {
+		check(fw.LayerEnd(l)) // after the layer's KV write was enqueued
+	}
+	check(fw.End())
+	res, err := eng.Finish(ctx, 1)
+	check(err)
+	notice, err := sess.NoticeFor(eng.Config(), spec, res)
+	check(err)
+	check(sess.Notify(ctx, notice))
+
+	room, err := srv.Wait(ctx, 1)
+	check(err)
+	fmt.Printf("room %d: complete %v, %d chunk, %d bytes\n", room.ID, room.Complete, len(room.Chunks), room.Chunks[0].Bytes)
+
+	check(eng.Close())
+	sum, err := sess.Bye(ctx, nil)
+	check(err)
+	fmt.Printf("session: %d chunks, %d failed\n", sum.Chunks, sum.Failed)
+	// Output:
+	// room 1: complete true, 1 chunk, 1024 bytes
+	// session: 1 chunks, 0 failed
+}
+
+func check(err error) {
+	if err != nil {
+		log.Fatal(err)
+	}
+}

@@ -1,0 +1,386 @@
+package decode
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/messages/wire"
+	"github.com/kvstream/kvstream/system"
+	"go.uber.org/zap"
+)
+
+// ProtocolVersion is the control protocol version this package speaks
+// (messages/wire: Hello.version, Offer.version).
+const ProtocolVersion = uint32(wire.Version_VERSION_CURRENT)
+
+// receive is the server's actor: every control message is validated before
+// it sizes or changes anything, and answered.
+func (s *Server) receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *wire.Hello:
+		ctx.Respond(s.hello(ctx, m))
+	case *wire.ChunkNotice:
+		ctx.Respond(s.notice(ctx.Sender(), m))
+	case *wire.Bye:
+		ctx.Respond(s.bye(ctx.Sender(), m))
+	case *actor.Terminated:
+		s.left(m.Who)
+	}
+}
+
+func refuse(code wire.Code, format string, args ...any) *wire.Offer {
+	return &wire.Offer{Version: ProtocolVersion, Code: code, Error: fmt.Sprintf(format, args...)}
+}
+
+func (s *Server) hello(ctx actor.Context, m *wire.Hello) *wire.Offer {
+	sender := ctx.Sender()
+	switch {
+	case m.Version != ProtocolVersion:
+		s.log.Warn("hello refused: protocol version", zap.String("prefill", m.Prefill), zap.Uint32("version", m.Version))
+		return refuse(wire.Code_VERSION, "hello from %q: protocol version %d, this decode server speaks %d", m.Prefill, m.Version, ProtocolVersion)
+	case sender == nil || m.SessionId == "" || sender.Address != m.SessionAddress:
+		return refuse(wire.Code_REFUSED, "hello from %q: its session actor %s/%s is not on the sender's node", m.Prefill, m.SessionAddress, m.SessionId)
+	case len(m.Buffers) == 0 || len(m.Buffers) > maxBuffers:
+		return refuse(wire.Code_BAD_INPUT, "hello from %q: %d buffers (want 1 to %d)", m.Prefill, len(m.Buffers), maxBuffers)
+	}
+	layout := make([]PrefillBuffer, len(m.Buffers))
+	for i, b := range m.Buffers {
+		layout[i] = PrefillBuffer{Name: b.Name, Layer: int(b.Layer), ItemLen: b.ItemLen, Pages: b.Pages}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.closed:
+		return refuse(wire.Code_REFUSED, "the decode server is closed")
+	case len(s.sessions) >= s.cfg.MaxSessions:
+		return refuse(wire.Code_REFUSED, "hello from %q: already %d sessions (Config.MaxSessions)", m.Prefill, len(s.sessions))
+	}
+	if s.regions == nil {
+		bufs, err := s.cfg.Size(slices.Clone(layout))
+		if err == nil {
+			err = matchLayout(bufs, layout) // before anything is registered
+		}
+		if err == nil {
+			err = s.size(bufs)
+		}
+		if err != nil {
+			s.log.Warn("hello refused: sizing the pool", zap.String("prefill", m.Prefill), zap.Error(err))
+			return refuse(wire.Code_BAD_INPUT, "hello from %q: sizing the decode pool: %v", m.Prefill, err)
+		}
+	}
+	if err := matchLayout(s.bufs, layout); err != nil {
+		s.log.Warn("hello refused: geometry", zap.String("prefill", m.Prefill), zap.Error(err))
+		return refuse(wire.Code_BAD_INPUT, "hello from %q: %v", m.Prefill, err)
+	}
+	watch := actor.NewPID(m.SessionAddress, m.SessionId)
+	if s.watched[watch.String()] != nil {
+		return refuse(wire.Code_REFUSED, "hello from %q: its session actor %s already has a session", m.Prefill, watch)
+	}
+	ss := &Session{token: newToken(), prefill: m.Prefill, addr: sender.Address, metadata: m.Metadata,
+		done: make(chan struct{}), watch: watch.String()}
+	ss.report.Prefill = m.Prefill
+	s.sessions[ss.token] = ss
+	s.watched[ss.watch] = ss
+	s.accepted = append(s.accepted, ss)
+	close(s.acceptCh)
+	s.acceptCh = make(chan struct{})
+	// The prefill's session actor going away ends the session (the request's
+	// sender is a short-lived future).
+	ctx.Watch(watch)
+	s.log.Debug("prefill session", zap.String("prefill", m.Prefill), zap.String("node", sender.Address))
+	offer := &wire.Offer{Version: ProtocolVersion, Session: ss.token, PeerId: s.cfg.ID, WorkerAddress: s.tr.Address()}
+	for i, r := range s.regions {
+		d := r.Desc()
+		offer.Regions = append(offer.Regions, &wire.Region{Addr: d.Addr, Len: d.Len, Key: d.Key, ItemLen: s.bufs[i].ItemLen})
+	}
+	return offer
+}
+
+// matchLayout checks a prefill layout against the pool, buffer by buffer.
+func matchLayout(pool []Buffer, layout []PrefillBuffer) error {
+	if len(layout) != len(pool) {
+		return errors.Newf("%d prefill buffers, the decode pool has %d", len(layout), len(pool))
+	}
+	for i, b := range layout {
+		if b.ItemLen != pool[i].ItemLen {
+			return errors.Newf("prefill buffer %d (%s): item length %d, decode buffer %d (%s): %d", i, b.Name, b.ItemLen, i, pool[i].Name, pool[i].ItemLen)
+		}
+	}
+	return nil
+}
+
+// session finds the sender's live session, or says why not.
+func (s *Server) session(sender *actor.PID, token string) (*Session, string) {
+	ss := s.sessions[token]
+	switch {
+	case ss == nil:
+		return nil, "no such session"
+	case sender == nil || sender.Address != ss.addr:
+		return nil, "not the session's node"
+	}
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.bye || ss.finished {
+		return nil, "the session ended"
+	}
+	return ss, ""
+}
+
+func ack(code wire.Code, format string, args ...any) *wire.NoticeAck {
+	return &wire.NoticeAck{Code: code, Error: fmt.Sprintf(format, args...)}
+}
+
+var statuses = map[wire.Status]system.Status{
+	wire.Status_SUCCEEDED: system.Succeeded, wire.Status_FAILED: system.Failed, wire.Status_DROPPED: system.Dropped,
+}
+
+func (s *Server) notice(sender *actor.PID, m *wire.ChunkNotice) *wire.NoticeAck {
+	s.mu.Lock()
+	ss, why := s.session(sender, m.Session)
+	if ss == nil {
+		s.mu.Unlock()
+		return ack(wire.Code_REFUSED, "room %d notice: %s", m.Room, why)
+	}
+	ss.mu.Lock()
+	ss.notices++
+	ss.mu.Unlock()
+	c, err := s.check(m)
+	r := s.rooms[m.Room]
+	switch {
+	case err != nil && (r == nil || r.session != ss && r.session != nil):
+		// Nothing of the room is this session's to change.
+		s.mu.Unlock()
+		s.refused(ss, m, err)
+		return ack(wire.Code_BAD_INPUT, "%v", err)
+	case r == nil && !s.cfg.AcceptUnknownRooms:
+		s.mu.Unlock()
+		err := errors.Newf("room %d is unknown to the decode server (not Expected)", m.Room)
+		s.refused(ss, m, err)
+		return ack(wire.Code_BAD_INPUT, "%v", err)
+	case r == nil:
+		r = &room{Room: Room{ID: m.Room}, done: make(chan struct{})}
+		s.rooms[m.Room] = r
+	case r.session != nil && r.session != ss:
+		s.mu.Unlock()
+		err := errors.Newf("room %d is reported by another prefill session (%s)", m.Room, r.session.prefill)
+		s.refused(ss, m, err)
+		return ack(wire.Code_REFUSED, "%v", err)
+	case r.terminal():
+		s.mu.Unlock()
+		err := errors.Newf("room %d chunk [%d, %d): the room already ended (complete: %v)", m.Room, m.Start, m.End, r.Complete)
+		s.refused(ss, m, err)
+		return ack(wire.Code_BAD_INPUT, "%v", err)
+	}
+	r.session = ss
+	if err == nil {
+		err = s.inRoom(r, c)
+	}
+	if err != nil {
+		// The notice names pages the room does not own: the prefill may have
+		// written where it should not. The room must not be decoded.
+		r.fail(errors.Mark(errors.Mark(err, ErrBadInput), ErrChunkFailed))
+		s.mu.Unlock()
+		s.refused(ss, m, err)
+		return ack(wire.Code_BAD_INPUT, "%v", err)
+	}
+	r.Chunks = append(r.Chunks, c)
+	s.mu.Unlock()
+
+	if c.Status != system.Succeeded {
+		err := errors.Mark(errors.Newf("room %d chunk [%d, %d): %s on the prefill: %s", c.Room, c.Start, c.End, c.Status, c.Err), ErrChunkFailed)
+		if c.NotQuiesced {
+			err = errors.Mark(err, ErrNotQuiesced)
+		}
+		s.finishChunk(ss, r, err)
+		return &wire.NoticeAck{}
+	}
+	if s.cfg.Verify != nil {
+		if verr := s.cfg.Verify(ss, c); verr != nil {
+			err := errors.Mark(errors.Wrapf(verr, "room %d chunk [%d, %d): verify", c.Room, c.Start, c.End), ErrChunkFailed)
+			s.finishChunk(ss, r, err)
+			return ack(wire.Code_ROOM_FAILED, "%v", err)
+		}
+	}
+	s.finishChunk(ss, r, nil)
+	return &wire.NoticeAck{}
+}
+
+// check turns a notice into a Chunk, checking what needs no room: status,
+// range, page lists against the pool.
+func (s *Server) check(m *wire.ChunkNotice) (Chunk, error) {
+	st, ok := statuses[m.Status]
+	switch {
+	case !ok:
+		return Chunk{}, errors.Newf("room %d notice: status %d unknown", m.Room, m.Status)
+	case m.Start < 0 || m.End < m.Start:
+		return Chunk{}, errors.Newf("room %d notice: chunk [%d, %d) is not a range", m.Room, m.Start, m.End)
+	case len(m.Positions) != len(m.DstPages):
+		return Chunk{}, errors.Newf("room %d chunk [%d, %d): %d positions, %d pages", m.Room, m.Start, m.End, len(m.Positions), len(m.DstPages))
+	case len(m.DstPages) > s.pages:
+		return Chunk{}, errors.Newf("room %d chunk [%d, %d): %d pages, the pool has %d", m.Room, m.Start, m.End, len(m.DstPages), s.pages)
+	}
+	c := Chunk{Room: m.Room, Start: int(m.Start), End: int(m.End), Last: m.Last, Status: st, Err: m.Error,
+		NotQuiesced: m.NotQuiesced, Bytes: m.Bytes, Positions: make([]int, len(m.Positions)), DstPages: make([]int, len(m.DstPages))}
+	for i, p := range m.DstPages {
+		if p < 0 || p >= int64(s.pages) {
+			return Chunk{}, errors.Newf("room %d chunk [%d, %d): decode page %d at index %d is outside the pool of %d pages", m.Room, m.Start, m.End, p, i, s.pages)
+		}
+		// A request has one distinct decode page per position, so its
+		// positions are below the pool's page count.
+		if m.Positions[i] < 0 || m.Positions[i] >= int64(s.pages) {
+			return Chunk{}, errors.Newf("room %d chunk [%d, %d): position %d at index %d is outside the pool's %d pages", m.Room, m.Start, m.End, m.Positions[i], i, s.pages)
+		}
+		c.Positions[i], c.DstPages[i] = int(m.Positions[i]), int(p)
+	}
+	return c, nil
+}
+
+// inRoom checks a chunk's pages against the room's Expected pages.
+func (s *Server) inRoom(r *room, c Chunk) error {
+	if r.Pages == nil {
+		return nil
+	}
+	for i, pos := range c.Positions {
+		switch {
+		case pos >= len(r.Pages):
+			return errors.Newf("room %d chunk [%d, %d): position %d is beyond the room's %d pages", c.Room, c.Start, c.End, pos, len(r.Pages))
+		case r.Pages[pos] != c.DstPages[i]:
+			return errors.Newf("room %d chunk [%d, %d): position %d went to decode page %d, the room's page is %d", c.Room, c.Start, c.End, pos, c.DstPages[i], r.Pages[pos])
+		}
+	}
+	return nil
+}
+
+// finishChunk records a chunk's outcome in its room and session.
+func (s *Server) finishChunk(ss *Session, r *room, err error) {
+	s.mu.Lock()
+	c := r.Chunks[len(r.Chunks)-1]
+	complete := false
+	switch {
+	case err != nil:
+		r.fail(err)
+	case c.Last && !r.terminal():
+		r.Complete, complete = true, true
+		close(r.done)
+	}
+	s.mu.Unlock()
+	ss.mu.Lock()
+	ss.report.Chunks++
+	if err != nil {
+		ss.report.Failed++
+		if ss.err == nil {
+			ss.err = err
+		}
+	}
+	if complete {
+		ss.report.Rooms++
+	}
+	ss.mu.Unlock()
+	if err != nil {
+		s.log.Warn("room failed", zap.Uint64("room", c.Room), zap.Int("start", c.Start), zap.Int("end", c.End), zap.Error(err))
+	} else {
+		s.log.Debug("chunk landed", zap.Uint64("room", c.Room), zap.Int("start", c.Start), zap.Int("end", c.End), zap.Bool("complete", complete))
+	}
+}
+
+// refused counts a notice the server did not accept against its session.
+func (s *Server) refused(ss *Session, m *wire.ChunkNotice, err error) {
+	s.log.Warn("chunk notice refused", zap.String("prefill", ss.prefill), zap.Uint64("room", m.Room),
+		zap.Int64("start", m.Start), zap.Int64("end", m.End), zap.Error(err))
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	ss.report.Failed++
+	if ss.err == nil {
+		ss.err = errors.Mark(err, ErrChunkFailed)
+	}
+}
+
+func (s *Server) bye(sender *actor.PID, m *wire.Bye) *wire.Summary {
+	s.mu.Lock()
+	ss, why := s.session(sender, m.Session)
+	if ss == nil {
+		s.mu.Unlock()
+		return &wire.Summary{Code: wire.Code_REFUSED, Error: "bye: " + why}
+	}
+	var incomplete []uint64
+	for id, r := range s.rooms {
+		if r.session == ss && !r.terminal() {
+			incomplete = append(incomplete, id)
+		}
+	}
+	slices.Sort(incomplete)
+	ss.mu.Lock()
+	ss.bye = true
+	var cause error
+	switch {
+	case m.Aborted != "":
+		cause = errors.Newf("the prefill stopped early: %s", m.Aborted)
+	case m.Chunks != uint64(ss.notices):
+		cause = errors.Newf("the prefill sent %d chunk notices, %d arrived", m.Chunks, ss.notices)
+	case len(incomplete) > 0:
+		cause = errors.Newf("rooms %v never received their last chunk", incomplete)
+	}
+	if cause != nil {
+		cause = errors.Mark(cause, ErrSessionAborted)
+		if ss.err == nil {
+			ss.err = cause
+		}
+	}
+	sum := &wire.Summary{Chunks: uint64(ss.report.Chunks), Failed: uint64(ss.report.Failed)}
+	if ss.err != nil {
+		sum.Code, sum.Error = wire.Code_ROOM_FAILED, ss.err.Error()
+	}
+	ss.mu.Unlock()
+	for _, id := range incomplete {
+		s.rooms[id].fail(errors.Mark(errors.Newf("room %d: the prefill %s ended its session before the room's last chunk", id, ss.prefill), ErrSessionAborted))
+	}
+	s.mu.Unlock()
+	if cause != nil {
+		s.log.Warn("prefill session not complete", zap.String("prefill", ss.prefill), zap.Error(cause))
+	}
+	// The answer is still queued in the endpoint writer: a caller that
+	// stops the node when the session ends would drop it. The session ends
+	// when the prefill, having read it, leaves (left), or after the grace.
+	time.AfterFunc(s.cfg.ByeGrace, func() { s.forget(ss); ss.end(nil) })
+	return sum
+}
+
+// forget removes an ended session from the server's maps.
+func (s *Server) forget(ss *Session) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.watched, ss.watch)
+	delete(s.sessions, ss.token)
+}
+
+// left handles the end of a watched prefill session actor.
+func (s *Server) left(who *actor.PID) {
+	s.mu.Lock()
+	ss := s.watched[who.String()]
+	if ss == nil {
+		s.mu.Unlock()
+		return
+	}
+	delete(s.watched, ss.watch)
+	delete(s.sessions, ss.token)
+	ss.mu.Lock()
+	bye := ss.bye
+	ss.mu.Unlock()
+	var lost error
+	if !bye {
+		lost = errors.Mark(errors.Mark(errors.Newf("prefill %s (%s) went away without Bye", ss.prefill, who), ErrPrefillLost), ErrNotQuiesced)
+		for _, r := range s.rooms {
+			if r.session == ss {
+				r.fail(errors.Mark(errors.Mark(errors.Wrapf(lost, "room %d", r.ID), ErrPrefillLost), ErrNotQuiesced))
+			}
+		}
+	}
+	s.mu.Unlock()
+	if lost != nil {
+		s.log.Warn("prefill lost", zap.String("prefill", ss.prefill), zap.Error(lost))
+	}
+	ss.end(lost)
+}

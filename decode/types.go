@@ -1,0 +1,118 @@
+package decode
+
+import (
+	"time"
+
+	"github.com/kvstream/kvstream/system"
+	"go.uber.org/zap"
+)
+
+// Buffer is one KV tensor of the decode pool, in memory that never moves
+// (pinned host memory or device memory the transport can register). The
+// pool has one Buffer per prefill buffer, in the prefill's order (the order
+// of system.Config.Buffers on the prefill side), each with the same
+// ItemLen; Pages may differ from the prefill's.
+type Buffer struct {
+	Name    string // for logs and errors
+	Base    uint64 // address of page 0
+	ItemLen uint64 // bytes of ONE page of this buffer
+	Pages   int    // capacity in pages
+}
+
+// PrefillBuffer is one prefill buffer as a Hello describes it: what the
+// decode pool's buffer of the same index must match.
+type PrefillBuffer struct {
+	Name    string
+	Layer   int
+	ItemLen uint64
+	Pages   uint64 // the prefill buffer's capacity; a pool sized by Config.Size may use it
+}
+
+// Config configures a Server.
+type Config struct {
+	// Buffers is the decode pool (see Buffer). Every page of it is
+	// registered with the transport at New and offered to every prefill
+	// session.
+	Buffers []Buffer
+	// Size, when Buffers is empty, sizes the pool from the first prefill's
+	// layout instead (tests and the sim's decode command, which learn the
+	// geometry from the prefill). It runs on the control plane's actor, so
+	// it must bound what it allocates: the layout comes from the network.
+	// Later sessions must match the pool it returned.
+	Size func(layout []PrefillBuffer) ([]Buffer, error)
+	// ID is the peer id prefill engines know this pool by (default
+	// "decode").
+	ID string
+	// AcceptUnknownRooms makes a notice for a room nobody Expected create
+	// the room (checked against the pool's bounds only) instead of being
+	// refused. The sim's decode command uses it; a serving stack Expects
+	// each room with the pages it allocated for it.
+	AcceptUnknownRooms bool
+	// Verify, if set, checks a successful chunk's bytes once they landed
+	// (a checksum, the sim's pattern), for the session that reported it:
+	// an error fails the room (marked ErrChunkFailed) and is returned to the
+	// prefill. It runs on the control plane's actor: keep it short.
+	Verify func(*Session, Chunk) error
+	// MaxSessions bounds the live prefill sessions (default 64).
+	MaxSessions int
+	// ByeGrace bounds how long a session, after answering the prefill's
+	// Bye, waits for the prefill to leave before it reports its end
+	// (default 10 s). The prefill leaving first keeps the answer from being
+	// torn down with a node that stops right after.
+	ByeGrace time.Duration
+	// Log receives failures at WARN and sessions at DEBUG (default: none).
+	Log *zap.Logger
+}
+
+// Chunk is one chunk notice the prefill sent for a room: the status its
+// Finish (or Drop) returned, once its bytes landed.
+type Chunk struct {
+	Room       uint64
+	Start, End int  // tokens [Start, End) of the request
+	Last       bool // the room's last chunk
+	Status     system.Status
+	// Err is the prefill's error text for a chunk that did not succeed.
+	Err string
+	// NotQuiesced: the prefill could not guarantee that the failed chunk's
+	// writes stopped.
+	NotQuiesced bool
+	Bytes       uint64
+	// Positions are the request positions (pages of the request) the chunk
+	// wrote, DstPages their decode pages, in the same order.
+	Positions, DstPages []int
+}
+
+// Room is what Wait reports: the room's pages (as Expected; nil for a room
+// created by AcceptUnknownRooms) and the chunks the prefill reported, in
+// order.
+type Room struct {
+	ID       uint64
+	Pages    []int
+	Chunks   []Chunk
+	Complete bool // the last chunk succeeded, and every chunk before it
+}
+
+// SessionReport is how a prefill session ended.
+type SessionReport struct {
+	Prefill string // the prefill's name
+	// Chunks counts the notices accepted; Failed those not successful,
+	// refused or rejected by Verify.
+	Chunks, Failed int
+	// Rooms counts the rooms the session completed.
+	Rooms int
+	// Complete: the prefill said goodbye having sent all it meant to,
+	// every notice it sent arrived and succeeded, and every room it
+	// started completed.
+	Complete bool
+}
+
+// Notice is what a prefill tells the decode server about one chunk, after
+// its Finish (or Drop) returned: Result as returned, whether it was the
+// room's last chunk, and which decode pages it wrote.
+type Notice struct {
+	Result system.Result
+	Last   bool
+	// Positions are the request positions this prefill (this CP rank) sent,
+	// DstPages their decode pages (DecodeInfo.DstPages[position]).
+	Positions, DstPages []int
+}

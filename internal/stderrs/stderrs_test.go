@@ -1,0 +1,38 @@
+package stderrs
+
+import (
+	stderrors "errors"
+	"fmt"
+	"testing"
+
+	"github.com/cockroachdb/errors"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+var (
+	errClass = errors.New("class")
+	errOther = errors.New("other")
+)
+
+func TestPublicMakesMarksVisibleToTheStandardLibrary(t *testing.T) {
+	marked := errors.Mark(errors.Wrap(errors.WithDetail(errors.New("room 3: page 9 out of range"), "pool of 8 pages"), "expect"), errClass)
+	require.False(t, stderrors.Is(marked, errClass), "precondition: the standard library cannot see a mark")
+	pub := Public(marked)
+
+	assert.True(t, stderrors.Is(pub, errClass))
+	assert.True(t, stderrors.Is(fmt.Errorf("caller: %w", pub), errClass), "wrapped again by the caller")
+	assert.False(t, stderrors.Is(pub, errOther))
+	assert.True(t, errors.Is(pub, errClass), "cockroachdb's Is still answers")
+	assert.False(t, errors.Is(pub, errOther))
+
+	assert.Equal(t, marked.Error(), pub.Error())
+	assert.Equal(t, fmt.Sprintf("%v", marked), fmt.Sprintf("%v", pub))
+	verbose := fmt.Sprintf("%+v", pub)
+	for _, want := range []string{"room 3: page 9 out of range", "pool of 8 pages", "attached stack trace", "stderrs_test.go"} {
+		assert.Contains(t, verbose, want, "cockroachdb's verbose format still shows the cause's details")
+	}
+	assert.Equal(t, errors.GetAllDetails(marked), errors.GetAllDetails(pub))
+	assert.Same(t, pub, Public(pub), "wrapping twice is a no-op")
+	assert.NoError(t, Public(nil))
+}

@@ -1,0 +1,83 @@
+package twoproc
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/kvstream/kvstream/decode"
+	"github.com/kvstream/kvstream/hw/rdma/loopback"
+	"github.com/kvstream/kvstream/internal/workload"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+// TestMain: see decode's TestMain for the dead-letter throttle.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/asynkron/protoactor-go/actor.NewDeadLetter.NewThrottle.func4.1"))
+}
+
+// run runs the sim workload into a decode side, both on one node and one
+// loopback fabric (what `kvstream prefill` and `kvstream decode` do across
+// processes over UCX), says goodbye with aborted, and returns both sides'
+// outcomes.
+func run(t *testing.T, aborted error) (DecodeSummary, *workload.ModeReport, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	fab := loopback.NewFabric(loopback.Options{})
+	decTr, err := fab.NewTransport("decode")
+	require.NoError(t, err)
+	defer decTr.Close()
+	preTr, err := fab.NewTransport("prefill")
+	require.NoError(t, err)
+	defer preTr.Close()
+	node, err := decode.Listen("127.0.0.1:0", nil)
+	require.NoError(t, err)
+	defer node.Close(context.Background())
+	d, err := StartDecode(node, decTr, 64<<20, nil)
+	require.NoError(t, err)
+	defer d.Close(context.Background())
+	served := make(chan DecodeSummary, 1)
+	go func() {
+		s, err := d.Serve(ctx)
+		assert.NoError(t, err)
+		served <- s
+	}()
+
+	cfg := workload.Defaults()
+	cfg.Preset, cfg.Requests, cfg.PromptTokens, cfg.ChunkTokens, cfg.PageSize, cfg.GroupSize = workload.Presets["small"], 2, 500, 256, 16, 4
+	p := NewPrefill(node, d.Server.Addr(), preTr, cfg.PromptTokens)
+	mr, err := workload.RunRemote(ctx, cfg, nil, p, true)
+	require.NoError(t, err)
+	require.Empty(t, mr.Aborted)
+	_, byeErr := p.End(ctx, aborted)
+	return <-served, mr, byeErr
+}
+
+// TestSimSessionVerified: every page of every chunk is checked on the
+// decode side against the model's pattern, and the session is complete.
+func TestSimSessionVerified(t *testing.T) {
+	s, mr, err := run(t, nil)
+	require.NoError(t, err)
+	assert.Zero(t, mr.Failed)
+	assert.True(t, s.OK(), "%s", s)
+	// 2 requests x 32 pages x 9 buffers of the small model.
+	assert.Equal(t, uint64(2*32*9), s.VerifiedPages)
+	assert.Equal(t, 4, s.Chunks)
+	assert.Equal(t, 2, s.Rooms)
+}
+
+// TestAbortedSessionIsNotOK: a prefill that says it stopped early never
+// gets a complete session on the decode side, even though every chunk it
+// sent succeeded (kvstream decode exits non-zero on it).
+func TestAbortedSessionIsNotOK(t *testing.T) {
+	s, _, err := run(t, errors.New("stopped after forward 1"))
+	assert.True(t, errors.Is(err, decode.ErrSessionAborted), "%v", err)
+	assert.False(t, s.OK(), "%s", s)
+	assert.False(t, s.Complete)
+	assert.True(t, errors.Is(s.Err, decode.ErrSessionAborted), "%v", s.Err)
+	assert.Contains(t, s.String(), "session complete: false; the prefill stopped early: stopped after forward 1")
+}
