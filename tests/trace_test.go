@@ -395,11 +395,11 @@ func TestTraceMutationsAreCaught(t *testing.T) {
 	}
 
 	// A truncated or garbled trace is an error that names the line.
-	_, err = trace.Read(strings.NewReader(`{"kvstream_trace":1}` + "\n" + `{"seq":1,"actor":"chunk"` + "\n"))
+	b, _ := json.Marshal(tr.Header)
+	_, err = trace.Read(strings.NewReader(string(b) + "\n" + `{"seq":1,"actor":"chunk"` + "\n"))
 	require.ErrorContains(t, err, "trace line 2")
 	_, err = trace.Read(strings.NewReader(`{"kvstream_trace":99}` + "\n"))
 	require.ErrorContains(t, err, "format version 99")
-	b, _ := json.Marshal(tr.Header)
 	_, err = trace.Read(strings.NewReader(string(b) + "\n" + `{"seq":1,"type":"Finish"}` + "\n"))
 	require.ErrorContains(t, err, "trace line 2: record without actor or type")
 }
