@@ -431,3 +431,42 @@ func TestTraceDivergencePrintsExcerpts(t *testing.T) {
 	assert.Contains(t, text, fmt.Sprintf("… (%d bytes)", len(out.Divergence.Recorded[0])), "the excerpt says how long the line was")
 	assert.Contains(t, text, "divergence at record")
 }
+
+// TestTraceLateMessageToAStoppedChunk: a chunk actor stops
+// asynchronously after its room's StopChunk, so a recording may show it
+// handling a submitter's late Submitted after the room's ChunkDone (a
+// timing of the timeout scenario). The replay accepts it while its
+// recorded effects are none, as an ended core's are, and not otherwise.
+func TestTraceLateMessageToAStoppedChunk(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join(traceDir, "timeout.jsonl"))
+	require.NoError(t, err)
+	tr, err := trace.Read(bytes.NewReader(raw))
+	require.NoError(t, err)
+	ended := indexOf(tr.Records, 0, func(r trace.Record) bool { return len(filter(r.Effects, "ChunkEnded")) > 0 })
+	require.GreaterOrEqual(t, ended, 0)
+	late := indexOf(tr.Records, ended+1, func(r trace.Record) bool { return r.Actor == trace.Chunk && r.Type == "Submitted" })
+	done := indexOf(tr.Records, 0, func(r trace.Record) bool { return r.Actor == trace.Room && r.Type == "ChunkDone" })
+	require.Positive(t, late, "the chunk handles a Submitted after it ended")
+	require.Greater(t, done, late, "the recording has it before the room's ChunkDone")
+	at := done // where the late record lands: just after ChunkDone, once it is removed from before
+	moved := mutate(tr, func(recs []trace.Record) []trace.Record {
+		l := recs[late]
+		recs = append(recs[:late], recs[late+1:]...)
+		return append(recs[:at], append([]trace.Record{l}, recs[at:]...)...)
+	})
+	require.Equal(t, "ChunkDone", moved.Records[at-1].Type)
+	require.Equal(t, "Submitted", moved.Records[at].Type)
+	out, err := replay.Cores(moved.Stream())
+	require.NoError(t, err)
+	assert.Nil(t, out.Divergence, "%s", out)
+	assert.Equal(t, map[string]int{"FAILED": 1}, out.Statuses)
+
+	withEffects := mutate(moved, func(recs []trace.Record) []trace.Record {
+		recs[at].Effects = []string{`Submit {}`}
+		return recs
+	})
+	out, err = replay.Cores(withEffects.Stream())
+	require.NoError(t, err)
+	require.NotNil(t, out.Divergence, "a stopped chunk's core answers nothing")
+	assert.Equal(t, "Submitted", out.Divergence.Type)
+}

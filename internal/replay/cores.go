@@ -116,6 +116,11 @@ type replayer struct {
 	chunks  map[string]*actors.ChunkCore
 	inboxes map[string]*inbox // "kind/id"; submitters share "submitter/*"
 	seen    map[string]bool
+	// stopped are the chunks their room stopped. The actor stops
+	// asynchronously, so it may still handle what was in its mailbox
+	// (a submitter's late Submitted); its core had ended and answers
+	// nothing.
+	stopped map[string]bool
 }
 
 // Cores replays a trace through fresh functional cores, one record at a
@@ -130,7 +135,7 @@ func Cores(s trace.Stream) (*Outcome, error) {
 	}
 	r := &replayer{header: h, layout: l, out: &Outcome{Summary: Summary{Statuses: map[string]int{}}},
 		manager: actors.NewManagerCore(), forward: actors.NewForwardCore(),
-		rooms: map[uint64]*actors.RoomCore{}, chunks: map[string]*actors.ChunkCore{}, inboxes: map[string]*inbox{}, seen: map[string]bool{}}
+		rooms: map[uint64]*actors.RoomCore{}, chunks: map[string]*actors.ChunkCore{}, inboxes: map[string]*inbox{}, seen: map[string]bool{}, stopped: map[string]bool{}}
 	for {
 		rec, err := s.Next()
 		if err == io.EOF {
@@ -274,6 +279,9 @@ func (r *replayer) feed(rec *trace.Record, msg any) ([]any, *Divergence) {
 		effs = core.Step(msg)
 	case trace.Chunk:
 		core := r.chunks[rec.ID]
+		if core == nil && r.stopped[rec.ID] {
+			return nil, nil // an ended core's effects: none
+		}
 		if core == nil {
 			return nil, &Divergence{Seq: rec.Seq, Line: rec.Line, Actor: rec.Actor, ID: rec.ID, Type: rec.Type, Reason: "no such chunk in the replay"}
 		}
@@ -326,6 +334,7 @@ func (r *replayer) route(rec *trace.Record, effs []any) {
 		case actors.StopChunk:
 			send(trace.Forward, "forward", &messages.Forget{Chunk: e.Chunk})
 			delete(r.chunks, trace.ChunkID(e.Chunk))
+			r.stopped[trace.ChunkID(e.Chunk)] = true
 		case actors.Idle:
 			room, _ := strconv.ParseUint(rec.ID, 10, 64)
 			send(trace.Manager, "manager", &messages.RoomIdle{Room: room, Seen: e.Seen})
