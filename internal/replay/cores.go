@@ -65,7 +65,7 @@ func (d *Divergence) String() string {
 
 func (d *Divergence) where() string {
 	if d.Line > 0 {
-		return fmt.Sprintf("record %d (trace line %d)", d.Seq, d.Line)
+		return fmt.Sprintf("record %d on trace line %d", d.Seq, d.Line)
 	}
 	return fmt.Sprintf("record %d", d.Seq)
 }
