@@ -182,12 +182,16 @@ func runMode(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool
 		return nil, errors.Wrapf(err, "prefill pool of %d MiB", len(geom.Layers)*g.itemLen*p.pool>>20)
 	}
 	defer pool.Free()
-	fill(pool.Block.Bytes, 0xEE) // stale KV: a read before the write would copy this
+	fill(pool.Block.Bytes, staleByte) // stale KV: a read before the write would copy this
 	gpu := sim.New(sim.Options{TimeScale: cfg.TimeScale, OnSpan: col.span, Precise: true})
 	defer gpu.Close()
 	stream := gpu.NewStream("compute")
+	bufs := pool.EngineBuffers()
+	if cfg.plant != nil {
+		cfg.plant(bufs)
+	}
 	eng, err := system.New(system.Config{
-		Buffers: pool.EngineBuffers(), HookLayers: g.hookLayers, GroupSize: cfg.GroupSize, PageSize: cfg.PageSize,
+		Buffers: bufs, HookLayers: g.hookLayers, GroupSize: cfg.GroupSize, PageSize: cfg.PageSize,
 		CP: cfg.CP, Submitters: cfg.Submitters, FinishTimeout: cfg.FinishTimeout, DisablePerLayer: !perLayer,
 	}, engineOptions(cfg, perLayer, system.WithStream(stream), system.WithTransport(pre), system.WithObserver(col), system.WithLogger(log))...)
 	if err != nil {
@@ -295,6 +299,10 @@ func engineOptions(cfg Config, perLayer bool, base ...system.Option) []system.Op
 	}
 	return opts
 }
+
+// staleByte fills the prefill pool before the run: what a read of a page
+// before its kernel started would copy.
+const staleByte = 0xEE
 
 // fill sets every byte of b to v, by doubling copies (a byte loop over a
 // few hundred MB takes seconds).

@@ -108,3 +108,52 @@ func TestInjectedFaults(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, done)
 }
+
+// A kernel's results (Run) appear at the end of its modeled interval, after
+// Start; the event after it carries the modeled end as its timestamp.
+func TestResultsAtTheEndAndEventTimestamp(t *testing.T) {
+	var spans []Span
+	var mu sync.Mutex
+	g := New(Options{OnSpan: func(s Span) { mu.Lock(); spans = append(spans, s); mu.Unlock() }})
+	defer g.Close()
+	s := g.NewStream("compute")
+	started, release := make(chan struct{}), make(chan struct{})
+	var order []string
+	note := func(x string) { mu.Lock(); order = append(order, x); mu.Unlock() }
+	require.NoError(t, s.Launch(Kernel{Name: "k", Duration: time.Millisecond,
+		Start: func() { note("start"); close(started); <-release },
+		Run:   func() { note("run") }}))
+	ev, err := s.Record()
+	require.NoError(t, err)
+	<-started
+	mu.Lock()
+	assert.Equal(t, []string{"start"}, order, "results must not appear while the kernel runs")
+	mu.Unlock()
+	_, ok := ev.(cuda.Timed).CompletedAt()
+	assert.False(t, ok, "no timestamp before the event completed")
+	close(release)
+	require.NoError(t, ev.Wait(context.Background()))
+	at, ok := ev.(cuda.Timed).CompletedAt()
+	require.True(t, ok)
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, []string{"start", "run"}, order)
+	require.Len(t, spans, 1)
+	assert.True(t, at.Equal(spans[0].End), "event at %v, kernel ended %v", at, spans[0].End)
+}
+
+// An event recorded on an idle stream completed when it was recorded, not at
+// the end of the last kernel long ago.
+func TestEventOnIdleStreamTimestamp(t *testing.T) {
+	g := New(Options{})
+	defer g.Close()
+	s := g.NewStream("compute")
+	require.NoError(t, s.Synchronize(context.Background()))
+	before := time.Now()
+	ev, err := s.Record()
+	require.NoError(t, err)
+	require.NoError(t, ev.Wait(context.Background()))
+	at, ok := ev.(cuda.Timed).CompletedAt()
+	require.True(t, ok)
+	assert.False(t, at.Before(before))
+}
