@@ -251,7 +251,7 @@ func (s *submitter) work(w *messages.Work, wt waited) (res *messages.Submitted, 
 		return res, nil
 	}
 	replyTo, root, obs := w.ReplyTo, s.env.System.Root, s.env.Observer
-	rec := Batch{Chunk: w.Chunk, Seq: w.Seq, Dest: w.Dest, Submitter: s.index, WaitStart: res.WaitStart, WaitEnd: res.WaitEnd}
+	rec := Batch{Chunk: w.Chunk, Seq: w.Seq, Dest: w.Dest, Submitter: s.index, WaitStart: res.WaitStart, WaitEnd: res.WaitEnd, EventDone: eventDone(w.Event)}
 	var c *conn
 	done := func(err error) {
 		c.completed()

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -74,11 +75,25 @@ func TestModeledDurationsAndTimeScale(t *testing.T) {
 func TestCloseFailsPendingEvents(t *testing.T) {
 	g := New(Options{})
 	s := g.NewStream("compute")
-	block := make(chan struct{})
-	require.NoError(t, s.Launch(Kernel{Run: func() { <-block }}))
+	started, block := make(chan struct{}), make(chan struct{})
+	require.NoError(t, s.Launch(Kernel{Start: func() { close(started); <-block }}))
+	// Recorded while the kernel runs, so the stream has not taken it yet.
+	<-started
 	ev, err := s.Record()
 	require.NoError(t, err)
-	go func() { time.Sleep(5 * time.Millisecond); close(block) }()
+	go func() {
+		// Let the kernel end only once Close marked the stream closed.
+		for {
+			s.mu.Lock()
+			closed := s.closed
+			s.mu.Unlock()
+			if closed {
+				break
+			}
+			runtime.Gosched()
+		}
+		close(block)
+	}()
 	g.Close()
 	err = ev.Wait(context.Background())
 	require.Error(t, err)
