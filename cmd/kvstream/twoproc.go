@@ -116,8 +116,9 @@ chunks fail within the finish timeout and the run stops.`,
 				mode = "monolithic"
 			}
 			chunks := len(mr.PerRequest)
-			line := fmt.Sprintf("prefill: %s over %s, %d requests, %d chunks failed, decode verified %d pages, bytes equal: %v, exposed transfer mean %.2f ms, %.2f GB/s",
-				mode, transport, chunks, mr.Failed, plane.Verified(), mr.Failed == 0 && plane.Verify(nil) == "" && mr.Aborted == "", mr.ExposedMs, mr.EffectiveGBps)
+			line := fmt.Sprintf("prefill: %s over %s, %d requests, %d chunks failed, decode verified %d pages, bytes equal: %v, exposed transfer mean %.2f ms, %.3f GB crossed the transport at %.2f GB/s",
+				mode, transport, chunks, mr.Failed, plane.Verified(), mr.Failed == 0 && plane.Verify(nil) == "" && mr.Aborted == "", mr.ExposedMs,
+				float64(mr.BytesMoved)/1e9, mr.MovedGBytePerS)
 			if mr.Aborted != "" {
 				line += "; stopped: " + mr.Aborted
 			}

@@ -142,6 +142,7 @@ type finishRec struct {
 	chunk     messages.Chunk
 	call, ret time.Time
 	status    messages.Status
+	stats     messages.Stats
 }
 
 func (c *collector) Batch(b actors.Batch) {
@@ -228,7 +229,7 @@ func runMode(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool
 				res, err := eng.Finish(ctx, uint64(r))
 				ret := time.Now()
 				col.mu.Lock()
-				col.finishes = append(col.finishes, finishRec{room: r, chunk: res.Chunk, call: call, ret: ret, status: res.Status})
+				col.finishes = append(col.finishes, finishRec{room: r, chunk: res.Chunk, call: call, ret: ret, status: res.Status, stats: res.Stats})
 				if err != nil {
 					mr.Failed++
 					if mr.FirstError == "" {

@@ -129,8 +129,8 @@ type Kernel struct {
 	Start func()
 	// Run, if set, runs at the end of the modeled interval: its effects are
 	// the kernel's results, visible before any event recorded after the
-	// kernel completes. Its own cost delays those events past the modeled
-	// end, so keep it to a copy.
+	// kernel completes. The stream starts it early by what recent Runs
+	// cost, so that it ends at the modeled end; keep it to a copy.
 	Run func()
 }
 
@@ -229,7 +229,8 @@ func (s *Stream) signal() {
 func (s *Stream) loop() {
 	defer close(s.stopped)
 	scale := s.gpu.opts.TimeScale
-	var busyUntil time.Time // modeled end of the last kernel, as a wall-clock instant
+	var busyUntil time.Time   // modeled end of the last kernel, as a wall-clock instant
+	var runLead time.Duration // how early Run starts: its recent cost, with a margin
 	var batch []op
 	for {
 		s.mu.Lock()
@@ -268,15 +269,26 @@ func (s *Stream) loop() {
 			end := start.Add(time.Duration(float64(o.kernel.Duration) / scale))
 			// Start's work happens inside the modeled interval; the results
 			// (Run) at its end, then the events after it: at the modeled
-			// instant, or later by what Start overran and Run cost.
+			// instant, or later by what Start overran. Run begins early by
+			// what the recent Runs cost, so that its copy is done by the
+			// modeled end rather than after it: the emulator's cost stays
+			// out of modeled time. A read in that last sliver of the
+			// interval would go unseen; reads a group early cannot.
 			clock.SleepUntil(start, s.gpu.opts.Precise)
 			if o.kernel.Start != nil {
 				o.kernel.Start()
 			}
-			clock.SleepUntil(end, s.gpu.opts.Precise)
 			if o.kernel.Run != nil {
+				runAt := end.Add(-runLead)
+				if runAt.Before(start) {
+					runAt = start
+				}
+				clock.SleepUntil(runAt, s.gpu.opts.Precise)
+				t := time.Now()
 				o.kernel.Run()
+				runLead = max(time.Since(t)*5/4, runLead*7/8)
 			}
+			clock.SleepUntil(end, s.gpu.opts.Precise)
 			busyUntil = end
 			if f := s.gpu.opts.OnSpan; f != nil {
 				f(Span{Stream: s.name, Name: o.kernel.Name, Start: start, End: end, Ran: time.Now()})
