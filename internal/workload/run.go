@@ -3,6 +3,7 @@ package workload
 import (
 	"context"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"time"
 
@@ -267,6 +268,12 @@ forwards:
 		if err := stream.Synchronize(ctx); err != nil {
 			return nil, err
 		}
+		// The forward's end woke the engine's waits on its end event at the
+		// same instant as this loop. On a serving host the forward loop has
+		// its own core; here it shares two with the engine, so let the
+		// engine's woken goroutines run before this loop launches the next
+		// forward, or its host-side work lands in the detect phase.
+		runtime.Gosched()
 		end, ok := col.kernel(testbed.KernelName(k+1, lastLayer))
 		if !ok {
 			return nil, errors.AssertionFailedf("forward %d: no span for its last kernel", k+1)
