@@ -12,7 +12,7 @@
 //	eng.Close()
 //
 // The engine chooses per-layer streaming or the monolithic post-forward send
-// per room (DESIGN.md invariant 8) and says which. Finish and Drop return only
+// per room (docs/ARCHITECTURE.md, invariant 8) and says which. Finish and Drop return only
 // when no write of the chunk can land any more, and always within the finish
 // timeout.
 package system

@@ -147,7 +147,12 @@ func printKeyMetrics(w io.Writer, g prometheus.Gatherer) {
 		metricSum(fam[system.MetricChunks], "status", "dropped"), metricSum(fam[system.MetricTimeouts], "", ""),
 		metricSum(fam[system.MetricSubmitterRestarts], "", ""))
 	fmt.Fprintf(w, "metrics: finish %s; exposed transfer %s\n",
-		metricQuantiles(fam[system.MetricFinishSeconds]), metricQuantiles(fam[system.MetricExposedTransfer]))
+		metricQuantiles(fam[system.MetricFinishSeconds], "", ""), metricQuantiles(fam[system.MetricExposedTransfer], "", ""))
+	if mf := fam[system.MetricExposedPhase]; mf != nil {
+		fmt.Fprintf(w, "metrics: exposed phases: detect %s; post %s; land %s; finish %s\n",
+			metricQuantiles(mf, "phase", "detect"), metricQuantiles(mf, "phase", "post"),
+			metricQuantiles(mf, "phase", "land"), metricQuantiles(mf, "phase", "finish"))
+	}
 	if err != nil {
 		fmt.Fprintf(w, "metrics: (partial: %v)\n", err)
 	}
@@ -181,14 +186,16 @@ func metricHasLabel(m *dto.Metric, name, value string) bool {
 }
 
 // metricQuantiles returns "p50 ≈ X, p99 ≈ Y (n samples)" for a histogram family,
-// merging its series (they share kvstream's buckets).
-func metricQuantiles(mf *dto.MetricFamily) string {
+// merging its series whose label name has value (every series when name is
+// empty; they share kvstream's buckets). Under 100 samples a p99 is the
+// maximum, and the buckets only bound it: "max ≤ Y".
+func metricQuantiles(mf *dto.MetricFamily, name, value string) string {
 	var n uint64
 	cum := map[float64]uint64{}
 	var bounds []float64
 	for _, m := range mf.GetMetric() {
 		h := m.GetHistogram()
-		if h == nil {
+		if h == nil || (name != "" && !metricHasLabel(m, name, value)) {
 			continue
 		}
 		n += h.GetSampleCount()
@@ -214,6 +221,14 @@ func metricQuantiles(mf *dto.MetricFamily) string {
 			return "> " + metricDuration(s)
 		}
 		return "≈ " + metricDuration(s)
+	}
+	if n < 100 {
+		top, ok := bucketQuantile(1, bounds, counts, n)
+		tail := "≤ " + metricDuration(top)
+		if !ok {
+			tail = "> " + metricDuration(top)
+		}
+		return fmt.Sprintf("p50 %s, max %s (%d samples)", q(0.5), tail, n)
 	}
 	return fmt.Sprintf("p50 %s, p99 %s (%d samples)", q(0.5), q(0.99), n)
 }

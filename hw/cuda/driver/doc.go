@@ -7,7 +7,7 @@
 // kvstream needs very little from the GPU: an event recorded on the serving
 // stack's compute stream after a group of layers was enqueued, which
 // submitters wait on (off the forward thread) before they post that group's
-// RDMA writes (DESIGN.md invariant 1). The package also offers plain device
+// RDMA writes (docs/ARCHITECTURE.md, invariant 1). The package also offers plain device
 // memory (alloc, copies, memset) and asynchronous copies on a stream, so that
 // tests and benchmarks can place KV pools on the GPU and enqueue work that
 // takes a realistic time.

@@ -162,7 +162,7 @@ const (
 // It polls cuEventQuery rather than blocking in cuEventSynchronize, because
 // a thread blocked in the driver cannot be interrupted: on a hung kernel a
 // cancelled Wait would leave that thread (and its goroutine) stuck, and Close
-// would wait for it forever, which breaks "never hang" (DESIGN.md invariant
+// would wait for it forever, which breaks "never hang" (docs/ARCHITECTURE.md, invariant
 // 9). Polling returns within one backoff step of cancellation. Events the
 // engine waits on are usually complete or milliseconds away, so Wait first
 // spins briefly with runtime.Gosched (catching completions within
