@@ -10,6 +10,7 @@ import (
 	"github.com/kvstream/kvstream/hw/cuda/sim"
 	"github.com/kvstream/kvstream/hw/hostmem"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
+	"github.com/kvstream/kvstream/messages"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -196,4 +197,59 @@ func TestExposedZeroWhileTheGPURuns(t *testing.T) {
 	sum, n := histogramSum(t, r.reg, MetricExposedTransfer)
 	assert.Equal(t, uint64(1), n)
 	assert.Zero(t, sum)
+}
+
+// Each batch phase, computed by hand: its event completed at 0, the wait
+// returned at 1 ms, it was posted at 3 ms and landed at 6 ms.
+func TestBatchPhasesByHand(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	fam, err := registerFamilies(reg)
+	require.NoError(t, err)
+	m := newMetricsObserver(fam)
+	t0 := time.Unix(100, 0)
+	ms := func(x int) time.Time { return t0.Add(time.Duration(x) * time.Millisecond) }
+	m.Batch(Batch{Seq: 0, EventDone: t0, WaitStart: t0.Add(-time.Millisecond), WaitEnd: ms(1), Posted: ms(3), Done: ms(6)})
+	for phase, want := range map[string]float64{"detect": 1e-3, "post": 2e-3, "land": 3e-3} {
+		sum, n := histogramSum(t, reg, MetricBatchPhase, "part", "group", "phase", phase)
+		assert.Equal(t, uint64(1), n, phase)
+		assert.InDelta(t, want, sum, 1e-12, phase)
+	}
+	// Without a device timestamp there is no detect sample.
+	m.Batch(Batch{Seq: 0, WaitEnd: ms(1), Posted: ms(3), Done: ms(6)})
+	_, n := histogramSum(t, reg, MetricBatchPhase, "part", "group", "phase", "detect")
+	assert.Equal(t, uint64(1), n)
+}
+
+// timedStub is an end event that completed at a given device instant.
+type timedStub struct{ at time.Time }
+
+func (timedStub) Query() (bool, error)             { return true, nil }
+func (timedStub) Wait(context.Context) error       { return nil }
+func (s timedStub) CompletedAt() (time.Time, bool) { return s.at, true }
+
+// The exposed time and its phases, computed by hand.
+func TestExposurePhasesByHand(t *testing.T) {
+	t0 := time.Unix(200, 0)
+	ms := func(x float64) time.Time { return t0.Add(time.Duration(x * float64(time.Millisecond))) }
+	e := &Engine{}
+	e.ends.put(7, timedStub{at: t0})
+	for _, tc := range []struct {
+		name                     string
+		wait, post, done, ret    time.Time
+		detect, postD, land, fin float64 // ms
+	}{
+		{"in order", ms(1), ms(1.5), ms(4), ms(5), 1, 0.5, 2.5, 1},
+		// Everything but the finish was over before the forward ended.
+		{"hidden", ms(-3), ms(-2), ms(-1), ms(0.25), 0, 0, 0, 0.25},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := Result{Stats: messages.Stats{Forward: 7, ForwardEnd: t0.Add(-time.Second), LastWait: tc.wait, LastPost: tc.post, LastDone: tc.done}}
+			ph, ok := e.exposure(&r, tc.ret)
+			require.True(t, ok)
+			assert.True(t, r.Stats.ForwardDone.Equal(t0), "the device timestamp, not the host's End() a second earlier")
+			assert.Equal(t, tc.ret.Sub(t0), r.Stats.Exposed)
+			d := func(x float64) time.Duration { return time.Duration(x * float64(time.Millisecond)) }
+			assert.Equal(t, Phases{Detect: d(tc.detect), Post: d(tc.postD), Land: d(tc.land), Finish: d(tc.fin)}, ph)
+		})
+	}
 }
