@@ -27,8 +27,14 @@ func (f *forwardEnds) put(id uint64, ev cuda.Event) {
 		f.m = map[uint64]cuda.Event{}
 	}
 	f.m[id] = ev
-	if id > keptEnds {
-		delete(f.m, id-keptEnds)
+	// Forwards without chunks record no end, so ids have gaps: sweep
+	// everything old at once, rarely enough to cost O(1) per forward.
+	if len(f.m) > 2*keptEnds {
+		for k := range f.m {
+			if k+keptEnds <= id {
+				delete(f.m, k)
+			}
+		}
 	}
 }
 

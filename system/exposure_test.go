@@ -253,3 +253,21 @@ func TestExposurePhasesByHand(t *testing.T) {
 		})
 	}
 }
+
+// The end events kept for Finish stay bounded, gaps in the forward ids
+// (forwards without chunks) included.
+func TestForwardEndsBounded(t *testing.T) {
+	var f forwardEnds
+	var last uint64
+	for id := uint64(1); id <= 20*keptEnds; id += 3 {
+		f.put(id, timedStub{})
+		last = id
+	}
+	f.mu.Lock()
+	n := len(f.m)
+	f.mu.Unlock()
+	assert.LessOrEqual(t, n, 2*keptEnds+1)
+	assert.NotNil(t, f.get(last), "the latest forward is kept")
+	assert.NotNil(t, f.get(last-3*1000), "so are the forwards within keptEnds of it")
+	assert.Nil(t, f.get(1), "an old one is not")
+}
