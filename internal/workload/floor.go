@@ -14,8 +14,15 @@ import (
 // link serves batches in that order, one after the other, each taking its
 // bytes over the link rate, and a batch lands the link latency after its
 // last byte left. Whatever is ahead on the link (an earlier group, another
-// request's batch of the same forward) delays it. No engine can beat this:
-// a measured exposed time below it is a bug in the measurement.
+// request's batch of the same forward) delays it; batches ready at the same
+// instant go in the order the engine creates them (groups in order, the
+// forward's chunks in registration order). No engine can beat this: a
+// measured exposed time below it is a bug in the measurement. One caveat:
+// when several requests' last chunks share one forward (prompts shorter than
+// the chunk budget), the submitters may post their equal-ready batches in
+// another order, and the request served first can come in under its floor
+// at the others' expense. The workloads of docs/PERFORMANCE.md (and the
+// sweep) have at most one request's last chunk per forward.
 
 // linkBatch is one batch the ideal sender puts on the link.
 type linkBatch struct {
