@@ -121,6 +121,7 @@ func (c *ChunkCore) bind(m *messages.Bind) {
 		return
 	}
 	c.bound, c.forward = true, m.Forward
+	c.stats.Forward = m.Forward
 }
 
 func (c *ChunkCore) groupReady(m *messages.GroupReady) {
@@ -240,6 +241,18 @@ func (c *ChunkCore) submitted(m *messages.Submitted) {
 	c.stats.EventWait += m.WaitEnd.Round(0).Sub(m.WaitStart.Round(0))
 	if c.stats.FirstPost.IsZero() || m.PostedAt.Round(0).Before(c.stats.FirstPost) {
 		c.stats.FirstPost = m.PostedAt.Round(0)
+	}
+	if m.PostedAt.Round(0).After(c.stats.LastPost) {
+		c.stats.LastPost = m.PostedAt.Round(0)
+	}
+	if m.WaitEnd.Round(0).After(c.stats.LastWait) {
+		c.stats.LastWait = m.WaitEnd.Round(0)
+	}
+	// After the forward ended, the rest waits on the end-of-forward event:
+	// the first of those waits to return is the best host-side reading of
+	// when the forward ended on the device.
+	if m.Seq == messages.Rest && c.ended && (c.stats.ForwardDone.IsZero() || m.WaitEnd.Round(0).Before(c.stats.ForwardDone)) {
+		c.stats.ForwardDone = m.WaitEnd.Round(0)
 	}
 }
 

@@ -236,7 +236,7 @@ func (s *submitter) closeAll() {
 func (s *submitter) work(w *Work, wt waited) (res *messages.Submitted, failure error) {
 	dest := &w.Job.Plan.Dests[w.Dest]
 	res = &messages.Submitted{Seq: w.Seq, Dest: w.Dest, WaitStart: wt.start, WaitEnd: wt.end}
-	rec := Batch{Chunk: w.Chunk, Seq: w.Seq, Dest: w.Dest, Submitter: s.index, WaitStart: res.WaitStart, WaitEnd: res.WaitEnd}
+	rec := Batch{Chunk: w.Chunk, Seq: w.Seq, Dest: w.Dest, Submitter: s.index, WaitStart: res.WaitStart, WaitEnd: res.WaitEnd, EventDone: eventDone(w.Event)}
 	core := NewSubmitCore(dest.Peer)
 	effs := core.Step(&WaitEnded{Err: wt.err, Cancelled: w.Job.Context().Err() != nil, PeerLost: s.env.Peers.Lost(dest.Peer)})
 	for i := 0; i < len(effs); i++ {

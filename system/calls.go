@@ -170,10 +170,8 @@ func (e *Engine) Finish(ctx context.Context, room uint64) (Result, error) {
 	case r := <-reply:
 		if r.Chunk.Serial != 0 { // a chunk answered (not an unknown room)
 			ret := time.Now()
-			if !r.Stats.ForwardEnd.IsZero() {
-				r.Stats.Exposed = ret.Sub(r.Stats.ForwardEnd)
-			}
-			e.obs.Finished(FinishRecord{Result: r, Latency: ret.Sub(call), Exposed: r.Stats.Exposed})
+			ph, ok := e.exposure(&r, ret)
+			e.obs.Finished(FinishRecord{Result: r, Latency: ret.Sub(call), Exposed: r.Stats.Exposed, Phases: ph, HasPhases: ok, Returned: ret})
 		}
 		r.Err = public(r.Err)
 		return r, r.Err

@@ -48,6 +48,7 @@ type Engine struct {
 
 	obs      observers
 	restarts *actors.RestartWindow
+	ends     forwardEnds // recent end-of-forward events, for Finish
 
 	trace     *trace.Recorder
 	traceTo   io.Writer

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -63,10 +64,32 @@ func TestSimJSONTraceAndPlot(t *testing.T) {
 		require.True(t, ok, "%s missing or not a number", path)
 		assert.Positive(t, v, path)
 	}
-	for _, k := range []string{"floor_ms", "submits_per_forward"} {
+	for _, k := range []string{"floor_ms", "submits_per_forward", "link_gbit_per_s"} {
 		v, ok := rep[k].(float64)
 		require.True(t, ok, "%s missing", k)
 		assert.Positive(t, v, k)
+	}
+	assert.Equal(t, false, rep["scaled_overheads"])
+	for _, mode := range []string{"per_layer", "monolithic"} {
+		m := rep[mode].(map[string]any)
+		for _, k := range []string{"floor_ms", "ratio_to_floor", "effective_gbyte_per_s", "bytes_modeled", "bytes_moved"} {
+			v, ok := m[k].(float64)
+			require.True(t, ok, "%s.%s missing", mode, k)
+			assert.Positive(t, v, "%s.%s", mode, k)
+		}
+		// A figure below its physical bound is a measurement bug.
+		assert.GreaterOrEqual(t, m["ratio_to_floor"].(float64), 1.0, mode)
+		for _, k := range []string{"batch_phases_ms", "exposed_phases_ms"} {
+			ph, ok := m[k].(map[string]any)
+			require.True(t, ok, "%s.%s missing", mode, k)
+			for name, d := range ph {
+				dd := d.(map[string]any)
+				assert.Contains(t, dd, "n", "%s.%s.%s", mode, k, name)
+				if dd["n"].(float64) < 100 {
+					assert.NotContains(t, dd, "p99", "%s.%s.%s: a p99 of fewer than 100 samples", mode, k, name)
+				}
+			}
+		}
 	}
 	// 9 hook layers... the small preset has 8 hooks in groups of 4: each
 	// chunk per forward sends 2 groups + the MTP buffer.
@@ -76,18 +99,30 @@ func TestSimJSONTraceAndPlot(t *testing.T) {
 	require.NoError(t, err)
 	var tr struct {
 		TraceEvents []struct {
-			Name string  `json:"name"`
-			Ph   string  `json:"ph"`
-			Ts   float64 `json:"ts"`
-			Pid  int     `json:"pid"`
-			Tid  int     `json:"tid"`
-			Cat  string  `json:"cat"`
+			Name string         `json:"name"`
+			Ph   string         `json:"ph"`
+			Ts   float64        `json:"ts"`
+			Dur  float64        `json:"dur"`
+			Pid  int            `json:"pid"`
+			Tid  int            `json:"tid"`
+			Cat  string         `json:"cat"`
+			S    string         `json:"s"`
+			Args map[string]any `json:"args"`
 		} `json:"traceEvents"`
 	}
 	require.NoError(t, json.Unmarshal(raw, &tr), "the trace is valid trace-event JSON")
 	cats := map[string]map[int]int{}
+	type span struct{ from, to float64 }
+	tracks := map[[2]int][]span{}
 	for _, e := range tr.TraceEvents {
 		require.Contains(t, []string{"X", "b", "e", "M", "i"}, e.Ph, "event %q", e.Name)
+		switch e.Ph {
+		case "i":
+			assert.Equal(t, "p", e.S, "instant event %q: scope at top level", e.Name)
+			assert.NotContains(t, e.Args, "s", "instant event %q: scope not in args", e.Name)
+		case "X":
+			tracks[[2]int{e.Pid, e.Tid}] = append(tracks[[2]int{e.Pid, e.Tid}], span{e.Ts, e.Ts + e.Dur})
+		}
 		if e.Cat != "" {
 			if cats[e.Cat] == nil {
 				cats[e.Cat] = map[int]int{}
@@ -95,7 +130,15 @@ func TestSimJSONTraceAndPlot(t *testing.T) {
 			cats[e.Cat][e.Pid]++
 		}
 	}
-	for _, c := range []string{"compute", "event_wait", "transfer", "finish"} {
+	// Complete slices on one track must nest or follow each other; the
+	// trace's slices here never nest.
+	for track, spans := range tracks {
+		sort.Slice(spans, func(i, j int) bool { return spans[i].from < spans[j].from })
+		for i := 1; i < len(spans); i++ {
+			assert.LessOrEqual(t, spans[i-1].to, spans[i].from+1e-3, "track %v: complete slices overlap", track)
+		}
+	}
+	for _, c := range []string{"compute", "event_wait", "detect", "post", "transfer", "finish"} {
 		assert.Positive(t, cats[c][1], "per-layer run has %s events", c)
 		assert.Positive(t, cats[c][2], "monolithic run has %s events", c)
 	}
@@ -106,6 +149,20 @@ func TestSimJSONTraceAndPlot(t *testing.T) {
 	img, err := png.Decode(fh)
 	require.NoError(t, err, "the picture decodes as PNG")
 	assert.Greater(t, img.Bounds().Dx(), 800)
+}
+
+// At a time scale other than 1 the real overheads inside modeled times are
+// multiplied: the report says so.
+func TestSimTimeScaleLabelled(t *testing.T) {
+	out, err := run(t, append(quick, "--time-scale", "4", "--json")...)
+	require.NoError(t, err, out)
+	var rep map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
+	assert.Equal(t, true, rep["scaled_overheads"])
+	assert.Contains(t, rep["note"], "do not measure the engine")
+	out, err = run(t, append(quick, "--time-scale", "4")...)
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "WARNING: --time-scale 4")
 }
 
 func TestSimText(t *testing.T) {

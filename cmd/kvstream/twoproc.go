@@ -155,8 +155,9 @@ package decode's Client (decode.Dial, Notify per chunk, Bye with the run's outco
 				mode = "monolithic"
 			}
 			chunks := len(mr.PerRequest)
-			line := fmt.Sprintf("prefill: %s over %s, %d requests, %d chunks failed, decode accepted %d chunks, bytes equal: %v, exposed transfer mean %.2f ms, %.2f GB/s",
-				mode, transport, chunks, mr.Failed, summary.Chunks, mr.Failed == 0 && plane.Verify(nil) == "" && mr.Aborted == "" && byeErr == nil, mr.ExposedMs, mr.EffectiveGBps)
+			line := fmt.Sprintf("prefill: %s over %s, %d requests, %d chunks failed, decode accepted %d chunks, bytes equal: %v, exposed transfer mean %.2f ms, %.3f GB crossed the transport at %.2f GB/s",
+				mode, transport, chunks, mr.Failed, summary.Chunks, mr.Failed == 0 && plane.Verify(nil) == "" && mr.Aborted == "" && byeErr == nil, mr.ExposedMs,
+				float64(mr.BytesMoved)/1e9, mr.MovedGBytePerS)
 			if mr.Aborted != "" {
 				line += "; stopped: " + mr.Aborted
 			}

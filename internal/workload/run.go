@@ -3,6 +3,7 @@ package workload
 import (
 	"context"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"time"
 
@@ -142,6 +143,7 @@ type finishRec struct {
 	chunk     messages.Chunk
 	call, ret time.Time
 	status    messages.Status
+	stats     messages.Stats
 }
 
 func (c *collector) Batch(b actors.Batch) {
@@ -182,12 +184,16 @@ func runMode(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool
 		return nil, errors.Wrapf(err, "prefill pool of %d MiB", len(geom.Layers)*g.itemLen*p.pool>>20)
 	}
 	defer pool.Free()
-	fill(pool.Block.Bytes, 0xEE) // stale KV: a read before the write would copy this
+	fill(pool.Block.Bytes, staleByte) // stale KV: a read before the write would copy this
 	gpu := sim.New(sim.Options{TimeScale: cfg.TimeScale, OnSpan: col.span, Precise: true})
 	defer gpu.Close()
 	stream := gpu.NewStream("compute")
+	bufs := pool.EngineBuffers()
+	if cfg.plant != nil {
+		cfg.plant(bufs)
+	}
 	eng, err := system.New(system.Config{
-		Buffers: pool.EngineBuffers(), HookLayers: g.hookLayers, GroupSize: cfg.GroupSize, PageSize: cfg.PageSize,
+		Buffers: bufs, HookLayers: g.hookLayers, GroupSize: cfg.GroupSize, PageSize: cfg.PageSize,
 		CP: cfg.CP, Submitters: cfg.Submitters, FinishTimeout: cfg.FinishTimeout, DisablePerLayer: !perLayer,
 	}, engineOptions(cfg, perLayer, system.WithStream(stream), system.WithTransport(pre), system.WithObserver(col), system.WithLogger(log))...)
 	if err != nil {
@@ -224,7 +230,7 @@ func runMode(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool
 				res, err := eng.Finish(ctx, uint64(r))
 				ret := time.Now()
 				col.mu.Lock()
-				col.finishes = append(col.finishes, finishRec{room: r, chunk: res.Chunk, call: call, ret: ret, status: res.Status})
+				col.finishes = append(col.finishes, finishRec{room: r, chunk: res.Chunk, call: call, ret: ret, status: res.Status, stats: res.Stats})
 				if err != nil {
 					mr.Failed++
 					if mr.FirstError == "" {
@@ -262,6 +268,12 @@ forwards:
 		if err := stream.Synchronize(ctx); err != nil {
 			return nil, err
 		}
+		// The forward's end woke the engine's waits on its end event at the
+		// same instant as this loop. On a serving host the forward loop has
+		// its own core; here it shares two with the engine, so let the
+		// engine's woken goroutines run before this loop launches the next
+		// forward, or its host-side work lands in the detect phase.
+		runtime.Gosched()
 		end, ok := col.kernel(testbed.KernelName(k+1, lastLayer))
 		if !ok {
 			return nil, errors.AssertionFailedf("forward %d: no span for its last kernel", k+1)
@@ -295,6 +307,10 @@ func engineOptions(cfg Config, perLayer bool, base ...system.Option) []system.Op
 	}
 	return opts
 }
+
+// staleByte fills the prefill pool before the run: what a read of a page
+// before its kernel started would copy.
+const staleByte = 0xEE
 
 // fill sets every byte of b to v, by doubling copies (a byte loop over a
 // few hundred MB takes seconds).
