@@ -143,7 +143,11 @@ func (c *ChunkCore) groupReady(m *messages.GroupReady) {
 		return
 	}
 	c.stats.Groups++
-	c.submit(messages.Work{Seq: m.Group, Dest: 0, Buffers: bufs, Event: m.Event})
+	// One Work, hence one batch, per destination: a destination's failure
+	// is its own Work's and batch's, and the finish target counts them all.
+	for d := 0; d < c.dests; d++ {
+		c.submit(messages.Work{Seq: m.Group, Dest: d, Buffers: bufs, Event: m.Event})
+	}
 }
 
 func (c *ChunkCore) forwardEnd(m *messages.ForwardEnd) {
@@ -324,5 +328,5 @@ func part(seq, dest int) string {
 	if seq == messages.Rest {
 		return "rest to destination " + strconv.Itoa(dest)
 	}
-	return "group " + strconv.Itoa(seq)
+	return "group " + strconv.Itoa(seq) + " to destination " + strconv.Itoa(dest)
 }

@@ -118,9 +118,10 @@ func (p *Plan) Bytes(l *Layout) uint64 {
 
 // BuildPlan validates a spec and computes its plan: the exact range, the
 // owned pages and their absolute positions, and the runs toward every real
-// destination. perLayer false forces the monolithic send. It is pure, and on
-// error it names the bad value. peers answers whether a peer exists.
-func BuildPlan(l *Layout, peers func(string) (*Peer, bool), s *ChunkSpec, perLayer bool) (*Plan, error) {
+// destination. policy is the register guard's (invariant 8): which rooms
+// stream per layer. It is pure, and on error it names the bad value. peers
+// answers whether a peer exists.
+func BuildPlan(l *Layout, peers func(string) (*Peer, bool), s *ChunkSpec, policy cp.Policy) (*Plan, error) {
 	r, err := cp.ChunkRange(s.Start, s.End, l.PageSize, s.Last)
 	if err != nil {
 		return nil, err
@@ -149,10 +150,7 @@ func BuildPlan(l *Layout, peers func(string) (*Peer, bool), s *ChunkSpec, perLay
 	for i, info := range s.Infos {
 		dummy[i] = info.Dummy
 	}
-	mode, reason, _ := cp.Guard(dummy)
-	if !perLayer && mode == cp.PerLayer {
-		mode, reason = cp.Monolithic, cp.PerLayerOff
-	}
+	mode, reason, _ := cp.Guard(dummy, policy)
 	owned, positions, err := l.CP.Owned(src, r.PageStart, s.TotalPages)
 	if err != nil {
 		return nil, err

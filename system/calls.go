@@ -39,8 +39,9 @@ func (e *Engine) PeerLost(id string, cause error) error {
 // Register registers the chunk that the next forward writes, before that
 // forward begins. It is idempotent per (room, exact chunk range):
 // registering an active chunk again changes nothing and is cheap. It returns
-// the mode the room uses: per-layer when it has exactly one non-dummy
-// destination and per-layer is on, else monolithic.
+// the mode the room uses: per-layer when it has a real (non-dummy)
+// destination and per-layer is on (with Config.SingleDestinationPerLayer,
+// exactly one), else monolithic.
 //
 // An error means nothing changed. ctx is checked before the chunk is handed
 // to the engine; once handed over, the registration completes (the manager
@@ -76,7 +77,7 @@ func (e *Engine) Register(ctx context.Context, spec ChunkSpec) (reg Registration
 			return Registration{}, lost
 		}
 	}
-	p, err := plan.BuildPlan(e.layout, e.env.Peers.Get, &spec, !e.cfg.DisablePerLayer)
+	p, err := plan.BuildPlan(e.layout, e.env.Peers.Get, &spec, e.cfg.policy())
 	if err != nil {
 		e.obs.Refused("bad_input")
 		return Registration{}, err

@@ -53,6 +53,12 @@ type Config struct {
 	FinishTimeout time.Duration
 	// DisablePerLayer sends every room monolithically after the forward.
 	DisablePerLayer bool
+	// SingleDestinationPerLayer restores the reference rule of invariant 8:
+	// per-layer streaming only for a room with exactly one real destination,
+	// the monolithic send for a room with several. By default (false) a room
+	// streams per layer to every real destination, one batch per destination
+	// per group.
+	SingleDestinationPerLayer bool
 	// MaxRestarts and RestartWindow bound submitter restarts (default 10
 	// within 10 s, over the pool): beyond, the engine is unhealthy and
 	// refuses new registrations until the rate falls back. Submitters are
@@ -133,6 +139,17 @@ func (c Config) withDefaults(getenv func(string) string) (Config, error) {
 		return c, badInput("hook layers %d: must be at least 1", c.HookLayers)
 	}
 	return c, nil
+}
+
+// policy is the register guard's policy the configuration asks for.
+func (c Config) policy() cp.Policy {
+	switch {
+	case c.DisablePerLayer:
+		return cp.NoPerLayer
+	case c.SingleDestinationPerLayer:
+		return cp.SingleDestination
+	}
+	return cp.EveryDestination
 }
 
 // getenv returns the environment lookup a Config uses.
