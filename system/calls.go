@@ -11,17 +11,23 @@ import (
 	"github.com/kvstream/kvstream/plan"
 )
 
-// AddPeer adds a decode session. Its buffers must match the prefill layout
-// one for one (same item lengths).
+// AddPeer adds a decode session. Without Peer.Sharding its buffers must
+// match the prefill layout one for one (same item lengths). With it (and
+// Config.Sharding), AddPeer computes what this prefill rank sends the peer
+// (cp/reshard) and refuses a pairing that cannot reshard (ErrBadInput, naming
+// the values: heads that do not split, other head dims, dtypes, layer counts
+// or page sizes, MLA against MHA, bad stages or ranks) or buffers that do not
+// match the peer's side. A peer this rank routes nothing to is added, and
+// receives nothing, like a dummy destination.
 func (e *Engine) AddPeer(p Peer) error {
 	e.closeMu.RLock()
 	defer e.closeMu.RUnlock()
 	if e.closed {
 		return closedError("AddPeer")
 	}
-	err := plan.ValidatePeer(e.layout, p)
+	rp, err := plan.ResolvePeer(e.layout, p)
 	if err == nil {
-		err = e.env.Peers.Add(&p)
+		err = e.env.Peers.Add(rp)
 	}
 	e.traceAddPeer(&p, err)
 	return err

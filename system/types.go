@@ -21,6 +21,11 @@ type (
 	// transport address and its buffers in the prefill layout's order.
 	// Pass it to AddPeer before registering chunks that name it.
 	Peer = plan.Peer
+	// Sharding is one side's layout of the model's KV cache (a reshard.Side:
+	// layers, KV heads, head dim, dtype, MLA, TP, PP stages, page size and
+	// order) and its rank: Config.Sharding for this prefill rank,
+	// Peer.Sharding for a decode rank. Both optional.
+	Sharding = plan.Sharding
 	// PeerBuffer is one decode buffer of a Peer: its registered region
 	// (address, length, packed key) and its item length (bytes per page).
 	PeerBuffer = plan.PeerBuffer
