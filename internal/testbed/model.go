@@ -21,6 +21,10 @@ type Model struct {
 	// LayerTime is the modeled duration of one layer's kernel for a forward
 	// of the given number of tokens.
 	LayerTime func(tokens int) time.Duration
+	// Fill, when set, is what a forward writes into one page of buffer b
+	// for request position pos (default: Fill with Seed). A resharding test
+	// writes each rank's share of one logical tensor with it.
+	Fill func(dst []byte, room uint64, buffer, position int)
 
 	forwards int
 }
@@ -81,7 +85,11 @@ func (m *Model) writeLayer(l int, writes []Write) func() {
 			}
 			for _, w := range writes {
 				for i, sp := range w.SrcPages {
-					Fill(m.Pool.Page(b, sp), m.Seed, w.Room, b, w.PageStart+i)
+					if m.Fill != nil {
+						m.Fill(m.Pool.Page(b, sp), w.Room, b, w.PageStart+i)
+					} else {
+						Fill(m.Pool.Page(b, sp), m.Seed, w.Room, b, w.PageStart+i)
+					}
 				}
 			}
 		}
