@@ -408,3 +408,31 @@ func TestAddPeerRefusesImpossiblePairings(t *testing.T) {
 		})
 	}
 }
+
+// TestNewRefusesBuffersThatDoNotMatchTheSharding: the prefill buffers must be
+// the stage's layers, of the side's item length.
+func TestNewRefusesBuffersThatDoNotMatchTheSharding(t *testing.T) {
+	side := reshard.Side{Layers: 4, KVHeads: 8, HeadDim: 2, ElemBytes: 2, TP: 2, PageSize: 4, Stages: []int{0, 2, 4}}
+	pool, err := testbed.NewPool(geometry(&side, 0, 8)) // stage 0: 2 layers
+	require.NoError(t, err)
+	defer pool.Free()
+	for _, tc := range []struct {
+		name string
+		edit func(c *system.Config)
+		want string
+	}{
+		{"another stage's layer count", func(c *system.Config) { c.Sharding.Side.Stages = []int{0, 3, 4} }, "4 buffers, PP stage 0 holds 3 layers x 2 buffers"},
+		{"another TP degree's item length", func(c *system.Config) { c.Sharding.Side.TP = 4 }, "item length 64, the prefill sharding gives 32 (page 4 x 2 heads x 4 bytes)"},
+		{"a page size other than the engine's", func(c *system.Config) { c.PageSize = 8 }, "page size 4, the layout's 8"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := side
+			cfg := system.Config{Buffers: pool.EngineBuffers(), HookLayers: 2, PageSize: 4, Sharding: &system.Sharding{Side: s}}
+			tc.edit(&cfg)
+			_, err := system.New(cfg, system.WithSimulatedHardware(), system.WithLogger(zap.NewNop()))
+			require.Error(t, err)
+			assert.True(t, errors.Is(err, system.ErrBadInput), "%v", err)
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+}
