@@ -34,6 +34,7 @@ type ChunkCore struct {
 	perLayer bool
 	empty    bool
 	dests    int
+	routes   []*plan.Route // per destination: its route, nil for every buffer
 	layout   *plan.Layout
 
 	bound   bool
@@ -58,7 +59,7 @@ type ChunkCore struct {
 
 // NewChunkCore returns the core of a chunk context for plan.
 func NewChunkCore(l *plan.Layout, p *plan.Plan) *ChunkCore {
-	return &ChunkCore{
+	c := &ChunkCore{
 		id:       p.Chunk,
 		perLayer: p.Mode == cp.PerLayer,
 		empty:    p.Empty(),
@@ -66,6 +67,22 @@ func NewChunkCore(l *plan.Layout, p *plan.Plan) *ChunkCore {
 		layout:   l,
 		accepted: make([]bool, l.Groups.Count()),
 	}
+	for i, d := range p.Dests {
+		if d.Route != nil {
+			if c.routes == nil {
+				c.routes = make([]*plan.Route, len(p.Dests))
+			}
+			c.routes[i] = d.Route
+		}
+	}
+	return c
+}
+
+// sends reports whether destination d receives any of bufs: a resharded
+// peer whose stage holds none of their layers gets no Work (and no empty
+// batch) for them.
+func (c *ChunkCore) sends(d int, bufs []int) bool {
+	return c.routes == nil || c.routes[d] == nil || c.routes[d].Sends(bufs)
 }
 
 // ID returns the chunk's identity.
@@ -144,7 +161,13 @@ func (c *ChunkCore) groupReady(m *messages.GroupReady) {
 		return
 	}
 	c.stats.Groups++
-	c.submit(messages.Work{Seq: m.Group, Dest: 0, Buffers: bufs, Event: m.Event})
+	// One Work, hence one batch, per destination: a destination's failure
+	// is its own Work's and batch's, and the finish target counts them all.
+	for d := 0; d < c.dests; d++ {
+		if c.sends(d, bufs) {
+			c.submit(messages.Work{Seq: m.Group, Dest: d, Buffers: bufs, Event: m.Event})
+		}
+	}
 }
 
 func (c *ChunkCore) forwardEnd(m *messages.ForwardEnd) {
@@ -184,7 +207,9 @@ func (c *ChunkCore) sendRest(ev messages.Event, evErr error, which string) {
 		return
 	}
 	for d := 0; d < c.dests; d++ {
-		c.submit(messages.Work{Seq: messages.Rest, Dest: d, Buffers: bufs, Event: ev})
+		if c.sends(d, bufs) {
+			c.submit(messages.Work{Seq: messages.Rest, Dest: d, Buffers: bufs, Event: ev})
+		}
 	}
 }
 
@@ -337,5 +362,5 @@ func part(seq, dest int) string {
 	if seq == messages.Rest {
 		return "rest to destination " + strconv.Itoa(dest)
 	}
-	return "group " + strconv.Itoa(seq)
+	return "group " + strconv.Itoa(seq) + " to destination " + strconv.Itoa(dest)
 }

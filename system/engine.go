@@ -96,6 +96,11 @@ func New(cfg Config, opts ...Option) (_ *Engine, err error) {
 	if e.layout, err = plan.NewLayout(cfg.Buffers, keys, cfg.HookLayers, cfg.GroupSize, cfg.PageSize, cfg.CP); err != nil {
 		return nil, err
 	}
+	if cfg.Sharding != nil {
+		if err = e.layout.SetSharding(cfg.Sharding, cfg.Replicas); err != nil {
+			return nil, err
+		}
+	}
 	e.boundary = make([]bool, cfg.HookLayers)
 	for l := range e.boundary {
 		e.boundary[l] = e.layout.Groups.Boundary(l)

@@ -220,6 +220,7 @@ var validRegistrations = [...]struct {
 	reason cp.Reason
 }{
 	{cp.PerLayer, cp.OneDestination},
+	{cp.PerLayer, cp.SeveralDestinations},
 	{cp.Monolithic, cp.SeveralDestinations},
 	{cp.Monolithic, cp.AllDummy},
 	{cp.Monolithic, cp.PerLayerOff},

@@ -37,10 +37,15 @@ type (
 	//	Address the decode transport's worker address (rdma.Transport.Address)
 	//	Buffers one PeerBuffer per prefill buffer, in Config.Buffers' order
 	Peer = plan.Peer
+	// Sharding is one side's layout of the model's KV cache (a reshard.Side:
+	// layers, KV heads, head dim, dtype, MLA, TP, PP stages, page size and
+	// order) and its rank: Config.Sharding for this prefill rank,
+	// Peer.Sharding for a decode rank. Both optional.
+	Sharding = plan.Sharding
 	// PeerBuffer is one decode buffer of a Peer:
 	//
 	//	Region  its registration on the decode side: Addr, Len, Key (packed remote key)
-	//	ItemLen bytes of one page; must equal the prefill buffer's
+	//	ItemLen bytes of one page; must equal the prefill buffer's (without Sharding)
 	PeerBuffer = plan.PeerBuffer
 	// ChunkSpec is what the scheduler registers before the forward that
 	// writes tokens [Start, End) of a room:

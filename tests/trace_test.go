@@ -115,8 +115,10 @@ var traceScenarios = []traceScenario{
 	},
 	{
 		name:  "two_info_fallback",
-		about: []string{"Room 1 has two real decode destinations: the register guard sends it monolithically,", "one rest batch per destination after the forward; room 2 has one and streams per layer."},
-		opts:  func() rigOpts { return rigOpts{geom: testbed.MLA(4, 16, 64), hooks: 4, group: 2, decodes: 2} },
+		about: []string{"Under the reference rule (SingleDestinationPerLayer), room 1 has two real decode destinations: the register guard sends it monolithically,", "one rest batch per destination after the forward; room 2 has one and streams per layer."},
+		opts: func() rigOpts {
+			return rigOpts{geom: testbed.MLA(4, 16, 64), hooks: 4, group: 2, decodes: 2, single: true}
+		},
 		run: func(t *testing.T, r *rig) {
 			r.register(chunk{room: 1, end: 8, last: true, src: []int{0, 1}, total: 2,
 				infos: []system.DecodeInfo{{Peer: "d0", DstPages: []int{0, 1}}, {Peer: "d1", DstPages: []int{2, 3}}}})
@@ -136,6 +138,26 @@ var traceScenarios = []traceScenario{
 			assert.Contains(t, mono[0], `"Dest":0`)
 			assert.Contains(t, mono[1], `"Dest":1`)
 			assert.Equal(t, map[string]int{"SUCCESS": 2}, out.Statuses)
+		},
+	},
+	{
+		name:  "two_destinations_per_layer",
+		about: []string{"Room 1 has two real decode destinations and streams per layer to both: one batch per group per destination,", "one context, one Finish."},
+		opts:  func() rigOpts { return rigOpts{geom: testbed.MLA(4, 16, 64), hooks: 4, group: 2, decodes: 2} },
+		run: func(t *testing.T, r *rig) {
+			r.register(chunk{room: 1, end: 8, last: true, src: []int{0, 1}, total: 2,
+				infos: []system.DecodeInfo{{Peer: "d0", DstPages: []int{0, 1}}, {Peer: "d1", DstPages: []int{2, 3}}}})
+			r.forward(testbed.Write{Room: 1, SrcPages: []int{0, 1}, Tokens: 8})
+			r.finish(1)
+		},
+		expect: func(t *testing.T, tr *trace.Trace, out *replay.Outcome) {
+			subs := effectsOf(tr, "chunk", "Submit")
+			require.Len(t, subs, 4, "2 groups x 2 destinations")
+			for i, s := range subs {
+				assert.Contains(t, s, fmt.Sprintf(`"Dest":%d`, i%2))
+				assert.Contains(t, s, fmt.Sprintf(`"Seq":%d`, i/2))
+			}
+			assert.Equal(t, map[string]int{"SUCCESS": 1}, out.Statuses)
 		},
 	},
 	{
@@ -438,7 +460,9 @@ func TestTraceDivergencePrintsExcerpts(t *testing.T) {
 // timing of the timeout scenario). The replay accepts it while its
 // recorded effects are none, as an ended core's are, and not otherwise.
 func TestTraceLateMessageToAStoppedChunk(t *testing.T) {
-	raw, err := os.ReadFile(filepath.Join(traceDir, "timeout.jsonl"))
+	// A recording that has this timing (testdata/late/timeout.jsonl, kept
+	// apart: the scenario traces are re-recorded and may not).
+	raw, err := os.ReadFile(filepath.Join("testdata", "late", "timeout.jsonl"))
 	require.NoError(t, err)
 	tr, err := trace.Read(bytes.NewReader(raw))
 	require.NoError(t, err)

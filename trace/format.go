@@ -28,16 +28,19 @@ type Header struct {
 
 // Config is what a replay needs of the engine's configuration.
 type Config struct {
-	HookLayers    int      `json:"hook_layers"`
-	GroupSize     int      `json:"group_size"`
-	PageSize      int      `json:"page_size"`
-	CPSize        int      `json:"cp_size"`
-	CPRank        int      `json:"cp_rank"`
-	CPRule        string   `json:"cp_rule"`
-	Submitters    int      `json:"submitters"`
-	FinishTimeout int64    `json:"finish_timeout_ns"`
-	PerLayer      bool     `json:"per_layer"`
-	Buffers       []Buffer `json:"buffers"`
+	HookLayers    int    `json:"hook_layers"`
+	GroupSize     int    `json:"group_size"`
+	PageSize      int    `json:"page_size"`
+	CPSize        int    `json:"cp_size"`
+	CPRank        int    `json:"cp_rank"`
+	CPRule        string `json:"cp_rule"`
+	Submitters    int    `json:"submitters"`
+	FinishTimeout int64  `json:"finish_timeout_ns"`
+	PerLayer      bool   `json:"per_layer"`
+	// SingleDestination is Config.SingleDestinationPerLayer (the reference
+	// rule: per-layer only for rooms with one real destination).
+	SingleDestination bool     `json:"single_destination,omitempty"`
+	Buffers           []Buffer `json:"buffers"`
 }
 
 // Buffer is one prefill buffer's geometry (addresses are left out).

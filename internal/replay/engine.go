@@ -217,7 +217,8 @@ func setupEngine(sv *survey) (_ *engineReplay, err error) {
 	stream := gpu.NewStream("compute")
 	rule, _ := cp.ParseRule(c.CPRule)
 	r.eng, err = system.New(system.Config{Buffers: r.pool.EngineBuffers(), HookLayers: c.HookLayers, GroupSize: c.GroupSize, PageSize: c.PageSize,
-		CP: cp.CP{Size: c.CPSize, Rank: c.CPRank, Rule: rule}, Submitters: c.Submitters, FinishTimeout: replayTimeout, DisablePerLayer: !c.PerLayer},
+		CP: cp.CP{Size: c.CPSize, Rank: c.CPRank, Rule: rule}, Submitters: c.Submitters, FinishTimeout: replayTimeout, DisablePerLayer: !c.PerLayer,
+		SingleDestinationPerLayer: c.SingleDestination},
 		system.WithStream(stream), system.WithTransport(pre), system.WithLogger(zap.NewNop()), system.WithGetenv(func(string) string { return "" }))
 	if err != nil {
 		return nil, err

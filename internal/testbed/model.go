@@ -21,6 +21,10 @@ type Model struct {
 	// LayerTime is the modeled duration of one layer's kernel for a forward
 	// of the given number of tokens.
 	LayerTime func(tokens int) time.Duration
+	// Fill, when set, is what a forward writes into one page of buffer b
+	// for request position pos (default: Fill with Seed). A resharding test
+	// writes each rank's share of one logical tensor with it.
+	Fill func(dst []byte, room uint64, buffer, position int)
 
 	forwards int
 	stage    []byte // a kernel's results between its Start and its Run
@@ -110,7 +114,11 @@ func (m *Model) writeLayer(l int, writes []Write) (start, run func()) {
 			for _, w := range writes {
 				for i := range w.SrcPages {
 					fillPoison(pages[n])
-					Fill(m.stage[n*item:(n+1)*item], m.Seed, w.Room, b, w.PageStart+i)
+					if m.Fill != nil {
+						m.Fill(m.stage[n*item:(n+1)*item], w.Room, b, w.PageStart+i)
+					} else {
+						Fill(m.stage[n*item:(n+1)*item], m.Seed, w.Room, b, w.PageStart+i)
+					}
 					n++
 				}
 			}
