@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -174,6 +175,8 @@ func TestSimText(t *testing.T) {
 }
 
 func TestSimBadFlags(t *testing.T) {
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -186,12 +189,40 @@ func TestSimBadFlags(t *testing.T) {
 		{[]string{"sim", "--link-gbps", "-1"}, "--link-gbps -1: must be positive"},
 		{[]string{"sim", "--page-size", "abc"}, `invalid argument "abc" for "--page-size"`},
 		{[]string{"sim", "--gpu", "gpu0"}, `--gpu "gpu0": want cuda:N`},
+		// Each of these used to panic, hang or exhaust memory (issue 15).
+		{[]string{"sim", "--submitters", "-1"}, "--submitters -1: must be within [1, 1024]"},
+		{[]string{"sim", "--chunk-tokens", "2000000000"}, "--chunk-tokens 2000000000: above the bound of 16777216"},
+		{[]string{"sim", "--prompt-tokens", "9223372036854775807"}, "--prompt-tokens 9223372036854775807: above the bound"},
+		{[]string{"sim", "--requests", "9223372036854775807"}, "--requests 9223372036854775807: above the bound of 4096"},
+		{[]string{"sim", "--requests", "100000000"}, "--requests 100000000: above the bound of 4096"},
+		{[]string{"sim", "--layers", "1000000"}, "--layers 1000000: above the bound of 4096"},
+		{[]string{"sim", "--requests", "4096", "--prompt-tokens", "16777216", "--page-size", "16"}, "above the bound of 4194304 pages per run"},
+		{[]string{"sim", "--link-gbps", "NaN"}, "--link-gbps NaN: must be a finite number"},
+		{[]string{"sim", "--link-gbps", "+Inf"}, "--link-gbps +Inf: must be a finite number"},
+		{[]string{"sim", "--time-scale", "1e-300"}, "--time-scale 1e-300: must be within [0.001, 1000]"},
+		{[]string{"sim", "--time-scale", "1e-9"}, "--time-scale 1e-09: must be within [0.001, 1000]"},
+		{[]string{"sim", "--link-latency-us", "NaN"}, "--link-latency-us NaN: must be within [0, 1e+06]"},
+		{[]string{"sim", "--memory-mib", "1000000000000000"}, "--memory-mib 1000000000000000: must be within [0, 65536]"},
 		{[]string{"sim", "--gpu", "cuda:0", "--model", "small", "--requests", "2"}, "fixed check workload (16 buffers, 4 requests, K = 4) and takes no --model, --requests"},
 	} {
 		_, err := run(t, tc.args...)
 		require.Error(t, err, "%v", tc.args)
 		assert.Contains(t, err.Error(), tc.want)
 	}
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(64<<20), "refusals allocate nothing from the values they refuse")
+}
+
+// TestSimRecordToAFullDevice: a trace that cannot be written is the run's
+// error; it used to exit 0 with an empty file.
+func TestSimRecordToAFullDevice(t *testing.T) {
+	if _, err := os.Stat("/dev/full"); err != nil {
+		t.Skip("no /dev/full here")
+	}
+	_, err := run(t, "sim", "--no-progress", "--model", "small", "--requests", "1", "--prompt-tokens", "256", "--chunk-tokens", "256", "--record", "/dev/full")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "no space left on device")
 }
 
 // Without a CUDA driver, --gpu says so plainly.

@@ -127,6 +127,9 @@ type geometry struct {
 
 func (c Config) validate() (geometry, error) {
 	var g geometry
+	if err := c.checkBounds(); err != nil {
+		return g, err
+	}
 	switch {
 	case c.Requests < 1:
 		return g, errors.Newf("--requests %d: must be at least 1", c.Requests)

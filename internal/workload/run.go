@@ -31,7 +31,10 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (*Report, error) {
 	rep := newReport(cfg, g, plan)
 	// Warm the modeled link's staging buffers for the largest batch (a whole
 	// chunk, monolithic) before anything is timed.
-	loopback.Prewarm(uint64(g.itemLen)*uint64(cfg.ChunkTokens/cfg.PageSize+1)*uint64(g.buffers), 2*cfg.Submitters)
+	// A forward never holds more than one prompt's worth of a request, and
+	// both are bounded (checkBounds), so this product stays small.
+	chunkPages := min(cfg.ChunkTokens, cfg.PromptTokens*cfg.Requests)/cfg.PageSize + 1
+	loopback.Prewarm(uint64(g.itemLen)*uint64(chunkPages)*uint64(g.buffers), 2*cfg.Submitters)
 	total := 2 * len(plan.forwards)
 	done := 0
 	for _, perLayer := range []bool{true, false} {
@@ -168,7 +171,7 @@ func (c *collector) kernel(name string) (sim.Span, bool) {
 
 // runMode runs the whole schedule on a fresh engine, GPU and prefill pool,
 // with the decode side dp provides.
-func runMode(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool, log *zap.Logger, progress func(), dp DataPlane) (*ModeReport, error) {
+func runMode(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool, log *zap.Logger, progress func(), dp DataPlane) (_ *ModeReport, err error) {
 	col := &collector{kernels: map[string]sim.Span{}}
 	geom := testbed.MLA(g.layers, uint64(g.itemLen), p.pool)
 	if !cfg.Preset.MLA {
@@ -199,7 +202,13 @@ func runMode(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool
 	if err != nil {
 		return nil, err
 	}
-	defer eng.Close()
+	defer func() {
+		// Close writes the message trace (--record): a trace that could not
+		// be written is the run's error, not a silent empty file.
+		if cerr := eng.Close(); cerr != nil && err == nil {
+			err = errors.Wrap(cerr, "close the engine")
+		}
+	}()
 	if err := eng.AddPeer(peer); err != nil {
 		return nil, err
 	}

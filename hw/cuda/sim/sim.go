@@ -100,7 +100,7 @@ func (g *GPU) TimeScale() float64 { return g.opts.TimeScale }
 
 // NewStream starts a stream. Close the GPU (or the stream) to stop it.
 func (g *GPU) NewStream(name string) *Stream {
-	s := &Stream{gpu: g, name: name, wake: make(chan struct{}, 1), stopped: make(chan struct{})}
+	s := &Stream{gpu: g, name: name, wake: make(chan struct{}, 1), quit: make(chan struct{}), stopped: make(chan struct{})}
 	g.mu.Lock()
 	g.streams = append(g.streams, s)
 	g.mu.Unlock()
@@ -151,6 +151,7 @@ type Stream struct {
 	seq    uint64
 
 	wake    chan struct{}
+	quit    chan struct{} // closed by Close: modeled sleeps end early
 	stopped chan struct{}
 }
 
@@ -203,6 +204,7 @@ func (s *Stream) Close() {
 	}
 	s.closed = true
 	s.mu.Unlock()
+	close(s.quit) // a modeled sleep under way ends now
 	s.signal()
 	<-s.stopped
 }
@@ -249,52 +251,72 @@ func (s *Stream) loop() {
 			<-s.wake
 			continue
 		}
-		for _, o := range batch {
-			if o.event != nil {
-				// The device passed the event when the kernel before it
-				// ended, or when it was recorded on an idle stream.
-				at := busyUntil
-				if o.launched.After(at) {
-					at = o.launched
-				}
-				o.event.reach(at)
-				continue
-			}
-			// A kernel starts when the previous one ended, or at its launch
-			// if the stream was idle then.
-			start := busyUntil
-			if o.launched.After(start) {
-				start = o.launched
-			}
-			end := start.Add(time.Duration(float64(o.kernel.Duration) / scale))
-			// Start's work happens inside the modeled interval; the results
-			// (Run) at its end, then the events after it: at the modeled
-			// instant, or later by what Start overran. Run begins early by
-			// what the recent Runs cost, so that its copy is done by the
-			// modeled end rather than after it: the emulator's cost stays
-			// out of modeled time. A read in that last sliver of the
-			// interval would go unseen; reads a group early cannot.
-			clock.SleepUntil(start, s.gpu.opts.Precise)
-			if o.kernel.Start != nil {
-				o.kernel.Start()
-			}
-			if o.kernel.Run != nil {
-				runAt := end.Add(-runLead)
-				if runAt.Before(start) {
-					runAt = start
-				}
-				clock.SleepUntil(runAt, s.gpu.opts.Precise)
-				t := time.Now()
-				o.kernel.Run()
-				runLead = max(time.Since(t)*5/4, runLead*7/8)
-			}
-			clock.SleepUntil(end, s.gpu.opts.Precise)
-			busyUntil = end
-			if f := s.gpu.opts.OnSpan; f != nil {
-				f(Span{Stream: s.name, Name: o.kernel.Name, Start: start, End: end, Ran: time.Now()})
+		for i, o := range batch {
+			if !s.run(o, &busyUntil, &runLead, scale) {
+				// Closed mid-kernel: what was not run yet fails with the
+				// rest of the queue.
+				s.mu.Lock()
+				s.queue = append(append([]op(nil), batch[i+1:]...), s.queue...)
+				s.mu.Unlock()
+				break
 			}
 		}
 	}
+}
+
+// run performs one op at its modeled time. It returns false if the stream
+// was closed while it waited.
+func (s *Stream) run(o op, busyUntil *time.Time, runLead *time.Duration, scale float64) bool {
+	if o.event != nil {
+		// The device passed the event when the kernel before it
+		// ended, or when it was recorded on an idle stream.
+		at := *busyUntil
+		if o.launched.After(at) {
+			at = o.launched
+		}
+		o.event.reach(at)
+		return true
+	}
+	// A kernel starts when the previous one ended, or at its launch
+	// if the stream was idle then.
+	start := *busyUntil
+	if o.launched.After(start) {
+		start = o.launched
+	}
+	end := start.Add(time.Duration(float64(o.kernel.Duration) / scale))
+	// Start's work happens inside the modeled interval; the results
+	// (Run) at its end, then the events after it: at the modeled
+	// instant, or later by what Start overran. Run begins early by
+	// what the recent Runs cost, so that its copy is done by the
+	// modeled end rather than after it: the emulator's cost stays
+	// out of modeled time. A read in that last sliver of the
+	// interval would go unseen; reads a group early cannot.
+	if !clock.SleepUntilOr(start, s.gpu.opts.Precise, s.quit) {
+		return false
+	}
+	if o.kernel.Start != nil {
+		o.kernel.Start()
+	}
+	if o.kernel.Run != nil {
+		runAt := end.Add(-*runLead)
+		if runAt.Before(start) {
+			runAt = start
+		}
+		if !clock.SleepUntilOr(runAt, s.gpu.opts.Precise, s.quit) {
+			return false
+		}
+		t := time.Now()
+		o.kernel.Run()
+		*runLead = max(time.Since(t)*5/4, *runLead*7/8)
+	}
+	if !clock.SleepUntilOr(end, s.gpu.opts.Precise, s.quit) {
+		return false
+	}
+	*busyUntil = end
+	if f := s.gpu.opts.OnSpan; f != nil {
+		f(Span{Stream: s.name, Name: o.kernel.Name, Start: start, End: end, Ran: time.Now()})
+	}
+	return true
 }
 
 func (s *Stream) drain() []op {

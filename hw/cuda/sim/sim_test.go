@@ -172,3 +172,24 @@ func TestEventOnIdleStreamTimestamp(t *testing.T) {
 	require.True(t, ok)
 	assert.False(t, at.Before(before))
 }
+
+// TestCloseInterruptsAModeledSleep: a kernel modeled as an hour long (a
+// tiny --time-scale does that) must not hold Close: the stream's sleep ends
+// at Close, and the events behind the kernel fail instead of completing.
+func TestCloseInterruptsAModeledSleep(t *testing.T) {
+	g := New(Options{})
+	s := g.NewStream("s")
+	require.NoError(t, s.Launch(Kernel{Name: "long", Duration: time.Hour, Run: func() { t.Error("an interrupted kernel must not run") }}))
+	ev, err := s.Record()
+	require.NoError(t, err)
+	closed := make(chan struct{})
+	go func() { g.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(time.Minute): // only an uninterrupted hour-long sleep gets here
+		t.Fatal("Close waited for the modeled sleep")
+	}
+	err = ev.Wait(context.Background())
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, cuda.ErrDeviceLost), "%v", err)
+}
