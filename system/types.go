@@ -18,6 +18,9 @@ type (
 	//	Err      why it did not succeed, marked with its class (the Err* values)
 	//	Stats    its transfer figures (ChunkStats)
 	Result = messages.Result
+	// Chunk identifies one chunk context: its room, exact token range and
+	// the serial of its registration.
+	Chunk = messages.Chunk
 	// Status is how a chunk ended: Succeeded, Failed or Dropped.
 	Status = messages.Status
 	// ChunkStats are a chunk's transfer figures:
@@ -73,6 +76,10 @@ type (
 
 // Statuses and modes.
 const (
+	// RestSeq is the Seq of a batch that is no group's: what the end of the
+	// forward sends (buffers no hook covers, groups that never fired, or
+	// everything when monolithic). See Batch.
+	RestSeq    = messages.Rest
 	Succeeded  = messages.Succeeded
 	Failed     = messages.Failed
 	Dropped    = messages.Dropped

@@ -8,7 +8,6 @@ import (
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
 	"github.com/kvstream/kvstream/internal/testbed"
-	"github.com/kvstream/kvstream/messages"
 	"github.com/kvstream/kvstream/system"
 	"go.uber.org/zap"
 )
@@ -32,7 +31,7 @@ type DataPlane interface {
 type Notice struct {
 	Room       uint64
 	Start, End int
-	Status     messages.Status
+	Status     system.Status
 	Err        error
 	Bytes      uint64
 	// Positions are the request positions this rank sent, DstPages their
@@ -90,7 +89,7 @@ func (l *localPlane) Open(geom testbed.Geometry, _ uint64, _ *zap.Logger) (rdma.
 // bytes come from the pattern, not from the prefill pool, which an early
 // read may have caught in the same stale state.
 func (l *localPlane) ChunkDone(n Notice) {
-	if n.Status != messages.Succeeded || l.decode == nil {
+	if n.Status != system.Succeeded || l.decode == nil {
 		return
 	}
 	want := make([]byte, l.g.itemLen)

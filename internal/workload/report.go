@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/kvstream/kvstream/internal/testbed"
-	"github.com/kvstream/kvstream/messages"
+	"github.com/kvstream/kvstream/system"
 )
 
 // Report is the outcome of a sim run. Times are modeled milliseconds: wall
@@ -304,7 +304,7 @@ func (m *ModeReport) summarize(cfg Config, g geometry, p *plan, col *collector, 
 // device) to ret (Finish returned) at the chunk's last wait, last post and
 // last landing, each clamped to the one before (system.Phases does the
 // same for the metrics).
-func splitExposed(end time.Time, s messages.Stats, ret time.Time) [4]time.Duration {
+func splitExposed(end time.Time, s system.ChunkStats, ret time.Time) [4]time.Duration {
 	t1 := later(end, s.LastWait)
 	t2 := later(t1, s.LastPost)
 	t3 := later(t2, s.LastDone)

@@ -4,10 +4,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvstream/kvstream/actors"
 	"github.com/kvstream/kvstream/hw/cuda/sim"
 	"github.com/kvstream/kvstream/internal/testbed"
-	"github.com/kvstream/kvstream/messages"
+	"github.com/kvstream/kvstream/system"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -55,11 +54,11 @@ func TestSummarizeByHand(t *testing.T) {
 	// Room 0: the forward ends, its last wait returns 1 ms later, it posts
 	// at 1.5, lands at 2.5, Finish returns at 3. Room 1 returns at 5.
 	col.finishes = []finishRec{
-		{room: 0, call: end.Add(-ms(10)), ret: end.Add(ms(3)), status: messages.Succeeded,
-			stats: messages.Stats{LastWait: end.Add(ms(1)), LastPost: end.Add(ms(1.5)), LastDone: end.Add(ms(2.5))}},
-		{room: 1, call: end.Add(ms(4)), ret: end.Add(ms(5)), status: messages.Succeeded},
+		{room: 0, call: end.Add(-ms(10)), ret: end.Add(ms(3)), status: system.Succeeded,
+			stats: system.ChunkStats{LastWait: end.Add(ms(1)), LastPost: end.Add(ms(1.5)), LastDone: end.Add(ms(2.5))}},
+		{room: 1, call: end.Add(ms(4)), ret: end.Add(ms(5)), status: system.Succeeded},
 	}
-	col.batches = []actors.Batch{{Seq: messages.Rest, Bytes: 1000, Blocks: 2,
+	col.batches = []system.Batch{{Seq: system.RestSeq, Bytes: 1000, Blocks: 2,
 		EventDone: end, WaitStart: end.Add(-ms(1)), WaitEnd: end.Add(ms(0.2)), Posted: end.Add(ms(0.3)), Done: end.Add(ms(1.3))}}
 
 	m := &ModeReport{PerLayer: true}

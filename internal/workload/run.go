@@ -8,12 +8,10 @@ import (
 	"time"
 
 	"github.com/cockroachdb/errors"
-	"github.com/kvstream/kvstream/actors"
 	"github.com/kvstream/kvstream/cp"
 	"github.com/kvstream/kvstream/hw/cuda/sim"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
 	"github.com/kvstream/kvstream/internal/testbed"
-	"github.com/kvstream/kvstream/messages"
 	"github.com/kvstream/kvstream/system"
 	"go.uber.org/zap"
 )
@@ -135,7 +133,7 @@ func allocate(rng *rand.Rand, pool, per, requests int) [][]int {
 type collector struct {
 	system.NopObserver
 	mu       sync.Mutex
-	batches  []actors.Batch
+	batches  []system.Batch
 	kernels  map[string]sim.Span
 	order    []string
 	finishes []finishRec
@@ -143,18 +141,18 @@ type collector struct {
 
 type finishRec struct {
 	room      int
-	chunk     messages.Chunk
+	chunk     system.Chunk
 	call, ret time.Time
-	status    messages.Status
-	stats     messages.Stats
+	status    system.Status
+	stats     system.ChunkStats
 }
 
-func (c *collector) Batch(b actors.Batch) {
+func (c *collector) Batch(b system.Batch) {
 	c.mu.Lock()
 	c.batches = append(c.batches, b)
 	c.mu.Unlock()
 }
-func (c *collector) Chunk(messages.Result) {}
+func (c *collector) Chunk(system.Result) {}
 func (c *collector) span(s sim.Span) {
 	c.mu.Lock()
 	c.kernels[s.Name] = s

@@ -7,7 +7,7 @@ import (
 	"sort"
 	"time"
 
-	"github.com/kvstream/kvstream/messages"
+	"github.com/kvstream/kvstream/system"
 )
 
 // Timeline is one mode's run as spans on tracks, in modeled time since the
@@ -68,7 +68,7 @@ func buildTimeline(cfg Config, col *collector, t0 time.Time, forwardEnds []time.
 }
 
 func seqName(seq int) string {
-	if seq == messages.Rest {
+	if seq == system.RestSeq {
 		return "rest"
 	}
 	return fmt.Sprintf("group %d", seq)
