@@ -40,6 +40,11 @@ type Config struct {
 	// it must bound what it allocates: the layout comes from the network.
 	// Later sessions must match the pool it returned.
 	Size func(layout []PrefillBuffer) ([]Buffer, error)
+	// MaxPoolBytes bounds the pool a Size function may be asked for: a
+	// Hello whose layout (pages times item length, summed, overflow
+	// checked) exceeds it is refused before Size runs. Default
+	// DefaultMaxPoolBytes.
+	MaxPoolBytes uint64
 	// ID is the peer id prefill engines know this pool by (default
 	// "decode").
 	ID string

@@ -67,8 +67,8 @@ var _ rdma.Endpoint = (*Endpoint)(nil)
 // connects lazily on some transports: an unreachable peer may only show as
 // a failed batch.
 func (t *Transport) Connect(addr []byte) (rdma.Endpoint, error) {
-	if len(addr) == 0 {
-		return nil, errors.Mark(errors.New("ucx: connect: empty worker address"), rdma.ErrEndpointBroken)
+	if err := checkWorkerAddress(addr); err != nil {
+		return nil, errors.Mark(err, rdma.ErrEndpointBroken)
 	}
 	e := &Endpoint{t: t, closedCh: make(chan struct{})}
 	err := t.do(func() error {
@@ -97,6 +97,31 @@ func (t *Transport) Connect(addr []byte) (rdma.Endpoint, error) {
 		return nil, err
 	}
 	return e, nil
+}
+
+// Bounds of a packed worker address (UCX 1.x, ucp/core/ucp_address.c):
+// the low four bits of its first byte are the format version, V1 (0) or V2
+// (1). UCX asserts on any other version inside ucp_ep_create, aborting the
+// process, so a peer's garbage must be refused before it gets there.
+const (
+	maxWorkerAddress   = 64 << 10
+	addressVersionMask = 0x0f
+	addressVersionMax  = 1
+)
+
+// checkWorkerAddress is the structural check of a peer's worker address that
+// keeps UCX from aborting on it. Random addresses of a valid version were
+// refused by UCX with an error (tried: random bytes of every length up to
+// 78 with either version); the rest of the format is parsed by UCX and
+// trusted to come from an authenticated peer.
+func checkWorkerAddress(addr []byte) error {
+	switch {
+	case len(addr) < 2 || len(addr) > maxWorkerAddress:
+		return errors.Newf("ucx: connect: a worker address of %d bytes (want 2 to %d)", len(addr), maxWorkerAddress)
+	case addr[0]&addressVersionMask > addressVersionMax:
+		return errors.Newf("ucx: connect: worker address format version %d unknown (want 0 or 1)", addr[0]&addressVersionMask)
+	}
+	return nil
 }
 
 // Import unpacks a peer region's remote key on this endpoint.

@@ -421,3 +421,27 @@ func TestGoFaultsStillPanic(t *testing.T) {
 	var p *fixture
 	assert.Panics(t, func() { _ = p.from })
 }
+
+// TestConnectRefusesMalformedAddress: a peer's garbage worker address is an
+// error, never an abort inside UCX (which asserts on an unknown format
+// version); a truncated or corrupted address of a known version is refused
+// by UCX itself.
+func TestConnectRefusesMalformedAddress(t *testing.T) {
+	t.Setenv("UCX_TLS", "tcp")
+	tr, err := New(Options{Name: "garbage"})
+	require.NoError(t, err)
+	defer tr.Close()
+	good := tr.Address()
+	for name, addr := range map[string][]byte{
+		"empty":     nil,
+		"one byte":  {0},
+		"version 2": append([]byte{0x22}, good[1:]...),
+		"version f": append([]byte{0x2f}, good[1:]...),
+		"truncated": good[:len(good)/2],
+		"too long":  make([]byte, 128<<10),
+	} {
+		_, err := tr.Connect(addr)
+		require.Error(t, err, name)
+		require.True(t, errors.Is(err, rdma.ErrEndpointBroken), "%s: %v", name, err)
+	}
+}
