@@ -117,7 +117,6 @@ func Dial(ctx context.Context, node *Node, cfg DialConfig) (_ *Client, err error
 	name := "kvstream-prefill-" + n
 	node.policy.Allow(name)
 	if c.self, err = node.system.Root.SpawnNamed(actor.PropsFromFunc(c.receive), name); err != nil {
-		node.policy.Forbid(name)
 		node.unbind(c.bound)
 		return nil, errors.Wrap(err, "spawn the prefill session actor")
 	}
@@ -208,8 +207,10 @@ func checkOffer(o *wire.Offer, bufs []system.Buffer) error {
 // session, within ctx.
 func (c *Client) release(ctx context.Context) {
 	c.heartbeat.stop()
+	// The actor's name stays allowed: the decode's late Unwatch or
+	// Terminated for it must not be refused (a refused batch closes the
+	// stream); a stopped actor's messages are dead letters.
 	_ = c.node.stopActor(ctx, c.self)
-	c.node.policy.Forbid(c.self.Id)
 	c.node.unbind(c.bound)
 }
 

@@ -40,7 +40,7 @@ type Node struct {
 	heartbeat netsec.HeartbeatConfig
 
 	mu     sync.Mutex
-	bound  int // sessions bound to the policy's peer
+	bound  int                 // sessions bound to the policy's peer
 	beats  map[*heartbeat]bool // running monitors, stopped by Close at the latest
 	closed bool
 	done   chan struct{}
@@ -445,8 +445,10 @@ func (h *heartbeat) stop() {
 	if h == nil {
 		return
 	}
+	// Its name stays allowed: a Pong still on its way would otherwise be
+	// refused, and a refused batch closes the stream that carries the
+	// other sessions' messages too.
 	h.mon.Stop()
-	h.node.policy.Forbid(h.name)
 	h.node.mu.Lock()
 	delete(h.node.beats, h)
 	h.node.mu.Unlock()

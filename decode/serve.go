@@ -118,9 +118,10 @@ func layoutBytes(layout []PrefillBuffer, limit uint64) error {
 		if b.Pages == 0 || b.ItemLen > limit/b.Pages {
 			return errors.Newf("buffer %d (%.64s): %d pages of %d bytes: more than the pool's bound of %d bytes (Config.MaxPoolBytes)", i, b.Name, b.Pages, b.ItemLen, limit)
 		}
-		if total += b.ItemLen * b.Pages; total > limit {
+		if b.ItemLen*b.Pages > limit-total {
 			return errors.Newf("%d buffers: more than the pool's bound of %d bytes (Config.MaxPoolBytes)", len(layout), limit)
 		}
+		total += b.ItemLen * b.Pages
 	}
 	return nil
 }
@@ -152,6 +153,10 @@ func (s *Server) hello(sender *actor.PID, peer string, m *wire.Hello) (*wire.Off
 		return refuse(wire.Code_REFUSED, "the decode server is closed"), nil
 	case len(s.sessions) >= s.cfg.MaxSessions:
 		return refuse(wire.Code_REFUSED, "hello from %q: already %d sessions (Config.MaxSessions)", m.Prefill, len(s.sessions)), nil
+	}
+	if len(s.cfg.Prefills) > 0 && !slices.Contains(s.cfg.Prefills, peer) {
+		s.log.Warn("hello refused: peer", zap.String("prefill", m.Prefill), zap.String("peer", peer), zap.String("node", sender.Address))
+		return refuse(wire.Code_REFUSED, "hello from %q: peer %q is not a prefill this decode server serves", m.Prefill, peer), nil
 	}
 	// Bind before anything is sized or offered: the worker address and
 	// the keys go only to the peer the session is bound to.
