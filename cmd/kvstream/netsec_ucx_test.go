@@ -123,6 +123,27 @@ func TestUCXHungDecodeIsLost(t *testing.T) {
 	assert.Contains(t, pre.out(), "bytes equal: false")
 }
 
+// TestUCXHungPrefillIsLost SIGSTOPs the prefill process mid-run: the decode
+// declares it lost by heartbeats within --heartbeat, reports the session
+// not complete and exits non-zero promptly.
+func TestUCXHungPrefillIsLost(t *testing.T) {
+	env := []string{"UCX_TLS=tcp"}
+	dec := startCLI(t, env, "decode", "--listen", "127.0.0.1:0", "--wait", "2m", "--heartbeat", "2s")
+	addr := dec.waitLine(t, listening, 30*time.Second)[1]
+	pre := startCLI(t, env, "prefill", "--decode", addr, "--model", "small", "--requests", "4",
+		"--prompt-tokens", "8192", "--chunk-tokens", "1024", "--page-size", "16", "--layer-us-per-ktok", "5000")
+	pre.waitLine(t, regexp.MustCompile(`prefill: forward 2/\d+ done`), time.Minute)
+	require.NoError(t, pre.cmd.Process.Signal(syscall.SIGSTOP))
+	stopped := time.Now()
+	t.Cleanup(func() { _ = pre.cmd.Process.Signal(syscall.SIGCONT) })
+	err := dec.wait(t, time.Minute)
+	took := time.Since(stopped)
+	require.Error(t, err, "the decode must not report success")
+	assert.Less(t, took, 15*time.Second, "declared lost by heartbeats (2 s), and exit adds no tens of seconds")
+	assert.Contains(t, dec.out(), "session complete: false")
+	assert.Contains(t, dec.out(), "no heartbeat answer")
+}
+
 // attacker speaks protoactor remote's wire protocol to a node, and nothing
 // else: raw gRPC.
 type attacker struct {
