@@ -11,6 +11,7 @@ import (
 	"github.com/kvstream/kvstream/hw/hostmem"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
 	"github.com/kvstream/kvstream/messages/wire"
+	"github.com/kvstream/kvstream/system"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
@@ -197,6 +198,31 @@ func FuzzHandlers(f *testing.F) {
 				m.Session = ss.token
 			}
 			h.srv.bye(prefillNode, "", &m)
+		}
+	})
+}
+
+// FuzzCheckOffer: an Offer decoded from fuzz bytes (what a rogue decode
+// could answer a Hello with) is checked without panicking, and one that
+// passes has only regions the transport can import.
+func FuzzCheckOffer(f *testing.F) {
+	good, _ := proto.Marshal(&wire.Offer{Version: ProtocolVersion, Session: "t", PeerId: "decode", WorkerAddress: []byte{0x20, 1},
+		Regions: []*wire.Region{{Addr: 4096, Len: 64 * 16, Key: []byte{1}, ItemLen: 64}, {Addr: 8192, Len: 64 * 16, Key: []byte{1}, ItemLen: 64}}})
+	f.Add(good)
+	f.Add([]byte{})
+	bufs := []system.Buffer{{Name: "k", ItemLen: 64, Pages: 16}, {Name: "v", ItemLen: 64, Pages: 16}}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var o wire.Offer
+		if proto.Unmarshal(data, &o) != nil || len(o.Regions) != len(bufs) {
+			return
+		}
+		if checkOffer(&o, bufs) != nil {
+			return
+		}
+		for _, r := range o.Regions {
+			require.NotZero(t, r.Len)
+			require.GreaterOrEqual(t, r.Addr+r.Len, r.Addr)
+			require.Zero(t, r.Len%r.ItemLen)
 		}
 	})
 }

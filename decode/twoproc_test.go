@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -225,4 +226,43 @@ func TestTLSSessionAcrossProcesses(t *testing.T) {
 	require.NoError(t, err, "the decode process printed no verdict (its stderr above)")
 	require.Equal(t, "session complete", strings.TrimSpace(verdict))
 	require.NoError(t, dec.Wait(), "the decode process did not end cleanly (its stderr above)")
+}
+
+// TestHeartbeatsFindStoppedDecode SIGSTOPs a decode process during a
+// session: its connections stay open, so only the heartbeats can tell, and
+// the prefill's client reports it lost (ErrDecodeLost) within the bound.
+func TestHeartbeatsFindStoppedDecode(t *testing.T) {
+	dec := exec.Command(os.Args[0], "-test.run=^$")
+	dec.Env = append(os.Environ(), roleEnv+"=decode")
+	dec.Stderr = os.Stderr
+	out, err := dec.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, dec.Start())
+	t.Cleanup(func() { _ = dec.Process.Kill(); _ = dec.Wait() })
+	addr, err := bufio.NewReader(out).ReadString('\n')
+	require.NoError(t, err, "the decode process printed no address")
+
+	hb := decode.HeartbeatWithin(1400 * time.Millisecond)
+	node, err := decode.ListenConfig(decode.NodeConfig{Listen: "127.0.0.1:0", Heartbeat: hb})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	defer func() { require.NoError(t, node.Close(ctx)) }()
+	c, err := decode.Dial(ctx, node, decode.DialConfig{Decode: strings.TrimSpace(addr), Buffers: prefillLayout(itemLen)})
+	require.NoError(t, err)
+	lost := make(chan error, 1)
+	c.OnLost(func(err error) { lost <- err })
+
+	require.NoError(t, dec.Process.Signal(syscall.SIGSTOP))
+	stopped := time.Now()
+	select {
+	case err := <-lost:
+		require.True(t, errors.Is(err, decode.ErrDecodeLost), "%v", err)
+		require.ErrorContains(t, err, "no heartbeat answer")
+		require.Less(t, time.Since(stopped), hb.Bound()+2*time.Second)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stopped decode process was not declared lost")
+	}
+	_, err = c.Bye(ctx, nil)
+	require.True(t, errors.Is(err, decode.ErrDecodeLost), "%v", err)
 }
