@@ -114,8 +114,8 @@ func ListenConfig(cfg NodeConfig) (_ *Node, err error) {
 	if hb == (netsec.HeartbeatConfig{}) {
 		hb = DefaultHeartbeat
 	}
-	if hb.Misses >= 0 && (hb.Interval <= 0 || hb.Misses < 1) {
-		return nil, badInput("heartbeat: interval %v and misses %d must be positive", hb.Interval, hb.Misses)
+	if hb.Misses >= 0 && (hb.Interval <= 0 || hb.Misses < 1 || hb.Misses > 1000) {
+		return nil, badInput("heartbeat: interval %v must be positive and misses %d within [1, 1000] (negative: off)", hb.Interval, hb.Misses)
 	}
 	advertise, port, err := advertised(host, port, cfg.Advertise)
 	if err != nil {

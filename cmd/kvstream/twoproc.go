@@ -61,7 +61,13 @@ transport (UCX: the prefill writes into it directly), and verifies every page of
 prefill reports finished against the model's bytes. It prints one summary line and exits 0 only when
 every chunk succeeded, every byte matched and the session was complete: the prefill said goodbye
 having sent every chunk it meant to, and every room it started received its last chunk. It is a
-thin command over package decode (decode.Listen, decode.New, Server.Accept).`,
+thin command over package decode (decode.ListenConfig, decode.New, Server.Accept).
+
+Off loopback the control plane needs mutual TLS (--tls-dir from kvstream certs, or --tls-ca,
+--tls-cert, --tls-key); the session is then bound to the prefill's certificate (--prefill-name
+limits which). The UCX data plane uses only the interface of the advertised address (--advertise,
+--data-addr). A prefill that answers no heartbeat within --heartbeat is lost. docs/SECURITY.md
+says what each plane trusts.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) (err error) {
 			switch {
@@ -131,9 +137,14 @@ func newPrefill() *cobra.Command {
 		Long: `prefill runs the sim workload (simulated GPU, real engine) with the KV going over a real transport
 (UCX) into a decode process (kvstream decode), which verifies every page. The link is real, so
 --link-gbps and --time-scale do not apply. It prints one summary line and exits 0 only when every
-chunk succeeded and the decode process found every byte equal. If the decode process dies, its
-chunks fail within the finish timeout and the run stops. The session with the decode process is
-package decode's Client (decode.Dial, Notify per chunk, Bye with the run's outcome).`,
+chunk succeeded and the decode process found every byte equal. If the decode process dies or
+hangs, its chunks fail and the run stops. The session with the decode process is
+package decode's Client (decode.Dial, Notify per chunk, Bye with the run's outcome).
+
+Off loopback the control plane needs mutual TLS (--tls-dir from kvstream certs, or --tls-ca,
+--tls-cert, --tls-key); the decode's certificate must carry --decode-name. A decode process that
+answers no heartbeat within --heartbeat (a hung one keeps its connections open) is lost at once:
+its chunks fail without waiting for the finish timeout.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) (err error) {
 			cfg, err := f.config()
