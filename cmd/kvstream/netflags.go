@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"net"
 	"path/filepath"
 	"strconv"
@@ -129,7 +130,7 @@ production.`,
 				return err
 			}
 			for _, name := range nodes {
-				cmd.Printf("certs: %s: %s %s (CA %s)\n", name, files[name].Cert, files[name].Key, files[name].CA)
+				fmt.Fprintf(cmd.OutOrStdout(), "certs: %s: %s %s (CA %s)\n", name, files[name].Cert, files[name].Key, files[name].CA)
 			}
 			return nil
 		},

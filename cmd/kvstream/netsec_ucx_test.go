@@ -100,6 +100,26 @@ func TestUCXTwoAddresses(t *testing.T) {
 	requireServed(t, dec, pre)
 }
 
+// TestUCXAllInterfaces is the documented two-machine setup on one host:
+// both nodes listen on 0.0.0.0 with mutual TLS and advertise the host's
+// routable address (never [::]), which the certificates name; UCX uses
+// that address's interface.
+func TestUCXAllInterfaces(t *testing.T) {
+	ip, err := decode.RoutableIP()
+	if err != nil {
+		t.Skipf("no routable interface on this host: %v", err)
+	}
+	dir := filepath.Join(t.TempDir(), "certs")
+	certs := startCLI(t, nil, "certs", dir, "--hosts", ip.String())
+	require.NoError(t, certs.wait(t, 30*time.Second), "certs:\n%s\n%s", certs.out(), certs.errOut())
+	env := []string{"UCX_TLS=tcp"}
+	dec := startCLI(t, env, "decode", "--listen", "0.0.0.0:0", "--tls-dir", dir, "--wait", "2m")
+	addr := dec.waitLine(t, listening, 30*time.Second)[1]
+	require.True(t, strings.HasPrefix(addr, ip.String()+":"), "advertised %s, want the routable %s", addr, ip)
+	pre := startCLI(t, env, append([]string{"prefill", "--decode", addr, "--listen", "0.0.0.0:0", "--tls-dir", dir}, small...)...)
+	requireServed(t, dec, pre)
+}
+
 // TestUCXHungDecodeIsLost SIGSTOPs the decode process mid-run: the prefill
 // declares it lost by heartbeats within --heartbeat (not the finish
 // timeout of a minute), fails its chunks and exits non-zero promptly.
