@@ -165,7 +165,17 @@ func (s *submitter) Receive(ctx actor.Context) {
 		s.closeAll()
 	case *Work:
 		s.start(ctx, m)
+	case *messages.PeerLost:
+		s.disconnect(m.Peer)
 	}
+}
+
+// PeerLost closes every submitter's endpoint to a lost peer: the batches in
+// flight on them fail at once, and with them their chunks (closed, and
+// quiesced by the transport's Close), instead of waiting out their
+// timeouts for a peer that will never answer.
+func PeerLost(env *Env, peer string) {
+	env.send(env.Submitters, &router.BroadcastMessage{Message: &messages.PeerLost{Peer: peer}})
 }
 
 // waited is how a group's event wait ended.

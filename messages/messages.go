@@ -178,6 +178,12 @@ type ForwardEnd struct {
 	At      time.Time
 }
 
+// PeerLost tells every submitter that a decode peer is gone: each closes its
+// endpoint to it, which fails the batches still in flight there at once
+// (the transport's Close is a barrier), so their chunks fail closed now
+// rather than at their finish timeout.
+type PeerLost struct{ Peer string }
+
 // Finish asks for the room's front chunk to complete within Timeout. Event
 // was recorded on the compute stream when Finish was called: it gates what is
 // still unsent if the chunk never saw a forward.

@@ -35,12 +35,24 @@ func (e *Engine) AddPeer(p Peer) (err error) {
 }
 
 // PeerLost tells the engine a decode peer is gone (its process died, the
-// control plane lost it): work for it fails at once instead of waiting for
-// transport errors or timeouts, and new registrations to it are refused
-// (ErrPeerLost, also ErrEndpointBroken). Chunks with writes in flight to it
-// still quiesce before they answer.
+// control plane lost it, its heartbeats stopped): work for it fails at once
+// instead of waiting for transport errors or timeouts, new registrations to
+// it are refused (ErrPeerLost, also ErrEndpointBroken), and the submitters
+// close their endpoints to it, so that batches in flight there fail now and
+// their chunks answer FAILED without waiting out the finish timeout. Those
+// chunks still quiesce before they answer: closing an endpoint is a barrier
+// (with UCX, a bounded drain; see ErrNotQuiesced).
 func (e *Engine) PeerLost(id string, cause error) error {
-	return public(e.env.Peers.Lose(id, cause))
+	e.closeMu.RLock()
+	defer e.closeMu.RUnlock()
+	if e.closed {
+		return public(closedError("PeerLost"))
+	}
+	if err := e.env.Peers.Lose(id, cause); err != nil {
+		return public(err)
+	}
+	actors.PeerLost(e.env, id)
+	return nil
 }
 
 // Register registers the chunk that the next forward writes, before that

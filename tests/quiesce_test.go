@@ -273,3 +273,39 @@ func TestDropWaitsForTheChunkBeingFinished(t *testing.T) {
 	assert.Equal(t, system.Dropped, a.res.Status, "a Finish whose chunk was dropped never says SUCCESS")
 	assert.True(t, errors.Is(a.err, system.ErrDropped), "%v", a.err)
 }
+
+// TestPeerLostFailsInFlightChunksAtOnce: a decode peer declared lost (its
+// heartbeats stopped) used to fail only work not yet posted; a chunk whose
+// batch was in flight to the hung peer waited out its whole finish timeout.
+// PeerLost now closes the submitters' endpoints to it, so the batch fails
+// and the chunk answers FAILED at once, quiesced.
+func TestPeerLostFailsInFlightChunksAtOnce(t *testing.T) {
+	g := testbed.MLA(4, 16, 64)
+	sig := postSignal{posted: make(chan struct{}, 1)}
+	// The link holds every batch for ten minutes: only the endpoint's close
+	// can end it within the test.
+	r := newRig(t, rigOpts{geom: g, hooks: 4, group: 2, timeout: 10 * time.Minute,
+		link: loopback.Options{Latency: 10 * time.Minute}, wrap: wrapping(sig.wrap)})
+	r.register(chunk{room: 1, end: 8, src: []int{0, 1}, total: 2, infos: oneInfo("d0", []int{0, 1})})
+	finished := make(chan error, 1)
+	go func() {
+		_, err := r.eng.Finish(context.Background(), 1)
+		finished <- err
+	}()
+	select {
+	case <-sig.posted:
+	case <-time.After(time.Minute):
+		t.Fatal("the Finish posted nothing")
+	}
+	require.NoError(t, r.eng.PeerLost("d0", errors.New("heartbeats stopped")))
+	select {
+	case err := <-finished:
+		require.Error(t, err)
+		assert.True(t, errors.Is(err, system.ErrEndpointBroken), "%v", err)
+	case <-time.After(time.Minute): // the link would hold it for ten
+		t.Fatal("the chunk waited for its batch to the lost peer")
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	assert.Empty(t, r.landings, "nothing landed on the lost peer")
+}
