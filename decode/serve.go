@@ -75,12 +75,16 @@ func (s *Server) hello(ctx actor.Context, m *wire.Hello) *wire.Offer {
 		s.log.Warn("hello refused: geometry", zap.String("prefill", m.Prefill), zap.Error(err))
 		return refuse(wire.Code_BAD_INPUT, "hello from %q: %v", m.Prefill, err)
 	}
+	rank, refused := s.groupRank(m)
+	if refused != nil {
+		return refused
+	}
 	watch := actor.NewPID(m.SessionAddress, m.SessionId)
 	if s.watched[watch.String()] != nil {
 		return refuse(wire.Code_REFUSED, "hello from %q: its session actor %s already has a session", m.Prefill, watch)
 	}
 	ss := &Session{token: newToken(), prefill: m.Prefill, addr: sender.Address, metadata: m.Metadata,
-		done: make(chan struct{}), watch: watch.String()}
+		done: make(chan struct{}), watch: watch.String(), rank: rank}
 	ss.report.Prefill = m.Prefill
 	s.sessions[ss.token] = ss
 	s.watched[ss.watch] = ss
@@ -147,6 +151,9 @@ func (s *Server) notice(sender *actor.PID, m *wire.ChunkNotice) *wire.NoticeAck 
 	ss.mu.Lock()
 	ss.notices++
 	ss.mu.Unlock()
+	if s.cfg.Group != nil {
+		return s.groupNotice(ss, m)
+	}
 	c, err := s.check(m)
 	r := s.rooms[m.Room]
 	switch {
@@ -311,6 +318,9 @@ func (s *Server) bye(sender *actor.PID, m *wire.Bye) *wire.Summary {
 			incomplete = append(incomplete, id)
 		}
 	}
+	if s.cfg.Group != nil {
+		incomplete = s.groupBye(ss, m.Aborted != "")
+	}
 	slices.Sort(incomplete)
 	ss.mu.Lock()
 	ss.bye = true
@@ -376,6 +386,9 @@ func (s *Server) left(who *actor.PID) {
 			if r.session == ss {
 				r.fail(errors.Mark(errors.Mark(errors.Wrapf(lost, "room %d", r.ID), ErrPrefillLost), ErrNotQuiesced))
 			}
+		}
+		if s.cfg.Group != nil {
+			s.groupLost(ss, who, lost)
 		}
 	}
 	s.mu.Unlock()

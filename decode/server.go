@@ -55,8 +55,12 @@ type Server struct {
 type room struct {
 	Room
 	session *Session // the session that reports it; nil until its first notice
-	err     error
-	done    chan struct{}
+	// group decides a room of a CP group (Config.Group); reporters are the
+	// ranks' sessions that reported in it.
+	group     *GroupRoom
+	reporters map[*Session]bool
+	err       error
+	done      chan struct{}
 }
 
 func (r *room) terminal() bool { return r.Complete || r.err != nil }
@@ -84,6 +88,11 @@ func New(node *Node, tr rdma.Transport, cfg Config) (_ *Server, err error) {
 		return nil, badInput("MaxSessions %d: must not be negative", cfg.MaxSessions)
 	case cfg.ByeGrace < 0:
 		return nil, badInput("ByeGrace %v: must not be negative", cfg.ByeGrace)
+	}
+	if cfg.Group != nil {
+		if err := cfg.Group.validate(); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.ID == "" {
 		cfg.ID = DefaultID
@@ -202,7 +211,11 @@ func (s *Server) Expect(id uint64, pages []int) error {
 		}
 		seen[p] = i
 	}
-	s.rooms[id] = &room{Room: Room{ID: id, Pages: slices.Clone(pages)}, done: make(chan struct{})}
+	r := &room{Room: Room{ID: id, Pages: slices.Clone(pages)}, done: make(chan struct{})}
+	if s.cfg.Group != nil {
+		r.group, _ = NewGroupRoom(*s.cfg.Group, id, len(pages)) // the Group was validated by New
+	}
+	s.rooms[id] = r
 	return nil
 }
 
