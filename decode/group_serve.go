@@ -47,6 +47,7 @@ func (s *Server) groupNotice(ss *Session, m *wire.ChunkNotice) *wire.NoticeAck {
 		r = &room{Room: Room{ID: m.Room}, done: make(chan struct{})}
 		r.group, _ = NewGroupRoom(*s.cfg.Group, m.Room, 0) // the Group was validated by New
 		s.rooms[m.Room] = r
+		s.watchRoom(r)
 	case r.terminal():
 		s.mu.Unlock()
 		err := errors.Newf("room %d chunk [%d, %d) rank %d: the room already ended (complete: %v)", m.Room, m.Start, m.End, ss.rank, r.Complete)

@@ -170,6 +170,7 @@ func (s *Server) notice(sender *actor.PID, m *wire.ChunkNotice) *wire.NoticeAck 
 	case r == nil:
 		r = &room{Room: Room{ID: m.Room}, done: make(chan struct{})}
 		s.rooms[m.Room] = r
+		s.watchRoom(r)
 	case r.session != nil && r.session != ss:
 		s.mu.Unlock()
 		err := errors.Newf("room %d is reported by another prefill session (%s)", m.Room, r.session.prefill)

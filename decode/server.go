@@ -216,6 +216,7 @@ func (s *Server) Expect(id uint64, pages []int) error {
 		r.group, _ = NewGroupRoom(*s.cfg.Group, id, len(pages)) // the Group was validated by New
 	}
 	s.rooms[id] = r
+	s.watchRoom(r)
 	return nil
 }
 
@@ -321,6 +322,23 @@ func (s *Server) release() {
 		_ = r.Deregister()
 	}
 	s.regions = nil
+}
+
+// watchRoom calls Config.OnRoomEnd when r ends; the goroutine ends with
+// the room, which Close ends at the latest.
+func (s *Server) watchRoom(r *room) {
+	if s.cfg.OnRoomEnd == nil {
+		return
+	}
+	go func() {
+		<-r.done
+		s.mu.Lock()
+		out := r.Room
+		out.Chunks = slices.Clone(r.Chunks)
+		err := r.err
+		s.mu.Unlock()
+		s.cfg.OnRoomEnd(out, public(err))
+	}()
 }
 
 // newToken names a session; the prefill's later messages carry it.

@@ -60,6 +60,10 @@ type Config struct {
 	// pages and Verify accepted them (GroupRoom decides). Without it a
 	// room belongs to the one session that reports it first.
 	Group *Group
+	// OnRoomEnd, if set, is called once per room when it completes or
+	// fails (err says why, as Wait would), on a goroutine of its own: a
+	// process serving rooms it did not Expect learns of them here.
+	OnRoomEnd func(r Room, err error)
 	// MaxSessions bounds the live prefill sessions (default 64).
 	MaxSessions int
 	// ByeGrace bounds how long a session, after answering the prefill's

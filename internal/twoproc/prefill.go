@@ -42,10 +42,7 @@ func NewPrefill(node *decode.Node, decodeAddr string, tr rdma.Transport, promptT
 
 // Open dials the decode process with the pool's layout and returns its peer.
 func (p *Prefill) Open(geom testbed.Geometry, seed uint64, log *zap.Logger) (rdma.Transport, system.Peer, error) {
-	bufs := make([]system.Buffer, len(geom.Layers))
-	for i := range bufs {
-		bufs[i] = system.Buffer{Name: geom.Names[i], Layer: geom.Layers[i], ItemLen: geom.ItemLen, Pages: geom.Pages}
-	}
+	bufs := LayoutOf(geom)
 	c, err := decode.Dial(context.Background(), p.node, decode.DialConfig{Decode: p.decodeAddr, Buffers: bufs,
 		Metadata: map[string]string{SeedKey: strconv.FormatUint(seed, 10)}, Log: log})
 	if err != nil {
