@@ -3,6 +3,7 @@ package decode
 import (
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cp"
@@ -22,6 +23,11 @@ type Group struct {
 	Size     int     // ranks in the group (1 to MaxGroupSize)
 	Rule     cp.Rule // how the ranks split a request's pages
 	PageSize int     // tokens per page: maps a chunk's tokens to its pages
+	// RoomTimeout, if positive, fails a room not complete this long after
+	// it was Expected or its first notice arrived: a rank that never
+	// reports (a partition that does not end its session) cannot keep it
+	// waiting for ever.
+	RoomTimeout time.Duration
 }
 
 // MaxGroupSize bounds Group.Size: a group's ranks are tracked per chunk.

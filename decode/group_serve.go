@@ -2,6 +2,7 @@ package decode
 
 import (
 	"strconv"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/cockroachdb/errors"
@@ -12,7 +13,7 @@ import (
 
 // groupRank reads a Hello's CP rank when the server serves a group: a
 // session without one could not be told apart from its group's other
-// ranks.
+// ranks. Called with s.mu held.
 func (s *Server) groupRank(m *wire.Hello) (int, *wire.Offer) {
 	if s.cfg.Group == nil {
 		return 0, nil
@@ -24,6 +25,7 @@ func (s *Server) groupRank(m *wire.Hello) (int, *wire.Offer) {
 		return 0, refuse(wire.Code_BAD_INPUT, "hello from %q: metadata %s = %q: this decode server serves a CP group of %d ranks, want a rank in [0, %d)",
 			m.Prefill, RankKey, text, s.cfg.Group.Size, s.cfg.Group.Size)
 	}
+	delete(s.lostRanks, rank) // back: new rooms may count on it again
 	return rank, nil
 }
 
@@ -48,6 +50,7 @@ func (s *Server) groupNotice(ss *Session, m *wire.ChunkNotice) *wire.NoticeAck {
 		r.group, _ = NewGroupRoom(*s.cfg.Group, m.Room, 0) // the Group was validated by New
 		s.rooms[m.Room] = r
 		s.watchRoom(r)
+		s.groupRoomStarted(r)
 	case r.terminal():
 		s.mu.Unlock()
 		err := errors.Newf("room %d chunk [%d, %d) rank %d: the room already ended (complete: %v)", m.Room, m.Start, m.End, ss.rank, r.Complete)
@@ -122,6 +125,29 @@ func (s *Server) groupNotice(ss *Session, m *wire.ChunkNotice) *wire.NoticeAck {
 	return &wire.NoticeAck{}
 }
 
+// groupRoomStarted bounds a new group room by the RoomTimeout and fails it
+// at once if it needs a rank that was lost and has not come back: a room
+// the ranks announce after the loss would otherwise wait for it. Called
+// with s.mu held.
+func (s *Server) groupRoomStarted(r *room) {
+	for rank, cause := range s.lostRanks {
+		if r.group.Lost(rank, cause) == Failed {
+			r.fail(r.group.err)
+			return
+		}
+	}
+	if t := s.cfg.Group.RoomTimeout; t > 0 {
+		time.AfterFunc(t, func() {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if !r.terminal() {
+				r.fail(errors.Mark(errors.Newf("room %d: not complete within %v (Group.RoomTimeout)", r.ID, t), ErrChunkFailed))
+				s.log.Warn("room failed: timeout", zap.Uint64("room", r.ID), zap.Duration("timeout", t))
+			}
+		})
+	}
+}
+
 // groupBye lists the rooms a rank's goodbye leaves incomplete: those that
 // still miss a chunk it owns pages of, or, when it stopped early, any it
 // may still owe. Rooms that wait on other ranks are theirs to finish.
@@ -142,6 +168,16 @@ func (s *Server) groupBye(ss *Session, aborted bool) []uint64 {
 // groupLost fails every room that still needs the lost rank, whether or
 // not it reported in it yet. Called with s.mu held.
 func (s *Server) groupLost(ss *Session, who *actor.PID, lost error) {
+	live := false
+	for _, o := range s.sessions {
+		live = live || o != ss && o.rank == ss.rank
+	}
+	if !live {
+		if s.lostRanks == nil {
+			s.lostRanks = map[int]error{}
+		}
+		s.lostRanks[ss.rank] = lost
+	}
 	for _, r := range s.rooms {
 		if r.group == nil || r.terminal() {
 			continue

@@ -131,3 +131,40 @@ func TestGroupHelloNeedsRank(t *testing.T) {
 	_, err := decode.New(r.node, nil, decode.Config{Group: &decode.Group{Size: 0, PageSize: 4}})
 	assert.ErrorIs(t, err, decode.ErrBadInput)
 }
+
+// TestGroupRoomAfterRankLost: a room first announced after a rank's
+// session was lost fails at once (it would wait for that rank for ever),
+// until a session of that rank says Hello again.
+func TestGroupRoomAfterRankLost(t *testing.T) {
+	r := newRig(t, decode.Config{Group: group2, AcceptUnknownRooms: true})
+	c0, c1 := r.dialRank(t, 0), r.dialRank(t, 1)
+	require.NoError(t, decode.AbandonForTest(c1))
+	// The loss reaches the server asynchronously: a room announced before
+	// it may still wait, one after it fails; the session report says when.
+	require.Eventually(t, func() bool {
+		id := uint64(time.Now().UnixNano())
+		_ = c0.Notify(waitCtx(t), rankNotice(0, id, 0, 2, 0, true, system.Succeeded))
+		_, err := r.srv.Wait(waitCtx(t), id)
+		return errors.Is(err, decode.ErrPrefillLost)
+	}, 10*time.Second, 10*time.Millisecond)
+	r.dialRank(t, 1)
+	require.NoError(t, c0.Notify(waitCtx(t), rankNotice(0, 1, 0, 2, 0, false, system.Succeeded)))
+	short, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	_, err := r.srv.Wait(short, 1)
+	assert.ErrorIs(t, err, context.DeadlineExceeded, "rank 1 is back: the room waits for it")
+}
+
+// TestGroupRoomTimeout: a room that a rank never completes fails after
+// Group.RoomTimeout.
+func TestGroupRoomTimeout(t *testing.T) {
+	g := *group2
+	g.RoomTimeout = 200 * time.Millisecond
+	r := newRig(t, decode.Config{Group: &g})
+	require.NoError(t, r.srv.Expect(7, []int{4, 5, 6, 7, 8, 9, 10, 11}))
+	start := time.Now()
+	_, err := r.srv.Wait(waitCtx(t), 7)
+	assert.ErrorIs(t, err, decode.ErrChunkFailed)
+	assert.Contains(t, err.Error(), "not complete within 200ms")
+	assert.Less(t, time.Since(start), 5*time.Second)
+}

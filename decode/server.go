@@ -48,7 +48,10 @@ type Server struct {
 	watched  map[string]*Session // by the prefill session actor's PID
 	accepted []*Session          // not yet returned by Accept
 	acceptCh chan struct{}       // closed and replaced when a session arrives
-	closed   bool
+	// lostRanks are a group's ranks whose last session was lost, until one
+	// of theirs says Hello again.
+	lostRanks map[int]error
+	closed    bool
 }
 
 // room is one room's state; done closes when it is complete or failed.
@@ -212,11 +215,12 @@ func (s *Server) Expect(id uint64, pages []int) error {
 		seen[p] = i
 	}
 	r := &room{Room: Room{ID: id, Pages: slices.Clone(pages)}, done: make(chan struct{})}
-	if s.cfg.Group != nil {
-		r.group, _ = NewGroupRoom(*s.cfg.Group, id, len(pages)) // the Group was validated by New
-	}
 	s.rooms[id] = r
 	s.watchRoom(r)
+	if s.cfg.Group != nil {
+		r.group, _ = NewGroupRoom(*s.cfg.Group, id, len(pages)) // the Group was validated by New
+		s.groupRoomStarted(r)
+	}
 	return nil
 }
 

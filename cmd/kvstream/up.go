@@ -35,6 +35,7 @@ type upFlags struct {
 	etcd, transport, fault  string
 	faultBatch              int
 	faultFor, memberTTL     time.Duration
+	roomTimeout             time.Duration
 	jsonOut                 bool
 }
 
@@ -74,6 +75,7 @@ with etcd unavailable, and one after it succeed).`,
 	fl.IntVar(&f.faultBatch, "fault-batch", 1, "the batch whose first forward triggers --fault")
 	fl.DurationVar(&f.faultFor, "fault-for", 3*time.Second, "how long pause-etcd freezes etcd")
 	fl.DurationVar(&f.memberTTL, "member-ttl", 2*time.Second, "the members' lease TTL: how long a killed node stays listed")
+	fl.DurationVar(&f.roomTimeout, "room-timeout", 2*time.Minute, "a decode instance fails a room not complete this long after its first notice")
 	fl.BoolVar(&f.jsonOut, "json", false, "print the report as one JSON object")
 	fl.BoolVar(&f.sim.verbose, "verbose", false, "log at DEBUG")
 	return cmd
@@ -94,7 +96,12 @@ type batchRow struct {
 	// EndedAfterFaultMs: for a batch in flight when the fault struck, how
 	// long after it the last rank and room reported.
 	EndedAfterFaultMs float64 `json:"ended_after_fault_ms,omitempty"`
-	Error             string  `json:"error,omitempty"`
+	// RanksFailedAfterFaultMs: the slowest rank's first failed chunk after
+	// the fault; RoomsEndedAfterFaultMs: the decode instance's last room
+	// end after it.
+	RanksFailedAfterFaultMs float64 `json:"ranks_failed_after_fault_ms,omitempty"`
+	RoomsEndedAfterFaultMs  float64 `json:"rooms_ended_after_fault_ms,omitempty"`
+	Error                   string  `json:"error,omitempty"`
 }
 
 // upReport is `kvstream up --json`.
@@ -244,7 +251,7 @@ func runUp(cmd *cobra.Command, f *upFlags) (err error) {
 	for i := range f.decodes {
 		id := "decode-" + strconv.Itoa(i)
 		args := append([]string{"decode-instance", "--id", id, "--cp", strconv.Itoa(f.ranks), "--cp-rule", f.sim.cpRule,
-			"--page-size", strconv.Itoa(cfg.PageSize)}, common...)
+			"--page-size", strconv.Itoa(cfg.PageSize), "--room-timeout", f.roomTimeout.String()}, common...)
 		if err := u.spawn(id, string(cluster.RoleDecode), 0, args); err != nil {
 			return err
 		}
@@ -285,6 +292,11 @@ schedule:
 		case busy[dec] <- struct{}{}:
 		case <-ctx.Done():
 			break schedule
+		}
+		if u.rankGone() {
+			u.note("batch %d and later not started: a rank is gone", b)
+			<-busy[dec]
+			break
 		}
 		bt := u.startBatch(b, dec)
 		if f.fault == "pause-etcd" && b == f.faultBatch {
@@ -371,7 +383,8 @@ func (u *upRun) spawn(id, role string, rank int, args []string) error {
 	}
 	c.mu.Lock()
 	c.stderr.Reset()
-	cmd.Stderr = &lockedWriter{mu: &c.mu, w: &c.stderr}
+	// The nodes log failures only (WARN): the launcher's stderr shows them.
+	cmd.Stderr = io.MultiWriter(&lockedWriter{mu: &c.mu, w: &c.stderr}, &prefixWriter{prefix: id + ": ", w: os.Stderr})
 	c.mu.Unlock()
 	if err := cmd.Start(); err != nil {
 		return errors.Wrapf(err, "start %s", id)
@@ -395,6 +408,17 @@ func (u *upRun) spawn(id, role string, rank int, args []string) error {
 		u.events <- childEvent{c: c, exit: true}
 	}()
 	return nil
+}
+
+// prefixWriter names the node on each chunk of its stderr.
+type prefixWriter struct {
+	prefix string
+	w      io.Writer
+}
+
+func (p *prefixWriter) Write(b []byte) (int, error) {
+	_, _ = p.w.Write(append([]byte(p.prefix), b...))
+	return len(b), nil
 }
 
 type lockedWriter struct {
@@ -437,6 +461,9 @@ func (u *upRun) dispatch() {
 				bt.row.RanksReported++
 				bt.row.FailedChunks += e.Failed
 				bt.row.Bytes += e.Bytes
+				if e.FirstFailureUnixMs != 0 && !u.faultAt.IsZero() {
+					bt.row.RanksFailedAfterFaultMs = max(bt.row.RanksFailedAfterFaultMs, float64(e.FirstFailureUnixMs-u.faultAt.UnixMilli()))
+				}
 				if e.OK {
 					bt.row.RanksOK++
 				} else if bt.row.Error == "" {
@@ -448,6 +475,9 @@ func (u *upRun) dispatch() {
 		case "room":
 			u.mu.Lock()
 			if bt := u.batches[e.Batch]; bt != nil && bt.row.Decode == c.id {
+				if !u.faultAt.IsZero() && bt.start.Before(u.faultAt) {
+					bt.row.RoomsEndedAfterFaultMs = float64(time.Since(u.faultAt).Microseconds()) / 1000
+				}
 				if e.Complete {
 					bt.row.RoomsComplete++
 				} else {

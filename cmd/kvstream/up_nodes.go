@@ -40,17 +40,20 @@ type nodeEvent struct {
 	Pid   int    `json:"pid,omitempty"`
 	// room: a room's end on a decode instance; batch: a rank's run of a
 	// batch; forward: a rank's progress in one.
-	Batch    int      `json:"batch"`
-	Room     uint64   `json:"room,omitempty"`
-	Complete bool     `json:"complete,omitempty"`
-	Decode   string   `json:"decode,omitempty"`
-	Rank     int      `json:"rank"`
-	OK       bool     `json:"ok,omitempty"`
-	Failed   int      `json:"failed_chunks,omitempty"`
-	Bytes    uint64   `json:"bytes,omitempty"`
-	Seconds  float64  `json:"seconds,omitempty"`
-	Error    string   `json:"error,omitempty"`
-	Row      *nodeRow `json:"row,omitempty"`
+	Batch    int     `json:"batch"`
+	Room     uint64  `json:"room,omitempty"`
+	Complete bool    `json:"complete,omitempty"`
+	Decode   string  `json:"decode,omitempty"`
+	Rank     int     `json:"rank"`
+	OK       bool    `json:"ok,omitempty"`
+	Failed   int     `json:"failed_chunks,omitempty"`
+	Bytes    uint64  `json:"bytes,omitempty"`
+	Seconds  float64 `json:"seconds,omitempty"`
+	// FirstFailureUnixMs is when the rank's first chunk of the batch
+	// failed (wall clock, shared by the processes of one host).
+	FirstFailureUnixMs int64    `json:"first_failure_unix_ms,omitempty"`
+	Error              string   `json:"error,omitempty"`
+	Row                *nodeRow `json:"row,omitempty"`
 }
 
 // nodeRow is a node's summary, printed when it ends: `kvstream up` prints
@@ -156,6 +159,7 @@ func newDecodeInstance() *cobra.Command {
 	var size, pageSize int
 	var maxPoolMiB uint64
 	var verbose bool
+	var roomTimeout time.Duration
 	cmd := &cobra.Command{
 		Use:   "decode-instance",
 		Short: "A decode instance of a cluster: serve a CP group's ranks at once, found by id on etcd",
@@ -190,7 +194,7 @@ ended, and its row when it ends) and ends on SIGTERM or when its stdin closes. k
 			out := &eventOut{enc: json.NewEncoder(cmd.OutOrStdout())}
 			row := nodeRow{ID: id, Role: string(cluster.RoleDecode), Addr: node.Addr()}
 			var rowMu sync.Mutex
-			d, err := twoproc.StartGroupDecode(node, tr, maxPoolMiB<<20, decode.Group{Size: size, Rule: r, PageSize: pageSize}, id,
+			d, err := twoproc.StartGroupDecode(node, tr, maxPoolMiB<<20, decode.Group{Size: size, Rule: r, PageSize: pageSize, RoomTimeout: roomTimeout}, id,
 				func(room decode.Room, err error) {
 					batch, rm := twoproc.SplitRoom(room.ID)
 					e := nodeEvent{Event: "room", ID: id, Batch: batch, Room: rm, Complete: err == nil && room.Complete}
@@ -244,6 +248,7 @@ ended, and its row when it ends) and ends on SIGTERM or when its stdin closes. k
 	fl.StringVar(&rule, "cp-rule", "shared", "CP page rule: shared or contiguous")
 	fl.IntVar(&pageSize, "page-size", workload.Defaults().PageSize, "tokens per page")
 	fl.Uint64Var(&maxPoolMiB, "max-pool-mib", 4096, "the most memory the decode pool sized for the prefill may take")
+	fl.DurationVar(&roomTimeout, "room-timeout", 2*time.Minute, "fail a room not complete this long after its first notice (0: never)")
 	fl.BoolVar(&verbose, "verbose", false, "log at DEBUG")
 	return cmd
 }
@@ -404,6 +409,9 @@ func (k *rank) run(ctx context.Context, batch int, dec string) {
 		e.Error = plane.Verify(nil)
 	default:
 		e.OK = true
+	}
+	if ff := plane.FirstFailure(); !ff.IsZero() {
+		e.FirstFailureUnixMs = ff.UnixMilli()
 	}
 	if mr != nil {
 		e.Bytes = mr.BytesInMemory

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/decode"
@@ -109,10 +110,19 @@ type RankPlane struct {
 	batch        int
 	promptTokens int
 
-	mu       sync.Mutex
-	client   *decode.Client
-	mismatch string
-	notices  int
+	mu        sync.Mutex
+	client    *decode.Client
+	mismatch  string
+	notices   int
+	firstFail time.Time
+}
+
+// FirstFailure is when the first chunk of the batch did not succeed (zero
+// if none): how soon the rank saw a loss.
+func (p *RankPlane) FirstFailure() time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.firstFail
 }
 
 var _ workload.DataPlane = (*RankPlane)(nil)
@@ -156,6 +166,13 @@ func (p *RankPlane) OnPeerLost(f func(error)) {
 // none of its pages and it succeeded: a rank outside a chunk's owners
 // must not report it (the decode instance would fail the room).
 func (p *RankPlane) ChunkDone(n workload.Notice) {
+	if n.Status != system.Succeeded {
+		p.mu.Lock()
+		if p.firstFail.IsZero() {
+			p.firstFail = time.Now()
+		}
+		p.mu.Unlock()
+	}
 	c := p.get()
 	if c == nil || n.Status == system.Succeeded && len(n.Positions) == 0 || c.Lost() != nil {
 		return
