@@ -300,7 +300,7 @@ schedule:
 		}
 		bt := u.startBatch(b, dec)
 		if f.fault == "pause-etcd" && b == f.faultBatch {
-			etcdNotes.Go(func() { u.pauseEtcd(etcd, prov, bt) })
+			etcdNotes.Go(func() { u.pauseEtcd(etcd, prov, res, bt) })
 		}
 		wg.Go(func() {
 			u.awaitBatch(ctx, bt)
@@ -584,7 +584,7 @@ func (u *upRun) forward(c *child, e nodeEvent) {
 
 // pauseEtcd freezes etcd once the batch's first rank reported progress...
 // or at once: the batch is in flight either way.
-func (u *upRun) pauseEtcd(etcd *etcdproc.Proc, prov cluster.Provider, bt *upBatch) {
+func (u *upRun) pauseEtcd(etcd *etcdproc.Proc, prov cluster.Provider, res *cluster.Resolver, bt *upBatch) {
 	u.mu.Lock()
 	u.faulted, u.faultAt = true, time.Now()
 	u.mu.Unlock()
@@ -602,10 +602,21 @@ func (u *upRun) pauseEtcd(etcd *etcdproc.Proc, prov cluster.Provider, bt *upBatc
 		u.note("pause-etcd: resume: %v", err)
 		return
 	}
+	resumed := time.Now()
 	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
-	ms, err := prov.List(ctx, cluster.RoleDecode)
+	_, err = prov.List(ctx, cluster.RoleDecode)
 	cancel()
-	u.note("pause-etcd: resumed; a lookup after it: %d decode instances, error %v", len(ms), err)
+	u.note("pause-etcd: resumed; a lookup after it: error %v", err)
+	// Leases shorter than the pause ran out: the members register again,
+	// and the followed membership sees them back.
+	for time.Since(resumed) < 30*time.Second {
+		if ms, _ := res.Members(cluster.RoleDecode); len(ms) == u.f.decodes {
+			u.note("pause-etcd: all %d decode instances listed again %d ms after the resume", len(ms), time.Since(resumed).Milliseconds())
+			return
+		}
+		time.Sleep(20 * time.Millisecond) // a poll of the followed (in-memory) membership
+	}
+	u.note("pause-etcd: the decode instances were not all listed again 30 s after the resume")
 }
 
 // waitUp waits until every decode instance is registered and the CP group
