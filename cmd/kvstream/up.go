@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -155,6 +156,7 @@ type upRun struct {
 	faultAt  time.Time
 	notes    []string
 	faulted  bool
+	stopped  atomic.Bool
 }
 
 type childEvent struct {
@@ -190,14 +192,14 @@ func runUp(cmd *cobra.Command, f *upFlags) (err error) {
 	case f.sim.cfg.CP.Size != 1 || f.sim.cfg.CP.Rank != 0:
 		return errors.New("--cp and --cp-rank are --prefill-ranks's and each rank's, not up's")
 	}
-	if _, err := openTransportCheck(f.transport); err != nil {
-		return err
-	}
 	if f.batches == 0 {
 		f.batches = 2 * f.decodes
 	}
 	if f.fault != "" && f.faultBatch >= f.batches {
 		return errors.Newf("--fault-batch %d: the run has %d batches", f.faultBatch, f.batches)
+	}
+	if err := crossProcessTransport(f.transport); err != nil {
+		return err
 	}
 	cfg.CP.Size = f.ranks
 	log := cliLogger(f.sim.verbose)
@@ -331,16 +333,17 @@ schedule:
 	return nil
 }
 
-// openTransportCheck says early whether this binary has the transport.
-func openTransportCheck(kind string) (bool, error) {
+// crossProcessTransport says before anything starts whether this binary
+// has a transport that crosses processes by that name.
+func crossProcessTransport(kind string) error {
 	if kind == "loopback" {
-		return false, errors.New("--transport loopback does not cross processes: up needs ucx (go build -tags ucx ./cmd/kvstream)")
+		return errors.New("--transport loopback does not cross processes: up needs ucx (go build -tags ucx ./cmd/kvstream)")
 	}
 	if _, ok := transports[kind]; !ok {
-		_, err := openTransport(kind, "check")
-		return false, err
+		_, err := openTransport(kind, "check") // says which kinds this binary has
+		return err
 	}
-	return true, nil
+	return nil
 }
 
 // workloadArgs passes the workload flags set on up to every rank.
@@ -554,9 +557,9 @@ func (u *upRun) exited(c *child) {
 	}
 }
 
-var upStopping sync.Map // *upRun -> true once it stops its children
-
-func (u *upRun) stopping() bool { _, ok := upStopping.Load(u); return ok }
+// stopping reports whether the launcher is ending its nodes: a node that
+// exits then is not restarted.
+func (u *upRun) stopping() bool { return u.stopped.Load() }
 
 // forward triggers the fault at the first forward of its batch.
 func (u *upRun) forward(c *child, e nodeEvent) {
@@ -771,15 +774,20 @@ func (u *upRun) awaitBatch(ctx context.Context, bt *upBatch) {
 // instances (SIGTERM: they revoke their registration first), and waits
 // for their rows.
 func (u *upRun) stopAll() {
-	if _, done := upStopping.LoadOrStore(u, true); done {
+	if u.stopped.Swap(true) {
 		return
 	}
 	u.mu.Lock()
 	var ranks, decodes []*child
 	for _, c := range u.children {
-		if c.role == string(cluster.RolePrefill) {
+		c.mu.Lock()
+		started := c.cmd != nil
+		c.mu.Unlock()
+		switch {
+		case !started:
+		case c.role == string(cluster.RolePrefill):
 			ranks = append(ranks, c)
-		} else {
+		default:
 			decodes = append(decodes, c)
 		}
 	}
