@@ -88,6 +88,9 @@ type GroupRoom struct {
 type groupChunk struct {
 	rng     cp.Range
 	reports map[int][]int // rank -> positions it reported, successful ones only
+	// owned[rank] are the positions rank owns, once the rule can say:
+	// computed once per chunk, not per report.
+	owned [][]int
 }
 
 // NewGroupRoom starts a room of group g; totalPages is the request's page
@@ -191,18 +194,26 @@ func (r *GroupRoom) chunk(rng cp.Range) (*groupChunk, error) {
 	return ch, nil
 }
 
-// owned returns the positions of chunk rng that rank owns, once the rule
-// can say (the contiguous rule needs the request's page count).
-func (r *GroupRoom) owned(rng cp.Range, rank int) ([]int, bool) {
+// owned returns the positions of chunk ch that rank owns, once the rule
+// can say (the contiguous rule needs the request's page count, which does
+// not change once known).
+func (r *GroupRoom) owned(ch *groupChunk, rank int) ([]int, bool) {
 	if r.g.Rule == cp.Contiguous && r.totalPages == 0 {
 		return nil, false
 	}
-	src := make([]int, rng.Pages) // only the positions matter
-	_, pos, err := (cp.CP{Size: r.g.Size, Rank: rank, Rule: r.g.Rule}).Owned(src, rng.PageStart, r.totalPages)
-	if err != nil {
-		return nil, false
+	if ch.owned == nil {
+		src := make([]int, ch.rng.Pages) // only the positions matter
+		ch.owned = make([][]int, r.g.Size)
+		for k := range r.g.Size {
+			_, pos, err := (cp.CP{Size: r.g.Size, Rank: k, Rule: r.g.Rule}).Owned(src, ch.rng.PageStart, r.totalPages)
+			if err != nil {
+				ch.owned = nil
+				return nil, false
+			}
+			ch.owned[k] = pos
+		}
 	}
-	return pos, true
+	return ch.owned[rank], true
 }
 
 // decide checks every report it can against the owner rule and completes
@@ -211,7 +222,7 @@ func (r *GroupRoom) decide() Verdict {
 	missing := r.last == nil
 	for _, ch := range r.chunks {
 		for rank := range r.g.Size {
-			want, known := r.owned(ch.rng, rank)
+			want, known := r.owned(ch, rank)
 			if !known {
 				missing = true
 				continue
@@ -247,7 +258,7 @@ func (r *GroupRoom) Owes(rank int) bool {
 		return true
 	}
 	for _, ch := range r.chunks {
-		want, known := r.owned(ch.rng, rank)
+		want, known := r.owned(ch, rank)
 		if _, reported := ch.reports[rank]; !reported && (!known || len(want) > 0) {
 			return true
 		}
@@ -282,7 +293,7 @@ func (r *GroupRoom) Missing(rank int) bool {
 		return false
 	}
 	for _, ch := range r.chunks {
-		want, known := r.owned(ch.rng, rank)
+		want, known := r.owned(ch, rank)
 		if _, reported := ch.reports[rank]; known && !reported && len(want) > 0 {
 			return true
 		}

@@ -140,3 +140,39 @@ func TestGroupValidates(t *testing.T) {
 		assert.ErrorIs(t, err, ErrBadInput, "%+v", g)
 	}
 }
+
+// BenchmarkGroupRoom: the decision's cost per report, for a request of 512
+// pages in 8 chunks from 8 shared-KV ranks (64 reports a room).
+func BenchmarkGroupRoom(b *testing.B) {
+	const size, page, pages, chunks = 8, 16, 512, 8
+	per := pages / chunks
+	var reports []struct {
+		rank int
+		c    Chunk
+	}
+	for ch := range chunks {
+		for rank := range size {
+			c := Chunk{Start: ch * per * page, End: (ch + 1) * per * page, Last: ch == chunks-1, Status: system.Succeeded}
+			for p := ch * per; p < (ch+1)*per; p++ {
+				if p%size == rank {
+					c.Positions = append(c.Positions, p)
+				}
+			}
+			reports = append(reports, struct {
+				rank int
+				c    Chunk
+			}{rank, c})
+		}
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		r, _ := NewGroupRoom(Group{Size: size, PageSize: page}, 1, 0)
+		for _, rp := range reports {
+			r.Report(rp.rank, rp.c)
+		}
+		if r.Verdict() != Complete {
+			b.Fatal(r.Err())
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(reports)), "ns/report")
+}
