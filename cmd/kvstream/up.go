@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -394,7 +395,9 @@ func (u *upRun) spawn(id, role string, rank int, args []string) error {
 	}
 	exited := make(chan struct{})
 	c.mu.Lock()
-	c.cmd, c.stdin, c.pid, c.exited, c.gone, c.row = cmd, stdin, cmd.Process.Pid, exited, false, nil
+	// No address until the new process announces it: the old one's
+	// registration may still be listed.
+	c.cmd, c.stdin, c.pid, c.exited, c.gone, c.row, c.addr = cmd, stdin, cmd.Process.Pid, exited, false, nil, ""
 	c.mu.Unlock()
 	go func() {
 		sc := bufio.NewScanner(stdout)
@@ -691,10 +694,25 @@ func (u *upRun) stderrs() string {
 	return b.String()
 }
 
-// pick chooses the batch's decode instance from the followed membership:
-// the instance at b modulo the live ones, skipping one whose process is
-// gone but whose lease has not run out yet.
+// pick chooses the batch's decode instance from the followed membership
+// (memory, no etcd call): the instances in id order, b modulo their
+// number. A live instance is one registered with the address its running
+// process announced, so a dead process whose lease has not run out yet is
+// never picked. While the intended instance's process runs but is not
+// registered yet (a restart waiting for its old lease), the batch waits
+// for it, up to a minute; if its process is gone for good, the batch goes
+// to another live instance.
 func (u *upRun) pick(ctx context.Context, res *cluster.Resolver, b int) (string, error) {
+	u.mu.Lock()
+	var ids []string
+	for id, c := range u.children {
+		if c.role == string(cluster.RoleDecode) {
+			ids = append(ids, id)
+		}
+	}
+	u.mu.Unlock()
+	sort.Strings(ids)
+	want := ids[b%len(ids)]
 	deadline := time.Now().Add(time.Minute)
 	for {
 		ms, err := res.Members(cluster.RoleDecode)
@@ -716,10 +734,18 @@ func (u *upRun) pick(ctx context.Context, res *cluster.Resolver, b int) (string,
 				live = append(live, m.ID)
 			}
 		}
-		if len(live) > 0 {
+		u.mu.Lock()
+		c := u.children[want]
+		u.mu.Unlock()
+		c.mu.Lock()
+		coming := !c.gone
+		c.mu.Unlock()
+		switch {
+		case slices.Contains(live, want):
+			return want, nil
+		case len(live) > 0 && (!coming || time.Now().After(deadline)):
 			return live[b%len(live)], nil
-		}
-		if time.Now().After(deadline) {
+		case time.Now().After(deadline):
 			return "", errors.Mark(errors.New("no live decode instance for a minute"), cluster.ErrNotFound)
 		}
 		select {
