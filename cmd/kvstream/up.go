@@ -883,6 +883,12 @@ func (r *upReport) text(w io.Writer) {
 	for _, b := range r.Batches {
 		line := fmt.Sprintf("up: batch %d on %s: complete %v, rooms %d complete %d failed, ranks ok %d/%d, %.2f s",
 			b.Batch, b.Decode, b.Complete, b.RoomsComplete, b.RoomsFailed, b.RanksOK, r.PrefillRanks, b.Seconds)
+		if b.RanksFailedAfterFaultMs > 0 {
+			line += fmt.Sprintf("; the slowest rank's first failure %.0f ms after the fault", b.RanksFailedAfterFaultMs)
+		}
+		if b.RoomsEndedAfterFaultMs > 0 && !b.Complete {
+			line += fmt.Sprintf("; rooms ended %.0f ms after the fault", b.RoomsEndedAfterFaultMs)
+		}
 		if b.Error != "" {
 			line += "; " + b.Error
 		}
