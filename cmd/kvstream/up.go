@@ -581,6 +581,10 @@ func (u *upRun) forward(c *child, e nodeEvent) {
 		victim = u.children[fmt.Sprintf("%s-r%d", upGroup, u.f.ranks-1)]
 	}
 	u.mu.Unlock()
+	if victim == nil {
+		u.note("%s: no node to kill for batch %d", u.f.fault, e.Batch)
+		return
+	}
 	victim.mu.Lock()
 	p := victim.cmd.Process
 	victim.mu.Unlock()
