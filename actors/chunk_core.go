@@ -34,6 +34,7 @@ type ChunkCore struct {
 	perLayer bool
 	empty    bool
 	dests    int
+	routes   []*plan.Route // per destination: its route, nil for every buffer
 	layout   *plan.Layout
 
 	bound   bool
@@ -58,7 +59,7 @@ type ChunkCore struct {
 
 // NewChunkCore returns the core of a chunk context for plan.
 func NewChunkCore(l *plan.Layout, p *plan.Plan) *ChunkCore {
-	return &ChunkCore{
+	c := &ChunkCore{
 		id:       p.Chunk,
 		perLayer: p.Mode == cp.PerLayer,
 		empty:    p.Empty(),
@@ -66,6 +67,22 @@ func NewChunkCore(l *plan.Layout, p *plan.Plan) *ChunkCore {
 		layout:   l,
 		accepted: make([]bool, l.Groups.Count()),
 	}
+	for i, d := range p.Dests {
+		if d.Route != nil {
+			if c.routes == nil {
+				c.routes = make([]*plan.Route, len(p.Dests))
+			}
+			c.routes[i] = d.Route
+		}
+	}
+	return c
+}
+
+// sends reports whether destination d receives any of bufs: a resharded
+// peer whose stage holds none of their layers gets no Work (and no empty
+// batch) for them.
+func (c *ChunkCore) sends(d int, bufs []int) bool {
+	return c.routes == nil || c.routes[d] == nil || c.routes[d].Sends(bufs)
 }
 
 // ID returns the chunk's identity.
@@ -121,6 +138,7 @@ func (c *ChunkCore) bind(m *messages.Bind) {
 		return
 	}
 	c.bound, c.forward = true, m.Forward
+	c.stats.Forward = m.Forward
 }
 
 func (c *ChunkCore) groupReady(m *messages.GroupReady) {
@@ -143,7 +161,13 @@ func (c *ChunkCore) groupReady(m *messages.GroupReady) {
 		return
 	}
 	c.stats.Groups++
-	c.submit(messages.Work{Seq: m.Group, Dest: 0, Buffers: bufs, Event: m.Event})
+	// One Work, hence one batch, per destination: a destination's failure
+	// is its own Work's and batch's, and the finish target counts them all.
+	for d := 0; d < c.dests; d++ {
+		if c.sends(d, bufs) {
+			c.submit(messages.Work{Seq: m.Group, Dest: d, Buffers: bufs, Event: m.Event})
+		}
+	}
 }
 
 func (c *ChunkCore) forwardEnd(m *messages.ForwardEnd) {
@@ -183,7 +207,9 @@ func (c *ChunkCore) sendRest(ev messages.Event, evErr error, which string) {
 		return
 	}
 	for d := 0; d < c.dests; d++ {
-		c.submit(messages.Work{Seq: messages.Rest, Dest: d, Buffers: bufs, Event: ev})
+		if c.sends(d, bufs) {
+			c.submit(messages.Work{Seq: messages.Rest, Dest: d, Buffers: bufs, Event: ev})
+		}
 	}
 }
 
@@ -240,6 +266,18 @@ func (c *ChunkCore) submitted(m *messages.Submitted) {
 	c.stats.EventWait += m.WaitEnd.Round(0).Sub(m.WaitStart.Round(0))
 	if c.stats.FirstPost.IsZero() || m.PostedAt.Round(0).Before(c.stats.FirstPost) {
 		c.stats.FirstPost = m.PostedAt.Round(0)
+	}
+	if m.PostedAt.Round(0).After(c.stats.LastPost) {
+		c.stats.LastPost = m.PostedAt.Round(0)
+	}
+	if m.WaitEnd.Round(0).After(c.stats.LastWait) {
+		c.stats.LastWait = m.WaitEnd.Round(0)
+	}
+	// After the forward ended, the rest waits on the end-of-forward event:
+	// the first of those waits to return is the best host-side reading of
+	// when the forward ended on the device.
+	if m.Seq == messages.Rest && c.ended && (c.stats.ForwardDone.IsZero() || m.WaitEnd.Round(0).Before(c.stats.ForwardDone)) {
+		c.stats.ForwardDone = m.WaitEnd.Round(0)
 	}
 }
 
@@ -324,5 +362,5 @@ func part(seq, dest int) string {
 	if seq == messages.Rest {
 		return "rest to destination " + strconv.Itoa(dest)
 	}
-	return "group " + strconv.Itoa(seq)
+	return "group " + strconv.Itoa(seq) + " to destination " + strconv.Itoa(dest)
 }

@@ -226,6 +226,29 @@ func TestChunkMonolithic(t *testing.T) {
 	}
 }
 
+// Per layer to two destinations, the second a resharded peer whose PP stage
+// holds only layers 2 and 3: every group goes to the first, only the groups
+// with a layer the route takes to the second (no empty batch), and the rest
+// (hookless buffer 3) to both.
+func TestChunkSkipsDestinationsTheRouteGivesNothing(t *testing.T) {
+	l := layoutMLA(t, 4, 3, 2) // groups {0, 1} and {2}; buffer 3 hookless
+	p := planOf(cp.PerLayer, 2, 3)
+	p.Dests[1].Route = &plan.Route{DstBuffers: []int{-1, -1, 0, 1}}
+	c := NewChunkCore(l, p)
+	c.Step(&messages.Bind{Forward: 1})
+	w := submits(c.Step(&messages.GroupReady{Forward: 1, Group: 0, Event: fakeEvent{}}))
+	require.Len(t, w, 1, "layers 0 and 1 do not go to destination 1")
+	assert.Equal(t, 0, w[0].Dest)
+	w = submits(c.Step(&messages.GroupReady{Forward: 1, Group: 1, Event: fakeEvent{}}))
+	require.Len(t, w, 2)
+	assert.Equal(t, []int{0, 1}, []int{w[0].Dest, w[1].Dest})
+	w = submits(c.Step(&messages.ForwardEnd{Forward: 1, Event: fakeEvent{}}))
+	require.Len(t, w, 2)
+	assert.Equal(t, []int{3}, w[1].Buffers)
+	e, _, _, _ := c.Counts()
+	assert.Equal(t, 5, e, "the finish target counts only the Work sent")
+}
+
 func TestChunkNeverBoundSendsAtFinish(t *testing.T) {
 	l := layoutMLA(t, 4, 4, 2)
 	c := NewChunkCore(l, planOf(cp.Monolithic, 1, 3))

@@ -296,7 +296,17 @@ func (w *world) register(t *testing.T, d *datadriven.TestData) string {
 			spec.Infos = append(spec.Infos, plan.DecodeInfo{Peer: id, DstPages: dst, Dummy: dummy})
 		}
 	}
-	p, err := plan.BuildPlan(w.layout, w.peers.Get, spec, strArg(t, d, "per-layer", "on") != "off")
+	policy := cp.EveryDestination
+	switch v := strArg(t, d, "per-layer", "on"); v {
+	case "on":
+	case "single":
+		policy = cp.SingleDestination
+	case "off":
+		policy = cp.NoPerLayer
+	default:
+		d.Fatalf(t, "per-layer=%s: want on, single or off", v)
+	}
+	p, err := plan.BuildPlan(w.layout, w.peers.Get, spec, policy)
 	if err != nil {
 		return "error: " + err.Error()
 	}
@@ -467,10 +477,12 @@ func without1(ws []messages.Work, seq, dest int) []messages.Work {
 func (w *world) serve(t *testing.T, d *datadriven.TestData) string {
 	c := w.chunk(t, d)
 	failSeq, failBatch := intArg(t, d, "fail-seq", -2), intArg(t, d, "fail-batch", -2)
+	failDest := intArg(t, d, "fail-dest", -1) // -1: every destination
+	hit := func(w messages.Work, seq int) bool { return w.Seq == seq && (failDest < 0 || w.Dest == failDest) }
 	var b strings.Builder
 	for _, work := range append([]messages.Work(nil), c.owed...) {
 		m := &messages.Submitted{Seq: work.Seq, Dest: work.Dest, Posted: true, Bytes: 16 * uint64(len(work.Buffers)*c.plan.Owned), Blocks: len(work.Buffers)}
-		if work.Seq == failSeq {
+		if hit(work, failSeq) {
 			m = &messages.Submitted{Seq: work.Seq, Dest: work.Dest, Err: errArg(t, d, "fail")}
 		}
 		fmt.Fprintf(&b, "%s\n", message(m))
@@ -479,7 +491,7 @@ func (w *world) serve(t *testing.T, d *datadriven.TestData) string {
 	if !d.HasArg("no-completions") {
 		for _, work := range append([]messages.Work(nil), c.flying...) {
 			m := &messages.BatchDone{Seq: work.Seq, Dest: work.Dest}
-			if work.Seq == failBatch {
+			if hit(work, failBatch) {
 				m.Err = errArg(t, d, "fail")
 			}
 			fmt.Fprintf(&b, "%s\n", message(m))

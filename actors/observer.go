@@ -3,6 +3,7 @@ package actors
 import (
 	"time"
 
+	"github.com/kvstream/kvstream/hw/cuda"
 	"github.com/kvstream/kvstream/messages"
 )
 
@@ -30,7 +31,21 @@ type Batch struct {
 	// The submitter waited the event over [WaitStart, WaitEnd), posted at
 	// Posted; the transport reported completion at Done.
 	WaitStart, WaitEnd, Posted, Done time.Time
-	Err                              error
+	// EventDone is when the device passed the gating event, where the
+	// stream says (cuda.Timed); zero otherwise. WaitEnd minus it is the
+	// engine's detection delay.
+	EventDone time.Time
+	Err       error
+}
+
+// eventDone returns ev's device timestamp, or zero.
+func eventDone(ev messages.Event) time.Time {
+	if t, ok := ev.(cuda.Timed); ok {
+		if at, ok := t.CompletedAt(); ok {
+			return at
+		}
+	}
+	return time.Time{}
 }
 
 // Observers fans out to several observers.

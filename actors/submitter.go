@@ -236,7 +236,7 @@ func (s *submitter) closeAll() {
 func (s *submitter) work(w *Work, wt waited) (res *messages.Submitted, failure error) {
 	dest := &w.Job.Plan.Dests[w.Dest]
 	res = &messages.Submitted{Seq: w.Seq, Dest: w.Dest, WaitStart: wt.start, WaitEnd: wt.end}
-	rec := Batch{Chunk: w.Chunk, Seq: w.Seq, Dest: w.Dest, Submitter: s.index, WaitStart: res.WaitStart, WaitEnd: res.WaitEnd}
+	rec := Batch{Chunk: w.Chunk, Seq: w.Seq, Dest: w.Dest, Submitter: s.index, WaitStart: res.WaitStart, WaitEnd: res.WaitEnd, EventDone: eventDone(w.Event)}
 	core := NewSubmitCore(dest.Peer)
 	effs := core.Step(&WaitEnded{Err: wt.err, Cancelled: w.Job.Context().Err() != nil, PeerLost: s.env.Peers.Lost(dest.Peer)})
 	for i := 0; i < len(effs); i++ {
@@ -266,7 +266,7 @@ func (s *submitter) post(w *Work, dest *plan.Dest, rec *Batch, res *messages.Sub
 	if err != nil {
 		return &PostEnded{ConnErr: err}
 	}
-	s.build(w.Buffers, dest.Runs, c)
+	s.build(w.Buffers, dest, c)
 	rec.Bytes, rec.Blocks, rec.Posted = bytesOf(s.writes), len(s.writes), time.Now()
 	replyTo, root, obs, b := w.ReplyTo, s.env.System.Root, s.env.Observer, *rec
 	done := func(err error) {
@@ -285,21 +285,37 @@ func (s *submitter) post(w *Work, dest *plan.Dest, rec *Batch, res *messages.Sub
 	return &PostEnded{Posted: posted, Err: err, Writes: len(s.writes)}
 }
 
-// build turns the runs into one write per (buffer, run), reusing the
-// submitter's slices so that steady-state submits allocate nothing.
-func (s *submitter) build(buffers []int, runs []cp.Run, c *conn) {
-	l := s.env.Layout
-	s.writes = s.writes[:0]
-	for _, b := range buffers {
-		buf := l.Buffers[b]
-		s.blocks = cp.AppendBlocks(s.blocks[:0], runs, buf.Base, c.dstBase(b), buf.ItemLen)
-		for _, blk := range s.blocks {
-			s.writes = append(s.writes, rdma.Write{Src: blk.Src, Dst: blk.Dst, Len: blk.Len, Local: l.Keys[b], Remote: c.keys[b]})
-		}
-	}
+// build turns the runs into the writes of the buffers toward dest, reusing
+// the submitter's slices so that steady-state submits allocate nothing.
+func (s *submitter) build(buffers []int, dest *plan.Dest, c *conn) {
+	s.blocks, s.writes = buildWrites(s.blocks, s.writes[:0], s.env.Layout, buffers, dest, c.bases, c.keys)
 }
 
-func (c *conn) dstBase(b int) uint64 { return c.bases[b] }
+// buildWrites appends to ws the writes of buffers toward dest, whose peer's
+// buffers start at bases and import as keys, and returns the scratch block
+// slice and ws for reuse. Without a route buffer b goes to the peer's buffer
+// b, one write per run (cp.AppendBlocks); with one, to the peer's buffer
+// Route.DstBuffers[b] (none if -1), as the route's pieces
+// (reshard.Route.AppendBlocks). Neither allocates once the slices grew.
+func buildWrites(blocks []cp.Block, ws []rdma.Write, l *plan.Layout, buffers []int, dest *plan.Dest, bases []uint64, keys []rdma.RemoteKey) ([]cp.Block, []rdma.Write) {
+	r := dest.Route
+	for _, b := range buffers {
+		buf := &l.Buffers[b]
+		d := b
+		if r == nil {
+			blocks = cp.AppendBlocks(blocks[:0], dest.Runs, buf.Base, bases[d], buf.ItemLen)
+		} else {
+			if d = r.DstBuffers[b]; d < 0 {
+				continue
+			}
+			blocks = r.AppendBlocks(blocks[:0], dest.Runs, buf.Base, bases[d])
+		}
+		for _, blk := range blocks {
+			ws = append(ws, rdma.Write{Src: blk.Src, Dst: blk.Dst, Len: blk.Len, Local: l.Keys[b], Remote: keys[d]})
+		}
+	}
+	return blocks, ws
+}
 
 func bytesOf(ws []rdma.Write) uint64 {
 	var n uint64

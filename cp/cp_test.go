@@ -166,20 +166,29 @@ func TestAppendBlocksIdenticalRunsPerBuffer(t *testing.T) {
 }
 
 func TestGuard(t *testing.T) {
-	m, r, i := Guard([]bool{true, false, true})
-	assert.Equal(t, PerLayer, m)
-	assert.Equal(t, OneDestination, r)
-	assert.Equal(t, 1, i)
-	m, r, i = Guard([]bool{false, false})
-	assert.Equal(t, Monolithic, m)
-	assert.Equal(t, SeveralDestinations, r)
-	assert.Equal(t, -1, i)
-	m, r, _ = Guard([]bool{true, true})
-	assert.Equal(t, Monolithic, m)
-	assert.Equal(t, AllDummy, r)
-	m, r, _ = Guard(nil)
-	assert.Equal(t, Monolithic, m)
-	assert.Equal(t, AllDummy, r)
+	for _, tc := range []struct {
+		dummy  []bool
+		policy Policy
+		mode   Mode
+		reason Reason
+		real   int
+	}{
+		{[]bool{true, false, true}, EveryDestination, PerLayer, OneDestination, 1},
+		{[]bool{true, false, true}, SingleDestination, PerLayer, OneDestination, 1},
+		{[]bool{true, false, true}, NoPerLayer, Monolithic, PerLayerOff, 1},
+		{[]bool{false, false}, EveryDestination, PerLayer, SeveralDestinations, -1},
+		{[]bool{false, false}, SingleDestination, Monolithic, SeveralDestinations, -1},
+		{[]bool{false, false}, NoPerLayer, Monolithic, PerLayerOff, -1},
+		{[]bool{true, true}, EveryDestination, Monolithic, AllDummy, -1},
+		{[]bool{true, true}, SingleDestination, Monolithic, AllDummy, -1},
+		{[]bool{true, true}, NoPerLayer, Monolithic, AllDummy, -1},
+		{nil, EveryDestination, Monolithic, AllDummy, -1},
+	} {
+		m, r, i := Guard(tc.dummy, tc.policy)
+		assert.Equal(t, tc.mode, m, "%v %v", tc.dummy, tc.policy)
+		assert.Equal(t, tc.reason, r, "%v %v", tc.dummy, tc.policy)
+		assert.Equal(t, tc.real, i, "%v %v", tc.dummy, tc.policy)
+	}
 }
 
 func TestGroups(t *testing.T) {

@@ -20,20 +20,51 @@ func (m Mode) String() string {
 	return "monolithic"
 }
 
-// Reason says why the guard chose a mode.
+// Policy says which rooms stream per layer.
+type Policy int
+
+const (
+	// EveryDestination streams a room per layer to each of its real
+	// destinations, however many (the default): each group's work carries
+	// every destination's writes, one batch per destination.
+	EveryDestination Policy = iota
+	// SingleDestination is the reference rule: per-layer streaming only for
+	// a room with exactly one real destination; a room with several goes
+	// monolithic.
+	SingleDestination
+	// NoPerLayer sends every room monolithically after the forward.
+	NoPerLayer
+)
+
+// String returns the policy's name.
+func (p Policy) String() string {
+	switch p {
+	case EveryDestination:
+		return "every_destination"
+	case SingleDestination:
+		return "single_destination"
+	case NoPerLayer:
+		return "no_per_layer"
+	}
+	return "unknown"
+}
+
+// Reason says why the guard chose a mode. It describes the room's
+// destinations (one, several, none) unless the policy overrode them.
 type Reason int
 
 const (
-	// OneDestination: exactly one non-dummy destination, per-layer allowed.
+	// OneDestination: exactly one real destination; per-layer.
 	OneDestination Reason = iota
-	// SeveralDestinations: more than one non-dummy destination; per-layer
-	// contexts are built for one destination, so the room goes monolithic
-	// (which fans out to all of them).
+	// SeveralDestinations: more than one real destination; per-layer to
+	// each under EveryDestination, monolithic (which fans out to all of
+	// them) under SingleDestination.
 	SeveralDestinations
-	// AllDummy: no destination receives anything.
+	// AllDummy: no destination receives anything from this rank: every one
+	// is a dummy (or, with resharding, routes nothing from this rank).
 	AllDummy
-	// PerLayerOff: one destination, but per-layer streaming is switched off
-	// by configuration.
+	// PerLayerOff: at least one real destination, but per-layer streaming
+	// is switched off by configuration (NoPerLayer).
 	PerLayerOff
 )
 
@@ -52,11 +83,13 @@ func (r Reason) String() string {
 	return "unknown"
 }
 
-// Guard is the register guard (invariant 8): per-layer streaming serves a
-// room with exactly one non-dummy destination; anything else is monolithic.
-// dummy[i] tells whether destination i is a dummy. real is the index of the
-// single real destination, or -1.
-func Guard(dummy []bool) (mode Mode, reason Reason, real int) {
+// Guard is the register guard (invariant 8). dummy[i] tells whether
+// destination i receives nothing (a dummy). With no real destination there
+// is nothing to send (monolithic, AllDummy); otherwise the policy decides:
+// EveryDestination streams per layer to all of them, SingleDestination only
+// to exactly one (several go monolithic), NoPerLayer never. real is the
+// index of the single real destination, or -1.
+func Guard(dummy []bool, policy Policy) (mode Mode, reason Reason, real int) {
 	real, n := -1, 0
 	for i, d := range dummy {
 		if !d {
@@ -64,11 +97,18 @@ func Guard(dummy []bool) (mode Mode, reason Reason, real int) {
 			real = i
 		}
 	}
-	switch n {
-	case 0:
-		return Monolithic, AllDummy, -1
-	case 1:
-		return PerLayer, OneDestination, real
+	if n != 1 {
+		real = -1
 	}
-	return Monolithic, SeveralDestinations, -1
+	switch {
+	case n == 0:
+		return Monolithic, AllDummy, -1
+	case policy == NoPerLayer:
+		return Monolithic, PerLayerOff, real
+	case n == 1:
+		return PerLayer, OneDestination, real
+	case policy == SingleDestination:
+		return Monolithic, SeveralDestinations, -1
+	}
+	return PerLayer, SeveralDestinations, -1
 }

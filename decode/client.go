@@ -17,6 +17,10 @@ import (
 	"go.uber.org/zap"
 )
 
+// DefaultDecodeName is the certificate name a prefill expects of its decode
+// server by default.
+const DefaultDecodeName = "decode"
+
 // DefaultCallTimeout bounds one control-plane round trip when the caller's
 // context has no earlier deadline.
 const DefaultCallTimeout = 10 * time.Second
@@ -33,6 +37,11 @@ type DialConfig struct {
 	// Name names this prefill in the decode server's logs (default: the
 	// node's address).
 	Name string
+	// DecodeName is the name the decode server's certificate must carry
+	// when the node runs TLS (default DefaultDecodeName, the name
+	// netsec.GenerateDevCerts gives it): the session is bound to it before
+	// Hello, so that no other node of the deployment can speak for it.
+	DecodeName string
 	// Metadata is passed to the decode side as is (Session.Metadata).
 	Metadata map[string]string
 	// CallTimeout bounds each round trip (default DefaultCallTimeout).
@@ -52,6 +61,9 @@ type Client struct {
 	session string
 	peer    system.Peer
 	notices atomic.Uint64
+
+	bound     string     // the peer name bound on the node, unbound at the end
+	heartbeat *heartbeat // nil when heartbeats are off
 
 	mu     sync.Mutex
 	ended  bool // Bye sent: the decode server leaving is no loss
@@ -92,13 +104,25 @@ func Dial(ctx context.Context, node *Node, cfg DialConfig) (_ *Client, err error
 	// The session actor lives as long as the session: the decode server
 	// watches it to notice the prefill going away, and it watches the
 	// decode server, for the opposite.
-	name := "kvstream-prefill-" + strconv.FormatUint(clients.Add(1), 10)
+	if node.tls {
+		if cfg.DecodeName == "" {
+			cfg.DecodeName = DefaultDecodeName
+		}
+		if err := node.bind(cfg.DecodeName); err != nil {
+			return nil, errors.Mark(errors.Wrapf(err, "session with the decode server at %s", cfg.Decode), ErrRefused)
+		}
+		c.bound = cfg.DecodeName
+	}
+	n := strconv.FormatUint(clients.Add(1), 10)
+	name := "kvstream-prefill-" + n
+	node.policy.Allow(name)
 	if c.self, err = node.system.Root.SpawnNamed(actor.PropsFromFunc(c.receive), name); err != nil {
+		node.unbind(c.bound)
 		return nil, errors.Wrap(err, "spawn the prefill session actor")
 	}
 	defer func() {
 		if err != nil {
-			_ = node.stopActor(context.Background(), c.self)
+			c.release(context.Background())
 		}
 	}()
 	hello := &wire.Hello{Version: ProtocolVersion, Prefill: cfg.Name, SessionAddress: c.self.Address,
@@ -122,12 +146,72 @@ func Dial(ctx context.Context, node *Node, cfg DialConfig) (_ *Client, err error
 	case len(offer.Regions) != len(cfg.Buffers):
 		return nil, errors.Newf("the decode server at %s offered %d regions for %d buffers", cfg.Decode, len(offer.Regions), len(cfg.Buffers))
 	}
+	if err := checkOffer(offer, cfg.Buffers); err != nil {
+		return nil, errors.Mark(errors.Wrapf(err, "the decode server at %s", cfg.Decode), ErrBadInput)
+	}
 	c.session = offer.Session
 	c.peer = system.Peer{ID: offer.PeerId, Address: offer.WorkerAddress}
 	for _, r := range offer.Regions {
 		c.peer.Buffers = append(c.peer.Buffers, system.PeerBuffer{Region: rdma.RegionDesc{Addr: r.Addr, Len: r.Len, Key: r.Key}, ItemLen: r.ItemLen})
 	}
+	// The decode's node answering heartbeats is what a hung decode
+	// process (connections open, nothing answered) stops doing.
+	c.heartbeat, err = node.watchPeer(c.decode.Address, "kvstream-prefill-hb-"+n, func(err error) {
+		c.peerLost(errors.Mark(errors.Wrapf(err, "decode server %s", cfg.Decode), ErrDecodeLost))
+	})
+	if err != nil {
+		return nil, errors.Wrap(err, "heartbeats with the decode server")
+	}
 	return c, nil
+}
+
+// Bounds on an Offer's fields, which go to the transport as is.
+const (
+	maxWorkerAddress = 64 << 10
+	maxKey           = 64 << 10
+	maxSessionToken  = 256
+)
+
+// checkOffer checks an Offer's shape before any of it reaches the transport:
+// a worker address and keys of sane sizes, one region per prefill buffer
+// with its item length, a length that is a whole number of pages and does
+// not wrap around. What the bytes of the worker address and keys mean is
+// the transport's to check (hw/rdma/ucx checks their structure).
+func checkOffer(o *wire.Offer, bufs []system.Buffer) error {
+	switch {
+	case o.Session == "" || len(o.Session) > maxSessionToken:
+		return errors.Newf("offered a session token of %d bytes", len(o.Session))
+	case o.PeerId == "" || len(o.PeerId) > maxNameLen:
+		return errors.Newf("offered a peer id of %d bytes", len(o.PeerId))
+	case len(o.WorkerAddress) == 0 || len(o.WorkerAddress) > maxWorkerAddress:
+		return errors.Newf("offered a worker address of %d bytes (want 1 to %d)", len(o.WorkerAddress), maxWorkerAddress)
+	}
+	for i, r := range o.Regions {
+		switch {
+		case r == nil:
+			return errors.Newf("region %d: missing", i)
+		case len(r.Key) == 0 || len(r.Key) > maxKey:
+			return errors.Newf("region %d: a key of %d bytes (want 1 to %d)", i, len(r.Key), maxKey)
+		case r.ItemLen == 0 || r.ItemLen != bufs[i].ItemLen:
+			return errors.Newf("region %d: item length %d, the prefill buffer's is %d", i, r.ItemLen, bufs[i].ItemLen)
+		case r.Len == 0 || r.Len%r.ItemLen != 0:
+			return errors.Newf("region %d: %d bytes is not a whole number of %d-byte pages", i, r.Len, r.ItemLen)
+		case r.Addr+r.Len < r.Addr:
+			return errors.Newf("region %d: [%#x, +%d) wraps around", i, r.Addr, r.Len)
+		}
+	}
+	return nil
+}
+
+// release stops the session actor and the heartbeats and unbinds the
+// session, within ctx.
+func (c *Client) release(ctx context.Context) {
+	c.heartbeat.stop()
+	// The actor's name stays allowed: the decode's late Unwatch or
+	// Terminated for it must not be refused (a refused batch closes the
+	// stream); a stopped actor's messages are dead letters.
+	_ = c.node.stopActor(ctx, c.self)
+	c.node.unbind(c.bound)
 }
 
 // codeError marks an answer's refusal with its class.
@@ -292,7 +376,7 @@ func (c *Client) Bye(ctx context.Context, aborted error) (Summary, error) {
 	c.ended = true
 	lost := c.lost
 	c.mu.Unlock()
-	defer func() { _ = c.node.stopActor(ctx, c.self) }()
+	defer c.release(ctx)
 	if lost != nil {
 		return Summary{}, public(lost)
 	}

@@ -7,7 +7,8 @@
 //
 // # Decode side
 //
-//	node, err := decode.Listen("0.0.0.0:9100", log)      // one per process
+//	tlsm, err := netsec.LoadTLS(netsec.Files{CA: ca, Cert: cert, Key: key})
+//	node, err := decode.ListenConfig(decode.NodeConfig{Listen: "10.0.0.2:9100", TLS: tlsm, Log: log}) // one per process
 //	srv, err := decode.New(node, transport, decode.Config{Buffers: pool}) // registers the pool
 //	// Per request: allocate decode pages, publish them to the prefill's
 //	// scheduler (its DecodeInfo.DstPages), then:
@@ -34,8 +35,8 @@
 //
 // # Prefill side
 //
-//	node, err := decode.Listen("0.0.0.0:0", log)
-//	c, err := decode.Dial(ctx, node, decode.DialConfig{Decode: "decode-host:9100", Buffers: cfg.Buffers})
+//	node, err := decode.ListenConfig(decode.NodeConfig{Listen: "10.0.0.1:0", TLS: tlsm, Log: log})
+//	c, err := decode.Dial(ctx, node, decode.DialConfig{Decode: "10.0.0.2:9100", Buffers: cfg.Buffers})
 //	err = c.Attach(eng)           // Engine.AddPeer, and Engine.PeerLost when the decode server goes
 //	// per chunk, after eng.Finish(ctx, room) returned res for the chunk registered as spec:
 //	n, err := c.NoticeFor(eng.Config(), spec, res) // the absolute positions sent, their decode pages
@@ -67,6 +68,19 @@
 // notices the prefill sent and whether it stopped early; its answer is the
 // decode side's verdict. Each side watches the other's session actor, so a
 // vanished peer is reported (ErrPrefillLost, ErrDecodeLost).
+//
+// # Security
+//
+// Every node runs package netsec's guards (recovered panics, unimplemented
+// methods answered with an error, message batches checked before protoactor
+// reads them, size and stream limits) and accepts peers' messages only for
+// the actors of a session. Off loopback a node needs TLS (NodeConfig.TLS):
+// peers then hold certificates of the deployment's CA, and a session is
+// bound to its peer's certificate name (the decode side at Hello, before it
+// offers its worker address and keys; the prefill side to
+// DialConfig.DecodeName before it says Hello). Each session watches the
+// other node's heartbeats (NodeConfig.Heartbeat), so a hung peer is lost
+// within a bound. docs/SECURITY.md has the threat model.
 //
 // Close methods take a context; every wait in this package is bounded by
 // one.

@@ -6,12 +6,14 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/remote"
 	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/netsec"
 	"go.uber.org/zap"
 	"go.uber.org/zap/exp/zapslog"
 	"go.uber.org/zap/zapcore"
@@ -22,24 +24,81 @@ import (
 // Clients (prefill side) run on a Node; a process needs one, and should
 // have only one: protoactor-go remote replaces gRPC's global logger each
 // time a node starts, which races with a running node's gRPC goroutines.
+//
+// Every node runs netsec's guards (recovered panics, unimplemented methods
+// answered with an error, every message batch checked before protoactor
+// reads it, size and stream limits), answers heartbeats, and accepts
+// messages from peers only for the actors of a session. With TLS, peers
+// must hold a certificate of the deployment's CA, and a session is bound
+// to its peer's certificate name.
 type Node struct {
-	system *actor.ActorSystem
-	remote *remote.Remote
-	log    *zap.Logger
+	system    *actor.ActorSystem
+	remote    *remote.Remote
+	log       *zap.Logger
+	tls       bool
+	policy    *netsec.SessionPolicy
+	heartbeat netsec.HeartbeatConfig
 
 	mu     sync.Mutex
+	bound  int                 // sessions bound to the policy's peer
+	beats  map[*heartbeat]bool // running monitors, stopped by Close at the latest
 	closed bool
 	done   chan struct{}
 	err    error
 }
 
-// Listen starts a node on addr (host:port; port 0 picks a free one). A nil
-// log logs nothing.
-func Listen(addr string, log *zap.Logger) (_ *Node, err error) {
+// NodeConfig configures a Node.
+type NodeConfig struct {
+	// Listen is the control plane's address (host:port; port 0 picks a
+	// free one). Anything but a loopback address needs TLS.
+	Listen string
+	// Advertise is the address peers reach this node on, host or
+	// host:port (port 0 or none: the listen port). Default: the listen
+	// address, or, when it listens on all interfaces, the address of the
+	// first interface that is up and not loopback (never "[::]", which no
+	// peer can dial). With TLS the peer checks that this node's
+	// certificate names the advertised host.
+	Advertise string
+	// TLS is the node's mutual-TLS material (netsec.LoadTLS); nil runs in
+	// the clear, which only a loopback Listen allows.
+	TLS *netsec.TLS
+	// Limits bound what one peer can make the node hold (netsec's defaults
+	// when zero).
+	Limits netsec.Limits
+	// Heartbeat paces the heartbeats of each session: a peer that stops
+	// answering (a hung or stopped process, a cut link) is declared lost
+	// at most Heartbeat.Bound() after its last answer. Zero:
+	// DefaultHeartbeat. Misses < 0 turns heartbeats off.
+	Heartbeat netsec.HeartbeatConfig
+	// Log receives failures at WARN (default: none).
+	Log *zap.Logger
+}
+
+// DefaultHeartbeat declares a silent peer lost within 3.5 s.
+var DefaultHeartbeat = netsec.HeartbeatConfig{Interval: 500 * time.Millisecond, Misses: 6}
+
+// HeartbeatWithin paces heartbeats so that a silent peer is declared lost
+// within bound (six misses; bound must be positive).
+func HeartbeatWithin(bound time.Duration) netsec.HeartbeatConfig {
+	return netsec.HeartbeatConfig{Interval: bound / 7, Misses: 6}
+}
+
+// Listen starts a node on addr (host:port; port 0 picks a free one) in the
+// clear, which only a loopback address allows. A nil log logs nothing.
+func Listen(addr string, log *zap.Logger) (*Node, error) {
+	return ListenConfig(NodeConfig{Listen: addr, Log: log})
+}
+
+// ListenConfig starts a node. An address that cannot be listened on or
+// advertised, or a non-loopback Listen without TLS, is an error marked
+// ErrBadInput that names the address.
+func ListenConfig(cfg NodeConfig) (_ *Node, err error) {
 	defer func() { err = public(err) }()
+	log := cfg.Log
 	if log == nil {
 		log = zap.NewNop()
 	}
+	addr := cfg.Listen
 	host, portText, err := net.SplitHostPort(addr)
 	if err != nil {
 		return nil, errors.Mark(errors.Wrapf(err, "listen address %q", addr), ErrBadInput)
@@ -47,6 +106,20 @@ func Listen(addr string, log *zap.Logger) (_ *Node, err error) {
 	port, err := strconv.Atoi(portText)
 	if err != nil || port < 0 || port > 65535 {
 		return nil, badInput("listen address %q: port %q is not a number in [0, 65535]", addr, portText)
+	}
+	if err := netsec.CheckListen(addr, cfg.TLS != nil); err != nil {
+		return nil, errors.Mark(err, ErrBadInput)
+	}
+	hb := cfg.Heartbeat
+	if hb == (netsec.HeartbeatConfig{}) {
+		hb = DefaultHeartbeat
+	}
+	if hb.Misses >= 0 && (hb.Interval <= 0 || hb.Misses < 1 || hb.Misses > 1000) {
+		return nil, badInput("heartbeat: interval %v must be positive and misses %d within [1, 1000] (negative: off)", hb.Interval, hb.Misses)
+	}
+	advertise, port, err := advertised(host, port, cfg.Advertise)
+	if err != nil {
+		return nil, err
 	}
 	system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
 		// protoactor's remote logs a lost gRPC connection at ERROR even when
@@ -61,7 +134,22 @@ func Listen(addr string, log *zap.Logger) (_ *Node, err error) {
 		}
 		return slog.New(zapslog.NewHandler(core))
 	}))
-	r := remote.NewRemote(system, remote.Configure(host, port))
+	n := &Node{system: system, log: log, tls: cfg.TLS != nil, heartbeat: hb,
+		policy: netsec.NewSessionPolicy(netsec.HeartbeatActor)}
+	authorize := n.policy.Authorize
+	if cfg.TLS == nil {
+		// No identities in the clear: keep the target and type rules.
+		authorize = func(_ netsec.Identity, e netsec.Envelope) error { return n.policy.AuthorizeLocal(e) }
+	}
+	opts, err := netsec.RemoteOptions(system, addr, netsec.Options{TLS: cfg.TLS, Limits: cfg.Limits, Authorize: authorize,
+		Log: slog.New(zapslog.NewHandler(log.Core()))})
+	if err != nil {
+		return nil, errors.Mark(err, ErrBadInput)
+	}
+	if advertise != "" {
+		opts = append(opts, remote.WithAdvertisedHost(advertise))
+	}
+	r := remote.NewRemote(system, remote.Configure(host, port, opts...))
 	defer func() {
 		// remote.Start panics when it cannot listen.
 		if p := recover(); p != nil {
@@ -69,7 +157,115 @@ func Listen(addr string, log *zap.Logger) (_ *Node, err error) {
 		}
 	}()
 	r.Start()
-	return &Node{system: system, remote: r, log: log}, nil
+	n.remote = r
+	if _, err := netsec.ServeHeartbeats(system); err != nil {
+		_ = n.Close(context.Background())
+		return nil, err
+	}
+	return n, nil
+}
+
+// advertised is the address to advertise ("" when the listener's own
+// address will do) and the port to listen on: when a host is advertised
+// and the listen port is 0, a free port is chosen first, since protoactor
+// advertises exactly what it is given.
+func advertised(host string, port int, advertise string) (string, int, error) {
+	advHost, advPort := advertise, ""
+	if advertise != "" {
+		if h, p, err := net.SplitHostPort(advertise); err == nil {
+			advHost, advPort = h, p
+		} else if strings.Contains(advertise, ":") && net.ParseIP(advertise) == nil {
+			return "", 0, errors.Mark(errors.Wrapf(err, "advertise address %q", advertise), ErrBadInput)
+		}
+		if advHost == "" || isUnspecified(advHost) {
+			return "", 0, badInput("advertise address %q: peers cannot dial an unspecified host", advertise)
+		}
+		if advPort != "" {
+			p, err := strconv.Atoi(advPort)
+			if err != nil || p < 0 || p > 65535 {
+				return "", 0, badInput("advertise address %q: port %q is not a number in [0, 65535]", advertise, advPort)
+			}
+			if p == 0 {
+				advPort = ""
+			}
+		}
+	}
+	if advHost == "" && !isUnspecified(host) {
+		return "", port, nil // the listener's address is what peers dial
+	}
+	if advHost == "" {
+		ip, err := RoutableIP()
+		if err != nil {
+			return "", 0, errors.Mark(errors.Wrapf(err, "listen address %q is on all interfaces: give an address to advertise", net.JoinHostPort(host, strconv.Itoa(port))), ErrBadInput)
+		}
+		advHost = ip.String()
+	}
+	if advPort == "" {
+		if port == 0 {
+			p, err := freePort(host)
+			if err != nil {
+				return "", 0, err
+			}
+			port = p
+		}
+		advPort = strconv.Itoa(port)
+	}
+	return net.JoinHostPort(advHost, advPort), port, nil
+}
+
+func isUnspecified(host string) bool {
+	if host == "" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsUnspecified()
+}
+
+// freePort picks a free port on host. Another process may take it before
+// the node listens; the listen then fails with an error.
+func freePort(host string) (int, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return 0, errors.Wrapf(err, "pick a free port on %q", host)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// RoutableIP is the address a node listening on all interfaces advertises:
+// the first IPv4 address of an interface that is up and not loopback, else
+// the first global IPv6 one.
+func RoutableIP() (net.IP, error) {
+	ifaces, err := net.Interfaces()
+	if err != nil {
+		return nil, errors.Wrap(err, "list network interfaces")
+	}
+	var v6 net.IP
+	for _, ifc := range ifaces {
+		if ifc.Flags&net.FlagUp == 0 || ifc.Flags&net.FlagLoopback != 0 {
+			continue
+		}
+		addrs, err := ifc.Addrs()
+		if err != nil {
+			continue
+		}
+		for _, a := range addrs {
+			ipn, ok := a.(*net.IPNet)
+			if !ok || !ipn.IP.IsGlobalUnicast() {
+				continue
+			}
+			if ip4 := ipn.IP.To4(); ip4 != nil {
+				return ip4, nil
+			}
+			if v6 == nil {
+				v6 = ipn.IP
+			}
+		}
+	}
+	if v6 != nil {
+		return v6, nil
+	}
+	return nil, errors.New("no interface is up with a routable address")
 }
 
 // Addr is the address peers reach this node on: what a prefill passes to
@@ -98,8 +294,17 @@ func (n *Node) Close(ctx context.Context) error {
 	if !n.closed {
 		n.closed = true
 		n.done = make(chan struct{})
+		beats := make([]*heartbeat, 0, len(n.beats))
+		for h := range n.beats {
+			beats = append(beats, h)
+		}
 		go func() {
 			defer close(n.done)
+			// Sessions not ended (a client never closed): their monitors
+			// would outlive the node.
+			for _, h := range beats {
+				h.stop()
+			}
 			for _, id := range endpointActors {
 				if _, ok := n.system.ProcessRegistry.GetLocal(id); ok {
 					_ = n.system.Root.StopFuture(actor.NewPID(n.system.Address(), id)).Wait()
@@ -166,4 +371,85 @@ func (n *Node) request(ctx context.Context, pid *actor.PID, msg any, limit time.
 	case <-ctx.Done():
 		return nil, errors.Wrapf(ctx.Err(), "%T to %s", msg, fmt.Sprint(pid))
 	}
+}
+
+// bind binds the node's session policy to a session's peer (its
+// certificate name) and counts the session; in the clear it does nothing.
+// A node serves sessions of one peer at a time.
+func (n *Node) bind(peer string) error {
+	if !n.tls {
+		return nil
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := n.policy.Bind(peer); err != nil {
+		return err
+	}
+	n.bound++
+	return nil
+}
+
+// unbind ends one session of bind's; the last one unbinds the policy.
+func (n *Node) unbind(peer string) {
+	if !n.tls || peer == "" {
+		return
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.bound > 0 {
+		n.bound--
+	}
+	if n.bound == 0 {
+		n.policy.Unbind()
+	}
+}
+
+// heartbeat is one session's watch over its peer node's heartbeats.
+type heartbeat struct {
+	node *Node
+	name string
+	mon  *netsec.Monitor
+}
+
+// watchPeer pings the heartbeat actor of the node at addr from a monitor
+// named name; lost runs once, on the monitor's goroutine, when the peer
+// went silent for the node's heartbeat bound. nil, nil when heartbeats
+// are off.
+func (n *Node) watchPeer(addr, name string, lost func(error)) (*heartbeat, error) {
+	if n.heartbeat.Misses < 0 {
+		return nil, nil
+	}
+	cfg := n.heartbeat
+	cfg.Name = name
+	// Allowed before it exists, so that no Pong is refused (a refused
+	// batch closes the stream that carried it).
+	n.policy.Allow(name)
+	mon, err := netsec.WatchHeartbeats(n.system, actor.NewPID(addr, netsec.HeartbeatActor), cfg, lost)
+	if err != nil {
+		n.policy.Forbid(name)
+		return nil, err
+	}
+	h := &heartbeat{node: n, name: name, mon: mon}
+	n.mu.Lock()
+	if n.beats == nil {
+		n.beats = map[*heartbeat]bool{}
+	}
+	n.beats[h] = true
+	n.mu.Unlock()
+	return h, nil
+}
+
+// stop stops the monitor and waits for it: never on the monitor's own
+// goroutine (its lost callback) nor inside another actor's Receive.
+func (h *heartbeat) stop() {
+	if h == nil {
+		return
+	}
+	// Its name stays allowed: a Pong still on its way would otherwise be
+	// refused, and a refused batch closes the stream that carries the
+	// other sessions' messages too.
+	h.mon.Stop()
+	h.node.mu.Lock()
+	delete(h.node.beats, h)
+	h.node.mu.Unlock()
 }

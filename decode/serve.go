@@ -8,6 +8,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/messages/wire"
+	"github.com/kvstream/kvstream/netsec"
 	"github.com/kvstream/kvstream/system"
 	"go.uber.org/zap"
 )
@@ -21,13 +22,52 @@ const ProtocolVersion = uint32(wire.Version_VERSION_CURRENT)
 func (s *Server) receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
 	case *wire.Hello:
-		ctx.Respond(s.hello(ctx, m))
+		offer, ss := s.hello(ctx.Sender(), netsec.PeerName(ctx), m)
+		if ss != nil {
+			// The prefill's session actor going away ends the session (the
+			// request's sender is a short-lived future); so does its node
+			// no longer answering heartbeats (a hung process keeps its
+			// connections open).
+			ctx.Watch(actor.NewPID(m.SessionAddress, m.SessionId))
+			s.watchHeartbeats(ss, ctx.Sender().Address)
+		}
+		ctx.Respond(offer)
 	case *wire.ChunkNotice:
-		ctx.Respond(s.notice(ctx.Sender(), m))
+		ctx.Respond(s.notice(ctx.Sender(), netsec.PeerName(ctx), m))
 	case *wire.Bye:
-		ctx.Respond(s.bye(ctx.Sender(), m))
+		ctx.Respond(s.bye(ctx.Sender(), netsec.PeerName(ctx), m))
 	case *actor.Terminated:
-		s.left(m.Who)
+		// Only the watched session actors end sessions: left ignores any
+		// other PID. With TLS, a Terminated passed CheckSender (its actor
+		// is on a host the sender's certificate names) and the session
+		// policy (the bound peer only).
+		s.left(m.Who, nil)
+	case heartbeatLost:
+		s.left(actor.NewPID("", ""), &m)
+	}
+}
+
+// heartbeatLost is the local message a session's heartbeat monitor sends
+// when the prefill's node stopped answering.
+type heartbeatLost struct {
+	session *Session
+	err     error
+}
+
+func (s *Server) watchHeartbeats(ss *Session, prefillAddr string) {
+	hb, err := s.node.watchPeer(prefillAddr, "kvstream-decode-hb-"+ss.token[:16], func(err error) {
+		s.node.system.Root.Send(s.pid, heartbeatLost{session: ss, err: err})
+	})
+	if err != nil {
+		s.log.Warn("prefill session without heartbeats", zap.String("prefill", ss.prefill), zap.Error(err))
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ss.heartbeat = hb; s.sessions[ss.token] != ss {
+		// Ended meanwhile.
+		go hb.stop()
+		ss.heartbeat = nil
 	}
 }
 
@@ -35,16 +75,72 @@ func refuse(code wire.Code, format string, args ...any) *wire.Offer {
 	return &wire.Offer{Version: ProtocolVersion, Code: code, Error: fmt.Sprintf(format, args...)}
 }
 
-func (s *Server) hello(ctx actor.Context, m *wire.Hello) *wire.Offer {
-	sender := ctx.Sender()
+// Bounds on a Hello's free-form fields, which are logged and kept for the
+// session.
+const (
+	maxNameLen      = 256
+	maxMetadata     = 64
+	maxMetadataText = 4096
+)
+
+// checkHello checks what of a Hello needs no pool: names, metadata, item
+// lengths.
+func checkHello(m *wire.Hello) error {
+	if len(m.Prefill) > maxNameLen || len(m.SessionId) > maxNameLen || len(m.SessionAddress) > maxNameLen {
+		return errors.Newf("prefill name, session id or address longer than %d bytes", maxNameLen)
+	}
+	if len(m.Metadata) > maxMetadata {
+		return errors.Newf("%d metadata entries: at most %d", len(m.Metadata), maxMetadata)
+	}
+	for k, v := range m.Metadata {
+		if len(k)+len(v) > maxMetadataText {
+			return errors.Newf("metadata entry %.32q: more than %d bytes", k, maxMetadataText)
+		}
+	}
+	for i, b := range m.Buffers {
+		switch {
+		case b == nil:
+			return errors.Newf("buffer %d: missing", i)
+		case len(b.Name) > maxNameLen:
+			return errors.Newf("buffer %d: name longer than %d bytes", i, maxNameLen)
+		case b.ItemLen == 0:
+			return errors.Newf("buffer %d (%.64s): zero item length", i, b.Name)
+		}
+	}
+	return nil
+}
+
+// layoutBytes is what a pool of the layout's geometry takes, or an error
+// when it exceeds limit (products and sums checked for overflow).
+func layoutBytes(layout []PrefillBuffer, limit uint64) error {
+	var total uint64
+	for i, b := range layout {
+		if b.Pages == 0 || b.ItemLen > limit/b.Pages {
+			return errors.Newf("buffer %d (%.64s): %d pages of %d bytes: more than the pool's bound of %d bytes (Config.MaxPoolBytes)", i, b.Name, b.Pages, b.ItemLen, limit)
+		}
+		if b.ItemLen*b.Pages > limit-total {
+			return errors.Newf("%d buffers: more than the pool's bound of %d bytes (Config.MaxPoolBytes)", len(layout), limit)
+		}
+		total += b.ItemLen * b.Pages
+	}
+	return nil
+}
+
+// hello answers a Hello from sender, whose verified certificate name is
+// peer ("" in the clear). It returns the session it opened, if any.
+func (s *Server) hello(sender *actor.PID, peer string, m *wire.Hello) (*wire.Offer, *Session) {
 	switch {
 	case m.Version != ProtocolVersion:
 		s.log.Warn("hello refused: protocol version", zap.String("prefill", m.Prefill), zap.Uint32("version", m.Version))
-		return refuse(wire.Code_VERSION, "hello from %q: protocol version %d, this decode server speaks %d", m.Prefill, m.Version, ProtocolVersion)
+		return refuse(wire.Code_VERSION, "hello from %q: protocol version %d, this decode server speaks %d", m.Prefill, m.Version, ProtocolVersion), nil
 	case sender == nil || m.SessionId == "" || sender.Address != m.SessionAddress:
-		return refuse(wire.Code_REFUSED, "hello from %q: its session actor %s/%s is not on the sender's node", m.Prefill, m.SessionAddress, m.SessionId)
+		return refuse(wire.Code_REFUSED, "hello from %q: its session actor %s/%s is not on the sender's node", m.Prefill, m.SessionAddress, m.SessionId), nil
 	case len(m.Buffers) == 0 || len(m.Buffers) > maxBuffers:
-		return refuse(wire.Code_BAD_INPUT, "hello from %q: %d buffers (want 1 to %d)", m.Prefill, len(m.Buffers), maxBuffers)
+		return refuse(wire.Code_BAD_INPUT, "hello from %q: %d buffers (want 1 to %d)", m.Prefill, len(m.Buffers), maxBuffers), nil
+	}
+	if err := checkHello(m); err != nil {
+		s.log.Warn("hello refused", zap.String("node", sender.Address), zap.Error(err))
+		return refuse(wire.Code_BAD_INPUT, "hello: %v", err), nil
 	}
 	layout := make([]PrefillBuffer, len(m.Buffers))
 	for i, b := range m.Buffers {
@@ -54,12 +150,32 @@ func (s *Server) hello(ctx actor.Context, m *wire.Hello) *wire.Offer {
 	defer s.mu.Unlock()
 	switch {
 	case s.closed:
-		return refuse(wire.Code_REFUSED, "the decode server is closed")
+		return refuse(wire.Code_REFUSED, "the decode server is closed"), nil
 	case len(s.sessions) >= s.cfg.MaxSessions:
-		return refuse(wire.Code_REFUSED, "hello from %q: already %d sessions (Config.MaxSessions)", m.Prefill, len(s.sessions))
+		return refuse(wire.Code_REFUSED, "hello from %q: already %d sessions (Config.MaxSessions)", m.Prefill, len(s.sessions)), nil
 	}
+	if len(s.cfg.Prefills) > 0 && !slices.Contains(s.cfg.Prefills, peer) {
+		s.log.Warn("hello refused: peer", zap.String("prefill", m.Prefill), zap.String("peer", peer), zap.String("node", sender.Address))
+		return refuse(wire.Code_REFUSED, "hello from %q: peer %q is not a prefill this decode server serves", m.Prefill, peer), nil
+	}
+	// Bind before anything is sized or offered: the worker address and
+	// the keys go only to the peer the session is bound to.
+	if err := s.node.bind(peer); err != nil {
+		s.log.Warn("hello refused: peer", zap.String("prefill", m.Prefill), zap.String("peer", peer), zap.String("node", sender.Address), zap.Error(err))
+		return refuse(wire.Code_REFUSED, "hello from %q: %v", m.Prefill, err), nil
+	}
+	bound := false
+	defer func() {
+		if !bound {
+			s.node.unbind(peer)
+		}
+	}()
 	if s.regions == nil {
-		bufs, err := s.cfg.Size(slices.Clone(layout))
+		err := layoutBytes(layout, s.cfg.MaxPoolBytes)
+		var bufs []Buffer
+		if err == nil {
+			bufs, err = s.cfg.Size(slices.Clone(layout))
+		}
 		if err == nil {
 			err = matchLayout(bufs, layout) // before anything is registered
 		}
@@ -68,22 +184,22 @@ func (s *Server) hello(ctx actor.Context, m *wire.Hello) *wire.Offer {
 		}
 		if err != nil {
 			s.log.Warn("hello refused: sizing the pool", zap.String("prefill", m.Prefill), zap.Error(err))
-			return refuse(wire.Code_BAD_INPUT, "hello from %q: sizing the decode pool: %v", m.Prefill, err)
+			return refuse(wire.Code_BAD_INPUT, "hello from %q: sizing the decode pool: %v", m.Prefill, err), nil
 		}
 	}
 	if err := matchLayout(s.bufs, layout); err != nil {
 		s.log.Warn("hello refused: geometry", zap.String("prefill", m.Prefill), zap.Error(err))
-		return refuse(wire.Code_BAD_INPUT, "hello from %q: %v", m.Prefill, err)
+		return refuse(wire.Code_BAD_INPUT, "hello from %q: %v", m.Prefill, err), nil
 	}
 	rank, refused := s.groupRank(m)
 	if refused != nil {
-		return refused
+		return refused, nil
 	}
 	watch := actor.NewPID(m.SessionAddress, m.SessionId)
 	if s.watched[watch.String()] != nil {
-		return refuse(wire.Code_REFUSED, "hello from %q: its session actor %s already has a session", m.Prefill, watch)
+		return refuse(wire.Code_REFUSED, "hello from %q: its session actor %s already has a session", m.Prefill, watch), nil
 	}
-	ss := &Session{token: newToken(), prefill: m.Prefill, addr: sender.Address, metadata: m.Metadata,
+	ss := &Session{token: newToken(), prefill: m.Prefill, peer: peer, addr: sender.Address, metadata: m.Metadata,
 		done: make(chan struct{}), watch: watch.String(), rank: rank}
 	ss.report.Prefill = m.Prefill
 	s.sessions[ss.token] = ss
@@ -91,16 +207,14 @@ func (s *Server) hello(ctx actor.Context, m *wire.Hello) *wire.Offer {
 	s.accepted = append(s.accepted, ss)
 	close(s.acceptCh)
 	s.acceptCh = make(chan struct{})
-	// The prefill's session actor going away ends the session (the request's
-	// sender is a short-lived future).
-	ctx.Watch(watch)
-	s.log.Debug("prefill session", zap.String("prefill", m.Prefill), zap.String("node", sender.Address))
+	bound = true
+	s.log.Debug("prefill session", zap.String("prefill", m.Prefill), zap.String("peer", peer), zap.String("node", sender.Address))
 	offer := &wire.Offer{Version: ProtocolVersion, Session: ss.token, PeerId: s.cfg.ID, WorkerAddress: s.tr.Address()}
 	for i, r := range s.regions {
 		d := r.Desc()
 		offer.Regions = append(offer.Regions, &wire.Region{Addr: d.Addr, Len: d.Len, Key: d.Key, ItemLen: s.bufs[i].ItemLen})
 	}
-	return offer
+	return offer, ss
 }
 
 // matchLayout checks a prefill layout against the pool, buffer by buffer.
@@ -116,14 +230,17 @@ func matchLayout(pool []Buffer, layout []PrefillBuffer) error {
 	return nil
 }
 
-// session finds the sender's live session, or says why not.
-func (s *Server) session(sender *actor.PID, token string) (*Session, string) {
+// session finds the sender's live session, or says why not: the token
+// must name a session of the sender's node and of its certificate's name.
+func (s *Server) session(sender *actor.PID, peer, token string) (*Session, string) {
 	ss := s.sessions[token]
 	switch {
 	case ss == nil:
 		return nil, "no such session"
 	case sender == nil || sender.Address != ss.addr:
 		return nil, "not the session's node"
+	case peer != ss.peer:
+		return nil, "not the session's peer"
 	}
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
@@ -141,9 +258,9 @@ var statuses = map[wire.Status]system.Status{
 	wire.Status_SUCCEEDED: system.Succeeded, wire.Status_FAILED: system.Failed, wire.Status_DROPPED: system.Dropped,
 }
 
-func (s *Server) notice(sender *actor.PID, m *wire.ChunkNotice) *wire.NoticeAck {
+func (s *Server) notice(sender *actor.PID, peer string, m *wire.ChunkNotice) *wire.NoticeAck {
 	s.mu.Lock()
-	ss, why := s.session(sender, m.Session)
+	ss, why := s.session(sender, peer, m.Session)
 	if ss == nil {
 		s.mu.Unlock()
 		return ack(wire.Code_REFUSED, "room %d notice: %s", m.Room, why)
@@ -306,9 +423,9 @@ func (s *Server) refused(ss *Session, m *wire.ChunkNotice, err error) {
 	}
 }
 
-func (s *Server) bye(sender *actor.PID, m *wire.Bye) *wire.Summary {
+func (s *Server) bye(sender *actor.PID, peer string, m *wire.Bye) *wire.Summary {
 	s.mu.Lock()
-	ss, why := s.session(sender, m.Session)
+	ss, why := s.session(sender, peer, m.Session)
 	if ss == nil {
 		s.mu.Unlock()
 		return &wire.Summary{Code: wire.Code_REFUSED, Error: "bye: " + why}
@@ -359,30 +476,52 @@ func (s *Server) bye(sender *actor.PID, m *wire.Bye) *wire.Summary {
 	return sum
 }
 
-// forget removes an ended session from the server's maps.
-func (s *Server) forget(ss *Session) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	delete(s.watched, ss.watch)
-	delete(s.sessions, ss.token)
-}
-
-// left handles the end of a watched prefill session actor.
-func (s *Server) left(who *actor.PID) {
-	s.mu.Lock()
-	ss := s.watched[who.String()]
-	if ss == nil {
-		s.mu.Unlock()
+// forget removes an ended session from the server's maps; mu is held.
+func (s *Server) forgetLocked(ss *Session) {
+	if s.sessions[ss.token] != ss {
 		return
 	}
 	delete(s.watched, ss.watch)
 	delete(s.sessions, ss.token)
+	s.node.unbind(ss.peer)
+	if hb := ss.heartbeat; hb != nil {
+		ss.heartbeat = nil
+		// Not here: this may run on the server's actor, and on the
+		// monitor's own goroutine when it reported the loss.
+		go hb.stop()
+	}
+}
+
+// forget removes an ended session from the server's maps.
+func (s *Server) forget(ss *Session) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.forgetLocked(ss)
+}
+
+// left handles the end of a watched prefill session actor (who), or the
+// loss of its node's heartbeats (hb).
+func (s *Server) left(who *actor.PID, hb *heartbeatLost) {
+	s.mu.Lock()
+	ss := s.watched[who.String()]
+	if hb != nil {
+		ss = hb.session
+	}
+	if ss == nil || s.sessions[ss.token] != ss {
+		s.mu.Unlock()
+		return
+	}
+	s.forgetLocked(ss)
 	ss.mu.Lock()
 	bye := ss.bye
 	ss.mu.Unlock()
 	var lost error
 	if !bye {
-		lost = errors.Mark(errors.Mark(errors.Newf("prefill %s (%s) went away without Bye", ss.prefill, who), ErrPrefillLost), ErrNotQuiesced)
+		lost = errors.Newf("prefill %s (%s) went away without Bye", ss.prefill, ss.watch)
+		if hb != nil {
+			lost = errors.Wrapf(hb.err, "prefill %s (%s)", ss.prefill, ss.addr)
+		}
+		lost = errors.Mark(errors.Mark(lost, ErrPrefillLost), ErrNotQuiesced)
 		for _, r := range s.rooms {
 			if r.session == ss {
 				r.fail(errors.Mark(errors.Mark(errors.Wrapf(lost, "room %d", r.ID), ErrPrefillLost), ErrNotQuiesced))
@@ -394,7 +533,7 @@ func (s *Server) left(who *actor.PID) {
 	}
 	s.mu.Unlock()
 	if lost != nil {
-		s.log.Warn("prefill lost", zap.String("prefill", ss.prefill), zap.Error(lost))
+		s.log.Warn("prefill lost", zap.String("prefill", ss.prefill), zap.String("node", ss.addr), zap.Error(lost))
 	}
 	ss.end(lost)
 }

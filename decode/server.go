@@ -24,6 +24,8 @@ const (
 	DefaultID          = "decode"
 	DefaultMaxSessions = 64
 	DefaultByeGrace    = 10 * time.Second
+	// DefaultMaxPoolBytes bounds a pool sized by Config.Size: 64 GiB.
+	DefaultMaxPoolBytes = 64 << 30
 	// maxBuffers bounds a Hello's layout before anything is sized by it.
 	maxBuffers = 1 << 16
 )
@@ -106,6 +108,9 @@ func New(node *Node, tr rdma.Transport, cfg Config) (_ *Server, err error) {
 	if cfg.ByeGrace == 0 {
 		cfg.ByeGrace = DefaultByeGrace
 	}
+	if cfg.MaxPoolBytes == 0 {
+		cfg.MaxPoolBytes = DefaultMaxPoolBytes
+	}
 	log := cfg.Log
 	if log == nil {
 		log = zap.NewNop()
@@ -117,6 +122,7 @@ func New(node *Node, tr rdma.Transport, cfg Config) (_ *Server, err error) {
 			return nil, err
 		}
 	}
+	node.policy.Allow(ServerActor)
 	if s.pid, err = node.system.Root.SpawnNamed(actor.PropsFromFunc(s.receive), ServerActor); err != nil {
 		s.release()
 		return nil, errors.Wrapf(err, "spawn %s on node %s (a node hosts one Server)", ServerActor, node.Addr())
@@ -309,11 +315,17 @@ func (s *Server) Close(ctx context.Context) error {
 	for _, r := range s.rooms {
 		r.fail(cause)
 	}
+	var hbs []*heartbeat
 	for _, ss := range s.sessions {
 		ss.end(cause)
+		hbs = append(hbs, ss.heartbeat)
+		ss.heartbeat = nil
 	}
 	close(s.acceptCh)
 	s.mu.Unlock()
+	for _, hb := range hbs {
+		hb.stop()
+	}
 	err := s.node.stopActor(ctx, s.pid)
 	s.mu.Lock()
 	s.release()

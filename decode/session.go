@@ -13,10 +13,13 @@ import (
 type Session struct {
 	token    string
 	prefill  string
+	peer     string // the prefill's certificate name; "" in the clear
 	addr     string // the prefill node's address: every message must come from it
 	watch    string // the prefill session actor's PID, watched for its loss
 	metadata map[string]string
 	rank     int // its CP rank when the server serves a group
+	// heartbeat watches the prefill's node; guarded by the Server's mu.
+	heartbeat *heartbeat
 
 	mu       sync.Mutex
 	report   SessionReport

@@ -7,13 +7,16 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kvstream/kvstream/decode"
 	"github.com/kvstream/kvstream/hw/hostmem"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
+	"github.com/kvstream/kvstream/netsec"
 	"github.com/kvstream/kvstream/system"
 	"github.com/stretchr/testify/require"
 )
@@ -30,11 +33,13 @@ func init() {
 		return
 	}
 	var err error
-	switch kind, addr, _ := strings.Cut(role, " "); kind {
+	// "decode [CERTDIR]", or "prefill|vanish ADDR [CERTDIR NODE]".
+	f := append(strings.Fields(role), "", "", "")
+	switch f[0] {
 	case "decode":
-		err = runDecodeRole()
+		err = runDecodeRole(f[1])
 	default:
-		err = runPrefillRole(addr, kind == "vanish")
+		err = runPrefillRole(f[1], f[0] == "vanish", f[2], f[3])
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, role+":", err)
@@ -43,9 +48,22 @@ func init() {
 	os.Exit(0)
 }
 
+// nodeConfig is a test node on 127.0.0.1, with the TLS material of node
+// from dir when dir is set.
+func nodeConfig(dir, node string) (decode.NodeConfig, error) {
+	cfg := decode.NodeConfig{Listen: "127.0.0.1:0"}
+	if dir == "" {
+		return cfg, nil
+	}
+	var err error
+	cfg.TLS, err = netsec.LoadTLS(netsec.Files{CA: filepath.Join(dir, netsec.CAFile), Cert: filepath.Join(dir, node+".pem"), Key: filepath.Join(dir, node+".key")})
+	return cfg, err
+}
+
 // runDecodeRole serves one session and prints how it ended: "complete" or
-// the error's class.
-func runDecodeRole() error {
+// the error's class. With TLS (certificates in dir) it serves only the
+// prefill named "prefill".
+func runDecodeRole(dir string) error {
 	tr, err := loopback.NewFabric(loopback.Options{}).NewTransport("decode")
 	if err != nil {
 		return err
@@ -56,16 +74,24 @@ func runDecodeRole() error {
 		return err
 	}
 	defer pool.Free()
-	node, err := decode.Listen("127.0.0.1:0", nil)
+	cfg, err := nodeConfig(dir, "decode")
+	if err != nil {
+		return err
+	}
+	node, err := decode.ListenConfig(cfg)
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	defer node.Close(ctx)
+	var prefills []string
+	if dir != "" {
+		prefills = []string{"prefill"}
+	}
 	// Only the prefill leaving may end the session: a grace period that
 	// ended it instead would hide a lost Terminated.
-	srv, err := decode.New(node, tr, decode.Config{Buffers: decodeBuffers(pool), ByeGrace: time.Hour})
+	srv, err := decode.New(node, tr, decode.Config{Buffers: decodeBuffers(pool), ByeGrace: time.Hour, Prefills: prefills})
 	if err != nil {
 		return err
 	}
@@ -91,14 +117,25 @@ func runDecodeRole() error {
 	return nil
 }
 
-func runPrefillRole(addr string, vanish bool) error {
-	node, err := decode.Listen("127.0.0.1:0", nil)
+// runPrefillRole opens a session with the decode at addr, as the node
+// named name of the certificates in dir when dir is set. A session the
+// decode refuses prints "refused".
+func runPrefillRole(addr string, vanish bool, dir, name string) error {
+	cfg, err := nodeConfig(dir, name)
+	if err != nil {
+		return err
+	}
+	node, err := decode.ListenConfig(cfg)
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	c, err := decode.Dial(ctx, node, decode.DialConfig{Decode: addr, Buffers: prefillLayout(itemLen)})
+	if errors.Is(err, decode.ErrRefused) {
+		fmt.Println("refused")
+		return node.Close(ctx)
+	}
 	if err != nil {
 		return err
 	}
@@ -151,4 +188,81 @@ func TestSessionAcrossProcesses(t *testing.T) {
 			require.NoError(t, dec.Wait(), "the decode process did not end cleanly (its stderr above)")
 		})
 	}
+}
+
+// TestTLSSessionAcrossProcesses runs the control plane with mutual TLS
+// across processes: a node of the same CA that is not a prefill the decode
+// serves is refused before anything is offered, and then the prefill's
+// session completes; every message of it went through the session bound to
+// the prefill's certificate.
+func TestTLSSessionAcrossProcesses(t *testing.T) {
+	dir := t.TempDir()
+	_, err := netsec.GenerateDevCerts(dir, []string{"decode", "prefill", "rogue"}, nil)
+	require.NoError(t, err)
+	dec := exec.Command(os.Args[0], "-test.run=^$")
+	dec.Env = append(os.Environ(), roleEnv+"=decode "+dir)
+	dec.Stderr = os.Stderr
+	out, err := dec.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, dec.Start())
+	t.Cleanup(func() { _ = dec.Process.Kill() })
+	lines := bufio.NewReader(out)
+	addr, err := lines.ReadString('\n')
+	require.NoError(t, err, "the decode process printed no address")
+	addr = strings.TrimSpace(addr)
+
+	rogue := exec.Command(os.Args[0], "-test.run=^$")
+	rogue.Env = append(os.Environ(), roleEnv+"=prefill "+addr+" "+dir+" rogue")
+	rogue.Stderr = os.Stderr
+	said, err := rogue.Output()
+	require.NoError(t, err, "the rogue process failed (its stderr above)")
+	require.Equal(t, "refused", strings.TrimSpace(string(said)))
+
+	pre := exec.Command(os.Args[0], "-test.run=^$")
+	pre.Env = append(os.Environ(), roleEnv+"=prefill "+addr+" "+dir+" prefill")
+	pre.Stdout, pre.Stderr = os.Stderr, os.Stderr
+	require.NoError(t, pre.Run(), "the prefill process failed (its stderr above)")
+	verdict, err := lines.ReadString('\n')
+	require.NoError(t, err, "the decode process printed no verdict (its stderr above)")
+	require.Equal(t, "session complete", strings.TrimSpace(verdict))
+	require.NoError(t, dec.Wait(), "the decode process did not end cleanly (its stderr above)")
+}
+
+// TestHeartbeatsFindStoppedDecode SIGSTOPs a decode process during a
+// session: its connections stay open, so only the heartbeats can tell, and
+// the prefill's client reports it lost (ErrDecodeLost) within the bound.
+func TestHeartbeatsFindStoppedDecode(t *testing.T) {
+	dec := exec.Command(os.Args[0], "-test.run=^$")
+	dec.Env = append(os.Environ(), roleEnv+"=decode")
+	dec.Stderr = os.Stderr
+	out, err := dec.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, dec.Start())
+	t.Cleanup(func() { _ = dec.Process.Kill(); _ = dec.Wait() })
+	addr, err := bufio.NewReader(out).ReadString('\n')
+	require.NoError(t, err, "the decode process printed no address")
+
+	hb := decode.HeartbeatWithin(1400 * time.Millisecond)
+	node, err := decode.ListenConfig(decode.NodeConfig{Listen: "127.0.0.1:0", Heartbeat: hb})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	defer func() { require.NoError(t, node.Close(ctx)) }()
+	c, err := decode.Dial(ctx, node, decode.DialConfig{Decode: strings.TrimSpace(addr), Buffers: prefillLayout(itemLen)})
+	require.NoError(t, err)
+	lost := make(chan error, 1)
+	c.OnLost(func(err error) { lost <- err })
+
+	require.NoError(t, dec.Process.Signal(syscall.SIGSTOP))
+	stopped := time.Now()
+	select {
+	case err := <-lost:
+		require.True(t, errors.Is(err, decode.ErrDecodeLost), "%v", err)
+		require.ErrorContains(t, err, "no heartbeat answer")
+		require.Less(t, time.Since(stopped), hb.Bound()+2*time.Second)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stopped decode process was not declared lost")
+	}
+	_, err = c.Bye(ctx, nil)
+	require.True(t, errors.Is(err, decode.ErrDecodeLost), "%v", err)
 }

@@ -40,6 +40,15 @@ type Config struct {
 	// it must bound what it allocates: the layout comes from the network.
 	// Later sessions must match the pool it returned.
 	Size func(layout []PrefillBuffer) ([]Buffer, error)
+	// Prefills, when set, are the certificate names of the prefills that
+	// may open a session (a node with TLS); any other peer's Hello is
+	// refused. Empty: any node holding a certificate of the CA.
+	Prefills []string
+	// MaxPoolBytes bounds the pool a Size function may be asked for: a
+	// Hello whose layout (pages times item length, summed, overflow
+	// checked) exceeds it is refused before Size runs. Default
+	// DefaultMaxPoolBytes.
+	MaxPoolBytes uint64
 	// ID is the peer id prefill engines know this pool by (default
 	// "decode").
 	ID string

@@ -89,9 +89,28 @@ type Stats struct {
 	ForwardEnd time.Time
 	// EventWait is the total time submitters waited on the chunk's events.
 	EventWait time.Duration
-	// Exposed is Finish's return minus ForwardEnd: the transfer time the
-	// forward did not hide (set by Finish; zero without a forward end).
+	// Exposed is Finish's return minus ForwardDone: the transfer time the
+	// forward did not hide (set by Finish; zero without a forward end, and
+	// zero when the forward had not ended on the device when Finish
+	// returned).
 	Exposed time.Duration
+
+	// The fields below are measurements that decide nothing. They are left
+	// out of recorded message traces (tag trace:"-"), so that traces
+	// recorded before them replay unchanged (tests/testdata/traces).
+
+	// Forward is the forward the chunk bound to (0 if none).
+	Forward uint64 `trace:"-"`
+	// ForwardDone is when the forward's end-of-forward event completed on
+	// the device: its device timestamp where the stream provides one (set
+	// by Finish), else when a submitter's wait on it returned. ForwardEnd
+	// is only when the host queued it; the GPU may run a forward behind.
+	ForwardDone time.Time `trace:"-"`
+	// LastWait and LastPost are the last event wait that returned and the
+	// last post, of the batches posted (zero if none): with ForwardDone,
+	// LastDone and Finish's return they split the exposed time into
+	// phases.
+	LastWait, LastPost time.Time `trace:"-"`
 }
 
 // --- Forward actor ---

@@ -54,6 +54,22 @@ func (p *SessionPolicy) Allow(ids ...string) {
 	}
 }
 
+// Forbid takes back Allow: an actor of a session that ended.
+func (p *SessionPolicy) Forbid(ids ...string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, id := range ids {
+		delete(p.allowed, id)
+	}
+}
+
+// Bound is the peer the policy is bound to, or "".
+func (p *SessionPolicy) Bound() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.peer
+}
+
 // Bind restricts delivery to the peer named name (its PeerName), typically
 // when the session's first message arrives. Binding again to the same name
 // is a no-op; to another name, an error: one session at a time.
@@ -86,17 +102,31 @@ func (p *SessionPolicy) Authorize(peer Identity, e Envelope) error {
 	if !peer.Authenticated() {
 		return ErrUnauthenticated
 	}
-	if refusedTypes[e.TypeName] {
-		return errors.Newf("%s from a peer refused", e.TypeName)
-	}
 	p.mu.Lock()
-	bound, allowed := p.peer, p.allowed[e.Target.Id]
+	bound := p.peer
 	p.mu.Unlock()
 	if bound != "" && peer.Name() != bound {
 		return errors.Newf("%q is not this session's peer (%q)", peer.Name(), bound)
 	}
+	if err := p.AuthorizeLocal(e); err != nil {
+		return err
+	}
+	return CheckSender(peer, e)
+}
+
+// AuthorizeLocal applies the rules that need no identity: only the allowed
+// actors and this node's futures, never Stop, PoisonPill or Touch. It is
+// what a plaintext (loopback, development) node can still enforce, where
+// peers have no names to bind a session to.
+func (p *SessionPolicy) AuthorizeLocal(e Envelope) error {
+	if refusedTypes[e.TypeName] {
+		return errors.Newf("%s from a peer refused", e.TypeName)
+	}
+	p.mu.Lock()
+	allowed := p.allowed[e.Target.Id]
+	p.mu.Unlock()
 	if !allowed && !strings.HasPrefix(e.Target.Id, "future$") {
 		return errors.Newf("actor %q does not accept messages from peers", e.Target.Id)
 	}
-	return CheckSender(peer, e)
+	return nil
 }

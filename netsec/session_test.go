@@ -44,4 +44,18 @@ func TestSessionPolicy(t *testing.T) {
 	require.NoError(t, p.Authorize(other, to("decode", "kvstream.wire.Hello")))
 	p.Allow("late")
 	require.NoError(t, p.Authorize(other, to("late", "kvstream.wire.Hello")))
+	p.Forbid("late")
+	require.ErrorContains(t, p.Authorize(other, to("late", "kvstream.wire.Hello")), `"late"`)
+}
+
+// TestSessionPolicyLocalRules: what a plaintext node still enforces.
+func TestSessionPolicyLocalRules(t *testing.T) {
+	p := NewSessionPolicy("decode")
+	to := func(id, typeName string) Envelope {
+		return Envelope{Target: actor.NewPID("127.0.0.1:9100", id), TypeName: typeName}
+	}
+	require.NoError(t, p.AuthorizeLocal(to("decode", "kvstream.wire.Hello")))
+	require.NoError(t, p.AuthorizeLocal(to("future$3", "kvstream.wire.Offer")))
+	require.ErrorContains(t, p.AuthorizeLocal(to("EndpointSupervisor", "actor.Watch")), `"EndpointSupervisor"`)
+	require.ErrorContains(t, p.AuthorizeLocal(to("decode", "actor.Stop")), "actor.Stop")
 }

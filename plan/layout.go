@@ -3,6 +3,7 @@ package plan
 import (
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cp"
+	"github.com/kvstream/kvstream/cp/reshard"
 	"github.com/kvstream/kvstream/hw/rdma"
 )
 
@@ -39,6 +40,10 @@ type Layout struct {
 	groupBuffers [][]int // per group: the buffers whose layer is in it
 	hookless     []int   // buffers no group covers
 	all          []int
+
+	sharding   *Sharding // nil: peers receive the buffers one for one
+	replicas   reshard.ReplicaRule
+	reshardIdx []int // per buffer: its number in cp/reshard's numbering
 }
 
 // NewLayout validates the buffers and derives the group tables.

@@ -9,12 +9,27 @@ import (
 )
 
 // Peer is a decode session this engine writes to: where to connect and its
-// buffers, in the same order as the prefill layout.
+// buffers, in the same order as the prefill layout (or, with a Sharding, as
+// its own stage's buffers).
 type Peer struct {
 	ID      string
 	Address []byte
 	Buffers []PeerBuffer
+	// Sharding, optional, is how the decode pool shards the model and which
+	// decode rank this peer is. Set, the engine must have a prefill sharding
+	// too: the peer then receives what cp/reshard routes to it from this
+	// prefill rank (possibly nothing), and Buffers are its PP stage's layers
+	// in the order KVBuffers makes them (every layer's K, then every layer's
+	// V; MLA: one per layer), each of Side.ItemLen bytes per page. Nil: the
+	// peer shards like this rank and receives its buffers one for one.
+	Sharding *Sharding
+
+	route *Route // computed by ResolvePeer when Sharding is set
 }
+
+// Route returns the peer's route from this prefill rank, computed by
+// ResolvePeer; nil without a sharding (buffers one for one, whole pages).
+func (p *Peer) Route() *Route { return p.route }
 
 // PeerBuffer is one decode buffer: its registered region and page size.
 type PeerBuffer struct {
@@ -25,26 +40,44 @@ type PeerBuffer struct {
 // Pages is the buffer's capacity in pages.
 func (b PeerBuffer) Pages() int { return int(b.Region.Len / b.ItemLen) }
 
-// ValidatePeer checks a peer against the layout: one buffer per prefill
-// buffer, same item lengths.
+// ValidatePeer checks a peer against the layout (see ResolvePeer).
 func ValidatePeer(l *Layout, p Peer) error {
+	_, err := ResolvePeer(l, p)
+	return err
+}
+
+// ResolvePeer checks a peer against the layout and returns the copy the
+// engine keeps. Without a sharding: one buffer per prefill buffer, same item
+// lengths. With one: the pairing of both sides must reshard
+// (reshard.NewPlan: an impossible pairing is an ErrBadInput naming the
+// values), the peer's buffers must be its stage's, of its side's item
+// length, and the copy carries the peer's Route from this rank.
+func ResolvePeer(l *Layout, p Peer) (*Peer, error) {
 	switch {
 	case p.ID == "":
-		return badInput("peer has an empty id")
+		return nil, badInput("peer has an empty id")
 	case len(p.Address) == 0:
-		return badInput("peer %q has an empty transport address", p.ID)
+		return nil, badInput("peer %q has an empty transport address", p.ID)
+	case p.Sharding != nil:
+		r, err := l.resolveRoute(&p)
+		if err != nil {
+			return nil, err
+		}
+		p.route = r
+		return &p, nil
 	case len(p.Buffers) != len(l.Buffers):
-		return badInput("peer %q has %d buffers, the prefill layout %d", p.ID, len(p.Buffers), len(l.Buffers))
+		return nil, badInput("peer %q has %d buffers, the prefill layout %d", p.ID, len(p.Buffers), len(l.Buffers))
 	}
 	for i, b := range p.Buffers {
 		switch {
 		case b.ItemLen != l.Buffers[i].ItemLen:
-			return badInput("peer %q buffer %d: item length %d, prefill %d", p.ID, i, b.ItemLen, l.Buffers[i].ItemLen)
+			return nil, badInput("peer %q buffer %d: item length %d, prefill %d", p.ID, i, b.ItemLen, l.Buffers[i].ItemLen)
 		case b.Region.Len < b.ItemLen:
-			return badInput("peer %q buffer %d: region of %d bytes holds no page", p.ID, i, b.Region.Len)
+			return nil, badInput("peer %q buffer %d: region of %d bytes holds no page", p.ID, i, b.Region.Len)
 		}
 	}
-	return nil
+	p.route = nil // only ResolvePeer sets it
+	return &p, nil
 }
 
 // DecodeInfo is one decode destination of a room.
@@ -102,6 +135,9 @@ type Dest struct {
 	Info int // index in the spec's Infos
 	Peer string
 	Runs []cp.Run
+	// Route is the peer's route from this rank when both sides are sharded
+	// (shared, read-only); nil: every buffer goes one for one, whole pages.
+	Route *Route
 }
 
 // Empty reports whether the plan sends nothing.
@@ -109,18 +145,30 @@ func (p *Plan) Empty() bool { return p.Owned == 0 || len(p.Dests) == 0 }
 
 // Bytes is what the plan sends in total.
 func (p *Plan) Bytes(l *Layout) uint64 {
-	var per uint64
+	var whole, n uint64
 	for _, b := range l.Buffers {
-		per += b.ItemLen
+		whole += b.ItemLen
 	}
-	return per * uint64(p.Owned) * uint64(len(p.Dests))
+	for _, d := range p.Dests {
+		if d.Route == nil {
+			n += whole
+			continue
+		}
+		for _, db := range d.Route.DstBuffers {
+			if db >= 0 {
+				n += d.Route.PageBytes()
+			}
+		}
+	}
+	return n * uint64(p.Owned)
 }
 
 // BuildPlan validates a spec and computes its plan: the exact range, the
 // owned pages and their absolute positions, and the runs toward every real
-// destination. perLayer false forces the monolithic send. It is pure, and on
-// error it names the bad value. peers answers whether a peer exists.
-func BuildPlan(l *Layout, peers func(string) (*Peer, bool), s *ChunkSpec, perLayer bool) (*Plan, error) {
+// destination. policy is the register guard's (invariant 8): which rooms
+// stream per layer. It is pure, and on error it names the bad value. peers
+// answers whether a peer exists.
+func BuildPlan(l *Layout, peers func(string) (*Peer, bool), s *ChunkSpec, policy cp.Policy) (*Plan, error) {
 	r, err := cp.ChunkRange(s.Start, s.End, l.PageSize, s.Last)
 	if err != nil {
 		return nil, err
@@ -145,27 +193,35 @@ func BuildPlan(l *Layout, peers func(string) (*Peer, bool), s *ChunkSpec, perLay
 	if len(s.Infos) == 0 {
 		return nil, badInput("room %d: no decode info", s.Room)
 	}
+	// A destination that receives nothing from this rank (a dummy, or a
+	// resharded peer whose route from this rank is empty) is left out, and
+	// does not count for the guard.
 	dummy := make([]bool, len(s.Infos))
+	infoPeers := make([]*Peer, len(s.Infos))
 	for i, info := range s.Infos {
-		dummy[i] = info.Dummy
-	}
-	mode, reason, _ := cp.Guard(dummy)
-	if !perLayer && mode == cp.PerLayer {
-		mode, reason = cp.Monolithic, cp.PerLayerOff
-	}
-	owned, positions, err := l.CP.Owned(src, r.PageStart, s.TotalPages)
-	if err != nil {
-		return nil, err
-	}
-	p := &Plan{Range: r, Mode: mode, Reason: reason, Owned: len(owned)}
-	for i, info := range s.Infos {
-		if info.Dummy {
+		if dummy[i] = info.Dummy; info.Dummy {
 			continue
 		}
 		peer, ok := peers(info.Peer)
 		if !ok {
 			return nil, badInput("room %d info %d: unknown peer %q", s.Room, i, info.Peer)
 		}
+		infoPeers[i] = peer
+		if r := peer.Route(); r != nil && r.Empty() {
+			dummy[i] = true
+		}
+	}
+	mode, reason, _ := cp.Guard(dummy, policy)
+	owned, positions, err := l.CP.Owned(src, r.PageStart, s.TotalPages)
+	if err != nil {
+		return nil, err
+	}
+	p := &Plan{Range: r, Mode: mode, Reason: reason, Owned: len(owned)}
+	for i, info := range s.Infos {
+		if dummy[i] {
+			continue
+		}
+		peer := infoPeers[i]
 		if s.TotalPages != 0 && len(info.DstPages) < s.TotalPages {
 			return nil, badInput("room %d info %d: %d destination pages for a request of %d pages", s.Room, i, len(info.DstPages), s.TotalPages)
 		}
@@ -180,7 +236,7 @@ func BuildPlan(l *Layout, peers func(string) (*Peer, bool), s *ChunkSpec, perLay
 		if err != nil {
 			return nil, err
 		}
-		p.Dests = append(p.Dests, Dest{Info: i, Peer: info.Peer, Runs: runs})
+		p.Dests = append(p.Dests, Dest{Info: i, Peer: info.Peer, Runs: runs, Route: peer.Route()})
 	}
 	return p, nil
 }

@@ -45,7 +45,7 @@ func TestBuildPlanChunkedCP(t *testing.T) {
 	l, peers := fixture(t, cp.CP{Rank: 1, Size: 2})
 	spec := &ChunkSpec{Room: 9, Start: 8, End: 24, SrcPages: []int{40, 41, 42, 43}, TotalPages: 6,
 		Infos: []DecodeInfo{{Peer: "d0", DstPages: []int{10, 11, 12, 13, 14, 15}}}}
-	p, err := BuildPlan(l, peers, spec, true)
+	p, err := BuildPlan(l, peers, spec, cp.EveryDestination)
 	require.NoError(t, err)
 	assert.Equal(t, cp.PerLayer, p.Mode)
 	assert.Equal(t, 2, p.Owned)
@@ -53,7 +53,7 @@ func TestBuildPlanChunkedCP(t *testing.T) {
 	assert.Equal(t, []cp.Run{{Src: 41, Dst: 13, Len: 1}, {Src: 43, Dst: 15, Len: 1}}, p.Dests[0].Runs)
 	assert.Equal(t, uint64(3*16*2), p.Bytes(l), "3 buffers x 16 bytes x 2 owned pages")
 
-	p, err = BuildPlan(l, peers, spec, false)
+	p, err = BuildPlan(l, peers, spec, cp.NoPerLayer)
 	require.NoError(t, err)
 	assert.Equal(t, cp.Monolithic, p.Mode)
 	assert.Equal(t, cp.PerLayerOff, p.Reason)
@@ -65,12 +65,20 @@ func TestBuildPlanDestinations(t *testing.T) {
 	spec := func(infos ...DecodeInfo) *ChunkSpec {
 		return &ChunkSpec{Room: 1, Start: 0, End: 8, Last: true, SrcPages: []int{0, 1}, Infos: infos}
 	}
-	p, err := BuildPlan(l, peers, spec(DecodeInfo{Peer: "d0", DstPages: dst}, DecodeInfo{Peer: "d0", DstPages: []int{2, 3}}), true)
+	two := spec(DecodeInfo{Peer: "d0", DstPages: dst}, DecodeInfo{Peer: "d0", DstPages: []int{2, 3}})
+	p, err := BuildPlan(l, peers, two, cp.EveryDestination)
 	require.NoError(t, err)
-	assert.Equal(t, cp.Monolithic, p.Mode, "two real destinations: the monolithic send fans out")
+	assert.Equal(t, cp.PerLayer, p.Mode, "two real destinations: per layer to both")
+	assert.Equal(t, cp.SeveralDestinations, p.Reason)
 	assert.Len(t, p.Dests, 2)
 
-	p, err = BuildPlan(l, peers, spec(DecodeInfo{Peer: "gone", Dummy: true}), true)
+	p, err = BuildPlan(l, peers, two, cp.SingleDestination)
+	require.NoError(t, err)
+	assert.Equal(t, cp.Monolithic, p.Mode, "the reference rule: the monolithic send fans out")
+	assert.Equal(t, cp.SeveralDestinations, p.Reason)
+	assert.Len(t, p.Dests, 2)
+
+	p, err = BuildPlan(l, peers, spec(DecodeInfo{Peer: "gone", Dummy: true}), cp.EveryDestination)
 	require.NoError(t, err, "a dummy destination names no peer that must exist")
 	assert.True(t, p.Empty(), "all-dummy destinations: nothing to send")
 }
@@ -95,7 +103,7 @@ func TestBuildPlanBadInput(t *testing.T) {
 		{"chunk beyond the request", ChunkSpec{Room: 1, Start: 4, End: 12, Last: true, SrcPages: []int{0, 1}, TotalPages: 2, Infos: []DecodeInfo{info}}, "beyond the request's 2 pages"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := BuildPlan(l, peers, &tc.spec, true)
+			_, err := BuildPlan(l, peers, &tc.spec, cp.EveryDestination)
 			require.Error(t, err)
 			assert.True(t, errors.Is(err, ErrBadInput), "%v", err)
 			assert.Contains(t, err.Error(), tc.want)

@@ -11,8 +11,14 @@ import (
 	"github.com/kvstream/kvstream/plan"
 )
 
-// AddPeer adds a decode session. Its buffers must match the prefill layout
-// one for one (same item lengths).
+// AddPeer adds a decode session. Without Peer.Sharding its buffers must
+// match the prefill layout one for one (same item lengths). With it (and
+// Config.Sharding), AddPeer computes what this prefill rank sends the peer
+// (cp/reshard) and refuses a pairing that cannot reshard (ErrBadInput, naming
+// the values: heads that do not split, other head dims, dtypes, layer counts
+// or page sizes, MLA against MHA, bad stages or ranks) or buffers that do not
+// match the peer's side. A peer this rank routes nothing to is added, and
+// receives nothing, like a dummy destination.
 func (e *Engine) AddPeer(p Peer) (err error) {
 	defer func() { err = public(err) }()
 	e.closeMu.RLock()
@@ -20,9 +26,9 @@ func (e *Engine) AddPeer(p Peer) (err error) {
 	if e.closed {
 		return closedError("AddPeer")
 	}
-	err = plan.ValidatePeer(e.layout, p)
+	rp, err := plan.ResolvePeer(e.layout, p)
 	if err == nil {
-		err = e.env.Peers.Add(&p)
+		err = e.env.Peers.Add(rp)
 	}
 	e.traceAddPeer(&p, err)
 	return err
@@ -40,8 +46,9 @@ func (e *Engine) PeerLost(id string, cause error) error {
 // Register registers the chunk that the next forward writes, before that
 // forward begins. It is idempotent per (room, exact chunk range):
 // registering an active chunk again changes nothing and is cheap. It returns
-// the mode the room uses: per-layer when it has exactly one non-dummy
-// destination and per-layer is on, else monolithic.
+// the mode the room uses: per-layer when it has a real (non-dummy)
+// destination and per-layer is on (with Config.SingleDestinationPerLayer,
+// exactly one), else monolithic.
 //
 // An error means nothing changed. ctx is checked before the chunk is handed
 // to the engine; once handed over, the registration completes (the manager
@@ -78,7 +85,7 @@ func (e *Engine) Register(ctx context.Context, spec ChunkSpec) (reg Registration
 			return Registration{}, lost
 		}
 	}
-	p, err := plan.BuildPlan(e.layout, e.env.Peers.Get, &spec, !e.cfg.DisablePerLayer)
+	p, err := plan.BuildPlan(e.layout, e.env.Peers.Get, &spec, e.cfg.policy())
 	if err != nil {
 		e.obs.Refused("bad_input")
 		return Registration{}, err
@@ -170,10 +177,8 @@ func (e *Engine) Finish(ctx context.Context, room uint64) (Result, error) {
 	case r := <-reply:
 		if r.Chunk.Serial != 0 { // a chunk answered (not an unknown room)
 			ret := time.Now()
-			if !r.Stats.ForwardEnd.IsZero() {
-				r.Stats.Exposed = ret.Sub(r.Stats.ForwardEnd)
-			}
-			e.obs.Finished(FinishRecord{Result: r, Latency: ret.Sub(call), Exposed: r.Stats.Exposed})
+			ph, ok := e.exposure(&r, ret)
+			e.obs.Finished(FinishRecord{Result: r, Latency: ret.Sub(call), Exposed: r.Stats.Exposed, Phases: ph, HasPhases: ok, Returned: ret})
 		}
 		r.Err = public(r.Err)
 		return r, r.Err

@@ -8,6 +8,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cp"
+	"github.com/kvstream/kvstream/cp/reshard"
 	"github.com/kvstream/kvstream/plan"
 )
 
@@ -62,6 +63,27 @@ type Config struct {
 	FinishTimeout time.Duration
 	// DisablePerLayer sends every room monolithically after the forward.
 	DisablePerLayer bool
+	// SingleDestinationPerLayer restores the reference rule of invariant 8:
+	// per-layer streaming only for a room with exactly one real destination,
+	// the monolithic send for a room with several. By default (false) a room
+	// streams per layer to every real destination, one batch per destination
+	// per group.
+	SingleDestinationPerLayer bool
+	// Sharding, optional, is how the prefill pool shards the model (TP, PP
+	// stages, KV heads, page order: a reshard.Side) and which prefill rank
+	// this engine is. With it, a peer that gives its own Sharding receives
+	// what cp/reshard routes to it from this rank (head slices when the TP
+	// degrees differ, layer subsets across PP stages, one latent copy per
+	// decode rank with MLA): AddPeer computes the route and refuses an
+	// impossible pairing. Buffers must then be this stage's layers, each
+	// layer's K before its V (KVBuffers, MLABuffers), and the buffers' Layer
+	// the layer within the stage. Nil: today's behaviour, every peer
+	// receives the buffers one for one, whole pages.
+	Sharding *Sharding
+	// Replicas chooses which replica of a replicated head (TP above the KV
+	// heads, the MLA latent) sends it to each decode rank; used only with
+	// Sharding (default reshard.SpreadReplicas).
+	Replicas reshard.ReplicaRule
 	// MaxRestarts and RestartWindow bound submitter restarts (default 10
 	// within 10 s, over the pool): beyond, the engine is unhealthy and
 	// refuses new registrations until the rate falls back. Submitters are
@@ -142,6 +164,17 @@ func (c Config) withDefaults(getenv func(string) string) (Config, error) {
 		return c, badInput("hook layers %d: must be at least 1", c.HookLayers)
 	}
 	return c, nil
+}
+
+// policy is the register guard's policy the configuration asks for.
+func (c Config) policy() cp.Policy {
+	switch {
+	case c.DisablePerLayer:
+		return cp.NoPerLayer
+	case c.SingleDestinationPerLayer:
+		return cp.SingleDestination
+	}
+	return cp.EveryDestination
 }
 
 // getenv returns the environment lookup a Config uses.

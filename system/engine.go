@@ -48,6 +48,7 @@ type Engine struct {
 
 	obs      observers
 	restarts *actors.RestartWindow
+	ends     forwardEnds // recent end-of-forward events, for Finish
 
 	trace     *trace.Recorder
 	traceTo   io.Writer
@@ -94,6 +95,11 @@ func New(cfg Config, opts ...Option) (_ *Engine, err error) {
 	}
 	if e.layout, err = plan.NewLayout(cfg.Buffers, keys, cfg.HookLayers, cfg.GroupSize, cfg.PageSize, cfg.CP); err != nil {
 		return nil, err
+	}
+	if cfg.Sharding != nil {
+		if err = e.layout.SetSharding(cfg.Sharding, cfg.Replicas); err != nil {
+			return nil, err
+		}
 	}
 	e.boundary = make([]bool, cfg.HookLayers)
 	for l := range e.boundary {

@@ -80,6 +80,9 @@ func (f *Forward) End() error {
 		return nil
 	}
 	ev, err := f.e.stream.Record()
+	if err == nil {
+		f.e.ends.put(f.id, ev)
+	}
 	f.e.system.Root.Send(f.e.forward, &messages.End{Forward: f.id, Event: ev, Err: err, At: time.Now()})
 	if err != nil {
 		return public(errors.Wrapf(err, "forward %d: record end event", f.id))

@@ -23,6 +23,8 @@ const (
 	MetricChunkTransfer        = "kvstream_chunk_transfer_seconds"
 	MetricFinishSeconds        = "kvstream_finish_seconds"
 	MetricExposedTransfer      = "kvstream_exposed_transfer_seconds"
+	MetricExposedPhase         = "kvstream_exposed_phase_seconds"
+	MetricBatchPhase           = "kvstream_batch_phase_seconds"
 	MetricRegistrations        = "kvstream_registrations_total"
 	MetricRegistrationsRefused = "kvstream_registrations_refused_total"
 	MetricChunks               = "kvstream_chunks_total"
@@ -100,9 +102,11 @@ type families struct {
 	eventWait, batchSeconds   *prometheus.HistogramVec
 	chunkTransfer             prometheus.Histogram
 	finish, exposed           prometheus.Histogram
-	registrations             *prometheus.CounterVec // mode, reason
-	refused                   *prometheus.CounterVec // reason
-	chunks                    *prometheus.CounterVec // status
+	exposedPhase              *prometheus.HistogramVec // phase
+	batchPhase                *prometheus.HistogramVec // part, phase
+	registrations             *prometheus.CounterVec   // mode, reason
+	refused                   *prometheus.CounterVec   // reason
+	chunks                    *prometheus.CounterVec   // status
 	timeouts                  prometheus.Counter
 	restarts                  *prometheus.CounterVec // reason
 	gauges                    *engineGauges
@@ -129,7 +133,11 @@ func newFamilies() *families {
 		finish: prometheus.NewHistogram(histogram(MetricFinishSeconds,
 			"Finish call to return, for every Finish that returned a chunk's result.")),
 		exposed: prometheus.NewHistogram(histogram(MetricExposedTransfer,
-			"Finish return minus the end of the chunk's forward: the transfer time the forward did not hide (chunks with a forward end only).")),
+			"Finish return minus the instant the chunk's forward ended on the device (its end-of-forward event completed): the transfer time the forward did not hide; 0 when the forward still ran at the return (chunks with a forward end only).")),
+		exposedPhase: prometheus.NewHistogramVec(histogram(MetricExposedPhase,
+			"The exposed transfer time of each chunk with a forward end, split at its last event wait that returned, last post and last landing: phase detect (forward ended on the device to the wait returned), post, land, finish (last landing to Finish returned). The phases of one chunk add up to its exposed time."), []string{"phase"}),
+		batchPhase: prometheus.NewHistogramVec(histogram(MetricBatchPhase,
+			"Each posted batch's life by phase: detect (its event completed on the device to the submitter's wait returned; only where the stream gives device timestamps), post (wait returned to posted), land (posted to completion)."), []string{"part", "phase"}),
 		registrations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricRegistrations,
 			Help: "Registrations that created a chunk context, by mode (per_layer, monolithic) and the guard's reason."}, []string{"mode", "reason"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricRegistrationsRefused,
@@ -159,6 +167,8 @@ func registerFamilies(reg prometheus.Registerer) (*families, error) {
 	adopt(reg, &f.chunkTransfer, &errs)
 	adopt(reg, &f.finish, &errs)
 	adopt(reg, &f.exposed, &errs)
+	adopt(reg, &f.exposedPhase, &errs)
+	adopt(reg, &f.batchPhase, &errs)
 	adopt(reg, &f.registrations, &errs)
 	adopt(reg, &f.refused, &errs)
 	adopt(reg, &f.chunks, &errs)
@@ -194,6 +204,10 @@ var (
 	refuseLabels = [...]string{"bad_input", "unhealthy", "closed"}
 	// restartLabels are the reasons actors.SpawnSubmitters reports.
 	restartLabels = [...]string{"endpoint", "device", "panic"}
+	// exposedPhaseLabels and batchPhaseLabels are the phases of
+	// kvstream_exposed_phase_seconds and kvstream_batch_phase_seconds.
+	exposedPhaseLabels = [...]string{"detect", "post", "land", "finish"}
+	batchPhaseLabels   = [...]string{"detect", "post", "land"}
 )
 
 // numReasons counts the guard's reasons (cp.Reason values 0..PerLayerOff).
@@ -206,6 +220,7 @@ var validRegistrations = [...]struct {
 	reason cp.Reason
 }{
 	{cp.PerLayer, cp.OneDestination},
+	{cp.PerLayer, cp.SeveralDestinations},
 	{cp.Monolithic, cp.SeveralDestinations},
 	{cp.Monolithic, cp.AllDummy},
 	{cp.Monolithic, cp.PerLayerOff},
@@ -221,6 +236,8 @@ type metricsObserver struct {
 
 	bytes, blocks       [len(partLabels)]prometheus.Counter
 	eventWait, batchDur [len(partLabels)]prometheus.Observer
+	batchPhase          [len(partLabels)][len(batchPhaseLabels)]prometheus.Observer
+	exposedPhase        [len(exposedPhaseLabels)]prometheus.Observer
 	batches             [len(resultLabels)]prometheus.Counter
 	regs                [len(modeLabels)][numReasons]prometheus.Counter
 	chunks              [len(statusLabels)]prometheus.Counter
@@ -237,6 +254,12 @@ func newMetricsObserver(f *families) *metricsObserver {
 		m.blocks[i] = f.postedBlocks.WithLabelValues(p)
 		m.eventWait[i] = f.eventWait.WithLabelValues(p)
 		m.batchDur[i] = f.batchSeconds.WithLabelValues(p)
+		for j, ph := range batchPhaseLabels {
+			m.batchPhase[i][j] = f.batchPhase.WithLabelValues(p, ph)
+		}
+	}
+	for i, ph := range exposedPhaseLabels {
+		m.exposedPhase[i] = f.exposedPhase.WithLabelValues(ph)
 	}
 	for i, r := range resultLabels {
 		m.batches[i] = f.batches.WithLabelValues(r)
@@ -281,6 +304,18 @@ func (m *metricsObserver) Batch(b Batch) {
 	}
 	if s, ok := seconds(b.Posted, b.Done); ok {
 		m.batchDur[part].Observe(s)
+	}
+	if b.Err != nil {
+		return // a failed batch's phases are not a latency
+	}
+	if s, ok := seconds(b.Posted, b.Done); ok {
+		m.batchPhase[part][2].Observe(s)
+	}
+	if s, ok := seconds(b.EventDone, b.WaitEnd); ok {
+		m.batchPhase[part][0].Observe(s)
+	}
+	if s, ok := seconds(b.WaitEnd, b.Posted); ok {
+		m.batchPhase[part][1].Observe(s)
 	}
 }
 
@@ -345,6 +380,11 @@ func (m *metricsObserver) Finished(f FinishRecord) {
 	m.f.finish.Observe(max(f.Latency.Seconds(), 0))
 	if !f.Result.Stats.ForwardEnd.IsZero() {
 		m.f.exposed.Observe(max(f.Exposed.Seconds(), 0))
+	}
+	if f.HasPhases {
+		for i, d := range [...]time.Duration{f.Phases.Detect, f.Phases.Post, f.Phases.Land, f.Phases.Finish} {
+			m.exposedPhase[i].Observe(d.Seconds())
+		}
 	}
 }
 

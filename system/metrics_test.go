@@ -28,6 +28,7 @@ type metricsRig struct {
 	env     map[string]string
 	faults  func(rdmafault.BatchInfo) rdmafault.Fault
 	log     *zap.Logger // default: none
+	single  bool        // Config.SingleDestinationPerLayer
 }
 
 // newMetricsEngine is newEngine with metrics on reg: 4 MLA buffers (3 hook
@@ -60,7 +61,7 @@ func newMetricsEngine(t testing.TB, reg prometheus.Registerer, rig metricsRig) *
 		rig.log = zap.NewNop()
 	}
 	e, err := New(Config{Buffers: MLABuffers(bases(src), itemLen, pages), HookLayers: 3, PageSize: 4,
-		GroupSize: rig.group, FinishTimeout: rig.timeout},
+		GroupSize: rig.group, FinishTimeout: rig.timeout, SingleDestinationPerLayer: rig.single},
 		WithTransport(tr), WithSimulatedHardware(), WithLogger(rig.log), WithGetenv(func(k string) string { return rig.env[k] }),
 		WithMetrics(reg))
 	require.NoError(t, err)
@@ -156,7 +157,7 @@ func TestMetricsCountAKnownWorkload(t *testing.T) {
 		"a re-registration of an active chunk is not a registration")
 	assert.Equal(t, 0.0, counter(t, reg, MetricRegistrations, "mode", "monolithic", "reason", "several_destinations"),
 		"every combination the guard produces exists from the start, at 0")
-	assert.Nil(t, series(t, reg, MetricRegistrations, "mode", "per_layer", "reason", "several_destinations"),
+	assert.Nil(t, series(t, reg, MetricRegistrations, "mode", "per_layer", "reason", "all_dummy"),
 		"and no impossible one")
 	assert.Equal(t, 2.0, gauge(t, reg, MetricActiveContexts))
 	assert.Equal(t, 1.0, gauge(t, reg, MetricHealthy))
@@ -276,13 +277,20 @@ func TestMetricsFallbacksAndSharedRegistry(t *testing.T) {
 	for _, s := range []ChunkSpec{several, dummy} {
 		r, err := e.Register(ctx, s)
 		require.NoError(t, err)
-		require.Equal(t, Monolithic, r.Mode)
+		require.Equal(t, s.Infos[0].Dummy, r.Mode == Monolithic, "several destinations stream per layer, dummies send nothing")
 	}
-	assert.Equal(t, 1.0, counter(t, reg, MetricRegistrations, "mode", "monolithic", "reason", "several_destinations"))
+	assert.Equal(t, 1.0, counter(t, reg, MetricRegistrations, "mode", "per_layer", "reason", "several_destinations"))
 	assert.Equal(t, 1.0, counter(t, reg, MetricRegistrations, "mode", "monolithic", "reason", "all_dummy"))
 
+	ref := newMetricsEngine(t, reg, metricsRig{single: true})
+	r, err := ref.Register(ctx, several)
+	require.NoError(t, err)
+	require.Equal(t, Monolithic, r.Mode, "the reference rule")
+	assert.Equal(t, 1.0, counter(t, reg, MetricRegistrations, "mode", "monolithic", "reason", "several_destinations"))
+	require.NoError(t, ref.Close()) // drops its room
+
 	off := newMetricsEngine(t, reg, metricsRig{env: map[string]string{EnvPerLayer: "0"}})
-	r, err := off.Register(ctx, roomSpec(1))
+	r, err = off.Register(ctx, roomSpec(1))
 	require.NoError(t, err)
 	require.Equal(t, Monolithic, r.Mode)
 	assert.Equal(t, 1.0, counter(t, reg, MetricRegistrations, "mode", "monolithic", "reason", "per_layer_off"))
@@ -293,7 +301,7 @@ func TestMetricsFallbacksAndSharedRegistry(t *testing.T) {
 	_, err = off.Finish(ctx, 1)
 	require.NoError(t, err)
 	assert.Equal(t, 1.0, counter(t, reg, MetricChunks, "status", "success"))
-	assert.Equal(t, 2.0, counter(t, reg, MetricChunks, "status", "dropped"), "Close dropped the first engine's rooms")
+	assert.Equal(t, 3.0, counter(t, reg, MetricChunks, "status", "dropped"), "Close dropped the first two engines' rooms")
 }
 
 // Engines told apart by a wrapping registerer get their own series.

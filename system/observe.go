@@ -31,9 +31,16 @@ type FinishRecord struct {
 	Result Result
 	// Latency is Finish's call → return.
 	Latency time.Duration
-	// Exposed is Finish's return minus the end of the chunk's forward (0
-	// when the chunk never saw a forward end).
+	// Exposed is Finish's return minus the instant the chunk's forward
+	// ended on the device (Result.Stats.ForwardDone); 0 when the chunk
+	// never saw a forward end, or its forward still ran on the device when
+	// Finish returned.
 	Exposed time.Duration
+	// Phases split Exposed (HasPhases: the chunk saw a forward end).
+	Phases    Phases
+	HasPhases bool
+	// Returned is when Finish returned.
+	Returned time.Time
 }
 
 // NopObserver implements Observer and does nothing.

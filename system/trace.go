@@ -46,7 +46,7 @@ func (e *Engine) startTrace(o *options, getenv func(string) string) error {
 func (e *Engine) traceConfig() trace.Config {
 	c := trace.Config{HookLayers: e.cfg.HookLayers, GroupSize: e.cfg.GroupSize, PageSize: e.cfg.PageSize,
 		CPSize: e.cfg.CP.Size, CPRank: e.cfg.CP.Rank, CPRule: e.cfg.CP.Rule.String(), Submitters: e.cfg.Submitters,
-		FinishTimeout: int64(e.cfg.FinishTimeout), PerLayer: !e.cfg.DisablePerLayer}
+		FinishTimeout: int64(e.cfg.FinishTimeout), PerLayer: !e.cfg.DisablePerLayer, SingleDestination: e.cfg.SingleDestinationPerLayer}
 	for _, b := range e.cfg.Buffers {
 		c.Buffers = append(c.Buffers, trace.Buffer{Name: b.Name, Layer: b.Layer, ItemLen: b.ItemLen, Pages: b.Pages})
 	}

@@ -18,6 +18,9 @@ type (
 	//	Err      why it did not succeed, marked with its class (the Err* values)
 	//	Stats    its transfer figures (ChunkStats)
 	Result = messages.Result
+	// Chunk identifies one chunk context: its room, exact token range and
+	// the serial of its registration.
+	Chunk = messages.Chunk
 	// Status is how a chunk ended: Succeeded, Failed or Dropped.
 	Status = messages.Status
 	// ChunkStats are a chunk's transfer figures:
@@ -37,10 +40,15 @@ type (
 	//	Address the decode transport's worker address (rdma.Transport.Address)
 	//	Buffers one PeerBuffer per prefill buffer, in Config.Buffers' order
 	Peer = plan.Peer
+	// Sharding is one side's layout of the model's KV cache (a reshard.Side:
+	// layers, KV heads, head dim, dtype, MLA, TP, PP stages, page size and
+	// order) and its rank: Config.Sharding for this prefill rank,
+	// Peer.Sharding for a decode rank. Both optional.
+	Sharding = plan.Sharding
 	// PeerBuffer is one decode buffer of a Peer:
 	//
 	//	Region  its registration on the decode side: Addr, Len, Key (packed remote key)
-	//	ItemLen bytes of one page; must equal the prefill buffer's
+	//	ItemLen bytes of one page; must equal the prefill buffer's (without Sharding)
 	PeerBuffer = plan.PeerBuffer
 	// ChunkSpec is what the scheduler registers before the forward that
 	// writes tokens [Start, End) of a room:
@@ -68,6 +76,10 @@ type (
 
 // Statuses and modes.
 const (
+	// RestSeq is the Seq of a batch that is no group's: what the end of the
+	// forward sends (buffers no hook covers, groups that never fired, or
+	// everything when monolithic). See Batch.
+	RestSeq    = messages.Rest
 	Succeeded  = messages.Succeeded
 	Failed     = messages.Failed
 	Dropped    = messages.Dropped

@@ -132,7 +132,7 @@ func BenchmarkPlan100k(b *testing.B) {
 			b.ResetTimer()
 			var runs int
 			for i := 0; i < b.N; i++ {
-				p, err := plan.BuildPlan(l, get, spec, true)
+				p, err := plan.BuildPlan(l, get, spec, cp.EveryDestination)
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -2,6 +2,7 @@ package tests
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -174,34 +175,92 @@ func TestDropDrainsAll(t *testing.T) {
 	r.mu.Unlock()
 }
 
-// The register guard (invariant 8): two real destinations go monolithic to
-// both, one real destination is per-layer, all dummy sends nothing.
+// The register guard (invariant 8): two real destinations stream per layer
+// to both (monolithic to both under the reference rule), one real destination
+// is per-layer, all dummy sends nothing. Either way one context serves the
+// room and one Finish completes it.
 func TestRegisterGuard(t *testing.T) {
+	for _, single := range []bool{false, true} {
+		t.Run(fmt.Sprintf("single=%v", single), func(t *testing.T) {
+			g := testbed.MLA(4, 16, 64)
+			r := newRig(t, rigOpts{geom: g, hooks: 4, group: 2, decodes: 2, single: single})
+			two := r.register(chunk{room: 1, end: 8, last: true, src: []int{0, 1}, total: 2,
+				infos: []system.DecodeInfo{{Peer: "d0", DstPages: []int{0, 1}}, {Peer: "d1", DstPages: []int{2, 3}}}})
+			if single {
+				assert.Equal(t, system.Monolithic, two.Mode)
+			} else {
+				assert.Equal(t, system.PerLayer, two.Mode)
+			}
+			assert.Equal(t, cp.SeveralDestinations, two.Reason)
+			one := r.register(chunk{room: 2, end: 8, last: true, src: []int{2, 3}, total: 2,
+				infos: []system.DecodeInfo{{Peer: "d1", Dummy: true}, {Peer: "d0", DstPages: []int{4, 5}}}})
+			assert.Equal(t, system.PerLayer, one.Mode)
+			none := r.register(chunk{room: 3, end: 8, last: true, src: []int{4, 5}, total: 2,
+				infos: []system.DecodeInfo{{Peer: "d0", Dummy: true}, {Peer: "d1", Dummy: true}}})
+			assert.Equal(t, system.Monolithic, none.Mode)
+			assert.Equal(t, cp.AllDummy, none.Reason)
+			r.forward(
+				testbed.Write{Room: 1, SrcPages: []int{0, 1}, Tokens: 8},
+				testbed.Write{Room: 2, SrcPages: []int{2, 3}, Tokens: 8},
+				testbed.Write{Room: 3, SrcPages: []int{4, 5}, Tokens: 8},
+			)
+			res := r.finish(1)
+			if single {
+				assert.Equal(t, 2, res.Stats.Batches, "monolithic: one batch per destination")
+			} else {
+				assert.Equal(t, 4, res.Stats.Batches, "per layer: one batch per group per destination")
+			}
+			assert.Equal(t, uint64(2*4*2*16), res.Stats.Bytes, "2 destinations x 4 buffers x 2 pages")
+			r.finish(2)
+			assert.Zero(t, r.finish(3).Stats.Bytes, "all dummy: nothing sent")
+			_, err := r.eng.Finish(context.Background(), 1)
+			require.True(t, errors.Is(err, system.ErrNoChunk), "one Finish completes the room, whatever its destinations")
+			r.expectPages(0, 1, []int{0, 1}, []int{0, 1})
+			r.expectPages(1, 1, []int{0, 1}, []int{2, 3})
+			r.expectPages(0, 2, []int{0, 1}, []int{4, 5})
+			r.expectZero(1, []int{4, 5, 6, 7})
+		})
+	}
+}
+
+// A chunk streaming per layer to two destinations, one of which fails its
+// second group's batch: the chunk fails closed and names that group and
+// destination, the first group landed on both destinations (their batches
+// are accounted for separately), and the failed batch wrote nothing.
+func TestOneDestinationFailsTheChunkClosed(t *testing.T) {
 	g := testbed.MLA(4, 16, 64)
-	r := newRig(t, rigOpts{geom: g, hooks: 4, group: 2, decodes: 2})
-	two := r.register(chunk{room: 1, end: 8, last: true, src: []int{0, 1}, total: 2,
+	var r *rig
+	// Layers of 25 ms: group 0's batches are posted long before group 1's
+	// event completes, so that the failure cannot skip them.
+	r = newRig(t, rigOpts{geom: g, hooks: 4, group: 2, decodes: 2, layerTime: 25 * time.Millisecond,
+		netFaults: func(b rdmafault.BatchInfo) rdmafault.Fault {
+			if b.To == "decode1" && b.Dst >= r.decodes[1].Bases[2] { // group 1: buffers 2-3
+				return rdmafault.Fault{Kind: rdmafault.FailCompletion}
+			}
+			return rdmafault.Fault{Kind: rdmafault.DelayCompletion, Delay: 5 * time.Millisecond}
+		}})
+	reg := r.register(chunk{room: 1, end: 8, last: true, src: []int{0, 1}, total: 2,
 		infos: []system.DecodeInfo{{Peer: "d0", DstPages: []int{0, 1}}, {Peer: "d1", DstPages: []int{2, 3}}}})
-	assert.Equal(t, system.Monolithic, two.Mode)
-	assert.Equal(t, cp.SeveralDestinations, two.Reason)
-	one := r.register(chunk{room: 2, end: 8, last: true, src: []int{2, 3}, total: 2,
-		infos: []system.DecodeInfo{{Peer: "d1", Dummy: true}, {Peer: "d0", DstPages: []int{4, 5}}}})
-	assert.Equal(t, system.PerLayer, one.Mode)
-	none := r.register(chunk{room: 3, end: 8, last: true, src: []int{4, 5}, total: 2,
-		infos: []system.DecodeInfo{{Peer: "d0", Dummy: true}, {Peer: "d1", Dummy: true}}})
-	assert.Equal(t, system.Monolithic, none.Mode)
-	assert.Equal(t, cp.AllDummy, none.Reason)
-	r.forward(
-		testbed.Write{Room: 1, SrcPages: []int{0, 1}, Tokens: 8},
-		testbed.Write{Room: 2, SrcPages: []int{2, 3}, Tokens: 8},
-		testbed.Write{Room: 3, SrcPages: []int{4, 5}, Tokens: 8},
-	)
-	r.finish(1)
-	r.finish(2)
-	assert.Zero(t, r.finish(3).Stats.Bytes, "all dummy: nothing sent")
-	r.expectPages(0, 1, []int{0, 1}, []int{0, 1})
-	r.expectPages(1, 1, []int{0, 1}, []int{2, 3})
-	r.expectPages(0, 2, []int{0, 1}, []int{4, 5})
-	r.expectZero(1, []int{4, 5, 6, 7})
+	require.Equal(t, system.PerLayer, reg.Mode)
+	r.forward(testbed.Write{Room: 1, SrcPages: []int{0, 1}, Tokens: 8})
+	res, err := r.eng.Finish(context.Background(), 1)
+	require.Error(t, err)
+	assert.Equal(t, system.Failed, res.Status)
+	assert.Contains(t, err.Error(), "group 1 to destination 1: batch failed")
+	want := make([]byte, g.ItemLen)
+	for b := 0; b < 4; b++ {
+		for pos := 0; pos < 2; pos++ {
+			testbed.Fill(want, 99, 1, b, pos)
+			if b < 2 {
+				assert.Equal(t, want, r.decodes[0].Page(b, pos), "destination 0 buffer %d position %d", b, pos)
+				assert.Equal(t, want, r.decodes[1].Page(b, 2+pos), "destination 1 buffer %d position %d", b, pos)
+			} else {
+				assert.Equal(t, make([]byte, g.ItemLen), r.decodes[1].Page(b, 2+pos), "the failed batch wrote nothing")
+			}
+		}
+	}
+	_, err = r.eng.Finish(context.Background(), 1)
+	require.True(t, errors.Is(err, system.ErrNoChunk), "the failed chunk was finished once")
 }
 
 // "timeout → FAILED within the timeout": an event that never completes.

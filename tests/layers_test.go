@@ -161,6 +161,18 @@ func TestLayersPointDown(t *testing.T) {
 			t.Errorf("%s imports %v; docs/ARCHITECTURE.md says %v", r.pkg, got, want)
 		}
 	}
+	// Above the façade, only the replay (which drives the functional cores
+	// themselves) reaches below it: everything else uses system's names.
+	for pkg, imps := range nonTest {
+		if !strings.HasPrefix(pkg, "internal/") || pkg == "internal/replay" {
+			continue
+		}
+		for _, imp := range imps {
+			if imp == "actors" || imp == "messages" || imp == "plan" {
+				t.Errorf("%s imports %s: internal packages above the engine use the façade (system)", pkg, imp)
+			}
+		}
+	}
 	// The examples are what a user copies: only public packages.
 	for pkg, imps := range all {
 		if !strings.HasPrefix(pkg, "examples/") {

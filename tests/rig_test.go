@@ -47,6 +47,7 @@ type rigOpts struct {
 	layerTime  time.Duration
 	timeout    time.Duration
 	perLayer   *bool
+	single     bool // Config.SingleDestinationPerLayer
 	gpuFaults  func(sim.EventInfo) sim.Fault
 	netFaults  func(rdmafault.BatchInfo) rdmafault.Fault
 	link       loopback.Options
@@ -97,6 +98,7 @@ func newRig(t *testing.T, o rigOpts) *rig {
 	}
 	r.cfg = system.Config{Buffers: r.pool.EngineBuffers(), HookLayers: o.hooks, GroupSize: o.group, PageSize: o.pageSize,
 		CP: o.cp, FinishTimeout: o.timeout, Submitters: o.submitters}
+	r.cfg.SingleDestinationPerLayer = o.single
 	if o.perLayer != nil && !*o.perLayer {
 		r.cfg.DisablePerLayer = true
 	}

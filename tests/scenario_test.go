@@ -96,7 +96,7 @@ func drawScenario(t *rapid.T) *scenario {
 		}
 		r.chunkEnds = append(r.chunkEnds, r.tokens)
 		switch rapid.IntRange(0, 5).Draw(t, "infos") {
-		case 0: // two real destinations: monolithic fan-out
+		case 0: // two real destinations: per layer to both (monolithic under the reference rule)
 			r.infos = []infoSpec{{peer: 0}, {peer: 1}}
 		case 1: // all dummy: nothing is sent
 			r.infos = []infoSpec{{peer: 0, dummy: true}}
@@ -162,6 +162,8 @@ type outcome struct {
 // runOpts tweak a run.
 type runOpts struct {
 	perLayer bool
+	// single is Config.SingleDestinationPerLayer: the reference rule.
+	single bool
 	// wrapStream lets a test falsify the events (to show the oracle catches
 	// a transfer that reads before the write).
 	wrapStream func(cuda.Stream) cuda.Stream
@@ -207,7 +209,7 @@ func run(t require.TestingT, s *scenario, o runOpts) *outcome {
 	}
 	eng, err := system.New(system.Config{
 		Buffers: pool.EngineBuffers(), HookLayers: s.hooks, GroupSize: s.group, PageSize: s.pageSize, CP: s.cp,
-		DisablePerLayer: !o.perLayer, FinishTimeout: 20 * time.Second,
+		DisablePerLayer: !o.perLayer, SingleDestinationPerLayer: o.single, FinishTimeout: 20 * time.Second,
 	}, system.WithStream(engStream), system.WithTransport(pre), system.WithLogger(log))
 	require.NoError(t, err)
 	defer eng.Close()
@@ -345,13 +347,15 @@ func (o *outcome) free() {
 }
 
 // TestPerLayerEqualsMonolithic is the acceptance oracle (invariant 2): on
-// randomized scenarios the per-layer path leaves decode memory
-// byte-identical to the monolithic send, and both equal the model's bytes
-// on exactly the owned pages of the real destinations.
+// randomized scenarios the per-layer path (to every destination, or under
+// the reference rule) leaves decode memory byte-identical to the monolithic
+// send, and both equal the model's bytes on exactly the owned pages of the
+// real destinations.
 func TestPerLayerEqualsMonolithic(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		s := drawScenario(t)
-		per := run(t, s, runOpts{perLayer: true})
+		single := rapid.Bool().Draw(t, "singleDestinationRule")
+		per := run(t, s, runOpts{perLayer: true, single: single})
 		defer per.free()
 		mono := run(t, s, runOpts{perLayer: false})
 		defer mono.free()
@@ -369,8 +373,8 @@ func TestPerLayerEqualsMonolithic(t *testing.T) {
 					real++
 				}
 			}
-			if real == 1 {
-				require.Equal(t, system.PerLayer, per.modes[r.room], "room %d has one real destination", r.room)
+			if real == 1 || real > 1 && !single {
+				require.Equal(t, system.PerLayer, per.modes[r.room], "room %d has %d real destinations", r.room, real)
 			} else {
 				require.Equal(t, system.Monolithic, per.modes[r.room], "room %d has %d real destinations", r.room, real)
 			}

@@ -115,8 +115,10 @@ var traceScenarios = []traceScenario{
 	},
 	{
 		name:  "two_info_fallback",
-		about: []string{"Room 1 has two real decode destinations: the register guard sends it monolithically,", "one rest batch per destination after the forward; room 2 has one and streams per layer."},
-		opts:  func() rigOpts { return rigOpts{geom: testbed.MLA(4, 16, 64), hooks: 4, group: 2, decodes: 2} },
+		about: []string{"Under the reference rule (SingleDestinationPerLayer), room 1 has two real decode destinations: the register guard sends it monolithically,", "one rest batch per destination after the forward; room 2 has one and streams per layer."},
+		opts: func() rigOpts {
+			return rigOpts{geom: testbed.MLA(4, 16, 64), hooks: 4, group: 2, decodes: 2, single: true}
+		},
 		run: func(t *testing.T, r *rig) {
 			r.register(chunk{room: 1, end: 8, last: true, src: []int{0, 1}, total: 2,
 				infos: []system.DecodeInfo{{Peer: "d0", DstPages: []int{0, 1}}, {Peer: "d1", DstPages: []int{2, 3}}}})
@@ -136,6 +138,26 @@ var traceScenarios = []traceScenario{
 			assert.Contains(t, mono[0], `"Dest":0`)
 			assert.Contains(t, mono[1], `"Dest":1`)
 			assert.Equal(t, map[string]int{"SUCCESS": 2}, out.Statuses)
+		},
+	},
+	{
+		name:  "two_destinations_per_layer",
+		about: []string{"Room 1 has two real decode destinations and streams per layer to both: one batch per group per destination,", "one context, one Finish."},
+		opts:  func() rigOpts { return rigOpts{geom: testbed.MLA(4, 16, 64), hooks: 4, group: 2, decodes: 2} },
+		run: func(t *testing.T, r *rig) {
+			r.register(chunk{room: 1, end: 8, last: true, src: []int{0, 1}, total: 2,
+				infos: []system.DecodeInfo{{Peer: "d0", DstPages: []int{0, 1}}, {Peer: "d1", DstPages: []int{2, 3}}}})
+			r.forward(testbed.Write{Room: 1, SrcPages: []int{0, 1}, Tokens: 8})
+			r.finish(1)
+		},
+		expect: func(t *testing.T, tr *trace.Trace, out *replay.Outcome) {
+			subs := effectsOf(tr, "chunk", "Submit")
+			require.Len(t, subs, 4, "2 groups x 2 destinations")
+			for i, s := range subs {
+				assert.Contains(t, s, fmt.Sprintf(`"Dest":%d`, i%2))
+				assert.Contains(t, s, fmt.Sprintf(`"Seq":%d`, i/2))
+			}
+			assert.Equal(t, map[string]int{"SUCCESS": 1}, out.Statuses)
 		},
 	},
 	{
@@ -303,17 +325,21 @@ func TestWriteTraceScenarios(t *testing.T) {
 func TestTraceScenariosReplay(t *testing.T) {
 	for _, s := range traceScenarios {
 		t.Run(s.name, func(t *testing.T) {
-			f, err := os.Open(filepath.Join(traceDir, s.name+".jsonl"))
+			raw, err := os.ReadFile(filepath.Join(traceDir, s.name+".jsonl"))
 			require.NoError(t, err, "regenerate with KVSTREAM_WRITE_TRACES=1 go test ./tests -run TestWriteTraceScenarios")
-			defer f.Close()
-			tr, err := trace.Read(f)
+			// The replays stream the file, as kvstream replay does.
+			open := func() (trace.Stream, error) { return trace.NewReader(bytes.NewReader(raw)) }
+			s0, err := open()
 			require.NoError(t, err)
-			out, err := replay.Cores(tr)
+			out, err := replay.Cores(s0)
 			require.NoError(t, err)
 			require.Nil(t, out.Divergence, "%s", out)
+			tr, err := trace.Read(bytes.NewReader(raw))
+			require.NoError(t, err)
+			assert.Equal(t, len(tr.Records), out.Records, "every record was replayed")
 			s.expect(t, tr, out)
 
-			eo, err := replay.Engine(context.Background(), tr)
+			eo, err := replay.Engine(context.Background(), open)
 			require.NoError(t, err)
 			assert.Empty(t, eo.Mismatch, "recorded %v, replayed %v", eo.Recorded, eo.Replayed)
 			assert.Equal(t, eo.Recorded, eo.Replayed)
@@ -327,7 +353,7 @@ func TestTraceRecordedNowReplays(t *testing.T) {
 	for _, s := range traceScenarios {
 		tr, err := trace.Read(bytes.NewReader(s.record(t)))
 		require.NoError(t, err, s.name)
-		out, err := replay.Cores(tr)
+		out, err := replay.Cores(tr.Stream())
 		require.NoError(t, err, s.name)
 		require.Nil(t, out.Divergence, "%s: %s", s.name, out)
 		s.expect(t, tr, out)
@@ -357,7 +383,7 @@ func TestTraceMutationsAreCaught(t *testing.T) {
 	s := traceScenarios[1] // later_forwards_refire: several rooms, forwards, finishes
 	tr, err := trace.Read(bytes.NewReader(s.record(t)))
 	require.NoError(t, err)
-	base, err := replay.Cores(tr)
+	base, err := replay.Cores(tr.Stream())
 	require.NoError(t, err)
 	require.Nil(t, base.Divergence)
 
@@ -366,7 +392,7 @@ func TestTraceMutationsAreCaught(t *testing.T) {
 		require.GreaterOrEqual(t, i, 0)
 		return append(recs[:i], recs[i+1:]...)
 	})
-	out, err := replay.Cores(dropBoundary)
+	out, err := replay.Cores(dropBoundary.Stream())
 	require.NoError(t, err)
 	require.NotNil(t, out.Divergence, "a dropped LayerEnd must be caught")
 	assert.Equal(t, "GroupReady", out.Divergence.Type)
@@ -376,7 +402,7 @@ func TestTraceMutationsAreCaught(t *testing.T) {
 		require.GreaterOrEqual(t, i, 0)
 		return append(recs[:i+1], append([]trace.Record{recs[i]}, recs[i+1:]...)...)
 	})
-	out, err = replay.Cores(dupGroup)
+	out, err = replay.Cores(dupGroup.Stream())
 	require.NoError(t, err)
 	require.NotNil(t, out.Divergence, "a duplicated GroupReady must be caught")
 	assert.Equal(t, "GroupReady", out.Divergence.Type)
@@ -388,18 +414,83 @@ func TestTraceMutationsAreCaught(t *testing.T) {
 		recs[i], recs[j] = recs[j], recs[i]
 		return recs
 	})
-	out, err = replay.Cores(swapFinish)
+	out, err = replay.Cores(swapFinish.Stream())
 	require.NoError(t, err)
 	if out.Divergence == nil {
 		assert.Equal(t, base.Statuses, out.Statuses, "swapped finishes of different rooms: same statuses")
 	}
 
 	// A truncated or garbled trace is an error that names the line.
-	_, err = trace.Read(strings.NewReader(`{"kvstream_trace":1}` + "\n" + `{"seq":1,"actor":"chunk"` + "\n"))
+	b, _ := json.Marshal(tr.Header)
+	_, err = trace.Read(strings.NewReader(string(b) + "\n" + `{"seq":1,"actor":"chunk"` + "\n"))
 	require.ErrorContains(t, err, "trace line 2")
 	_, err = trace.Read(strings.NewReader(`{"kvstream_trace":99}` + "\n"))
 	require.ErrorContains(t, err, "format version 99")
-	b, _ := json.Marshal(tr.Header)
 	_, err = trace.Read(strings.NewReader(string(b) + "\n" + `{"seq":1,"type":"Finish"}` + "\n"))
 	require.ErrorContains(t, err, "trace line 2: record without actor or type")
+}
+
+// TestTraceDivergencePrintsExcerpts: a divergence on a record carrying a
+// megabyte of text prints a bounded excerpt of each side, never the whole
+// record.
+func TestTraceDivergencePrintsExcerpts(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join(traceDir, "later_forwards_refire.jsonl"))
+	require.NoError(t, err)
+	tr, err := trace.Read(bytes.NewReader(raw))
+	require.NoError(t, err)
+	i := indexOf(tr.Records, 0, func(r trace.Record) bool { return r.Actor == trace.Chunk && r.Type == "GroupReady" })
+	require.GreaterOrEqual(t, i, 0)
+	big := strings.Repeat("e", 1<<20)
+	tr.Records[i].Msg = map[string]any{"Err": big, "Event": "ev:1", "Forward": 1, "Group": 0}
+	tr.Records[i].Effects = []string{"Submit " + big}
+
+	out, err := replay.Cores(tr.Stream())
+	require.NoError(t, err)
+	require.NotNil(t, out.Divergence, "a GroupReady no actor sent is a divergence")
+	require.Greater(t, len(out.Divergence.Recorded[0]), 1<<20, "the divergence keeps the whole line")
+	text := out.String()
+	assert.Less(t, len(text), 2*(replay.MaxExcerptLines+2)*(replay.MaxExcerpt+40)+1000, "printed: a bounded excerpt")
+	assert.Contains(t, text, fmt.Sprintf("… (%d bytes)", len(out.Divergence.Recorded[0])), "the excerpt says how long the line was")
+	assert.Contains(t, text, "divergence at record")
+}
+
+// TestTraceLateMessageToAStoppedChunk: a chunk actor stops
+// asynchronously after its room's StopChunk, so a recording may show it
+// handling a submitter's late Submitted after the room's ChunkDone (a
+// timing of the timeout scenario). The replay accepts it while its
+// recorded effects are none, as an ended core's are, and not otherwise.
+func TestTraceLateMessageToAStoppedChunk(t *testing.T) {
+	// A recording that has this timing (testdata/late/timeout.jsonl, kept
+	// apart: the scenario traces are re-recorded and may not).
+	raw, err := os.ReadFile(filepath.Join("testdata", "late", "timeout.jsonl"))
+	require.NoError(t, err)
+	tr, err := trace.Read(bytes.NewReader(raw))
+	require.NoError(t, err)
+	ended := indexOf(tr.Records, 0, func(r trace.Record) bool { return len(filter(r.Effects, "ChunkEnded")) > 0 })
+	require.GreaterOrEqual(t, ended, 0)
+	late := indexOf(tr.Records, ended+1, func(r trace.Record) bool { return r.Actor == trace.Chunk && r.Type == "Submitted" })
+	done := indexOf(tr.Records, 0, func(r trace.Record) bool { return r.Actor == trace.Room && r.Type == "ChunkDone" })
+	require.Positive(t, late, "the chunk handles a Submitted after it ended")
+	require.Greater(t, done, late, "the recording has it before the room's ChunkDone")
+	at := done // where the late record lands: just after ChunkDone, once it is removed from before
+	moved := mutate(tr, func(recs []trace.Record) []trace.Record {
+		l := recs[late]
+		recs = append(recs[:late], recs[late+1:]...)
+		return append(recs[:at], append([]trace.Record{l}, recs[at:]...)...)
+	})
+	require.Equal(t, "ChunkDone", moved.Records[at-1].Type)
+	require.Equal(t, "Submitted", moved.Records[at].Type)
+	out, err := replay.Cores(moved.Stream())
+	require.NoError(t, err)
+	assert.Nil(t, out.Divergence, "%s", out)
+	assert.Equal(t, map[string]int{"FAILED": 1}, out.Statuses)
+
+	withEffects := mutate(moved, func(recs []trace.Record) []trace.Record {
+		recs[at].Effects = []string{`Submit {}`}
+		return recs
+	})
+	out, err = replay.Cores(withEffects.Stream())
+	require.NoError(t, err)
+	require.NotNil(t, out.Divergence, "a stopped chunk's core answers nothing")
+	assert.Equal(t, "Submitted", out.Divergence.Type)
 }

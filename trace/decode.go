@@ -3,6 +3,7 @@ package trace
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -15,7 +16,7 @@ import (
 func ParseChunkID(s string) (messages.Chunk, error) {
 	var c messages.Chunk
 	bad := func() (messages.Chunk, error) {
-		return c, errors.Newf("chunk id %q: want room:start-end[@epoch]#serial", s)
+		return c, errors.Newf("chunk id %q: want room:start-end[@epoch]#serial", Excerpt(s, 64))
 	}
 	room, rest, ok := strings.Cut(s, ":")
 	if !ok {
@@ -70,7 +71,11 @@ type fields map[string]any
 func (f fields) int(k string) (int64, error) {
 	switch v := f[k].(type) {
 	case json.Number:
-		return v.Int64()
+		n, err := v.Int64()
+		if err != nil {
+			return 0, errors.Newf("field %s: %s is not an integer", k, Excerpt(string(v), 64))
+		}
+		return n, nil
 	case float64:
 		return int64(v), nil
 	case int64:
@@ -78,7 +83,7 @@ func (f fields) int(k string) (int64, error) {
 	case nil:
 		return 0, nil
 	}
-	return 0, errors.Newf("field %s: %v is not a number", k, f[k])
+	return 0, errors.Newf("field %s: %s is not a number", k, Excerpt(fmt.Sprint(f[k]), 64))
 }
 
 func (f fields) str(k string) string {

@@ -10,6 +10,12 @@
 // disk; the ring is written out on demand and when the engine closes. When
 // tracing is off the middleware is not installed at all: no cost.
 //
+// A trace is read as a stream (NewReader, then Next): one line at a
+// time, each within a bound derived from the header's geometry, the header
+// validated against explicit bounds (Config.Validate) and every record
+// against the header (Config.CheckRecord) before a replay sizes anything
+// from it; docs/TRACES.md lists the bounds.
+//
 // Replaying a trace (package internal/replay, above the engine: it drives
 // the cores and a whole engine, so it cannot live below actors as this
 // package does) feeds its external inputs to fresh functional cores and

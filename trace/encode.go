@@ -16,7 +16,8 @@ import (
 // an event becomes "ev:<address>" (the same event shared by several chunks
 // keeps one name), a value with a TraceName method that name (a chunk's job:
 // its chunk), an error its text, times Unix nanoseconds; PIDs, props,
-// channels and contexts are left out (they are addresses, not meaning).
+// channels and contexts are left out (they are addresses, not meaning), and so
+// are fields tagged trace:"-" (measurements that decide nothing).
 func Encode(v any) any {
 	return encodeValue(reflect.ValueOf(v))
 }
@@ -91,7 +92,7 @@ func encodeValue(v reflect.Value) any {
 		out := make(map[string]any, t.NumField())
 		for i := 0; i < t.NumField(); i++ {
 			f := t.Field(i)
-			if !f.IsExported() || skipped(f.Type) {
+			if !f.IsExported() || skipped(f.Type) || f.Tag.Get("trace") == "-" {
 				continue
 			}
 			if f.Anonymous && f.Type.Kind() == reflect.Struct {

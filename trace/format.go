@@ -1,8 +1,8 @@
 package trace
 
 import (
-	"bufio"
 	"encoding/json"
+	"fmt"
 	"io"
 	"strings"
 
@@ -28,16 +28,19 @@ type Header struct {
 
 // Config is what a replay needs of the engine's configuration.
 type Config struct {
-	HookLayers    int      `json:"hook_layers"`
-	GroupSize     int      `json:"group_size"`
-	PageSize      int      `json:"page_size"`
-	CPSize        int      `json:"cp_size"`
-	CPRank        int      `json:"cp_rank"`
-	CPRule        string   `json:"cp_rule"`
-	Submitters    int      `json:"submitters"`
-	FinishTimeout int64    `json:"finish_timeout_ns"`
-	PerLayer      bool     `json:"per_layer"`
-	Buffers       []Buffer `json:"buffers"`
+	HookLayers    int    `json:"hook_layers"`
+	GroupSize     int    `json:"group_size"`
+	PageSize      int    `json:"page_size"`
+	CPSize        int    `json:"cp_size"`
+	CPRank        int    `json:"cp_rank"`
+	CPRule        string `json:"cp_rule"`
+	Submitters    int    `json:"submitters"`
+	FinishTimeout int64  `json:"finish_timeout_ns"`
+	PerLayer      bool   `json:"per_layer"`
+	// SingleDestination is Config.SingleDestinationPerLayer (the reference
+	// rule: per-layer only for rooms with one real destination).
+	SingleDestination bool     `json:"single_destination,omitempty"`
+	Buffers           []Buffer `json:"buffers"`
 }
 
 // Buffer is one prefill buffer's geometry (addresses are left out).
@@ -59,6 +62,18 @@ type Record struct {
 	Type    string   `json:"type"`
 	Msg     any      `json:"msg"`
 	Effects []string `json:"effects,omitempty"`
+	// Line is the trace line the record was read from (0 when it was not
+	// read from a file), for errors that point at it.
+	Line int `json:"-"`
+}
+
+// Where names the record for an error: its line when it was read from a
+// file, and its sequence number.
+func (r *Record) Where() string {
+	if r.Line > 0 {
+		return fmt.Sprintf("trace line %d (record %d)", r.Line, r.Seq)
+	}
+	return fmt.Sprintf("record %d", r.Seq)
 }
 
 // Actor kinds.
@@ -71,58 +86,63 @@ const (
 	Submitter = "submitter"
 )
 
-// Trace is a parsed trace.
+// Trace is a parsed trace, all of it in memory: what the recorder
+// snapshots, and what tests build and edit. Replays read a Stream.
 type Trace struct {
 	Header  Header
 	Records []Record
 }
 
-// Read parses a trace: a header line then records, one JSON object per
-// line. Blank lines and lines starting with '#' are comments (testdata
-// traces explain themselves). An unknown version or a malformed line is an
-// error that names the line.
+// Read parses a whole trace into memory through a Reader (same bounds and
+// checks). Replays stream instead; Read is for tests and small traces.
 func Read(r io.Reader) (*Trace, error) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 1<<20), 1<<30)
-	t := &Trace{}
-	line, seenHeader := 0, false
-	for sc.Scan() {
-		line++
-		text := strings.TrimSpace(sc.Text())
-		if text == "" || strings.HasPrefix(text, "#") {
-			continue
+	rd, err := NewReader(r)
+	if err != nil {
+		return nil, err
+	}
+	t := &Trace{Header: rd.Header()}
+	for {
+		rec, err := rd.Next()
+		if err == io.EOF {
+			return t, nil
 		}
-		if !seenHeader {
-			if err := json.Unmarshal([]byte(text), &t.Header); err != nil {
-				return nil, errors.Wrapf(err, "trace line %d: header", line)
-			}
-			if t.Header.Format != Version {
-				return nil, errors.Newf("trace line %d: format version %d, this kvstream reads version %d", line, t.Header.Format, Version)
-			}
-			seenHeader = true
-			continue
-		}
-		var rec Record
-		dec := json.NewDecoder(strings.NewReader(text))
-		dec.UseNumber()
-		if err := dec.Decode(&rec); err != nil {
-			return nil, errors.Wrapf(err, "trace line %d", line)
-		}
-		if rec.Actor == "" || rec.Type == "" {
-			return nil, errors.Newf("trace line %d: record without actor or type", line)
-		}
-		for i, e := range rec.Effects {
-			rec.Effects[i] = currentEffect(e)
+		if err != nil {
+			return nil, err
 		}
 		t.Records = append(t.Records, rec)
 	}
-	if err := sc.Err(); err != nil {
-		return nil, errors.Wrapf(err, "trace line %d", line+1)
+}
+
+// Stream returns the trace's records as a Stream, each checked against the
+// header's geometry as a Reader checks them (an error names the record).
+// Its header is not validated here: replays validate it before use.
+func (t *Trace) Stream() Stream { return &sliceStream{t: t} }
+
+type sliceStream struct {
+	t         *Trace
+	i         int
+	validated bool
+}
+
+func (s *sliceStream) Header() Header { return s.t.Header }
+
+func (s *sliceStream) Next() (Record, error) {
+	if s.i >= len(s.t.Records) {
+		return Record{}, io.EOF
 	}
-	if !seenHeader {
-		return nil, errors.New("trace: no header line (is this a kvstream trace?)")
+	if !s.validated {
+		// CheckRecord relies on a validated geometry.
+		if err := s.t.Header.Config.Validate(); err != nil {
+			return Record{}, err
+		}
+		s.validated = true
 	}
-	return t, nil
+	rec := s.t.Records[s.i]
+	s.i++
+	if err := s.t.Header.Config.CheckRecord(&rec); err != nil {
+		return Record{}, errors.Wrapf(err, "record %d of %d (seq %d)", s.i, len(s.t.Records), rec.Seq)
+	}
+	return rec, nil
 }
 
 // effectRenames maps the effect names that traces recorded before the

@@ -52,7 +52,7 @@ func TestDecodeRoundTripsExternalMessages(t *testing.T) {
 		&messages.TornDown{Err: errors.New("may still land")},
 	} {
 		var buf bytes.Buffer
-		r := NewRecorder(8, Header{})
+		r := NewRecorder(8, Header{Config: testConfig()})
 		r.Add(Chunk, "x", "", m, nil)
 		require.NoError(t, r.Dump(&buf))
 		tr, err := Read(&buf)
@@ -89,7 +89,7 @@ func TestRingKeepsTheLastRecords(t *testing.T) {
 func TestReadErrorsNameTheLine(t *testing.T) {
 	_, err := Read(strings.NewReader("# comment\n\n" + `{"kvstream_trace":2}` + "\n"))
 	assert.ErrorContains(t, err, "trace line 3: format version 2")
-	_, err = Read(strings.NewReader(`{"kvstream_trace":1}` + "\n" + "not json\n"))
+	_, err = Read(strings.NewReader(testHeader + "\n" + "not json\n"))
 	assert.ErrorContains(t, err, "trace line 2")
 	_, err = Read(strings.NewReader("# only comments\n"))
 	assert.ErrorContains(t, err, "no header line")
@@ -98,9 +98,9 @@ func TestReadErrorsNameTheLine(t *testing.T) {
 // A trace recorded before the answer effects were renamed and the job left
 // messages.Work still replays: Read gives its effects today's form.
 func TestReadRenamesOldEffects(t *testing.T) {
-	in := `{"kvstream_trace":1}
+	in := testHeader + `
 {"seq":1,"actor":"forward","id":"forward","type":"Begin","msg":{},"effects":["Answer {\"N\":1}"]}
-{"seq":2,"actor":"room","id":"1","type":"AddChunk","msg":{},"effects":["AnswerAdd {\"Added\":{}}","AnswerDrop {\"Results\":null}"]}
+{"seq":2,"actor":"room","id":"1","type":"AddChunk","msg":{"Chunk":"1:0-8#1"},"effects":["AnswerAdd {\"Added\":{}}","AnswerDrop {\"Results\":null}"]}
 {"seq":3,"actor":"chunk","id":"1:0-8#1","type":"BatchDone","msg":{},"effects":["ChunkEnded {}","Reply {\"Result\":{}}"]}
 {"seq":4,"actor":"chunk","id":"1:0-8#1","type":"GroupReady","msg":{},"effects":["Submit {\"Work\":{\"Buffers\":[0],\"Dest\":0,\"Event\":\"ev:1\",\"Job\":null,\"Seq\":0}}"]}
 `

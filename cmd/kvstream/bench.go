@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/internal/xferbench"
 	"github.com/spf13/cobra"
 )
@@ -25,7 +26,7 @@ func newBench() *cobra.Command {
 // xferbench.Config, which opens non-loopback transports through this
 // binary's registry.
 func newBenchTransport() *cobra.Command {
-	cfg := xferbench.Config{Size: 1 << 20, Open: openTransport}
+	cfg := xferbench.Config{Size: 1 << 20, Open: func(kind, name string) (rdma.Transport, error) { return openTransport(kind, name, "") }}
 	var jsonOut bool
 	cmd := &cobra.Command{
 		Use:   "transport",

@@ -2,7 +2,9 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
+	"strings"
 
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/internal/replay"
@@ -30,29 +32,39 @@ loopback transport and compares the chunk statuses and the destination bytes.`,
 				return err
 			}
 			defer f.Close()
-			tr, err := trace.Read(f)
-			if err != nil {
-				return errors.Wrap(err, args[0])
+			// The trace is streamed: one line at a time, each within the
+			// bound of the header's geometry (docs/TRACES.md).
+			open := func() (trace.Stream, error) {
+				if _, err := f.Seek(0, io.SeekStart); err != nil {
+					return nil, err
+				}
+				rd, err := trace.NewReader(f)
+				return rd, errors.Wrap(err, args[0])
 			}
-			out, err := replay.Cores(tr)
+			s, err := open()
 			if err != nil {
 				return err
 			}
+			h := s.Header()
+			out, err := replay.Cores(s)
+			if err != nil {
+				return errors.Wrap(err, args[0])
+			}
 			w := cmd.OutOrStdout()
-			fmt.Fprintf(w, "%s (kvstream %s, %d hook layers, group %d, %d buffers)\n", args[0], tr.Header.EngineVersion,
-				tr.Header.Config.HookLayers, tr.Header.Config.GroupSize, len(tr.Header.Config.Buffers))
+			fmt.Fprintf(w, "%s (kvstream %s, %d hook layers, group %d, %d buffers)\n", args[0], h.EngineVersion,
+				h.Config.HookLayers, h.Config.GroupSize, len(h.Config.Buffers))
 			fmt.Fprintln(w, out)
 			if out.Divergence != nil {
 				return errors.New("the replay diverged from the recording")
 			}
 			if engine {
-				eo, err := replay.Engine(cmd.Context(), tr)
+				eo, err := replay.Engine(cmd.Context(), open)
 				if err != nil {
 					return errors.Wrap(err, "engine replay")
 				}
-				fmt.Fprintf(w, "engine replay: %d chunks, statuses %v\n", eo.Chunks, eo.Replayed)
+				fmt.Fprintf(w, "engine replay: %d chunks, statuses %s\n", eo.Chunks, excerpt(eo.Replayed))
 				if eo.Mismatch != "" {
-					return errors.Newf("engine replay: %s (recorded %v, replayed %v)", eo.Mismatch, eo.Recorded, eo.Replayed)
+					return errors.Newf("engine replay: %s (recorded %s, replayed %s)", eo.Mismatch, excerpt(eo.Recorded), excerpt(eo.Replayed))
 				}
 				fmt.Fprintln(w, "engine replay: same statuses, bytes equal")
 			}
@@ -61,4 +73,10 @@ loopback transport and compares the chunk statuses and the destination bytes.`,
 	}
 	cmd.Flags().BoolVar(&engine, "engine", false, "also replay through a real engine on simulated hardware")
 	return cmd
+}
+
+// excerpt prints per-room statuses within replay.MaxExcerpt bytes: a trace
+// may hold thousands of rooms.
+func excerpt(rooms []string) string {
+	return trace.Excerpt("["+strings.Join(rooms, "; ")+"]", replay.MaxExcerpt)
 }

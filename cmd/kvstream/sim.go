@@ -108,12 +108,21 @@ func (f *simFlags) config() (workload.Config, error) {
 		return cfg, errors.Wrap(err, "--cp-rule")
 	}
 	cfg.CP.Rule = rule
+	// Converted here, so checked here: a shift or a float-to-duration
+	// conversion of a wild value would wrap before workload's bounds see it.
+	if cfg.MemoryBudget < 0 || cfg.MemoryBudget > workload.MaxMemoryBudget>>20 {
+		return cfg, errors.Newf("--memory-mib %d: must be within [0, %d]", cfg.MemoryBudget, workload.MaxMemoryBudget>>20)
+	}
 	cfg.MemoryBudget <<= 20
+	maxUs := float64(workload.MaxLatency / time.Microsecond)
+	if !(f.linkLatencyUs >= 0 && f.linkLatencyUs <= maxUs) { // NaN fails both
+		return cfg, errors.Newf("--link-latency-us %v: must be within [0, %v]", f.linkLatencyUs, maxUs)
+	}
 	cfg.LinkLatency = time.Duration(f.linkLatencyUs * float64(time.Microsecond))
 	return cfg, nil
 }
 
-func runSim(cmd *cobra.Command, f *simFlags) error {
+func runSim(cmd *cobra.Command, f *simFlags) (err error) {
 	if f.gpu != "" {
 		// The GPU run is a fixed check workload (internal/gpucheck): say so
 		// rather than ignore a workload flag the user thought applied.
@@ -177,7 +186,11 @@ func runSim(cmd *cobra.Command, f *simFlags) error {
 		if err != nil {
 			return errors.Wrap(err, "--record")
 		}
-		defer fh.Close()
+		defer func() {
+			if cerr := fh.Close(); cerr != nil && err == nil {
+				err = errors.Wrap(cerr, "--record")
+			}
+		}()
 		cfg.Record = fh // written when the per-layer engine closes
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)

@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -63,10 +65,32 @@ func TestSimJSONTraceAndPlot(t *testing.T) {
 		require.True(t, ok, "%s missing or not a number", path)
 		assert.Positive(t, v, path)
 	}
-	for _, k := range []string{"floor_ms", "submits_per_forward"} {
+	for _, k := range []string{"floor_ms", "submits_per_forward", "link_gbit_per_s"} {
 		v, ok := rep[k].(float64)
 		require.True(t, ok, "%s missing", k)
 		assert.Positive(t, v, k)
+	}
+	assert.Equal(t, false, rep["scaled_overheads"])
+	for _, mode := range []string{"per_layer", "monolithic"} {
+		m := rep[mode].(map[string]any)
+		for _, k := range []string{"floor_ms", "ratio_to_floor", "effective_gbyte_per_s", "bytes_modeled", "bytes_moved"} {
+			v, ok := m[k].(float64)
+			require.True(t, ok, "%s.%s missing", mode, k)
+			assert.Positive(t, v, "%s.%s", mode, k)
+		}
+		// A figure below its physical bound is a measurement bug.
+		assert.GreaterOrEqual(t, m["ratio_to_floor"].(float64), 1.0, mode)
+		for _, k := range []string{"batch_phases_ms", "exposed_phases_ms"} {
+			ph, ok := m[k].(map[string]any)
+			require.True(t, ok, "%s.%s missing", mode, k)
+			for name, d := range ph {
+				dd := d.(map[string]any)
+				assert.Contains(t, dd, "n", "%s.%s.%s", mode, k, name)
+				if dd["n"].(float64) < 100 {
+					assert.NotContains(t, dd, "p99", "%s.%s.%s: a p99 of fewer than 100 samples", mode, k, name)
+				}
+			}
+		}
 	}
 	// 9 hook layers... the small preset has 8 hooks in groups of 4: each
 	// chunk per forward sends 2 groups + the MTP buffer.
@@ -76,18 +100,30 @@ func TestSimJSONTraceAndPlot(t *testing.T) {
 	require.NoError(t, err)
 	var tr struct {
 		TraceEvents []struct {
-			Name string  `json:"name"`
-			Ph   string  `json:"ph"`
-			Ts   float64 `json:"ts"`
-			Pid  int     `json:"pid"`
-			Tid  int     `json:"tid"`
-			Cat  string  `json:"cat"`
+			Name string         `json:"name"`
+			Ph   string         `json:"ph"`
+			Ts   float64        `json:"ts"`
+			Dur  float64        `json:"dur"`
+			Pid  int            `json:"pid"`
+			Tid  int            `json:"tid"`
+			Cat  string         `json:"cat"`
+			S    string         `json:"s"`
+			Args map[string]any `json:"args"`
 		} `json:"traceEvents"`
 	}
 	require.NoError(t, json.Unmarshal(raw, &tr), "the trace is valid trace-event JSON")
 	cats := map[string]map[int]int{}
+	type span struct{ from, to float64 }
+	tracks := map[[2]int][]span{}
 	for _, e := range tr.TraceEvents {
 		require.Contains(t, []string{"X", "b", "e", "M", "i"}, e.Ph, "event %q", e.Name)
+		switch e.Ph {
+		case "i":
+			assert.Equal(t, "p", e.S, "instant event %q: scope at top level", e.Name)
+			assert.NotContains(t, e.Args, "s", "instant event %q: scope not in args", e.Name)
+		case "X":
+			tracks[[2]int{e.Pid, e.Tid}] = append(tracks[[2]int{e.Pid, e.Tid}], span{e.Ts, e.Ts + e.Dur})
+		}
 		if e.Cat != "" {
 			if cats[e.Cat] == nil {
 				cats[e.Cat] = map[int]int{}
@@ -95,7 +131,15 @@ func TestSimJSONTraceAndPlot(t *testing.T) {
 			cats[e.Cat][e.Pid]++
 		}
 	}
-	for _, c := range []string{"compute", "event_wait", "transfer", "finish"} {
+	// Complete slices on one track must nest or follow each other; the
+	// trace's slices here never nest.
+	for track, spans := range tracks {
+		sort.Slice(spans, func(i, j int) bool { return spans[i].from < spans[j].from })
+		for i := 1; i < len(spans); i++ {
+			assert.LessOrEqual(t, spans[i-1].to, spans[i].from+1e-3, "track %v: complete slices overlap", track)
+		}
+	}
+	for _, c := range []string{"compute", "event_wait", "detect", "post", "transfer", "finish"} {
 		assert.Positive(t, cats[c][1], "per-layer run has %s events", c)
 		assert.Positive(t, cats[c][2], "monolithic run has %s events", c)
 	}
@@ -108,6 +152,20 @@ func TestSimJSONTraceAndPlot(t *testing.T) {
 	assert.Greater(t, img.Bounds().Dx(), 800)
 }
 
+// At a time scale other than 1 the real overheads inside modeled times are
+// multiplied: the report says so.
+func TestSimTimeScaleLabelled(t *testing.T) {
+	out, err := run(t, append(quick, "--time-scale", "4", "--json")...)
+	require.NoError(t, err, out)
+	var rep map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
+	assert.Equal(t, true, rep["scaled_overheads"])
+	assert.Contains(t, rep["note"], "do not measure the engine")
+	out, err = run(t, append(quick, "--time-scale", "4")...)
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "WARNING: --time-scale 4")
+}
+
 func TestSimText(t *testing.T) {
 	out, err := run(t, append(quick, "--layers", "6", "--cp", "2", "--cp-rank", "1", "--cp-rule", "contiguous")...)
 	require.NoError(t, err, out)
@@ -117,6 +175,8 @@ func TestSimText(t *testing.T) {
 }
 
 func TestSimBadFlags(t *testing.T) {
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -129,12 +189,40 @@ func TestSimBadFlags(t *testing.T) {
 		{[]string{"sim", "--link-gbps", "-1"}, "--link-gbps -1: must be positive"},
 		{[]string{"sim", "--page-size", "abc"}, `invalid argument "abc" for "--page-size"`},
 		{[]string{"sim", "--gpu", "gpu0"}, `--gpu "gpu0": want cuda:N`},
+		// Each of these used to panic, hang or exhaust memory (issue 15).
+		{[]string{"sim", "--submitters", "-1"}, "--submitters -1: must be within [1, 1024]"},
+		{[]string{"sim", "--chunk-tokens", "2000000000"}, "--chunk-tokens 2000000000: above the bound of 16777216"},
+		{[]string{"sim", "--prompt-tokens", "9223372036854775807"}, "--prompt-tokens 9223372036854775807: above the bound"},
+		{[]string{"sim", "--requests", "9223372036854775807"}, "--requests 9223372036854775807: above the bound of 4096"},
+		{[]string{"sim", "--requests", "100000000"}, "--requests 100000000: above the bound of 4096"},
+		{[]string{"sim", "--layers", "1000000"}, "--layers 1000000: above the bound of 4096"},
+		{[]string{"sim", "--requests", "4096", "--prompt-tokens", "16777216", "--page-size", "16"}, "above the bound of 4194304 pages per run"},
+		{[]string{"sim", "--link-gbps", "NaN"}, "--link-gbps NaN: must be a finite number"},
+		{[]string{"sim", "--link-gbps", "+Inf"}, "--link-gbps +Inf: must be a finite number"},
+		{[]string{"sim", "--time-scale", "1e-300"}, "--time-scale 1e-300: must be within [0.001, 1000]"},
+		{[]string{"sim", "--time-scale", "1e-9"}, "--time-scale 1e-09: must be within [0.001, 1000]"},
+		{[]string{"sim", "--link-latency-us", "NaN"}, "--link-latency-us NaN: must be within [0, 1e+06]"},
+		{[]string{"sim", "--memory-mib", "1000000000000000"}, "--memory-mib 1000000000000000: must be within [0, 65536]"},
 		{[]string{"sim", "--gpu", "cuda:0", "--model", "small", "--requests", "2"}, "fixed check workload (16 buffers, 4 requests, K = 4) and takes no --model, --requests"},
 	} {
 		_, err := run(t, tc.args...)
 		require.Error(t, err, "%v", tc.args)
 		assert.Contains(t, err.Error(), tc.want)
 	}
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(64<<20), "refusals allocate nothing from the values they refuse")
+}
+
+// TestSimRecordToAFullDevice: a trace that cannot be written is the run's
+// error; it used to exit 0 with an empty file.
+func TestSimRecordToAFullDevice(t *testing.T) {
+	if _, err := os.Stat("/dev/full"); err != nil {
+		t.Skip("no /dev/full here")
+	}
+	_, err := run(t, "sim", "--no-progress", "--model", "small", "--requests", "1", "--prompt-tokens", "256", "--chunk-tokens", "256", "--record", "/dev/full")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "no space left on device")
 }
 
 // Without a CUDA driver, --gpu says so plainly.

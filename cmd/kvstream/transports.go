@@ -1,6 +1,8 @@
 package main
 
 import (
+	"net"
+	"path/filepath"
 	"sort"
 	"strings"
 
@@ -12,15 +14,17 @@ import (
 // transportFactory opens one side of a transport by name. loopback is
 // always built in; ucx registers itself when the binary is built with
 // -tags ucx (it needs cgo and libucx).
-type transportFactory func(name string) (rdma.Transport, error)
+// dataHost is the IP address whose interface a network transport may use
+// ("" for any).
+type transportFactory func(name, dataHost string) (rdma.Transport, error)
 
 var transports = map[string]transportFactory{
-	"loopback": func(name string) (rdma.Transport, error) { return loopback.Default().NewTransport(name) },
+	"loopback": func(name, _ string) (rdma.Transport, error) { return loopback.Default().NewTransport(name) },
 }
 
 // openTransport opens a transport of the given kind, or says which kinds
 // this binary has.
-func openTransport(kind, name string) (rdma.Transport, error) {
+func openTransport(kind, name, dataHost string) (rdma.Transport, error) {
 	f, ok := transports[kind]
 	if !ok {
 		var have []string
@@ -34,5 +38,64 @@ func openTransport(kind, name string) (rdma.Transport, error) {
 		}
 		return nil, errors.Newf("--transport %q: this binary has %s%s", kind, strings.Join(have, ", "), hint)
 	}
-	return f(name)
+	return f(name, dataHost)
+}
+
+// interfaceOf is the network interface that carries ip: the one with that
+// address, or for a loopback address the loopback interface whose network
+// contains it (127.0.0.2 is lo's, though lo lists 127.0.0.1/8).
+func interfaceOf(ip net.IP) (string, error) {
+	ifaces, err := net.Interfaces()
+	if err != nil {
+		return "", errors.Wrap(err, "list network interfaces")
+	}
+	contains := ""
+	for _, ifc := range ifaces {
+		addrs, err := ifc.Addrs()
+		if err != nil {
+			continue
+		}
+		for _, a := range addrs {
+			ipn, ok := a.(*net.IPNet)
+			switch {
+			case !ok:
+			case ipn.IP.Equal(ip):
+				return ifc.Name, nil
+			case contains == "" && ip.IsLoopback() && ifc.Flags&net.FlagLoopback != 0 && ipn.Contains(ip):
+				contains = ifc.Name
+			}
+		}
+	}
+	if contains != "" {
+		return contains, nil
+	}
+	return "", errors.Newf("no network interface of this host has the address %s", ip)
+}
+
+// netDevices is the UCX_NET_DEVICES value that keeps UCX's network
+// transports on the interface of host: that interface for tcp, and every
+// RDMA port (whose remote keys the NIC enforces; their addresses are not
+// IP listeners).
+func netDevices(host string) (string, error) {
+	ip := net.ParseIP(strings.Trim(host, "[]"))
+	if ip == nil {
+		ips, err := net.LookupIP(host)
+		if err != nil || len(ips) == 0 {
+			return "", errors.Newf("data plane host %q: not an IP address, and it does not resolve", host)
+		}
+		ip = ips[0]
+	}
+	if ip.IsUnspecified() {
+		return "", errors.Newf("data plane host %q: give the address of one interface (--data-addr)", host)
+	}
+	ifc, err := interfaceOf(ip)
+	if err != nil {
+		return "", errors.Wrap(err, "the data plane's interface (--data-addr)")
+	}
+	devs := []string{ifc}
+	ib, _ := filepath.Glob("/sys/class/infiniband/*/ports/*")
+	for _, p := range ib {
+		devs = append(devs, filepath.Base(filepath.Dir(filepath.Dir(p)))+":"+filepath.Base(p))
+	}
+	return strings.Join(devs, ","), nil
 }

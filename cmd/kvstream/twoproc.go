@@ -25,17 +25,32 @@ func cliLogger(verbose bool) *zap.Logger {
 }
 
 // closeWithin runs a Close that takes a context, bounded for a command
-// that is exiting.
-func closeWithin(close func(context.Context) error) {
+// that is exiting, and adds its error to *err: a failed Close fails the
+// command.
+func closeWithin(what string, close func(context.Context) error, err *error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	_ = close(ctx)
+	if cerr := close(ctx); cerr != nil {
+		*err = errors.CombineErrors(*err, errors.Wrapf(cerr, "close %s", what))
+	}
 }
 
+// closeTransport closes the data plane and adds its error to *err.
+func closeTransport(tr interface{ Close() error }, err *error) {
+	if cerr := tr.Close(); cerr != nil {
+		*err = errors.CombineErrors(*err, errors.Wrap(cerr, "close the transport"))
+	}
+}
+
+// maxPoolMiB bounds --max-pool-mib: 1 TiB.
+const maxPoolMiB = 1 << 20
+
 func newDecode() *cobra.Command {
-	var listen, transport string
+	var nf netFlags
+	var transport string
+	var prefills []string
 	var wait time.Duration
-	var maxPoolMiB uint64
+	var maxPool uint64
 	var verbose bool
 	cmd := &cobra.Command{
 		Use:   "decode",
@@ -46,26 +61,45 @@ transport (UCX: the prefill writes into it directly), and verifies every page of
 prefill reports finished against the model's bytes. It prints one summary line and exits 0 only when
 every chunk succeeded, every byte matched and the session was complete: the prefill said goodbye
 having sent every chunk it meant to, and every room it started received its last chunk. It is a
-thin command over package decode (decode.Listen, decode.New, Server.Accept).`,
+thin command over package decode (decode.ListenConfig, decode.New, Server.Accept).
+
+Off loopback the control plane needs mutual TLS (--tls-dir from kvstream certs, or --tls-ca,
+--tls-cert, --tls-key); the session is then bound to the prefill's certificate (--prefill-name
+limits which). The UCX data plane uses only the interface of the advertised address (--advertise,
+--data-addr). A prefill that answers no heartbeat within --heartbeat is lost. docs/SECURITY.md
+says what each plane trusts.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		RunE: func(cmd *cobra.Command, _ []string) (err error) {
+			switch {
+			case wait <= 0:
+				return errors.Newf("--wait %v: must be positive", wait)
+			case maxPool == 0 || maxPool > maxPoolMiB:
+				return errors.Newf("--max-pool-mib %d: want 1 to %d", maxPool, maxPoolMiB)
+			}
+			tlsm, err := nf.check("decode")
+			if err != nil {
+				return err
+			}
+			if len(prefills) > 0 && tlsm == nil {
+				return errors.Newf("--prefill-name %v: names are certificates' (give --tls-dir or --tls-ca/--tls-cert/--tls-key)", prefills)
+			}
 			log := cliLogger(verbose)
 			defer log.Sync() //nolint:errcheck
-			tr, err := openTransport(transport, "decode")
+			node, err := nf.node(tlsm, log)
 			if err != nil {
 				return err
 			}
-			defer tr.Close()
-			node, err := decode.Listen(listen, log)
+			defer closeWithin("the control plane", node.Close, &err)
+			tr, err := openTransport(transport, "decode", nf.dataHost(node))
 			if err != nil {
 				return err
 			}
-			defer closeWithin(node.Close)
-			d, err := twoproc.StartDecode(node, tr, uint64(maxPoolMiB)<<20, log)
+			defer closeTransport(tr, &err)
+			d, err := twoproc.StartDecode(node, tr, maxPool<<20, prefills, log)
 			if err != nil {
 				return err
 			}
-			defer closeWithin(d.Close)
+			defer closeWithin("the decode server", d.Close, &err)
 			fmt.Fprintf(cmd.OutOrStdout(), "decode: listening on %s (transport %s)\n", node.Addr(), transport)
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 			defer stop()
@@ -83,17 +117,19 @@ thin command over package decode (decode.Listen, decode.New, Server.Accept).`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&listen, "listen", "127.0.0.1:9100", "control-plane address (host:port; port 0 picks one)")
+	addNetFlags(fl, &nf, "decode", "127.0.0.1:9100")
 	fl.StringVar(&transport, "transport", "ucx", "data transport: ucx (loopback does not cross processes)")
+	fl.StringSliceVar(&prefills, "prefill-name", nil, "with TLS: the certificate names of the prefills served (default: any of the CA)")
 	fl.DurationVar(&wait, "wait", time.Hour, "give up when no prefill session ended within this")
-	fl.Uint64Var(&maxPoolMiB, "max-pool-mib", 4096, "the most memory the decode pool sized for the prefill may take")
+	fl.Uint64Var(&maxPool, "max-pool-mib", 4096, "the most memory the decode pool sized for the prefill may take")
 	fl.BoolVar(&verbose, "verbose", false, "log at DEBUG")
 	return cmd
 }
 
 func newPrefill() *cobra.Command {
 	f := &simFlags{cfg: workload.Defaults()}
-	var decodeAddr, listen, transport string
+	var nf netFlags
+	var decodeAddr, decodeName, transport string
 	var monolithic bool
 	cmd := &cobra.Command{
 		Use:   "prefill",
@@ -101,11 +137,16 @@ func newPrefill() *cobra.Command {
 		Long: `prefill runs the sim workload (simulated GPU, real engine) with the KV going over a real transport
 (UCX) into a decode process (kvstream decode), which verifies every page. The link is real, so
 --link-gbps and --time-scale do not apply. It prints one summary line and exits 0 only when every
-chunk succeeded and the decode process found every byte equal. If the decode process dies, its
-chunks fail within the finish timeout and the run stops. The session with the decode process is
-package decode's Client (decode.Dial, Notify per chunk, Bye with the run's outcome).`,
+chunk succeeded and the decode process found every byte equal. If the decode process dies or
+hangs, its chunks fail and the run stops. The session with the decode process is
+package decode's Client (decode.Dial, Notify per chunk, Bye with the run's outcome).
+
+Off loopback the control plane needs mutual TLS (--tls-dir from kvstream certs, or --tls-ca,
+--tls-cert, --tls-key); the decode's certificate must carry --decode-name. A decode process that
+answers no heartbeat within --heartbeat (a hung one keeps its connections open) is lost at once:
+its chunks fail without waiting for the finish timeout.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		RunE: func(cmd *cobra.Command, _ []string) (err error) {
 			cfg, err := f.config()
 			if err != nil {
 				return err
@@ -113,19 +154,36 @@ package decode's Client (decode.Dial, Notify per chunk, Bye with the run's outco
 			if cfg.TimeScale != 1 {
 				return errors.Newf("--time-scale %v: prefill runs on real time (the link is real)", cfg.TimeScale)
 			}
+			if err := checkHostPort("--decode", decodeAddr, false); err != nil {
+				return err
+			}
+			if decodeName == "" {
+				return errors.New("--decode-name is empty: the name the decode's certificate carries")
+			}
+			tlsm, err := nf.check("prefill")
+			if err != nil {
+				return err
+			}
 			log := cliLogger(f.verbose)
 			defer log.Sync() //nolint:errcheck
-			tr, err := openTransport(transport, "prefill")
+			node, err := nf.node(tlsm, log)
 			if err != nil {
 				return err
 			}
-			defer tr.Close()
-			node, err := decode.Listen(listen, log)
+			defer closeWithin("the control plane", node.Close, &err)
+			tr, err := openTransport(transport, "prefill", nf.dataHost(node))
 			if err != nil {
 				return err
 			}
-			defer closeWithin(node.Close)
-			plane := twoproc.NewPrefill(node, decodeAddr, tr, cfg.PromptTokens)
+			defer closeTransport(tr, &err)
+			plane := twoproc.NewPrefill(node, decode.DialConfig{Decode: decodeAddr, DecodeName: decodeName}, tr, cfg.PromptTokens)
+			// The decode process is this transport's only peer: once it is
+			// lost (its connection, or its heartbeats: a hung process keeps
+			// its connections open and completes nothing), closing the
+			// transport fails the chunks in flight to it at once instead of
+			// at the finish timeout. The engine hears of the loss too
+			// (Engine.PeerLost), and refuses new chunks for it.
+			plane.OnPeerLost(func(error) { go func() { _ = tr.Close() }() })
 			out := cmd.OutOrStdout()
 			if !f.noProg {
 				cfg.Progress = func(done, total int) { fmt.Fprintf(cmd.ErrOrStderr(), "prefill: forward %d/%d done\n", done, total) }
@@ -155,8 +213,9 @@ package decode's Client (decode.Dial, Notify per chunk, Bye with the run's outco
 				mode = "monolithic"
 			}
 			chunks := len(mr.PerRequest)
-			line := fmt.Sprintf("prefill: %s over %s, %d requests, %d chunks failed, decode accepted %d chunks, bytes equal: %v, exposed transfer mean %.2f ms, %.2f GB/s",
-				mode, transport, chunks, mr.Failed, summary.Chunks, mr.Failed == 0 && plane.Verify(nil) == "" && mr.Aborted == "" && byeErr == nil, mr.ExposedMs, mr.EffectiveGBps)
+			line := fmt.Sprintf("prefill: %s over %s, %d requests, %d chunks failed, decode accepted %d chunks, bytes equal: %v, exposed transfer mean %.2f ms, %.3f GB crossed the transport at %.2f GB/s",
+				mode, transport, chunks, mr.Failed, summary.Chunks, mr.Failed == 0 && plane.Verify(nil) == "" && mr.Aborted == "" && byeErr == nil, mr.ExposedMs,
+				float64(mr.BytesMoved)/1e9, mr.MovedGBytePerS)
 			if mr.Aborted != "" {
 				line += "; stopped: " + mr.Aborted
 			}
@@ -178,8 +237,9 @@ package decode's Client (decode.Dial, Notify per chunk, Bye with the run's outco
 	}
 	fl := cmd.Flags()
 	addWorkloadFlags(fl, f)
-	fl.StringVar(&decodeAddr, "decode", "127.0.0.1:9100", "the decode process's control-plane address")
-	fl.StringVar(&listen, "listen", "127.0.0.1:0", "this process's control-plane address")
+	fl.StringVar(&decodeAddr, "decode", "127.0.0.1:9100", "the decode process's control-plane address (what it advertises)")
+	fl.StringVar(&decodeName, "decode-name", decode.DefaultDecodeName, "with TLS: the name the decode process's certificate must carry")
+	addNetFlags(fl, &nf, "prefill", "127.0.0.1:0")
 	fl.StringVar(&transport, "transport", "ucx", "data transport: ucx")
 	fl.BoolVar(&monolithic, "monolithic", false, "send monolithically after each forward instead of per layer")
 	fl.BoolVar(&f.verbose, "verbose", false, "log the engine at DEBUG")

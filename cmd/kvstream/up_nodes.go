@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"strconv"
@@ -135,6 +136,15 @@ func (c *countingProvider) Watch(ctx context.Context, role cluster.Role) ([]clus
 	return c.Provider.Watch(ctx, role)
 }
 
+// hostOf is the host of a host:port, for the data plane's interface.
+func hostOf(addr string) string {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	return host
+}
+
 // nodeContext ends on SIGTERM, SIGINT or the stdin's end.
 func nodeContext(stdin io.Reader) (context.Context, context.CancelFunc, <-chan string) {
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
@@ -169,7 +179,7 @@ successful and every page holds the model's bytes. It registers {id, decode, add
 serves (and revokes it first when it stops), prints JSON lines on stdout (ready, one per room that
 ended, and its row when it ends) and ends on SIGTERM or when its stdin closes. kvstream up starts it.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		RunE: func(cmd *cobra.Command, _ []string) (err error) {
 			log := cliLogger(verbose)
 			defer log.Sync() //nolint:errcheck
 			r, err := cp.ParseRule(rule)
@@ -181,7 +191,7 @@ ended, and its row when it ends) and ends on SIGTERM or when its stdin closes. k
 				return err
 			}
 			defer prov.Close()
-			tr, err := openTransport(transport, id)
+			tr, err := openTransport(transport, id, hostOf(listen))
 			if err != nil {
 				return err
 			}
@@ -190,7 +200,7 @@ ended, and its row when it ends) and ends on SIGTERM or when its stdin closes. k
 			if err != nil {
 				return err
 			}
-			defer closeWithin(node.Close)
+			defer closeWithin("the control plane", node.Close, &err)
 			out := &eventOut{enc: json.NewEncoder(cmd.OutOrStdout())}
 			row := nodeRow{ID: id, Role: string(cluster.RoleDecode), Addr: node.Addr()}
 			var rowMu sync.Mutex
@@ -213,7 +223,7 @@ ended, and its row when it ends) and ends on SIGTERM or when its stdin closes. k
 			if err != nil {
 				return err
 			}
-			defer closeWithin(d.Close)
+			defer closeWithin("the decode server", d.Close, &err)
 			ctx, cancel, _ := nodeContext(cmd.InOrStdin())
 			defer cancel()
 			// Registered last, once it serves: a member found is a member
@@ -267,7 +277,7 @@ pages of every request) into that instance over the rank's session with it: the 
 the instance's first batch and kept, so a request or a forward never asks etcd. It prints a JSON line
 per batch and its row when its stdin closes (after saying goodbye to every instance).`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		RunE: func(cmd *cobra.Command, _ []string) (err error) {
 			cfg, err := f.config()
 			if err != nil {
 				return err
@@ -280,7 +290,7 @@ per batch and its row when its stdin closes (after saying goodbye to every insta
 			}
 			defer prov.Close()
 			id := fmt.Sprintf("%s-r%d", group, cfg.CP.Rank)
-			tr, err := openTransport(transport, id)
+			tr, err := openTransport(transport, id, hostOf(listen))
 			if err != nil {
 				return err
 			}
@@ -289,7 +299,7 @@ per batch and its row when its stdin closes (after saying goodbye to every insta
 			if err != nil {
 				return err
 			}
-			defer closeWithin(node.Close)
+			defer closeWithin("the control plane", node.Close, &err)
 			ctx, cancel, lines := nodeContext(cmd.InOrStdin())
 			defer cancel()
 			res := cluster.NewResolver(prov)
@@ -414,7 +424,7 @@ func (k *rank) run(ctx context.Context, batch int, dec string) {
 		e.FirstFailureUnixMs = ff.UnixMilli()
 	}
 	if mr != nil {
-		e.Bytes = mr.BytesInMemory
+		e.Bytes = mr.BytesMoved
 		e.Failed = mr.Failed
 	}
 	if !e.OK {

@@ -5,15 +5,17 @@ import (
 	"testing"
 
 	"github.com/kvstream/kvstream/cp"
+	"github.com/kvstream/kvstream/cp/reshard/reshardtest"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 )
 
 // The byte oracle for resharding. Every prefill rank (PP stage x TP rank x CP
 // rank) holds its share of a request's KV in its own page buffers; the
-// reference gathers it into one logical [layer][kind][token][head][byte]
-// tensor and re-splits that for every decode rank, element by element, with
-// nothing from this package but the sides' parameters. The plan under test
+// reference (package reshardtest) gathers it into one logical
+// [layer][kind][token][head][byte] tensor and re-splits that for every decode
+// rank, element by element, with nothing from this package but the sides'
+// parameters. The plan under test
 // is applied the way the engine will apply it: chunk by chunk, each CP rank
 // filtering its pages with cp, each route turning the chunk's runs into
 // blocks that are copied into zeroed decode buffers. Every decode byte must
@@ -34,195 +36,35 @@ type world struct {
 	// corrupt, when set, may alter a prefill rank's plan before it is applied.
 	corrupt func(src Rank, cpRank int, p *Plan)
 	// tamper, when set, may alter the prefill buffers after they are filled.
-	tamper func(src map[[3]int]rankBufs)
+	tamper func(src map[reshardtest.Rank]rankBufs)
 }
 
 func (w *world) pages() int {
 	return (w.tokens + w.pair.Prefill.PageSize - 1) / w.pair.Prefill.PageSize
 }
 
-// value is the KV byte of a logical element; never 0, so that a write that
-// never happened cannot match by accident.
-func value(layer, kind, token, head, b int) byte {
-	x := uint64(layer)<<48 ^ uint64(kind)<<44 ^ uint64(token)<<20 ^ uint64(head)<<8 ^ uint64(b)
-	x ^= x >> 33
-	x *= 0xff51afd7ed558ccd
-	x ^= x >> 33
-	return byte(1 + x%255)
+type rankBufs = reshardtest.Bufs
+
+// side restates a side for the reference.
+func side(s *Side) reshardtest.Side {
+	return reshardtest.Side{Layers: s.Layers, KVHeads: s.KVHeads, HeadDim: s.HeadDim, ElemBytes: s.ElemBytes, MLA: s.MLA,
+		TP: s.TP, Stages: s.Stages, PageSize: s.PageSize, HeadMajor: s.Order == HeadMajor}
 }
 
-// simple side geometry, written out again on purpose.
-type simple struct {
-	s *Side
-}
-
-func (g simple) perRank() int { return max(1, g.s.KVHeads/g.s.TP) }
-func (g simple) holds(tp, h int) bool {
-	rep := max(1, g.s.TP/g.s.KVHeads)
-	lo := tp / rep * g.perRank()
-	return h >= lo && h < lo+g.perRank()
-}
-func (g simple) stageOf(l int) int {
-	for st := 0; st+1 < len(g.s.Stages); st++ {
-		if l < g.s.Stages[st+1] {
-			return st
-		}
-	}
-	return 0
-}
-func (g simple) firstLayer(st int) int {
-	if len(g.s.Stages) == 0 {
-		return 0
-	}
-	return g.s.Stages[st]
-}
-func (g simple) item() int { return g.s.PageSize * g.perRank() * g.s.HeadDim * g.s.ElemBytes }
-
-// at is the byte offset of (page, token in page, head, byte) in a buffer of
-// rank tp.
-func (g simple) at(tp, page, t, h, b int) int {
-	hb := g.s.HeadDim * g.s.ElemBytes
-	rep := max(1, g.s.TP/g.s.KVHeads)
-	local := h - tp/rep*g.perRank()
-	if g.s.Order == HeadMajor {
-		return page*g.item() + (local*g.s.PageSize+t)*hb + b
-	}
-	return page*g.item() + (t*g.perRank()+local)*hb + b
-}
-
-// owner is the CP rank that holds position p.
-func owner(rule cp.Rule, size, total, p int) int {
-	if rule == cp.SharedKV {
-		return p % size
-	}
-	lo := 0
-	for r := 0; r < size; r++ {
-		n := total / size
-		if r < total%size {
-			n++
-		}
-		if p < lo+n {
-			return r
-		}
-		lo += n
-	}
-	return -1
-}
-
-// rankBufs is one rank's buffers, indexed [stage layer * kinds + kind].
-type rankBufs [][]byte
-
-// fill builds every prefill rank's buffers: its owned pages hold the
-// request's KV, every other byte is noise particular to the rank, so that a
-// page sent by a CP rank that does not own it, or from the wrong buffer, is
-// a wrong byte.
-func (w *world) fill() map[[3]int]rankBufs {
-	pre := &w.pair.Prefill
-	g := simple{pre}
-	kinds, T, hb := pre.Kinds(), w.pages(), pre.HeadDim*pre.ElemBytes
-	out := map[[3]int]rankBufs{}
-	for st := 0; st < pre.PP(); st++ {
-		lo, hi := pre.StageLayers(st)
-		for tp := 0; tp < pre.TP; tp++ {
-			for c := 0; c < w.cp.Size; c++ {
-				bufs := make(rankBufs, (hi-lo)*kinds)
-				for i := range bufs {
-					bufs[i] = make([]byte, w.srcPool*g.item())
-					for j := range bufs[i] {
-						bufs[i][j] = value(1000+st, tp, c, i, j)
-					}
-					l, kind := lo+i/kinds, i%kinds
-					for p := 0; p < T; p++ {
-						if owner(w.cp.Rule, w.cp.Size, T, p) != c {
-							continue
-						}
-						for t := 0; t < pre.PageSize; t++ {
-							for h := 0; h < pre.KVHeads; h++ {
-								if !g.holds(tp, h) {
-									continue
-								}
-								for b := 0; b < hb; b++ {
-									bufs[i][g.at(tp, w.srcPages[p], t, h, b)] = value(l, kind, p*pre.PageSize+t, h, b)
-								}
-							}
-						}
-					}
-				}
-				out[[3]int{st, tp, c}] = bufs
-			}
-		}
-	}
-	return out
-}
-
-// reference gathers the logical tensor from the prefill buffers (each
-// element from its owning CP rank, its stage and the first TP rank that
-// holds its head) and re-splits it into every decode rank's expected buffers.
-func (w *world) reference(src map[[3]int]rankBufs) (want []rankBufs, mask [][][]bool) {
-	pre, dec := &w.pair.Prefill, &w.pair.Decode
-	gp, gd := simple{pre}, simple{dec}
-	kinds, T, P, H, hb := pre.Kinds(), w.pages(), pre.PageSize, pre.KVHeads, pre.HeadDim*pre.ElemBytes
-	L := pre.Layers
-	logical := make([]byte, L*kinds*T*P*H*hb)
-	idx := func(l, kind, tok, h, b int) int { return (((l*kinds+kind)*T*P+tok)*H+h)*hb + b }
-	for l := 0; l < L; l++ {
-		st := gp.stageOf(l)
-		for kind := 0; kind < kinds; kind++ {
-			for p := 0; p < T; p++ {
-				c := owner(w.cp.Rule, w.cp.Size, T, p)
-				for h := 0; h < H; h++ {
-					tp := 0
-					for !gp.holds(tp, h) {
-						tp++
-					}
-					buf := src[[3]int{st, tp, c}][(l-gp.firstLayer(st))*kinds+kind]
-					for t := 0; t < P; t++ {
-						for b := 0; b < hb; b++ {
-							logical[idx(l, kind, p*P+t, h, b)] = buf[gp.at(tp, w.srcPages[p], t, h, b)]
-						}
-					}
-				}
-			}
-		}
-	}
-	for st := 0; st < dec.PP(); st++ {
-		lo, hi := dec.StageLayers(st)
-		for tp := 0; tp < dec.TP; tp++ {
-			bufs := make(rankBufs, (hi-lo)*kinds)
-			m := make([][]bool, len(bufs))
-			for i := range bufs {
-				bufs[i] = make([]byte, w.dstPool*gd.item())
-				m[i] = make([]bool, len(bufs[i]))
-				l, kind := lo+i/kinds, i%kinds
-				for p := 0; p < T; p++ {
-					for t := 0; t < P; t++ {
-						for h := 0; h < H; h++ {
-							if !gd.holds(tp, h) {
-								continue
-							}
-							for b := 0; b < hb; b++ {
-								at := gd.at(tp, w.dstPages[st*dec.TP+tp][p], t, h, b)
-								bufs[i][at] = logical[idx(l, kind, p*P+t, h, b)]
-								m[i][at] = true
-							}
-						}
-					}
-				}
-			}
-			want = append(want, bufs)
-			mask = append(mask, m)
-		}
-	}
-	return want, mask
+// request is the world's request for the reference.
+func (w *world) request() *reshardtest.Request {
+	return &reshardtest.Request{Prefill: side(&w.pair.Prefill), Decode: side(&w.pair.Decode), CPSize: w.cp.Size, CPRule: w.cp.Rule,
+		Tokens: w.tokens, SrcPool: w.srcPool, SrcPages: w.srcPages, DstPool: w.dstPool, DstPages: w.dstPages}
 }
 
 // apply runs every prefill rank's plan over the chunks into zeroed decode
 // buffers, counting the writes of every byte. It returns an error, never
 // panics, on a block out of bounds or a block that could have merged with
 // the previous one.
-func (w *world) apply(src map[[3]int]rankBufs) (got []rankBufs, count [][][]uint8, err error) {
+func (w *world) apply(src map[reshardtest.Rank]rankBufs) (got []rankBufs, count [][][]uint8, err error) {
 	pre, dec := &w.pair.Prefill, &w.pair.Decode
-	gd := simple{dec}
+	sd := side(dec)
+	item := sd.ItemLen()
 	kinds, T := dec.Kinds(), w.pages()
 	for st := 0; st < dec.PP(); st++ {
 		lo, hi := dec.StageLayers(st)
@@ -230,7 +72,7 @@ func (w *world) apply(src map[[3]int]rankBufs) (got []rankBufs, count [][][]uint
 			bufs := make(rankBufs, (hi-lo)*kinds)
 			cnt := make([][]uint8, len(bufs))
 			for i := range bufs {
-				bufs[i] = make([]byte, w.dstPool*gd.item())
+				bufs[i] = make([]byte, w.dstPool*item)
 				cnt[i] = make([]uint8, len(bufs[i]))
 			}
 			got, count = append(got, bufs), append(count, cnt)
@@ -248,7 +90,7 @@ func (w *world) apply(src map[[3]int]rankBufs) (got []rankBufs, count [][][]uint
 				if w.corrupt != nil {
 					w.corrupt(me, c, plan)
 				}
-				bufs := src[[3]int{st, tp, c}]
+				bufs := src[reshardtest.Rank{Stage: st, TP: tp, CP: c}]
 				filter := cp.CP{Size: w.cp.Size, Rank: c, Rule: w.sendRule}
 				start := 0
 				for k, end := range w.ends {
@@ -312,11 +154,12 @@ func (w *world) apply(src map[[3]int]rankBufs) (got []rankBufs, count [][][]uint
 // else an error naming the first byte written a wrong number of times and
 // the first byte with a wrong value (either may be missing).
 func (w *world) check() error {
-	src := w.fill()
+	req := w.request()
+	src := req.Fill()
 	if w.tamper != nil {
 		w.tamper(src)
 	}
-	want, mask := w.reference(src)
+	want, mask := req.Reference(src)
 	got, count, err := w.apply(src)
 	if err != nil {
 		return err
@@ -561,8 +404,8 @@ func TestOracleCatchesPlantedMistakes(t *testing.T) {
 		{"a replicated head sent twice with different bytes", func(t *testing.T) *world {
 			w := fixed(gqa(16, TokenMajor), gqa(8, TokenMajor), 1)
 			w.pair.Replicas = FirstReplica // rank 2 sends head 1; the reference reads it there too
-			w.tamper = func(src map[[3]int]rankBufs) {
-				for _, buf := range src[[3]int{0, 3, 0}] { // replica 1 diverged
+			w.tamper = func(src map[reshardtest.Rank]rankBufs) {
+				for _, buf := range src[reshardtest.Rank{TP: 3}] { // replica 1 diverged
 					for i := range buf {
 						buf[i] ^= 0x5a
 					}
@@ -582,8 +425,8 @@ func TestOracleCatchesPlantedMistakes(t *testing.T) {
 		{"a diverged replica that does not send changes nothing", func(t *testing.T) *world {
 			w := fixed(gqa(16, TokenMajor), gqa(8, TokenMajor), 1)
 			w.pair.Replicas = FirstReplica
-			w.tamper = func(src map[[3]int]rankBufs) {
-				for _, buf := range src[[3]int{0, 3, 0}] {
+			w.tamper = func(src map[reshardtest.Rank]rankBufs) {
+				for _, buf := range src[reshardtest.Rank{TP: 3}] {
 					for i := range buf {
 						buf[i] ^= 0x5a
 					}

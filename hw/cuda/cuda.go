@@ -10,6 +10,7 @@ package cuda
 
 import (
 	"context"
+	"time"
 
 	"github.com/cockroachdb/errors"
 )
@@ -30,6 +31,16 @@ type Event interface {
 	// Wait blocks until the event completed, the device failed, or ctx ended
 	// (then it returns an error that wraps ctx.Err()).
 	Wait(ctx context.Context) error
+}
+
+// Timed is implemented by events whose stream knows when the device passed
+// them. Exposed transfer time starts there (docs/OBSERVABILITY.md): the
+// host's call that recorded the event only queued it, and the GPU may run
+// behind by a whole forward.
+type Timed interface {
+	// CompletedAt returns the host wall-clock instant at which the device
+	// passed the event, and false while it has not (or failed).
+	CompletedAt() (time.Time, bool)
 }
 
 // ErrDeviceLost marks errors after which the CUDA context is unusable (for

@@ -44,7 +44,12 @@ func Print(w io.Writer, g prometheus.Gatherer) {
 		sum(fam[system.MetricChunks], "status", "dropped"), sum(fam[system.MetricTimeouts], "", ""),
 		sum(fam[system.MetricSubmitterRestarts], "", ""))
 	fmt.Fprintf(w, "metrics: finish %s; exposed transfer %s\n",
-		Quantiles(fam[system.MetricFinishSeconds]), Quantiles(fam[system.MetricExposedTransfer]))
+		Quantiles(fam[system.MetricFinishSeconds], "", ""), Quantiles(fam[system.MetricExposedTransfer], "", ""))
+	if mf := fam[system.MetricExposedPhase]; mf != nil {
+		fmt.Fprintf(w, "metrics: exposed phases: detect %s; post %s; land %s; finish %s\n",
+			Quantiles(mf, "phase", "detect"), Quantiles(mf, "phase", "post"),
+			Quantiles(mf, "phase", "land"), Quantiles(mf, "phase", "finish"))
+	}
 	if err != nil {
 		fmt.Fprintf(w, "metrics: (partial: %v)\n", err)
 	}
@@ -78,14 +83,16 @@ func hasLabel(m *dto.Metric, name, value string) bool {
 }
 
 // Quantiles returns "p50 ≈ X, p99 ≈ Y (n samples)" for a histogram family,
-// merging its series (they share kvstream's buckets).
-func Quantiles(mf *dto.MetricFamily) string {
+// merging its series whose label name has value (every series when name is
+// empty; they share kvstream's buckets). Under 100 samples a p99 is the
+// maximum, and the buckets only bound it: "max ≤ Y".
+func Quantiles(mf *dto.MetricFamily, name, value string) string {
 	var n uint64
 	cum := map[float64]uint64{}
 	var bounds []float64
 	for _, m := range mf.GetMetric() {
 		h := m.GetHistogram()
-		if h == nil {
+		if h == nil || (name != "" && !hasLabel(m, name, value)) {
 			continue
 		}
 		n += h.GetSampleCount()
@@ -111,6 +118,14 @@ func Quantiles(mf *dto.MetricFamily) string {
 			return "> " + duration(s)
 		}
 		return "≈ " + duration(s)
+	}
+	if n < 100 {
+		top, ok := BucketQuantile(1, bounds, counts, n)
+		tail := "≤ " + duration(top)
+		if !ok {
+			tail = "> " + duration(top)
+		}
+		return fmt.Sprintf("p50 %s, max %s (%d samples)", q(0.5), tail, n)
 	}
 	return fmt.Sprintf("p50 %s, p99 %s (%d samples)", q(0.5), q(0.99), n)
 }

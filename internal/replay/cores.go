@@ -2,6 +2,7 @@ package replay
 
 import (
 	"fmt"
+	"io"
 	"sort"
 	"strconv"
 	"strings"
@@ -17,7 +18,9 @@ import (
 
 // Divergence is the first place a replay differs from its recording.
 type Divergence struct {
-	Seq      uint64
+	Seq uint64
+	// Line is the record's line in the trace file (0: not read from one).
+	Line     int
 	Actor    string
 	ID       string
 	Type     string
@@ -26,17 +29,33 @@ type Divergence struct {
 	Replayed []string
 }
 
-// String renders the divergence for people.
+// Bounds on what a divergence prints: a recorded line may be megabytes
+// long and an actor may have thousands of messages pending, and a person
+// reads the first bytes of a few of them.
+const (
+	// MaxExcerpt is the bytes of each recorded or replayed line printed.
+	MaxExcerpt = 300
+	// MaxExcerptLines is the lines printed of each side.
+	MaxExcerptLines = 20
+)
+
+// String renders the divergence for people: each side's first
+// MaxExcerptLines lines, each cut at MaxExcerpt bytes with its length.
 func (d *Divergence) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "divergence at record %d (%s %s handling %s): %s", d.Seq, d.Actor, d.ID, d.Type, d.Reason)
+	fmt.Fprintf(&b, "divergence at %s (%s %s handling %s): %s", d.where(), trace.Excerpt(d.Actor, MaxExcerpt), trace.Excerpt(d.ID, MaxExcerpt),
+		trace.Excerpt(d.Type, MaxExcerpt), d.Reason)
 	side := func(name string, lines []string) {
 		fmt.Fprintf(&b, "\n  %s:", name)
 		if len(lines) == 0 {
 			b.WriteString(" (nothing)")
 		}
-		for _, l := range lines {
-			fmt.Fprintf(&b, "\n    %s", l)
+		for i, l := range lines {
+			if i == MaxExcerptLines {
+				fmt.Fprintf(&b, "\n    … and %d more lines", len(lines)-i)
+				break
+			}
+			fmt.Fprintf(&b, "\n    %s", trace.Excerpt(l, MaxExcerpt))
 		}
 	}
 	side("recorded", d.Recorded)
@@ -44,8 +63,17 @@ func (d *Divergence) String() string {
 	return b.String()
 }
 
+func (d *Divergence) where() string {
+	if d.Line > 0 {
+		return fmt.Sprintf("record %d on trace line %d", d.Seq, d.Line)
+	}
+	return fmt.Sprintf("record %d", d.Seq)
+}
+
 // Summary describes a trace.
 type Summary struct {
+	// Records is how many records the replay read: the whole trace, or up
+	// to the first divergence.
 	Records  int
 	Replayed int // messages fed to a core or matched
 	Rooms    int
@@ -79,7 +107,7 @@ type inbox struct {
 }
 
 type replayer struct {
-	t       *trace.Trace
+	header  trace.Header
 	layout  *plan.Layout
 	out     *Outcome
 	manager *actors.ManagerCore
@@ -88,33 +116,53 @@ type replayer struct {
 	chunks  map[string]*actors.ChunkCore
 	inboxes map[string]*inbox // "kind/id"; submitters share "submitter/*"
 	seen    map[string]bool
+	// stopped are the chunks their room stopped. The actor stops
+	// asynchronously, so it may still handle what was in its mailbox
+	// (a submitter's late Submitted); its core had ended and answers
+	// nothing.
+	stopped map[string]bool
 }
 
-// Cores replays t through fresh functional cores.
-func Cores(t *trace.Trace) (*Outcome, error) {
-	l, err := Layout(t.Header.Config)
+// Cores replays a trace through fresh functional cores, one record at a
+// time: it holds the replayed actors' state, never the trace. The header
+// is validated before anything is allocated from it, and every record
+// comes checked against it (trace.Stream); stream errors end the replay.
+func Cores(s trace.Stream) (*Outcome, error) {
+	h := s.Header()
+	l, err := Layout(h.Config)
 	if err != nil {
 		return nil, err
 	}
-	r := &replayer{t: t, layout: l, out: &Outcome{Summary: Summary{Records: len(t.Records), Statuses: map[string]int{}}},
+	r := &replayer{header: h, layout: l, out: &Outcome{Summary: Summary{Statuses: map[string]int{}}},
 		manager: actors.NewManagerCore(), forward: actors.NewForwardCore(),
-		rooms: map[uint64]*actors.RoomCore{}, chunks: map[string]*actors.ChunkCore{}, inboxes: map[string]*inbox{}, seen: map[string]bool{}}
-	for i := range t.Records {
-		rec := &t.Records[i]
-		d, err := r.step(rec)
+		rooms: map[uint64]*actors.RoomCore{}, chunks: map[string]*actors.ChunkCore{}, inboxes: map[string]*inbox{}, seen: map[string]bool{}, stopped: map[string]bool{}}
+	for {
+		rec, err := s.Next()
+		if err == io.EOF {
+			return r.out, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		r.out.Records++
+		d, err := r.step(&rec)
 		if err != nil {
 			return nil, err
 		}
 		if d != nil {
 			r.out.Divergence = d
-			break
+			return r.out, nil // the first divergence is the report; what follows it is not read
 		}
 	}
-	return r.out, nil
 }
 
-// Layout rebuilds the engine's layout from a trace's configuration.
+// Layout validates a trace's configuration (trace.Config.Validate: every
+// bound, before anything is allocated) and rebuilds the engine's layout
+// from it.
 func Layout(c trace.Config) (*plan.Layout, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
 	rule, err := cp.ParseRule(c.CPRule)
 	if err != nil {
 		return nil, errors.Wrap(err, "trace header")
@@ -157,13 +205,13 @@ func (r *replayer) step(rec *trace.Record) (*Divergence, error) {
 		return nil, nil // what the hardware did; its Submitted reaches the chunk as its own record
 	}
 	div := func(reason string, recorded, replayed []string) *Divergence {
-		return &Divergence{Seq: rec.Seq, Actor: rec.Actor, ID: rec.ID, Type: rec.Type, Reason: reason, Recorded: recorded, Replayed: replayed}
+		return &Divergence{Seq: rec.Seq, Line: rec.Line, Actor: rec.Actor, ID: rec.ID, Type: rec.Type, Reason: reason, Recorded: recorded, Replayed: replayed}
 	}
 	var msg any
 	if external(rec.Actor, rec.Type) {
 		m, err := trace.Decode(rec)
 		if err != nil {
-			return nil, err
+			return nil, errors.Wrapf(err, "%s", rec.Where())
 		}
 		msg = m
 	} else {
@@ -183,7 +231,7 @@ func (r *replayer) step(rec *trace.Record) (*Divergence, error) {
 			}
 		}
 		if found < 0 {
-			if r.t.Header.Dropped > 0 && !r.seen[k] {
+			if r.header.Dropped > 0 && !r.seen[k] {
 				r.out.Skipped++ // its beginning was overwritten in the ring
 				return nil, nil
 			}
@@ -226,17 +274,20 @@ func (r *replayer) feed(rec *trace.Record, msg any) ([]any, *Divergence) {
 		room, err := strconv.ParseUint(rec.ID, 10, 64)
 		core := r.rooms[room]
 		if err != nil || core == nil {
-			return nil, &Divergence{Seq: rec.Seq, Actor: rec.Actor, ID: rec.ID, Type: rec.Type, Reason: "no such room in the replay"}
+			return nil, &Divergence{Seq: rec.Seq, Line: rec.Line, Actor: rec.Actor, ID: rec.ID, Type: rec.Type, Reason: "no such room in the replay"}
 		}
 		effs = core.Step(msg)
 	case trace.Chunk:
 		core := r.chunks[rec.ID]
+		if core == nil && r.stopped[rec.ID] {
+			return nil, nil // an ended core's effects: none
+		}
 		if core == nil {
-			return nil, &Divergence{Seq: rec.Seq, Actor: rec.Actor, ID: rec.ID, Type: rec.Type, Reason: "no such chunk in the replay"}
+			return nil, &Divergence{Seq: rec.Seq, Line: rec.Line, Actor: rec.Actor, ID: rec.ID, Type: rec.Type, Reason: "no such chunk in the replay"}
 		}
 		effs = core.Step(msg)
 	default:
-		return nil, &Divergence{Seq: rec.Seq, Actor: rec.Actor, ID: rec.ID, Type: rec.Type, Reason: "unknown actor kind"}
+		return nil, &Divergence{Seq: rec.Seq, Line: rec.Line, Actor: rec.Actor, ID: rec.ID, Type: rec.Type, Reason: "unknown actor kind"}
 	}
 	out := make([]any, len(effs))
 	for i, e := range effs {
@@ -283,6 +334,7 @@ func (r *replayer) route(rec *trace.Record, effs []any) {
 		case actors.StopChunk:
 			send(trace.Forward, "forward", &messages.Forget{Chunk: e.Chunk})
 			delete(r.chunks, trace.ChunkID(e.Chunk))
+			r.stopped[trace.ChunkID(e.Chunk)] = true
 		case actors.Idle:
 			room, _ := strconv.ParseUint(rec.ID, 10, 64)
 			send(trace.Manager, "manager", &messages.RoomIdle{Room: room, Seen: e.Seen})

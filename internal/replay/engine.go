@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"sort"
 	"strings"
 	"sync"
@@ -36,17 +37,41 @@ type EngineOutcome struct {
 // reproduced without waiting the production timeout.
 const replayTimeout = 2 * time.Second
 
+// MaxEngineBytes bounds the memory an engine replay allocates for pools:
+// the prefill pool of the header's geometry and a decode pool per peer the
+// trace adds. The replay runs on a laptop beside other work and the
+// scenario traces need kilobytes; a production geometry (tens of GiB) is
+// replayed through the cores only.
+const MaxEngineBytes = 4 << 30
+
 // Engine replays the trace's façade calls (AddPeer, Register, forwards,
 // Finish, Drop) through a fresh engine on the simulated GPU and the
 // loopback transport, re-injecting a failure into every chunk that failed
 // in the recording, and compares statuses and destination bytes.
-func Engine(ctx context.Context, t *trace.Trace) (*EngineOutcome, error) {
-	r, err := setupEngine(t)
+//
+// open is called twice and must return the trace from its beginning each
+// time: a first pass reads the recorded outcomes (a chunk's failure is
+// recorded after the batches that must fail) and sizes the pools against
+// MaxEngineBytes before anything is allocated; a second re-issues the
+// calls. Neither holds the trace in memory.
+func Engine(ctx context.Context, open func() (trace.Stream, error)) (*EngineOutcome, error) {
+	s, err := open()
+	if err != nil {
+		return nil, err
+	}
+	sv, err := surveyTrace(s)
+	if err != nil {
+		return nil, err
+	}
+	if s, err = open(); err != nil {
+		return nil, err
+	}
+	r, err := setupEngine(sv)
 	if err != nil {
 		return nil, err
 	}
 	defer r.close()
-	if err := r.drive(ctx, t.Records); err != nil {
+	if err := r.drive(ctx, s); err != nil {
 		return nil, err
 	}
 	return r.compare(), nil
@@ -75,8 +100,8 @@ type engineReplay struct {
 }
 
 // engineGeometry is the pool layout an engine replay builds from the
-// trace's configuration; the test bed needs one item length for all
-// buffers.
+// trace's configuration (validated first); the test bed needs one item
+// length for all buffers.
 func engineGeometry(c trace.Config) (testbed.Geometry, error) {
 	if _, err := Layout(c); err != nil {
 		return testbed.Geometry{}, err
@@ -84,9 +109,6 @@ func engineGeometry(c trace.Config) (testbed.Geometry, error) {
 	maxPages := 0
 	for _, b := range c.Buffers {
 		maxPages = max(maxPages, b.Pages)
-	}
-	if len(c.Buffers) == 0 {
-		return testbed.Geometry{}, errors.New("trace header: no buffers")
 	}
 	geom := testbed.Geometry{ItemLen: c.Buffers[0].ItemLen, Pages: maxPages}
 	for _, b := range c.Buffers {
@@ -98,27 +120,86 @@ func engineGeometry(c trace.Config) (testbed.Geometry, error) {
 	return geom, nil
 }
 
-// setupEngine opens a fresh engine of the trace's configuration on the
-// simulated GPU, with a prefill pool on a loopback fabric whose faults fail
-// the chunks that failed when recorded. On error it closes what it opened.
-func setupEngine(t *trace.Trace) (_ *engineReplay, err error) {
-	c := t.Header.Config
-	geom, err := engineGeometry(c)
-	if err != nil {
+// poolBytes is what a test bed pool of geom with pages pages per buffer
+// allocates, added to *total; false when the total passes MaxEngineBytes.
+// The factors are bounded by the header's validation (item length 2^28,
+// pages 2^24) and the total is checked after every buffer, so nothing
+// wraps around.
+func poolBytes(total *uint64, geom testbed.Geometry, pages int) bool {
+	per := geom.ItemLen * uint64(pages)
+	for range geom.Buffers() {
+		*total += per
+		if *total > MaxEngineBytes {
+			return false
+		}
+	}
+	return true
+}
+
+// survey is what the first pass over a trace learns: the validated
+// header, the pool geometry, the recorded outcomes, and that the pools fit.
+type survey struct {
+	header   trace.Header
+	geom     testbed.Geometry
+	recorded map[uint64][]string // chunk statuses per room
+	failing  map[string]string   // "room:start" -> chunk, of the chunks that failed
+}
+
+// surveyTrace validates the header, reads every chunk's recorded status and
+// checks that the prefill pool and every peer's decode pool fit in
+// MaxEngineBytes, before the replay allocates any of them.
+func surveyTrace(s trace.Stream) (*survey, error) {
+	sv := &survey{header: s.Header(), recorded: map[uint64][]string{}, failing: map[string]string{}}
+	c := sv.header.Config
+	var err error
+	if sv.geom, err = engineGeometry(c); err != nil {
 		return nil, err
 	}
-	recorded, failing, err := recordedOutcomes(t)
-	if err != nil {
-		return nil, err
+	var total uint64
+	if !poolBytes(&total, sv.geom, sv.geom.Pages) {
+		return nil, errors.Newf("engine replay: the prefill pool of the trace header (%d buffers of %d pages of %d bytes) is above the bound of %d bytes; replay the cores only",
+			sv.geom.Buffers(), sv.geom.Pages, sv.geom.ItemLen, uint64(MaxEngineBytes))
 	}
-	r := &engineReplay{cfg: c, recorded: recorded, geom: geom, decodes: map[string]*testbed.Decode{},
-		rooms: roomWorkers{replayed: map[uint64][]string{}, results: map[uint64][]system.Result{}, queues: map[uint64]chan func(){}}}
+	for {
+		rec, err := s.Next()
+		if err == io.EOF {
+			return sv, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		if rec.Actor == trace.Engine && rec.Type == "AddPeerCall" {
+			call, err := c.DecodeCall(&rec)
+			if err != nil {
+				return nil, err
+			}
+			peer := call.(*trace.AddPeerCall)
+			if peer.Err == "" && len(peer.Pages) > 0 && !poolBytes(&total, sv.geom, peer.Pages[0]) {
+				return nil, errors.Newf("%s: engine replay: the decode pool of peer %s (%d pages) brings the pools above the bound of %d bytes; replay the cores only",
+					rec.Where(), peer.ID, peer.Pages[0], uint64(MaxEngineBytes))
+			}
+		}
+		if err := sv.outcomes(&rec); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// setupEngine opens a fresh engine of the surveyed configuration on the
+// simulated GPU, with a prefill pool on a loopback fabric whose faults
+// fail the chunks that failed when recorded. On error it closes what it
+// opened.
+func setupEngine(sv *survey) (_ *engineReplay, err error) {
+	c := sv.header.Config
+	geom := sv.geom
+	r := &engineReplay{cfg: c, recorded: sv.recorded, geom: geom, decodes: map[string]*testbed.Decode{},
+		rooms: roomWorkers{replayed: map[uint64][]string{}, results: map[uint64][]system.Result{}, pending: map[uint64][]func(){}}}
 	defer func() {
 		if err != nil {
 			r.close()
 		}
 	}()
-	inj := &injector{failing: failing, dst: map[string]map[uint64]string{}, done: map[string]bool{}, decodes: r.decodes}
+	inj := &injector{failing: sv.failing, dst: map[string]map[uint64]string{}, done: map[string]bool{}, decodes: r.decodes}
 	fab := loopback.NewFabric(loopback.Options{})
 	r.inj, r.fab = inj, fab
 	lb, err := fab.NewTransport("prefill")
@@ -136,7 +217,8 @@ func setupEngine(t *trace.Trace) (_ *engineReplay, err error) {
 	stream := gpu.NewStream("compute")
 	rule, _ := cp.ParseRule(c.CPRule)
 	r.eng, err = system.New(system.Config{Buffers: r.pool.EngineBuffers(), HookLayers: c.HookLayers, GroupSize: c.GroupSize, PageSize: c.PageSize,
-		CP: cp.CP{Size: c.CPSize, Rank: c.CPRank, Rule: rule}, Submitters: c.Submitters, FinishTimeout: replayTimeout, DisablePerLayer: !c.PerLayer},
+		CP: cp.CP{Size: c.CPSize, Rank: c.CPRank, Rule: rule}, Submitters: c.Submitters, FinishTimeout: replayTimeout, DisablePerLayer: !c.PerLayer,
+		SingleDestinationPerLayer: c.SingleDestination},
 		system.WithStream(stream), system.WithTransport(pre), system.WithLogger(zap.NewNop()), system.WithGetenv(func(string) string { return "" }))
 	if err != nil {
 		return nil, err
@@ -171,9 +253,16 @@ func (r *engineReplay) close() {
 
 // drive re-issues the trace's façade calls in record order, then waits
 // for every room's finishes.
-func (r *engineReplay) drive(ctx context.Context, recs []trace.Record) error {
-	for i := range recs {
-		if err := r.step(ctx, &recs[i]); err != nil {
+func (r *engineReplay) drive(ctx context.Context, s trace.Stream) error {
+	for {
+		rec, err := s.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		if err := r.step(ctx, &rec); err != nil {
 			return err
 		}
 	}
@@ -191,20 +280,20 @@ func (r *engineReplay) step(ctx context.Context, rec *trace.Record) error {
 		return r.register(ctx, rec)
 	case rec.Actor == trace.Forward && rec.Type == "Begin":
 		if err := r.model.Forward(r.eng, r.pendingWrites); err != nil {
-			return errors.Wrapf(err, "record %d: replayed forward", rec.Seq)
+			return errors.Wrapf(err, "%s: replayed forward", rec.Where())
 		}
 		r.pendingWrites = nil
 	case rec.Actor == trace.Manager && rec.Type == "Finish":
 		m, err := trace.Decode(rec)
 		if err != nil {
-			return err
+			return errors.Wrapf(err, "%s", rec.Where())
 		}
 		room := m.(*messages.Finish).Room
 		r.rooms.do(room, r.finish(ctx, room))
 	case rec.Actor == trace.Manager && rec.Type == "Drop":
 		m, err := trace.Decode(rec)
 		if err != nil {
-			return err
+			return errors.Wrapf(err, "%s", rec.Where())
 		}
 		room := m.(*messages.Drop).Room
 		r.rooms.do(room, r.drop(ctx, room))
@@ -215,10 +304,11 @@ func (r *engineReplay) step(ctx context.Context, rec *trace.Record) error {
 // addPeer gives a peer the recording added a decode pool of its recorded
 // geometry on the fabric, and adds it to the engine.
 func (r *engineReplay) addPeer(rec *trace.Record) error {
-	var call trace.AddPeerCall
-	if err := remarshal(rec.Msg, &call); err != nil {
-		return errors.Wrapf(err, "record %d", rec.Seq)
+	c, err := r.cfg.DecodeCall(rec)
+	if err != nil {
+		return err
 	}
+	call := c.(*trace.AddPeerCall)
 	if call.Err != "" || len(call.Pages) == 0 {
 		return nil
 	}
@@ -236,7 +326,7 @@ func (r *engineReplay) addPeer(rec *trace.Record) error {
 	r.decodes[call.ID] = d
 	r.inj.mu.Unlock()
 	if err := r.eng.AddPeer(d.Peer(call.ID)); err != nil {
-		return errors.Wrapf(err, "record %d: AddPeer %s", rec.Seq, call.ID)
+		return errors.Wrapf(err, "%s: AddPeer %s", rec.Where(), call.ID)
 	}
 	return nil
 }
@@ -244,10 +334,11 @@ func (r *engineReplay) addPeer(rec *trace.Record) error {
 // register re-issues a registration that created a chunk when recorded,
 // and queues the chunk's pages for the next forward to write.
 func (r *engineReplay) register(ctx context.Context, rec *trace.Record) error {
-	var call trace.RegisterCall
-	if err := remarshal(rec.Msg, &call); err != nil {
-		return errors.Wrapf(err, "record %d", rec.Seq)
+	c, err := r.cfg.DecodeCall(rec)
+	if err != nil {
+		return err
 	}
+	call := c.(*trace.RegisterCall)
 	if call.Err != "" || call.Existing {
 		return nil
 	}
@@ -257,9 +348,9 @@ func (r *engineReplay) register(ctx context.Context, rec *trace.Record) error {
 	}
 	reg, err := r.eng.Register(ctx, spec)
 	if err != nil {
-		return errors.Wrapf(err, "record %d: replayed Register", rec.Seq)
+		return errors.Wrapf(err, "%s: replayed Register", rec.Where())
 	}
-	r.inj.watch(call, reg.Chunk)
+	r.inj.watch(*call, reg.Chunk)
 	rg, _ := cp.ChunkRange(spec.Start, spec.End, r.cfg.PageSize, spec.Last)
 	r.pendingWrites = append(r.pendingWrites, testbed.Write{Room: spec.Room, PageStart: rg.PageStart, SrcPages: rg2src(spec, rg), Tokens: rg.End - rg.Start})
 	r.specs = append(r.specs, spec)
@@ -309,48 +400,56 @@ func (r *engineReplay) compare() *EngineOutcome {
 	return out
 }
 
-// roomWorkers finish each room's chunks in call order, one goroutine per
+// roomWorkers finish each room's chunks in call order, on a goroutine per
 // room, as a serving stack's transfer path does: the replay loop never
-// blocks on a chunk whose forward it has not replayed yet.
+// blocks on a chunk whose forward it has not replayed yet. A room's
+// goroutine ends when its queue is empty, so goroutines follow the rooms
+// with calls pending, not every room the trace names.
 type roomWorkers struct {
 	mu       sync.Mutex
 	replayed map[uint64][]string        // statuses per room, in finish order
 	results  map[uint64][]system.Result // of the finishes that ended a chunk
-	queues   map[uint64]chan func()     // only the replay loop touches it
-	wg       sync.WaitGroup
-	stopped  bool
+	// pending holds the queued calls of the rooms whose goroutine runs: a
+	// room has an entry exactly while its goroutine runs.
+	pending map[uint64][]func()
+	wg      sync.WaitGroup
 }
 
-// do queues f on the room's worker, starting the worker on the room's
-// first call.
+// do queues f on the room's goroutine, starting one if the room has none.
 func (w *roomWorkers) do(room uint64, f func()) {
-	q, ok := w.queues[room]
-	if !ok {
-		q = make(chan func(), 1024)
-		w.queues[room] = q
-		w.wg.Add(1)
-		go func() {
-			defer w.wg.Done()
-			for f := range q {
-				f()
-			}
-		}()
-	}
-	q <- f
-}
-
-// stop lets every worker run what it was given, and waits for them. Later
-// calls do nothing.
-func (w *roomWorkers) stop() {
-	if w.stopped {
+	w.mu.Lock()
+	q, running := w.pending[room]
+	w.pending[room] = append(q, f)
+	w.mu.Unlock()
+	if running {
 		return
 	}
-	w.stopped = true
-	for _, q := range w.queues {
-		close(q)
-	}
-	w.wg.Wait()
+	w.wg.Add(1)
+	go w.run(room)
 }
+
+// run performs the room's calls in order until none is left.
+func (w *roomWorkers) run(room uint64) {
+	defer w.wg.Done()
+	for {
+		w.mu.Lock()
+		q := w.pending[room]
+		if len(q) == 0 {
+			delete(w.pending, room)
+			w.mu.Unlock()
+			return
+		}
+		f := q[0]
+		q[0] = nil
+		w.pending[room] = q[1:]
+		w.mu.Unlock()
+		f()
+	}
+}
+
+// stop waits until every room's queued calls ran. Call it when nothing
+// more is queued; calling it again does nothing more.
+func (w *roomWorkers) stop() { w.wg.Wait() }
 
 // dropped fills in DROPPED for the recorded chunks a drop ended.
 func dropped(recorded, replayed []string) []string {
@@ -383,52 +482,40 @@ func render(m map[uint64][]string) []string {
 	return out
 }
 
-func remarshal(from, to any) error {
-	b, err := json.Marshal(from)
-	if err != nil {
-		return err
+// outcomes notes a chunk record's recorded status from its ChunkEnded
+// effect, and whether the chunk failed (it gets a failure injected).
+func (sv *survey) outcomes(rec *trace.Record) error {
+	if rec.Actor != trace.Chunk {
+		return nil
 	}
-	return json.Unmarshal(b, to)
-}
-
-// recordedOutcomes reads every chunk's recorded status from its ChunkEnded
-// effect, and which chunks failed (they get a failure injected).
-func recordedOutcomes(t *trace.Trace) (map[uint64][]string, map[string]string, error) {
-	statuses := map[uint64][]string{}
-	failing := map[string]string{}
-	for _, rec := range t.Records {
-		if rec.Actor != trace.Chunk {
+	for _, e := range rec.Effects {
+		name, body, _ := strings.Cut(e, " ")
+		if name != "ChunkEnded" {
 			continue
 		}
-		for _, e := range rec.Effects {
-			name, body, _ := strings.Cut(e, " ")
-			if name != "ChunkEnded" {
-				continue
-			}
-			var ended struct {
-				Result struct {
-					Chunk, Status string
-					Err           *string
-				}
-			}
-			if err := json.Unmarshal([]byte(body), &ended); err != nil {
-				return nil, nil, errors.Wrapf(err, "record %d: ChunkEnded", rec.Seq)
-			}
-			c, err := trace.ParseChunkID(ended.Result.Chunk)
-			if err != nil {
-				return nil, nil, err
-			}
-			if ended.Result.Status != "DROPPED" {
-				statuses[c.Room] = append(statuses[c.Room], ended.Result.Status)
-			} else {
-				statuses[c.Room] = append(statuses[c.Room], "DROPPED")
-			}
-			if ended.Result.Status == "FAILED" {
-				failing[fmt.Sprintf("%d:%d", c.Room, c.Start)] = ended.Result.Chunk
+		var ended struct {
+			Result struct {
+				Chunk, Status string
+				Err           *string
 			}
 		}
+		if err := json.Unmarshal([]byte(body), &ended); err != nil {
+			return errors.Wrapf(err, "%s: ChunkEnded", rec.Where())
+		}
+		c, err := trace.ParseChunkID(ended.Result.Chunk)
+		if err != nil {
+			return errors.Wrapf(err, "%s: ChunkEnded", rec.Where())
+		}
+		if ended.Result.Status != "DROPPED" {
+			sv.recorded[c.Room] = append(sv.recorded[c.Room], trace.Excerpt(ended.Result.Status, 16))
+		} else {
+			sv.recorded[c.Room] = append(sv.recorded[c.Room], "DROPPED")
+		}
+		if ended.Result.Status == "FAILED" {
+			sv.failing[fmt.Sprintf("%d:%d", c.Room, c.Start)] = ended.Result.Chunk
+		}
 	}
-	return statuses, failing, nil
+	return nil
 }
 
 // injector fails the first batch of every chunk that failed when recorded

@@ -21,9 +21,20 @@ type Model struct {
 	// LayerTime is the modeled duration of one layer's kernel for a forward
 	// of the given number of tokens.
 	LayerTime func(tokens int) time.Duration
+	// Fill, when set, is what a forward writes into one page of buffer b
+	// for request position pos (default: Fill with Seed). A resharding test
+	// writes each rank's share of one logical tensor with it.
+	Fill func(dst []byte, room uint64, buffer, position int)
 
 	forwards int
+	stage    []byte // a kernel's results between its Start and its Run
 }
+
+// Poison is the byte a layer's kernel writes over its output pages when it
+// starts; its results replace it when it ends. No page of Fill's pattern is
+// all Poison, so a transfer that read a page while its kernel ran carries
+// poison (or the stale bytes from before) and fails the byte comparison.
+const Poison = 0xA5
 
 // KernelName is the name of layer l's kernel in the model's n-th forward
 // (from 1), as sim spans report it.
@@ -61,7 +72,8 @@ func (m *Model) Forward(eng *system.Engine, writes []Write) error {
 		maxLayer = max(maxLayer, l)
 	}
 	for l := 0; l <= maxLayer; l++ {
-		if err := m.Stream.Launch(sim.Kernel{Name: KernelName(m.forwards, l), Duration: d, Run: m.writeLayer(l, writes)}); err != nil {
+		start, run := m.writeLayer(l, writes)
+		if err := m.Stream.Launch(sim.Kernel{Name: KernelName(m.forwards, l), Duration: d, Start: start, Run: run}); err != nil {
 			return err
 		}
 		if l < m.HookLayers {
@@ -73,17 +85,55 @@ func (m *Model) Forward(eng *system.Engine, writes []Write) error {
 	return fw.End()
 }
 
-func (m *Model) writeLayer(l int, writes []Write) func() {
-	return func() {
+// writeLayer returns layer l's kernel: at its start it poisons the pages it
+// writes and computes their bytes aside (the expensive part, hidden in the
+// modeled interval); at its end it copies them in. Kernels of one stream run
+// one at a time, so one staging buffer serves them all.
+func (m *Model) writeLayer(l int, writes []Write) (start, run func()) {
+	var pages [][]byte
+	for b, layer := range m.Pool.Layers {
+		if layer != l {
+			continue
+		}
+		for _, w := range writes {
+			for _, sp := range w.SrcPages {
+				pages = append(pages, m.Pool.Page(b, sp))
+			}
+		}
+	}
+	item := int(m.Pool.ItemLen)
+	start = func() {
+		if need := len(pages) * item; cap(m.stage) < need {
+			m.stage = make([]byte, need)
+		}
+		n := 0
 		for b, layer := range m.Pool.Layers {
 			if layer != l {
 				continue
 			}
 			for _, w := range writes {
-				for i, sp := range w.SrcPages {
-					Fill(m.Pool.Page(b, sp), m.Seed, w.Room, b, w.PageStart+i)
+				for i := range w.SrcPages {
+					fillPoison(pages[n])
+					if m.Fill != nil {
+						m.Fill(m.stage[n*item:(n+1)*item], w.Room, b, w.PageStart+i)
+					} else {
+						Fill(m.stage[n*item:(n+1)*item], m.Seed, w.Room, b, w.PageStart+i)
+					}
+					n++
 				}
 			}
 		}
+	}
+	run = func() {
+		for i, pg := range pages {
+			copy(pg, m.stage[i*item:(i+1)*item])
+		}
+	}
+	return start, run
+}
+
+func fillPoison(b []byte) {
+	for i := range b {
+		b[i] = Poison
 	}
 }

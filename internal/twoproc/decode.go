@@ -58,10 +58,13 @@ type Decode struct {
 
 // StartDecode serves prefill sessions on node over tr; the pool it sizes
 // for the first prefill holds at most maxPoolBytes.
-func StartDecode(node *decode.Node, tr rdma.Transport, maxPoolBytes uint64, log *zap.Logger) (*Decode, error) {
+// prefills, when set, are the certificate names of the prefills it serves.
+func StartDecode(node *decode.Node, tr rdma.Transport, maxPoolBytes uint64, prefills []string, log *zap.Logger) (*Decode, error) {
 	d := &Decode{}
 	srv, err := decode.New(node, tr, decode.Config{
 		Size:               func(l []decode.PrefillBuffer) ([]decode.Buffer, error) { return d.size(l, maxPoolBytes) },
+		MaxPoolBytes:       maxPoolBytes,
+		Prefills:           prefills,
 		AcceptUnknownRooms: true, // the sim's decode side does not schedule; it checks
 		Verify:             d.verify,
 		Log:                log,

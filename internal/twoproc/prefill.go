@@ -20,7 +20,7 @@ import (
 // goodbye with the run's outcome (End).
 type Prefill struct {
 	node         *decode.Node
-	decodeAddr   string
+	dial         decode.DialConfig
 	tr           rdma.Transport
 	promptTokens int
 
@@ -33,18 +33,19 @@ type Prefill struct {
 
 var _ workload.DataPlane = (*Prefill)(nil)
 
-// NewPrefill targets the decode process at decodeAddr from node; data goes
-// over tr. promptTokens is every request's length: a chunk ending there is
-// its room's last.
-func NewPrefill(node *decode.Node, decodeAddr string, tr rdma.Transport, promptTokens int) *Prefill {
-	return &Prefill{node: node, decodeAddr: decodeAddr, tr: tr, promptTokens: promptTokens}
+// NewPrefill targets the decode process that dial names (its Decode
+// address, and DecodeName with TLS) from node; data goes over tr.
+// promptTokens is every request's length: a chunk ending there is its
+// room's last.
+func NewPrefill(node *decode.Node, dial decode.DialConfig, tr rdma.Transport, promptTokens int) *Prefill {
+	return &Prefill{node: node, dial: dial, tr: tr, promptTokens: promptTokens}
 }
 
 // Open dials the decode process with the pool's layout and returns its peer.
 func (p *Prefill) Open(geom testbed.Geometry, seed uint64, log *zap.Logger) (rdma.Transport, system.Peer, error) {
-	bufs := LayoutOf(geom)
-	c, err := decode.Dial(context.Background(), p.node, decode.DialConfig{Decode: p.decodeAddr, Buffers: bufs,
-		Metadata: map[string]string{SeedKey: strconv.FormatUint(seed, 10)}, Log: log})
+	cfg := p.dial
+	cfg.Buffers, cfg.Metadata, cfg.Log = LayoutOf(geom), map[string]string{SeedKey: strconv.FormatUint(seed, 10)}, log
+	c, err := decode.Dial(context.Background(), p.node, cfg)
 	if err != nil {
 		return nil, system.Peer{}, err
 	}

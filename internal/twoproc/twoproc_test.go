@@ -37,7 +37,7 @@ func run(t *testing.T, aborted error) (DecodeSummary, *workload.ModeReport, erro
 	node, err := decode.Listen("127.0.0.1:0", nil)
 	require.NoError(t, err)
 	defer node.Close(context.Background())
-	d, err := StartDecode(node, decTr, 64<<20, nil)
+	d, err := StartDecode(node, decTr, 64<<20, nil, nil)
 	require.NoError(t, err)
 	defer d.Close(context.Background())
 	served := make(chan DecodeSummary, 1)
@@ -49,7 +49,7 @@ func run(t *testing.T, aborted error) (DecodeSummary, *workload.ModeReport, erro
 
 	cfg := workload.Defaults()
 	cfg.Preset, cfg.Requests, cfg.PromptTokens, cfg.ChunkTokens, cfg.PageSize, cfg.GroupSize = workload.Presets["small"], 2, 500, 256, 16, 4
-	p := NewPrefill(node, d.Server.Addr(), preTr, cfg.PromptTokens)
+	p := NewPrefill(node, decode.DialConfig{Decode: d.Server.Addr()}, preTr, cfg.PromptTokens)
 	mr, err := workload.RunRemote(ctx, cfg, nil, p, true)
 	require.NoError(t, err)
 	require.Empty(t, mr.Aborted)

@@ -94,6 +94,15 @@ type Config struct {
 	// PerMode, if set, returns options for the engine of one mode (for
 	// example a registry labelled with the run).
 	PerMode func(perLayer bool) []system.Option
+
+	// plant, set only by this package's tests, edits the buffers the engine
+	// is given before it starts: moving a buffer's Layer into an earlier
+	// group makes the engine send it one group early, and moving the
+	// hookless buffer to the last hook layer sends it with the last group,
+	// before its kernel ended. The oracle test uses it to prove that the
+	// byte check catches such an engine; being unexported, no command line
+	// or embedder can set it.
+	plant func([]system.Buffer)
 }
 
 // Defaults is a run that finishes in seconds on 2 cores.
@@ -118,6 +127,9 @@ type geometry struct {
 
 func (c Config) validate() (geometry, error) {
 	var g geometry
+	if err := c.checkBounds(); err != nil {
+		return g, err
+	}
 	switch {
 	case c.Requests < 1:
 		return g, errors.Newf("--requests %d: must be at least 1", c.Requests)

@@ -3,11 +3,11 @@ package workload
 import (
 	"bytes"
 	"fmt"
+	"sync"
 
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
 	"github.com/kvstream/kvstream/internal/testbed"
-	"github.com/kvstream/kvstream/messages"
 	"github.com/kvstream/kvstream/system"
 	"go.uber.org/zap"
 )
@@ -31,7 +31,7 @@ type DataPlane interface {
 type Notice struct {
 	Room       uint64
 	Start, End int
-	Status     messages.Status
+	Status     system.Status
 	Err        error
 	Bytes      uint64
 	// Positions are the request positions this rank sent, DstPages their
@@ -60,6 +60,9 @@ type localPlane struct {
 	pre    *loopback.Transport
 	dec    *loopback.Transport
 	decode *testbed.Decode
+
+	mu     sync.Mutex
+	atDone string // the first mismatch seen when a Finish returned SUCCESS
 }
 
 func (l *localPlane) Open(geom testbed.Geometry, _ uint64, _ *zap.Logger) (rdma.Transport, system.Peer, error) {
@@ -79,11 +82,67 @@ func (l *localPlane) Open(geom testbed.Geometry, _ uint64, _ *zap.Logger) (rdma.
 	return l.pre, l.decode.Peer("decode"), nil
 }
 
-func (l *localPlane) ChunkDone(Notice) {}
+// ChunkDone checks a chunk's destination pages the moment its Finish
+// returned SUCCESS: by then every byte of the chunk must be in place (a
+// write landing after Finish, or a read of the source before its kernel
+// ended, shows here even when the end-of-run check would pass). The want
+// bytes come from the pattern, not from the prefill pool, which an early
+// read may have caught in the same stale state.
+func (l *localPlane) ChunkDone(n Notice) {
+	if n.Status != system.Succeeded || l.decode == nil {
+		return
+	}
+	want := make([]byte, l.g.itemLen)
+	for i, pos := range n.Positions {
+		for b := 0; b < l.decode.Geometry.Buffers(); b++ {
+			testbed.Fill(want, l.cfg.Seed, n.Room, b, pos)
+			got := l.decode.Page(b, n.DstPages[i])
+			if bytes.Equal(got, want) {
+				continue
+			}
+			l.mu.Lock()
+			if l.atDone == "" {
+				l.atDone = fmt.Sprintf("room %d chunk %d-%d position %d (decode page %d) buffer %s: at Finish SUCCESS, %s",
+					n.Room, n.Start, n.End, pos, n.DstPages[i], l.decode.Names[b], describe(got, want))
+			}
+			l.mu.Unlock()
+			return
+		}
+	}
+}
+
+// describe says what a wrong page holds: the poison of a kernel that had
+// not ended, stale bytes from before it started, zeros (never written) or
+// something else.
+func describe(got, want []byte) string {
+	all := func(v byte) bool {
+		for _, x := range got {
+			if x != v {
+				return false
+			}
+		}
+		return true
+	}
+	switch {
+	case all(testbed.Poison):
+		return "bytes differ from the source: poison (read while the layer's kernel ran)"
+	case all(staleByte):
+		return "bytes differ from the source: stale prefill bytes (read before the layer's kernel started)"
+	case all(0):
+		return "bytes differ from the source: zeros (never written)"
+	}
+	return "bytes differ from the source"
+}
 
 // Verify compares every page of the decode pool: the owned positions with
 // their source pages, every other page must still be zero.
 func (l *localPlane) Verify(pool *testbed.Pool) string {
+	l.mu.Lock()
+	atDone := l.atDone
+	l.mu.Unlock()
+	if atDone != "" {
+		return atDone
+	}
 	cfg, g, p := l.cfg, l.g, l.p
 	zero := make([]byte, g.itemLen)
 	for r := 0; r < cfg.Requests; r++ {
@@ -100,7 +159,7 @@ func (l *localPlane) Verify(pool *testbed.Pool) string {
 					want = pool.Page(b, p.src[r][x])
 				}
 				if !bytes.Equal(got, want) {
-					return fmt.Sprintf("room %d position %d (decode page %d) buffer %s: bytes differ from the source", r, x, p.dst[r][x], pool.Names[b])
+					return fmt.Sprintf("room %d position %d (decode page %d) buffer %s: at the end of the run, %s", r, x, p.dst[r][x], pool.Names[b], describe(got, want))
 				}
 			}
 		}

@@ -32,7 +32,7 @@ func (r *Report) WritePNG(w io.Writer) error {
 	end := max(pl.end(), mo.end())
 	top := panel(fmt.Sprintf("per-layer (K = %d): exposed transfer %.2f ms, TTFT %.1f ms", r.GroupSize, r.PerLayer.ExposedMs, r.PerLayer.TTFTMs), pl, r.PerLayer, end)
 	bottom := panel(fmt.Sprintf("monolithic post-forward send: exposed transfer %.2f ms, TTFT %.1f ms", r.Monolithic.ExposedMs, r.Monolithic.TTFTMs), mo, r.Monolithic, end)
-	bottom.X.Label.Text = fmt.Sprintf("modeled time (ms) - %s, %d requests x %d tokens, link %g Gb/s", r.Model, r.Requests, r.PromptTokens, r.LinkGbps)
+	bottom.X.Label.Text = fmt.Sprintf("modeled time (ms) - %s, %d requests x %d tokens, link %g Gb/s", r.Model, r.Requests, r.PromptTokens, r.LinkGbitPerS)
 
 	img := vgimg.New(16*vg.Inch, 7*vg.Inch)
 	dc := draw.New(img)

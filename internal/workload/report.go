@@ -8,14 +8,15 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/kvstream/kvstream/actors"
 	"github.com/kvstream/kvstream/internal/testbed"
-	"github.com/kvstream/kvstream/messages"
+	"github.com/kvstream/kvstream/system"
 )
 
-// Report is the outcome of a sim run. Times are modeled milliseconds (wall
-// time × time scale) unless the name says real; engine overheads (wake-up)
-// are real.
+// Report is the outcome of a sim run. Times are modeled milliseconds: wall
+// time × time scale, so at a time scale other than 1 the engine's real
+// overheads inside them are multiplied too (ScaledOverheads says so).
+// Bytes are modeled (the model's real KV bytes) unless the name says moved
+// (what the emulator copied at --scale).
 type Report struct {
 	Model         string  `json:"model"`
 	HookLayers    int     `json:"hook_layers"`
@@ -25,22 +26,27 @@ type Report struct {
 	ChunkTokens   int     `json:"chunk_tokens"`
 	PageSize      int     `json:"page_size"`
 	GroupSize     int     `json:"group_size"`
-	LinkGbps      float64 `json:"link_gbps"`
+	LinkGbitPerS  float64 `json:"link_gbit_per_s"`
+	LinkLatencyUs float64 `json:"link_latency_us"`
 	CPSize        int     `json:"cp_size"`
 	CPRank        int     `json:"cp_rank"`
 	CPRule        string  `json:"cp_rule"`
 	Scale         int     `json:"scale"`
-	ItemLen       int     `json:"item_len_bytes"`
-	PageBytesReal int     `json:"page_bytes_real"`
+	ItemLen       int     `json:"item_len_bytes_moved"`
+	PageBytesReal int     `json:"page_bytes_modeled"`
 	TimeScale     float64 `json:"time_scale"`
-	Forwards      int     `json:"forwards"`
+	// ScaledOverheads is true when the time scale is not 1: every modeled
+	// time then holds the engine's and the emulator's real overheads
+	// multiplied by the time scale, so exposed times and ratios to the
+	// floor do not measure the engine.
+	ScaledOverheads bool `json:"scaled_overheads"`
+	Forwards        int  `json:"forwards"`
 
 	BytesEqual bool   `json:"bytes_equal"`
 	Mismatch   string `json:"mismatch,omitempty"`
 
-	// FloorMs is the mean over requests of the time to send the last group
-	// and the hookless buffers of every chunk in the request's last forward,
-	// at the modeled link rate.
+	// FloorMs is the per-layer run's ideal floor, the mean over requests
+	// (see floor.go and docs/PERFORMANCE.md).
 	FloorMs float64 `json:"floor_ms"`
 	// SubmitsPerForward is the per-layer run's batches per forward.
 	SubmitsPerForward float64 `json:"submits_per_forward"`
@@ -55,31 +61,50 @@ type Report struct {
 // ModeReport is one mode's figures.
 type ModeReport struct {
 	PerLayer bool `json:"-"`
-	// TTFTMs is the mean over requests of the time from the start of the run
-	// to the return of the request's last Finish.
+	// TTFTMs is the mean over requests of the time to first token as serving
+	// benchmarks define it, from the request's arrival to the return of its
+	// last Finish (its KV is then on the decode side). Every request of the
+	// batch arrives at the start of the run.
 	TTFTMs float64 `json:"ttft_ms"`
-	TTFT   Dist    `json:"ttft"`
-	// ExposedMs is the mean over requests of finish return minus the end of
-	// the request's last forward on the GPU: the transfer time the forward
-	// did not hide.
-	ExposedMs    float64 `json:"exposed_ms"`
-	Exposed      Dist    `json:"exposed"`
+	TTFT   Dist    `json:"ttft_dist_ms"`
+	// ExposedMs is the mean over requests of the return of the request's
+	// last Finish minus the modeled end of its last forward: the transfer
+	// time the forward did not hide.
+	ExposedMs float64 `json:"exposed_ms"`
+	Exposed   Dist    `json:"exposed_dist_ms"`
+	// FloorMs is this mode's ideal floor (mean over requests); RatioToFloor
+	// is ExposedMs / FloorMs, RatioDist the per-request ratios.
+	FloorMs      float64 `json:"floor_ms"`
 	RatioToFloor float64 `json:"ratio_to_floor"`
+	RatioDist    Dist    `json:"ratio_to_floor_dist"`
 
 	Forwards          int     `json:"forwards"`
 	Batches           int     `json:"batches"`
 	SubmitsPerForward float64 `json:"submits_per_forward"`
 	Blocks            int     `json:"blocks"`
-	Bytes             float64 `json:"bytes"`        // modeled (real) bytes
-	BytesInMemory     uint64  `json:"bytes_copied"` // what was copied at --scale
-	EffectiveGBps     float64 `json:"effective_gbps"`
-	// EventWait is how long submitters waited on events (modeled ms);
-	// WakeUs is the real delay from the event's kernel finishing to the
-	// submitter holding the completed wait.
-	EventWait Dist `json:"event_wait_ms"`
-	WakeUs    Dist `json:"wake_us"`
-	// Finish is Finish call → return (modeled ms).
-	Finish      Dist            `json:"finish_ms"`
+	// BytesModeled are the model's KV bytes the batches carried (what the
+	// link model charges); BytesMoved what the emulator copied at --scale.
+	BytesModeled float64 `json:"bytes_modeled"`
+	BytesMoved   uint64  `json:"bytes_moved"`
+	// EffectiveGBytePerS is modeled bytes over the modeled window from the
+	// first post to the last completion; MovedGBytePerS moved bytes over
+	// the same window in wall time (what crossed the transport, per second).
+	EffectiveGBytePerS float64 `json:"effective_gbyte_per_s"`
+	MovedGBytePerS     float64 `json:"moved_gbyte_per_s"`
+	// EventWait is how long submitters waited on events.
+	EventWait Dist `json:"event_wait_dist_ms"`
+	// BatchPhases split each batch's life: detect (its event completed on
+	// the device → the submitter's wait returned), post (→ posted), land
+	// (→ the transport reported completion).
+	BatchPhases map[string]Dist `json:"batch_phases_ms"`
+	// ExposedPhases split each request's exposed time (its last chunk):
+	// detect (the forward ended on the device → the chunk's last wait
+	// returned), post, land, finish (last landing → Finish returned). Each
+	// instant is clamped to the one before; the phases add up to the
+	// exposed time.
+	ExposedPhases map[string]Dist `json:"exposed_phases_ms"`
+	// Finish is Finish call → return.
+	Finish      Dist            `json:"finish_dist_ms"`
 	WallSeconds float64         `json:"wall_seconds"`
 	PerRequest  []RequestReport `json:"per_request"`
 	// Failed counts chunks whose Finish failed; FirstError is the first
@@ -95,18 +120,36 @@ type ModeReport struct {
 // RequestReport is one request's figures.
 type RequestReport struct {
 	Room      int     `json:"room"`
+	ArrivalMs float64 `json:"arrival_ms"`
 	TTFTMs    float64 `json:"ttft_ms"`
 	ExposedMs float64 `json:"exposed_ms"`
 	FloorMs   float64 `json:"floor_ms"`
 }
 
-// Dist summarizes samples.
+// Dist summarizes samples. A 99th percentile of fewer than 100 samples is
+// the maximum under another name, so P99 is only set from 100 samples on;
+// Max always is.
 type Dist struct {
-	N   int     `json:"n"`
-	P50 float64 `json:"p50"`
-	P99 float64 `json:"p99"`
-	Max float64 `json:"max"`
+	N   int      `json:"n"`
+	P50 float64  `json:"p50"`
+	P99 *float64 `json:"p99,omitempty"`
+	Max float64  `json:"max"`
 }
+
+// Tail returns the distribution's tail and its name: p99 from 100 samples
+// on, max below.
+func (d Dist) Tail() (string, float64) {
+	if d.P99 != nil {
+		return "p99", *d.P99
+	}
+	return "max", d.Max
+}
+
+// Phase names, in order.
+var (
+	batchPhaseNames   = []string{"detect", "post", "land"}
+	exposedPhaseNames = []string{"detect", "post", "land", "finish"}
+)
 
 func (m *ModeReport) mode() string {
 	if m.PerLayer {
@@ -122,7 +165,12 @@ func dist(xs []float64) Dist {
 	s := append([]float64(nil), xs...)
 	sort.Float64s(s)
 	q := func(p float64) float64 { return s[min(len(s)-1, int(math.Ceil(p*float64(len(s))))-1)] }
-	return Dist{N: len(s), P50: q(0.5), P99: q(0.99), Max: s[len(s)-1]}
+	d := Dist{N: len(s), P50: q(0.5), Max: s[len(s)-1]}
+	if len(s) >= 100 {
+		p99 := q(0.99)
+		d.P99 = &p99
+	}
+	return d
 }
 
 func mean(xs []float64) float64 {
@@ -140,72 +188,94 @@ func newReport(cfg Config, g geometry, p *plan) *Report {
 	return &Report{
 		Model: cfg.Preset.Name, HookLayers: g.hookLayers, Buffers: g.buffers, Requests: cfg.Requests,
 		PromptTokens: cfg.PromptTokens, ChunkTokens: cfg.ChunkTokens, PageSize: cfg.PageSize, GroupSize: cfg.GroupSize,
-		LinkGbps: cfg.LinkGbps, CPSize: cfg.CP.Size, CPRank: cfg.CP.Rank, CPRule: cfg.CP.Rule.String(),
-		Scale: g.scale, ItemLen: g.itemLen, PageBytesReal: g.pageBytes, TimeScale: cfg.TimeScale, Forwards: len(p.forwards),
+		LinkGbitPerS: cfg.LinkGbps, LinkLatencyUs: float64(cfg.LinkLatency) / float64(time.Microsecond),
+		CPSize: cfg.CP.Size, CPRank: cfg.CP.Rank, CPRule: cfg.CP.Rule.String(),
+		Scale: g.scale, ItemLen: g.itemLen, PageBytesReal: g.pageBytes, TimeScale: cfg.TimeScale,
+		ScaledOverheads: cfg.TimeScale != 1, Forwards: len(p.forwards),
 	}
 }
 
 // summarize turns one mode's observations into figures.
 func (m *ModeReport) summarize(cfg Config, g geometry, p *plan, col *collector, t0 time.Time, forwardEnds []time.Time) {
 	ms := func(d time.Duration) float64 { return float64(d) * cfg.TimeScale / float64(time.Millisecond) }
+	at := func(t time.Time) time.Duration { return time.Duration(float64(t.Sub(t0)) * cfg.TimeScale) }
 	col.mu.Lock()
 	defer col.mu.Unlock()
 
-	// The forward of each request's last chunk, and the floor of that
-	// forward: its chunks' last groups plus hookless buffers on the link.
 	lastForward := make([]int, cfg.Requests)
-	floor := make([]float64, len(p.forwards))
-	lastGroupBufs := lastGroupBuffers(cfg, g)
-	bw := cfg.LinkGbps * 1e9 / 8
 	for k, fw := range p.forwards {
-		var bytes float64
 		for _, pc := range fw {
 			lastForward[pc.room] = k
-			bytes += float64(pc.owned) * float64(g.pageBytes) * float64(lastGroupBufs)
 		}
-		floor[k] = bytes/bw*1e3 + float64(cfg.LinkLatency)/float64(time.Millisecond)
 	}
+	// The floor on this run's own modeled timeline: the kernels as the
+	// virtual GPU ran them.
+	floor := floors(cfg, g, p, m.PerLayer, func(k, l int) time.Duration {
+		return at(col.kernels[testbed.KernelName(k+1, l)].End)
+	})
 
+	// Every request arrives at the start of the run.
+	arrival := make([]time.Time, cfg.Requests)
+	for r := range arrival {
+		arrival[r] = t0
+	}
 	lastRet := make([]time.Time, cfg.Requests)
+	lastFin := make([]*finishRec, cfg.Requests)
 	var finishes []float64
-	for _, f := range col.finishes {
+	for i := range col.finishes {
+		f := &col.finishes[i]
 		finishes = append(finishes, ms(f.ret.Sub(f.call)))
 		if f.ret.After(lastRet[f.room]) {
 			lastRet[f.room] = f.ret
+			lastFin[f.room] = f
 		}
 	}
-	var ttft, exposed, floors []float64
+	var ttft, exposed, floors, ratios []float64
+	phases := map[string][]float64{}
 	for r := 0; r < cfg.Requests; r++ {
-		rr := RequestReport{Room: r, TTFTMs: ms(lastRet[r].Sub(t0)), ExposedMs: ms(lastRet[r].Sub(forwardEnds[lastForward[r]])), FloorMs: floor[lastForward[r]]}
+		end := forwardEnds[lastForward[r]]
+		rr := RequestReport{Room: r, ArrivalMs: ms(arrival[r].Sub(t0)), TTFTMs: ms(lastRet[r].Sub(arrival[r])),
+			ExposedMs: ms(max(lastRet[r].Sub(end), 0)), FloorMs: floor[r]}
 		m.PerRequest = append(m.PerRequest, rr)
 		ttft = append(ttft, rr.TTFTMs)
 		exposed = append(exposed, rr.ExposedMs)
 		floors = append(floors, rr.FloorMs)
+		if rr.FloorMs > 0 {
+			ratios = append(ratios, rr.ExposedMs/rr.FloorMs)
+		}
+		if f := lastFin[r]; f != nil {
+			for i, d := range splitExposed(end, f.stats, f.ret) {
+				phases[exposedPhaseNames[i]] = append(phases[exposedPhaseNames[i]], ms(d))
+			}
+		}
 	}
 	m.TTFTMs, m.TTFT = mean(ttft), dist(ttft)
 	m.ExposedMs, m.Exposed = mean(exposed), dist(exposed)
-	if f := mean(floors); f > 0 {
-		m.RatioToFloor = m.ExposedMs / f
+	m.FloorMs = mean(floors)
+	if m.FloorMs > 0 {
+		m.RatioToFloor = m.ExposedMs / m.FloorMs
 	}
+	m.RatioDist = dist(ratios)
 	m.Finish = dist(finishes)
-
-	forwardOf := map[[2]int]int{}
-	for k, fw := range p.forwards {
-		for _, pc := range fw {
-			forwardOf[[2]int{pc.room, pc.start}] = k
-		}
+	m.ExposedPhases = map[string]Dist{}
+	for _, n := range exposedPhaseNames {
+		m.ExposedPhases[n] = dist(phases[n])
 	}
-	var waits, wakes []float64
+
+	var waits []float64
+	bphases := map[string][]float64{}
 	var first, last time.Time
 	for _, b := range col.batches {
 		m.Batches++
 		m.Blocks += b.Blocks
-		m.BytesInMemory += b.Bytes
+		m.BytesMoved += b.Bytes
 		waits = append(waits, ms(b.WaitEnd.Sub(b.WaitStart)))
-		if k, ok := gatingKernel(cfg, g, forwardOf, b); ok {
-			if s, ok := col.kernels[k]; ok {
-				wakes = append(wakes, float64(b.WaitEnd.Sub(s.Ran))/float64(time.Microsecond))
+		if b.Err == nil {
+			if !b.EventDone.IsZero() {
+				bphases["detect"] = append(bphases["detect"], ms(max(b.WaitEnd.Sub(b.EventDone), 0)))
 			}
+			bphases["post"] = append(bphases["post"], ms(b.Posted.Sub(b.WaitEnd)))
+			bphases["land"] = append(bphases["land"], ms(b.Done.Sub(b.Posted)))
 		}
 		if first.IsZero() || b.Posted.Before(first) {
 			first = b.Posted
@@ -214,39 +284,39 @@ func (m *ModeReport) summarize(cfg Config, g geometry, p *plan, col *collector, 
 			last = b.Done
 		}
 	}
-	m.Bytes = float64(m.BytesInMemory) * g.byteScale
-	if window := ms(last.Sub(first)); window > 0 {
-		m.EffectiveGBps = m.Bytes / (window / 1e3) / 1e9
+	m.BytesModeled = float64(m.BytesMoved) * g.byteScale
+	if window := last.Sub(first); window > 0 {
+		m.EffectiveGBytePerS = m.BytesModeled / (ms(window) / 1e3) / 1e9
+		m.MovedGBytePerS = float64(m.BytesMoved) / window.Seconds() / 1e9
 	}
-	m.EventWait, m.WakeUs = dist(waits), dist(wakes)
+	m.EventWait = dist(waits)
+	m.BatchPhases = map[string]Dist{}
+	for _, n := range batchPhaseNames {
+		m.BatchPhases[n] = dist(bphases[n])
+	}
 	m.SubmitsPerForward = float64(m.Batches) / float64(len(p.forwards))
 	if cfg.Timeline {
 		m.timeline = buildTimeline(cfg, col, t0, forwardEnds)
 	}
 }
 
-// lastGroupBuffers counts the buffers sent after the last boundary: the
-// last group's and the hookless ones.
-func lastGroupBuffers(cfg Config, g geometry) int {
-	lastGroup := (g.hookLayers - 1) / cfg.GroupSize
-	layers := g.hookLayers - lastGroup*cfg.GroupSize + cfg.Preset.ExtraLayers
-	if !cfg.Preset.MLA {
-		return 2 * layers
-	}
-	return layers
+// splitExposed splits the exposed time from end (the forward's end on the
+// device) to ret (Finish returned) at the chunk's last wait, last post and
+// last landing, each clamped to the one before (system.Phases does the
+// same for the metrics).
+func splitExposed(end time.Time, s system.ChunkStats, ret time.Time) [4]time.Duration {
+	t1 := later(end, s.LastWait)
+	t2 := later(t1, s.LastPost)
+	t3 := later(t2, s.LastDone)
+	t4 := later(t3, ret)
+	return [4]time.Duration{t1.Sub(end), t2.Sub(t1), t3.Sub(t2), t4.Sub(t3)}
 }
 
-// gatingKernel names the kernel whose completion a batch's event marks.
-func gatingKernel(cfg Config, g geometry, forwardOf map[[2]int]int, b actors.Batch) (string, bool) {
-	k, ok := forwardOf[[2]int{int(b.Chunk.Room), b.Chunk.Start}]
-	if !ok {
-		return "", false
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
 	}
-	layer := g.layers - 1 // the end event follows the last kernel
-	if b.Seq != messages.Rest {
-		layer = min((b.Seq+1)*cfg.GroupSize, g.hookLayers) - 1
-	}
-	return testbed.KernelName(k+1, layer), true
+	return a
 }
 
 func (r *Report) finish() {
@@ -257,61 +327,82 @@ func (r *Report) finish() {
 	case r.Monolithic.mismatch != "":
 		r.Mismatch = "monolithic: " + r.Monolithic.mismatch
 	}
-	var floors []float64
-	for _, rr := range r.PerLayer.PerRequest {
-		floors = append(floors, rr.FloorMs)
-	}
-	r.FloorMs = mean(floors)
+	r.FloorMs = r.PerLayer.FloorMs
 	r.SubmitsPerForward = r.PerLayer.SubmitsPerForward
 	if r.PerLayer.ExposedMs > 0 {
 		r.ExposedGain = r.Monolithic.ExposedMs / r.PerLayer.ExposedMs
 	}
-	r.Note = "times are modeled (wall time x time scale); wake_us is real engine overhead"
-	if r.TimeScale != 1 {
-		r.Note = fmt.Sprintf("modeled time ran %gx faster than wall time: times are modeled (wall x %g); wake_us is real engine overhead", r.TimeScale, r.TimeScale)
+	r.Note = "times are modeled ms (wall time x time scale 1: engine and emulator overheads count at their real cost)"
+	if r.ScaledOverheads {
+		r.Note = fmt.Sprintf("--time-scale %g: modeled time ran %gx faster than wall time, so every real overhead (wake-up, posting, "+
+			"the emulator's copies) counts %gx in the modeled times; exposed times and ratios to the floor do not measure the engine, "+
+			"run with --time-scale 1 for those", r.TimeScale, r.TimeScale, r.TimeScale)
 	}
+}
+
+// cell formats a distribution's p50 or tail with its sample count.
+func p50Cell(d Dist, format string) string {
+	return fmt.Sprintf(format+" (n=%d)", d.P50, d.N)
+}
+
+func tailCell(d Dist, format string) string {
+	name, v := d.Tail()
+	return fmt.Sprintf(format+" (%s of %d)", v, name, d.N)
 }
 
 // Text writes the report for people.
 func (r *Report) Text(w io.Writer) {
 	fmt.Fprintf(w, "kvstream sim: %s, %d hook layers over %d buffers, %d requests x %d tokens, chunks of %d tokens (%d forwards)\n",
 		r.Model, r.HookLayers, r.Buffers, r.Requests, r.PromptTokens, r.ChunkTokens, r.Forwards)
-	fmt.Fprintf(w, "page %d tokens (%d B real, %d B in memory at scale %d), group %d layers, link %g Gb/s, CP %d/%d %s\n",
-		r.PageSize, r.PageBytesReal, r.ItemLen, r.Scale, r.GroupSize, r.LinkGbps, r.CPRank, r.CPSize, r.CPRule)
+	fmt.Fprintf(w, "page %d tokens (%d B modeled, %d B moved at scale %d), group %d layers, link %g Gb/s + %g us, CP %d/%d %s\n",
+		r.PageSize, r.PageBytesReal, r.ItemLen, r.Scale, r.GroupSize, r.LinkGbitPerS, r.LinkLatencyUs, r.CPRank, r.CPSize, r.CPRule)
+	if r.ScaledOverheads {
+		fmt.Fprintf(w, "WARNING: ")
+	}
 	fmt.Fprintf(w, "%s\n\n", r.Note)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "\tper-layer\tmonolithic\t")
 	row := func(name, format string, a, b float64) {
 		fmt.Fprintf(tw, "%s\t"+format+"\t"+format+"\t\n", name, a, b)
 	}
+	dists := func(name, format string, a, b Dist) {
+		fmt.Fprintf(tw, "%s p50\t%s\t%s\t\n", name, p50Cell(a, format), p50Cell(b, format))
+		fmt.Fprintf(tw, "%s tail\t%s\t%s\t\n", name, tailCell(a, format), tailCell(b, format))
+	}
 	pl, mo := r.PerLayer, r.Monolithic
 	row("TTFT mean (ms)", "%.1f", pl.TTFTMs, mo.TTFTMs)
-	row("TTFT p99 (ms)", "%.1f", pl.TTFT.P99, mo.TTFT.P99)
-	row("exposed transfer mean (ms)", "%.2f", pl.ExposedMs, mo.ExposedMs)
-	row("exposed transfer p99 (ms)", "%.2f", pl.Exposed.P99, mo.Exposed.P99)
-	row("exposed / floor", "%.2f", pl.RatioToFloor, mo.RatioToFloor)
+	dists("TTFT (ms)", "%.1f", pl.TTFT, mo.TTFT)
+	row("exposed transfer mean (ms)", "%.3f", pl.ExposedMs, mo.ExposedMs)
+	dists("exposed transfer (ms)", "%.3f", pl.Exposed, mo.Exposed)
+	row("ideal floor mean (ms)", "%.3f", pl.FloorMs, mo.FloorMs)
+	row("exposed / floor (means)", "%.2f", pl.RatioToFloor, mo.RatioToFloor)
+	dists("exposed / floor per request", "%.2f", pl.RatioDist, mo.RatioDist)
+	for _, n := range exposedPhaseNames {
+		dists("  exposed phase "+n+" (ms)", "%.3f", pl.ExposedPhases[n], mo.ExposedPhases[n])
+	}
 	row("batches per forward", "%.1f", pl.SubmitsPerForward, mo.SubmitsPerForward)
-	row("bytes (GB, real)", "%.2f", pl.Bytes/1e9, mo.Bytes/1e9)
-	row("effective GB/s", "%.1f", pl.EffectiveGBps, mo.EffectiveGBps)
-	row("event wait p50 (ms)", "%.2f", pl.EventWait.P50, mo.EventWait.P50)
-	row("event wait p99 (ms)", "%.2f", pl.EventWait.P99, mo.EventWait.P99)
-	row("wake-up p50 (us, real)", "%.0f", pl.WakeUs.P50, mo.WakeUs.P50)
-	row("wake-up p99 (us, real)", "%.0f", pl.WakeUs.P99, mo.WakeUs.P99)
-	row("finish p50 (ms)", "%.2f", pl.Finish.P50, mo.Finish.P50)
-	row("finish p99 (ms)", "%.2f", pl.Finish.P99, mo.Finish.P99)
+	row("bytes modeled (GB)", "%.2f", pl.BytesModeled/1e9, mo.BytesModeled/1e9)
+	row("bytes moved at --scale (GB)", "%.3f", float64(pl.BytesMoved)/1e9, float64(mo.BytesMoved)/1e9)
+	row("effective GB/s (modeled bytes)", "%.1f", pl.EffectiveGBytePerS, mo.EffectiveGBytePerS)
+	dists("event wait (ms)", "%.3f", pl.EventWait, mo.EventWait)
+	for _, n := range batchPhaseNames {
+		dists("  batch phase "+n+" (ms)", "%.3f", pl.BatchPhases[n], mo.BatchPhases[n])
+	}
+	dists("finish call->return (ms)", "%.3f", pl.Finish, mo.Finish)
 	row("wall time (s)", "%.1f", pl.WallSeconds, mo.WallSeconds)
 	tw.Flush()
-	fmt.Fprintf(w, "\nfloor (last group + hookless buffers of the last forward, at the link rate): %.2f ms\n", r.FloorMs)
+	fmt.Fprintf(w, "\nideal floor: an overhead-free sender on the run's own timeline (each batch on the link when its gating kernel ends, in order, at %g Gb/s + %g us)\n",
+		r.LinkGbitPerS, r.LinkLatencyUs)
 	fmt.Fprintf(w, "exposed transfer: monolithic / per-layer = %.1fx\n", r.ExposedGain)
-	fmt.Fprintf(w, "\nper request (ms)\n")
+	fmt.Fprintf(w, "\nper request (ms; every request arrives at 0, TTFT = arrival -> its last Finish returned)\n")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "room\tTTFT per-layer\tTTFT monolithic\texposed per-layer\texposed monolithic\tfloor\t")
+	fmt.Fprintln(tw, "room\tTTFT per-layer\tTTFT monolithic\texposed per-layer\tfloor per-layer\texposed monolithic\tfloor monolithic\t")
 	for i, a := range pl.PerRequest {
 		b := mo.PerRequest[i]
-		fmt.Fprintf(tw, "%d\t%.1f\t%.1f\t%.2f\t%.2f\t%.2f\t\n", a.Room, a.TTFTMs, b.TTFTMs, a.ExposedMs, b.ExposedMs, a.FloorMs)
+		fmt.Fprintf(tw, "%d\t%.1f\t%.1f\t%.3f\t%.3f\t%.3f\t%.3f\t\n", a.Room, a.TTFTMs, b.TTFTMs, a.ExposedMs, a.FloorMs, b.ExposedMs, b.FloorMs)
 	}
 	tw.Flush()
-	fmt.Fprintf(w, "\nbytes_equal: %v\n", r.BytesEqual)
+	fmt.Fprintf(w, "\nbytes_equal: %v (checked at each Finish SUCCESS and at the end)\n", r.BytesEqual)
 	if r.Mismatch != "" {
 		fmt.Fprintf(w, "mismatch: %s\n", r.Mismatch)
 	}

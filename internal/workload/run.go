@@ -3,16 +3,15 @@ package workload
 import (
 	"context"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"time"
 
 	"github.com/cockroachdb/errors"
-	"github.com/kvstream/kvstream/actors"
 	"github.com/kvstream/kvstream/cp"
 	"github.com/kvstream/kvstream/hw/cuda/sim"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
 	"github.com/kvstream/kvstream/internal/testbed"
-	"github.com/kvstream/kvstream/messages"
 	"github.com/kvstream/kvstream/system"
 	"go.uber.org/zap"
 )
@@ -30,7 +29,10 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (*Report, error) {
 	rep := newReport(cfg, g, plan)
 	// Warm the modeled link's staging buffers for the largest batch (a whole
 	// chunk, monolithic) before anything is timed.
-	loopback.Prewarm(uint64(g.itemLen)*uint64(cfg.ChunkTokens/cfg.PageSize+1)*uint64(g.buffers), 2*cfg.Submitters)
+	// A forward never holds more than one prompt's worth of a request, and
+	// both are bounded (checkBounds), so this product stays small.
+	chunkPages := min(cfg.ChunkTokens, cfg.PromptTokens*cfg.Requests)/cfg.PageSize + 1
+	loopback.Prewarm(uint64(g.itemLen)*uint64(chunkPages)*uint64(g.buffers), 2*cfg.Submitters)
 	total := 2 * len(plan.forwards)
 	done := 0
 	for _, perLayer := range []bool{true, false} {
@@ -131,7 +133,7 @@ func allocate(rng *rand.Rand, pool, per, requests int) [][]int {
 type collector struct {
 	system.NopObserver
 	mu       sync.Mutex
-	batches  []actors.Batch
+	batches  []system.Batch
 	kernels  map[string]sim.Span
 	order    []string
 	finishes []finishRec
@@ -139,17 +141,18 @@ type collector struct {
 
 type finishRec struct {
 	room      int
-	chunk     messages.Chunk
+	chunk     system.Chunk
 	call, ret time.Time
-	status    messages.Status
+	status    system.Status
+	stats     system.ChunkStats
 }
 
-func (c *collector) Batch(b actors.Batch) {
+func (c *collector) Batch(b system.Batch) {
 	c.mu.Lock()
 	c.batches = append(c.batches, b)
 	c.mu.Unlock()
 }
-func (c *collector) Chunk(messages.Result) {}
+func (c *collector) Chunk(system.Result) {}
 func (c *collector) span(s sim.Span) {
 	c.mu.Lock()
 	c.kernels[s.Name] = s
@@ -166,7 +169,7 @@ func (c *collector) kernel(name string) (sim.Span, bool) {
 
 // runMode runs the whole schedule on a fresh engine, GPU and prefill pool,
 // with the decode side dp provides.
-func runMode(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool, log *zap.Logger, progress func(), dp DataPlane) (*ModeReport, error) {
+func runMode(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool, log *zap.Logger, progress func(), dp DataPlane) (_ *ModeReport, err error) {
 	col := &collector{kernels: map[string]sim.Span{}}
 	geom := testbed.MLA(g.layers, uint64(g.itemLen), p.pool)
 	if !cfg.Preset.MLA {
@@ -182,18 +185,28 @@ func runMode(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool
 		return nil, errors.Wrapf(err, "prefill pool of %d MiB", len(geom.Layers)*g.itemLen*p.pool>>20)
 	}
 	defer pool.Free()
-	fill(pool.Block.Bytes, 0xEE) // stale KV: a read before the write would copy this
+	fill(pool.Block.Bytes, staleByte) // stale KV: a read before the write would copy this
 	gpu := sim.New(sim.Options{TimeScale: cfg.TimeScale, OnSpan: col.span, Precise: true})
 	defer gpu.Close()
 	stream := gpu.NewStream("compute")
+	bufs := pool.EngineBuffers()
+	if cfg.plant != nil {
+		cfg.plant(bufs)
+	}
 	eng, err := system.New(system.Config{
-		Buffers: pool.EngineBuffers(), HookLayers: g.hookLayers, GroupSize: cfg.GroupSize, PageSize: cfg.PageSize,
+		Buffers: bufs, HookLayers: g.hookLayers, GroupSize: cfg.GroupSize, PageSize: cfg.PageSize,
 		CP: cfg.CP, Submitters: cfg.Submitters, FinishTimeout: cfg.FinishTimeout, DisablePerLayer: !perLayer,
 	}, engineOptions(cfg, perLayer, system.WithStream(stream), system.WithTransport(pre), system.WithObserver(col), system.WithLogger(log))...)
 	if err != nil {
 		return nil, err
 	}
-	defer eng.Close()
+	defer func() {
+		// Close writes the message trace (--record): a trace that could not
+		// be written is the run's error, not a silent empty file.
+		if cerr := eng.Close(); cerr != nil && err == nil {
+			err = errors.Wrap(cerr, "close the engine")
+		}
+	}()
 	if err := eng.AddPeer(peer); err != nil {
 		return nil, err
 	}
@@ -224,7 +237,7 @@ func runMode(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool
 				res, err := eng.Finish(ctx, uint64(r))
 				ret := time.Now()
 				col.mu.Lock()
-				col.finishes = append(col.finishes, finishRec{room: r, chunk: res.Chunk, call: call, ret: ret, status: res.Status})
+				col.finishes = append(col.finishes, finishRec{room: r, chunk: res.Chunk, call: call, ret: ret, status: res.Status, stats: res.Stats})
 				if err != nil {
 					mr.Failed++
 					if mr.FirstError == "" {
@@ -262,6 +275,12 @@ forwards:
 		if err := stream.Synchronize(ctx); err != nil {
 			return nil, err
 		}
+		// The forward's end woke the engine's waits on its end event at the
+		// same instant as this loop. On a serving host the forward loop has
+		// its own core; here it shares two with the engine, so let the
+		// engine's woken goroutines run before this loop launches the next
+		// forward, or its host-side work lands in the detect phase.
+		runtime.Gosched()
 		end, ok := col.kernel(testbed.KernelName(k+1, lastLayer))
 		if !ok {
 			return nil, errors.AssertionFailedf("forward %d: no span for its last kernel", k+1)
@@ -295,6 +314,10 @@ func engineOptions(cfg Config, perLayer bool, base ...system.Option) []system.Op
 	}
 	return opts
 }
+
+// staleByte fills the prefill pool before the run: what a read of a page
+// before its kernel started would copy.
+const staleByte = 0xEE
 
 // fill sets every byte of b to v, by doubling copies (a byte loop over a
 // few hundred MB takes seconds).

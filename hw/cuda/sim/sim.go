@@ -3,10 +3,17 @@
 // stream passes them. It is the embedded default and the test double for
 // hw/cuda/driver.
 //
-// Kernels really run Go code when the stream reaches them (the simulated
-// attention kernel of layer l writes that layer's KV bytes), so a transfer
-// that reads a layer before its event completed sees stale bytes and is caught
-// by byte comparison, exactly like on a real GPU.
+// Kernels really run Go code (the simulated attention kernel of layer l
+// writes that layer's KV bytes). A kernel's results become visible at the
+// END of its modeled interval (Kernel.Run), and Kernel.Start runs at its
+// start (the model poisons its output pages there), so a transfer that reads
+// a layer before its event completed, even while the writing kernel runs,
+// sees stale or poisoned bytes and is caught by byte comparison, as on a
+// real GPU where a kernel's stores land at no defined instant before it
+// ends.
+//
+// Events carry a device timestamp (cuda.Timed): the modeled instant the
+// stream passed them.
 //
 // Modeled time may run faster than wall time (Options.TimeScale). The stream
 // keeps a modeled timeline: a kernel starts when the previous one ended (or
@@ -93,7 +100,7 @@ func (g *GPU) TimeScale() float64 { return g.opts.TimeScale }
 
 // NewStream starts a stream. Close the GPU (or the stream) to stop it.
 func (g *GPU) NewStream(name string) *Stream {
-	s := &Stream{gpu: g, name: name, wake: make(chan struct{}, 1), stopped: make(chan struct{})}
+	s := &Stream{gpu: g, name: name, wake: make(chan struct{}, 1), quit: make(chan struct{}), stopped: make(chan struct{})}
 	g.mu.Lock()
 	g.streams = append(g.streams, s)
 	g.mu.Unlock()
@@ -112,12 +119,19 @@ func (g *GPU) Close() {
 	}
 }
 
-// Kernel is device work: Run executes when the stream reaches it, after
-// Duration of modeled time.
+// Kernel is device work taking Duration of modeled time.
 type Kernel struct {
 	Name     string
 	Duration time.Duration
-	Run      func()
+	// Start, if set, runs when the kernel starts: work whose effects a
+	// correct reader must never see (poisoning the output), or staging that
+	// must not delay the end.
+	Start func()
+	// Run, if set, runs at the end of the modeled interval: its effects are
+	// the kernel's results, visible before any event recorded after the
+	// kernel completes. The stream starts it early by what recent Runs
+	// cost, so that it ends at the modeled end; keep it to a copy.
+	Run func()
 }
 
 type op struct {
@@ -137,6 +151,7 @@ type Stream struct {
 	seq    uint64
 
 	wake    chan struct{}
+	quit    chan struct{} // closed by Close: modeled sleeps end early
 	stopped chan struct{}
 }
 
@@ -164,7 +179,7 @@ func (s *Stream) Record() (cuda.Event, error) {
 			return nil, errors.Mark(errors.Newf("sim: record event %d on stream %s", seq, s.name), ErrInjected)
 		}
 	}
-	if err := s.push(op{event: ev}); err != nil {
+	if err := s.push(op{event: ev, launched: time.Now()}); err != nil {
 		return nil, err
 	}
 	return ev, nil
@@ -189,6 +204,7 @@ func (s *Stream) Close() {
 	}
 	s.closed = true
 	s.mu.Unlock()
+	close(s.quit) // a modeled sleep under way ends now
 	s.signal()
 	<-s.stopped
 }
@@ -215,7 +231,8 @@ func (s *Stream) signal() {
 func (s *Stream) loop() {
 	defer close(s.stopped)
 	scale := s.gpu.opts.TimeScale
-	var busyUntil time.Time // modeled end of the last kernel, as a wall-clock instant
+	var busyUntil time.Time   // modeled end of the last kernel, as a wall-clock instant
+	var runLead time.Duration // how early Run starts: its recent cost, with a margin
 	var batch []op
 	for {
 		s.mu.Lock()
@@ -234,32 +251,72 @@ func (s *Stream) loop() {
 			<-s.wake
 			continue
 		}
-		for _, o := range batch {
-			if o.event != nil {
-				o.event.reach()
-				continue
-			}
-			// A kernel starts when the previous one ended, or at its launch
-			// if the stream was idle then.
-			start := busyUntil
-			if o.launched.After(start) {
-				start = o.launched
-			}
-			end := start.Add(time.Duration(float64(o.kernel.Duration) / scale))
-			// The kernel's work happens inside its modeled interval; its end
-			// (and the events after it) come at the modeled instant, or
-			// later if the work itself took longer.
-			clock.SleepUntil(start, s.gpu.opts.Precise)
-			if o.kernel.Run != nil {
-				o.kernel.Run()
-			}
-			clock.SleepUntil(end, s.gpu.opts.Precise)
-			busyUntil = end
-			if f := s.gpu.opts.OnSpan; f != nil {
-				f(Span{Stream: s.name, Name: o.kernel.Name, Start: start, End: end, Ran: time.Now()})
+		for i, o := range batch {
+			if !s.run(o, &busyUntil, &runLead, scale) {
+				// Closed mid-kernel: what was not run yet fails with the
+				// rest of the queue.
+				s.mu.Lock()
+				s.queue = append(append([]op(nil), batch[i+1:]...), s.queue...)
+				s.mu.Unlock()
+				break
 			}
 		}
 	}
+}
+
+// run performs one op at its modeled time. It returns false if the stream
+// was closed while it waited.
+func (s *Stream) run(o op, busyUntil *time.Time, runLead *time.Duration, scale float64) bool {
+	if o.event != nil {
+		// The device passed the event when the kernel before it
+		// ended, or when it was recorded on an idle stream.
+		at := *busyUntil
+		if o.launched.After(at) {
+			at = o.launched
+		}
+		o.event.reach(at)
+		return true
+	}
+	// A kernel starts when the previous one ended, or at its launch
+	// if the stream was idle then.
+	start := *busyUntil
+	if o.launched.After(start) {
+		start = o.launched
+	}
+	end := start.Add(time.Duration(float64(o.kernel.Duration) / scale))
+	// Start's work happens inside the modeled interval; the results
+	// (Run) at its end, then the events after it: at the modeled
+	// instant, or later by what Start overran. Run begins early by
+	// what the recent Runs cost, so that its copy is done by the
+	// modeled end rather than after it: the emulator's cost stays
+	// out of modeled time. A read in that last sliver of the
+	// interval would go unseen; reads a group early cannot.
+	if !clock.SleepUntilOr(start, s.gpu.opts.Precise, s.quit) {
+		return false
+	}
+	if o.kernel.Start != nil {
+		o.kernel.Start()
+	}
+	if o.kernel.Run != nil {
+		runAt := end.Add(-*runLead)
+		if runAt.Before(start) {
+			runAt = start
+		}
+		if !clock.SleepUntilOr(runAt, s.gpu.opts.Precise, s.quit) {
+			return false
+		}
+		t := time.Now()
+		o.kernel.Run()
+		*runLead = max(time.Since(t)*5/4, *runLead*7/8)
+	}
+	if !clock.SleepUntilOr(end, s.gpu.opts.Precise, s.quit) {
+		return false
+	}
+	*busyUntil = end
+	if f := s.gpu.opts.OnSpan; f != nil {
+		f(Span{Stream: s.name, Name: o.kernel.Name, Start: start, End: end, Ran: time.Now()})
+	}
+	return true
 }
 
 func (s *Stream) drain() []op {
@@ -278,14 +335,18 @@ type Event struct {
 	done   chan struct{}
 	once   sync.Once
 	err    atomic.Pointer[error]
+	at     time.Time // device timestamp; written before done closes
 }
 
-var _ cuda.Event = (*Event)(nil)
+var (
+	_ cuda.Event = (*Event)(nil)
+	_ cuda.Timed = (*Event)(nil)
+)
 
 // Seq returns the event's sequence number on its stream (1-based).
 func (e *Event) Seq() uint64 { return e.seq }
 
-func (e *Event) reach() {
+func (e *Event) reach(at time.Time) {
 	switch e.fault {
 	case NeverComplete:
 		return
@@ -293,7 +354,24 @@ func (e *Event) reach() {
 		e.fail(errors.Mark(errors.Newf("sim: event %d on stream %s: injected wait error", e.seq, e.stream), ErrInjected))
 		return
 	}
-	e.once.Do(func() { close(e.done) })
+	e.once.Do(func() {
+		e.at = at
+		close(e.done)
+	})
+}
+
+// CompletedAt implements cuda.Timed: the modeled instant the stream passed
+// the event (a wall-clock instant; the end of the kernel before it).
+func (e *Event) CompletedAt() (time.Time, bool) {
+	select {
+	case <-e.done:
+		if e.err.Load() != nil {
+			return time.Time{}, false
+		}
+		return e.at, true
+	default:
+		return time.Time{}, false
+	}
 }
 
 func (e *Event) fail(err error) {

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -74,11 +75,25 @@ func TestModeledDurationsAndTimeScale(t *testing.T) {
 func TestCloseFailsPendingEvents(t *testing.T) {
 	g := New(Options{})
 	s := g.NewStream("compute")
-	block := make(chan struct{})
-	require.NoError(t, s.Launch(Kernel{Run: func() { <-block }}))
+	started, block := make(chan struct{}), make(chan struct{})
+	require.NoError(t, s.Launch(Kernel{Start: func() { close(started); <-block }}))
+	// Recorded while the kernel runs, so the stream has not taken it yet.
+	<-started
 	ev, err := s.Record()
 	require.NoError(t, err)
-	go func() { time.Sleep(5 * time.Millisecond); close(block) }()
+	go func() {
+		// Let the kernel end only once Close marked the stream closed.
+		for {
+			s.mu.Lock()
+			closed := s.closed
+			s.mu.Unlock()
+			if closed {
+				break
+			}
+			runtime.Gosched()
+		}
+		close(block)
+	}()
 	g.Close()
 	err = ev.Wait(context.Background())
 	require.Error(t, err)
@@ -107,4 +122,74 @@ func TestInjectedFaults(t *testing.T) {
 	done, err := never.Query()
 	require.NoError(t, err)
 	assert.False(t, done)
+}
+
+// A kernel's results (Run) appear at the end of its modeled interval, after
+// Start; the event after it carries the modeled end as its timestamp.
+func TestResultsAtTheEndAndEventTimestamp(t *testing.T) {
+	var spans []Span
+	var mu sync.Mutex
+	g := New(Options{OnSpan: func(s Span) { mu.Lock(); spans = append(spans, s); mu.Unlock() }})
+	defer g.Close()
+	s := g.NewStream("compute")
+	started, release := make(chan struct{}), make(chan struct{})
+	var order []string
+	note := func(x string) { mu.Lock(); order = append(order, x); mu.Unlock() }
+	require.NoError(t, s.Launch(Kernel{Name: "k", Duration: time.Millisecond,
+		Start: func() { note("start"); close(started); <-release },
+		Run:   func() { note("run") }}))
+	ev, err := s.Record()
+	require.NoError(t, err)
+	<-started
+	mu.Lock()
+	assert.Equal(t, []string{"start"}, order, "results must not appear while the kernel runs")
+	mu.Unlock()
+	_, ok := ev.(cuda.Timed).CompletedAt()
+	assert.False(t, ok, "no timestamp before the event completed")
+	close(release)
+	require.NoError(t, ev.Wait(context.Background()))
+	at, ok := ev.(cuda.Timed).CompletedAt()
+	require.True(t, ok)
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, []string{"start", "run"}, order)
+	require.Len(t, spans, 1)
+	assert.True(t, at.Equal(spans[0].End), "event at %v, kernel ended %v", at, spans[0].End)
+}
+
+// An event recorded on an idle stream completed when it was recorded, not at
+// the end of the last kernel long ago.
+func TestEventOnIdleStreamTimestamp(t *testing.T) {
+	g := New(Options{})
+	defer g.Close()
+	s := g.NewStream("compute")
+	require.NoError(t, s.Synchronize(context.Background()))
+	before := time.Now()
+	ev, err := s.Record()
+	require.NoError(t, err)
+	require.NoError(t, ev.Wait(context.Background()))
+	at, ok := ev.(cuda.Timed).CompletedAt()
+	require.True(t, ok)
+	assert.False(t, at.Before(before))
+}
+
+// TestCloseInterruptsAModeledSleep: a kernel modeled as an hour long (a
+// tiny --time-scale does that) must not hold Close: the stream's sleep ends
+// at Close, and the events behind the kernel fail instead of completing.
+func TestCloseInterruptsAModeledSleep(t *testing.T) {
+	g := New(Options{})
+	s := g.NewStream("s")
+	require.NoError(t, s.Launch(Kernel{Name: "long", Duration: time.Hour, Run: func() { t.Error("an interrupted kernel must not run") }}))
+	ev, err := s.Record()
+	require.NoError(t, err)
+	closed := make(chan struct{})
+	go func() { g.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(time.Minute): // only an uninterrupted hour-long sleep gets here
+		t.Fatal("Close waited for the modeled sleep")
+	}
+	err = ev.Wait(context.Background())
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, cuda.ErrDeviceLost), "%v", err)
 }

@@ -33,3 +33,32 @@ func SleepUntil(deadline time.Time, precise bool) {
 		runtime.Gosched()
 	}
 }
+
+// SleepUntilOr is SleepUntil that returns early, with false, once stop is
+// closed: a modeled interval can be long (a slow --time-scale), and closing
+// what sleeps must not wait for it.
+func SleepUntilOr(deadline time.Time, precise bool, stop <-chan struct{}) bool {
+	d := time.Until(deadline)
+	if d <= 0 {
+		return true
+	}
+	if precise && d <= Slack {
+		SleepUntil(deadline, true)
+		return true
+	}
+	wait := d
+	if precise {
+		wait = d - Slack
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-stop:
+		return false
+	case <-t.C:
+	}
+	if precise {
+		SleepUntil(deadline, true)
+	}
+	return true
+}

@@ -16,7 +16,12 @@
 // Register is ucp_mem_map of the caller's memory plus ucp_rkey_pack, whose
 // bytes are RegionDesc.Key. Connect is ucp_ep_create by worker address with
 // UCP_ERR_HANDLING_MODE_PEER, so that a lost peer fails the endpoint instead
-// of hanging it. Import is ucp_ep_rkey_unpack. Post is one ucp_put_nbx per
+// of hanging it. Import is ucp_ep_rkey_unpack. A peer's worker address and
+// packed keys come from the network: Connect and Import check their
+// structure first (the address's format version, the key's domain map,
+// memory type and length-prefixed domain keys), since UCX asserts and aborts
+// the process on malformed ones; what the structure carries is UCX's to
+// parse, and trusted to come from an authenticated peer. Post is one ucp_put_nbx per
 // write followed by one ucp_ep_flush_nbx; the batch completes when the flush
 // does, which UCP defines as completion at the target. Endpoint.Close drains
 // the endpoint with one more flush (bounded by Options.CloseDrain), then

@@ -9,6 +9,8 @@ package ucx
 import "C"
 
 import (
+	"encoding/binary"
+	"math/bits"
 	"time"
 	"unsafe"
 
@@ -67,8 +69,8 @@ var _ rdma.Endpoint = (*Endpoint)(nil)
 // connects lazily on some transports: an unreachable peer may only show as
 // a failed batch.
 func (t *Transport) Connect(addr []byte) (rdma.Endpoint, error) {
-	if len(addr) == 0 {
-		return nil, errors.Mark(errors.New("ucx: connect: empty worker address"), rdma.ErrEndpointBroken)
+	if err := checkWorkerAddress(addr); err != nil {
+		return nil, errors.Mark(err, rdma.ErrEndpointBroken)
 	}
 	e := &Endpoint{t: t, closedCh: make(chan struct{})}
 	err := t.do(func() error {
@@ -99,10 +101,74 @@ func (t *Transport) Connect(addr []byte) (rdma.Endpoint, error) {
 	return e, nil
 }
 
+// Bounds of a packed worker address (UCX 1.x, ucp/core/ucp_address.c):
+// the low four bits of its first byte are the format version, V1 (0) or V2
+// (1). UCX asserts on any other version inside ucp_ep_create, aborting the
+// process, so a peer's garbage must be refused before it gets there.
+const (
+	maxWorkerAddress   = 64 << 10
+	addressVersionMask = 0x0f
+	addressVersionMax  = 1
+)
+
+// checkWorkerAddress is the structural check of a peer's worker address that
+// keeps UCX from aborting on it. Random addresses of a valid version were
+// refused by UCX with an error (tried: random bytes of every length up to
+// 78 with either version); the rest of the format is parsed by UCX and
+// trusted to come from an authenticated peer.
+func checkWorkerAddress(addr []byte) error {
+	switch {
+	case len(addr) < 2 || len(addr) > maxWorkerAddress:
+		return errors.Newf("ucx: connect: a worker address of %d bytes (want 2 to %d)", len(addr), maxWorkerAddress)
+	case addr[0]&addressVersionMask > addressVersionMax:
+		return errors.Newf("ucx: connect: worker address format version %d unknown (want 0 or 1)", addr[0]&addressVersionMask)
+	}
+	return nil
+}
+
+// checkPackedKey is the structural check of a peer's packed remote key that
+// keeps the malformed ones UCX asserts on (over shared memory, UCX 1.13
+// aborts inside ucp_ep_rkey_unpack on random bytes) from reaching it. The
+// format (ucp_rkey_pack_memh): the 64-bit map of memory domains, one byte
+// of memory type, then per domain in the map a length byte and that many
+// bytes of the domain's key; system-device distances may follow. What each
+// domain's bytes say is parsed by UCX and trusted to come from the
+// authenticated peer.
+func checkPackedKey(key []byte) error {
+	const head = 9
+	if len(key) < head || len(key) > maxPackedKey {
+		return errors.Newf("a packed key of %d bytes (want %d to %d)", len(key), head, maxPackedKey)
+	}
+	mdMap := binary.LittleEndian.Uint64(key)
+	if mdMap == 0 {
+		return errors.New("a packed key for no memory domain")
+	}
+	if memType := key[8]; int(memType) >= int(C.UCS_MEMORY_TYPE_LAST) {
+		return errors.Newf("a packed key of memory type %d unknown", memType)
+	}
+	p := head
+	for range bits.OnesCount64(mdMap) {
+		if p >= len(key) {
+			return errors.Newf("a packed key of %d bytes ends within its %d domains' keys", len(key), bits.OnesCount64(mdMap))
+		}
+		p += 1 + int(key[p])
+		if p > len(key) {
+			return errors.Newf("a packed key of %d bytes ends within a domain's key", len(key))
+		}
+	}
+	return nil
+}
+
+// maxPackedKey bounds a packed remote key.
+const maxPackedKey = 64 << 10
+
 // Import unpacks a peer region's remote key on this endpoint.
 func (e *Endpoint) Import(d rdma.RegionDesc) (rdma.RemoteKey, error) {
 	if len(d.Key) == 0 || d.Len == 0 || d.Addr+d.Len < d.Addr {
 		return 0, errors.Mark(errors.Newf("ucx: import [%#x, +%d) with a %d-byte key: malformed descriptor", d.Addr, d.Len, len(d.Key)), rdma.ErrInvalidWrite)
+	}
+	if err := checkPackedKey(d.Key); err != nil {
+		return 0, errors.Mark(errors.Wrapf(err, "ucx: import [%#x, +%d)", d.Addr, d.Len), rdma.ErrInvalidWrite)
 	}
 	t := e.t
 	var rk rdma.RemoteKey

@@ -421,3 +421,64 @@ func TestGoFaultsStillPanic(t *testing.T) {
 	var p *fixture
 	assert.Panics(t, func() { _ = p.from })
 }
+
+// TestConnectRefusesMalformedAddress: a peer's garbage worker address is an
+// error, never an abort inside UCX (which asserts on an unknown format
+// version); a truncated or corrupted address of a known version is refused
+// by UCX itself.
+func TestConnectRefusesMalformedAddress(t *testing.T) {
+	t.Setenv("UCX_TLS", "tcp")
+	tr, err := New(Options{Name: "garbage"})
+	require.NoError(t, err)
+	defer tr.Close()
+	good := tr.Address()
+	for name, addr := range map[string][]byte{
+		"empty":     nil,
+		"one byte":  {0},
+		"version 2": append([]byte{0x22}, good[1:]...),
+		"version f": append([]byte{0x2f}, good[1:]...),
+		"truncated": good[:len(good)/2],
+		"too long":  make([]byte, 128<<10),
+	} {
+		_, err := tr.Connect(addr)
+		require.Error(t, err, name)
+		require.True(t, errors.Is(err, rdma.ErrEndpointBroken), "%s: %v", name, err)
+	}
+}
+
+// TestImportRefusesMalformedKey: a peer's packed key whose structure is not
+// UCX's (over shared memory UCX asserts on such keys and aborts) is an
+// error; this transport's own keys pass.
+func TestImportRefusesMalformedKey(t *testing.T) {
+	eachFabric(t, func(t *testing.T) {
+		a, b := newPair(t)
+		defer a.Close()
+		defer b.Close()
+		mem, err := hostmem.Alloc(4096)
+		require.NoError(t, err)
+		defer mem.Free()
+		reg, err := b.Register(mem.Addr, 4096)
+		require.NoError(t, err)
+		d := reg.Desc()
+		require.NoError(t, checkPackedKey(d.Key), "%x", d.Key)
+		ep, err := a.Connect(b.Address())
+		require.NoError(t, err)
+		defer ep.Close()
+		more := append([]byte(nil), d.Key...)
+		more[7] |= 0x80 // one more domain, whose key is missing
+		badType := append([]byte(nil), d.Key...)
+		badType[8] = 0xff
+		for name, key := range map[string][]byte{
+			"short":             d.Key[:5],
+			"no domain":         make([]byte, 16),
+			"memory type":       badType,
+			"a domain too many": more,
+			"too long":          make([]byte, 128<<10),
+		} {
+			_, err := ep.Import(rdma.RegionDesc{Addr: d.Addr, Len: d.Len, Key: key})
+			require.True(t, errors.Is(err, rdma.ErrInvalidWrite), "%s: %v", name, err)
+		}
+		_, err = ep.Import(d)
+		require.NoError(t, err)
+	})
+}

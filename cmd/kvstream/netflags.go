@@ -1,0 +1,141 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/decode"
+	"github.com/kvstream/kvstream/netsec"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"go.uber.org/zap"
+)
+
+// netFlags are the control and data plane flags of `kvstream decode` and
+// `kvstream prefill`.
+type netFlags struct {
+	listen, advertise, dataAddr string
+	tlsCA, tlsCert, tlsKey      string
+	tlsDir                      string
+	heartbeat                   time.Duration
+}
+
+// maxHeartbeat bounds --heartbeat: a peer silent that long is long gone.
+const maxHeartbeat = 10 * time.Minute
+
+func addNetFlags(fl *pflag.FlagSet, n *netFlags, node, listenDefault string) {
+	fl.StringVar(&n.listen, "listen", listenDefault, "control-plane address (host:port; port 0 picks one); anything but loopback needs TLS")
+	fl.StringVar(&n.advertise, "advertise", "", "the address peers reach this node on (host[:port]); default: the listen address, or a routable address of this host when listening on all interfaces")
+	fl.StringVar(&n.dataAddr, "data-addr", "", "host whose interface the UCX data plane uses (default: the advertised or listen host)")
+	fl.StringVar(&n.tlsCA, "tls-ca", "", "mutual TLS: the CA certificate (PEM) every peer's certificate must chain to")
+	fl.StringVar(&n.tlsCert, "tls-cert", "", "mutual TLS: this node's certificate (PEM)")
+	fl.StringVar(&n.tlsKey, "tls-key", "", "mutual TLS: this node's private key (PEM)")
+	fl.StringVar(&n.tlsDir, "tls-dir", "", "mutual TLS from a directory written by `kvstream certs`: "+netsec.CAFile+", "+node+".pem and "+node+".key")
+	fl.DurationVar(&n.heartbeat, "heartbeat", 3500*time.Millisecond, "declare the peer lost when it answered no heartbeat within this (0: off; a hung process is then never declared lost)")
+}
+
+// check validates the flags; node names this node's files in --tls-dir.
+func (n *netFlags) check(node string) (*netsec.TLS, error) {
+	if err := checkHostPort("--listen", n.listen, true); err != nil {
+		return nil, err
+	}
+	if n.advertise != "" {
+		a := n.advertise
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			a = net.JoinHostPort(strings.Trim(a, "[]"), "0")
+		}
+		if err := checkHostPort("--advertise", a, false); err != nil {
+			return nil, err
+		}
+	}
+	if n.dataAddr != "" && net.ParseIP(n.dataAddr) == nil {
+		return nil, errors.Newf("--data-addr %q: want an IP address of this host", n.dataAddr)
+	}
+	if n.heartbeat < 0 || n.heartbeat > maxHeartbeat || n.heartbeat > 0 && n.heartbeat < 70*time.Millisecond {
+		return nil, errors.Newf("--heartbeat %v: want 0 (off) or 70ms to %v", n.heartbeat, maxHeartbeat)
+	}
+	files := netsec.Files{CA: n.tlsCA, Cert: n.tlsCert, Key: n.tlsKey}
+	given := files.CA != "" || files.Cert != "" || files.Key != ""
+	switch {
+	case n.tlsDir != "" && given:
+		return nil, errors.New("--tls-dir and --tls-ca/--tls-cert/--tls-key: give one or the other")
+	case n.tlsDir != "":
+		files = netsec.Files{CA: filepath.Join(n.tlsDir, netsec.CAFile), Cert: filepath.Join(n.tlsDir, node+".pem"), Key: filepath.Join(n.tlsDir, node+".key")}
+	case given && (files.CA == "" || files.Cert == "" || files.Key == ""):
+		return nil, errors.Newf("--tls-ca %q, --tls-cert %q, --tls-key %q: give all three", files.CA, files.Cert, files.Key)
+	case !given:
+		return nil, nil
+	}
+	tlsm, err := netsec.LoadTLS(files)
+	return tlsm, errors.Wrap(err, "--tls-*")
+}
+
+// checkHostPort validates a host:port flag.
+func checkHostPort(flag, v string, listen bool) error {
+	host, port, err := net.SplitHostPort(v)
+	if err != nil {
+		return errors.Wrapf(err, "%s %q: want host:port", flag, v)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
+		return errors.Newf("%s %q: port %q is not a number in [0, 65535]", flag, v, port)
+	}
+	if !listen && (host == "" || net.ParseIP(host) != nil && net.ParseIP(host).IsUnspecified()) {
+		return errors.Newf("%s %q: peers cannot dial an unspecified host", flag, v)
+	}
+	return nil
+}
+
+// node starts this process's control plane.
+func (n *netFlags) node(tlsm *netsec.TLS, log *zap.Logger) (*decode.Node, error) {
+	hb := decode.HeartbeatWithin(n.heartbeat)
+	if n.heartbeat == 0 {
+		hb = netsec.HeartbeatConfig{Misses: -1}
+	}
+	node, err := decode.ListenConfig(decode.NodeConfig{Listen: n.listen, Advertise: n.advertise, TLS: tlsm, Heartbeat: hb, Log: log})
+	if err != nil {
+		return nil, errors.Wrap(err, "--listen/--advertise")
+	}
+	return node, nil
+}
+
+// dataHost is the host whose interface the data plane uses: --data-addr,
+// else the host of the node's advertised address.
+func (n *netFlags) dataHost(node *decode.Node) string {
+	if n.dataAddr != "" {
+		return n.dataAddr
+	}
+	host, _, _ := net.SplitHostPort(node.Addr())
+	return host
+}
+
+func newCerts() *cobra.Command {
+	var hosts, nodes []string
+	cmd := &cobra.Command{
+		Use:   "certs DIR",
+		Short: "Write a development CA and node certificates for mutual TLS on the control plane",
+		Long: `certs writes a development CA (` + netsec.CAFile + `, ` + netsec.CAKeyFile + `) and one certificate and key per node
+(NODE.pem, NODE.key) into DIR, for --tls-dir of kvstream decode and prefill. Every certificate names
+127.0.0.1, ::1, localhost and the --hosts (the addresses peers dial: what each node advertises). It
+never overwrites a file. ` + netsec.CAKeyFile + ` signs anything: keep it off the nodes; use your own CA in
+production.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			files, err := netsec.GenerateDevCerts(args[0], nodes, hosts)
+			if err != nil {
+				return err
+			}
+			for _, name := range nodes {
+				fmt.Fprintf(cmd.OutOrStdout(), "certs: %s: %s %s (CA %s)\n", name, files[name].Cert, files[name].Key, files[name].CA)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringSliceVar(&hosts, "hosts", nil, "more IP addresses or DNS names every certificate names (comma-separated)")
+	cmd.Flags().StringSliceVar(&nodes, "nodes", []string{"decode", "prefill"}, "node names, one certificate each (the certificate's name)")
+	return cmd
+}

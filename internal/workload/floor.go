@@ -1,0 +1,140 @@
+package workload
+
+import (
+	"sort"
+	"time"
+)
+
+// The ideal floor (docs/PERFORMANCE.md, "The floor"): for each request, the
+// instant an ideal sender with no overhead at all would have landed the
+// request's last byte, minus the modeled end of the request's last forward.
+// The ideal sender sees every batch the moment its gating kernel ends (the
+// last layer of its group; the forward's last kernel for the hookless
+// buffers and for a monolithic send) and puts it on the link at once; the
+// link serves batches in that order, one after the other, each taking its
+// bytes over the link rate, and a batch lands the link latency after its
+// last byte left. Whatever is ahead on the link (an earlier group, another
+// request's batch of the same forward) delays it; batches ready at the same
+// instant go in the order the engine creates them (groups in order, the
+// forward's chunks in registration order). No engine can beat this: a
+// measured exposed time below it is a bug in the measurement. One caveat:
+// when several requests' last chunks share one forward (prompts shorter than
+// the chunk budget), the submitters may post their equal-ready batches in
+// another order, and the request served first can come in under its floor
+// at the others' expense. The workloads of docs/PERFORMANCE.md (and the
+// sweep) have at most one request's last chunk per forward.
+
+// linkBatch is one batch the ideal sender puts on the link.
+type linkBatch struct {
+	room  int
+	ready time.Duration // its gating kernel's end on the modeled timeline
+	bytes float64       // modeled (real) bytes
+	order int           // generation order: ties in ready go in this order
+}
+
+// idealLandings returns, per batch (in the order given), the instant it
+// lands on a link of bw bytes/s and the given latency.
+func idealLandings(batches []linkBatch, bw float64, latency time.Duration) []time.Duration {
+	idx := make([]int, len(batches))
+	for i := range idx {
+		idx[i] = i
+	}
+	sort.SliceStable(idx, func(a, b int) bool {
+		x, y := batches[idx[a]], batches[idx[b]]
+		if x.ready != y.ready {
+			return x.ready < y.ready
+		}
+		return x.order < y.order
+	})
+	out := make([]time.Duration, len(batches))
+	var free time.Duration // when the link's last byte left
+	for _, i := range idx {
+		b := batches[i]
+		start := max(free, b.ready)
+		free = start + time.Duration(b.bytes/bw*float64(time.Second))
+		out[i] = free + latency
+	}
+	return out
+}
+
+// kernelEnds gives the modeled end of forward k's (0-based) layer l.
+type kernelEnds func(k, l int) time.Duration
+
+// floors returns each request's floor (ms) for one mode, on the timeline
+// ends describes.
+func floors(cfg Config, g geometry, p *plan, perLayer bool, ends kernelEnds) []float64 {
+	groups := (g.hookLayers + cfg.GroupSize - 1) / cfg.GroupSize
+	perLayerBufs := 1
+	if !cfg.Preset.MLA {
+		perLayerBufs = 2
+	}
+	hookless := cfg.Preset.ExtraLayers * perLayerBufs
+	var batches []linkBatch
+	lastForward := make([]int, cfg.Requests)
+	add := func(room int, ready time.Duration, bytes float64) {
+		if bytes > 0 {
+			batches = append(batches, linkBatch{room: room, ready: ready, bytes: bytes, order: len(batches)})
+		}
+	}
+	for k, fw := range p.forwards {
+		end := ends(k, g.layers-1)
+		for _, pc := range fw {
+			lastForward[pc.room] = k
+		}
+		if !perLayer {
+			for _, pc := range fw {
+				add(pc.room, end, float64(pc.owned)*float64(g.pageBytes)*float64(g.buffers))
+			}
+			continue
+		}
+		for gi := 0; gi < groups; gi++ {
+			lo, hi := gi*cfg.GroupSize, min((gi+1)*cfg.GroupSize, g.hookLayers)
+			for _, pc := range fw {
+				add(pc.room, ends(k, hi-1), float64(pc.owned)*float64(g.pageBytes)*float64((hi-lo)*perLayerBufs))
+			}
+		}
+		for _, pc := range fw {
+			add(pc.room, end, float64(pc.owned)*float64(g.pageBytes)*float64(hookless))
+		}
+	}
+	land := idealLandings(batches, cfg.LinkGbps*1e9/8, cfg.LinkLatency)
+	last := make([]time.Duration, cfg.Requests)
+	for i, b := range batches {
+		last[b.room] = max(last[b.room], land[i])
+	}
+	out := make([]float64, cfg.Requests)
+	for r := range out {
+		end := ends(lastForward[r], g.layers-1)
+		out[r] = msf(max(last[r]-end, 0))
+	}
+	return out
+}
+
+// idealTimeline is the modeled timeline with forwards back to back from 0
+// and every layer taking the compute model's time: the timeline of a host
+// that launches without delay.
+func idealTimeline(cfg Config, g geometry, p *plan) kernelEnds {
+	start := make([]time.Duration, len(p.forwards))
+	per := make([]time.Duration, len(p.forwards))
+	var t time.Duration
+	for k, fw := range p.forwards {
+		tokens := 0
+		for _, pc := range fw {
+			tokens += pc.end - pc.start
+		}
+		per[k] = cfg.layerTime(tokens)
+		start[k] = t
+		t += per[k] * time.Duration(g.layers)
+	}
+	return func(k, l int) time.Duration { return start[k] + per[k]*time.Duration(l+1) }
+}
+
+// layerTime is the modeled duration of one layer's kernel in a forward of
+// the given tokens.
+func (c Config) layerTime(tokens int) time.Duration {
+	us := c.Preset.LayerUsPerKTok
+	if c.LayerUsPerKTok > 0 {
+		us = c.LayerUsPerKTok
+	}
+	return time.Duration(float64(tokens) / 1000 * us * float64(time.Microsecond))
+}

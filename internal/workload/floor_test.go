@@ -1,0 +1,90 @@
+package workload
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// floorsOf returns the per-layer and the monolithic floors (ms) of cfg on
+// the ideal timeline.
+func floorsOf(t *testing.T, cfg Config) (perLayer, mono []float64) {
+	t.Helper()
+	g, err := cfg.validate()
+	require.NoError(t, err)
+	p := newPlan(cfg, g)
+	ends := idealTimeline(cfg, g, p)
+	return floors(cfg, g, p, true, ends), floors(cfg, g, p, false, ends)
+}
+
+// Hand-computed: a 128-page chunk of dsv3 is 128 x 64 x 1152 = 9 437 184 B
+// per buffer; 400 Gb/s is 50 GB/s; the link latency is 10 us.
+func TestFloorDefaultPreset(t *testing.T) {
+	pl, mo := floorsOf(t, Defaults())
+	require.Len(t, pl, 4)
+	for r := range pl {
+		// Only the MTP buffer must follow the forward's end: the last group
+		// (5 layers, 0.94 ms on the link) crosses while the MTP layer
+		// computes (4.096 ms). 9 437 184 B / 50e9 B/s + 10 us.
+		require.InDelta(t, 0.18874368+0.01, pl[r], 1e-5, "room %d", r)
+		// Monolithic: 62 buffers after the end. 585 105 408 B / 50e9 + 10 us.
+		require.InDelta(t, 11.70210816+0.01, mo[r], 1e-5, "room %d", r)
+	}
+}
+
+// llama70b has no hookless layer: the last group's event is the forward's
+// end, so its 8 layers x 2 buffers must all cross after it.
+func TestFloorWithoutHooklessLayers(t *testing.T) {
+	cfg := Defaults()
+	cfg.Preset = Presets["llama70b"]
+	pl, mo := floorsOf(t, cfg)
+	for r := range pl {
+		// 16 buffers x 128 pages x 131 072 B = 268 435 456 B / 50e9 + 10 us.
+		require.InDelta(t, 5.36870912+0.01, pl[r], 1e-5, "room %d", r)
+		// 160 buffers: 2 684 354 560 B / 50e9 + 10 us.
+		require.InDelta(t, 53.6870912+0.01, mo[r], 1e-5, "room %d", r)
+	}
+}
+
+// At 100 Gb/s (12.5 GB/s) with K = 16 the last group (layers 48-60, 13
+// buffers, 9.815 ms on the link) does not fit under the MTP layer (4.096
+// ms): it still occupies the link 5.719 ms after the forward's end, and the
+// MTP buffer (0.755 ms) queues behind it.
+func TestFloorLastGroupCannotHide(t *testing.T) {
+	cfg := Defaults()
+	cfg.LinkGbps, cfg.GroupSize = 100, 16
+	pl, mo := floorsOf(t, cfg)
+	lastGroup := 13 * 9437184 / 12.5e9 * 1e3 // 9.81467136 ms
+	mtp := 9437184 / 12.5e9 * 1e3            // 0.75497472 ms
+	want := lastGroup - 4.096 + mtp + 0.01   // 6.48364608 ms
+	require.InDelta(t, 6.48364608, want, 1e-9)
+	for r := range pl {
+		require.InDelta(t, want, pl[r], 1e-5, "room %d", r)
+		require.InDelta(t, 62*9437184/12.5e9*1e3+0.01, mo[r], 1e-5, "room %d", r)
+	}
+}
+
+// Two requests end in one forward: the second request's batch queues behind
+// the first's, which is ahead of it on the link.
+func TestFloorCountsWhatIsAhead(t *testing.T) {
+	cfg := Defaults()
+	cfg.Requests, cfg.PromptTokens, cfg.ChunkTokens = 2, 4096, 8192
+	_, mo := floorsOf(t, cfg)
+	// One forward of 2 x 64 pages; monolithic sends room 0's 62 buffers,
+	// then room 1's: 62 x 64 x 73 728 = 292 552 704 B each.
+	one := 292552704 / 50e9 * 1e3
+	require.InDelta(t, one+0.01, mo[0], 1e-5)
+	require.InDelta(t, 2*one+0.01, mo[1], 1e-5)
+}
+
+func TestIdealLandingsServeInReadyOrder(t *testing.T) {
+	const ms = 1e6 // ns
+	// 1 byte per ns: a batch of n bytes takes n ns.
+	land := idealLandings([]linkBatch{
+		{ready: 5 * ms, bytes: 1 * ms, order: 0},
+		{ready: 0, bytes: 2 * ms, order: 1},
+		{ready: 1 * ms, bytes: 1 * ms, order: 2},
+	}, 1e9, 10)
+	// Batch 1 crosses [0, 2), batch 2 waits for it: [2, 3), batch 0 [5, 6).
+	require.Equal(t, []float64{6*ms + 10, 2*ms + 10, 3*ms + 10}, []float64{float64(land[0]), float64(land[1]), float64(land[2])})
+}
