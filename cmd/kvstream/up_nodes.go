@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/signal"
 	"strconv"
@@ -136,15 +135,6 @@ func (c *countingProvider) Watch(ctx context.Context, role cluster.Role) ([]clus
 	return c.Provider.Watch(ctx, role)
 }
 
-// hostOf is the host of a host:port, for the data plane's interface.
-func hostOf(addr string) string {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return addr
-	}
-	return host
-}
-
 // nodeContext ends on SIGTERM, SIGINT or the stdin's end.
 func nodeContext(stdin io.Reader) (context.Context, context.CancelFunc, <-chan string) {
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
@@ -165,7 +155,8 @@ func nodeContext(stdin io.Reader) (context.Context, context.CancelFunc, <-chan s
 
 func newDecodeInstance() *cobra.Command {
 	var cf clusterFlags
-	var id, listen, transport, rule string
+	var nf netFlags
+	var id, transport, rule string
 	var size, pageSize int
 	var maxPoolMiB uint64
 	var verbose bool
@@ -177,7 +168,9 @@ func newDecodeInstance() *cobra.Command {
 own session: a room is complete only when every rank owning pages of each of its chunks reported them
 successful and every page holds the model's bytes. It registers {id, decode, address} on etcd once it
 serves (and revokes it first when it stops), prints JSON lines on stdout (ready, one per room that
-ended, and its row when it ends) and ends on SIGTERM or when its stdin closes. kvstream up starts it.`,
+ended, and its row when it ends) and ends on SIGTERM or when its stdin closes. kvstream up starts it.
+Off loopback the control plane needs mutual TLS and takes the network flags of kvstream decode
+(--tls-dir, --advertise, --data-addr, --heartbeat).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) (err error) {
 			log := cliLogger(verbose)
@@ -191,16 +184,20 @@ ended, and its row when it ends) and ends on SIGTERM or when its stdin closes. k
 				return err
 			}
 			defer prov.Close()
-			tr, err := openTransport(transport, id, hostOf(listen))
+			tlsm, err := nf.check("decode")
 			if err != nil {
 				return err
 			}
-			defer tr.Close()
-			node, err := decode.Listen(listen, log)
+			node, err := nf.node(tlsm, log)
 			if err != nil {
 				return err
 			}
 			defer closeWithin("the control plane", node.Close, &err)
+			tr, err := openTransport(transport, id, nf.dataHost(node))
+			if err != nil {
+				return err
+			}
+			defer closeTransport(tr, &err)
 			out := &eventOut{enc: json.NewEncoder(cmd.OutOrStdout())}
 			row := nodeRow{ID: id, Role: string(cluster.RoleDecode), Addr: node.Addr()}
 			var rowMu sync.Mutex
@@ -252,7 +249,7 @@ ended, and its row when it ends) and ends on SIGTERM or when its stdin closes. k
 	fl := cmd.Flags()
 	cf.add(fl)
 	fl.StringVar(&id, "id", "decode-0", "this instance's identity in the cluster")
-	fl.StringVar(&listen, "listen", "127.0.0.1:0", "control-plane address (host:port; port 0 picks one)")
+	addNetFlags(fl, &nf, "decode", "127.0.0.1:0")
 	fl.StringVar(&transport, "transport", "ucx", "data transport")
 	fl.IntVar(&size, "cp", 1, "ranks of the CP group that writes each room")
 	fl.StringVar(&rule, "cp-rule", "shared", "CP page rule: shared or contiguous")
@@ -266,7 +263,8 @@ ended, and its row when it ends) and ends on SIGTERM or when its stdin closes. k
 func newPrefillRank() *cobra.Command {
 	f := &simFlags{cfg: workload.Defaults()}
 	var cf clusterFlags
-	var group, listen, transport string
+	var nf netFlags
+	var group, transport, decodeName string
 	cmd := &cobra.Command{
 		Use:   "prefill-rank",
 		Short: "One CP rank of a cluster's prefill group: run batches of the sim workload into the decode instances it is told",
@@ -275,7 +273,9 @@ registers {<cp-group>-r<rank>, prefill, address, group, rank, size} on etcd and 
 instances' membership. Each stdin line "run BATCH DECODE-ID" runs one batch of the sim workload (its
 pages of every request) into that instance over the rank's session with it: the session is opened at
 the instance's first batch and kept, so a request or a forward never asks etcd. It prints a JSON line
-per batch and its row when its stdin closes (after saying goodbye to every instance).`,
+per batch and its row when its stdin closes (after saying goodbye to every instance). Off loopback
+the control plane needs mutual TLS and takes the network flags of kvstream prefill (--tls-dir,
+--advertise, --data-addr, --heartbeat, --decode-name).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) (err error) {
 			cfg, err := f.config()
@@ -290,16 +290,20 @@ per batch and its row when its stdin closes (after saying goodbye to every insta
 			}
 			defer prov.Close()
 			id := fmt.Sprintf("%s-r%d", group, cfg.CP.Rank)
-			tr, err := openTransport(transport, id, hostOf(listen))
+			tlsm, err := nf.check("prefill")
 			if err != nil {
 				return err
 			}
-			defer tr.Close()
-			node, err := decode.Listen(listen, log)
+			node, err := nf.node(tlsm, log)
 			if err != nil {
 				return err
 			}
 			defer closeWithin("the control plane", node.Close, &err)
+			tr, err := openTransport(transport, id, nf.dataHost(node))
+			if err != nil {
+				return err
+			}
+			defer closeTransport(tr, &err)
 			ctx, cancel, lines := nodeContext(cmd.InOrStdin())
 			defer cancel()
 			res := cluster.NewResolver(prov)
@@ -314,7 +318,7 @@ per batch and its row when its stdin closes (after saying goodbye to every insta
 			}
 			defer reg.Close()
 			out := &eventOut{enc: json.NewEncoder(cmd.OutOrStdout())}
-			rk := &rank{cfg: cfg, id: id, node: node, tr: tr, res: res, log: log, out: out, sessions: map[string]*decode.Client{}}
+			rk := &rank{cfg: cfg, id: id, decodeName: decodeName, node: node, tr: tr, res: res, log: log, out: out, sessions: map[string]*decode.Client{}}
 			out.emit(nodeEvent{Event: "ready", ID: id, Addr: node.Addr(), Pid: os.Getpid(), Rank: cfg.CP.Rank})
 			var wg sync.WaitGroup
 		read:
@@ -344,7 +348,8 @@ per batch and its row when its stdin closes (after saying goodbye to every insta
 	addWorkloadFlags(fl, f)
 	cf.add(fl)
 	fl.StringVar(&group, "cp-group", "g0", "the CP group's name")
-	fl.StringVar(&listen, "listen", "127.0.0.1:0", "this process's control-plane address")
+	addNetFlags(fl, &nf, "prefill", "127.0.0.1:0")
+	fl.StringVar(&decodeName, "decode-name", decode.DefaultDecodeName, "with TLS: the name every decode instance's certificate must carry")
 	fl.StringVar(&transport, "transport", "ucx", "data transport")
 	fl.BoolVar(&f.verbose, "verbose", false, "log at DEBUG")
 	return cmd
@@ -353,13 +358,14 @@ per batch and its row when its stdin closes (after saying goodbye to every insta
 // rank is a prefill rank's state across batches: one session per decode
 // instance.
 type rank struct {
-	cfg  workload.Config
-	id   string
-	node *decode.Node
-	tr   rdma.Transport
-	res  *cluster.Resolver
-	log  *zap.Logger
-	out  *eventOut
+	cfg        workload.Config
+	id         string
+	decodeName string // with TLS, the name the instances' certificates carry
+	node       *decode.Node
+	tr         rdma.Transport
+	res        *cluster.Resolver
+	log        *zap.Logger
+	out        *eventOut
 
 	mu       sync.Mutex
 	sessions map[string]*decode.Client // by decode instance id
@@ -388,7 +394,7 @@ func (k *rank) session(ctx context.Context, dec string, geom testbed.Geometry) (
 	if err != nil {
 		return nil, err
 	}
-	c, err := decode.Dial(ctx, k.node, decode.DialConfig{Decode: m.Addr, Buffers: twoproc.LayoutOf(geom), Name: k.id, Log: k.log,
+	c, err := decode.Dial(ctx, k.node, decode.DialConfig{Decode: m.Addr, DecodeName: k.decodeName, Buffers: twoproc.LayoutOf(geom), Name: k.id, Log: k.log,
 		Metadata: map[string]string{twoproc.SeedKey: strconv.FormatUint(k.cfg.Seed, 10), decode.RankKey: strconv.Itoa(k.cfg.CP.Rank)}})
 	if err != nil {
 		return nil, errors.Wrapf(err, "session with decode instance %s at %s", dec, m.Addr)
