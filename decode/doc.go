@@ -44,6 +44,18 @@
 //	// at the end, after eng.Close (nothing writes any more):
 //	sum, err := c.Bye(ctx, nil)   // or the reason the prefill stopped early
 //
+// # A context-parallel group
+//
+// With Config.Group, the Server takes one session per rank of a CP group
+// at once (each Dial names its rank in DialConfig.Metadata[RankKey]), and
+// a room is the group's: for each of its chunks, the ranks owning at least
+// one of the chunk's pages (cp's owner rule) must each report it
+// successful with exactly those pages, and the chunks must tile the
+// request to its last one, before Wait reports it complete. A report from
+// a rank that owns none of the chunk's pages, a failed report, a rank
+// whose session is lost while the room may still need it, or
+// Group.RoomTimeout fails it. GroupRoom is that decision, with no I/O.
+//
 // # Protocol
 //
 // Hello (the prefill's layout and protocol version) is answered by an Offer

@@ -191,12 +191,16 @@ func (s *Server) hello(sender *actor.PID, peer string, m *wire.Hello) (*wire.Off
 		s.log.Warn("hello refused: geometry", zap.String("prefill", m.Prefill), zap.Error(err))
 		return refuse(wire.Code_BAD_INPUT, "hello from %q: %v", m.Prefill, err), nil
 	}
+	rank, refused := s.groupRank(m)
+	if refused != nil {
+		return refused, nil
+	}
 	watch := actor.NewPID(m.SessionAddress, m.SessionId)
 	if s.watched[watch.String()] != nil {
 		return refuse(wire.Code_REFUSED, "hello from %q: its session actor %s already has a session", m.Prefill, watch), nil
 	}
 	ss := &Session{token: newToken(), prefill: m.Prefill, peer: peer, addr: sender.Address, metadata: m.Metadata,
-		done: make(chan struct{}), watch: watch.String()}
+		done: make(chan struct{}), watch: watch.String(), rank: rank}
 	ss.report.Prefill = m.Prefill
 	s.sessions[ss.token] = ss
 	s.watched[ss.watch] = ss
@@ -264,6 +268,9 @@ func (s *Server) notice(sender *actor.PID, peer string, m *wire.ChunkNotice) *wi
 	ss.mu.Lock()
 	ss.notices++
 	ss.mu.Unlock()
+	if s.cfg.Group != nil {
+		return s.groupNotice(ss, m)
+	}
 	c, err := s.check(m)
 	r := s.rooms[m.Room]
 	switch {
@@ -280,6 +287,7 @@ func (s *Server) notice(sender *actor.PID, peer string, m *wire.ChunkNotice) *wi
 	case r == nil:
 		r = &room{Room: Room{ID: m.Room}, done: make(chan struct{})}
 		s.rooms[m.Room] = r
+		s.watchRoom(r)
 	case r.session != nil && r.session != ss:
 		s.mu.Unlock()
 		err := errors.Newf("room %d is reported by another prefill session (%s)", m.Room, r.session.prefill)
@@ -428,6 +436,9 @@ func (s *Server) bye(sender *actor.PID, peer string, m *wire.Bye) *wire.Summary 
 			incomplete = append(incomplete, id)
 		}
 	}
+	if s.cfg.Group != nil {
+		incomplete = s.groupBye(ss, m.Aborted != "")
+	}
 	slices.Sort(incomplete)
 	ss.mu.Lock()
 	ss.bye = true
@@ -515,6 +526,9 @@ func (s *Server) left(who *actor.PID, hb *heartbeatLost) {
 			if r.session == ss {
 				r.fail(errors.Mark(errors.Mark(errors.Wrapf(lost, "room %d", r.ID), ErrPrefillLost), ErrNotQuiesced))
 			}
+		}
+		if s.cfg.Group != nil {
+			s.groupLost(ss, who, lost)
 		}
 	}
 	s.mu.Unlock()

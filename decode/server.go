@@ -50,15 +50,22 @@ type Server struct {
 	watched  map[string]*Session // by the prefill session actor's PID
 	accepted []*Session          // not yet returned by Accept
 	acceptCh chan struct{}       // closed and replaced when a session arrives
-	closed   bool
+	// lostRanks are a group's ranks whose last session was lost, until one
+	// of theirs says Hello again.
+	lostRanks map[int]error
+	closed    bool
 }
 
 // room is one room's state; done closes when it is complete or failed.
 type room struct {
 	Room
 	session *Session // the session that reports it; nil until its first notice
-	err     error
-	done    chan struct{}
+	// group decides a room of a CP group (Config.Group); reporters are the
+	// ranks' sessions that reported in it.
+	group     *GroupRoom
+	reporters map[*Session]bool
+	err       error
+	done      chan struct{}
 }
 
 func (r *room) terminal() bool { return r.Complete || r.err != nil }
@@ -86,6 +93,11 @@ func New(node *Node, tr rdma.Transport, cfg Config) (_ *Server, err error) {
 		return nil, badInput("MaxSessions %d: must not be negative", cfg.MaxSessions)
 	case cfg.ByeGrace < 0:
 		return nil, badInput("ByeGrace %v: must not be negative", cfg.ByeGrace)
+	}
+	if cfg.Group != nil {
+		if err := cfg.Group.validate(); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.ID == "" {
 		cfg.ID = DefaultID
@@ -208,7 +220,13 @@ func (s *Server) Expect(id uint64, pages []int) error {
 		}
 		seen[p] = i
 	}
-	s.rooms[id] = &room{Room: Room{ID: id, Pages: slices.Clone(pages)}, done: make(chan struct{})}
+	r := &room{Room: Room{ID: id, Pages: slices.Clone(pages)}, done: make(chan struct{})}
+	s.rooms[id] = r
+	s.watchRoom(r)
+	if s.cfg.Group != nil {
+		r.group, _ = NewGroupRoom(*s.cfg.Group, id, len(pages)) // the Group was validated by New
+		s.groupRoomStarted(r)
+	}
 	return nil
 }
 
@@ -320,6 +338,23 @@ func (s *Server) release() {
 		_ = r.Deregister()
 	}
 	s.regions = nil
+}
+
+// watchRoom calls Config.OnRoomEnd when r ends; the goroutine ends with
+// the room, which Close ends at the latest.
+func (s *Server) watchRoom(r *room) {
+	if s.cfg.OnRoomEnd == nil {
+		return
+	}
+	go func() {
+		<-r.done
+		s.mu.Lock()
+		out := r.Room
+		out.Chunks = slices.Clone(r.Chunks)
+		err := r.err
+		s.mu.Unlock()
+		s.cfg.OnRoomEnd(out, public(err))
+	}()
 }
 
 // newToken names a session; the prefill's later messages carry it.

@@ -17,6 +17,7 @@ type Session struct {
 	addr     string // the prefill node's address: every message must come from it
 	watch    string // the prefill session actor's PID, watched for its loss
 	metadata map[string]string
+	rank     int // its CP rank when the server serves a group
 	// heartbeat watches the prefill's node; guarded by the Server's mu.
 	heartbeat *heartbeat
 
@@ -31,6 +32,10 @@ type Session struct {
 
 // Prefill is the prefill's name, as its Hello gave it.
 func (s *Session) Prefill() string { return s.prefill }
+
+// Rank is the session's CP rank when the server serves a group
+// (Config.Group), else 0.
+func (s *Session) Rank() int { return s.rank }
 
 // Metadata is what the prefill passed in DialConfig.Metadata (opaque to
 // kvstream).

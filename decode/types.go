@@ -62,6 +62,17 @@ type Config struct {
 	// an error fails the room (marked ErrChunkFailed) and is returned to the
 	// prefill. It runs on the control plane's actor: keep it short.
 	Verify func(*Session, Chunk) error
+	// Group, when set, makes every room the work of a context-parallel
+	// group's ranks, one prefill session each (the rank in the session's
+	// metadata, RankKey): a room completes only when every rank owning
+	// pages of each of its chunks reported it successful with exactly its
+	// pages and Verify accepted them (GroupRoom decides). Without it a
+	// room belongs to the one session that reports it first.
+	Group *Group
+	// OnRoomEnd, if set, is called once per room when it completes or
+	// fails (err says why, as Wait would), on a goroutine of its own: a
+	// process serving rooms it did not Expect learns of them here.
+	OnRoomEnd func(r Room, err error)
 	// MaxSessions bounds the live prefill sessions (default 64).
 	MaxSessions int
 	// ByeGrace bounds how long a session, after answering the prefill's

@@ -43,12 +43,8 @@ func NewPrefill(node *decode.Node, dial decode.DialConfig, tr rdma.Transport, pr
 
 // Open dials the decode process with the pool's layout and returns its peer.
 func (p *Prefill) Open(geom testbed.Geometry, seed uint64, log *zap.Logger) (rdma.Transport, system.Peer, error) {
-	bufs := make([]system.Buffer, len(geom.Layers))
-	for i := range bufs {
-		bufs[i] = system.Buffer{Name: geom.Names[i], Layer: geom.Layers[i], ItemLen: geom.ItemLen, Pages: geom.Pages}
-	}
 	cfg := p.dial
-	cfg.Buffers, cfg.Metadata, cfg.Log = bufs, map[string]string{SeedKey: strconv.FormatUint(seed, 10)}, log
+	cfg.Buffers, cfg.Metadata, cfg.Log = LayoutOf(geom), map[string]string{SeedKey: strconv.FormatUint(seed, 10)}, log
 	c, err := decode.Dial(context.Background(), p.node, cfg)
 	if err != nil {
 		return nil, system.Peer{}, err

@@ -1,0 +1,124 @@
+//go:build ucx
+
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// upRunJSON runs `kvstream up --json` as its own process (it starts etcd
+// and the nodes as processes of their own) and decodes its report.
+func upRunJSON(t *testing.T, wantOK bool, args ...string) upReport {
+	t.Helper()
+	args = append([]string{"up", "--json", "--model", "small", "--page-size", "16"}, args...)
+	c := startCLI(t, []string{"UCX_TLS=tcp"}, args...)
+	err := c.wait(t, 150*time.Second)
+	if wantOK {
+		require.NoError(t, err, "stdout:\n%s\nstderr:\n%s", c.out(), c.errOut())
+	}
+	var rep upReport
+	require.NoError(t, json.Unmarshal([]byte(c.out()), &rep), "stdout:\n%s\nstderr:\n%s", c.out(), c.errOut())
+	return rep
+}
+
+// TestUCXClusterUp: a CP group of 8 prefill ranks and 2 decode instances,
+// each its own process, on etcd: every room of every batch completes with
+// every rank's pages byte-equal on its instance, each rank opens one
+// session per instance and asks etcd once (its watch), whatever the
+// number of requests and forwards.
+func TestUCXClusterUp(t *testing.T) {
+	rep := upRunJSON(t, true, "--prefill-ranks", "8", "--decode", "2", "--batches", "4",
+		"--requests", "2", "--prompt-tokens", "2000", "--chunk-tokens", "1024")
+	assert.True(t, rep.BytesEqual)
+	assert.True(t, rep.Complete)
+	assert.Zero(t, rep.FailedChunks)
+	assert.Equal(t, 10, rep.Nodes)
+	require.Len(t, rep.Batches, 4)
+	for _, b := range rep.Batches {
+		assert.True(t, b.Complete, "%+v", b)
+		assert.Equal(t, 8, b.RanksOK)
+		assert.Equal(t, 2, b.RoomsComplete)
+	}
+	var verified uint64
+	for _, n := range rep.Rows {
+		switch n.Role {
+		case "prefill":
+			assert.Equal(t, int64(2), n.Sessions, "%s: one session per decode instance", n.ID)
+			assert.Equal(t, int64(1), n.Lookups, "%s: one watch; no lookup per request or forward", n.ID)
+			assert.Equal(t, 4, n.Batches)
+		case "decode":
+			assert.Equal(t, 4, n.RoomsComplete, n.ID)
+			assert.Empty(t, n.Mismatch)
+			verified += n.PagesVerified
+		}
+	}
+	// 4 batches x 2 requests x 125 pages x 9 buffers: every page of every
+	// request once, from whichever rank owns it.
+	assert.Equal(t, uint64(4*2*125*9), verified)
+}
+
+// faultArgs make batches long enough to be hit mid-transfer.
+var faultArgs = []string{"--requests", "2", "--prompt-tokens", "4096", "--chunk-tokens", "512",
+	"--layer-us-per-ktok", "2000", "--finish-timeout", "3s"}
+
+// TestUCXClusterDecodeKilled: kill -9 one decode instance mid-batch. Every
+// rank fails its chunks to it within the finish timeout, the other
+// instance's batches complete byte-equal, and the instance, restarted
+// under its id, rejoins and completes the batches picked for it after.
+func TestUCXClusterDecodeKilled(t *testing.T) {
+	rep := upRunJSON(t, true, append([]string{"--prefill-ranks", "4", "--decode", "2", "--batches", "6",
+		"--fault", "kill-decode", "--fault-batch", "1"}, faultArgs...)...)
+	assert.True(t, rep.BytesEqual)
+	require.Len(t, rep.Batches, 6)
+	killed := rep.Batches[1]
+	assert.False(t, killed.Complete)
+	assert.Zero(t, killed.RoomsComplete)
+	assert.Equal(t, 4, killed.RanksReported)
+	assert.Zero(t, killed.RanksOK, "no rank may report success into a killed instance")
+	assert.Positive(t, killed.FailedChunks)
+	assert.Less(t, killed.RanksFailedAfterFaultMs, 3000.0+2000, "every rank fails within the finish timeout")
+	rejoined := false
+	for _, b := range rep.Batches {
+		if b.Batch == 1 {
+			continue
+		}
+		assert.True(t, b.Complete, "%+v", b)
+		rejoined = rejoined || b.Batch > 1 && b.Decode == killed.Decode
+	}
+	assert.True(t, rejoined, "the restarted %s received new batches: %+v", killed.Decode, rep.Batches)
+	assert.Contains(t, strings.Join(rep.FaultNotes, "\n"), killed.Decode+" restarted")
+}
+
+// TestUCXClusterPrefillKilled: kill -9 one prefill rank mid-batch: the
+// decode instance fails the batch's rooms at once (the rank's session is
+// lost), well within its timeout, and never reports them complete.
+func TestUCXClusterPrefillKilled(t *testing.T) {
+	rep := upRunJSON(t, false, append([]string{"--prefill-ranks", "2", "--decode", "1", "--batches", "2",
+		"--fault", "kill-prefill", "--fault-batch", "0"}, faultArgs...)...)
+	assert.True(t, rep.BytesEqual)
+	require.NotEmpty(t, rep.Batches)
+	b := rep.Batches[0]
+	assert.False(t, b.Complete)
+	assert.Equal(t, 2, b.RoomsFailed)
+	assert.Zero(t, b.RoomsComplete)
+	assert.Less(t, b.RoomsEndedAfterFaultMs, 3000.0, "within the finish timeout")
+}
+
+// TestUCXClusterEtcdPaused: etcd frozen for 3 s mid-run: the batch in
+// flight completes, a lookup during the pause fails as unavailable, the
+// members are listed again after it, and later batches complete.
+func TestUCXClusterEtcdPaused(t *testing.T) {
+	rep := upRunJSON(t, true, append([]string{"--prefill-ranks", "2", "--decode", "2", "--batches", "4",
+		"--fault", "pause-etcd", "--fault-batch", "1"}, faultArgs...)...)
+	assert.True(t, rep.BytesEqual)
+	assert.True(t, rep.Complete, "%+v", rep.Batches)
+	notes := strings.Join(rep.FaultNotes, "\n")
+	assert.Contains(t, notes, "(unavailable: true)")
+	assert.Contains(t, notes, "listed again")
+}

@@ -1,0 +1,100 @@
+package twoproc
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvstream/kvstream/cp"
+	"github.com/kvstream/kvstream/decode"
+	"github.com/kvstream/kvstream/hw/rdma/loopback"
+	"github.com/kvstream/kvstream/internal/testbed"
+	"github.com/kvstream/kvstream/internal/workload"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestGroupBatchesVerified: the ranks of a CP group, each its own engine
+// and session, stream two batches of the sim workload into one decode
+// instance; every room completes only with every rank's pages, and the
+// union of the ranks' pages is every page of every request, checked
+// against the model's bytes.
+func TestGroupBatchesVerified(t *testing.T) {
+	for _, rule := range []cp.Rule{cp.SharedKV, cp.Contiguous} {
+		t.Run(rule.String(), func(t *testing.T) {
+			const ranks, batches = 3, 2
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			fab := loopback.NewFabric(loopback.Options{})
+			decTr, err := fab.NewTransport("decode")
+			require.NoError(t, err)
+			defer decTr.Close()
+			node, err := decode.Listen("127.0.0.1:0", nil)
+			require.NoError(t, err)
+			defer node.Close(context.Background())
+
+			cfg := workload.Defaults()
+			cfg.Preset, cfg.Requests, cfg.PromptTokens, cfg.ChunkTokens, cfg.PageSize, cfg.GroupSize = workload.Presets["small"], 2, 500, 256, 16, 4
+			var mu sync.Mutex
+			ended := map[uint64]error{}
+			done := make(chan struct{}, 64)
+			d, err := StartGroupDecode(node, decTr, 64<<20, decode.Group{Size: ranks, Rule: rule, PageSize: cfg.PageSize}, "decode-0",
+				func(r decode.Room, err error) {
+					mu.Lock()
+					ended[r.ID] = err
+					mu.Unlock()
+					done <- struct{}{}
+				}, nil)
+			require.NoError(t, err)
+			defer d.Close(context.Background())
+
+			clients := make([]*decode.Client, ranks)
+			for r := range ranks {
+				tr, err := fab.NewTransport("rank-" + strconv.Itoa(r))
+				require.NoError(t, err)
+				defer tr.Close()
+				dials := 0
+				session := func(g testbed.Geometry) (*decode.Client, error) {
+					if clients[r] == nil {
+						dials++
+						clients[r], err = decode.Dial(ctx, node, decode.DialConfig{Decode: d.Server.Addr(), Buffers: LayoutOf(g),
+							Metadata: map[string]string{SeedKey: "7", decode.RankKey: strconv.Itoa(r)}})
+					}
+					return clients[r], err
+				}
+				for b := range batches {
+					rc := cfg
+					rc.Seed, rc.CP = BatchSeed(7, b), cp.CP{Size: ranks, Rank: r, Rule: rule}
+					plane := NewRankPlane(session, tr, b, cfg.PromptTokens)
+					mr, err := workload.RunRemote(ctx, rc, nil, plane, true)
+					require.NoError(t, err)
+					require.Zero(t, mr.Failed)
+					require.Empty(t, plane.Verify(nil))
+				}
+				assert.Equal(t, 1, dials, "one session per decode instance, not per batch")
+			}
+			for range batches * cfg.Requests {
+				select {
+				case <-done:
+				case <-ctx.Done():
+					t.Fatal("rooms did not end")
+				}
+			}
+			mu.Lock()
+			for id, err := range ended {
+				assert.NoError(t, err, "room %x", id)
+			}
+			mu.Unlock()
+			for _, c := range clients {
+				_, err := c.Bye(ctx, nil)
+				assert.NoError(t, err)
+			}
+			pages, mismatch := d.Verified()
+			assert.Empty(t, mismatch)
+			// 2 batches x 2 requests x 32 pages x 9 buffers, each page once.
+			assert.Equal(t, uint64(batches*2*32*9), pages)
+		})
+	}
+}
