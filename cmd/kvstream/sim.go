@@ -13,6 +13,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cp"
+	"github.com/kvstream/kvstream/cp/reshard"
 	"github.com/kvstream/kvstream/hw/cuda/driver"
 	"github.com/kvstream/kvstream/internal/gpucheck"
 	"github.com/kvstream/kvstream/internal/workload"
@@ -34,6 +35,7 @@ type simFlags struct {
 	jsonOut, verbose, noProg  bool
 	traceOut, plotOut, record string
 	linkLatencyUs             float64
+	pageOrder                 string
 }
 
 func newSim() *cobra.Command {
@@ -52,6 +54,9 @@ Models: ` + presetHelp(),
 	}
 	fl := cmd.Flags()
 	addWorkloadFlags(fl, f)
+	fl.IntVar(&f.cfg.PrefillTP, "prefill-tp", 0, "prefill TP degree: one engine per rank, the KV resharded to --decode-tp (0 with --decode-tp 0: one engine, unsharded)")
+	fl.IntVar(&f.cfg.DecodeTP, "decode-tp", 0, "decode TP degree: one decode pool per rank (0: 1 when --prefill-tp is set)")
+	fl.StringVar(&f.pageOrder, "page-order", "head-major", "page layout of both sides when sharded: head-major ([head][token][dim], one write per head slice) or token-major ([token][head][dim], page-size writes per head slice)")
 	fl.BoolVar(&f.jsonOut, "json", false, "print the report as one JSON object")
 	fl.StringVar(&f.traceOut, "trace-out", "", "write a Chrome/Perfetto trace-event JSON of both runs")
 	fl.StringVar(&f.plotOut, "plot", "", "write a PNG timeline of forward vs transfer for both modes")
@@ -108,6 +113,14 @@ func (f *simFlags) config() (workload.Config, error) {
 		return cfg, errors.Wrap(err, "--cp-rule")
 	}
 	cfg.CP.Rule = rule
+	switch f.pageOrder {
+	case reshard.HeadMajor.String():
+		cfg.PageOrder = reshard.HeadMajor
+	case reshard.TokenMajor.String():
+		cfg.PageOrder = reshard.TokenMajor
+	default:
+		return cfg, errors.Mark(errors.Newf("--page-order %q: want head-major or token-major", f.pageOrder), system.ErrBadInput)
+	}
 	cfg.MemoryBudget <<= 20
 	cfg.LinkLatency = time.Duration(f.linkLatencyUs * float64(time.Microsecond))
 	return cfg, nil

@@ -31,7 +31,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (*Report, error) {
 	rep := newReport(cfg, g, plan)
 	// Warm the modeled link's staging buffers for the largest batch (a whole
 	// chunk, monolithic) before anything is timed.
-	loopback.Prewarm(uint64(g.itemLen)*uint64(cfg.ChunkTokens/cfg.PageSize+1)*uint64(g.buffers), 2*cfg.Submitters)
+	loopback.Prewarm(uint64(g.itemLen)*uint64(cfg.ChunkTokens/cfg.PageSize+1)*uint64(g.buffers), 2*cfg.Submitters*max(1, cfg.PrefillTP))
 	total := 2 * len(plan.forwards)
 	done := 0
 	for _, perLayer := range []bool{true, false} {
@@ -41,7 +41,12 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (*Report, error) {
 				cfg.Progress(done, total)
 			}
 		}
-		mr, err := runMode(ctx, cfg, g, plan, perLayer, log, progress, &localPlane{cfg: cfg, g: g, p: plan})
+		var mr *ModeReport
+		if g.sharded {
+			mr, err = runSharded(ctx, cfg, g, plan, perLayer, log, progress)
+		} else {
+			mr, err = runMode(ctx, cfg, g, plan, perLayer, log, progress, &localPlane{cfg: cfg, g: g, p: plan})
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -133,7 +138,8 @@ type collector struct {
 	system.NopObserver
 	mu       sync.Mutex
 	batches  []actors.Batch
-	kernels  map[string]sim.Span
+	kernels  map[string]sim.Span // by name; the latest end when several streams run it
+	byStream map[string]map[string]sim.Span
 	order    []string
 	finishes []finishRec
 }
@@ -154,8 +160,18 @@ func (c *collector) Batch(b actors.Batch) {
 func (c *collector) Chunk(messages.Result) {}
 func (c *collector) span(s sim.Span) {
 	c.mu.Lock()
-	c.kernels[s.Name] = s
-	c.order = append(c.order, s.Name)
+	if old, ok := c.kernels[s.Name]; !ok || s.End.After(old.End) {
+		if !ok {
+			c.order = append(c.order, s.Name)
+		}
+		c.kernels[s.Name] = s
+	}
+	if c.byStream != nil {
+		if c.byStream[s.Stream] == nil {
+			c.byStream[s.Stream] = map[string]sim.Span{}
+		}
+		c.byStream[s.Stream][s.Name] = s
+	}
 	c.mu.Unlock()
 }
 
@@ -332,6 +348,9 @@ func RunRemote(ctx context.Context, cfg Config, log *zap.Logger, dp DataPlane, p
 	g, err := cfg.validate()
 	if err != nil {
 		return nil, err
+	}
+	if g.sharded {
+		return nil, errors.Mark(errors.Newf("%s: the two-process mode does not shard yet; use kvstream sim", cfg.tpFlags()), system.ErrBadInput)
 	}
 	if log == nil {
 		log = zap.NewNop()

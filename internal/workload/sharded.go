@@ -1,0 +1,447 @@
+package workload
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/cp/reshard"
+	"github.com/kvstream/kvstream/hw/cuda/sim"
+	"github.com/kvstream/kvstream/hw/rdma/loopback"
+	"github.com/kvstream/kvstream/internal/testbed"
+	"github.com/kvstream/kvstream/system"
+	"go.uber.org/zap"
+)
+
+// A sharded run (--prefill-tp, --decode-tp): one prefill engine per prefill
+// TP rank, each with its own pool, its own stream of one virtual GPU (the
+// ranks' forwards run concurrently, as real TP ranks' do) and its own
+// transport, so its own modeled link; one decode pool per decode TP rank,
+// added to every engine as a peer with its sharding. Each request is
+// registered on every engine with one destination per decode rank; the
+// engines route each byte through cp/reshard. The model writes every rank's
+// share of one logical tensor: the bytes of (room, layer, kind, token, head)
+// are a pattern of those values, so every decode byte is checked against
+// what the whole-tensor reshard puts there, head slice by head slice.
+
+func (c Config) sharded() bool { return c.PrefillTP > 0 || c.DecodeTP > 0 }
+
+// tpFlags names the pairing in errors, as the user spelled it.
+func (c Config) tpFlags() string {
+	return fmt.Sprintf("--prefill-tp %d --decode-tp %d (--model %s)", c.PrefillTP, c.DecodeTP, c.Preset.Name)
+}
+
+func badFlag(err error, format string, args ...any) error {
+	return errors.Mark(errors.Wrapf(err, format, args...), system.ErrBadInput)
+}
+
+// shardedGeometry checks the pairing (before anything is allocated) and
+// picks the scale: a divisor of the head dim, so that head slicing, and so
+// every write count, stays the real one while the bytes shrink.
+func (c Config) shardedGeometry(g *geometry) error {
+	g.sharded = true
+	p := c.Preset
+	if p.KVHeads < 1 || p.HeadDim < 1 || p.ElemBytes < 1 {
+		return errors.Newf("--model %s: no KV head geometry, cannot shard", p.Name)
+	}
+	pre := reshard.Side{Layers: g.layers, KVHeads: p.KVHeads, HeadDim: p.HeadDim, ElemBytes: p.ElemBytes, MLA: p.MLA,
+		TP: max(1, c.PrefillTP), PageSize: c.PageSize, Order: c.PageOrder}
+	dec := pre
+	dec.TP = max(1, c.DecodeTP)
+	if c.PrefillTP < 0 || c.DecodeTP < 0 {
+		return errors.Mark(errors.Newf("%s: TP degrees must not be negative", c.tpFlags()), system.ErrBadInput)
+	}
+	pair := reshard.Pairing{Prefill: pre, Decode: dec}
+	if _, err := reshard.NewPlan(&pair, reshard.Rank{}); err != nil {
+		return badFlag(err, "%s", c.tpFlags())
+	}
+	g.preReal, g.decReal = pre, dec
+	pool := float64(g.pagesPerRequest * c.Requests)
+	need := max(float64(pre.TP)*float64(pre.ItemLen()), float64(dec.TP)*float64(dec.ItemLen())) * pool * float64(g.buffers)
+	budget := float64(c.MemoryBudget)
+	if budget <= 0 {
+		budget = 256 << 20
+	}
+	g.scale = c.Scale
+	switch {
+	case g.scale > 0 && p.HeadDim%g.scale != 0:
+		return errors.Mark(errors.Newf("--scale %d: a sharded run scales the head dim, and %d does not divide %s's %d",
+			g.scale, g.scale, p.Name, p.HeadDim), system.ErrBadInput)
+	case g.scale == 0:
+		g.scale = p.HeadDim
+		for s := 1; s <= p.HeadDim; s++ {
+			if p.HeadDim%s == 0 && need/float64(s) <= budget {
+				g.scale = s
+				break
+			}
+		}
+	}
+	g.preSide, g.decSide = pre, dec
+	g.preSide.HeadDim /= g.scale
+	g.decSide.HeadDim /= g.scale
+	g.itemLen = int(g.preSide.ItemLen())
+	g.byteScale = float64(g.scale)
+	return nil
+}
+
+// pageFill writes what a model writes into one page of (layer, kind) of TP
+// rank tp on side s for request position pos: every head the rank holds,
+// each (token, head) its own pattern, laid out in the side's page order.
+func pageFill(dst []byte, s *reshard.Side, tp int, seed, room uint64, layer, kind, pos int) {
+	lo, hi := s.RankHeads(tp)
+	per, hb := hi-lo, int(s.HeadBytes())
+	for t := 0; t < s.PageSize; t++ {
+		for h := lo; h < hi; h++ {
+			off := (t*per + h - lo) * hb
+			if s.Order == reshard.HeadMajor {
+				off = ((h-lo)*s.PageSize + t) * hb
+			}
+			testbed.Fill(dst[off:off+hb], seed, room, layer*2+kind, (pos*s.PageSize+t)*s.KVHeads+h)
+		}
+	}
+}
+
+// layerKind is buffer b's layer and kind in testbed's layout (K of every
+// layer, then V; MLA one per layer).
+func layerKind(s *reshard.Side, b int) (layer, kind int) {
+	if s.MLA {
+		return b, 0
+	}
+	return b % s.Layers, b / s.Layers
+}
+
+func geometryOf(s *reshard.Side, pages int) testbed.Geometry {
+	if s.MLA {
+		return testbed.MLA(s.Layers, s.ItemLen(), pages)
+	}
+	return testbed.KV(s.Layers, s.ItemLen(), pages)
+}
+
+func rankStream(r int) string { return fmt.Sprintf("prefill-tp%d", r) }
+
+// shardedDecode is the decode side of a sharded run and its byte check.
+type shardedDecode struct {
+	cfg   Config
+	g     geometry
+	p     *plan
+	pools []*testbed.Decode
+
+	mu     sync.Mutex
+	atDone string
+}
+
+// check compares room's positions on every decode rank with the reshard of
+// the logical tensor; want is what each page must hold. It returns the
+// first difference, or "".
+func (d *shardedDecode) check(room int, positions []int, owned map[int]bool, when string) string {
+	dec := &d.g.decSide
+	want := make([]byte, dec.ItemLen())
+	zero := make([]byte, dec.ItemLen())
+	for rank, pool := range d.pools {
+		for _, x := range positions {
+			for b := 0; b < pool.Buffers(); b++ {
+				w := zero
+				if owned == nil || owned[x] {
+					layer, kind := layerKind(dec, b)
+					pageFill(want, dec, rank, d.cfg.Seed, uint64(room), layer, kind, x)
+					w = want
+				}
+				if got := pool.Page(b, d.p.dst[room][x]); !bytes.Equal(got, w) {
+					return fmt.Sprintf("decode TP rank %d room %d position %d (decode page %d) buffer %s: %s, %s",
+						rank, room, x, d.p.dst[room][x], pool.Names[b], when, describe(got, w))
+				}
+			}
+		}
+	}
+	return ""
+}
+
+// runSharded runs the schedule in one mode on fresh engines, pools and GPU.
+func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool, log *zap.Logger, progress func()) (*ModeReport, error) {
+	col := &collector{kernels: map[string]sim.Span{}, byStream: map[string]map[string]sim.Span{}}
+	fab := loopback.NewFabric(loopback.Options{
+		Bandwidth: cfg.LinkGbps * 1e9 / 8, Latency: cfg.LinkLatency, TimeScale: cfg.TimeScale, ByteScale: g.byteScale, Precise: true,
+	})
+	gpu := sim.New(sim.Options{TimeScale: cfg.TimeScale, OnSpan: col.span, Precise: true})
+	var cleanup []func()
+	defer func() {
+		gpu.Close() // no kernel writes a pool any more
+		for i := len(cleanup) - 1; i >= 0; i-- {
+			cleanup[i]()
+		}
+	}()
+
+	dd := &shardedDecode{cfg: cfg, g: g, p: p}
+	var peers []system.Peer
+	for d := 0; d < g.decSide.TP; d++ {
+		tr, err := fab.NewTransport(fmt.Sprintf("decode-tp%d", d))
+		if err != nil {
+			return nil, err
+		}
+		cleanup = append(cleanup, func() { _ = tr.Close() })
+		pool, err := testbed.NewDecode(tr, geometryOf(&g.decSide, p.pool))
+		if err != nil {
+			return nil, errors.Wrapf(err, "decode TP rank %d pool", d)
+		}
+		cleanup = append(cleanup, func() { _ = pool.Free() })
+		dd.pools = append(dd.pools, pool)
+		peer := pool.Peer(fmt.Sprintf("decode-tp%d", d))
+		peer.Sharding = &system.Sharding{Side: g.decSide, Rank: reshard.Rank{TP: d}}
+		peers = append(peers, peer)
+	}
+
+	usPerKTok := cfg.Preset.LayerUsPerKTok
+	if cfg.LayerUsPerKTok > 0 {
+		usPerKTok = cfg.LayerUsPerKTok
+	}
+	type rank struct {
+		eng    *system.Engine
+		model  *testbed.Model
+		stream *sim.Stream
+	}
+	var ranks []rank
+	for r := 0; r < g.preSide.TP; r++ {
+		tr, err := fab.NewTransport(fmt.Sprintf("prefill-tp%d", r))
+		if err != nil {
+			return nil, err
+		}
+		cleanup = append(cleanup, func() { _ = tr.Close() })
+		pool, err := testbed.NewPool(geometryOf(&g.preSide, p.pool))
+		if err != nil {
+			return nil, errors.Wrapf(err, "prefill TP rank %d pool", r)
+		}
+		cleanup = append(cleanup, func() { _ = pool.Free() })
+		fill(pool.Block.Bytes, staleByte)
+		stream := gpu.NewStream(rankStream(r))
+		opts := []system.Option{system.WithStream(stream), system.WithTransport(tr), system.WithObserver(col), system.WithLogger(log)}
+		if r == 0 {
+			// Metrics and the message trace are one engine's: rank 0's.
+			opts = engineOptions(cfg, perLayer, opts...)
+		}
+		eng, err := system.New(system.Config{
+			Buffers: pool.EngineBuffers(), HookLayers: g.hookLayers, GroupSize: cfg.GroupSize, PageSize: cfg.PageSize,
+			CP: cfg.CP, Submitters: cfg.Submitters, FinishTimeout: cfg.FinishTimeout, DisablePerLayer: !perLayer,
+			Sharding: &system.Sharding{Side: g.preSide, Rank: reshard.Rank{TP: r}},
+		}, opts...)
+		if err != nil {
+			return nil, errors.Wrapf(err, "prefill TP rank %d", r)
+		}
+		cleanup = append(cleanup, func() { _ = eng.Close() })
+		for _, peer := range peers {
+			if err := eng.AddPeer(peer); err != nil {
+				return nil, errors.Wrapf(err, "prefill TP rank %d", r)
+			}
+		}
+		side, tp := &g.preSide, r
+		model := &testbed.Model{Stream: stream, Pool: pool, HookLayers: g.hookLayers, Seed: cfg.Seed,
+			LayerTime: func(tokens int) time.Duration {
+				return time.Duration(float64(tokens) / 1000 * usPerKTok * float64(time.Microsecond))
+			},
+			Fill: func(dst []byte, room uint64, b, pos int) {
+				layer, kind := layerKind(side, b)
+				pageFill(dst, side, tp, cfg.Seed, room, layer, kind, pos)
+			}}
+		ranks = append(ranks, rank{eng, model, stream})
+	}
+
+	// One transfer worker per room and prefill rank finishes the room's
+	// chunks on that rank in send order; a chunk is checked on every decode
+	// rank when its last rank's Finish returned SUCCESS.
+	mr := &ModeReport{PerLayer: perLayer, Forwards: len(p.forwards)}
+	type pending struct {
+		left int
+		ok   bool
+	}
+	var pmu sync.Mutex
+	left := map[[2]int]*pending{}
+	work := make([][]chan piece, cfg.Requests)
+	var wg sync.WaitGroup
+	for room := range work {
+		for ri, rk := range ranks {
+			ch := make(chan piece, len(p.forwards))
+			work[room] = append(work[room], ch)
+			wg.Add(1)
+			go func(room, ri int, eng *system.Engine) {
+				defer wg.Done()
+				for pc := range ch {
+					call := time.Now()
+					res, err := eng.Finish(ctx, uint64(room))
+					ret := time.Now()
+					col.mu.Lock()
+					col.finishes = append(col.finishes, finishRec{room: room, chunk: res.Chunk, call: call, ret: ret, status: res.Status, stats: res.Stats})
+					if err != nil {
+						mr.Failed++
+						if mr.FirstError == "" {
+							mr.FirstError = fmt.Sprintf("prefill TP rank %d: %v", ri, err)
+						}
+					}
+					col.mu.Unlock()
+					key := [2]int{room, pc.start}
+					pmu.Lock()
+					st := left[key]
+					if st == nil {
+						st = &pending{left: len(ranks), ok: true}
+						left[key] = st
+					}
+					st.left--
+					st.ok = st.ok && err == nil
+					done := st.left == 0 && st.ok
+					pmu.Unlock()
+					if done {
+						_, pos, _ := cfg.CP.Owned(p.src[room][pc.rng.PageStart:pc.rng.PageStart+pc.rng.Pages], pc.rng.PageStart, g.pagesPerRequest)
+						if msg := dd.check(room, pos, nil, "at Finish SUCCESS"); msg != "" {
+							dd.mu.Lock()
+							if dd.atDone == "" {
+								dd.atDone = msg
+							}
+							dd.mu.Unlock()
+						}
+					}
+				}
+			}(room, ri, rk.eng)
+		}
+	}
+
+	t0 := time.Now()
+	forwardEnds := make([]time.Time, len(p.forwards))
+	lastLayer := g.layers - 1
+	for k, fw := range p.forwards {
+		for _, rk := range ranks {
+			writes := make([]testbed.Write, 0, len(fw))
+			for _, pc := range fw {
+				spec := system.ChunkSpec{Room: uint64(pc.room), Start: pc.start, End: pc.end, Last: pc.last,
+					SrcPages: p.src[pc.room][pc.rng.PageStart : pc.rng.PageStart+pc.rng.Pages], TotalPages: g.pagesPerRequest}
+				for _, peer := range peers {
+					spec.Infos = append(spec.Infos, system.DecodeInfo{Peer: peer.ID, DstPages: p.dst[pc.room]})
+				}
+				if _, err := rk.eng.Register(ctx, spec); err != nil {
+					return nil, errors.Wrapf(err, "forward %d", k+1)
+				}
+				writes = append(writes, testbed.Write{Room: uint64(pc.room), PageStart: pc.rng.PageStart, SrcPages: spec.SrcPages, Tokens: pc.end - pc.start})
+			}
+			// Forward only enqueues: the ranks' streams run concurrently.
+			if err := rk.model.Forward(rk.eng, writes); err != nil {
+				return nil, errors.Wrapf(err, "forward %d", k+1)
+			}
+		}
+		for _, rk := range ranks {
+			if err := rk.stream.Synchronize(ctx); err != nil {
+				return nil, err
+			}
+		}
+		runtime.Gosched() // see runMode
+		end, ok := col.kernel(testbed.KernelName(k+1, lastLayer))
+		if !ok {
+			return nil, errors.AssertionFailedf("forward %d: no span for its last kernel", k+1)
+		}
+		forwardEnds[k] = end.End // the latest rank's
+		for _, pc := range fw {
+			for _, ch := range work[pc.room] {
+				ch <- pc
+			}
+		}
+		progress()
+	}
+	for _, chs := range work {
+		for _, ch := range chs {
+			close(ch)
+		}
+	}
+	wg.Wait()
+	mr.WallSeconds = time.Since(t0).Seconds()
+	mr.mismatch = dd.atDone
+	if mr.mismatch == "" {
+		for room := 0; room < cfg.Requests; room++ {
+			owned := map[int]bool{}
+			_, pos, _ := cfg.CP.Owned(p.src[room], 0, g.pagesPerRequest)
+			for _, x := range pos {
+				owned[x] = true
+			}
+			all := make([]int, g.pagesPerRequest)
+			for x := range all {
+				all[x] = x
+			}
+			if mr.mismatch = dd.check(room, all, owned, "at the end of the run"); mr.mismatch != "" {
+				break
+			}
+		}
+	}
+	mr.summarize(cfg, g, p, col, t0, forwardEnds)
+	return mr, nil
+}
+
+// shardedFloors is floors for a sharded run. Every prefill rank has its own
+// link (its NIC: loopback models one per sending node), shared by the
+// batches to all the decode ranks it feeds and served in order as floors
+// does; the decode side's ingress is not modeled (nor is it by loopback).
+// A batch carries, per page the rank owns, route.PageBytes (the real
+// bytes of the heads it sends that decode rank) per buffer. A request's
+// floor is its last landing over all ranks minus the end of its last
+// forward on the latest rank, as its exposed time is measured.
+func shardedFloors(cfg Config, g geometry, p *plan, perLayer bool, ends func(rank, k, l int) time.Duration) []float64 {
+	kinds := g.preReal.Kinds()
+	groups := (g.hookLayers + cfg.GroupSize - 1) / cfg.GroupSize
+	lastForward := make([]int, cfg.Requests)
+	for k, fw := range p.forwards {
+		for _, pc := range fw {
+			lastForward[pc.room] = k
+		}
+	}
+	pair := reshard.Pairing{Prefill: g.preReal, Decode: g.decReal}
+	lastLand := make([]time.Duration, cfg.Requests)
+	lastEnd := make([]time.Duration, cfg.Requests)
+	for r := 0; r < g.preReal.TP; r++ {
+		pl, err := reshard.NewPlan(&pair, reshard.Rank{TP: r})
+		if err != nil {
+			panic(err) // validated by shardedGeometry
+		}
+		var perPage []float64 // bytes per page per buffer, per destination fed
+		for i := range pl.Routes {
+			if rt := &pl.Routes[i]; !rt.Empty() {
+				perPage = append(perPage, float64(rt.PageBytes()))
+			}
+		}
+		var batches []linkBatch
+		add := func(room int, ready time.Duration, pages, buffers int) {
+			for _, b := range perPage {
+				if n := float64(pages) * float64(buffers) * b; n > 0 {
+					batches = append(batches, linkBatch{room: room, ready: ready, bytes: n, order: len(batches)})
+				}
+			}
+		}
+		for k, fw := range p.forwards {
+			end := ends(r, k, g.layers-1)
+			if !perLayer {
+				for _, pc := range fw {
+					add(pc.room, end, pc.owned, g.buffers)
+				}
+				continue
+			}
+			for gi := 0; gi < groups; gi++ {
+				lo, hi := gi*cfg.GroupSize, min((gi+1)*cfg.GroupSize, g.hookLayers)
+				for _, pc := range fw {
+					add(pc.room, ends(r, k, hi-1), pc.owned, (hi-lo)*kinds)
+				}
+			}
+			for _, pc := range fw {
+				add(pc.room, end, pc.owned, (g.layers-g.hookLayers)*kinds)
+			}
+		}
+		land := idealLandings(batches, cfg.LinkGbps*1e9/8, cfg.LinkLatency)
+		for i, b := range batches {
+			lastLand[b.room] = max(lastLand[b.room], land[i])
+		}
+		for room := range lastEnd {
+			lastEnd[room] = max(lastEnd[room], ends(r, lastForward[room], g.layers-1))
+		}
+	}
+	out := make([]float64, cfg.Requests)
+	for room := range out {
+		out[room] = msf(max(lastLand[room]-lastEnd[room], 0))
+	}
+	return out
+}
