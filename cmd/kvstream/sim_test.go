@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/system"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -290,4 +291,67 @@ func TestSimRecordReplays(t *testing.T) {
 	out, err = run(t, "replay", bad)
 	require.Error(t, err)
 	assert.Contains(t, out, "divergence at record")
+}
+
+// TestSimSharded: one engine per prefill TP rank, one decode pool per
+// decode rank, a short prompt; every decode byte equals the reshard of the
+// logical tensor, and the report names the pairing and counts every rank's
+// submits and writes.
+func TestSimSharded(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		args     []string
+		pre, dec int
+		groups   int // per-layer batches per destination per forward: groups (+ the hookless rest)
+		fed      int // destinations each prefill rank feeds
+	}{
+		// 8 KV heads: a prefill rank holds 1, replicated on 2 decode ranks.
+		{"llama70b GQA TP 8->16", []string{"--model", "llama70b"}, 8, 16, 10, 2},
+		// MLA: every rank holds the latent; rank r sends it to r and r + 8.
+		{"dsv3 MLA TP 8->16", []string{"--model", "dsv3"}, 8, 16, 8 + 1, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"sim", "--prefill-tp", "8", "--decode-tp", "16", "--requests", "1", "--prompt-tokens", "128",
+				"--chunk-tokens", "64", "--no-progress", "--json"}, tc.args...)
+			out, err := run(t, args...)
+			require.NoError(t, err, out)
+			var rep map[string]any
+			require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
+			assert.Equal(t, true, rep["bytes_equal"], rep["mismatch"])
+			assert.EqualValues(t, tc.pre, rep["prefill_tp"])
+			assert.EqualValues(t, tc.dec, rep["decode_tp"])
+			assert.Equal(t, "head-major", rep["page_order"])
+			pl, mo := rep["per_layer"].(map[string]any), rep["monolithic"].(map[string]any)
+			assert.EqualValues(t, tc.pre*tc.fed*tc.groups, pl["submits_per_forward"])
+			assert.EqualValues(t, tc.pre*tc.fed, mo["submits_per_forward"])
+			// Per layer splits the same writes into groups: as many blocks.
+			assert.Positive(t, pl["blocks_per_forward"])
+			assert.Equal(t, pl["blocks_per_forward"], mo["blocks_per_forward"])
+			for _, m := range []map[string]any{pl, mo} {
+				assert.Positive(t, m["floor_ms"])
+				assert.Positive(t, m["exposed_ms"])
+				// A figure below its physical bound is a measurement bug.
+				assert.GreaterOrEqual(t, m["ratio_to_floor"].(float64), 1.0)
+			}
+		})
+	}
+}
+
+// An impossible pairing is a flag error naming the values, before anything
+// is allocated.
+func TestSimShardedBadPairing(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--model", "llama70b", "--prefill-tp", "3", "--decode-tp", "16"}, "--prefill-tp 3 --decode-tp 16 (--model llama70b): prefill: 8 KV heads do not split over TP 3"},
+		{[]string{"--model", "llama70b", "--prefill-tp", "8", "--decode-tp", "12"}, "--prefill-tp 8 --decode-tp 12 (--model llama70b): decode: TP 12 is not a multiple of the 8 KV heads it replicates"},
+		{[]string{"--model", "llama70b", "--prefill-tp", "4", "--scale", "3"}, "--scale 3: a sharded run scales the head dim, and 3 does not divide llama70b's 128"},
+		{[]string{"--prefill-tp", "2", "--page-order", "diagonal"}, `--page-order "diagonal": want head-major or token-major`},
+	} {
+		_, err := run(t, append([]string{"sim"}, tc.args...)...)
+		require.Error(t, err, "%v", tc.args)
+		assert.True(t, errors.Is(err, system.ErrBadInput), "%v", err)
+		assert.Contains(t, err.Error(), tc.want)
+	}
 }

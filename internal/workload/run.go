@@ -31,7 +31,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (*Report, error) {
 	rep := newReport(cfg, g, plan)
 	// Warm the modeled link's staging buffers for the largest batch (a whole
 	// chunk, monolithic) before anything is timed.
-	loopback.Prewarm(uint64(g.itemLen)*uint64(cfg.ChunkTokens/cfg.PageSize+1)*uint64(g.buffers), 2*cfg.Submitters*max(1, cfg.PrefillTP))
+	loopback.Prewarm(uint64(g.itemLen)*uint64(cfg.ChunkTokens/cfg.PageSize+1)*uint64(g.buffers), 2*cfg.Submitters)
 	total := 2 * len(plan.forwards)
 	done := 0
 	for _, perLayer := range []bool{true, false} {
