@@ -60,6 +60,7 @@ func (c Config) shardedGeometry(g *geometry) error {
 		return badFlag(err, "%s", c.tpFlags())
 	}
 	g.preReal, g.decReal = pre, dec
+	g.pageBytes = int(pre.ItemLen()) // one prefill rank's page of one buffer, as the report's item
 	pool := float64(g.pagesPerRequest * c.Requests)
 	need := max(float64(pre.TP)*float64(pre.ItemLen()), float64(dec.TP)*float64(dec.ItemLen())) * pool * float64(g.buffers)
 	budget := float64(c.MemoryBudget)
@@ -130,19 +131,44 @@ type shardedDecode struct {
 	p     *plan
 	pools []*testbed.Decode
 
-	mu     sync.Mutex
-	atDone string
+	mu    sync.Mutex
+	snaps []snapshot
 }
 
-// check compares room's positions on every decode rank with the reshard of
-// the logical tensor; want is what each page must hold. It returns the
-// first difference, or "".
-func (d *shardedDecode) check(room int, positions []int, owned map[int]bool, when string) string {
+// snapshot is a chunk's decode pages on every decode rank, copied the
+// moment the chunk's last Finish returned SUCCESS: a write that lands after
+// Finish, or a read of a source before its kernel ended, shows in it even
+// when the end of the run would pass. Checking it against the pattern costs
+// a hash per (token, head) on every decode rank, so that happens after the
+// run, out of the timed window; the copy is a memcpy per page.
+type snapshot struct {
+	room      int
+	positions []int
+	pages     [][]byte // rank * len(positions) * buffers + i * buffers + b
+}
+
+func (d *shardedDecode) snapshot(room int, positions []int) snapshot {
+	s := snapshot{room: room, positions: positions}
+	for _, pool := range d.pools {
+		for _, x := range positions {
+			for b := 0; b < pool.Buffers(); b++ {
+				s.pages = append(s.pages, append([]byte(nil), pool.Page(b, d.p.dst[room][x])...))
+			}
+		}
+	}
+	return s
+}
+
+// check compares room's positions on every decode rank (page gives the
+// bytes of one) with the reshard of the logical tensor: owned positions
+// (all when owned is nil) hold the pattern of their heads, every other
+// page zeros. It returns the first difference, or "".
+func (d *shardedDecode) check(room int, positions []int, owned map[int]bool, when string, page func(rank, i, b int) []byte) string {
 	dec := &d.g.decSide
 	want := make([]byte, dec.ItemLen())
 	zero := make([]byte, dec.ItemLen())
 	for rank, pool := range d.pools {
-		for _, x := range positions {
+		for i, x := range positions {
 			for b := 0; b < pool.Buffers(); b++ {
 				w := zero
 				if owned == nil || owned[x] {
@@ -150,7 +176,7 @@ func (d *shardedDecode) check(room int, positions []int, owned map[int]bool, whe
 					pageFill(want, dec, rank, d.cfg.Seed, uint64(room), layer, kind, x)
 					w = want
 				}
-				if got := pool.Page(b, d.p.dst[room][x]); !bytes.Equal(got, w) {
+				if got := page(rank, i, b); !bytes.Equal(got, w) {
 					return fmt.Sprintf("decode TP rank %d room %d position %d (decode page %d) buffer %s: %s, %s",
 						rank, room, x, d.p.dst[room][x], pool.Names[b], when, describe(got, w))
 				}
@@ -293,13 +319,10 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 					pmu.Unlock()
 					if done {
 						_, pos, _ := cfg.CP.Owned(p.src[room][pc.rng.PageStart:pc.rng.PageStart+pc.rng.Pages], pc.rng.PageStart, g.pagesPerRequest)
-						if msg := dd.check(room, pos, nil, "at Finish SUCCESS"); msg != "" {
-							dd.mu.Lock()
-							if dd.atDone == "" {
-								dd.atDone = msg
-							}
-							dd.mu.Unlock()
-						}
+						snap := dd.snapshot(room, pos)
+						dd.mu.Lock()
+						dd.snaps = append(dd.snaps, snap)
+						dd.mu.Unlock()
 					}
 				}
 			}(room, ri, rk.eng)
@@ -353,7 +376,13 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 	}
 	wg.Wait()
 	mr.WallSeconds = time.Since(t0).Seconds()
-	mr.mismatch = dd.atDone
+	for _, sn := range dd.snaps {
+		n, bufs := len(sn.positions), dd.pools[0].Buffers()
+		page := func(rank, i, b int) []byte { return sn.pages[(rank*n+i)*bufs+b] }
+		if mr.mismatch = dd.check(sn.room, sn.positions, nil, "at Finish SUCCESS", page); mr.mismatch != "" {
+			break
+		}
+	}
 	if mr.mismatch == "" {
 		for room := 0; room < cfg.Requests; room++ {
 			owned := map[int]bool{}
@@ -365,7 +394,8 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 			for x := range all {
 				all[x] = x
 			}
-			if mr.mismatch = dd.check(room, all, owned, "at the end of the run"); mr.mismatch != "" {
+			page := func(rank, i, b int) []byte { return dd.pools[rank].Page(b, p.dst[room][all[i]]) }
+			if mr.mismatch = dd.check(room, all, owned, "at the end of the run", page); mr.mismatch != "" {
 				break
 			}
 		}
