@@ -148,6 +148,12 @@ func runSim(cmd *cobra.Command, f *simFlags) error {
 		return err
 	}
 	cfg.Timeline = f.traceOut != "" || f.plotOut != ""
+	if cfg.Timeline && (cfg.PrefillTP > 0 || cfg.DecodeTP > 0) {
+		// The timeline has one GPU track and one track per room; several
+		// ranks' kernels and finishes would overlap on them.
+		return errors.Mark(errors.Newf("--trace-out and --plot draw one prefill rank; a sharded run (--prefill-tp %d --decode-tp %d) has several",
+			cfg.PrefillTP, cfg.DecodeTP), system.ErrBadInput)
+	}
 
 	level := zap.WarnLevel
 	if f.verbose {

@@ -348,6 +348,7 @@ func TestSimShardedBadPairing(t *testing.T) {
 		{[]string{"--model", "llama70b", "--prefill-tp", "8", "--decode-tp", "12"}, "--prefill-tp 8 --decode-tp 12 (--model llama70b): decode: TP 12 is not a multiple of the 8 KV heads it replicates"},
 		{[]string{"--model", "llama70b", "--prefill-tp", "4", "--scale", "3"}, "--scale 3: a sharded run scales the head dim, and 3 does not divide llama70b's 128"},
 		{[]string{"--prefill-tp", "2", "--page-order", "diagonal"}, `--page-order "diagonal": want head-major or token-major`},
+		{[]string{"--prefill-tp", "2", "--plot", "x.png"}, "--trace-out and --plot draw one prefill rank; a sharded run (--prefill-tp 2 --decode-tp 0) has several"},
 	} {
 		_, err := run(t, append([]string{"sim"}, tc.args...)...)
 		require.Error(t, err, "%v", tc.args)

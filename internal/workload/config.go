@@ -117,6 +117,9 @@ type Config struct {
 	// byte check catches such an engine; being unexported, no command line
 	// or embedder can set it.
 	plant func([]system.Buffer)
+	// plantShard, also test-only, edits the configuration of prefill TP
+	// rank r's engine in a sharded run (plant edits every rank's buffers).
+	plantShard func(r int, c *system.Config)
 }
 
 // Defaults is a run that finishes in seconds on 2 cores.

@@ -248,11 +248,18 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 			// Metrics and the message trace are one engine's: rank 0's.
 			opts = engineOptions(cfg, perLayer, opts...)
 		}
-		eng, err := system.New(system.Config{
+		ecfg := system.Config{
 			Buffers: pool.EngineBuffers(), HookLayers: g.hookLayers, GroupSize: cfg.GroupSize, PageSize: cfg.PageSize,
 			CP: cfg.CP, Submitters: cfg.Submitters, FinishTimeout: cfg.FinishTimeout, DisablePerLayer: !perLayer,
 			Sharding: &system.Sharding{Side: g.preSide, Rank: reshard.Rank{TP: r}},
-		}, opts...)
+		}
+		if cfg.plant != nil {
+			cfg.plant(ecfg.Buffers)
+		}
+		if cfg.plantShard != nil {
+			cfg.plantShard(r, &ecfg)
+		}
+		eng, err := system.New(ecfg, opts...)
 		if err != nil {
 			return nil, errors.Wrapf(err, "prefill TP rank %d", r)
 		}
