@@ -56,6 +56,8 @@ Models: ` + presetHelp(),
 	addWorkloadFlags(fl, f)
 	fl.IntVar(&f.cfg.PrefillTP, "prefill-tp", 0, "prefill TP degree: one engine per rank, the KV resharded to --decode-tp (0 with --decode-tp 0: one engine, unsharded)")
 	fl.IntVar(&f.cfg.DecodeTP, "decode-tp", 0, "decode TP degree: one decode pool per rank (0: 1 when --prefill-tp is set)")
+	fl.IntVar(&f.cfg.PrefillPP, "prefill-pp", 0, "prefill PP stages (layers split evenly): one engine per stage and TP rank (0: one stage)")
+	fl.IntVar(&f.cfg.DecodePP, "decode-pp", 0, "decode PP stages (layers split evenly): one decode pool per stage and TP rank (0: one stage)")
 	fl.StringVar(&f.pageOrder, "page-order", "head-major", "page layout of both sides when sharded: head-major ([head][token][dim], one write per head slice) or token-major ([token][head][dim], page-size writes per head slice)")
 	fl.BoolVar(&f.jsonOut, "json", false, "print the report as one JSON object")
 	fl.StringVar(&f.traceOut, "trace-out", "", "write a Chrome/Perfetto trace-event JSON of both runs")
@@ -148,7 +150,7 @@ func runSim(cmd *cobra.Command, f *simFlags) error {
 		return err
 	}
 	cfg.Timeline = f.traceOut != "" || f.plotOut != ""
-	if cfg.Timeline && (cfg.PrefillTP > 0 || cfg.DecodeTP > 0) {
+	if cfg.Timeline && (cfg.PrefillTP > 0 || cfg.DecodeTP > 0 || cfg.PrefillPP > 0 || cfg.DecodePP > 0) {
 		// The timeline has one GPU track and one track per room; several
 		// ranks' kernels and finishes would overlap on them.
 		return errors.Mark(errors.Newf("--trace-out and --plot draw one prefill rank; a sharded run (--prefill-tp %d --decode-tp %d) has several",

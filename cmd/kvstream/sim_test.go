@@ -299,19 +299,26 @@ func TestSimRecordReplays(t *testing.T) {
 // submits and writes.
 func TestSimSharded(t *testing.T) {
 	for _, tc := range []struct {
-		name     string
-		args     []string
-		pre, dec int
-		groups   int // per-layer batches per destination per forward: groups (+ the hookless rest)
-		fed      int // destinations each prefill rank feeds
+		name           string
+		args           []string
+		pre, dec       int
+		submits, monos int // batches per forward, all prefill ranks: per layer, monolithic
 	}{
-		// 8 KV heads: a prefill rank holds 1, replicated on 2 decode ranks.
-		{"llama70b GQA TP 8->16", []string{"--model", "llama70b"}, 8, 16, 10, 2},
-		// MLA: every rank holds the latent; rank r sends it to r and r + 8.
-		{"dsv3 MLA TP 8->16", []string{"--model", "dsv3"}, 8, 16, 8 + 1, 2},
+		// 8 KV heads: a prefill rank holds 1, replicated on 2 decode ranks;
+		// 10 groups to each.
+		{"llama70b GQA TP 8->16", []string{"--model", "llama70b", "--prefill-tp", "8", "--decode-tp", "16"}, 8, 16, 8 * 2 * 10, 8 * 2},
+		// MLA: every rank holds the latent; rank r sends it to r and r + 8,
+		// 8 groups and the MTP rest to each.
+		{"dsv3 MLA TP 8->16", []string{"--model", "dsv3", "--prefill-tp", "8", "--decode-tp", "16"}, 8, 16, 8 * 2 * 9, 8 * 2},
+		// PP: prefill stages [0, 26) [26, 53) [53, 80), decode [0, 40) [40,
+		// 80); per TP rank, stage 0's 4 groups go to decode stage 0, stage
+		// 1's 4 groups to stage 0 or 1 and one ([34, 42)) to both, stage 2's
+		// 4 to stage 1: 13; monolithic 1 + 2 + 1.
+		{"llama70b GQA TP 2 x PP 3 -> TP 2 x PP 2", []string{"--model", "llama70b", "--prefill-tp", "2", "--decode-tp", "2",
+			"--prefill-pp", "3", "--decode-pp", "2"}, 2, 2, 2 * 13, 2 * 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			args := append([]string{"sim", "--prefill-tp", "8", "--decode-tp", "16", "--requests", "1", "--prompt-tokens", "128",
+			args := append([]string{"sim", "--requests", "1", "--prompt-tokens", "128",
 				"--chunk-tokens", "64", "--no-progress", "--json"}, tc.args...)
 			out, err := run(t, args...)
 			require.NoError(t, err, out)
@@ -322,8 +329,8 @@ func TestSimSharded(t *testing.T) {
 			assert.EqualValues(t, tc.dec, rep["decode_tp"])
 			assert.Equal(t, "head-major", rep["page_order"])
 			pl, mo := rep["per_layer"].(map[string]any), rep["monolithic"].(map[string]any)
-			assert.EqualValues(t, tc.pre*tc.fed*tc.groups, pl["submits_per_forward"])
-			assert.EqualValues(t, tc.pre*tc.fed, mo["submits_per_forward"])
+			assert.EqualValues(t, tc.submits, pl["submits_per_forward"])
+			assert.EqualValues(t, tc.monos, mo["submits_per_forward"])
 			// Per layer splits the same writes into groups: as many blocks.
 			assert.Positive(t, pl["blocks_per_forward"])
 			assert.Equal(t, pl["blocks_per_forward"], mo["blocks_per_forward"])
@@ -348,6 +355,7 @@ func TestSimShardedBadPairing(t *testing.T) {
 		{[]string{"--model", "llama70b", "--prefill-tp", "8", "--decode-tp", "12"}, "--prefill-tp 8 --decode-tp 12 (--model llama70b): decode: TP 12 is not a multiple of the 8 KV heads it replicates"},
 		{[]string{"--model", "llama70b", "--prefill-tp", "4", "--scale", "3"}, "--scale 3: a sharded run scales the head dim, and 3 does not divide llama70b's 128"},
 		{[]string{"--prefill-tp", "2", "--page-order", "diagonal"}, `--page-order "diagonal": want head-major or token-major`},
+		{[]string{"--model", "small", "--prefill-pp", "12"}, "--prefill-tp 0 --decode-tp 0 --prefill-pp 12 --decode-pp 0 (--model small): prefill: PP stage 0 holds layers [0, 0): empty"},
 		{[]string{"--prefill-tp", "2", "--plot", "x.png"}, "--trace-out and --plot draw one prefill rank; a sharded run (--prefill-tp 2 --decode-tp 0) has several"},
 	} {
 		_, err := run(t, append([]string{"sim"}, tc.args...)...)

@@ -83,6 +83,11 @@ type Config struct {
 	// TP rank, the KV resharded by cp/reshard; the one left 0 means 1. Both
 	// 0 is the unsharded run (one engine, one pool, whole pages).
 	PrefillTP, DecodeTP int
+	// PrefillPP and DecodePP split the layers into that many PP stages of
+	// near-equal sizes on each side (0 or 1: one stage); a sharded run has
+	// one engine (or pool) per stage and TP rank. A later prefill stage's
+	// forward starts when the earlier stages' layers are computed.
+	PrefillPP, DecodePP int
 	// PageOrder is both sides' page layout in a sharded run.
 	PageOrder reshard.Order
 	// Scale divides bytes per page so that long prompts fit in memory;

@@ -101,7 +101,10 @@ func shardedFloorsOf(t *testing.T, cfg Config) (perLayer, mono []float64) {
 	require.True(t, g.sharded)
 	p := newPlan(cfg, g)
 	ideal := idealTimeline(cfg, g, p)
-	ends := func(_, k, l int) time.Duration { return ideal(k, l) }
+	ends := func(st, _, k, l int) time.Duration {
+		lo, _ := g.preReal.StageLayers(st)
+		return ideal(k, lo+l) // l is numbered within the stage
+	}
 	return shardedFloors(cfg, g, p, true, ends), shardedFloors(cfg, g, p, false, ends)
 }
 
@@ -137,6 +140,23 @@ func TestShardedFloorByHand(t *testing.T) {
 	for r := range pl {
 		require.InDelta(t, 2*9437184/50e9*1e3+0.01, pl[r], 1e-5, "room %d", r)
 		require.InDelta(t, 2*62*9437184/50e9*1e3+0.01, mo[r], 1e-5, "room %d", r)
+	}
+}
+
+// PP by hand: llama70b prefill TP 1 x PP 2 (layers [0, 40) and [40, 80))
+// into decode TP 1. Per layer, stage 1's last group (8 layers x K, V x 128
+// pages x 131 072 B = 268 435 456 B) follows the forward's end, as without
+// PP. Monolithic, stage 0 sends its 40 layers when its own last layer ends,
+// 98 ms before stage 1's (40 layers x 2.4576 ms), time enough for its 26.8
+// ms on its own link; stage 1's 40 layers, 1 342 177 280 B, follow the end.
+func TestShardedFloorPPByHand(t *testing.T) {
+	cfg := Defaults()
+	cfg.Preset = Presets["llama70b"]
+	cfg.PrefillTP, cfg.DecodeTP, cfg.PrefillPP = 1, 1, 2
+	pl, mo := shardedFloorsOf(t, cfg)
+	for r := range pl {
+		require.InDelta(t, 268435456/50e9*1e3+0.01, pl[r], 1e-5, "room %d", r)
+		require.InDelta(t, 1342177280/50e9*1e3+0.01, mo[r], 1e-5, "room %d", r)
 	}
 }
 

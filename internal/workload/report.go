@@ -31,11 +31,13 @@ type Report struct {
 	CPSize        int     `json:"cp_size"`
 	CPRank        int     `json:"cp_rank"`
 	CPRule        string  `json:"cp_rule"`
-	// PrefillTP and DecodeTP are the sharded run's pairing (0 when the run
-	// is not sharded); PageOrder both sides' page layout then. A sharded
+	// PrefillTP, DecodeTP, PrefillPP and DecodePP are the sharded run's
+	// pairing (0 when the run is not sharded); PageOrder both sides' page layout then. A sharded
 	// run's batches, blocks and bytes count every prefill rank's.
 	PrefillTP     int     `json:"prefill_tp,omitempty"`
 	DecodeTP      int     `json:"decode_tp,omitempty"`
+	PrefillPP     int     `json:"prefill_pp,omitempty"`
+	DecodePP      int     `json:"decode_pp,omitempty"`
 	PageOrder     string  `json:"page_order,omitempty"`
 	Scale         int     `json:"scale"`
 	ItemLen       int     `json:"item_len_bytes_moved"`
@@ -206,6 +208,7 @@ func newReport(cfg Config, g geometry, p *plan) *Report {
 	}
 	if g.sharded {
 		r.PrefillTP, r.DecodeTP, r.PageOrder = g.preReal.TP, g.decReal.TP, cfg.PageOrder.String()
+		r.PrefillPP, r.DecodePP = g.preReal.PP(), g.decReal.PP()
 	}
 	return r
 }
@@ -229,8 +232,8 @@ func (m *ModeReport) summarize(cfg Config, g geometry, p *plan, col *collector, 
 		return at(col.kernels[testbed.KernelName(k+1, l)].End)
 	})
 	if g.sharded {
-		floor = shardedFloors(cfg, g, p, m.PerLayer, func(r, k, l int) time.Duration {
-			return at(col.byStream[rankStream(r)][testbed.KernelName(k+1, l)].End)
+		floor = shardedFloors(cfg, g, p, m.PerLayer, func(st, r, k, l int) time.Duration {
+			return at(col.byStream[rankStream(st, r)][testbed.KernelName(k+1, l)].End)
 		})
 	}
 
@@ -379,8 +382,8 @@ func (r *Report) Text(w io.Writer) {
 	fmt.Fprintf(w, "page %d tokens (%d B modeled, %d B moved at scale %d), group %d layers, link %g Gb/s + %g us, CP %d/%d %s\n",
 		r.PageSize, r.PageBytesReal, r.ItemLen, r.Scale, r.GroupSize, r.LinkGbitPerS, r.LinkLatencyUs, r.CPRank, r.CPSize, r.CPRule)
 	if r.PrefillTP > 0 {
-		fmt.Fprintf(w, "sharded: prefill TP %d (one engine, stream and %g Gb/s link per rank) -> decode TP %d (one pool per rank), %s pages; "+
-			"byte scale %d divides the head dim, write counts are real\n", r.PrefillTP, r.LinkGbitPerS, r.DecodeTP, r.PageOrder, r.Scale)
+		fmt.Fprintf(w, "sharded: prefill TP %d x PP %d (one engine, stream and %g Gb/s link per rank) -> decode TP %d x PP %d (one pool per rank), %s pages; "+
+			"byte scale %d divides the head dim, write counts are real\n", r.PrefillTP, r.PrefillPP, r.LinkGbitPerS, r.DecodeTP, r.DecodePP, r.PageOrder, r.Scale)
 	}
 	if r.ScaledOverheads {
 		fmt.Fprintf(w, "WARNING: ")

@@ -175,6 +175,14 @@ func (c *collector) span(s sim.Span) {
 	c.mu.Unlock()
 }
 
+// streamKernel is the span of one stream's kernel (a sharded run).
+func (c *collector) streamKernel(stream, name string) (sim.Span, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s, ok := c.byStream[stream][name]
+	return s, ok
+}
+
 func (c *collector) kernel(name string) (sim.Span, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -28,11 +28,31 @@ import (
 // are a pattern of those values, so every decode byte is checked against
 // what the whole-tensor reshard puts there, head slice by head slice.
 
-func (c Config) sharded() bool { return c.PrefillTP > 0 || c.DecodeTP > 0 }
+func (c Config) sharded() bool {
+	return c.PrefillTP > 0 || c.DecodeTP > 0 || c.PrefillPP > 0 || c.DecodePP > 0
+}
 
 // tpFlags names the pairing in errors, as the user spelled it.
 func (c Config) tpFlags() string {
-	return fmt.Sprintf("--prefill-tp %d --decode-tp %d (--model %s)", c.PrefillTP, c.DecodeTP, c.Preset.Name)
+	pp := ""
+	if c.PrefillPP > 0 || c.DecodePP > 0 {
+		pp = fmt.Sprintf(" --prefill-pp %d --decode-pp %d", c.PrefillPP, c.DecodePP)
+	}
+	return fmt.Sprintf("--prefill-tp %d --decode-tp %d%s (--model %s)", c.PrefillTP, c.DecodeTP, pp, c.Preset.Name)
+}
+
+// evenStages splits layers into pp stages of sizes differing by at most
+// one (nil: one stage). More stages than layers leave one empty, which the
+// pairing's validation names.
+func evenStages(layers, pp int) []int {
+	if pp <= 1 {
+		return nil
+	}
+	out := make([]int, pp+1)
+	for s := range out {
+		out[s] = s * layers / pp
+	}
+	return out
 }
 
 func badFlag(err error, format string, args ...any) error {
@@ -52,12 +72,18 @@ func (c Config) shardedGeometry(g *geometry) error {
 		TP: max(1, c.PrefillTP), PageSize: c.PageSize, Order: c.PageOrder}
 	dec := pre
 	dec.TP = max(1, c.DecodeTP)
-	if c.PrefillTP < 0 || c.DecodeTP < 0 {
-		return errors.Mark(errors.Newf("%s: TP degrees must not be negative", c.tpFlags()), system.ErrBadInput)
+	if c.PrefillTP < 0 || c.DecodeTP < 0 || c.PrefillPP < 0 || c.DecodePP < 0 {
+		return errors.Mark(errors.Newf("%s: TP and PP degrees must not be negative", c.tpFlags()), system.ErrBadInput)
 	}
+	pre.Stages, dec.Stages = evenStages(g.layers, c.PrefillPP), evenStages(g.layers, c.DecodePP)
 	pair := reshard.Pairing{Prefill: pre, Decode: dec}
 	if _, err := reshard.NewPlan(&pair, reshard.Rank{}); err != nil {
 		return badFlag(err, "%s", c.tpFlags())
+	}
+	for st := 0; st < pre.PP(); st++ {
+		if lo, _ := pre.StageLayers(st); lo >= g.hookLayers {
+			return errors.Mark(errors.Newf("%s: prefill PP stage %d holds only layers without a hook (from %d on)", c.tpFlags(), st, g.hookLayers), system.ErrBadInput)
+		}
 	}
 	g.preReal, g.decReal = pre, dec
 	g.pageBytes = int(pre.ItemLen()) // one prefill rank's page of one buffer, as the report's item
@@ -106,23 +132,27 @@ func pageFill(dst []byte, s *reshard.Side, tp int, seed, room uint64, layer, kin
 	}
 }
 
-// layerKind is buffer b's layer and kind in testbed's layout (K of every
-// layer, then V; MLA one per layer).
-func layerKind(s *reshard.Side, b int) (layer, kind int) {
+// layerKind is buffer b's model layer and kind in testbed's layout of PP
+// stage st's pool (K of every layer of the stage, then V; MLA one per
+// layer).
+func layerKind(s *reshard.Side, st, b int) (layer, kind int) {
+	lo, hi := s.StageLayers(st)
 	if s.MLA {
-		return b, 0
+		return lo + b, 0
 	}
-	return b % s.Layers, b / s.Layers
+	return lo + b%(hi-lo), b / (hi - lo)
 }
 
-func geometryOf(s *reshard.Side, pages int) testbed.Geometry {
+// geometryOf is the pool of a rank of PP stage st.
+func geometryOf(s *reshard.Side, st, pages int) testbed.Geometry {
+	lo, hi := s.StageLayers(st)
 	if s.MLA {
-		return testbed.MLA(s.Layers, s.ItemLen(), pages)
+		return testbed.MLA(hi-lo, s.ItemLen(), pages)
 	}
-	return testbed.KV(s.Layers, s.ItemLen(), pages)
+	return testbed.KV(hi-lo, s.ItemLen(), pages)
 }
 
-func rankStream(r int) string { return fmt.Sprintf("prefill-tp%d", r) }
+func rankStream(st, r int) string { return fmt.Sprintf("prefill-pp%d-tp%d", st, r) }
 
 // shardedDecode is the decode side of a sharded run and its byte check.
 type shardedDecode struct {
@@ -168,17 +198,18 @@ func (d *shardedDecode) check(room int, positions []int, owned map[int]bool, whe
 	want := make([]byte, dec.ItemLen())
 	zero := make([]byte, dec.ItemLen())
 	for rank, pool := range d.pools {
+		st, tp := rank/dec.TP, rank%dec.TP
 		for i, x := range positions {
 			for b := 0; b < pool.Buffers(); b++ {
 				w := zero
 				if owned == nil || owned[x] {
-					layer, kind := layerKind(dec, b)
-					pageFill(want, dec, rank, d.cfg.Seed, uint64(room), layer, kind, x)
+					layer, kind := layerKind(dec, st, b)
+					pageFill(want, dec, tp, d.cfg.Seed, uint64(room), layer, kind, x)
 					w = want
 				}
 				if got := page(rank, i, b); !bytes.Equal(got, w) {
-					return fmt.Sprintf("decode TP rank %d room %d position %d (decode page %d) buffer %s: %s, %s",
-						rank, room, x, d.p.dst[room][x], pool.Names[b], when, describe(got, w))
+					return fmt.Sprintf("decode TP rank %d (PP stage %d) room %d position %d (decode page %d) buffer %s: %s, %s",
+						tp, st, room, x, d.p.dst[room][x], pool.Names[b], when, describe(got, w))
 				}
 			}
 		}
@@ -203,20 +234,22 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 
 	dd := &shardedDecode{cfg: cfg, g: g, p: p}
 	var peers []system.Peer
-	for d := 0; d < g.decSide.TP; d++ {
-		tr, err := fab.NewTransport(fmt.Sprintf("decode-tp%d", d))
+	for i := 0; i < g.decSide.PP()*g.decSide.TP; i++ {
+		st, d := i/g.decSide.TP, i%g.decSide.TP
+		name := fmt.Sprintf("decode-pp%d-tp%d", st, d)
+		tr, err := fab.NewTransport(name)
 		if err != nil {
 			return nil, err
 		}
 		cleanup = append(cleanup, func() { _ = tr.Close() })
-		pool, err := testbed.NewDecode(tr, geometryOf(&g.decSide, p.pool))
+		pool, err := testbed.NewDecode(tr, geometryOf(&g.decSide, st, p.pool))
 		if err != nil {
-			return nil, errors.Wrapf(err, "decode TP rank %d pool", d)
+			return nil, errors.Wrapf(err, "decode PP stage %d TP rank %d pool", st, d)
 		}
 		cleanup = append(cleanup, func() { _ = pool.Free() })
 		dd.pools = append(dd.pools, pool)
-		peer := pool.Peer(fmt.Sprintf("decode-tp%d", d))
-		peer.Sharding = &system.Sharding{Side: g.decSide, Rank: reshard.Rank{TP: d}}
+		peer := pool.Peer(name)
+		peer.Sharding = &system.Sharding{Side: g.decSide, Rank: reshard.Rank{TP: d, Stage: st}}
 		peers = append(peers, peer)
 	}
 
@@ -225,60 +258,67 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 		usPerKTok = cfg.LayerUsPerKTok
 	}
 	type rank struct {
-		eng    *system.Engine
-		model  *testbed.Model
-		stream *sim.Stream
+		eng        *system.Engine
+		model      *testbed.Model
+		stream     *sim.Stream
+		stage      int
+		before     int // layers of the earlier PP stages
+		lastLocal  int // the stage's last layer, numbered within it
+		streamName string
 	}
 	var ranks []rank
-	for r := 0; r < g.preSide.TP; r++ {
-		tr, err := fab.NewTransport(fmt.Sprintf("prefill-tp%d", r))
+	for i := 0; i < g.preSide.PP()*g.preSide.TP; i++ {
+		st, r := i/g.preSide.TP, i%g.preSide.TP
+		lo, hi := g.preSide.StageLayers(st)
+		tr, err := fab.NewTransport(rankStream(st, r))
 		if err != nil {
 			return nil, err
 		}
 		cleanup = append(cleanup, func() { _ = tr.Close() })
-		pool, err := testbed.NewPool(geometryOf(&g.preSide, p.pool))
+		pool, err := testbed.NewPool(geometryOf(&g.preSide, st, p.pool))
 		if err != nil {
-			return nil, errors.Wrapf(err, "prefill TP rank %d pool", r)
+			return nil, errors.Wrapf(err, "prefill PP stage %d TP rank %d pool", st, r)
 		}
 		cleanup = append(cleanup, func() { _ = pool.Free() })
 		fill(pool.Block.Bytes, staleByte)
-		stream := gpu.NewStream(rankStream(r))
+		stream := gpu.NewStream(rankStream(st, r))
+		hooks := min(hi, g.hookLayers) - lo
 		opts := []system.Option{system.WithStream(stream), system.WithTransport(tr), system.WithObserver(col), system.WithLogger(log)}
-		if r == 0 {
+		if i == 0 {
 			// Metrics and the message trace are one engine's: rank 0's.
 			opts = engineOptions(cfg, perLayer, opts...)
 		}
 		ecfg := system.Config{
-			Buffers: pool.EngineBuffers(), HookLayers: g.hookLayers, GroupSize: cfg.GroupSize, PageSize: cfg.PageSize,
+			Buffers: pool.EngineBuffers(), HookLayers: hooks, GroupSize: cfg.GroupSize, PageSize: cfg.PageSize,
 			CP: cfg.CP, Submitters: cfg.Submitters, FinishTimeout: cfg.FinishTimeout, DisablePerLayer: !perLayer,
-			Sharding: &system.Sharding{Side: g.preSide, Rank: reshard.Rank{TP: r}},
+			Sharding: &system.Sharding{Side: g.preSide, Rank: reshard.Rank{TP: r, Stage: st}},
 		}
 		if cfg.plant != nil {
 			cfg.plant(ecfg.Buffers)
 		}
 		if cfg.plantShard != nil {
-			cfg.plantShard(r, &ecfg)
+			cfg.plantShard(i, &ecfg)
 		}
 		eng, err := system.New(ecfg, opts...)
 		if err != nil {
-			return nil, errors.Wrapf(err, "prefill TP rank %d", r)
+			return nil, errors.Wrapf(err, "prefill PP stage %d TP rank %d", st, r)
 		}
 		cleanup = append(cleanup, func() { _ = eng.Close() })
 		for _, peer := range peers {
 			if err := eng.AddPeer(peer); err != nil {
-				return nil, errors.Wrapf(err, "prefill TP rank %d", r)
+				return nil, errors.Wrapf(err, "prefill PP stage %d TP rank %d", st, r)
 			}
 		}
 		side, tp := &g.preSide, r
-		model := &testbed.Model{Stream: stream, Pool: pool, HookLayers: g.hookLayers, Seed: cfg.Seed,
+		model := &testbed.Model{Stream: stream, Pool: pool, HookLayers: hooks, Seed: cfg.Seed,
 			LayerTime: func(tokens int) time.Duration {
 				return time.Duration(float64(tokens) / 1000 * usPerKTok * float64(time.Microsecond))
 			},
 			Fill: func(dst []byte, room uint64, b, pos int) {
-				layer, kind := layerKind(side, b)
+				layer, kind := layerKind(side, st, b)
 				pageFill(dst, side, tp, cfg.Seed, room, layer, kind, pos)
 			}}
-		ranks = append(ranks, rank{eng, model, stream})
+		ranks = append(ranks, rank{eng: eng, model: model, stream: stream, stage: st, before: lo, lastLocal: hi - lo - 1, streamName: rankStream(st, r)})
 	}
 
 	// One transfer worker per room and prefill rank finishes the room's
@@ -338,9 +378,21 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 
 	t0 := time.Now()
 	forwardEnds := make([]time.Time, len(p.forwards))
-	lastLayer := g.layers - 1
 	for k, fw := range p.forwards {
+		tokens := 0
+		for _, pc := range fw {
+			tokens += pc.end - pc.start
+		}
 		for _, rk := range ranks {
+			if rk.before > 0 {
+				// A later PP stage starts when the earlier ones computed
+				// their layers (no pipelining across forwards: the loop
+				// waits for every stage at the end of each).
+				pad := sim.Kernel{Name: fmt.Sprintf("f%d wait for stage %d", k+1, rk.stage), Duration: time.Duration(rk.before) * cfg.layerTime(tokens)}
+				if err := rk.stream.Launch(pad); err != nil {
+					return nil, err
+				}
+			}
 			writes := make([]testbed.Write, 0, len(fw))
 			for _, pc := range fw {
 				spec := system.ChunkSpec{Room: uint64(pc.room), Start: pc.start, End: pc.end, Last: pc.last,
@@ -364,11 +416,15 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 			}
 		}
 		runtime.Gosched() // see runMode
-		end, ok := col.kernel(testbed.KernelName(k+1, lastLayer))
-		if !ok {
-			return nil, errors.AssertionFailedf("forward %d: no span for its last kernel", k+1)
+		for _, rk := range ranks {
+			end, ok := col.streamKernel(rk.streamName, testbed.KernelName(k+1, rk.lastLocal))
+			if !ok {
+				return nil, errors.AssertionFailedf("forward %d: no span for %s's last kernel", k+1, rk.streamName)
+			}
+			if end.End.After(forwardEnds[k]) {
+				forwardEnds[k] = end.End // the latest rank's
+			}
 		}
-		forwardEnds[k] = end.End // the latest rank's
 		for _, pc := range fw {
 			for _, ch := range work[pc.room] {
 				ch <- pc
@@ -384,8 +440,12 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 	wg.Wait()
 	mr.WallSeconds = time.Since(t0).Seconds()
 	for _, sn := range dd.snaps {
-		n, bufs := len(sn.positions), dd.pools[0].Buffers()
-		page := func(rank, i, b int) []byte { return sn.pages[(rank*n+i)*bufs+b] }
+		n := len(sn.positions)
+		first := make([]int, len(dd.pools)) // the snapshot's index of each rank's first page
+		for rank := 1; rank < len(dd.pools); rank++ {
+			first[rank] = first[rank-1] + n*dd.pools[rank-1].Buffers()
+		}
+		page := func(rank, i, b int) []byte { return sn.pages[first[rank]+i*dd.pools[rank].Buffers()+b] }
 		if mr.mismatch = dd.check(sn.room, sn.positions, nil, "at Finish SUCCESS", page); mr.mismatch != "" {
 			break
 		}
@@ -415,13 +475,14 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 // link (its NIC: loopback models one per sending node), shared by the
 // batches to all the decode ranks it feeds and served in order as floors
 // does; the decode side's ingress is not modeled (nor is it by loopback).
-// A batch carries, per page the rank owns, route.PageBytes (the real
-// bytes of the heads it sends that decode rank) per buffer. A request's
-// floor is its last landing over all ranks minus the end of its last
-// forward on the latest rank, as its exposed time is measured.
-func shardedFloors(cfg Config, g geometry, p *plan, perLayer bool, ends func(rank, k, l int) time.Duration) []float64 {
+// A batch carries, per page the rank owns, route.PageBytes (the real bytes
+// of the heads it sends that decode rank) per buffer of the batch's layers
+// that the route takes (PP: the layers both stages hold). A request's floor
+// is its last landing over all ranks minus the end of its last forward on
+// the latest rank, as its exposed time is measured. ends gives the end of
+// layer l (numbered within the stage) of forward k on the rank (st, r).
+func shardedFloors(cfg Config, g geometry, p *plan, perLayer bool, ends func(st, r, k, l int) time.Duration) []float64 {
 	kinds := g.preReal.Kinds()
-	groups := (g.hookLayers + cfg.GroupSize - 1) / cfg.GroupSize
 	lastForward := make([]int, cfg.Requests)
 	for k, fw := range p.forwards {
 		for _, pc := range fw {
@@ -431,49 +492,56 @@ func shardedFloors(cfg Config, g geometry, p *plan, perLayer bool, ends func(ran
 	pair := reshard.Pairing{Prefill: g.preReal, Decode: g.decReal}
 	lastLand := make([]time.Duration, cfg.Requests)
 	lastEnd := make([]time.Duration, cfg.Requests)
-	for r := 0; r < g.preReal.TP; r++ {
-		pl, err := reshard.NewPlan(&pair, reshard.Rank{TP: r})
+	for i := 0; i < g.preReal.PP()*g.preReal.TP; i++ {
+		st, r := i/g.preReal.TP, i%g.preReal.TP
+		lo, hi := g.preReal.StageLayers(st)
+		hooks := min(hi, g.hookLayers) - lo
+		groups := (hooks + cfg.GroupSize - 1) / cfg.GroupSize
+		pl, err := reshard.NewPlan(&pair, reshard.Rank{TP: r, Stage: st})
 		if err != nil {
 			panic(err) // validated by shardedGeometry
 		}
-		var perPage []float64 // bytes per page per buffer, per destination fed
-		for i := range pl.Routes {
-			if rt := &pl.Routes[i]; !rt.Empty() {
-				perPage = append(perPage, float64(rt.PageBytes()))
+		var routes []*reshard.Route
+		for j := range pl.Routes {
+			if rt := &pl.Routes[j]; !rt.Empty() {
+				routes = append(routes, rt)
 			}
 		}
 		var batches []linkBatch
-		add := func(room int, ready time.Duration, pages, buffers int) {
-			for _, b := range perPage {
-				if n := float64(pages) * float64(buffers) * b; n > 0 {
+		// add queues, for each destination, the batch of the model layers
+		// [a, b) that its route takes.
+		add := func(room int, ready time.Duration, pages, a, b int) {
+			for _, rt := range routes {
+				layers := min(b, rt.LayerHi) - max(a, rt.LayerLo)
+				if n := float64(pages) * float64(max(layers, 0)*kinds) * float64(rt.PageBytes()); n > 0 {
 					batches = append(batches, linkBatch{room: room, ready: ready, bytes: n, order: len(batches)})
 				}
 			}
 		}
 		for k, fw := range p.forwards {
-			end := ends(r, k, g.layers-1)
+			end := ends(st, r, k, hi-lo-1)
 			if !perLayer {
 				for _, pc := range fw {
-					add(pc.room, end, pc.owned, g.buffers)
+					add(pc.room, end, pc.owned, lo, hi)
 				}
 				continue
 			}
 			for gi := 0; gi < groups; gi++ {
-				lo, hi := gi*cfg.GroupSize, min((gi+1)*cfg.GroupSize, g.hookLayers)
+				a, b := gi*cfg.GroupSize, min((gi+1)*cfg.GroupSize, hooks)
 				for _, pc := range fw {
-					add(pc.room, ends(r, k, hi-1), pc.owned, (hi-lo)*kinds)
+					add(pc.room, ends(st, r, k, b-1), pc.owned, lo+a, lo+b)
 				}
 			}
 			for _, pc := range fw {
-				add(pc.room, end, pc.owned, (g.layers-g.hookLayers)*kinds)
+				add(pc.room, end, pc.owned, lo+hooks, hi)
 			}
 		}
 		land := idealLandings(batches, cfg.LinkGbps*1e9/8, cfg.LinkLatency)
-		for i, b := range batches {
-			lastLand[b.room] = max(lastLand[b.room], land[i])
+		for j, b := range batches {
+			lastLand[b.room] = max(lastLand[b.room], land[j])
 		}
 		for room := range lastEnd {
-			lastEnd[room] = max(lastEnd[room], ends(r, lastForward[room], g.layers-1))
+			lastEnd[room] = max(lastEnd[room], ends(st, r, lastForward[room], hi-lo-1))
 		}
 	}
 	out := make([]float64, cfg.Requests)
