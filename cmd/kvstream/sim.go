@@ -13,6 +13,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cp"
+	"github.com/kvstream/kvstream/cp/reshard"
 	"github.com/kvstream/kvstream/hw/cuda/driver"
 	"github.com/kvstream/kvstream/internal/gpucheck"
 	"github.com/kvstream/kvstream/internal/workload"
@@ -34,6 +35,7 @@ type simFlags struct {
 	jsonOut, verbose, noProg  bool
 	traceOut, plotOut, record string
 	linkLatencyUs             float64
+	pageOrder                 string
 }
 
 func newSim() *cobra.Command {
@@ -52,6 +54,11 @@ Models: ` + presetHelp(),
 	}
 	fl := cmd.Flags()
 	addWorkloadFlags(fl, f)
+	fl.IntVar(&f.cfg.PrefillTP, "prefill-tp", 0, "prefill TP degree: one engine per rank, the KV resharded to --decode-tp (0 with --decode-tp 0: one engine, unsharded)")
+	fl.IntVar(&f.cfg.DecodeTP, "decode-tp", 0, "decode TP degree: one decode pool per rank (0: 1 when --prefill-tp is set)")
+	fl.IntVar(&f.cfg.PrefillPP, "prefill-pp", 0, "prefill PP stages (layers split evenly): one engine per stage and TP rank (0: one stage)")
+	fl.IntVar(&f.cfg.DecodePP, "decode-pp", 0, "decode PP stages (layers split evenly): one decode pool per stage and TP rank (0: one stage)")
+	fl.StringVar(&f.pageOrder, "page-order", "head-major", "page layout of both sides when sharded: head-major ([head][token][dim], one write per head slice) or token-major ([token][head][dim], page-size writes per head slice)")
 	fl.BoolVar(&f.jsonOut, "json", false, "print the report as one JSON object")
 	fl.StringVar(&f.traceOut, "trace-out", "", "write a Chrome/Perfetto trace-event JSON of both runs")
 	fl.StringVar(&f.plotOut, "plot", "", "write a PNG timeline of forward vs transfer for both modes")
@@ -108,6 +115,15 @@ func (f *simFlags) config() (workload.Config, error) {
 		return cfg, errors.Wrap(err, "--cp-rule")
 	}
 	cfg.CP.Rule = rule
+	switch f.pageOrder {
+	case "", reshard.HeadMajor.String(): // commands without --page-order share this config
+
+		cfg.PageOrder = reshard.HeadMajor
+	case reshard.TokenMajor.String():
+		cfg.PageOrder = reshard.TokenMajor
+	default:
+		return cfg, errors.Mark(errors.Newf("--page-order %q: want head-major or token-major", f.pageOrder), system.ErrBadInput)
+	}
 	// Converted here, so checked here: a shift or a float-to-duration
 	// conversion of a wild value would wrap before workload's bounds see it.
 	if cfg.MemoryBudget < 0 || cfg.MemoryBudget > workload.MaxMemoryBudget>>20 {
@@ -144,6 +160,12 @@ func runSim(cmd *cobra.Command, f *simFlags) (err error) {
 		return err
 	}
 	cfg.Timeline = f.traceOut != "" || f.plotOut != ""
+	if cfg.Timeline && (cfg.PrefillTP > 0 || cfg.DecodeTP > 0 || cfg.PrefillPP > 0 || cfg.DecodePP > 0) {
+		// The timeline has one GPU track and one track per room; several
+		// ranks' kernels and finishes would overlap on them.
+		return errors.Mark(errors.Newf("--trace-out and --plot draw one prefill rank; a sharded run (--prefill-tp %d --decode-tp %d) has several",
+			cfg.PrefillTP, cfg.DecodeTP), system.ErrBadInput)
+	}
 
 	level := zap.WarnLevel
 	if f.verbose {

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/system"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -321,4 +322,76 @@ func TestSimRecordReplays(t *testing.T) {
 	out, err = run(t, "replay", bad)
 	require.Error(t, err)
 	assert.Contains(t, out, "divergence at record")
+}
+
+// TestSimSharded: one engine per prefill TP rank, one decode pool per
+// decode rank, a short prompt; every decode byte equals the reshard of the
+// logical tensor, and the report names the pairing and counts every rank's
+// submits and writes.
+func TestSimSharded(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		args           []string
+		pre, dec       int
+		submits, monos int // batches per forward, all prefill ranks: per layer, monolithic
+	}{
+		// 8 KV heads: a prefill rank holds 1, replicated on 2 decode ranks;
+		// 10 groups to each.
+		{"llama70b GQA TP 8->16", []string{"--model", "llama70b", "--prefill-tp", "8", "--decode-tp", "16"}, 8, 16, 8 * 2 * 10, 8 * 2},
+		// MLA: every rank holds the latent; rank r sends it to r and r + 8,
+		// 8 groups and the MTP rest to each.
+		{"dsv3 MLA TP 8->16", []string{"--model", "dsv3", "--prefill-tp", "8", "--decode-tp", "16"}, 8, 16, 8 * 2 * 9, 8 * 2},
+		// PP: prefill stages [0, 26) [26, 53) [53, 80), decode [0, 40) [40,
+		// 80); per TP rank, stage 0's 4 groups go to decode stage 0, stage
+		// 1's 4 groups to stage 0 or 1 and one ([34, 42)) to both, stage 2's
+		// 4 to stage 1: 13; monolithic 1 + 2 + 1.
+		{"llama70b GQA TP 2 x PP 3 -> TP 2 x PP 2", []string{"--model", "llama70b", "--prefill-tp", "2", "--decode-tp", "2",
+			"--prefill-pp", "3", "--decode-pp", "2"}, 2, 2, 2 * 13, 2 * 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"sim", "--requests", "1", "--prompt-tokens", "128",
+				"--chunk-tokens", "64", "--no-progress", "--json"}, tc.args...)
+			out, err := run(t, args...)
+			require.NoError(t, err, out)
+			var rep map[string]any
+			require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
+			assert.Equal(t, true, rep["bytes_equal"], rep["mismatch"])
+			assert.EqualValues(t, tc.pre, rep["prefill_tp"])
+			assert.EqualValues(t, tc.dec, rep["decode_tp"])
+			assert.Equal(t, "head-major", rep["page_order"])
+			pl, mo := rep["per_layer"].(map[string]any), rep["monolithic"].(map[string]any)
+			assert.EqualValues(t, tc.submits, pl["submits_per_forward"])
+			assert.EqualValues(t, tc.monos, mo["submits_per_forward"])
+			// Per layer splits the same writes into groups: as many blocks.
+			assert.Positive(t, pl["blocks_per_forward"])
+			assert.Equal(t, pl["blocks_per_forward"], mo["blocks_per_forward"])
+			for _, m := range []map[string]any{pl, mo} {
+				assert.Positive(t, m["floor_ms"])
+				assert.Positive(t, m["exposed_ms"])
+				// A figure below its physical bound is a measurement bug.
+				assert.GreaterOrEqual(t, m["ratio_to_floor"].(float64), 1.0)
+			}
+		})
+	}
+}
+
+// An impossible pairing is a flag error naming the values, before anything
+// is allocated.
+func TestSimShardedBadPairing(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--model", "llama70b", "--prefill-tp", "3", "--decode-tp", "16"}, "--prefill-tp 3 --decode-tp 16 (--model llama70b): prefill: 8 KV heads do not split over TP 3"},
+		{[]string{"--model", "llama70b", "--prefill-tp", "8", "--decode-tp", "12"}, "--prefill-tp 8 --decode-tp 12 (--model llama70b): decode: TP 12 is not a multiple of the 8 KV heads it replicates"},
+		{[]string{"--model", "llama70b", "--prefill-tp", "4", "--scale", "3"}, "--scale 3: a sharded run scales the head dim, and 3 does not divide llama70b's 128"},
+		{[]string{"--prefill-tp", "2", "--page-order", "diagonal"}, `--page-order "diagonal": want head-major or token-major`},
+		{[]string{"--model", "small", "--prefill-pp", "12"}, "--prefill-tp 0 --decode-tp 0 --prefill-pp 12 --decode-pp 0 (--model small): prefill: PP stage 0 holds layers [0, 0): empty"},
+		{[]string{"--prefill-tp", "2", "--plot", "x.png"}, "--trace-out and --plot draw one prefill rank; a sharded run (--prefill-tp 2 --decode-tp 0) has several"},
+	} {
+		_, err := run(t, append([]string{"sim"}, tc.args...)...)
+		require.Error(t, err, "%v", tc.args)
+		assert.True(t, errors.Is(err, system.ErrBadInput), "%v", err)
+		assert.Contains(t, err.Error(), tc.want)
+	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cp"
+	"github.com/kvstream/kvstream/cp/reshard"
 	"github.com/kvstream/kvstream/system"
 )
 
@@ -27,8 +28,13 @@ type Preset struct {
 	// HookLayers fire LayerEnd; ExtraLayers own buffers but fire no hook
 	// (the MTP/nextn draft layer).
 	HookLayers, ExtraLayers int
-	// BytesPerToken is one buffer's KV bytes per token.
+	// BytesPerToken is one buffer's KV bytes per token: KVHeads x HeadDim x
+	// ElemBytes.
 	BytesPerToken int
+	// KVHeads, HeadDim and ElemBytes are the geometry behind BytesPerToken,
+	// which a sharded run (--prefill-tp, --decode-tp) splits by heads: 1
+	// head with MLA (the latent, replicated on every TP rank).
+	KVHeads, HeadDim, ElemBytes int
 	// LayerUsPerKTok is modeled compute per layer per 1000 tokens of the
 	// forward.
 	LayerUsPerKTok float64
@@ -37,11 +43,11 @@ type Preset struct {
 
 // Presets are the models `--model` knows.
 var Presets = map[string]Preset{
-	"dsv3": {Name: "dsv3", MLA: true, HookLayers: 61, ExtraLayers: 1, BytesPerToken: 576 * 2, LayerUsPerKTok: 500,
+	"dsv3": {Name: "dsv3", MLA: true, HookLayers: 61, ExtraLayers: 1, BytesPerToken: 576 * 2, KVHeads: 1, HeadDim: 576, ElemBytes: 2, LayerUsPerKTok: 500,
 		Description: "DeepSeek-V3-like MLA: 61 layers + 1 MTP layer (no hook), 576 bf16 values per token per layer"},
-	"llama70b": {Name: "llama70b", HookLayers: 80, BytesPerToken: 8 * 128 * 2, LayerUsPerKTok: 300,
+	"llama70b": {Name: "llama70b", HookLayers: 80, BytesPerToken: 8 * 128 * 2, KVHeads: 8, HeadDim: 128, ElemBytes: 2, LayerUsPerKTok: 300,
 		Description: "Llama-3-70B-like GQA: 80 layers, K and V buffers of 8 KV heads x 128 dims, bf16"},
-	"small": {Name: "small", MLA: true, HookLayers: 8, ExtraLayers: 1, BytesPerToken: 576 * 2, LayerUsPerKTok: 200,
+	"small": {Name: "small", MLA: true, HookLayers: 8, ExtraLayers: 1, BytesPerToken: 576 * 2, KVHeads: 1, HeadDim: 576, ElemBytes: 2, LayerUsPerKTok: 200,
 		Description: "a small MLA model for quick runs: 8 layers + 1 MTP layer"},
 }
 
@@ -71,6 +77,19 @@ type Config struct {
 	LinkGbps    float64
 	LinkLatency time.Duration
 	CP          cp.CP
+	// PrefillTP and DecodeTP, when either is set, shard the run: one
+	// prefill engine per prefill TP rank (each on its own stream of the
+	// virtual GPU and its own modeled link) and one decode pool per decode
+	// TP rank, the KV resharded by cp/reshard; the one left 0 means 1. Both
+	// 0 is the unsharded run (one engine, one pool, whole pages).
+	PrefillTP, DecodeTP int
+	// PrefillPP and DecodePP split the layers into that many PP stages of
+	// near-equal sizes on each side (0 or 1: one stage); a sharded run has
+	// one engine (or pool) per stage and TP rank. A later prefill stage's
+	// forward starts when the earlier stages' layers are computed.
+	PrefillPP, DecodePP int
+	// PageOrder is both sides' page layout in a sharded run.
+	PageOrder reshard.Order
 	// Scale divides bytes per page so that long prompts fit in memory;
 	// page, block and message counts stay real and the link is modeled on
 	// the real bytes. Zero picks the smallest scale that fits MemoryBudget.
@@ -103,6 +122,9 @@ type Config struct {
 	// byte check catches such an engine; being unexported, no command line
 	// or embedder can set it.
 	plant func([]system.Buffer)
+	// plantShard, also test-only, edits the configuration of prefill TP
+	// rank r's engine in a sharded run (plant edits every rank's buffers).
+	plantShard func(r int, c *system.Config)
 }
 
 // Defaults is a run that finishes in seconds on 2 cores.
@@ -123,6 +145,11 @@ type geometry struct {
 	itemLen            int     // bytes per page per buffer in memory (scaled)
 	byteScale          float64 // real bytes per byte in memory
 	scale              int
+	// A sharded run's sides: real (the floor) and as allocated (HeadDim
+	// divided by scale).
+	sharded          bool
+	preReal, decReal reshard.Side
+	preSide, decSide reshard.Side
 }
 
 func (c Config) validate() (geometry, error) {
@@ -164,6 +191,9 @@ func (c Config) validate() (geometry, error) {
 	}
 	g.pagesPerRequest = (c.PromptTokens + c.PageSize - 1) / c.PageSize
 	g.pageBytes = c.PageSize * c.Preset.BytesPerToken
+	if c.sharded() {
+		return g, c.shardedGeometry(&g)
+	}
 	g.scale = c.Scale
 	if g.scale == 0 {
 		real := float64(g.pageBytes) * float64(g.pagesPerRequest*c.Requests) * float64(g.buffers)

@@ -2,7 +2,10 @@ package workload
 
 import (
 	"testing"
+	"time"
 
+	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/system"
 	"github.com/stretchr/testify/require"
 )
 
@@ -87,4 +90,84 @@ func TestIdealLandingsServeInReadyOrder(t *testing.T) {
 	}, 1e9, 10)
 	// Batch 1 crosses [0, 2), batch 2 waits for it: [2, 3), batch 0 [5, 6).
 	require.Equal(t, []float64{6*ms + 10, 2*ms + 10, 3*ms + 10}, []float64{float64(land[0]), float64(land[1]), float64(land[2])})
+}
+
+// shardedFloorsOf returns a sharded run's floors (ms) on the ideal timeline,
+// the same for every prefill rank.
+func shardedFloorsOf(t *testing.T, cfg Config) (perLayer, mono []float64) {
+	t.Helper()
+	g, err := cfg.validate()
+	require.NoError(t, err)
+	require.True(t, g.sharded)
+	p := newPlan(cfg, g)
+	ideal := idealTimeline(cfg, g, p)
+	ends := func(st, _, k, l int) time.Duration {
+		lo, _ := g.preReal.StageLayers(st)
+		return ideal(k, lo+l) // l is numbered within the stage
+	}
+	return shardedFloors(cfg, g, p, true, ends), shardedFloors(cfg, g, p, false, ends)
+}
+
+// Hand-computed, llama70b (80 layers, K and V of 8 KV heads x 128 bf16 =
+// 256 B per head per token), 128-page chunks of 64 tokens, every prefill
+// rank on its own 50 GB/s link: at TP 4 -> 8 a rank holds 2 heads and sends
+// one to each of 2 decode ranks; at TP 8 -> 16 it holds 1 and sends it to
+// the 2 decode ranks that replicate it; at TP 4 -> 4 it sends its 2 heads to
+// one. Each link carries a quarter of the whole tensor in all three, so the
+// floors agree: per layer, the last group (8 layers x K, V) after the
+// forward's end, 8 x 2 x 128 pages x 64 x 2 heads x 256 B = 67 108 864 B;
+// monolithic, all 80 layers, 671 088 640 B.
+func TestShardedFloorByHand(t *testing.T) {
+	for _, tp := range [][2]int{{4, 8}, {8, 16}, {4, 4}} {
+		cfg := Defaults()
+		cfg.Preset = Presets["llama70b"]
+		cfg.PrefillTP, cfg.DecodeTP = tp[0], tp[1]
+		pl, mo := shardedFloorsOf(t, cfg)
+		require.Len(t, pl, 4)
+		for r := range pl {
+			require.InDelta(t, 67108864/50e9*1e3+0.01, pl[r], 1e-5, "TP %v room %d", tp, r)
+			require.InDelta(t, 671088640/50e9*1e3+0.01, mo[r], 1e-5, "TP %v room %d", tp, r)
+		}
+	}
+	// dsv3 MLA 8 -> 16: every prefill rank holds the whole latent and sends
+	// two copies (to decode ranks r and r + 8). Per layer only the MTP
+	// buffer must follow the end (the last group, 2 x 5 x 9 437 184 B, 1.89
+	// ms, crosses while the MTP layer computes 4.096 ms): 2 x 9 437 184 B.
+	// Monolithic: 2 x 62 buffers.
+	cfg := Defaults()
+	cfg.PrefillTP, cfg.DecodeTP = 8, 16
+	pl, mo := shardedFloorsOf(t, cfg)
+	for r := range pl {
+		require.InDelta(t, 2*9437184/50e9*1e3+0.01, pl[r], 1e-5, "room %d", r)
+		require.InDelta(t, 2*62*9437184/50e9*1e3+0.01, mo[r], 1e-5, "room %d", r)
+	}
+}
+
+// PP by hand: llama70b prefill TP 1 x PP 2 (layers [0, 40) and [40, 80))
+// into decode TP 1. Per layer, stage 1's last group (8 layers x K, V x 128
+// pages x 131 072 B = 268 435 456 B) follows the forward's end, as without
+// PP. Monolithic, stage 0 sends its 40 layers when its own last layer ends,
+// 98 ms before stage 1's (40 layers x 2.4576 ms), time enough for its 26.8
+// ms on its own link; stage 1's 40 layers, 1 342 177 280 B, follow the end.
+func TestShardedFloorPPByHand(t *testing.T) {
+	cfg := Defaults()
+	cfg.Preset = Presets["llama70b"]
+	cfg.PrefillTP, cfg.DecodeTP, cfg.PrefillPP = 1, 1, 2
+	pl, mo := shardedFloorsOf(t, cfg)
+	for r := range pl {
+		require.InDelta(t, 268435456/50e9*1e3+0.01, pl[r], 1e-5, "room %d", r)
+		require.InDelta(t, 1342177280/50e9*1e3+0.01, mo[r], 1e-5, "room %d", r)
+	}
+}
+
+// An impossible pairing is refused by validate, before anything is
+// allocated, naming the flags and the values.
+func TestShardedPairingRefused(t *testing.T) {
+	cfg := Defaults()
+	cfg.Preset = Presets["llama70b"]
+	cfg.PrefillTP, cfg.DecodeTP = 3, 16
+	_, err := cfg.validate()
+	require.Error(t, err)
+	require.True(t, errors.Is(err, system.ErrBadInput), "%v", err)
+	require.Contains(t, err.Error(), "--prefill-tp 3 --decode-tp 16 (--model llama70b): prefill: 8 KV heads do not split over TP 3")
 }

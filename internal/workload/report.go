@@ -31,6 +31,14 @@ type Report struct {
 	CPSize        int     `json:"cp_size"`
 	CPRank        int     `json:"cp_rank"`
 	CPRule        string  `json:"cp_rule"`
+	// PrefillTP, DecodeTP, PrefillPP and DecodePP are the sharded run's
+	// pairing (0 when the run is not sharded); PageOrder both sides' page layout then. A sharded
+	// run's batches, blocks and bytes count every prefill rank's.
+	PrefillTP     int     `json:"prefill_tp,omitempty"`
+	DecodeTP      int     `json:"decode_tp,omitempty"`
+	PrefillPP     int     `json:"prefill_pp,omitempty"`
+	DecodePP      int     `json:"decode_pp,omitempty"`
+	PageOrder     string  `json:"page_order,omitempty"`
 	Scale         int     `json:"scale"`
 	ItemLen       int     `json:"item_len_bytes_moved"`
 	PageBytesReal int     `json:"page_bytes_modeled"`
@@ -48,8 +56,10 @@ type Report struct {
 	// FloorMs is the per-layer run's ideal floor, the mean over requests
 	// (see floor.go and docs/PERFORMANCE.md).
 	FloorMs float64 `json:"floor_ms"`
-	// SubmitsPerForward is the per-layer run's batches per forward.
+	// SubmitsPerForward is the per-layer run's batches per forward;
+	// BlocksPerForward its writes per forward.
 	SubmitsPerForward float64 `json:"submits_per_forward"`
+	BlocksPerForward  float64 `json:"blocks_per_forward"`
 	// ExposedGain is monolithic exposed / per-layer exposed (means).
 	ExposedGain float64 `json:"exposed_gain"`
 
@@ -82,6 +92,9 @@ type ModeReport struct {
 	Batches           int     `json:"batches"`
 	SubmitsPerForward float64 `json:"submits_per_forward"`
 	Blocks            int     `json:"blocks"`
+	// BlocksPerForward is the writes (contiguous blocks) posted per forward,
+	// all prefill ranks together in a sharded run, like SubmitsPerForward.
+	BlocksPerForward float64 `json:"blocks_per_forward"`
 	// BytesModeled are the model's KV bytes the batches carried (what the
 	// link model charges); BytesMoved what the emulator copied at --scale.
 	BytesModeled float64 `json:"bytes_modeled"`
@@ -185,7 +198,7 @@ func mean(xs []float64) float64 {
 }
 
 func newReport(cfg Config, g geometry, p *plan) *Report {
-	return &Report{
+	r := &Report{
 		Model: cfg.Preset.Name, HookLayers: g.hookLayers, Buffers: g.buffers, Requests: cfg.Requests,
 		PromptTokens: cfg.PromptTokens, ChunkTokens: cfg.ChunkTokens, PageSize: cfg.PageSize, GroupSize: cfg.GroupSize,
 		LinkGbitPerS: cfg.LinkGbps, LinkLatencyUs: float64(cfg.LinkLatency) / float64(time.Microsecond),
@@ -193,6 +206,11 @@ func newReport(cfg Config, g geometry, p *plan) *Report {
 		Scale: g.scale, ItemLen: g.itemLen, PageBytesReal: g.pageBytes, TimeScale: cfg.TimeScale,
 		ScaledOverheads: cfg.TimeScale != 1, Forwards: len(p.forwards),
 	}
+	if g.sharded {
+		r.PrefillTP, r.DecodeTP, r.PageOrder = g.preReal.TP, g.decReal.TP, cfg.PageOrder.String()
+		r.PrefillPP, r.DecodePP = g.preReal.PP(), g.decReal.PP()
+	}
+	return r
 }
 
 // summarize turns one mode's observations into figures.
@@ -213,6 +231,11 @@ func (m *ModeReport) summarize(cfg Config, g geometry, p *plan, col *collector, 
 	floor := floors(cfg, g, p, m.PerLayer, func(k, l int) time.Duration {
 		return at(col.kernels[testbed.KernelName(k+1, l)].End)
 	})
+	if g.sharded {
+		floor = shardedFloors(cfg, g, p, m.PerLayer, func(st, r, k, l int) time.Duration {
+			return at(col.byStream[rankStream(st, r)][testbed.KernelName(k+1, l)].End)
+		})
+	}
 
 	// Every request arrives at the start of the run.
 	arrival := make([]time.Time, cfg.Requests)
@@ -295,6 +318,7 @@ func (m *ModeReport) summarize(cfg Config, g geometry, p *plan, col *collector, 
 		m.BatchPhases[n] = dist(bphases[n])
 	}
 	m.SubmitsPerForward = float64(m.Batches) / float64(len(p.forwards))
+	m.BlocksPerForward = float64(m.Blocks) / float64(len(p.forwards))
 	if cfg.Timeline {
 		m.timeline = buildTimeline(cfg, col, t0, forwardEnds)
 	}
@@ -329,6 +353,7 @@ func (r *Report) finish() {
 	}
 	r.FloorMs = r.PerLayer.FloorMs
 	r.SubmitsPerForward = r.PerLayer.SubmitsPerForward
+	r.BlocksPerForward = r.PerLayer.BlocksPerForward
 	if r.PerLayer.ExposedMs > 0 {
 		r.ExposedGain = r.Monolithic.ExposedMs / r.PerLayer.ExposedMs
 	}
@@ -356,6 +381,10 @@ func (r *Report) Text(w io.Writer) {
 		r.Model, r.HookLayers, r.Buffers, r.Requests, r.PromptTokens, r.ChunkTokens, r.Forwards)
 	fmt.Fprintf(w, "page %d tokens (%d B modeled, %d B moved at scale %d), group %d layers, link %g Gb/s + %g us, CP %d/%d %s\n",
 		r.PageSize, r.PageBytesReal, r.ItemLen, r.Scale, r.GroupSize, r.LinkGbitPerS, r.LinkLatencyUs, r.CPRank, r.CPSize, r.CPRule)
+	if r.PrefillTP > 0 {
+		fmt.Fprintf(w, "sharded: prefill TP %d x PP %d (one engine, stream and %g Gb/s link per rank) -> decode TP %d x PP %d (one pool per rank), %s pages; "+
+			"byte scale %d divides the head dim, write counts are real\n", r.PrefillTP, r.PrefillPP, r.LinkGbitPerS, r.DecodeTP, r.DecodePP, r.PageOrder, r.Scale)
+	}
 	if r.ScaledOverheads {
 		fmt.Fprintf(w, "WARNING: ")
 	}
@@ -381,6 +410,7 @@ func (r *Report) Text(w io.Writer) {
 		dists("  exposed phase "+n+" (ms)", "%.3f", pl.ExposedPhases[n], mo.ExposedPhases[n])
 	}
 	row("batches per forward", "%.1f", pl.SubmitsPerForward, mo.SubmitsPerForward)
+	row("writes (blocks) per forward", "%.0f", pl.BlocksPerForward, mo.BlocksPerForward)
 	row("bytes modeled (GB)", "%.2f", pl.BytesModeled/1e9, mo.BytesModeled/1e9)
 	row("bytes moved at --scale (GB)", "%.3f", float64(pl.BytesMoved)/1e9, float64(mo.BytesMoved)/1e9)
 	row("effective GB/s (modeled bytes)", "%.1f", pl.EffectiveGBytePerS, mo.EffectiveGBytePerS)

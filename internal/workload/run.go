@@ -42,7 +42,12 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (*Report, error) {
 				cfg.Progress(done, total)
 			}
 		}
-		mr, err := runMode(ctx, cfg, g, plan, perLayer, log, progress, &localPlane{cfg: cfg, g: g, p: plan})
+		var mr *ModeReport
+		if g.sharded {
+			mr, err = runSharded(ctx, cfg, g, plan, perLayer, log, progress)
+		} else {
+			mr, err = runMode(ctx, cfg, g, plan, perLayer, log, progress, &localPlane{cfg: cfg, g: g, p: plan})
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -134,7 +139,8 @@ type collector struct {
 	system.NopObserver
 	mu       sync.Mutex
 	batches  []system.Batch
-	kernels  map[string]sim.Span
+	kernels  map[string]sim.Span // by name; the latest end when several streams run it
+	byStream map[string]map[string]sim.Span
 	order    []string
 	finishes []finishRec
 }
@@ -155,9 +161,27 @@ func (c *collector) Batch(b system.Batch) {
 func (c *collector) Chunk(system.Result) {}
 func (c *collector) span(s sim.Span) {
 	c.mu.Lock()
-	c.kernels[s.Name] = s
-	c.order = append(c.order, s.Name)
+	if old, ok := c.kernels[s.Name]; !ok || s.End.After(old.End) {
+		if !ok {
+			c.order = append(c.order, s.Name)
+		}
+		c.kernels[s.Name] = s
+	}
+	if c.byStream != nil {
+		if c.byStream[s.Stream] == nil {
+			c.byStream[s.Stream] = map[string]sim.Span{}
+		}
+		c.byStream[s.Stream][s.Name] = s
+	}
 	c.mu.Unlock()
+}
+
+// streamKernel is the span of one stream's kernel (a sharded run).
+func (c *collector) streamKernel(stream, name string) (sim.Span, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s, ok := c.byStream[stream][name]
+	return s, ok
 }
 
 func (c *collector) kernel(name string) (sim.Span, bool) {
@@ -339,6 +363,9 @@ func RunRemote(ctx context.Context, cfg Config, log *zap.Logger, dp DataPlane, p
 	g, err := cfg.validate()
 	if err != nil {
 		return nil, err
+	}
+	if g.sharded {
+		return nil, errors.Mark(errors.Newf("%s: the two-process mode does not shard yet; use kvstream sim", cfg.tpFlags()), system.ErrBadInput)
 	}
 	if log == nil {
 		log = zap.NewNop()
