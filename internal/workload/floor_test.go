@@ -6,6 +6,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/system"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -170,4 +171,28 @@ func TestShardedPairingRefused(t *testing.T) {
 	require.Error(t, err)
 	require.True(t, errors.Is(err, system.ErrBadInput), "%v", err)
 	require.Contains(t, err.Error(), "--prefill-tp 3 --decode-tp 16 (--model llama70b): prefill: 8 KV heads do not split over TP 3")
+}
+
+// TestPlanCountsEachRequestsChunks: the transfer workers' queues are sized
+// by a request's own chunks. Sized by the number of forwards, they made the
+// sim's memory grow with requests x forwards (65 536 small requests took
+// 5.3 GB).
+func TestPlanCountsEachRequestsChunks(t *testing.T) {
+	cfg := Defaults()
+	cfg.Requests, cfg.PromptTokens, cfg.ChunkTokens = 1000, 100, 512
+	g, err := cfg.validate()
+	require.NoError(t, err)
+	p := newPlan(cfg, g)
+	total := 0
+	for _, fw := range p.forwards {
+		total += len(fw)
+	}
+	sum := 0
+	for r, n := range p.chunks {
+		require.Positive(t, n, "request %d", r)
+		sum += n
+	}
+	assert.Equal(t, total, sum, "every piece of every forward is one of its request's chunks")
+	assert.Greater(t, len(p.forwards), 100, "many forwards")
+	assert.LessOrEqual(t, sum, 2*cfg.Requests, "a 100-token request spans at most two forwards of 512 tokens")
 }

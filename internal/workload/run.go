@@ -78,6 +78,7 @@ type plan struct {
 	forwards [][]piece
 	src, dst [][]int // per request: prefill and decode page of each position
 	pool     int     // pages per buffer on each side
+	chunks   []int   // per request: how many pieces (chunks) it has
 }
 
 // newPlan splits each prompt into page-aligned chunks under the forward's
@@ -90,6 +91,7 @@ func newPlan(cfg Config, g geometry) *plan {
 	p.src = allocate(rng, p.pool, g.pagesPerRequest, cfg.Requests)
 	p.dst = allocate(rng, p.pool, g.pagesPerRequest, cfg.Requests)
 	next := make([]int, cfg.Requests)
+	p.chunks = make([]int, cfg.Requests)
 	for r := 0; r < cfg.Requests; {
 		budget := cfg.ChunkTokens
 		var fw []piece
@@ -107,6 +109,7 @@ func newPlan(cfg Config, g geometry) *plan {
 			owned, _, _ := cfg.CP.Owned(p.src[r][pc.rng.PageStart:pc.rng.PageStart+pc.rng.Pages], pc.rng.PageStart, g.pagesPerRequest)
 			pc.owned = len(owned)
 			fw = append(fw, pc)
+			p.chunks[r]++
 			budget -= take
 			next[r] += take
 			if !last {
@@ -252,7 +255,9 @@ func runMode(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool
 	work := make([]chan piece, cfg.Requests)
 	var wg sync.WaitGroup
 	for r := range work {
-		work[r] = make(chan piece, len(p.forwards))
+		// Buffered for the request's own chunks: one per forward would make
+		// the sim's memory grow with requests x forwards.
+		work[r] = make(chan piece, p.chunks[r])
 		wg.Add(1)
 		go func(r int) {
 			defer wg.Done()

@@ -335,7 +335,7 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 	var wg sync.WaitGroup
 	for room := range work {
 		for ri, rk := range ranks {
-			ch := make(chan piece, len(p.forwards))
+			ch := make(chan piece, p.chunks[room]) // the request's own chunks, not every forward
 			work[room] = append(work[room], ch)
 			wg.Add(1)
 			go func(room, ri int, eng *system.Engine) {
