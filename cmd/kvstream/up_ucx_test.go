@@ -30,7 +30,8 @@ func upRunJSON(t *testing.T, wantOK bool, args ...string) upReport {
 // TestUCXClusterUp: a CP group of 8 prefill ranks and 2 decode instances,
 // each its own process, on etcd: every room of every batch completes with
 // every rank's pages byte-equal on its instance, each rank opens one
-// session per instance and asks etcd once (its watch), whatever the
+// session per instance and asks etcd once per session at most (its watch,
+// and a lookup of an instance the watch had not shown yet), whatever the
 // number of requests and forwards.
 func TestUCXClusterUp(t *testing.T) {
 	rep := upRunJSON(t, true, "--prefill-ranks", "8", "--decode", "2", "--batches", "4",
@@ -50,7 +51,12 @@ func TestUCXClusterUp(t *testing.T) {
 		switch n.Role {
 		case "prefill":
 			assert.Equal(t, int64(2), n.Sessions, "%s: one session per decode instance", n.ID)
-			assert.Equal(t, int64(1), n.Lookups, "%s: one watch; no lookup per request or forward", n.ID)
+			// The watch, plus at most one lookup per session: an instance
+			// that registered after this rank's watch began is resolved
+			// once when its first session opens. Per request or forward,
+			// never: 4 batches of many forwards would show here.
+			assert.LessOrEqual(t, n.Lookups, 1+n.Sessions, "%s: discovery per session, not per request or forward", n.ID)
+			assert.Positive(t, n.Lookups, "%s: the rank followed the decode instances", n.ID)
 			assert.Equal(t, 4, n.Batches)
 		case "decode":
 			assert.Equal(t, 4, n.RoomsComplete, n.ID)
