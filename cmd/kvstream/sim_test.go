@@ -198,6 +198,7 @@ func TestSimBadFlags(t *testing.T) {
 		{[]string{"sim", "--requests", "100000000"}, "--requests 100000000: above the bound of 4096"},
 		{[]string{"sim", "--layers", "1000000"}, "--layers 1000000: above the bound of 4096"},
 		{[]string{"sim", "--requests", "4096", "--prompt-tokens", "16777216", "--page-size", "16"}, "above the bound of 4194304 pages per run"},
+		{[]string{"sim", "--requests", "4096", "--prompt-tokens", "65536", "--page-size", "64"}, "each KV pool would take 1984 MiB (4194304 pages of 62 buffers at 8 bytes), above the bound of 1024 MiB"},
 		{[]string{"sim", "--link-gbps", "NaN"}, "--link-gbps NaN: must be a finite number"},
 		{[]string{"sim", "--link-gbps", "+Inf"}, "--link-gbps +Inf: must be a finite number"},
 		{[]string{"sim", "--time-scale", "1e-300"}, "--time-scale 1e-300: must be within [0.001, 1000]"},

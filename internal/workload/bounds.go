@@ -41,6 +41,9 @@ const (
 	MaxLayerUsPerKTok = 1e6
 	// MaxMemoryBudget bounds the memory the sim may hold for KV pools.
 	MaxMemoryBudget = 64 << 30
+	// MaxPoolBytes bounds one side's KV pool as it will be allocated, after
+	// --scale (which cannot shrink a page below 8 bytes).
+	MaxPoolBytes = 1 << 30
 )
 
 // checkBounds refuses a configuration that no real run has, naming the flag

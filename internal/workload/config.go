@@ -205,6 +205,13 @@ func (c Config) validate() (geometry, error) {
 	}
 	g.itemLen = max(8, (g.pageBytes+g.scale-1)/g.scale)
 	g.byteScale = float64(g.pageBytes) / float64(g.itemLen)
+	// Each side's pool holds every request's pages; at the smallest page
+	// the sim moves (8 bytes) a huge run still would not fit: say so
+	// rather than allocate it. Every factor is bounded, so no overflow.
+	if pool := int64(g.itemLen) * int64(g.pagesPerRequest) * int64(c.Requests) * int64(g.buffers); pool > MaxPoolBytes {
+		return g, errors.Newf("--requests %d x --prompt-tokens %d: each KV pool would take %d MiB (%d pages of %d buffers at %d bytes), above the bound of %d MiB",
+			c.Requests, c.PromptTokens, pool>>20, int64(g.pagesPerRequest)*int64(c.Requests), g.buffers, g.itemLen, MaxPoolBytes>>20)
+	}
 	return g, nil
 }
 
