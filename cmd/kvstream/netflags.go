@@ -10,6 +10,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/decode"
+	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/netsec"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -101,6 +102,35 @@ func (n *netFlags) node(tlsm *netsec.TLS, log *zap.Logger) (*decode.Node, error)
 		return nil, errors.Wrap(err, "--listen/--advertise")
 	}
 	return node, nil
+}
+
+// planes are a command's control plane (its protoactor node) and data plane
+// (its transport, on the node's interface).
+type planes struct {
+	node *decode.Node
+	tr   rdma.Transport
+}
+
+// open starts the node, then the transport named name on the node's
+// interface; when the transport fails, the node is closed again.
+func (n *netFlags) open(tlsm *netsec.TLS, log *zap.Logger, transport, name string) (*planes, error) {
+	node, err := n.node(tlsm, log)
+	if err != nil {
+		return nil, err
+	}
+	tr, err := openTransport(transport, name, n.dataHost(node))
+	if err != nil {
+		closeWithin("the control plane", node.Close, &err)
+		return nil, err
+	}
+	return &planes{node: node, tr: tr}, nil
+}
+
+// close closes the data plane, then the control plane, and adds their
+// errors to *err: a failed Close fails the command.
+func (p *planes) close(err *error) {
+	closeTransport(p.tr, err)
+	closeWithin("the control plane", p.node.Close, err)
 }
 
 // dataHost is the host whose interface the data plane uses: --data-addr,

@@ -85,16 +85,12 @@ says what each plane trusts.`,
 			}
 			log := cliLogger(verbose)
 			defer log.Sync() //nolint:errcheck
-			node, err := nf.node(tlsm, log)
+			pl, err := nf.open(tlsm, log, transport, "decode")
 			if err != nil {
 				return err
 			}
-			defer closeWithin("the control plane", node.Close, &err)
-			tr, err := openTransport(transport, "decode", nf.dataHost(node))
-			if err != nil {
-				return err
-			}
-			defer closeTransport(tr, &err)
+			defer pl.close(&err)
+			node, tr := pl.node, pl.tr
 			d, err := twoproc.StartDecode(node, tr, maxPool<<20, prefills, log)
 			if err != nil {
 				return err
@@ -166,16 +162,12 @@ its chunks fail without waiting for the finish timeout.`,
 			}
 			log := cliLogger(f.verbose)
 			defer log.Sync() //nolint:errcheck
-			node, err := nf.node(tlsm, log)
+			pl, err := nf.open(tlsm, log, transport, "prefill")
 			if err != nil {
 				return err
 			}
-			defer closeWithin("the control plane", node.Close, &err)
-			tr, err := openTransport(transport, "prefill", nf.dataHost(node))
-			if err != nil {
-				return err
-			}
-			defer closeTransport(tr, &err)
+			defer pl.close(&err)
+			node, tr := pl.node, pl.tr
 			plane := twoproc.NewPrefill(node, decode.DialConfig{Decode: decodeAddr, DecodeName: decodeName}, tr, cfg.PromptTokens)
 			// The decode process is this transport's only peer: once it is
 			// lost (its connection, or its heartbeats: a hung process keeps

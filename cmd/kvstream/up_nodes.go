@@ -188,16 +188,12 @@ Off loopback the control plane needs mutual TLS and takes the network flags of k
 			if err != nil {
 				return err
 			}
-			node, err := nf.node(tlsm, log)
+			pl, err := nf.open(tlsm, log, transport, id)
 			if err != nil {
 				return err
 			}
-			defer closeWithin("the control plane", node.Close, &err)
-			tr, err := openTransport(transport, id, nf.dataHost(node))
-			if err != nil {
-				return err
-			}
-			defer closeTransport(tr, &err)
+			defer pl.close(&err)
+			node, tr := pl.node, pl.tr
 			out := &eventOut{enc: json.NewEncoder(cmd.OutOrStdout())}
 			row := nodeRow{ID: id, Role: string(cluster.RoleDecode), Addr: node.Addr()}
 			var rowMu sync.Mutex
@@ -294,16 +290,12 @@ the control plane needs mutual TLS and takes the network flags of kvstream prefi
 			if err != nil {
 				return err
 			}
-			node, err := nf.node(tlsm, log)
+			pl, err := nf.open(tlsm, log, transport, id)
 			if err != nil {
 				return err
 			}
-			defer closeWithin("the control plane", node.Close, &err)
-			tr, err := openTransport(transport, id, nf.dataHost(node))
-			if err != nil {
-				return err
-			}
-			defer closeTransport(tr, &err)
+			defer pl.close(&err)
+			node, tr := pl.node, pl.tr
 			ctx, cancel, lines := nodeContext(cmd.InOrStdin())
 			defer cancel()
 			res := cluster.NewResolver(prov)
