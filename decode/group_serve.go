@@ -37,14 +37,10 @@ func (s *Server) groupNotice(ss *Session, m *wire.ChunkNotice) *wire.NoticeAck {
 	r := s.rooms[m.Room]
 	switch {
 	case err != nil && r == nil:
-		s.mu.Unlock()
-		s.refused(ss, m, err)
-		return ack(wire.Code_BAD_INPUT, "%v", err)
+		return s.refuseNotice(ss, m, wire.Code_BAD_INPUT, err)
 	case r == nil && !s.cfg.AcceptUnknownRooms:
-		s.mu.Unlock()
 		err := errors.Newf("room %d is unknown to the decode server (not Expected)", m.Room)
-		s.refused(ss, m, err)
-		return ack(wire.Code_BAD_INPUT, "%v", err)
+		return s.refuseNotice(ss, m, wire.Code_BAD_INPUT, err)
 	case r == nil:
 		r = &room{Room: Room{ID: m.Room}, done: make(chan struct{})}
 		r.group, _ = NewGroupRoom(*s.cfg.Group, m.Room, 0) // the Group was validated by New
@@ -52,28 +48,16 @@ func (s *Server) groupNotice(ss *Session, m *wire.ChunkNotice) *wire.NoticeAck {
 		s.watchRoom(r)
 		s.groupRoomStarted(r)
 	case r.terminal():
-		s.mu.Unlock()
 		err := errors.Newf("room %d chunk [%d, %d) rank %d: the room already ended (complete: %v)", m.Room, m.Start, m.End, ss.rank, r.Complete)
-		s.refused(ss, m, err)
-		return ack(wire.Code_BAD_INPUT, "%v", err)
+		return s.refuseNotice(ss, m, wire.Code_BAD_INPUT, err)
 	}
 	if r.reporters == nil {
 		r.reporters = map[*Session]bool{}
 	}
 	r.reporters[ss] = true
-	if err == nil {
-		err = s.inRoom(r, c)
+	if refused := s.admit(ss, m, r, c, err); refused != nil {
+		return refused
 	}
-	if err != nil {
-		// The rank may have written where it should not: the room must not
-		// be decoded.
-		r.fail(errors.Mark(errors.Mark(err, ErrBadInput), ErrChunkFailed))
-		s.mu.Unlock()
-		s.refused(ss, m, err)
-		return ack(wire.Code_BAD_INPUT, "%v", err)
-	}
-	r.Chunks = append(r.Chunks, c)
-	s.mu.Unlock()
 
 	// Bytes first: a rank's success counts only once its pages hold what
 	// they must.

@@ -250,6 +250,31 @@ func (s *Server) session(sender *actor.PID, peer, token string) (*Session, strin
 	return ss, ""
 }
 
+// refuseNotice answers a notice that changes nothing, and logs it. Called
+// with s.mu held; it unlocks it.
+func (s *Server) refuseNotice(ss *Session, m *wire.ChunkNotice, code wire.Code, err error) *wire.NoticeAck {
+	s.mu.Unlock()
+	s.refused(ss, m, err)
+	return ack(code, "%v", err)
+}
+
+// admit adds chunk c to room r, unless its notice was malformed (err) or
+// names pages the room does not own: then the prefill may have written
+// where it should not, so the room fails and must not be decoded. Called
+// with s.mu held; it unlocks it. It returns nil when c was admitted.
+func (s *Server) admit(ss *Session, m *wire.ChunkNotice, r *room, c Chunk, err error) *wire.NoticeAck {
+	if err == nil {
+		err = s.inRoom(r, c)
+	}
+	if err != nil {
+		r.fail(errors.Mark(errors.Mark(err, ErrBadInput), ErrChunkFailed))
+		return s.refuseNotice(ss, m, wire.Code_BAD_INPUT, err)
+	}
+	r.Chunks = append(r.Chunks, c)
+	s.mu.Unlock()
+	return nil
+}
+
 func ack(code wire.Code, format string, args ...any) *wire.NoticeAck {
 	return &wire.NoticeAck{Code: code, Error: fmt.Sprintf(format, args...)}
 }
@@ -276,43 +301,25 @@ func (s *Server) notice(sender *actor.PID, peer string, m *wire.ChunkNotice) *wi
 	switch {
 	case err != nil && (r == nil || r.session != ss && r.session != nil):
 		// Nothing of the room is this session's to change.
-		s.mu.Unlock()
-		s.refused(ss, m, err)
-		return ack(wire.Code_BAD_INPUT, "%v", err)
+		return s.refuseNotice(ss, m, wire.Code_BAD_INPUT, err)
 	case r == nil && !s.cfg.AcceptUnknownRooms:
-		s.mu.Unlock()
 		err := errors.Newf("room %d is unknown to the decode server (not Expected)", m.Room)
-		s.refused(ss, m, err)
-		return ack(wire.Code_BAD_INPUT, "%v", err)
+		return s.refuseNotice(ss, m, wire.Code_BAD_INPUT, err)
 	case r == nil:
 		r = &room{Room: Room{ID: m.Room}, done: make(chan struct{})}
 		s.rooms[m.Room] = r
 		s.watchRoom(r)
 	case r.session != nil && r.session != ss:
-		s.mu.Unlock()
 		err := errors.Newf("room %d is reported by another prefill session (%s)", m.Room, r.session.prefill)
-		s.refused(ss, m, err)
-		return ack(wire.Code_REFUSED, "%v", err)
+		return s.refuseNotice(ss, m, wire.Code_REFUSED, err)
 	case r.terminal():
-		s.mu.Unlock()
 		err := errors.Newf("room %d chunk [%d, %d): the room already ended (complete: %v)", m.Room, m.Start, m.End, r.Complete)
-		s.refused(ss, m, err)
-		return ack(wire.Code_BAD_INPUT, "%v", err)
+		return s.refuseNotice(ss, m, wire.Code_BAD_INPUT, err)
 	}
 	r.session = ss
-	if err == nil {
-		err = s.inRoom(r, c)
+	if refused := s.admit(ss, m, r, c, err); refused != nil {
+		return refused
 	}
-	if err != nil {
-		// The notice names pages the room does not own: the prefill may have
-		// written where it should not. The room must not be decoded.
-		r.fail(errors.Mark(errors.Mark(err, ErrBadInput), ErrChunkFailed))
-		s.mu.Unlock()
-		s.refused(ss, m, err)
-		return ack(wire.Code_BAD_INPUT, "%v", err)
-	}
-	r.Chunks = append(r.Chunks, c)
-	s.mu.Unlock()
 
 	if c.Status != system.Succeeded {
 		err := errors.Mark(errors.Newf("room %d chunk [%d, %d): %s on the prefill: %s", c.Room, c.Start, c.End, c.Status, c.Err), ErrChunkFailed)
