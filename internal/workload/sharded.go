@@ -11,6 +11,7 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cp/reshard"
 	"github.com/kvstream/kvstream/hw/cuda/sim"
+	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
 	"github.com/kvstream/kvstream/internal/testbed"
 	"github.com/kvstream/kvstream/system"
@@ -218,7 +219,9 @@ func (d *shardedDecode) check(room int, positions []int, owned map[int]bool, whe
 }
 
 // runSharded runs the schedule in one mode on fresh engines, pools and GPU.
-func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool, log *zap.Logger, progress func()) (*ModeReport, error) {
+// remote, when set, is the decode side (another process's decode ranks,
+// over a real transport); nil: the sim's pools and modeled links.
+func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool, log *zap.Logger, progress func(), remote ShardedPlane) (*ModeReport, error) {
 	col := &collector{kernels: map[string]sim.Span{}, byStream: map[string]map[string]sim.Span{}}
 	fab := loopback.NewFabric(loopback.Options{
 		Bandwidth: cfg.LinkGbps * 1e9 / 8, Latency: cfg.LinkLatency, TimeScale: cfg.TimeScale, ByteScale: g.byteScale, Precise: true,
@@ -234,7 +237,15 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 
 	dd := &shardedDecode{cfg: cfg, g: g, p: p}
 	var peers []system.Peer
-	for i := 0; i < g.decSide.PP()*g.decSide.TP; i++ {
+	var shared rdma.Transport // the remote run's: every prefill rank sends over it
+	if remote != nil {
+		var err error
+		if shared, peers, err = openRemote(remote, cfg, g, p, log); err != nil {
+			return nil, err
+		}
+		defer remote.Close()
+	}
+	for i := 0; remote == nil && i < g.decSide.PP()*g.decSide.TP; i++ {
 		st, d := i/g.decSide.TP, i%g.decSide.TP
 		name := fmt.Sprintf("decode-pp%d-tp%d", st, d)
 		tr, err := fab.NewTransport(name)
@@ -270,11 +281,14 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 	for i := 0; i < g.preSide.PP()*g.preSide.TP; i++ {
 		st, r := i/g.preSide.TP, i%g.preSide.TP
 		lo, hi := g.preSide.StageLayers(st)
-		tr, err := fab.NewTransport(rankStream(st, r))
-		if err != nil {
-			return nil, err
+		tr := shared
+		if tr == nil {
+			var err error
+			if tr, err = fab.NewTransport(rankStream(st, r)); err != nil {
+				return nil, err
+			}
+			cleanup = append(cleanup, func() { _ = tr.Close() })
 		}
-		cleanup = append(cleanup, func() { _ = tr.Close() })
 		pool, err := testbed.NewPool(geometryOf(&g.preSide, st, p.pool))
 		if err != nil {
 			return nil, errors.Wrapf(err, "prefill PP stage %d TP rank %d pool", st, r)
@@ -320,17 +334,25 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 			}}
 		ranks = append(ranks, rank{eng: eng, model: model, stream: stream, stage: st, before: lo, lastLocal: hi - lo - 1, streamName: rankStream(st, r)})
 	}
+	if lost, ok := remote.(interface{ OnPeerLost(func(error)) }); ok {
+		// The decode ranks share a process: any loss fails the work to
+		// every one of them at once instead of at the finish timeout.
+		lost.OnPeerLost(func(cause error) {
+			for _, rk := range ranks {
+				for _, peer := range peers {
+					rk.eng.PeerLost(peer.ID, cause)
+				}
+			}
+		})
+	}
 
 	// One transfer worker per room and prefill rank finishes the room's
 	// chunks on that rank in send order; a chunk is checked on every decode
-	// rank when its last rank's Finish returned SUCCESS.
+	// rank when its last rank's Finish returned SUCCESS (a remote decode
+	// side is told how it ended then, and checks it).
 	mr := &ModeReport{PerLayer: perLayer, Forwards: len(p.forwards)}
-	type pending struct {
-		left int
-		ok   bool
-	}
 	var pmu sync.Mutex
-	left := map[[2]int]*pending{}
+	left := map[[2]int]*chunkOutcome{}
 	work := make([][]chan piece, cfg.Requests)
 	var wg sync.WaitGroup
 	for room := range work {
@@ -357,14 +379,15 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 					pmu.Lock()
 					st := left[key]
 					if st == nil {
-						st = &pending{left: len(ranks), ok: true}
+						st = newOutcome(len(ranks))
 						left[key] = st
 					}
-					st.left--
-					st.ok = st.ok && err == nil
-					done := st.left == 0 && st.ok
+					st.add(res, err)
+					last, done := st.left == 0, st.left == 0 && st.ok
 					pmu.Unlock()
-					if done {
+					if last && remote != nil {
+						remote.ChunkDone(notice(cfg, g, p, pc, st.result()))
+					} else if done {
 						_, pos, _ := cfg.CP.Owned(p.src[room][pc.rng.PageStart:pc.rng.PageStart+pc.rng.Pages], pc.rng.PageStart, g.pagesPerRequest)
 						snap := dd.snapshot(room, pos)
 						dd.mu.Lock()
@@ -378,6 +401,7 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 
 	t0 := time.Now()
 	forwardEnds := make([]time.Time, len(p.forwards))
+forwards:
 	for k, fw := range p.forwards {
 		tokens := 0
 		for _, pc := range fw {
@@ -401,7 +425,12 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 					spec.Infos = append(spec.Infos, system.DecodeInfo{Peer: peer.ID, DstPages: p.dst[pc.room]})
 				}
 				if _, err := rk.eng.Register(ctx, spec); err != nil {
-					return nil, errors.Wrapf(err, "forward %d", k+1)
+					if remote == nil {
+						return nil, errors.Wrapf(err, "forward %d", k+1)
+					}
+					// As runMode: the decode side was lost or refused.
+					mr.Aborted = errors.Wrapf(err, "forward %d", k+1).Error()
+					break forwards
 				}
 				writes = append(writes, testbed.Write{Room: uint64(pc.room), PageStart: pc.rng.PageStart, SrcPages: spec.SrcPages, Tokens: pc.end - pc.start})
 			}
@@ -439,6 +468,14 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 	}
 	wg.Wait()
 	mr.WallSeconds = time.Since(t0).Seconds()
+	if remote != nil {
+		if mr.Aborted != "" {
+			return mr, nil
+		}
+		mr.mismatch = remote.Verify(nil)
+		mr.summarize(cfg, g, p, col, t0, forwardEnds)
+		return mr, nil
+	}
 	for _, sn := range dd.snaps {
 		n := len(sn.positions)
 		first := make([]int, len(dd.pools)) // the snapshot's index of each rank's first page
