@@ -73,6 +73,7 @@ func addWorkloadFlags(fl *pflag.FlagSet, f *simFlags) {
 	fl.IntVar(&f.cfg.Layers, "layers", 0, "hook layers (0: the preset's; dsv3 with 78 gives 78 hooks over 79 buffers)")
 	fl.IntVar(&f.cfg.Requests, "requests", d.Requests, "requests in the batch")
 	fl.IntVar(&f.cfg.PromptTokens, "prompt-tokens", d.PromptTokens, "prompt length of every request")
+	fl.IntVar(&f.cfg.Resident, "resident", 0, "requests whose KV pages the pools hold at once; a request takes a finished one's pages (0: four forwards' worth, at most --requests)")
 	fl.IntVar(&f.cfg.ChunkTokens, "chunk-tokens", d.ChunkTokens, "token budget of one forward (chunked prefill)")
 	fl.IntVar(&f.cfg.PageSize, "page-size", d.PageSize, "tokens per page")
 	fl.IntVar(&f.cfg.GroupSize, "group", d.GroupSize, "layers per submit (K)")

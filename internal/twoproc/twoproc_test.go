@@ -23,8 +23,8 @@ func TestMain(m *testing.M) {
 // run runs the sim workload into a decode side, both on one node and one
 // loopback fabric (what `kvstream prefill` and `kvstream decode` do across
 // processes over UCX), says goodbye with aborted, and returns both sides'
-// outcomes.
-func run(t *testing.T, aborted error) (DecodeSummary, *workload.ModeReport, error) {
+// outcomes. edit, if given, changes the workload.
+func run(t *testing.T, aborted error, edit ...func(*workload.Config)) (DecodeSummary, *workload.ModeReport, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -50,6 +50,9 @@ func run(t *testing.T, aborted error) (DecodeSummary, *workload.ModeReport, erro
 
 	cfg := workload.Defaults()
 	cfg.Preset, cfg.Requests, cfg.PromptTokens, cfg.ChunkTokens, cfg.PageSize, cfg.GroupSize = workload.Presets["small"], 2, 500, 256, 16, 4
+	for _, e := range edit {
+		e(&cfg)
+	}
 	p := NewPrefill(node, decode.DialConfig{Decode: d.Server.Addr()}, preTr, cfg.PromptTokens)
 	mr, err := workload.RunRemote(ctx, cfg, nil, p, true)
 	require.NoError(t, err)
@@ -69,6 +72,18 @@ func TestSimSessionVerified(t *testing.T) {
 	assert.Equal(t, uint64(2*32*9), s.VerifiedPages)
 	assert.Equal(t, 4, s.Chunks)
 	assert.Equal(t, 2, s.Rooms)
+}
+
+// TestSimSessionReusesPages: with more requests than resident ones, later
+// rooms write the pages earlier rooms held; the decode side accepts and
+// verifies every one.
+func TestSimSessionReusesPages(t *testing.T) {
+	s, mr, err := run(t, nil, func(c *workload.Config) { c.Requests, c.Resident = 6, 2 })
+	require.NoError(t, err)
+	assert.Zero(t, mr.Failed)
+	assert.True(t, s.OK(), "%s", s)
+	assert.Equal(t, uint64(6*32*9), s.VerifiedPages)
+	assert.Equal(t, 6, s.Rooms)
 }
 
 // TestAbortedSessionIsNotOK: a prefill that says it stopped early never

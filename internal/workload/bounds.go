@@ -12,14 +12,15 @@ import (
 // allocates from it (pools, schedules, staging, per-request reports) stays
 // within a laptop's memory; the products are checked too, so nothing wraps.
 const (
-	// MaxRequests: the sim keeps a schedule, page tables and a report row
-	// per request, and both pools hold every request's pages at once.
-	MaxRequests = 4096
+	// MaxRequests: the sim keeps a schedule entry and a report row per
+	// request (a few hundred bytes); the pools hold only the resident
+	// requests' pages (Config.Resident).
+	MaxRequests = 1 << 16
 	// MaxTokens bounds a prompt and a forward's chunk: 16 Mi tokens, far
 	// beyond any served context.
 	MaxTokens = 1 << 24
-	// MaxPagesPerRun bounds every request's pages together (both pools
-	// allocate them all, at least 8 bytes per page per buffer).
+	// MaxPagesPerRun bounds every request's pages together: the schedule
+	// holds an entry per chunk, and a chunk can be a single page.
 	MaxPagesPerRun = 1 << 22
 	// MaxLayers bounds --layers: served models have a few hundred.
 	MaxLayers = 4096
@@ -67,6 +68,8 @@ func (c Config) checkBounds() error {
 	switch {
 	case c.Requests > MaxRequests:
 		return errors.Newf("--requests %d: above the bound of %d", c.Requests, MaxRequests)
+	case c.Resident > MaxRequests:
+		return errors.Newf("--resident %d: above the bound of %d", c.Resident, MaxRequests)
 	case c.PromptTokens > MaxTokens:
 		return errors.Newf("--prompt-tokens %d: above the bound of %d", c.PromptTokens, MaxTokens)
 	case c.ChunkTokens > MaxTokens:

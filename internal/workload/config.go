@@ -90,6 +90,13 @@ type Config struct {
 	PrefillPP, DecodePP int
 	// PageOrder is both sides' page layout in a sharded run.
 	PageOrder reshard.Order
+	// Resident is how many requests' KV the pools hold at once: request r
+	// takes the pages request r-Resident held, once that one's last chunk
+	// finished, and the forward loop waits for it if it has not (a serving
+	// scheduler whose KV pool is full does the same). Zero picks four
+	// forwards' worth of requests, at most Requests: the sim's memory then
+	// grows with the requests in flight, not with every request of the run.
+	Resident int
 	// Scale divides bytes per page so that long prompts fit in memory;
 	// page, block and message counts stay real and the link is modeled on
 	// the real bytes. Zero picks the smallest scale that fits MemoryBudget.
@@ -141,6 +148,7 @@ type geometry struct {
 	hookLayers, layers int // layers = hook + extra
 	buffers            int
 	pagesPerRequest    int
+	resident           int     // requests whose pages the pools hold at once
 	pageBytes          int     // real bytes of one page of one buffer
 	itemLen            int     // bytes per page per buffer in memory (scaled)
 	byteScale          float64 // real bytes per byte in memory
@@ -154,7 +162,8 @@ type geometry struct {
 
 func (c Config) validate() (geometry, error) {
 	var g geometry
-	if err := c.checkBounds(); err != nil {
+	err := c.checkBounds()
+	if err != nil {
 		return g, err
 	}
 	switch {
@@ -176,6 +185,8 @@ func (c Config) validate() (geometry, error) {
 		return g, errors.Newf("--scale %d: must not be negative", c.Scale)
 	case c.Layers < 0:
 		return g, errors.Newf("--layers %d: must not be negative", c.Layers)
+	case c.Resident < 0:
+		return g, errors.Newf("--resident %d: must not be negative", c.Resident)
 	}
 	if err := c.CP.Validate(); err != nil {
 		return g, errors.Wrap(err, "--cp/--cp-rank")
@@ -191,12 +202,15 @@ func (c Config) validate() (geometry, error) {
 	}
 	g.pagesPerRequest = (c.PromptTokens + c.PageSize - 1) / c.PageSize
 	g.pageBytes = c.PageSize * c.Preset.BytesPerToken
+	if g.resident, err = c.residentRequests(); err != nil {
+		return g, err
+	}
 	if c.sharded() {
 		return g, c.shardedGeometry(&g)
 	}
 	g.scale = c.Scale
 	if g.scale == 0 {
-		real := float64(g.pageBytes) * float64(g.pagesPerRequest*c.Requests) * float64(g.buffers)
+		real := float64(g.pageBytes) * float64(g.pagesPerRequest*g.resident) * float64(g.buffers)
 		budget := float64(c.MemoryBudget)
 		if budget <= 0 {
 			budget = 256 << 20
@@ -205,14 +219,30 @@ func (c Config) validate() (geometry, error) {
 	}
 	g.itemLen = max(8, (g.pageBytes+g.scale-1)/g.scale)
 	g.byteScale = float64(g.pageBytes) / float64(g.itemLen)
-	// Each side's pool holds every request's pages; at the smallest page
-	// the sim moves (8 bytes) a huge run still would not fit: say so
+	// Each side's pool holds the resident requests' pages; at the smallest
+	// page the sim moves (8 bytes) a huge run still would not fit: say so
 	// rather than allocate it. Every factor is bounded, so no overflow.
-	if pool := int64(g.itemLen) * int64(g.pagesPerRequest) * int64(c.Requests) * int64(g.buffers); pool > MaxPoolBytes {
-		return g, errors.Newf("--requests %d x --prompt-tokens %d: each KV pool would take %d MiB (%d pages of %d buffers at %d bytes), above the bound of %d MiB",
-			c.Requests, c.PromptTokens, pool>>20, int64(g.pagesPerRequest)*int64(c.Requests), g.buffers, g.itemLen, MaxPoolBytes>>20)
+	if pool := int64(g.itemLen) * int64(g.pagesPerRequest) * int64(g.resident) * int64(g.buffers); pool > MaxPoolBytes {
+		return g, errors.Newf("--resident %d x --prompt-tokens %d: each KV pool would take %d MiB (%d pages of %d buffers at %d bytes), above the bound of %d MiB",
+			g.resident, c.PromptTokens, pool>>20, int64(g.pagesPerRequest)*int64(g.resident), g.buffers, g.itemLen, MaxPoolBytes>>20)
 	}
 	return g, nil
+}
+
+// residentRequests is Resident, or its default, checked: a forward touches
+// at most ceil(chunk/prompt)+1 requests (a tail, whole prompts, a head), and
+// every request of a forward must be resident together, or the forward
+// would wait for a slot that only its own end frees.
+func (c Config) residentRequests() (int, error) {
+	perForward := min(c.Requests, (c.ChunkTokens+c.PromptTokens-1)/c.PromptTokens+1)
+	if c.Resident == 0 {
+		return min(c.Requests, 4*perForward), nil
+	}
+	if c.Resident < perForward {
+		return 0, errors.Newf("--resident %d: a forward of --chunk-tokens %d touches up to %d requests of --prompt-tokens %d, which must be resident together",
+			c.Resident, c.ChunkTokens, perForward, c.PromptTokens)
+	}
+	return min(c.Requests, c.Resident), nil
 }
 
 // ParseRule reads --cp-rule.

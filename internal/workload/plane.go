@@ -21,10 +21,20 @@ type DataPlane interface {
 	// ChunkDone tells the decode side a chunk ended; a remote decode side
 	// verifies the chunk's pages on the spot.
 	ChunkDone(Notice)
-	// Verify returns the first page that differs from the prefill pool, or "".
+	// Verify returns the first page that differs from the prefill pool, or
+	// "": of the requests still resident at the end of the run, or of any
+	// request a release checked.
 	Verify(pool *testbed.Pool) string
 	// Close releases the decode side.
 	Close() error
+}
+
+// releaser is a DataPlane that checks a finished request's decode pages
+// and clears them before another request takes its slot (see residency):
+// the in-process decode side. A remote decode side checks each chunk as it
+// arrives and needs no release.
+type releaser interface {
+	Release(room int, pool *testbed.Pool)
 }
 
 // Notice is a finished chunk, for the decode side.
@@ -41,11 +51,11 @@ type Notice struct {
 
 func notice(cfg Config, g geometry, p *plan, pc piece, res system.Result) Notice {
 	n := Notice{Room: uint64(pc.room), Start: pc.start, End: pc.end, Status: res.Status, Err: res.Err, Bytes: res.Stats.Bytes}
-	src := p.src[pc.room][pc.rng.PageStart : pc.rng.PageStart+pc.rng.Pages]
+	src := p.src(pc.room)[pc.rng.PageStart : pc.rng.PageStart+pc.rng.Pages]
 	_, pos, _ := cfg.CP.Owned(src, pc.rng.PageStart, g.pagesPerRequest)
 	for _, x := range pos {
 		n.Positions = append(n.Positions, x)
-		n.DstPages = append(n.DstPages, p.dst[pc.room][x])
+		n.DstPages = append(n.DstPages, p.dst(pc.room)[x])
 	}
 	return n
 }
@@ -61,8 +71,9 @@ type localPlane struct {
 	dec    *loopback.Transport
 	decode *testbed.Decode
 
-	mu     sync.Mutex
-	atDone string // the first mismatch seen when a Finish returned SUCCESS
+	mu       sync.Mutex
+	atDone   string // the first mismatch seen when a Finish returned SUCCESS
+	released string // the first mismatch seen when a request's slot was released
 }
 
 func (l *localPlane) Open(geom testbed.Geometry, _ uint64, _ *zap.Logger) (rdma.Transport, system.Peer, error) {
@@ -134,33 +145,64 @@ func describe(got, want []byte) string {
 	return "bytes differ from the source"
 }
 
-// Verify compares every page of the decode pool: the owned positions with
-// their source pages, every other page must still be zero.
+// Verify returns the first mismatch seen at a Finish or a release, else
+// compares every page of the requests still resident (see check).
 func (l *localPlane) Verify(pool *testbed.Pool) string {
 	l.mu.Lock()
-	atDone := l.atDone
+	atDone, released := l.atDone, l.released
 	l.mu.Unlock()
 	if atDone != "" {
 		return atDone
 	}
+	if released != "" {
+		return released
+	}
+	for r := max(0, l.cfg.Requests-l.p.resident); r < l.cfg.Requests; r++ {
+		if msg := l.check(pool, r, "at the end of the run"); msg != "" {
+			return msg
+		}
+	}
+	return ""
+}
+
+// Release checks a finished request's pages, then zeroes its decode pages:
+// the next request of the slot starts from a pool in which a page it never
+// writes shows as zeros.
+func (l *localPlane) Release(room int, pool *testbed.Pool) {
+	if msg := l.check(pool, room, "when its slot was released"); msg != "" {
+		l.mu.Lock()
+		if l.released == "" {
+			l.released = msg
+		}
+		l.mu.Unlock()
+	}
+	for _, pg := range l.p.dst(room) {
+		for b := 0; b < l.decode.Buffers(); b++ {
+			clear(l.decode.Page(b, pg))
+		}
+	}
+}
+
+// check compares every decode page of request r: the owned positions with
+// their source pages, every other page must be zero.
+func (l *localPlane) check(pool *testbed.Pool, r int, when string) string {
 	cfg, g, p := l.cfg, l.g, l.p
 	zero := make([]byte, g.itemLen)
-	for r := 0; r < cfg.Requests; r++ {
-		owned := map[int]bool{}
-		_, pos, _ := cfg.CP.Owned(p.src[r], 0, g.pagesPerRequest)
-		for _, x := range pos {
-			owned[x] = true
-		}
-		for x := 0; x < g.pagesPerRequest; x++ {
-			for b := 0; b < pool.Geometry.Buffers(); b++ {
-				got := l.decode.Page(b, p.dst[r][x])
-				want := zero
-				if owned[x] {
-					want = pool.Page(b, p.src[r][x])
-				}
-				if !bytes.Equal(got, want) {
-					return fmt.Sprintf("room %d position %d (decode page %d) buffer %s: at the end of the run, %s", r, x, p.dst[r][x], pool.Names[b], describe(got, want))
-				}
+	owned := map[int]bool{}
+	_, pos, _ := cfg.CP.Owned(p.src(r), 0, g.pagesPerRequest)
+	for _, x := range pos {
+		owned[x] = true
+	}
+	src, dst := p.src(r), p.dst(r)
+	for x := 0; x < g.pagesPerRequest; x++ {
+		for b := 0; b < pool.Geometry.Buffers(); b++ {
+			got := l.decode.Page(b, dst[x])
+			want := zero
+			if owned[x] {
+				want = pool.Page(b, src[x])
+			}
+			if !bytes.Equal(got, want) {
+				return fmt.Sprintf("room %d position %d (decode page %d) buffer %s: %s, %s", r, x, dst[x], pool.Names[b], when, describe(got, want))
 			}
 		}
 	}

@@ -18,10 +18,12 @@ import (
 // Bytes are modeled (the model's real KV bytes) unless the name says moved
 // (what the emulator copied at --scale).
 type Report struct {
-	Model         string  `json:"model"`
-	HookLayers    int     `json:"hook_layers"`
-	Buffers       int     `json:"buffers"`
-	Requests      int     `json:"requests"`
+	Model      string `json:"model"`
+	HookLayers int    `json:"hook_layers"`
+	Buffers    int    `json:"buffers"`
+	Requests   int    `json:"requests"`
+	// Resident is how many requests' pages the pools hold at once.
+	Resident      int     `json:"resident"`
 	PromptTokens  int     `json:"prompt_tokens"`
 	ChunkTokens   int     `json:"chunk_tokens"`
 	PageSize      int     `json:"page_size"`
@@ -122,6 +124,9 @@ type ModeReport struct {
 	PerRequest  []RequestReport `json:"per_request"`
 	// Failed counts chunks whose Finish failed; FirstError is the first
 	// cause. Aborted says why the run stopped scheduling early.
+	// SlotWaits counts the forwards that waited for a request's pages to
+	// be released (more requests than --resident, transfers behind).
+	SlotWaits  int    `json:"slot_waits"`
 	Failed     int    `json:"failed_chunks"`
 	FirstError string `json:"first_error,omitempty"`
 	Aborted    string `json:"aborted,omitempty"`
@@ -199,7 +204,7 @@ func mean(xs []float64) float64 {
 
 func newReport(cfg Config, g geometry, p *plan) *Report {
 	r := &Report{
-		Model: cfg.Preset.Name, HookLayers: g.hookLayers, Buffers: g.buffers, Requests: cfg.Requests,
+		Model: cfg.Preset.Name, HookLayers: g.hookLayers, Buffers: g.buffers, Requests: cfg.Requests, Resident: g.resident,
 		PromptTokens: cfg.PromptTokens, ChunkTokens: cfg.ChunkTokens, PageSize: cfg.PageSize, GroupSize: cfg.GroupSize,
 		LinkGbitPerS: cfg.LinkGbps, LinkLatencyUs: float64(cfg.LinkLatency) / float64(time.Microsecond),
 		CPSize: cfg.CP.Size, CPRank: cfg.CP.Rank, CPRule: cfg.CP.Rule.String(),
@@ -377,8 +382,8 @@ func tailCell(d Dist, format string) string {
 
 // Text writes the report for people.
 func (r *Report) Text(w io.Writer) {
-	fmt.Fprintf(w, "kvstream sim: %s, %d hook layers over %d buffers, %d requests x %d tokens, chunks of %d tokens (%d forwards)\n",
-		r.Model, r.HookLayers, r.Buffers, r.Requests, r.PromptTokens, r.ChunkTokens, r.Forwards)
+	fmt.Fprintf(w, "kvstream sim: %s, %d hook layers over %d buffers, %d requests x %d tokens (%d resident at once), chunks of %d tokens (%d forwards)\n",
+		r.Model, r.HookLayers, r.Buffers, r.Requests, r.PromptTokens, r.Resident, r.ChunkTokens, r.Forwards)
 	fmt.Fprintf(w, "page %d tokens (%d B modeled, %d B moved at scale %d), group %d layers, link %g Gb/s + %g us, CP %d/%d %s\n",
 		r.PageSize, r.PageBytesReal, r.ItemLen, r.Scale, r.GroupSize, r.LinkGbitPerS, r.LinkLatencyUs, r.CPRank, r.CPSize, r.CPRule)
 	if r.PrefillTP > 0 {
@@ -419,6 +424,7 @@ func (r *Report) Text(w io.Writer) {
 		dists("  batch phase "+n+" (ms)", "%.3f", pl.BatchPhases[n], mo.BatchPhases[n])
 	}
 	dists("finish call->return (ms)", "%.3f", pl.Finish, mo.Finish)
+	row("forwards that waited for a slot", "%.0f", float64(pl.SlotWaits), float64(mo.SlotWaits))
 	row("wall time (s)", "%.1f", pl.WallSeconds, mo.WallSeconds)
 	tw.Flush()
 	fmt.Fprintf(w, "\nideal floor: an overhead-free sender on the run's own timeline (each batch on the link when its gating kernel ends, in order, at %g Gb/s + %g us)\n",
@@ -432,7 +438,7 @@ func (r *Report) Text(w io.Writer) {
 		fmt.Fprintf(tw, "%d\t%.1f\t%.1f\t%.3f\t%.3f\t%.3f\t%.3f\t\n", a.Room, a.TTFTMs, b.TTFTMs, a.ExposedMs, a.FloorMs, b.ExposedMs, b.FloorMs)
 	}
 	tw.Flush()
-	fmt.Fprintf(w, "\nbytes_equal: %v (checked at each Finish SUCCESS and at the end)\n", r.BytesEqual)
+	fmt.Fprintf(w, "\nbytes_equal: %v (checked at each Finish SUCCESS, when a request's pages are released and at the end)\n", r.BytesEqual)
 	if r.Mismatch != "" {
 		fmt.Fprintf(w, "mismatch: %s\n", r.Mismatch)
 	}

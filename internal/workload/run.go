@@ -76,20 +76,28 @@ type piece struct {
 // plan is the schedule and the page allocation shared by both modes.
 type plan struct {
 	forwards [][]piece
-	src, dst [][]int // per request: prefill and decode page of each position
-	pool     int     // pages per buffer on each side
-	chunks   []int   // per request: how many pieces (chunks) it has
+	// slotSrc and slotDst are, per slot, the prefill and decode page of
+	// each position: request r holds slot r % resident (see residency).
+	slotSrc, slotDst [][]int
+	resident         int
+	pool             int   // pages per buffer on each side
+	chunks           []int // per request: how many pieces (chunks) it has
+	maxChunks        int
 }
+
+// src and dst are request room's prefill and decode pages, by position.
+func (p *plan) src(room int) []int { return p.slotSrc[room%p.resident] }
+func (p *plan) dst(room int) []int { return p.slotDst[room%p.resident] }
 
 // newPlan splits each prompt into page-aligned chunks under the forward's
 // token budget (chunked prefill: requests in order, a request may span
-// forwards) and allocates pages the way a paged pool does: mostly
-// consecutive runs, in shuffled order.
+// forwards) and allocates the resident requests' pages the way a paged
+// pool does: mostly consecutive runs, in shuffled order.
 func newPlan(cfg Config, g geometry) *plan {
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x6b7673))
-	p := &plan{pool: g.pagesPerRequest * cfg.Requests}
-	p.src = allocate(rng, p.pool, g.pagesPerRequest, cfg.Requests)
-	p.dst = allocate(rng, p.pool, g.pagesPerRequest, cfg.Requests)
+	p := &plan{resident: g.resident, pool: g.pagesPerRequest * g.resident}
+	p.slotSrc = allocate(rng, p.pool, g.pagesPerRequest, g.resident)
+	p.slotDst = allocate(rng, p.pool, g.pagesPerRequest, g.resident)
 	next := make([]int, cfg.Requests)
 	p.chunks = make([]int, cfg.Requests)
 	for r := 0; r < cfg.Requests; {
@@ -106,10 +114,11 @@ func newPlan(cfg Config, g geometry) *plan {
 			}
 			pc := piece{room: r, start: next[r], end: next[r] + take, last: last}
 			pc.rng, _ = cp.ChunkRange(pc.start, pc.end, cfg.PageSize, last)
-			owned, _, _ := cfg.CP.Owned(p.src[r][pc.rng.PageStart:pc.rng.PageStart+pc.rng.Pages], pc.rng.PageStart, g.pagesPerRequest)
+			owned, _, _ := cfg.CP.Owned(p.src(r)[pc.rng.PageStart:pc.rng.PageStart+pc.rng.Pages], pc.rng.PageStart, g.pagesPerRequest)
 			pc.owned = len(owned)
 			fw = append(fw, pc)
 			p.chunks[r]++
+			p.maxChunks = max(p.maxChunks, p.chunks[r])
 			budget -= take
 			next[r] += take
 			if !last {
@@ -249,24 +258,32 @@ func runMode(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool
 			return time.Duration(float64(tokens) / 1000 * usPerKTok * float64(time.Microsecond))
 		}}
 
-	// One transfer worker per room finishes its chunks in send order, as soon
-	// as each chunk's forward ended; the forward loop never waits for it.
+	// One transfer worker per slot finishes its request's chunks in send
+	// order, as soon as each chunk's forward ended; the forward loop never
+	// waits for it, except for a slot (see residency).
 	mr := &ModeReport{PerLayer: perLayer, Forwards: len(p.forwards)}
-	work := make([]chan piece, cfg.Requests)
+	rel, _ := dp.(releaser)
+	rs := newResidency(p, cfg.Requests, 1, func(room int) {
+		if rel != nil {
+			rel.Release(room, pool)
+		}
+		restale(pool, p.src(room))
+	})
+	work := make([]chan piece, p.resident)
 	var wg sync.WaitGroup
-	for r := range work {
-		// Buffered for the request's own chunks: one per forward would make
-		// the sim's memory grow with requests x forwards.
-		work[r] = make(chan piece, p.chunks[r])
+	for s := range work {
+		// A slot's next request is admitted only once this one's chunks are
+		// all finished, so one request's chunks are all it ever queues.
+		work[s] = make(chan piece, p.maxChunks)
 		wg.Add(1)
-		go func(r int) {
+		go func(s int) {
 			defer wg.Done()
-			for pc := range work[r] {
+			for pc := range work[s] {
 				call := time.Now()
-				res, err := eng.Finish(ctx, uint64(r))
+				res, err := eng.Finish(ctx, uint64(pc.room))
 				ret := time.Now()
 				col.mu.Lock()
-				col.finishes = append(col.finishes, finishRec{room: r, chunk: res.Chunk, call: call, ret: ret, status: res.Status, stats: res.Stats})
+				col.finishes = append(col.finishes, finishRec{room: pc.room, chunk: res.Chunk, call: call, ret: ret, status: res.Status, stats: res.Stats})
 				if err != nil {
 					mr.Failed++
 					if mr.FirstError == "" {
@@ -275,20 +292,30 @@ func runMode(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool
 				}
 				col.mu.Unlock()
 				dp.ChunkDone(notice(cfg, g, p, pc, res))
+				if pc.last {
+					rs.finished(pc.room)
+				}
 			}
-		}(r)
+		}(s)
 	}
 
 	t0 := time.Now()
 	forwardEnds := make([]time.Time, len(p.forwards))
 	lastLayer := g.layers - 1
+	var loopErr error
 forwards:
 	for k, fw := range p.forwards {
 		writes := make([]testbed.Write, 0, len(fw))
 		for _, pc := range fw {
+			if pc.start == 0 {
+				if loopErr = rs.admit(ctx, pc.room); loopErr != nil {
+					loopErr = errors.Wrapf(loopErr, "forward %d: waiting for a slot for request %d", k+1, pc.room)
+					break forwards
+				}
+			}
 			spec := system.ChunkSpec{Room: uint64(pc.room), Start: pc.start, End: pc.end, Last: pc.last,
-				SrcPages: p.src[pc.room][pc.rng.PageStart : pc.rng.PageStart+pc.rng.Pages], TotalPages: g.pagesPerRequest,
-				Infos: []system.DecodeInfo{{Peer: peer.ID, DstPages: p.dst[pc.room]}}}
+				SrcPages: p.src(pc.room)[pc.rng.PageStart : pc.rng.PageStart+pc.rng.Pages], TotalPages: g.pagesPerRequest,
+				Infos: []system.DecodeInfo{{Peer: peer.ID, DstPages: p.dst(pc.room)}}}
 			if _, err := eng.Register(ctx, spec); err != nil {
 				// The decode side was lost (or refused): stop scheduling, let
 				// what is registered finish (or fail), and report.
@@ -298,11 +325,12 @@ forwards:
 			}
 			writes = append(writes, testbed.Write{Room: uint64(pc.room), PageStart: pc.rng.PageStart, SrcPages: spec.SrcPages, Tokens: pc.end - pc.start})
 		}
-		if err := model.Forward(eng, writes); err != nil {
-			return nil, errors.Wrapf(err, "forward %d", k+1)
+		if loopErr = model.Forward(eng, writes); loopErr != nil {
+			loopErr = errors.Wrapf(loopErr, "forward %d", k+1)
+			break
 		}
-		if err := stream.Synchronize(ctx); err != nil {
-			return nil, err
+		if loopErr = stream.Synchronize(ctx); loopErr != nil {
+			break
 		}
 		// The forward's end woke the engine's waits on its end event at the
 		// same instant as this loop. On a serving host the forward loop has
@@ -312,19 +340,26 @@ forwards:
 		runtime.Gosched()
 		end, ok := col.kernel(testbed.KernelName(k+1, lastLayer))
 		if !ok {
-			return nil, errors.AssertionFailedf("forward %d: no span for its last kernel", k+1)
+			loopErr = errors.AssertionFailedf("forward %d: no span for its last kernel", k+1)
+			break
 		}
 		forwardEnds[k] = end.End
 		for _, pc := range fw {
-			work[pc.room] <- pc
+			work[pc.room%p.resident] <- pc
 		}
 		progress()
 	}
+	// The workers end once every chunk handed to them is finished (each
+	// Finish is bounded), also when the loop stopped early.
 	for _, w := range work {
 		close(w)
 	}
 	wg.Wait()
+	if loopErr != nil {
+		return nil, loopErr
+	}
 	mr.WallSeconds = time.Since(t0).Seconds()
+	mr.SlotWaits = rs.slotWaits()
 	if mr.Aborted != "" {
 		return mr, nil
 	}
@@ -342,6 +377,16 @@ func engineOptions(cfg Config, perLayer bool, base ...system.Option) []system.Op
 		opts = append(opts, cfg.PerMode(perLayer)...)
 	}
 	return opts
+}
+
+// restale puts the stale bytes back into a released request's prefill
+// pages, so that an early read of the next request shows as such.
+func restale(pool *testbed.Pool, pages []int) {
+	for _, pg := range pages {
+		for b := 0; b < pool.Buffers(); b++ {
+			fill(pool.Page(b, pg), staleByte)
+		}
+	}
 }
 
 // staleByte fills the prefill pool before the run: what a read of a page

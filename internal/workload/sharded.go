@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"sort"
 	"sync"
 	"time"
 
@@ -88,7 +89,7 @@ func (c Config) shardedGeometry(g *geometry) error {
 	}
 	g.preReal, g.decReal = pre, dec
 	g.pageBytes = int(pre.ItemLen()) // one prefill rank's page of one buffer, as the report's item
-	pool := float64(g.pagesPerRequest * c.Requests)
+	pool := float64(g.pagesPerRequest * g.resident)
 	need := max(float64(pre.TP)*float64(pre.ItemLen()), float64(dec.TP)*float64(dec.ItemLen())) * pool * float64(g.buffers)
 	budget := float64(c.MemoryBudget)
 	if budget <= 0 {
@@ -162,8 +163,9 @@ type shardedDecode struct {
 	p     *plan
 	pools []*testbed.Decode
 
-	mu    sync.Mutex
-	snaps []snapshot
+	mu       sync.Mutex
+	snaps    map[int][]snapshot // by room, until the room is checked
+	mismatch string             // the first a release found
 }
 
 // snapshot is a chunk's decode pages on every decode rank, copied the
@@ -183,7 +185,7 @@ func (d *shardedDecode) snapshot(room int, positions []int) snapshot {
 	for _, pool := range d.pools {
 		for _, x := range positions {
 			for b := 0; b < pool.Buffers(); b++ {
-				s.pages = append(s.pages, append([]byte(nil), pool.Page(b, d.p.dst[room][x])...))
+				s.pages = append(s.pages, append([]byte(nil), pool.Page(b, d.p.dst(room)[x])...))
 			}
 		}
 	}
@@ -210,12 +212,98 @@ func (d *shardedDecode) check(room int, positions []int, owned map[int]bool, whe
 				}
 				if got := page(rank, i, b); !bytes.Equal(got, w) {
 					return fmt.Sprintf("decode TP rank %d (PP stage %d) room %d position %d (decode page %d) buffer %s: %s, %s",
-						tp, st, room, x, d.p.dst[room][x], pool.Names[b], when, describe(got, w))
+						tp, st, room, x, d.p.dst(room)[x], pool.Names[b], when, describe(got, w))
 				}
 			}
 		}
 	}
 	return ""
+}
+
+// checkSnapshots checks, and drops, room's chunk snapshots.
+func (d *shardedDecode) checkSnapshots(room int) string {
+	d.mu.Lock()
+	snaps := d.snaps[room]
+	delete(d.snaps, room)
+	d.mu.Unlock()
+	for _, sn := range snaps {
+		n := len(sn.positions)
+		first := make([]int, len(d.pools)) // the snapshot's index of each rank's first page
+		for rank := 1; rank < len(d.pools); rank++ {
+			first[rank] = first[rank-1] + n*d.pools[rank-1].Buffers()
+		}
+		page := func(rank, i, b int) []byte { return sn.pages[first[rank]+i*d.pools[rank].Buffers()+b] }
+		if msg := d.check(sn.room, sn.positions, nil, "at Finish SUCCESS", page); msg != "" {
+			return msg
+		}
+	}
+	return ""
+}
+
+// checkRoom checks a finished room: each chunk's snapshot (taken when it
+// succeeded), then every decode page of the room as it is now (owned
+// positions hold their heads' pattern, the rest zeros). It drops the
+// room's snapshots.
+func (d *shardedDecode) checkRoom(room int, when string) string {
+	if msg := d.checkSnapshots(room); msg != "" {
+		return msg
+	}
+	owned := map[int]bool{}
+	_, pos, _ := d.cfg.CP.Owned(d.p.src(room), 0, d.g.pagesPerRequest)
+	for _, x := range pos {
+		owned[x] = true
+	}
+	all := make([]int, d.g.pagesPerRequest)
+	for x := range all {
+		all[x] = x
+	}
+	page := func(rank, i, b int) []byte { return d.pools[rank].Page(b, d.p.dst(room)[all[i]]) }
+	return d.check(room, all, owned, when, page)
+}
+
+// release checks a finished room and zeroes its decode pages on every
+// rank, before another room takes its slot (see residency).
+func (d *shardedDecode) release(room int) {
+	if msg := d.checkRoom(room, "when its slot was released"); msg != "" {
+		d.mu.Lock()
+		if d.mismatch == "" {
+			d.mismatch = msg
+		}
+		d.mu.Unlock()
+	}
+	for _, pool := range d.pools {
+		for _, pg := range d.p.dst(room) {
+			for b := 0; b < pool.Buffers(); b++ {
+				clear(pool.Page(b, pg))
+			}
+		}
+	}
+}
+
+// verify is the run's verdict: the first mismatch a release found, else
+// the check of every room still resident, else that of any snapshot left
+// (a room the run did not release: none when every earlier room was).
+func (d *shardedDecode) verify(from, to int) string {
+	d.mu.Lock()
+	msg := d.mismatch
+	d.mu.Unlock()
+	for room := from; room < to && msg == ""; room++ {
+		msg = d.checkRoom(room, "at the end of the run")
+	}
+	d.mu.Lock()
+	var left []int
+	for room := range d.snaps {
+		left = append(left, room)
+	}
+	d.mu.Unlock()
+	sort.Ints(left)
+	for _, room := range left {
+		if msg != "" {
+			break
+		}
+		msg = d.checkSnapshots(room)
+	}
+	return msg
 }
 
 // runSharded runs the schedule in one mode on fresh engines, pools and GPU.
@@ -235,7 +323,7 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 		}
 	}()
 
-	dd := &shardedDecode{cfg: cfg, g: g, p: p}
+	dd := &shardedDecode{cfg: cfg, g: g, p: p, snaps: map[int][]snapshot{}}
 	var peers []system.Peer
 	var shared rdma.Transport // the remote run's: every prefill rank sends over it
 	if remote != nil {
@@ -278,6 +366,7 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 		streamName string
 	}
 	var ranks []rank
+	var prePools []*testbed.Pool
 	for i := 0; i < g.preSide.PP()*g.preSide.TP; i++ {
 		st, r := i/g.preSide.TP, i%g.preSide.TP
 		lo, hi := g.preSide.StageLayers(st)
@@ -295,6 +384,7 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 		}
 		cleanup = append(cleanup, func() { _ = pool.Free() })
 		fill(pool.Block.Bytes, staleByte)
+		prePools = append(prePools, pool)
 		stream := gpu.NewStream(rankStream(st, r))
 		hooks := min(hi, g.hookLayers) - lo
 		opts := []system.Option{system.WithStream(stream), system.WithTransport(tr), system.WithObserver(col), system.WithLogger(log)}
@@ -346,23 +436,34 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 		})
 	}
 
-	// One transfer worker per room and prefill rank finishes the room's
-	// chunks on that rank in send order; a chunk is checked on every decode
-	// rank when its last rank's Finish returned SUCCESS (a remote decode
-	// side is told how it ended then, and checks it).
+	// One transfer worker per slot and prefill rank finishes the slot's
+	// request's chunks on that rank in send order; a chunk is snapshotted
+	// on every decode rank when its last rank's Finish returned SUCCESS, and
+	// checked when its request is released or at the end of the run. A
+	// remote decode side is told how the chunk ended then instead, and
+	// checks it before the slot can be released.
 	mr := &ModeReport{PerLayer: perLayer, Forwards: len(p.forwards)}
+	rs := newResidency(p, cfg.Requests, len(ranks), func(room int) {
+		if remote == nil {
+			dd.release(room)
+		}
+		for _, pool := range prePools {
+			restale(pool, p.src(room))
+		}
+	})
 	var pmu sync.Mutex
 	left := map[[2]int]*chunkOutcome{}
-	work := make([][]chan piece, cfg.Requests)
+	work := make([][]chan piece, p.resident)
 	var wg sync.WaitGroup
-	for room := range work {
+	for slot := range work {
 		for ri, rk := range ranks {
-			ch := make(chan piece, p.chunks[room]) // the request's own chunks, not every forward
-			work[room] = append(work[room], ch)
+			ch := make(chan piece, p.maxChunks) // one request's chunks at a time (see runMode)
+			work[slot] = append(work[slot], ch)
 			wg.Add(1)
-			go func(room, ri int, eng *system.Engine) {
+			go func(ri int, eng *system.Engine) {
 				defer wg.Done()
 				for pc := range ch {
+					room := pc.room
 					call := time.Now()
 					res, err := eng.Finish(ctx, uint64(room))
 					ret := time.Now()
@@ -384,25 +485,40 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 					}
 					st.add(res, err)
 					last, done := st.left == 0, st.left == 0 && st.ok
+					if st.left == 0 {
+						delete(left, key)
+					}
 					pmu.Unlock()
 					if last && remote != nil {
 						remote.ChunkDone(notice(cfg, g, p, pc, st.result()))
 					} else if done {
-						_, pos, _ := cfg.CP.Owned(p.src[room][pc.rng.PageStart:pc.rng.PageStart+pc.rng.Pages], pc.rng.PageStart, g.pagesPerRequest)
+						_, pos, _ := cfg.CP.Owned(p.src(room)[pc.rng.PageStart:pc.rng.PageStart+pc.rng.Pages], pc.rng.PageStart, g.pagesPerRequest)
 						snap := dd.snapshot(room, pos)
 						dd.mu.Lock()
-						dd.snaps = append(dd.snaps, snap)
+						dd.snaps[room] = append(dd.snaps[room], snap)
 						dd.mu.Unlock()
 					}
+					if pc.last {
+						rs.finished(room)
+					}
 				}
-			}(room, ri, rk.eng)
+			}(ri, rk.eng)
 		}
 	}
 
 	t0 := time.Now()
 	forwardEnds := make([]time.Time, len(p.forwards))
+	var loopErr error
 forwards:
 	for k, fw := range p.forwards {
+		for _, pc := range fw {
+			if pc.start == 0 {
+				if loopErr = rs.admit(ctx, pc.room); loopErr != nil {
+					loopErr = errors.Wrapf(loopErr, "forward %d: waiting for a slot for request %d", k+1, pc.room)
+					break forwards
+				}
+			}
+		}
 		tokens := 0
 		for _, pc := range fw {
 			tokens += pc.end - pc.start
@@ -413,20 +529,21 @@ forwards:
 				// their layers (no pipelining across forwards: the loop
 				// waits for every stage at the end of each).
 				pad := sim.Kernel{Name: fmt.Sprintf("f%d wait for stage %d", k+1, rk.stage), Duration: time.Duration(rk.before) * cfg.layerTime(tokens)}
-				if err := rk.stream.Launch(pad); err != nil {
-					return nil, err
+				if loopErr = rk.stream.Launch(pad); loopErr != nil {
+					break forwards
 				}
 			}
 			writes := make([]testbed.Write, 0, len(fw))
 			for _, pc := range fw {
 				spec := system.ChunkSpec{Room: uint64(pc.room), Start: pc.start, End: pc.end, Last: pc.last,
-					SrcPages: p.src[pc.room][pc.rng.PageStart : pc.rng.PageStart+pc.rng.Pages], TotalPages: g.pagesPerRequest}
+					SrcPages: p.src(pc.room)[pc.rng.PageStart : pc.rng.PageStart+pc.rng.Pages], TotalPages: g.pagesPerRequest}
 				for _, peer := range peers {
-					spec.Infos = append(spec.Infos, system.DecodeInfo{Peer: peer.ID, DstPages: p.dst[pc.room]})
+					spec.Infos = append(spec.Infos, system.DecodeInfo{Peer: peer.ID, DstPages: p.dst(pc.room)})
 				}
 				if _, err := rk.eng.Register(ctx, spec); err != nil {
 					if remote == nil {
-						return nil, errors.Wrapf(err, "forward %d", k+1)
+						loopErr = errors.Wrapf(err, "forward %d", k+1)
+						break forwards
 					}
 					// As runMode: the decode side was lost or refused.
 					mr.Aborted = errors.Wrapf(err, "forward %d", k+1).Error()
@@ -436,26 +553,28 @@ forwards:
 			}
 			// Forward only enqueues: the ranks' streams run concurrently.
 			if err := rk.model.Forward(rk.eng, writes); err != nil {
-				return nil, errors.Wrapf(err, "forward %d", k+1)
+				loopErr = errors.Wrapf(err, "forward %d", k+1)
+				break forwards
 			}
 		}
 		for _, rk := range ranks {
-			if err := rk.stream.Synchronize(ctx); err != nil {
-				return nil, err
+			if loopErr = rk.stream.Synchronize(ctx); loopErr != nil {
+				break forwards
 			}
 		}
 		runtime.Gosched() // see runMode
 		for _, rk := range ranks {
 			end, ok := col.streamKernel(rk.streamName, testbed.KernelName(k+1, rk.lastLocal))
 			if !ok {
-				return nil, errors.AssertionFailedf("forward %d: no span for %s's last kernel", k+1, rk.streamName)
+				loopErr = errors.AssertionFailedf("forward %d: no span for %s's last kernel", k+1, rk.streamName)
+				break forwards
 			}
 			if end.End.After(forwardEnds[k]) {
 				forwardEnds[k] = end.End // the latest rank's
 			}
 		}
 		for _, pc := range fw {
-			for _, ch := range work[pc.room] {
+			for _, ch := range work[pc.room%p.resident] {
 				ch <- pc
 			}
 		}
@@ -467,42 +586,18 @@ forwards:
 		}
 	}
 	wg.Wait()
+	if loopErr != nil {
+		return nil, loopErr
+	}
 	mr.WallSeconds = time.Since(t0).Seconds()
+	mr.SlotWaits = rs.slotWaits()
 	if remote != nil {
 		if mr.Aborted != "" {
 			return mr, nil
 		}
 		mr.mismatch = remote.Verify(nil)
-		mr.summarize(cfg, g, p, col, t0, forwardEnds)
-		return mr, nil
-	}
-	for _, sn := range dd.snaps {
-		n := len(sn.positions)
-		first := make([]int, len(dd.pools)) // the snapshot's index of each rank's first page
-		for rank := 1; rank < len(dd.pools); rank++ {
-			first[rank] = first[rank-1] + n*dd.pools[rank-1].Buffers()
-		}
-		page := func(rank, i, b int) []byte { return sn.pages[first[rank]+i*dd.pools[rank].Buffers()+b] }
-		if mr.mismatch = dd.check(sn.room, sn.positions, nil, "at Finish SUCCESS", page); mr.mismatch != "" {
-			break
-		}
-	}
-	if mr.mismatch == "" {
-		for room := 0; room < cfg.Requests; room++ {
-			owned := map[int]bool{}
-			_, pos, _ := cfg.CP.Owned(p.src[room], 0, g.pagesPerRequest)
-			for _, x := range pos {
-				owned[x] = true
-			}
-			all := make([]int, g.pagesPerRequest)
-			for x := range all {
-				all[x] = x
-			}
-			page := func(rank, i, b int) []byte { return dd.pools[rank].Page(b, p.dst[room][all[i]]) }
-			if mr.mismatch = dd.check(room, all, owned, "at the end of the run", page); mr.mismatch != "" {
-				break
-			}
-		}
+	} else {
+		mr.mismatch = dd.verify(rs.stillResident())
 	}
 	mr.summarize(cfg, g, p, col, t0, forwardEnds)
 	return mr, nil
