@@ -26,6 +26,11 @@ func shardedCfg(model string, layers, preTP, prePP, decTP, decPP int, order resh
 	return cfg
 }
 
+func withRequests(cfg workload.Config, requests, resident int) workload.Config {
+	cfg.Requests, cfg.Resident = requests, resident
+	return cfg
+}
+
 // flagsOf is what the decode process is started with for cfg.
 func flagsOf(cfg workload.Config) workload.Shard {
 	return workload.Shard{Model: cfg.Preset.Name, PrefillTP: cfg.PrefillTP, PrefillPP: cfg.PrefillPP,
@@ -86,15 +91,20 @@ func runSharded(t *testing.T, cfg workload.Config, flags workload.Shard) (Decode
 // differently on each side.
 func TestShardedSessionsVerified(t *testing.T) {
 	for _, tc := range []struct {
-		name  string
-		cfg   workload.Config
-		ranks int
-		pages uint64 // buffer pages verified, every rank together
+		name   string
+		cfg    workload.Config
+		ranks  int
+		pages  uint64 // buffer pages verified, every rank together
+		chunks int    // of the schedule, each told to every decode rank
 	}{
-		// 4 decode ranks x 2 requests x 19 pages x (4 layers x K, V).
-		{"llama70b-tp2-to-tp4", shardedCfg("llama70b", 4, 2, 0, 4, 0, reshard.HeadMajor), 4, 4 * 2 * 19 * 8},
+		// 4 decode ranks x 2 requests x 19 pages x (4 layers x K, V); 4
+		// chunks (request 0: 256 + 44 tokens, request 1: 208 + 92).
+		{"llama70b-tp2-to-tp4", shardedCfg("llama70b", 4, 2, 0, 4, 0, reshard.HeadMajor), 4, 4 * 2 * 19 * 8, 4},
 		// 3 decode stages holding 5 layers (4 + the MTP layer) between them.
-		{"dsv3-tp2pp2-to-pp3", shardedCfg("dsv3", 4, 2, 2, 1, 3, reshard.TokenMajor), 3, 2 * 19 * 5},
+		{"dsv3-tp2pp2-to-pp3", shardedCfg("dsv3", 4, 2, 2, 1, 3, reshard.TokenMajor), 3, 2 * 19 * 5, 4},
+		// 5 requests through 2 resident slots: a request's decode pages
+		// are another's once it finished, and each is checked as it lands.
+		{"llama70b-resident-2-of-5", withRequests(shardedCfg("llama70b", 4, 2, 0, 4, 0, reshard.HeadMajor), 5, 2), 4, 4 * 5 * 19 * 8, 10},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, serveErr, mr, err, byeErr := runSharded(t, tc.cfg, flagsOf(tc.cfg))
@@ -106,9 +116,7 @@ func TestShardedSessionsVerified(t *testing.T) {
 			assert.True(t, s.OK(), "%s", s)
 			assert.Equal(t, tc.ranks, s.Ranks)
 			assert.Equal(t, tc.pages, s.VerifiedPages)
-			// 4 chunks (request 0: 256 + 44 tokens, request 1: 208 + 92
-			// in 256-token forwards), each told to every decode rank.
-			assert.Equal(t, tc.ranks*4, s.Chunks)
+			assert.Equal(t, tc.ranks*tc.chunks, s.Chunks)
 			assert.Positive(t, mr.SubmitsPerForward)
 			assert.Positive(t, mr.BlocksPerForward)
 		})
