@@ -226,51 +226,59 @@ func (r *decodeRank) check(seed uint64, c decode.Chunk) error {
 }
 
 // Serve accepts one prefill session per decode rank and returns their
-// summary, all ranks together, once every session ended. A prefill whose
-// pairing disagrees with the flags ends it with that error; so does ctx.
+// summary, all ranks together, once every session ended. A session that
+// ends without completing ends the wait for the ranks that have none yet
+// (the prefill opens them all before it sends anything, so none is
+// coming). A prefill whose pairing disagrees with the flags ends it with
+// that error; so does ctx, before any session.
 func (d *ShardedDecode) Serve(ctx context.Context) (DecodeSummary, error) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	acceptCtx, stopAccepting := context.WithCancel(ctx)
+	defer stopAccepting()
 	type ended struct {
-		rep decode.SessionReport
-		err error
+		rep     decode.SessionReport
+		err     error
+		session bool
 	}
 	out := make(chan ended, len(d.ranks))
 	for _, r := range d.ranks {
 		go func() {
-			ss, err := r.server.Accept(ctx)
+			ss, err := r.server.Accept(acceptCtx)
 			if err != nil {
 				out <- ended{err: err}
 				return
 			}
 			rep, err := ss.Wait(ctx)
-			out <- ended{rep: rep, err: err}
+			out <- ended{rep: rep, err: err, session: true}
 		}()
 	}
 	sum := DecodeSummary{Ranks: len(d.ranks)}
 	sum.Complete = true
-	var waitErr error
-	for range d.ranks {
+	sessions, missing := 0, 0
+	var noSession error
+	for got := 0; got < len(d.ranks); got++ {
 		var e ended
 		select {
 		case e = <-out:
 		case err := <-d.refused:
 			lingerAfterRefusal(ctx)
-			cancel()
-			for range len(d.ranks) {
-				<-out
+			stopAccepting()
+			for ; got < len(d.ranks); got++ {
+				<-out // sessions opened before the refusal end with the prefill's Bye
 			}
 			return DecodeSummary{}, err
 		}
-		switch {
-		case e.rep.Prefill == "" && e.err != nil:
-			// No session, or ctx ended before it did.
-			if waitErr == nil {
-				waitErr = e.err
-				cancel()
+		if !e.session {
+			missing++
+			if noSession == nil {
+				noSession = e.err
 			}
 			continue
-		case sum.Prefill == "":
+		}
+		sessions++
+		if e.err != nil || !e.rep.Complete {
+			stopAccepting()
+		}
+		if sum.Prefill == "" {
 			sum.Prefill = e.rep.Prefill
 		}
 		sum.Chunks += e.rep.Chunks
@@ -281,8 +289,14 @@ func (d *ShardedDecode) Serve(ctx context.Context) (DecodeSummary, error) {
 			sum.Err = e.err
 		}
 	}
-	if waitErr != nil {
-		return DecodeSummary{}, waitErr
+	if sessions == 0 {
+		return DecodeSummary{}, noSession
+	}
+	if missing > 0 {
+		sum.Complete = false
+		if sum.Err == nil {
+			sum.Err = errors.Wrapf(noSession, "%d of %d decode ranks had no session", missing, len(d.ranks))
+		}
 	}
 	for _, r := range d.ranks {
 		r.mu.Lock()

@@ -225,3 +225,43 @@ func layoutOf(g testbed.Geometry) []decode.PrefillBuffer {
 	}
 	return out
 }
+
+// TestShardedServeEndsWithAFailedSession: a prefill that opened some
+// ranks' sessions and stopped early ends the decode process's wait at
+// once, not at its deadline, with the session's error and the ranks that
+// never had one.
+func TestShardedServeEndsWithAFailedSession(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	fab := loopback.NewFabric(loopback.Options{})
+	decTr, err := fab.NewTransport("decode")
+	require.NoError(t, err)
+	defer decTr.Close()
+	node, err := decode.Listen("127.0.0.1:0", nil)
+	require.NoError(t, err)
+	defer node.Close(context.Background())
+	pairing := workload.Shard{Model: "llama70b", Layers: 4, PrefillTP: 2, DecodeTP: 2, PageSize: 16, Scale: 8}
+	d, err := StartShardedDecode(node, decTr, workload.Shard{Model: "llama70b", PrefillTP: 2, DecodeTP: 2}, 64<<20, nil, nil)
+	require.NoError(t, err)
+	defer d.Close(context.Background())
+	served := make(chan error, 1)
+	var s DecodeSummary
+	go func() {
+		var err error
+		s, err = d.Serve(ctx)
+		served <- err
+	}()
+
+	_, dec, err := pairing.Sides()
+	require.NoError(t, err)
+	p := NewPrefill(node, decode.DialConfig{Decode: node.Addr()}, decTr, 64)
+	_, _, err = p.OpenSharded(pairing, []workload.DecodeRank{{Geometry: workload.RankGeometry(&dec, 0, 8)}}, 1, nil)
+	require.NoError(t, err)
+	_, err = p.End(ctx, errors.New("stopped before forward 1"))
+	assert.True(t, errors.Is(err, decode.ErrSessionAborted), "%v", err)
+	require.NoError(t, <-served)
+	require.NoError(t, ctx.Err(), "the wait ends with the session, not at ctx's deadline")
+	assert.False(t, s.OK())
+	assert.Equal(t, 2, s.Ranks)
+	assert.ErrorContains(t, s.Err, "stopped before forward 1")
+}
