@@ -35,7 +35,11 @@ type DialConfig struct {
 	Server string
 	// Buffers is the prefill layout: the engine's system.Config.Buffers.
 	// Names, layers and item lengths cross the wire; the decode server
-	// checks its pool against them.
+	// checks its pool against them. A session whose engines reshard (they
+	// add the peer with a system.Peer.Sharding) describes the pool it
+	// writes instead: the decode rank's PP stage buffers at the decode
+	// side's item length, the pairing itself in Metadata for the server's
+	// Config.Admit.
 	Buffers []system.Buffer
 	// Name names this prefill in the decode server's logs (default: the
 	// node's address).
