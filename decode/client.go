@@ -30,9 +30,16 @@ const DefaultCallTimeout = 10 * time.Second
 type DialConfig struct {
 	// Decode is the decode server's node address (its Server.Addr).
 	Decode string
+	// Server names the decode server on that node when several share it
+	// (its Config.Name); empty: the node's only Server.
+	Server string
 	// Buffers is the prefill layout: the engine's system.Config.Buffers.
 	// Names, layers and item lengths cross the wire; the decode server
-	// checks its pool against them.
+	// checks its pool against them. A session whose engines reshard (they
+	// add the peer with a system.Peer.Sharding) describes the pool it
+	// writes instead: the decode rank's PP stage buffers at the decode
+	// side's item length, the pairing itself in Metadata for the server's
+	// Config.Admit.
 	Buffers []system.Buffer
 	// Name names this prefill in the decode server's logs (default: the
 	// node's address).
@@ -100,7 +107,11 @@ func Dial(ctx context.Context, node *Node, cfg DialConfig) (_ *Client, err error
 	if cfg.Log == nil {
 		cfg.Log = zap.NewNop()
 	}
-	c := &Client{node: node, cfg: cfg, decode: actor.NewPID(cfg.Decode, ServerActor)}
+	server, err := serverActor("DialConfig.Server", cfg.Server)
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{node: node, cfg: cfg, decode: actor.NewPID(cfg.Decode, server)}
 	// The session actor lives as long as the session: the decode server
 	// watches it to notice the prefill going away, and it watches the
 	// decode server, for the opposite.

@@ -56,6 +56,15 @@
 // whose session is lost while the room may still need it, or
 // Group.RoomTimeout fails it. GroupRoom is that decision, with no I/O.
 //
+// # Several pools in one process
+//
+// A process should run one Node; the decode ranks it hosts (TP ranks, PP
+// stages, each its own pool) are one Server each on that node, told apart
+// by Config.Name, and a prefill names the one it opens a session with in
+// DialConfig.Server. What the two sides must agree on beyond the layout (a
+// model, a resharding pairing) travels in DialConfig.Metadata, and
+// Config.Admit refuses a Hello that disagrees before anything is sized.
+//
 // # Protocol
 //
 // Hello (the prefill's layout and protocol version) is answered by an Offer

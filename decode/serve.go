@@ -2,6 +2,7 @@ package decode
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -170,6 +171,14 @@ func (s *Server) hello(sender *actor.PID, peer string, m *wire.Hello) (*wire.Off
 			s.node.unbind(peer)
 		}
 	}()
+	// Only a peer the session may be bound to reaches the serving stack's
+	// check, and nothing is sized for a Hello it refuses.
+	if s.cfg.Admit != nil {
+		if err := s.cfg.Admit(m.Prefill, maps.Clone(m.Metadata)); err != nil {
+			s.log.Warn("hello refused: not admitted", zap.String("prefill", m.Prefill), zap.String("node", sender.Address), zap.Error(err))
+			return refuse(wire.Code_BAD_INPUT, "hello from %q: %v", m.Prefill, err), nil
+		}
+	}
 	if s.regions == nil {
 		err := layoutBytes(layout, s.cfg.MaxPoolBytes)
 		var bufs []Buffer

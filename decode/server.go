@@ -15,9 +15,32 @@ import (
 	"go.uber.org/zap"
 )
 
-// ServerActor is the name of a Server's actor on its Node: a node hosts at
-// most one Server.
+// ServerActor is the name of a Server's actor on its Node. A node hosts
+// one Server by that name; Servers that share a node (the decode ranks of
+// one process) each have a Config.Name, and their actor is
+// ServerActor-Name.
 const ServerActor = "kvstream-decode"
+
+// maxServerName bounds Config.Name and DialConfig.Server.
+const maxServerName = 64
+
+// serverActor is the actor name of the Server called name on its node, or
+// an error marked ErrBadInput when name cannot be one: it becomes part of
+// an actor's address, so it is kept to a short run of [A-Za-z0-9._-].
+func serverActor(field, name string) (string, error) {
+	if name == "" {
+		return ServerActor, nil
+	}
+	if len(name) > maxServerName {
+		return "", badInput("%s %.64q: longer than %d bytes", field, name, maxServerName)
+	}
+	for _, c := range name {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return "", badInput("%s %q: want letters, digits, '.', '_' or '-'", field, name)
+		}
+	}
+	return ServerActor + "-" + name, nil
+}
 
 // Defaults.
 const (
@@ -99,6 +122,10 @@ func New(node *Node, tr rdma.Transport, cfg Config) (_ *Server, err error) {
 			return nil, err
 		}
 	}
+	name, err := serverActor("Config.Name", cfg.Name)
+	if err != nil {
+		return nil, err
+	}
 	if cfg.ID == "" {
 		cfg.ID = DefaultID
 	}
@@ -122,10 +149,10 @@ func New(node *Node, tr rdma.Transport, cfg Config) (_ *Server, err error) {
 			return nil, err
 		}
 	}
-	node.policy.Allow(ServerActor)
-	if s.pid, err = node.system.Root.SpawnNamed(actor.PropsFromFunc(s.receive), ServerActor); err != nil {
+	node.policy.Allow(name)
+	if s.pid, err = node.system.Root.SpawnNamed(actor.PropsFromFunc(s.receive), name); err != nil {
 		s.release()
-		return nil, errors.Wrapf(err, "spawn %s on node %s (a node hosts one Server)", ServerActor, node.Addr())
+		return nil, errors.Wrapf(err, "spawn %s on node %s (Servers that share a node need distinct Config.Names)", name, node.Addr())
 	}
 	return s, nil
 }

@@ -52,6 +52,21 @@ type Config struct {
 	// ID is the peer id prefill engines know this pool by (default
 	// "decode").
 	ID string
+	// Name, when set, lets several Servers share a node, one per decode
+	// pool (the decode ranks of one process, each its own pool): a prefill
+	// names the Server it opens a session with in DialConfig.Server.
+	// Letters, digits, '.', '_' and '-', at most 64 bytes. Empty: the
+	// node's only Server, which a DialConfig without Server reaches.
+	Name string
+	// Admit, if set, checks a prefill's Hello before anything is sized or
+	// offered: what the serving stack and the prefill must agree on beyond
+	// the layout (a model, a sharding), which the prefill passes in
+	// DialConfig.Metadata. An error refuses the session (Dial's error is
+	// marked ErrBadInput and carries its text). It runs on the control
+	// plane's actor with the Server's lock held, like Size, and before Size
+	// for the same Hello: it must not call the Server, should be short,
+	// and must bound what it parses (it reads what the network sent).
+	Admit func(prefill string, metadata map[string]string) error
 	// AcceptUnknownRooms makes a notice for a room nobody Expected create
 	// the room (checked against the pool's bounds only) instead of being
 	// refused. The sim's decode command uses it; a serving stack Expects

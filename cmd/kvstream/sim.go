@@ -54,11 +54,7 @@ Models: ` + presetHelp(),
 	}
 	fl := cmd.Flags()
 	addWorkloadFlags(fl, f)
-	fl.IntVar(&f.cfg.PrefillTP, "prefill-tp", 0, "prefill TP degree: one engine per rank, the KV resharded to --decode-tp (0 with --decode-tp 0: one engine, unsharded)")
-	fl.IntVar(&f.cfg.DecodeTP, "decode-tp", 0, "decode TP degree: one decode pool per rank (0: 1 when --prefill-tp is set)")
-	fl.IntVar(&f.cfg.PrefillPP, "prefill-pp", 0, "prefill PP stages (layers split evenly): one engine per stage and TP rank (0: one stage)")
-	fl.IntVar(&f.cfg.DecodePP, "decode-pp", 0, "decode PP stages (layers split evenly): one decode pool per stage and TP rank (0: one stage)")
-	fl.StringVar(&f.pageOrder, "page-order", "head-major", "page layout of both sides when sharded: head-major ([head][token][dim], one write per head slice) or token-major ([token][head][dim], page-size writes per head slice)")
+	addShardFlags(fl, &f.cfg, &f.pageOrder)
 	fl.BoolVar(&f.jsonOut, "json", false, "print the report as one JSON object")
 	fl.StringVar(&f.traceOut, "trace-out", "", "write a Chrome/Perfetto trace-event JSON of both runs")
 	fl.StringVar(&f.plotOut, "plot", "", "write a PNG timeline of forward vs transfer for both modes")
@@ -95,6 +91,26 @@ func addWorkloadFlags(fl *pflag.FlagSet, f *simFlags) {
 	fl.Uint64Var(&f.cfg.Seed, "seed", d.Seed, "seed of the page allocation and the KV bytes")
 }
 
+// addShardFlags declares the sharding flags (sim, prefill, decode).
+func addShardFlags(fl *pflag.FlagSet, cfg *workload.Config, pageOrder *string) {
+	fl.IntVar(&cfg.PrefillTP, "prefill-tp", 0, "prefill TP degree: one engine per rank, the KV resharded to --decode-tp (0 with --decode-tp 0: one engine, unsharded)")
+	fl.IntVar(&cfg.DecodeTP, "decode-tp", 0, "decode TP degree: one decode pool per rank (0: 1 when --prefill-tp is set)")
+	fl.IntVar(&cfg.PrefillPP, "prefill-pp", 0, "prefill PP stages (layers split evenly): one engine per stage and TP rank (0: one stage)")
+	fl.IntVar(&cfg.DecodePP, "decode-pp", 0, "decode PP stages (layers split evenly): one decode pool per stage and TP rank (0: one stage)")
+	fl.StringVar(pageOrder, "page-order", "head-major", "page layout of both sides when sharded: head-major ([head][token][dim], one write per head slice) or token-major ([token][head][dim], page-size writes per head slice)")
+}
+
+// parsePageOrder reads --page-order.
+func parsePageOrder(s string) (reshard.Order, error) {
+	switch s {
+	case "", reshard.HeadMajor.String(): // commands without --page-order share this config
+		return reshard.HeadMajor, nil
+	case reshard.TokenMajor.String():
+		return reshard.TokenMajor, nil
+	}
+	return 0, errors.Mark(errors.Newf("--page-order %q: want head-major or token-major", s), system.ErrBadInput)
+}
+
 func presetHelp() string {
 	var b strings.Builder
 	for _, n := range workload.PresetNames() {
@@ -116,14 +132,8 @@ func (f *simFlags) config() (workload.Config, error) {
 		return cfg, errors.Wrap(err, "--cp-rule")
 	}
 	cfg.CP.Rule = rule
-	switch f.pageOrder {
-	case "", reshard.HeadMajor.String(): // commands without --page-order share this config
-
-		cfg.PageOrder = reshard.HeadMajor
-	case reshard.TokenMajor.String():
-		cfg.PageOrder = reshard.TokenMajor
-	default:
-		return cfg, errors.Mark(errors.Newf("--page-order %q: want head-major or token-major", f.pageOrder), system.ErrBadInput)
+	if cfg.PageOrder, err = parsePageOrder(f.pageOrder); err != nil {
+		return cfg, err
 	}
 	// Converted here, so checked here: a shift or a float-to-duration
 	// conversion of a wild value would wrap before workload's bounds see it.

@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"time"
 
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/decode"
 	"github.com/kvstream/kvstream/internal/twoproc"
 	"github.com/kvstream/kvstream/internal/workload"
+	"github.com/kvstream/kvstream/system"
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -52,6 +54,8 @@ func newDecode() *cobra.Command {
 	var wait time.Duration
 	var maxPool uint64
 	var verbose bool
+	var shard workload.Config // its TP and PP degrees only
+	var model, pageOrder string
 	cmd := &cobra.Command{
 		Use:   "decode",
 		Short: "Serve a decode pool to one prefill process over a real transport, and verify every page",
@@ -62,6 +66,13 @@ prefill reports finished against the model's bytes. It prints one summary line a
 every chunk succeeded, every byte matched and the session was complete: the prefill said goodbye
 having sent every chunk it meant to, and every room it started received its last chunk. It is a
 thin command over package decode (decode.ListenConfig, decode.New, Server.Accept).
+
+With --prefill-tp, --decode-tp, --prefill-pp or --decode-pp (and --model, --page-order), it serves
+a sharded prefill (kvstream prefill with the same flags): one decode pool and server per decode (PP
+stage, TP rank), each its own session with the prefill, sized from the decode side's geometry (its
+stage's layers, its heads) and checking every page against its share of the model's KV. A prefill
+whose sharding differs is refused, naming the flag and both values, and the command exits non-zero.
+--max-pool-mib then bounds each rank's pool.
 
 Off loopback the control plane needs mutual TLS (--tls-dir from kvstream certs, or --tls-ca,
 --tls-cert, --tls-key); the session is then bound to the prefill's certificate (--prefill-name
@@ -75,6 +86,14 @@ says what each plane trusts.`,
 				return errors.Newf("--wait %v: must be positive", wait)
 			case maxPool == 0 || maxPool > maxPoolMiB:
 				return errors.Newf("--max-pool-mib %d: want 1 to %d", maxPool, maxPoolMiB)
+			}
+			sharded := shard.PrefillTP != 0 || shard.DecodeTP != 0 || shard.PrefillPP != 0 || shard.DecodePP != 0
+			if !sharded && (cmd.Flags().Changed("model") || cmd.Flags().Changed("page-order")) {
+				return errors.New("--model and --page-order apply to a sharded decode (--prefill-tp, --decode-tp, --prefill-pp, --decode-pp); unsharded, the pool takes the prefill's geometry")
+			}
+			order, err := parsePageOrder(pageOrder)
+			if err != nil {
+				return err
 			}
 			tlsm, err := nf.check("decode")
 			if err != nil {
@@ -91,18 +110,32 @@ says what each plane trusts.`,
 			}
 			defer pl.close(&err)
 			node, tr := pl.node, pl.tr
-			d, err := twoproc.StartDecode(node, tr, maxPool<<20, prefills, log)
-			if err != nil {
+			var d interface {
+				Serve(context.Context) (twoproc.DecodeSummary, error)
+				Close(context.Context) error
+			}
+			ranks := ""
+			if sharded {
+				sd, err := twoproc.StartShardedDecode(node, tr, workload.Shard{Model: model, PrefillTP: shard.PrefillTP, DecodeTP: shard.DecodeTP,
+					PrefillPP: shard.PrefillPP, DecodePP: shard.DecodePP, Order: order}, maxPool<<20, prefills, log)
+				if err != nil {
+					return err
+				}
+				d, ranks = sd, fmt.Sprintf(", %d decode ranks (--decode-tp %d x --decode-pp %d)", sd.Ranks(), max(1, shard.DecodeTP), max(1, shard.DecodePP))
+			} else if d, err = twoproc.StartDecode(node, tr, maxPool<<20, prefills, log); err != nil {
 				return err
 			}
 			defer closeWithin("the decode server", d.Close, &err)
-			fmt.Fprintf(cmd.OutOrStdout(), "decode: listening on %s (transport %s)\n", node.Addr(), transport)
+			fmt.Fprintf(cmd.OutOrStdout(), "decode: listening on %s (transport %s)%s\n", node.Addr(), transport, ranks)
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 			defer stop()
 			ctx, cancel := context.WithTimeout(ctx, wait)
 			defer cancel()
 			s, err := d.Serve(ctx)
-			if err != nil {
+			switch {
+			case errors.Is(err, system.ErrBadInput):
+				return errors.Wrap(err, "decode: refused the prefill")
+			case err != nil:
 				return errors.Wrapf(err, "no prefill session ended within --wait %v", wait)
 			}
 			fmt.Fprintln(cmd.OutOrStdout(), s)
@@ -117,7 +150,9 @@ says what each plane trusts.`,
 	fl.StringVar(&transport, "transport", "ucx", "data transport: ucx (loopback does not cross processes)")
 	fl.StringSliceVar(&prefills, "prefill-name", nil, "with TLS: the certificate names of the prefills served (default: any of the CA)")
 	fl.DurationVar(&wait, "wait", time.Hour, "give up when no prefill session ended within this")
-	fl.Uint64Var(&maxPool, "max-pool-mib", 4096, "the most memory the decode pool sized for the prefill may take")
+	fl.Uint64Var(&maxPool, "max-pool-mib", 4096, "the most memory the decode pool sized for the prefill may take (sharded: each rank's)")
+	fl.StringVar(&model, "model", workload.Defaults().Preset.Name, "sharded: the prefill's model preset: "+strings.Join(workload.PresetNames(), ", "))
+	addShardFlags(fl, &shard, &pageOrder)
 	fl.BoolVar(&verbose, "verbose", false, "log at DEBUG")
 	return cmd
 }
@@ -136,6 +171,12 @@ func newPrefill() *cobra.Command {
 chunk succeeded and the decode process found every byte equal. If the decode process dies or
 hangs, its chunks fail and the run stops. The session with the decode process is
 package decode's Client (decode.Dial, Notify per chunk, Bye with the run's outcome).
+
+With --prefill-tp, --decode-tp, --prefill-pp or --decode-pp it runs one engine per prefill (PP stage,
+TP rank), as kvstream sim does, and opens one session per decode (stage, rank) with a decode process
+started with the same sharding flags; each engine writes into every decode rank what cp/reshard
+routes to it (head slices, layer subsets, the MLA latent's copy), over one transport. A chunk is
+reported to every decode rank once every prefill rank's Finish returned for it.
 
 Off loopback the control plane needs mutual TLS (--tls-dir from kvstream certs, or --tls-ca,
 --tls-cert, --tls-key); the decode's certificate must carry --decode-name. A decode process that
@@ -204,10 +245,14 @@ its chunks fail without waiting for the finish timeout.`,
 			if monolithic {
 				mode = "monolithic"
 			}
+			if cfg.PrefillTP != 0 || cfg.DecodeTP != 0 || cfg.PrefillPP != 0 || cfg.DecodePP != 0 {
+				mode += fmt.Sprintf(" sharded (prefill TP %d x PP %d -> decode TP %d x PP %d, %s pages)",
+					max(1, cfg.PrefillTP), max(1, cfg.PrefillPP), max(1, cfg.DecodeTP), max(1, cfg.DecodePP), cfg.PageOrder)
+			}
 			chunks := len(mr.PerRequest)
-			line := fmt.Sprintf("prefill: %s over %s, %d requests, %d chunks failed, decode accepted %d chunks, bytes equal: %v, exposed transfer mean %.2f ms, %.3f GB crossed the transport at %.2f GB/s",
+			line := fmt.Sprintf("prefill: %s over %s, %d requests, %d chunks failed, decode accepted %d chunks, bytes equal: %v, exposed transfer mean %.2f ms, %.1f batches and %.0f writes per forward, %.3f GB crossed the transport at %.2f GB/s",
 				mode, transport, chunks, mr.Failed, summary.Chunks, mr.Failed == 0 && plane.Verify(nil) == "" && mr.Aborted == "" && byeErr == nil, mr.ExposedMs,
-				float64(mr.BytesMoved)/1e9, mr.MovedGBytePerS)
+				mr.SubmitsPerForward, mr.BlocksPerForward, float64(mr.BytesMoved)/1e9, mr.MovedGBytePerS)
 			if mr.Aborted != "" {
 				line += "; stopped: " + mr.Aborted
 			}
@@ -229,6 +274,7 @@ its chunks fail without waiting for the finish timeout.`,
 	}
 	fl := cmd.Flags()
 	addWorkloadFlags(fl, f)
+	addShardFlags(fl, &f.cfg, &f.pageOrder)
 	fl.StringVar(&decodeAddr, "decode", "127.0.0.1:9100", "the decode process's control-plane address (what it advertises)")
 	fl.StringVar(&decodeName, "decode-name", decode.DefaultDecodeName, "with TLS: the name the decode process's certificate must carry")
 	addNetFlags(fl, &nf, "prefill", "127.0.0.1:0")

@@ -114,6 +114,61 @@ func TestTwoProcess(t *testing.T) {
 	}
 }
 
+// TestTwoProcessSharded runs a sharded prefill (one engine per prefill
+// stage and TP rank) and a sharded decode (one pool, server and session per
+// decode stage and TP rank) as two processes with the KV over UCX: GQA
+// head slices to more decode ranks over TCP, and the MLA latent from two
+// PP stages to three over shared memory. Every decode rank checks every
+// page of every chunk against its share of the model's KV.
+func TestTwoProcessSharded(t *testing.T) {
+	for _, tc := range []struct {
+		name, tls string
+		shard     []string
+		prefill   string
+		decode    string
+	}{
+		// 4 ranks x 2 requests x 63 pages x (4 layers x K, V); 5 chunks
+		// (512 + 488 tokens, then 16 + 512 + 472), each told to every rank.
+		{"llama70b-tp2-to-tp4", "tcp", []string{"--model", "llama70b", "--prefill-tp", "2", "--decode-tp", "4"},
+			"per-layer sharded (prefill TP 2 x PP 1 -> decode TP 4 x PP 1, head-major pages)",
+			`decode: 4 ranks: 20 chunks \(0 not successful\), 4032 pages verified, bytes equal: true, sessions complete: true`},
+		// 3 ranks holding 5 layers (4 + the MTP layer) between them.
+		{"dsv3-tp2pp2-to-pp3", "sm,self", []string{"--model", "dsv3", "--prefill-tp", "2", "--prefill-pp", "2", "--decode-pp", "3", "--page-order", "token-major"},
+			"per-layer sharded (prefill TP 2 x PP 2 -> decode TP 1 x PP 3, token-major pages)",
+			`decode: 3 ranks: 15 chunks \(0 not successful\), 630 pages verified, bytes equal: true, sessions complete: true`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := []string{"UCX_TLS=" + tc.tls}
+			dec := startCLI(t, env, append([]string{"decode", "--listen", "127.0.0.1:0", "--wait", "2m"}, tc.shard...)...)
+			addr := dec.waitLine(t, listening, 30*time.Second)[1]
+			pre := startCLI(t, env, append([]string{"prefill", "--decode", addr, "--layers", "4", "--requests", "2",
+				"--prompt-tokens", "1000", "--chunk-tokens", "512", "--page-size", "16", "--group", "2"}, tc.shard...)...)
+			require.NoError(t, pre.wait(t, 2*time.Minute), "prefill:\n%s\n%s", pre.out(), pre.errOut())
+			require.NoError(t, dec.wait(t, 30*time.Second), "decode:\n%s\n%s", dec.out(), dec.errOut())
+			assert.Contains(t, pre.out(), tc.prefill)
+			assert.Contains(t, pre.out(), "0 chunks failed")
+			assert.Contains(t, pre.out(), "bytes equal: true")
+			assert.Regexp(t, tc.decode, dec.out())
+		})
+	}
+}
+
+// TestTwoProcessShardingMismatch: a prefill and a decode process started
+// with different sharding flags both stop, naming the flag and both
+// values; nothing is sized or sent.
+func TestTwoProcessShardingMismatch(t *testing.T) {
+	env := []string{"UCX_TLS=tcp"}
+	dec := startCLI(t, env, "decode", "--listen", "127.0.0.1:0", "--wait", "2m", "--model", "llama70b", "--prefill-tp", "2", "--decode-tp", "2")
+	addr := dec.waitLine(t, listening, 30*time.Second)[1]
+	pre := startCLI(t, env, "prefill", "--decode", addr, "--model", "llama70b", "--layers", "4", "--requests", "1",
+		"--prompt-tokens", "256", "--chunk-tokens", "256", "--page-size", "16", "--prefill-tp", "2", "--decode-tp", "4")
+	require.Error(t, pre.wait(t, time.Minute), "prefill:\n%s\n%s", pre.out(), pre.errOut())
+	require.Error(t, dec.wait(t, 30*time.Second), "decode:\n%s\n%s", dec.out(), dec.errOut())
+	const want = "the prefill runs --decode-tp 4, this decode process --decode-tp 2"
+	assert.Contains(t, pre.errOut(), want)
+	assert.Contains(t, dec.errOut(), want)
+}
+
 // TestPeerKilledMidTransfer kills the decode process while the prefill
 // streams into it: the prefill reports the loss and failure within its
 // finish timeout, and exits non-zero; nothing hangs.

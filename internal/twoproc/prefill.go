@@ -2,6 +2,7 @@ package twoproc
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"sync"
 
@@ -15,9 +16,10 @@ import (
 )
 
 // Prefill is the sim workload's decode side when the decode is another
-// process: a workload.DataPlane over a decode.Client. The session stays
-// open after the run (Close does not end it) so that the command can say
-// goodbye with the run's outcome (End).
+// process: a workload.DataPlane over a decode.Client, or, for a sharded
+// run, a workload.ShardedPlane over one decode.Client per decode rank. The
+// sessions stay open after the run (Close does not end them) so that the
+// command can say goodbye with the run's outcome (End).
 type Prefill struct {
 	node         *decode.Node
 	dial         decode.DialConfig
@@ -25,13 +27,16 @@ type Prefill struct {
 	promptTokens int
 
 	mu       sync.Mutex
-	client   *decode.Client
+	clients  []*decode.Client // one per decode rank (one unsharded)
 	onLost   []func(error)
 	mismatch string
 	notices  int
 }
 
-var _ workload.DataPlane = (*Prefill)(nil)
+var (
+	_ workload.DataPlane    = (*Prefill)(nil)
+	_ workload.ShardedPlane = (*Prefill)(nil)
+)
 
 // NewPrefill targets the decode process that dial names (its Decode
 // address, and DecodeName with TLS) from node; data goes over tr.
@@ -45,62 +50,97 @@ func NewPrefill(node *decode.Node, dial decode.DialConfig, tr rdma.Transport, pr
 func (p *Prefill) Open(geom testbed.Geometry, seed uint64, log *zap.Logger) (rdma.Transport, system.Peer, error) {
 	cfg := p.dial
 	cfg.Buffers, cfg.Metadata, cfg.Log = LayoutOf(geom), map[string]string{SeedKey: strconv.FormatUint(seed, 10)}, log
-	c, err := decode.Dial(context.Background(), p.node, cfg)
+	c, err := p.open(cfg)
 	if err != nil {
 		return nil, system.Peer{}, err
 	}
+	return p.tr, c.Peer(), nil
+}
+
+// OpenSharded opens a session with every decode rank of the decode
+// process, rank 0 first (a decode process that disagrees on the pairing
+// names the difference there): each Hello describes the rank's pool as
+// the pairing gives it, and carries the pairing (ShardKey) for the decode
+// process to check against its own flags.
+func (p *Prefill) OpenSharded(shard workload.Shard, ranks []workload.DecodeRank, seed uint64, log *zap.Logger) (rdma.Transport, []system.Peer, error) {
+	var peers []system.Peer
+	for _, r := range ranks {
+		cfg := p.dial
+		cfg.Server, cfg.Buffers, cfg.Log = RankServer(r.Rank), LayoutOf(r.Geometry), log
+		cfg.Metadata = map[string]string{SeedKey: strconv.FormatUint(seed, 10), ShardKey: FormatShard(shard)}
+		c, err := p.open(cfg)
+		if err != nil {
+			return nil, nil, errors.Wrapf(err, "decode PP stage %d TP rank %d", r.Rank.Stage, r.Rank.TP)
+		}
+		if want := RankPeer(r.Rank); c.Peer().ID != want {
+			return nil, nil, errors.Newf("decode PP stage %d TP rank %d: its server's peer id is %q, want %q", r.Rank.Stage, r.Rank.TP, c.Peer().ID, want)
+		}
+		peers = append(peers, c.Peer())
+	}
+	return p.tr, peers, nil
+}
+
+// open dials one session and keeps it, with the loss hooks set so far.
+func (p *Prefill) open(cfg decode.DialConfig) (*decode.Client, error) {
+	c, err := decode.Dial(context.Background(), p.node, cfg)
+	if err != nil {
+		return nil, err
+	}
 	p.mu.Lock()
-	p.client = c
+	p.clients = append(p.clients, c)
 	fs := p.onLost
 	p.mu.Unlock()
 	for _, f := range fs {
 		c.OnLost(f)
 	}
-	return p.tr, c.Peer(), nil
+	return c, nil
 }
 
-// OnPeerLost sets what to do when the decode process is lost.
+// OnPeerLost sets what to do when the decode process (any of its ranks'
+// sessions) is lost.
 func (p *Prefill) OnPeerLost(f func(error)) {
 	p.mu.Lock()
-	c := p.client
-	if c == nil {
-		p.onLost = append(p.onLost, f)
-	}
+	p.onLost = append(p.onLost, f)
+	cs := slices.Clone(p.clients)
 	p.mu.Unlock()
-	if c != nil {
+	for _, c := range cs {
 		c.OnLost(f)
 	}
 }
 
 // Lost returns why the decode process was lost, or nil.
 func (p *Prefill) Lost() error {
-	if c := p.session(); c != nil {
-		return c.Lost()
+	for _, c := range p.sessions() {
+		if err := c.Lost(); err != nil {
+			return err
+		}
 	}
 	return nil
 }
 
-func (p *Prefill) session() *decode.Client {
+func (p *Prefill) sessions() []*decode.Client {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.client
+	return slices.Clone(p.clients)
 }
 
-// ChunkDone sends a finished chunk to the decode process, which verifies it.
+// ChunkDone sends a finished chunk to the decode process, every decode
+// rank of it, which verifies it.
 func (p *Prefill) ChunkDone(n workload.Notice) {
-	c := p.session()
-	if c == nil || c.Lost() != nil {
-		return
-	}
 	res := system.Result{Status: n.Status, Err: n.Err, Stats: system.ChunkStats{Bytes: n.Bytes}}
 	res.Chunk.Room, res.Chunk.Start, res.Chunk.End = n.Room, n.Start, n.End
-	err := c.Notify(context.Background(), decode.Notice{Result: res, Last: n.End >= p.promptTokens,
-		Positions: n.Positions, DstPages: n.DstPages})
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.notices++
-	if err != nil && p.mismatch == "" && c.Lost() == nil {
-		p.mismatch = err.Error()
+	for _, c := range p.sessions() {
+		if c.Lost() != nil {
+			return
+		}
+		err := c.Notify(context.Background(), decode.Notice{Result: res, Last: n.End >= p.promptTokens,
+			Positions: n.Positions, DstPages: n.DstPages})
+		p.mu.Lock()
+		p.notices++
+		if err != nil && p.mismatch == "" && c.Lost() == nil {
+			p.mismatch = err.Error()
+		}
+		p.mu.Unlock()
 	}
 }
 
@@ -111,15 +151,27 @@ func (p *Prefill) Verify(*testbed.Pool) string {
 	return p.mismatch
 }
 
-// Close keeps the session open: End says goodbye with the run's outcome.
+// Close keeps the sessions open: End says goodbye with the run's outcome.
 func (p *Prefill) Close() error { return nil }
 
-// End says goodbye: aborted is nil when the run sent every chunk, else why
-// it stopped. It returns the decode process's summary and its verdict.
+// End says goodbye on every session: aborted is nil when the run sent
+// every chunk, else why it stopped. It returns the decode process's
+// summary (every rank's counts added up) and its verdict (the first
+// rank's that is not complete).
 func (p *Prefill) End(ctx context.Context, aborted error) (decode.Summary, error) {
-	c := p.session()
-	if c == nil {
+	cs := p.sessions()
+	if len(cs) == 0 {
 		return decode.Summary{}, errors.New("no session: the run never opened one")
 	}
-	return c.Bye(ctx, aborted)
+	var sum decode.Summary
+	var first error
+	for _, c := range cs {
+		s, err := c.Bye(ctx, aborted)
+		sum.Chunks += s.Chunks
+		sum.Failed += s.Failed
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	return sum, first
 }

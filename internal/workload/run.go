@@ -44,7 +44,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (*Report, error) {
 		}
 		var mr *ModeReport
 		if g.sharded {
-			mr, err = runSharded(ctx, cfg, g, plan, perLayer, log, progress)
+			mr, err = runSharded(ctx, cfg, g, plan, perLayer, log, progress, nil)
 		} else {
 			mr, err = runMode(ctx, cfg, g, plan, perLayer, log, progress, &localPlane{cfg: cfg, g: g, p: plan})
 		}
@@ -407,15 +407,22 @@ func fill(b []byte, v byte) {
 
 // RunRemote runs the workload once, per layer (or monolithically), with
 // the decode side dp (another process): no modeled link, the transport is
-// real. A lost decode side stops the run early (Aborted) instead of
-// failing it, so that the caller reports what happened.
+// real. A sharded configuration needs dp to be a ShardedPlane: every
+// prefill (stage, rank) engine runs here, as in the sim, and writes into
+// the decode ranks dp opens. A lost decode side stops the run early
+// (Aborted) instead of failing it, so that the caller reports what
+// happened.
 func RunRemote(ctx context.Context, cfg Config, log *zap.Logger, dp DataPlane, perLayer bool) (*ModeReport, error) {
 	g, err := cfg.validate()
 	if err != nil {
 		return nil, err
 	}
+	var remote ShardedPlane
 	if g.sharded {
-		return nil, errors.Mark(errors.Newf("%s: the two-process mode does not shard yet; use kvstream sim", cfg.tpFlags()), system.ErrBadInput)
+		var ok bool
+		if remote, ok = dp.(ShardedPlane); !ok {
+			return nil, errors.Mark(errors.Newf("%s: this decode side (%T) does not shard", cfg.tpFlags(), dp), system.ErrBadInput)
+		}
 	}
 	if log == nil {
 		log = zap.NewNop()
@@ -427,6 +434,9 @@ func RunRemote(ctx context.Context, cfg Config, log *zap.Logger, dp DataPlane, p
 		if cfg.Progress != nil {
 			cfg.Progress(done, len(plan.forwards))
 		}
+	}
+	if remote != nil {
+		return runSharded(ctx, cfg, g, plan, perLayer, log, progress, remote)
 	}
 	return runMode(ctx, cfg, g, plan, perLayer, log, progress, dp)
 }

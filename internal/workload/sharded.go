@@ -12,6 +12,7 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cp/reshard"
 	"github.com/kvstream/kvstream/hw/cuda/sim"
+	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
 	"github.com/kvstream/kvstream/internal/testbed"
 	"github.com/kvstream/kvstream/system"
@@ -306,7 +307,9 @@ func (d *shardedDecode) verify(from, to int) string {
 }
 
 // runSharded runs the schedule in one mode on fresh engines, pools and GPU.
-func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool, log *zap.Logger, progress func()) (*ModeReport, error) {
+// remote, when set, is the decode side (another process's decode ranks,
+// over a real transport); nil: the sim's pools and modeled links.
+func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool, log *zap.Logger, progress func(), remote ShardedPlane) (*ModeReport, error) {
 	col := &collector{kernels: map[string]sim.Span{}, byStream: map[string]map[string]sim.Span{}}
 	fab := loopback.NewFabric(loopback.Options{
 		Bandwidth: cfg.LinkGbps * 1e9 / 8, Latency: cfg.LinkLatency, TimeScale: cfg.TimeScale, ByteScale: g.byteScale, Precise: true,
@@ -322,7 +325,15 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 
 	dd := &shardedDecode{cfg: cfg, g: g, p: p, snaps: map[int][]snapshot{}}
 	var peers []system.Peer
-	for i := 0; i < g.decSide.PP()*g.decSide.TP; i++ {
+	var shared rdma.Transport // the remote run's: every prefill rank sends over it
+	if remote != nil {
+		var err error
+		if shared, peers, err = openRemote(remote, cfg, g, p, log); err != nil {
+			return nil, err
+		}
+		defer remote.Close()
+	}
+	for i := 0; remote == nil && i < g.decSide.PP()*g.decSide.TP; i++ {
 		st, d := i/g.decSide.TP, i%g.decSide.TP
 		name := fmt.Sprintf("decode-pp%d-tp%d", st, d)
 		tr, err := fab.NewTransport(name)
@@ -359,11 +370,14 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 	for i := 0; i < g.preSide.PP()*g.preSide.TP; i++ {
 		st, r := i/g.preSide.TP, i%g.preSide.TP
 		lo, hi := g.preSide.StageLayers(st)
-		tr, err := fab.NewTransport(rankStream(st, r))
-		if err != nil {
-			return nil, err
+		tr := shared
+		if tr == nil {
+			var err error
+			if tr, err = fab.NewTransport(rankStream(st, r)); err != nil {
+				return nil, err
+			}
+			cleanup = append(cleanup, func() { _ = tr.Close() })
 		}
-		cleanup = append(cleanup, func() { _ = tr.Close() })
 		pool, err := testbed.NewPool(geometryOf(&g.preSide, st, p.pool))
 		if err != nil {
 			return nil, errors.Wrapf(err, "prefill PP stage %d TP rank %d pool", st, r)
@@ -410,24 +424,35 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 			}}
 		ranks = append(ranks, rank{eng: eng, model: model, stream: stream, stage: st, before: lo, lastLocal: hi - lo - 1, streamName: rankStream(st, r)})
 	}
+	if lost, ok := remote.(interface{ OnPeerLost(func(error)) }); ok {
+		// The decode ranks share a process: any loss fails the work to
+		// every one of them at once instead of at the finish timeout.
+		lost.OnPeerLost(func(cause error) {
+			for _, rk := range ranks {
+				for _, peer := range peers {
+					rk.eng.PeerLost(peer.ID, cause)
+				}
+			}
+		})
+	}
 
 	// One transfer worker per slot and prefill rank finishes the slot's
 	// request's chunks on that rank in send order; a chunk is snapshotted
 	// on every decode rank when its last rank's Finish returned SUCCESS, and
-	// checked when its request is released or at the end of the run.
+	// checked when its request is released or at the end of the run. A
+	// remote decode side is told how the chunk ended then instead, and
+	// checks it before the slot can be released.
 	mr := &ModeReport{PerLayer: perLayer, Forwards: len(p.forwards)}
 	rs := newResidency(p, cfg.Requests, len(ranks), func(room int) {
-		dd.release(room)
+		if remote == nil {
+			dd.release(room)
+		}
 		for _, pool := range prePools {
 			restale(pool, p.src(room))
 		}
 	})
-	type pending struct {
-		left int
-		ok   bool
-	}
 	var pmu sync.Mutex
-	left := map[[2]int]*pending{}
+	left := map[[2]int]*chunkOutcome{}
 	work := make([][]chan piece, p.resident)
 	var wg sync.WaitGroup
 	for slot := range work {
@@ -455,17 +480,18 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 					pmu.Lock()
 					st := left[key]
 					if st == nil {
-						st = &pending{left: len(ranks), ok: true}
+						st = newOutcome(len(ranks))
 						left[key] = st
 					}
-					st.left--
-					st.ok = st.ok && err == nil
-					done := st.left == 0 && st.ok
+					st.add(res, err)
+					last, done := st.left == 0, st.left == 0 && st.ok
 					if st.left == 0 {
 						delete(left, key)
 					}
 					pmu.Unlock()
-					if done {
+					if last && remote != nil {
+						remote.ChunkDone(notice(cfg, g, p, pc, st.result()))
+					} else if done {
 						_, pos, _ := cfg.CP.Owned(p.src(room)[pc.rng.PageStart:pc.rng.PageStart+pc.rng.Pages], pc.rng.PageStart, g.pagesPerRequest)
 						snap := dd.snapshot(room, pos)
 						dd.mu.Lock()
@@ -515,7 +541,12 @@ forwards:
 					spec.Infos = append(spec.Infos, system.DecodeInfo{Peer: peer.ID, DstPages: p.dst(pc.room)})
 				}
 				if _, err := rk.eng.Register(ctx, spec); err != nil {
-					loopErr = errors.Wrapf(err, "forward %d", k+1)
+					if remote == nil {
+						loopErr = errors.Wrapf(err, "forward %d", k+1)
+						break forwards
+					}
+					// As runMode: the decode side was lost or refused.
+					mr.Aborted = errors.Wrapf(err, "forward %d", k+1).Error()
 					break forwards
 				}
 				writes = append(writes, testbed.Write{Room: uint64(pc.room), PageStart: pc.rng.PageStart, SrcPages: spec.SrcPages, Tokens: pc.end - pc.start})
@@ -560,7 +591,14 @@ forwards:
 	}
 	mr.WallSeconds = time.Since(t0).Seconds()
 	mr.SlotWaits = rs.slotWaits()
-	mr.mismatch = dd.verify(rs.stillResident())
+	if remote != nil {
+		if mr.Aborted != "" {
+			return mr, nil
+		}
+		mr.mismatch = remote.Verify(nil)
+	} else {
+		mr.mismatch = dd.verify(rs.stillResident())
+	}
 	mr.summarize(cfg, g, p, col, t0, forwardEnds)
 	return mr, nil
 }

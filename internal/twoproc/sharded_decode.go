@@ -1,0 +1,325 @@
+package twoproc
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+
+	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/cp/reshard"
+	"github.com/kvstream/kvstream/decode"
+	"github.com/kvstream/kvstream/hw/rdma"
+	"github.com/kvstream/kvstream/internal/testbed"
+	"github.com/kvstream/kvstream/internal/workload"
+	"github.com/kvstream/kvstream/system"
+	"go.uber.org/zap"
+)
+
+// MaxDecodeRanks bounds the decode ranks one sharded decode process
+// serves (--decode-tp x --decode-pp): each is a server and a pool.
+const MaxDecodeRanks = 256
+
+// ShardedDecode is the sim's decode process for a sharded run: one
+// decode.Server per decode (PP stage, TP rank) of its flags, all on one
+// node and one transport, each its own pool and session. A rank admits a
+// prefill only if the pairing it sends (ShardKey) agrees with the
+// process's flags, sizes its pool from the DECODE side of that pairing
+// (its stage's layers at the decode side's item length: what the
+// prefill's Hello must describe), and checks every page of every
+// successful chunk against the model's pattern for the heads and layers
+// it holds.
+type ShardedDecode struct {
+	flags workload.Shard
+	ranks []*decodeRank
+	// refused carries the first pairing a rank refused: Serve ends with
+	// it, since that prefill will never open the sessions it waits for.
+	refused chan error
+}
+
+// decodeRank is one rank's server, pool and check.
+type decodeRank struct {
+	rank   reshard.Rank
+	server *decode.Server
+
+	mu sync.Mutex
+	// admitted is the decode side of the pairing Admit accepted last,
+	// before the pool is sized; side, once sized, the pool's.
+	admitted, side *reshard.Side
+	pairing        workload.Shard
+	pool           *testbed.Pool
+	verified       uint64
+	mismatch       string
+}
+
+// StartShardedDecode starts the servers of every decode rank that flags
+// give (Model, both sides' TP and PP degrees, Order; Layers, PageSize and
+// Scale are the prefill's) on node over tr; each rank's pool holds at most
+// maxPoolBytes. prefills, when set, are the certificate names of the
+// prefills served.
+func StartShardedDecode(node *decode.Node, tr rdma.Transport, flags workload.Shard, maxPoolBytes uint64, prefills []string, log *zap.Logger) (_ *ShardedDecode, err error) {
+	if _, ok := workload.Presets[flags.Model]; !ok {
+		return nil, errors.Mark(errors.Newf("--model %q: want one of %v", flags.Model, workload.PresetNames()), system.ErrBadInput)
+	}
+	tp, pp := max(1, flags.DecodeTP), max(1, flags.DecodePP)
+	switch {
+	case flags.PrefillTP < 0 || flags.DecodeTP < 0 || flags.PrefillPP < 0 || flags.DecodePP < 0:
+		return nil, errors.Mark(errors.Newf("--prefill-tp %d --decode-tp %d --prefill-pp %d --decode-pp %d: must not be negative",
+			flags.PrefillTP, flags.DecodeTP, flags.PrefillPP, flags.DecodePP), system.ErrBadInput)
+	case tp > MaxDecodeRanks || pp > MaxDecodeRanks || tp*pp > MaxDecodeRanks:
+		return nil, errors.Mark(errors.Newf("--decode-tp %d x --decode-pp %d: at most %d decode ranks in one process", tp, pp, MaxDecodeRanks), system.ErrBadInput)
+	}
+	d := &ShardedDecode{flags: flags, refused: make(chan error, 1)}
+	defer func() {
+		if err != nil {
+			_ = d.Close(context.Background())
+		}
+	}()
+	for i := range tp * pp {
+		r := &decodeRank{rank: reshard.Rank{TP: i % tp, Stage: i / tp}}
+		srv, err := decode.New(node, tr, decode.Config{
+			Name:               RankServer(r.rank),
+			ID:                 RankPeer(r.rank),
+			Admit:              func(_ string, md map[string]string) error { return d.admit(r, md) },
+			Size:               func(l []decode.PrefillBuffer) ([]decode.Buffer, error) { return r.size(l, maxPoolBytes) },
+			MaxPoolBytes:       maxPoolBytes,
+			Prefills:           prefills,
+			AcceptUnknownRooms: true, // the sim's decode side does not schedule; it checks
+			Verify:             r.verify,
+			Log:                log,
+		})
+		if err != nil {
+			return nil, errors.Wrapf(err, "decode PP stage %d TP rank %d", r.rank.Stage, r.rank.TP)
+		}
+		r.server = srv
+		d.ranks = append(d.ranks, r)
+	}
+	return d, nil
+}
+
+// Ranks is how many decode ranks the process serves.
+func (d *ShardedDecode) Ranks() int { return len(d.ranks) }
+
+// admit checks a Hello's pairing against the flags: a prefill that shards
+// otherwise is refused with both values, before anything is sized.
+func (d *ShardedDecode) admit(r *decodeRank, md map[string]string) error {
+	text, ok := md[ShardKey]
+	if !ok {
+		return d.refuse(errors.Newf("the prefill does not shard; this decode process serves %s: start the prefill with the same flags",
+			flagsText(d.flags)))
+	}
+	pairing, err := ParseShard(text)
+	if err != nil {
+		return err
+	}
+	if msg := disagree(pairing, d.flags); msg != "" {
+		return d.refuse(errors.Newf("%s: start both with the same sharding flags", msg))
+	}
+	_, dec, err := pairing.Sides()
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.side != nil {
+		// Sized for an earlier session: a later one must write the same.
+		if pairing != r.pairing {
+			return errors.Newf("decode PP stage %d TP rank %d serves %s already, this prefill sends %s", r.rank.Stage, r.rank.TP, r.pairing, pairing)
+		}
+		return nil
+	}
+	r.admitted, r.pairing = &dec, pairing
+	return nil
+}
+
+// refuse marks a disagreement, and hands the first to Serve.
+func (d *ShardedDecode) refuse(err error) error {
+	err = errors.Mark(err, system.ErrBadInput)
+	select {
+	case d.refused <- err:
+	default:
+	}
+	return err
+}
+
+// flagsText spells the decode process's sharding flags.
+func flagsText(f workload.Shard) string {
+	return fmt.Sprintf("--model %s --prefill-tp %d --prefill-pp %d --decode-tp %d --decode-pp %d --page-order %s",
+		f.Model, max(1, f.PrefillTP), max(1, f.PrefillPP), max(1, f.DecodeTP), max(1, f.DecodePP), f.Order)
+}
+
+// size allocates the rank's pool from the decode side the prefill's Hello
+// was admitted for (decode.Config.Admit runs first): its stage's layers at
+// the decode side's item length, as many pages as the Hello's layout
+// (bounded by maxBytes). The layout must be exactly that pool.
+func (r *decodeRank) size(layout []decode.PrefillBuffer, maxBytes uint64) ([]decode.Buffer, error) {
+	r.mu.Lock()
+	dec := r.admitted
+	r.mu.Unlock()
+	if dec == nil {
+		return nil, errors.AssertionFailedf("decode rank %v sized before a pairing was admitted", r.rank)
+	}
+	pages := layout[0].Pages
+	lo, hi := dec.StageLayers(r.rank.Stage)
+	bufs := uint64((hi - lo) * dec.Kinds())
+	if pages == 0 || pages > maxBytes/bufs/dec.ItemLen() {
+		return nil, errors.Newf("decode PP stage %d TP rank %d: %d buffers of %d pages of %d bytes: more than --max-pool-mib allows (%d bytes)",
+			r.rank.Stage, r.rank.TP, bufs, pages, dec.ItemLen(), maxBytes)
+	}
+	g := workload.RankGeometry(dec, r.rank.Stage, int(pages))
+	if len(layout) != g.Buffers() {
+		return nil, errors.Newf("decode PP stage %d TP rank %d: the prefill describes %d buffers, the pairing gives this rank %d (layers [%d, %d) x %d)",
+			r.rank.Stage, r.rank.TP, len(layout), g.Buffers(), lo, hi, dec.Kinds())
+	}
+	for i, b := range layout {
+		if b.ItemLen != g.ItemLen || b.Name != g.Names[i] || b.Layer != g.Layers[i] {
+			return nil, errors.Newf("decode PP stage %d TP rank %d buffer %d: the prefill describes %.64s of layer %d, %d bytes a page; the pairing gives %s of layer %d, %d bytes a page",
+				r.rank.Stage, r.rank.TP, i, b.Name, b.Layer, b.ItemLen, g.Names[i], g.Layers[i], g.ItemLen)
+		}
+	}
+	pool, err := testbed.NewPool(g)
+	if err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	r.side, r.pool = dec, pool
+	r.mu.Unlock()
+	out := make([]decode.Buffer, len(layout))
+	for b := range out {
+		out[b] = decode.Buffer{Name: g.Names[b], Base: pool.Bases[b], ItemLen: g.ItemLen, Pages: g.Pages}
+	}
+	return out, nil
+}
+
+// verify checks every page a successful chunk wrote into this rank: each
+// buffer's page holds the pattern of this rank's heads of its layer.
+func (r *decodeRank) verify(ss *decode.Session, c decode.Chunk) error {
+	seed, err := strconv.ParseUint(ss.Metadata()[SeedKey], 10, 64)
+	if err != nil {
+		return errors.Newf("the prefill %s sent no sim seed (%s): its pages cannot be checked", ss.Prefill(), SeedKey)
+	}
+	return r.check(seed, c)
+}
+
+// check is verify with the session's seed.
+func (r *decodeRank) check(seed uint64, c decode.Chunk) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	want := make([]byte, r.pool.ItemLen)
+	for i, pos := range c.Positions {
+		for b := range r.pool.Layers {
+			layer, kind := workload.LayerKind(r.side, r.rank.Stage, b)
+			workload.PageFill(want, r.side, r.rank.TP, seed, c.Room, layer, kind, pos)
+			if !bytes.Equal(want, r.pool.Page(b, c.DstPages[i])) {
+				msg := fmt.Sprintf("decode TP rank %d (PP stage %d) room %d position %d (decode page %d) buffer %s: bytes differ from the rank's heads",
+					r.rank.TP, r.rank.Stage, c.Room, pos, c.DstPages[i], r.pool.Names[b])
+				if r.mismatch == "" {
+					r.mismatch = msg
+				}
+				return errors.New(msg)
+			}
+			r.verified++
+		}
+	}
+	return nil
+}
+
+// Serve accepts one prefill session per decode rank and returns their
+// summary, all ranks together, once every session ended. A session that
+// ends without completing ends the wait for the ranks that have none yet
+// (the prefill opens them all before it sends anything, so none is
+// coming). A prefill whose pairing disagrees with the flags ends it with
+// that error; so does ctx, before any session.
+func (d *ShardedDecode) Serve(ctx context.Context) (DecodeSummary, error) {
+	acceptCtx, stopAccepting := context.WithCancel(ctx)
+	defer stopAccepting()
+	type ended struct {
+		rep     decode.SessionReport
+		err     error
+		session bool
+	}
+	out := make(chan ended, len(d.ranks))
+	for _, r := range d.ranks {
+		go func() {
+			ss, err := r.server.Accept(acceptCtx)
+			if err != nil {
+				out <- ended{err: err}
+				return
+			}
+			rep, err := ss.Wait(ctx)
+			out <- ended{rep: rep, err: err, session: true}
+		}()
+	}
+	sum := DecodeSummary{Ranks: len(d.ranks)}
+	sum.Complete = true
+	sessions, missing := 0, 0
+	var noSession error
+	for got := 0; got < len(d.ranks); got++ {
+		var e ended
+		select {
+		case e = <-out:
+		case err := <-d.refused:
+			lingerAfterRefusal(ctx)
+			stopAccepting()
+			for ; got < len(d.ranks); got++ {
+				<-out // sessions opened before the refusal end with the prefill's Bye
+			}
+			return DecodeSummary{}, err
+		}
+		if !e.session {
+			missing++
+			if noSession == nil {
+				noSession = e.err
+			}
+			continue
+		}
+		sessions++
+		if e.err != nil || !e.rep.Complete {
+			stopAccepting()
+		}
+		if sum.Prefill == "" {
+			sum.Prefill = e.rep.Prefill
+		}
+		sum.Chunks += e.rep.Chunks
+		sum.Failed += e.rep.Failed
+		sum.Rooms += e.rep.Rooms
+		sum.Complete = sum.Complete && e.rep.Complete
+		if e.err != nil && sum.Err == nil {
+			sum.Err = e.err
+		}
+	}
+	if sessions == 0 {
+		return DecodeSummary{}, noSession
+	}
+	if missing > 0 {
+		sum.Complete = false
+		if sum.Err == nil {
+			sum.Err = errors.Wrapf(noSession, "%d of %d decode ranks had no session", missing, len(d.ranks))
+		}
+	}
+	for _, r := range d.ranks {
+		r.mu.Lock()
+		sum.VerifiedPages += r.verified
+		if sum.Mismatch == "" {
+			sum.Mismatch = r.mismatch
+		}
+		r.mu.Unlock()
+	}
+	return sum, nil
+}
+
+// Close closes every rank's server and frees its pool.
+func (d *ShardedDecode) Close(ctx context.Context) error {
+	var err error
+	for _, r := range d.ranks {
+		err = errors.CombineErrors(err, r.server.Close(ctx))
+		r.mu.Lock()
+		if r.pool != nil {
+			err = errors.CombineErrors(err, r.pool.Free())
+			r.pool = nil
+		}
+		r.mu.Unlock()
+	}
+	return err
+}
