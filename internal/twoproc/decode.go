@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
-	"time"
 
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/decode"
@@ -63,16 +62,13 @@ type Decode struct {
 	pool     *testbed.Pool
 	verified uint64
 	mismatch string
-	// refused carries a sharded prefill's Hello, refused: Serve ends with
-	// it rather than wait for a session that will not come.
-	refused chan error
 }
 
 // StartDecode serves prefill sessions on node over tr; the pool it sizes
 // for the first prefill holds at most maxPoolBytes.
 // prefills, when set, are the certificate names of the prefills it serves.
 func StartDecode(node *decode.Node, tr rdma.Transport, maxPoolBytes uint64, prefills []string, log *zap.Logger) (*Decode, error) {
-	d := &Decode{refused: make(chan error, 1)}
+	d := &Decode{}
 	srv, err := decode.New(node, tr, decode.Config{
 		Admit:              d.admit,
 		Size:               func(l []decode.PrefillBuffer) ([]decode.Buffer, error) { return d.size(l, maxPoolBytes) },
@@ -90,19 +86,17 @@ func StartDecode(node *decode.Node, tr rdma.Transport, maxPoolBytes uint64, pref
 }
 
 // admit refuses a prefill that shards: its engines would write head
-// slices and layer subsets into a pool sized as if they did not.
+// slices and layer subsets into a pool sized as if they did not. The
+// refusal reaches the prefill and the log; the process keeps serving, so
+// that a prefill restarted with the right flags finds it (and so that no
+// Hello can end it).
 func (d *Decode) admit(_ string, md map[string]string) error {
 	text, ok := md[ShardKey]
 	if !ok {
 		return nil
 	}
-	err := errors.Mark(errors.Newf("the prefill shards (%.512s); this decode process was started without --prefill-tp/--decode-tp/--prefill-pp/--decode-pp: start it with the prefill's",
+	return errors.Mark(errors.Newf("the prefill shards (%.512s); this decode process was started without --prefill-tp/--decode-tp/--prefill-pp/--decode-pp: start it with the prefill's",
 		text), system.ErrBadInput)
-	select {
-	case d.refused <- err:
-	default:
-	}
-	return err
 }
 
 // size allocates a pool of the prefill's geometry, within the bound.
@@ -164,7 +158,7 @@ func (d *Decode) verify(ss *decode.Session, c decode.Chunk) error {
 // Serve accepts the first prefill session and returns its summary once it
 // ended (the error is ctx's, when it ended first).
 func (d *Decode) Serve(ctx context.Context) (DecodeSummary, error) {
-	ss, err := acceptUnlessRefused(ctx, d.Server, d.refused)
+	ss, err := d.Server.Accept(ctx)
 	if err != nil {
 		return DecodeSummary{}, err
 	}
@@ -175,48 +169,6 @@ func (d *Decode) Serve(ctx context.Context) (DecodeSummary, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return DecodeSummary{SessionReport: rep, VerifiedPages: d.verified, Mismatch: d.mismatch, Err: err}, nil
-}
-
-// refusalGrace is how long a decode process that refused a prefill's
-// Hello keeps serving before Serve returns: the refusal, which names what
-// differs, is still queued in the node's endpoint writer when Admit
-// returns, and a node stopped at once would drop it (the prefill would see
-// a bare timeout). A variable for this package's tests, whose node
-// outlives Serve.
-var refusalGrace = 2 * time.Second
-
-// lingerAfterRefusal waits refusalGrace, or ctx.
-func lingerAfterRefusal(ctx context.Context) {
-	t := time.NewTimer(refusalGrace)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-	}
-}
-
-// acceptUnlessRefused is srv.Accept, cut short by a refusal.
-func acceptUnlessRefused(parent context.Context, srv *decode.Server, refused <-chan error) (*decode.Session, error) {
-	ctx, cancel := context.WithCancel(parent)
-	defer cancel()
-	var why error
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		select {
-		case why = <-refused:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	ss, err := srv.Accept(ctx)
-	cancel()
-	<-done
-	if why != nil {
-		lingerAfterRefusal(parent)
-		return nil, why
-	}
-	return ss, err
 }
 
 // Close closes the server and frees the pool.

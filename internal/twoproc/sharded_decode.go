@@ -33,9 +33,6 @@ const MaxDecodeRanks = 256
 type ShardedDecode struct {
 	flags workload.Shard
 	ranks []*decodeRank
-	// refused carries the first pairing a rank refused: Serve ends with
-	// it, since that prefill will never open the sessions it waits for.
-	refused chan error
 }
 
 // decodeRank is one rank's server, pool and check.
@@ -70,7 +67,7 @@ func StartShardedDecode(node *decode.Node, tr rdma.Transport, flags workload.Sha
 	case tp > MaxDecodeRanks || pp > MaxDecodeRanks || tp*pp > MaxDecodeRanks:
 		return nil, errors.Mark(errors.Newf("--decode-tp %d x --decode-pp %d: at most %d decode ranks in one process", tp, pp, MaxDecodeRanks), system.ErrBadInput)
 	}
-	d := &ShardedDecode{flags: flags, refused: make(chan error, 1)}
+	d := &ShardedDecode{flags: flags}
 	defer func() {
 		if err != nil {
 			_ = d.Close(context.Background())
@@ -133,14 +130,11 @@ func (d *ShardedDecode) admit(r *decodeRank, md map[string]string) error {
 	return nil
 }
 
-// refuse marks a disagreement, and hands the first to Serve.
+// refuse marks a disagreement. It reaches the prefill and the log; the
+// process keeps serving, so that a prefill restarted with the right flags
+// finds it (and so that no Hello can end it).
 func (d *ShardedDecode) refuse(err error) error {
-	err = errors.Mark(err, system.ErrBadInput)
-	select {
-	case d.refused <- err:
-	default:
-	}
-	return err
+	return errors.Mark(err, system.ErrBadInput)
 }
 
 // flagsText spells the decode process's sharding flags.
@@ -256,17 +250,7 @@ func (d *ShardedDecode) Serve(ctx context.Context) (DecodeSummary, error) {
 	sessions, missing := 0, 0
 	var noSession error
 	for got := 0; got < len(d.ranks); got++ {
-		var e ended
-		select {
-		case e = <-out:
-		case err := <-d.refused:
-			lingerAfterRefusal(ctx)
-			stopAccepting()
-			for ; got < len(d.ranks); got++ {
-				<-out // sessions opened before the refusal end with the prefill's Bye
-			}
-			return DecodeSummary{}, err
-		}
+		e := <-out
 		if !e.session {
 			missing++
 			if noSession == nil {

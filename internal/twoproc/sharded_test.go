@@ -14,6 +14,8 @@ import (
 	"github.com/kvstream/kvstream/system"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // shardedCfg is a small sharded run of model: 2 requests of 300 tokens in
@@ -37,48 +39,65 @@ func flagsOf(cfg workload.Config) workload.Shard {
 		DecodeTP: cfg.DecodeTP, DecodePP: cfg.DecodePP, Order: cfg.PageOrder}
 }
 
-// runSharded runs cfg's prefill ranks into a sharded decode side started
-// with flags, on one node and one loopback fabric (what `kvstream prefill`
-// and `kvstream decode` do across processes over UCX), says goodbye, and
-// returns both sides' outcomes; the decode side's Serve error, if any.
-func runSharded(t *testing.T, cfg workload.Config, flags workload.Shard) (DecodeSummary, error, *workload.ModeReport, error, error) {
+// shardedRig is a sharded decode side started with some flags, serving on
+// one node and one loopback fabric (what `kvstream decode` does over UCX),
+// and the prefills run into it in turn (what `kvstream prefill` does).
+type shardedRig struct {
+	ctx   context.Context
+	node  *decode.Node
+	preTr *loopback.Transport
+	out   chan served
+	logs  *observer.ObservedLogs
+}
+
+type served struct {
+	s   DecodeSummary
+	err error
+}
+
+func newShardedRig(t *testing.T, flags workload.Shard) *shardedRig {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	t.Cleanup(cancel)
 	fab := loopback.NewFabric(loopback.Options{})
 	decTr, err := fab.NewTransport("decode")
 	require.NoError(t, err)
-	defer decTr.Close()
+	t.Cleanup(func() { _ = decTr.Close() })
 	preTr, err := fab.NewTransport("prefill")
 	require.NoError(t, err)
-	defer preTr.Close()
+	t.Cleanup(func() { _ = preTr.Close() })
 	node, err := decode.Listen("127.0.0.1:0", nil)
 	require.NoError(t, err)
-	defer node.Close(context.Background())
-	d, err := StartShardedDecode(node, decTr, flags, 64<<20, nil, nil)
+	t.Cleanup(func() { _ = node.Close(context.Background()) })
+	core, logs := observer.New(zap.WarnLevel)
+	d, err := StartShardedDecode(node, decTr, flags, 64<<20, nil, zap.New(core))
 	require.NoError(t, err)
-	defer d.Close(context.Background())
-	type served struct {
-		s   DecodeSummary
-		err error
-	}
-	out := make(chan served, 1)
+	t.Cleanup(func() { _ = d.Close(context.Background()) })
+	r := &shardedRig{ctx: ctx, node: node, preTr: preTr, out: make(chan served, 1), logs: logs}
 	go func() {
 		s, err := d.Serve(ctx)
-		out <- served{s, err}
+		r.out <- served{s, err}
 	}()
+	return r
+}
 
-	p := NewPrefill(node, decode.DialConfig{Decode: node.Addr()}, preTr, cfg.PromptTokens)
-	mr, runErr := workload.RunRemote(ctx, cfg, nil, p, true)
-	var byeErr error
+// prefill runs cfg's prefill ranks into the decode side and says goodbye.
+func (r *shardedRig) prefill(cfg workload.Config) (mr *workload.ModeReport, runErr, byeErr error) {
+	p := NewPrefill(r.node, decode.DialConfig{Decode: r.node.Addr()}, r.preTr, cfg.PromptTokens)
+	mr, runErr = workload.RunRemote(r.ctx, cfg, nil, p, true)
 	if len(p.sessions()) > 0 {
-		var aborted error
-		if runErr != nil {
-			aborted = runErr
-		}
-		_, byeErr = p.End(ctx, aborted)
+		_, byeErr = p.End(r.ctx, runErr)
 	}
-	s := <-out
+	return mr, runErr, byeErr
+}
+
+// runSharded runs cfg into a decode side started with flags and returns
+// both sides' outcomes; the decode side's Serve error, if any.
+func runSharded(t *testing.T, cfg workload.Config, flags workload.Shard) (DecodeSummary, error, *workload.ModeReport, error, error) {
+	t.Helper()
+	r := newShardedRig(t, flags)
+	mr, runErr, byeErr := r.prefill(cfg)
+	s := <-r.out
 	return s.s, s.err, mr, runErr, byeErr
 }
 
@@ -124,65 +143,86 @@ func TestShardedSessionsVerified(t *testing.T) {
 }
 
 // TestShardedPairingMustAgree: a prefill and a decode process that differ
-// on the pairing stop before anything is sized or sent, both saying which
-// flag differs and its two values; so do a sharded prefill and a decode
-// process started without sharding, and the other way round.
+// on the pairing stop before anything is sized or sent: the prefill fails
+// and the decode side logs, both saying which flag differs and its two
+// values; so do a sharded prefill and a decode process started without
+// sharding, and the other way round. The decode process keeps serving: the
+// prefill restarted with its flags completes, byte-equal.
 func TestShardedPairingMustAgree(t *testing.T) {
-	cfg := shardedCfg("llama70b", 4, 2, 0, 4, 0, reshard.HeadMajor)
-	flags := flagsOf(cfg)
-	flags.DecodeTP = 2
-	s, serveErr, _, err, _ := runSharded(t, cfg, flags)
-	require.Error(t, err)
-	assert.True(t, errors.Is(err, decode.ErrBadInput), "%v", err)
-	assert.ErrorContains(t, err, "the prefill runs --decode-tp 4, this decode process --decode-tp 2")
-	assert.ErrorContains(t, serveErr, "the prefill runs --decode-tp 4, this decode process --decode-tp 2")
-	assert.Zero(t, s.VerifiedPages)
+	good := shardedCfg("llama70b", 4, 2, 0, 2, 0, reshard.HeadMajor)
+	for _, tc := range []struct {
+		name string
+		bad  workload.Config
+		want string
+	}{
+		{"decode TP", shardedCfg("llama70b", 4, 2, 0, 4, 0, reshard.HeadMajor), "the prefill runs --decode-tp 4, this decode process --decode-tp 2"},
+		{"model", shardedCfg("dsv3", 4, 2, 0, 2, 0, reshard.HeadMajor), "the prefill runs --model dsv3, this decode process --model llama70b"},
+		{"unsharded prefill", shardedCfg("llama70b", 4, 0, 0, 0, 0, reshard.HeadMajor),
+			"the prefill does not shard; this decode process serves --model llama70b --prefill-tp 2 --prefill-pp 1 --decode-tp 2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newShardedRig(t, flagsOf(good))
+			_, err, _ := r.prefill(tc.bad)
+			require.Error(t, err)
+			assert.True(t, errors.Is(err, decode.ErrBadInput), "%v", err)
+			assert.ErrorContains(t, err, tc.want)
+			refused := r.logs.FilterMessage("hello refused: not admitted").All()
+			require.NotEmpty(t, refused, "the decode side logs the refusal")
+			assert.Contains(t, refused[0].ContextMap()["error"], tc.want)
 
-	flags = flagsOf(cfg)
-	flags.Model = "dsv3"
-	_, serveErr, _, err, _ = runSharded(t, cfg, flags)
-	assert.ErrorContains(t, err, "the prefill runs --model llama70b, this decode process --model dsv3")
-	assert.ErrorContains(t, serveErr, "--model llama70b")
+			mr, err, byeErr := r.prefill(good)
+			require.NoError(t, err, "the decode process still serves")
+			require.NoError(t, byeErr)
+			assert.Zero(t, mr.Failed)
+			s := <-r.out
+			require.NoError(t, s.err)
+			assert.True(t, s.s.OK(), "%s", s.s)
+		})
+	}
 }
 
 // TestShardingOnOneSideOnly: an unsharded decode process refuses a
-// sharded prefill, and a sharded one an unsharded prefill, each naming
-// what the other side runs.
+// sharded prefill, naming what the prefill runs, and keeps serving.
 func TestShardingOnOneSideOnly(t *testing.T) {
-	t.Run("sharded prefill", func(t *testing.T) {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		fab := loopback.NewFabric(loopback.Options{})
-		decTr, err := fab.NewTransport("decode")
-		require.NoError(t, err)
-		defer decTr.Close()
-		preTr, err := fab.NewTransport("prefill")
-		require.NoError(t, err)
-		defer preTr.Close()
-		node, err := decode.Listen("127.0.0.1:0", nil)
-		require.NoError(t, err)
-		defer node.Close(context.Background())
-		d, err := StartDecode(node, decTr, 64<<20, nil, nil)
-		require.NoError(t, err)
-		defer d.Close(context.Background())
-		served := make(chan error, 1)
-		go func() {
-			_, err := d.Serve(ctx)
-			served <- err
-		}()
-		cfg := shardedCfg("llama70b", 4, 2, 0, 1, 0, reshard.HeadMajor)
-		p := NewPrefill(node, decode.DialConfig{Decode: node.Addr()}, preTr, cfg.PromptTokens)
-		_, err = workload.RunRemote(ctx, cfg, nil, p, true)
-		assert.True(t, errors.Is(err, system.ErrBadInput), "%v", err)
-		assert.ErrorContains(t, err, "this decode process was started without --prefill-tp/--decode-tp")
-		assert.ErrorContains(t, <-served, "the prefill shards (model=llama70b layers=4 prefill-tp=2")
-	})
-	t.Run("sharded decode", func(t *testing.T) {
-		cfg := shardedCfg("small", 0, 0, 0, 0, 0, reshard.HeadMajor)
-		_, serveErr, _, err, _ := runSharded(t, cfg, workload.Shard{Model: "small", DecodeTP: 2})
-		assert.ErrorContains(t, err, "the prefill does not shard; this decode process serves --model small --prefill-tp 1 --prefill-pp 1 --decode-tp 2")
-		assert.ErrorContains(t, serveErr, "the prefill does not shard")
-	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	fab := loopback.NewFabric(loopback.Options{})
+	decTr, err := fab.NewTransport("decode")
+	require.NoError(t, err)
+	defer decTr.Close()
+	preTr, err := fab.NewTransport("prefill")
+	require.NoError(t, err)
+	defer preTr.Close()
+	node, err := decode.Listen("127.0.0.1:0", nil)
+	require.NoError(t, err)
+	defer node.Close(context.Background())
+	core, logs := observer.New(zap.WarnLevel)
+	d, err := StartDecode(node, decTr, 64<<20, nil, zap.New(core))
+	require.NoError(t, err)
+	defer d.Close(context.Background())
+	served := make(chan DecodeSummary, 1)
+	go func() {
+		s, err := d.Serve(ctx)
+		assert.NoError(t, err)
+		served <- s
+	}()
+	cfg := shardedCfg("llama70b", 4, 2, 0, 1, 0, reshard.HeadMajor)
+	p := NewPrefill(node, decode.DialConfig{Decode: node.Addr()}, preTr, cfg.PromptTokens)
+	_, err = workload.RunRemote(ctx, cfg, nil, p, true)
+	assert.True(t, errors.Is(err, system.ErrBadInput), "%v", err)
+	assert.ErrorContains(t, err, "this decode process was started without --prefill-tp/--decode-tp")
+	refused := logs.FilterMessage("hello refused: not admitted").All()
+	require.NotEmpty(t, refused, "the decode side logs the refusal")
+	assert.Contains(t, refused[0].ContextMap()["error"], "the prefill shards (model=llama70b layers=4 prefill-tp=2")
+
+	cfg = shardedCfg("llama70b", 4, 0, 0, 0, 0, reshard.HeadMajor)
+	p = NewPrefill(node, decode.DialConfig{Decode: node.Addr()}, preTr, cfg.PromptTokens)
+	mr, err := workload.RunRemote(ctx, cfg, nil, p, true)
+	require.NoError(t, err, "the decode process still serves")
+	assert.Zero(t, mr.Failed)
+	_, err = p.End(ctx, nil)
+	require.NoError(t, err)
+	assert.True(t, (<-served).OK())
 }
 
 // TestRankCheckNamesTheWrongPage: a decode rank's check accepts exactly

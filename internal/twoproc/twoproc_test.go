@@ -16,7 +16,6 @@ import (
 
 // TestMain: see decode's TestMain for the dead-letter throttle.
 func TestMain(m *testing.M) {
-	refusalGrace = 0 // the tests' node outlives Serve: a refusal always reaches the prefill
 	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/asynkron/protoactor-go/actor.NewDeadLetter.NewThrottle.func4.1"))
 }
 
