@@ -269,6 +269,14 @@ func runMode(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool
 		}
 		restale(pool, p.src(room))
 	})
+	// The in-process decode side checks a chunk's pages the moment its
+	// Finish returned (a write landing later shows then); another process
+	// is told through a notifier, off the worker.
+	_, inProcess := dp.(*localPlane)
+	var nt *notifier
+	if !inProcess {
+		nt = newNotifier(p.resident, p.maxChunks, dp.ChunkDone)
+	}
 	work := make([]chan piece, p.resident)
 	var wg sync.WaitGroup
 	for s := range work {
@@ -291,9 +299,18 @@ func runMode(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool
 					}
 				}
 				col.mu.Unlock()
-				dp.ChunkDone(notice(cfg, g, p, pc, res))
+				var after func()
 				if pc.last {
-					rs.finished(pc.room)
+					room := pc.room
+					after = func() { rs.finished(room) }
+				}
+				if nt != nil {
+					nt.notify(pc.room, notice(cfg, g, p, pc, res), after)
+					continue
+				}
+				dp.ChunkDone(notice(cfg, g, p, pc, res))
+				if after != nil {
+					after()
 				}
 			}
 		}(s)
@@ -355,6 +372,9 @@ forwards:
 		close(w)
 	}
 	wg.Wait()
+	if nt != nil {
+		nt.close()
+	}
 	if loopErr != nil {
 		return nil, loopErr
 	}

@@ -451,6 +451,10 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 			restale(pool, p.src(room))
 		}
 	})
+	var nt *notifier
+	if remote != nil {
+		nt = newNotifier(p.resident, p.maxChunks, remote.ChunkDone) // see runMode
+	}
 	var pmu sync.Mutex
 	left := map[[2]int]*chunkOutcome{}
 	work := make([][]chan piece, p.resident)
@@ -488,10 +492,20 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 					if st.left == 0 {
 						delete(left, key)
 					}
+					if last && nt != nil {
+						// Queued under the lock: the chunks of a room reach
+						// the notifier in order whichever rank ends each.
+						var after func()
+						if pc.last {
+							after = func() { rs.finished(room) }
+						}
+						nt.notify(room, notice(cfg, g, p, pc, st.result()), after)
+					}
 					pmu.Unlock()
-					if last && remote != nil {
-						remote.ChunkDone(notice(cfg, g, p, pc, st.result()))
-					} else if done {
+					if last && nt != nil {
+						continue // the notice releases this rank's share of the slot
+					}
+					if done {
 						_, pos, _ := cfg.CP.Owned(p.src(room)[pc.rng.PageStart:pc.rng.PageStart+pc.rng.Pages], pc.rng.PageStart, g.pagesPerRequest)
 						snap := dd.snapshot(room, pos)
 						dd.mu.Lock()
@@ -586,6 +600,9 @@ forwards:
 		}
 	}
 	wg.Wait()
+	if nt != nil {
+		nt.close()
+	}
 	if loopErr != nil {
 		return nil, loopErr
 	}

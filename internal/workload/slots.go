@@ -89,3 +89,54 @@ func (rs *residency) slotWaits() int {
 	defer rs.mu.Unlock()
 	return rs.waits
 }
+
+// notifier tells a decode side in another process how each chunk ended,
+// in order per slot, off the transfer workers: a worker calls its next
+// Finish at once instead of after the other process checked the previous
+// chunk (which would hold the next chunk's Finish, and so its exposed
+// time, behind a check of a whole chunk's pages). A request's slot is
+// released only after its last notice was answered (after), so that the
+// decode side checks its pages before another request writes them.
+type notifier struct {
+	chs []chan notified
+	wg  sync.WaitGroup
+}
+
+type notified struct {
+	n     Notice
+	after func() // or nil
+}
+
+// newNotifier starts a goroutine per slot that hands notices to send.
+func newNotifier(slots, depth int, send func(Notice)) *notifier {
+	nt := &notifier{chs: make([]chan notified, slots)}
+	for s := range nt.chs {
+		// A slot's request is not replaced before its last notice was
+		// answered: one request's chunks are all a slot ever queues.
+		nt.chs[s] = make(chan notified, depth)
+		nt.wg.Add(1)
+		go func() {
+			defer nt.wg.Done()
+			for x := range nt.chs[s] {
+				send(x.n)
+				if x.after != nil {
+					x.after()
+				}
+			}
+		}()
+	}
+	return nt
+}
+
+// notify queues n for room's slot; after, if set, runs once it was sent.
+func (nt *notifier) notify(room int, n Notice, after func()) {
+	nt.chs[room%len(nt.chs)] <- notified{n, after}
+}
+
+// close sends what is queued and stops.
+func (nt *notifier) close() {
+	for _, ch := range nt.chs {
+		close(ch)
+	}
+	nt.wg.Wait()
+}

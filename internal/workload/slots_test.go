@@ -2,7 +2,9 @@ package workload
 
 import (
 	"context"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvstream/kvstream/internal/testbed"
 	"github.com/stretchr/testify/assert"
@@ -67,9 +69,11 @@ func TestPoolsHoldTheResidentRequests(t *testing.T) {
 }
 
 // Many more requests than slots, with a slot per forward's requests only
-// and a link a hundred times slower than the forwards: rooms reuse pages while
-// transfers lag, so the forward loop waits for slots; every byte is
-// checked, before each reuse and at the end, unsharded and sharded.
+// and a link whose 50 ms latency dwarfs a forward (tens of microseconds of
+// modeled compute, and of the host's work even on a loaded machine):
+// rooms reuse pages while transfers lag, so the forward loop waits for
+// slots; every byte is checked, before each reuse and at the end,
+// unsharded and sharded.
 func TestRunReusesSlots(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -85,10 +89,10 @@ func TestRunReusesSlots(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := Defaults()
 			cfg.Preset = Presets["small"]
-			cfg.Requests, cfg.PromptTokens, cfg.ChunkTokens, cfg.PageSize = 8, 256, 256, 64
+			cfg.Requests, cfg.PromptTokens, cfg.ChunkTokens, cfg.PageSize = 8, 128, 128, 64
 			cfg.Resident = 2
 			cfg.LayerUsPerKTok = 100
-			cfg.LinkGbps = 1
+			cfg.LinkLatency = 50 * time.Millisecond
 			tc.edit(&cfg)
 			rep, err := Run(context.Background(), cfg, nil)
 			require.NoError(t, err)
@@ -146,4 +150,39 @@ func TestReleaseChecksAndClears(t *testing.T) {
 	assert.Contains(t, msg, "room 1 position 1")
 	assert.Contains(t, msg, "buffer KV3")
 	assert.Contains(t, msg, "when its slot was released")
+}
+
+// A notice being sent (the other process checking the previous chunk)
+// does not hold the worker back; a slot's notices go in order, and a
+// request's after runs once its last notice was sent.
+func TestNotifierDoesNotHoldTheWorker(t *testing.T) {
+	var mu sync.Mutex
+	sent := map[int][]int{} // room -> chunk starts, in the order sent
+	gate := make(chan struct{})
+	nt := newNotifier(2, 4, func(n Notice) {
+		<-gate
+		mu.Lock()
+		sent[int(n.Room)] = append(sent[int(n.Room)], n.Start)
+		mu.Unlock()
+	})
+	released := make(chan int, 2)
+	for _, room := range []int{0, 1} {
+		nt.notify(room, Notice{Room: uint64(room), Start: 0}, nil)
+		nt.notify(room, Notice{Room: uint64(room), Start: 128}, nil)
+		nt.notify(room, Notice{Room: uint64(room), Start: 256}, func() {
+			mu.Lock()
+			defer mu.Unlock()
+			assert.Len(t, sent[room], 3, "room %d released after its last notice", room)
+			released <- room
+		})
+	}
+	// Every notify above returned while no notice could be sent.
+	mu.Lock()
+	assert.Empty(t, sent)
+	mu.Unlock()
+	close(gate)
+	got := []int{<-released, <-released}
+	assert.ElementsMatch(t, []int{0, 1}, got)
+	nt.close()
+	assert.Equal(t, map[int][]int{0: {0, 128, 256}, 1: {0, 128, 256}}, sent)
 }
