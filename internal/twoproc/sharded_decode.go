@@ -223,8 +223,8 @@ func (r *decodeRank) check(seed uint64, c decode.Chunk) error {
 // summary, all ranks together, once every session ended. A session that
 // ends without completing ends the wait for the ranks that have none yet
 // (the prefill opens them all before it sends anything, so none is
-// coming). A prefill whose pairing disagrees with the flags ends it with
-// that error; so does ctx, before any session.
+// coming). A prefill whose pairing disagrees with the flags is refused and
+// the wait goes on; ctx ends it, before any session.
 func (d *ShardedDecode) Serve(ctx context.Context) (DecodeSummary, error) {
 	acceptCtx, stopAccepting := context.WithCancel(ctx)
 	defer stopAccepting()

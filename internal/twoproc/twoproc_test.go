@@ -19,6 +19,24 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/asynkron/protoactor-go/actor.NewDeadLetter.NewThrottle.func4.1"))
 }
 
+// loopbackPair is what two processes have over UCX, in one: a decode and a
+// prefill transport on one loopback fabric, and a node for both sides'
+// sessions; all closed when the test ends.
+func loopbackPair(t *testing.T) (decTr, preTr *loopback.Transport, node *decode.Node) {
+	t.Helper()
+	fab := loopback.NewFabric(loopback.Options{})
+	decTr, err := fab.NewTransport("decode")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = decTr.Close() })
+	preTr, err = fab.NewTransport("prefill")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = preTr.Close() })
+	node, err = decode.Listen("127.0.0.1:0", nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = node.Close(context.Background()) })
+	return decTr, preTr, node
+}
+
 // run runs the sim workload into a decode side, both on one node and one
 // loopback fabric (what `kvstream prefill` and `kvstream decode` do across
 // processes over UCX), says goodbye with aborted, and returns both sides'
@@ -27,16 +45,7 @@ func run(t *testing.T, aborted error, edit ...func(*workload.Config)) (DecodeSum
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	fab := loopback.NewFabric(loopback.Options{})
-	decTr, err := fab.NewTransport("decode")
-	require.NoError(t, err)
-	defer decTr.Close()
-	preTr, err := fab.NewTransport("prefill")
-	require.NoError(t, err)
-	defer preTr.Close()
-	node, err := decode.Listen("127.0.0.1:0", nil)
-	require.NoError(t, err)
-	defer node.Close(context.Background())
+	decTr, preTr, node := loopbackPair(t)
 	d, err := StartDecode(node, decTr, 64<<20, nil, nil)
 	require.NoError(t, err)
 	defer d.Close(context.Background())
