@@ -34,7 +34,9 @@ func newResidency(p *plan, requests, ranks int, release func(room int)) *residen
 }
 
 // finished records that one engine's Finish of room's last chunk returned,
-// whatever its status: the chunk is quiesced, no write of it is in flight.
+// whatever its status: when Finish returns, no write of the chunk can
+// still land (the engine's quiesce-before-reuse invariant; where it could
+// not make sure, ErrNotQuiesced, the chunk failed and so does the run).
 func (rs *residency) finished(room int) {
 	rs.mu.Lock()
 	n, ok := rs.left[room]
