@@ -122,34 +122,62 @@ func (d *Decode) size(layout []decode.PrefillBuffer, maxBytes uint64) ([]decode.
 	d.mu.Lock()
 	d.pool = pool
 	d.mu.Unlock()
-	out := make([]decode.Buffer, len(layout))
+	return offerOf(pool), nil
+}
+
+// offerOf is pool as the decode server offers it.
+func offerOf(pool *testbed.Pool) []decode.Buffer {
+	out := make([]decode.Buffer, pool.Buffers())
 	for b := range out {
-		out[b] = decode.Buffer{Name: g.Names[b], Base: pool.Bases[b], ItemLen: g.ItemLen, Pages: g.Pages}
+		out[b] = decode.Buffer{Name: pool.Names[b], Base: pool.Bases[b], ItemLen: pool.ItemLen, Pages: pool.Pages}
 	}
-	return out, nil
+	return out
 }
 
 // verify checks every page a successful chunk wrote: each must hold the
 // model's bytes for its room, buffer and position.
 func (d *Decode) verify(ss *decode.Session, c decode.Chunk) error {
-	seed, err := strconv.ParseUint(ss.Metadata()[SeedKey], 10, 64)
+	seed, err := seedOf(ss)
 	if err != nil {
-		return errors.Newf("the prefill %s sent no sim seed (%s): its pages cannot be checked", ss.Prefill(), SeedKey)
+		return err
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	want := make([]byte, d.pool.ItemLen)
+	return checkChunk(d.pool, c, &d.verified, &d.mismatch,
+		func(want []byte, b, pos int) { testbed.Fill(want, seed, c.Room, b, pos) },
+		func(pos, page int, buffer string) string {
+			return fmt.Sprintf("room %d position %d (decode page %d) buffer %s: bytes differ", c.Room, pos, page, buffer)
+		})
+}
+
+// seedOf is the sim seed a session's prefill sent: what every page must
+// hold follows from it.
+func seedOf(ss *decode.Session) (uint64, error) {
+	seed, err := strconv.ParseUint(ss.Metadata()[SeedKey], 10, 64)
+	if err != nil {
+		return 0, errors.Newf("the prefill %s sent no sim seed (%s): its pages cannot be checked", ss.Prefill(), SeedKey)
+	}
+	return seed, nil
+}
+
+// checkChunk compares every page c wrote into pool with what fill writes
+// for its buffer and position, counting the pages that match in verified;
+// the first that does not is returned, named by where, and kept in
+// mismatch if that is still empty. The caller holds the pool's lock.
+func checkChunk(pool *testbed.Pool, c decode.Chunk, verified *uint64, mismatch *string,
+	fill func(want []byte, b, pos int), where func(pos, page int, buffer string) string) error {
+	want := make([]byte, pool.ItemLen)
 	for i, pos := range c.Positions {
-		for b := range d.pool.Layers {
-			testbed.Fill(want, seed, c.Room, b, pos)
-			if !bytes.Equal(want, d.pool.Page(b, c.DstPages[i])) {
-				msg := fmt.Sprintf("room %d position %d (decode page %d) buffer %s: bytes differ", c.Room, pos, c.DstPages[i], d.pool.Names[b])
-				if d.mismatch == "" {
-					d.mismatch = msg
+		for b := range pool.Layers {
+			fill(want, b, pos)
+			if !bytes.Equal(want, pool.Page(b, c.DstPages[i])) {
+				msg := where(pos, c.DstPages[i], pool.Names[b])
+				if *mismatch == "" {
+					*mismatch = msg
 				}
 				return errors.New(msg)
 			}
-			d.verified++
+			*verified++
 		}
 	}
 	return nil

@@ -1,10 +1,8 @@
 package twoproc
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"strconv"
 	"sync"
 
 	"github.com/cockroachdb/errors"
@@ -179,19 +177,15 @@ func (r *decodeRank) size(layout []decode.PrefillBuffer, maxBytes uint64) ([]dec
 	r.mu.Lock()
 	r.side, r.pool = dec, pool
 	r.mu.Unlock()
-	out := make([]decode.Buffer, len(layout))
-	for b := range out {
-		out[b] = decode.Buffer{Name: g.Names[b], Base: pool.Bases[b], ItemLen: g.ItemLen, Pages: g.Pages}
-	}
-	return out, nil
+	return offerOf(pool), nil
 }
 
 // verify checks every page a successful chunk wrote into this rank: each
 // buffer's page holds the pattern of this rank's heads of its layer.
 func (r *decodeRank) verify(ss *decode.Session, c decode.Chunk) error {
-	seed, err := strconv.ParseUint(ss.Metadata()[SeedKey], 10, 64)
+	seed, err := seedOf(ss)
 	if err != nil {
-		return errors.Newf("the prefill %s sent no sim seed (%s): its pages cannot be checked", ss.Prefill(), SeedKey)
+		return err
 	}
 	return r.check(seed, c)
 }
@@ -200,23 +194,15 @@ func (r *decodeRank) verify(ss *decode.Session, c decode.Chunk) error {
 func (r *decodeRank) check(seed uint64, c decode.Chunk) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	want := make([]byte, r.pool.ItemLen)
-	for i, pos := range c.Positions {
-		for b := range r.pool.Layers {
+	return checkChunk(r.pool, c, &r.verified, &r.mismatch,
+		func(want []byte, b, pos int) {
 			layer, kind := workload.LayerKind(r.side, r.rank.Stage, b)
 			workload.PageFill(want, r.side, r.rank.TP, seed, c.Room, layer, kind, pos)
-			if !bytes.Equal(want, r.pool.Page(b, c.DstPages[i])) {
-				msg := fmt.Sprintf("decode TP rank %d (PP stage %d) room %d position %d (decode page %d) buffer %s: bytes differ from the rank's heads",
-					r.rank.TP, r.rank.Stage, c.Room, pos, c.DstPages[i], r.pool.Names[b])
-				if r.mismatch == "" {
-					r.mismatch = msg
-				}
-				return errors.New(msg)
-			}
-			r.verified++
-		}
-	}
-	return nil
+		},
+		func(pos, page int, buffer string) string {
+			return fmt.Sprintf("decode TP rank %d (PP stage %d) room %d position %d (decode page %d) buffer %s: bytes differ from the rank's heads",
+				r.rank.TP, r.rank.Stage, c.Room, pos, page, buffer)
+		})
 }
 
 // Serve accepts one prefill session per decode rank and returns their

@@ -29,10 +29,12 @@ type DataPlane interface {
 	Close() error
 }
 
-// releaser is a DataPlane that checks a finished request's decode pages
-// and clears them before another request takes its slot (see residency):
-// the in-process decode side. A remote decode side checks each chunk as it
-// arrives and needs no release.
+// releaser is a DataPlane in this process: it checks a finished request's
+// decode pages and clears them before another request takes its slot (see
+// residency), and its ChunkDone checks a chunk's pages on the spot, so it
+// runs on the transfer worker, right after Finish. A remote decode side
+// checks each chunk as its notice arrives, needs no release, and is told
+// off the worker (notifier).
 type releaser interface {
 	Release(room int, pool *testbed.Pool)
 }

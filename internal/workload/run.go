@@ -269,12 +269,11 @@ func runMode(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool
 		}
 		restale(pool, p.src(room))
 	})
-	// The in-process decode side checks a chunk's pages the moment its
-	// Finish returned (a write landing later shows then); another process
-	// is told through a notifier, off the worker.
-	_, inProcess := dp.(*localPlane)
+	// The in-process decode side (a releaser) checks a chunk's pages the
+	// moment its Finish returned (a write landing later shows then);
+	// another process is told through a notifier, off the worker.
 	var nt *notifier
-	if !inProcess {
+	if rel == nil {
 		nt = newNotifier(p.resident, p.maxChunks, dp.ChunkDone)
 	}
 	work := make([]chan piece, p.resident)

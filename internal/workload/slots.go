@@ -79,7 +79,7 @@ func (rs *residency) admit(ctx context.Context, room int) error {
 	return nil
 }
 
-// resident reports the rooms still holding their slot at the end of a run
+// stillResident reports the rooms still holding their slot at the end of a run
 // in which every earlier room was released.
 func (rs *residency) stillResident() (from, to int) {
 	return max(0, len(rs.complete)-rs.resident), len(rs.complete)
