@@ -22,6 +22,7 @@
 # Exit status: the test binary's (0 when everything passed or skipped). The
 # last two lines say whether a GPU was found and whether the run passed.
 set -euo pipefail
+export GOTOOLCHAIN="${GOTOOLCHAIN:-go1.27.3}" # the Go release the project builds on (README)
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 

@@ -5,6 +5,7 @@
 # and time scale"). Prints one row per scale; needs python3.
 #   scripts/scale-check.sh [KVSTREAM_BINARY]
 set -euo pipefail
+export GOTOOLCHAIN="${GOTOOLCHAIN:-go1.27.3}" # the Go release the project builds on (README)
 cd "$(dirname "$0")/.."
 bin=${1:-}
 if [ -z "$bin" ]; then

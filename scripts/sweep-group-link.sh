@@ -7,6 +7,7 @@
 # and the median phases of the per-layer exposed time. Needs python3.
 #   scripts/sweep-group-link.sh [KVSTREAM_BINARY]
 set -euo pipefail
+export GOTOOLCHAIN="${GOTOOLCHAIN:-go1.27.3}" # the Go release the project builds on (README)
 cd "$(dirname "$0")/.."
 bin=${1:-}
 if [ -z "$bin" ]; then
