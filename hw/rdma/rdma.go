@@ -94,3 +94,31 @@ var ErrNotQuiesced = errors.New("rdma: writes may still land")
 // ErrInvalidWrite marks a write outside registered memory or naming an
 // unknown key: a bug in the caller's addresses, never retried.
 var ErrInvalidWrite = errors.New("rdma: invalid write")
+
+// PeerAccessor is implemented by transports that can give each peer an
+// access point of its own, so that one peer's access to this side's
+// registered memory can be revoked while other peers go on. A decode
+// server offers each prefill session its own access point and revokes it
+// before the memory that session could write is reused or unmapped.
+type PeerAccessor interface {
+	// OpenPeerAccess opens an access point for one peer. Every region
+	// registered on the transport is writable through it (with the keys of
+	// its RegionDesc), until Revoke.
+	OpenPeerAccess() (PeerAccess, error)
+}
+
+// PeerAccess is one peer's way in to this side's registered memory.
+type PeerAccess interface {
+	// Address is what the peer Connects to (in place of the transport's
+	// Address).
+	Address() []byte
+	// Revoke cuts the access point off. When it returns nil, no write a
+	// peer posted through it can land any more, and later writes fail at
+	// the sender (its endpoint breaks). When the transport cannot confirm
+	// that (the peer writes this memory directly: shared memory it mapped,
+	// cross-memory attach), Revoke still cuts what it can and returns an
+	// error marked ErrNotQuiesced: memory the peer could write must then
+	// never be reused or unmapped while this process lives. A second
+	// Revoke returns the first one's result.
+	Revoke() error
+}
