@@ -122,3 +122,8 @@ type PeerAccess interface {
 	// Revoke returns the first one's result.
 	Revoke() error
 }
+
+// ErrUnsupported marks a call to an optional part of the contract
+// (PeerAccessor, ...) that this transport, or the transport a wrapper
+// wraps, does not offer. Callers fall back to the mandatory part.
+var ErrUnsupported = errors.New("rdma: not supported by this transport")

@@ -33,4 +33,8 @@
 //	             copy under way: after it returns nothing of the endpoint
 //	             lands. transport.go's Close does the same for every
 //	             endpoint of the node and for other nodes' copies into it.
+//	access.go    A peer access point (rdma.PeerAccessor) is one more name on
+//	             the fabric that resolves to the node; Revoke removes the
+//	             name and closes, as above, every endpoint connected
+//	             through it, so that it always quiesces.
 package loopback

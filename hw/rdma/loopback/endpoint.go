@@ -12,6 +12,7 @@ import (
 // Endpoint writes from one node into another.
 type Endpoint struct {
 	from, to *Transport
+	via      *access // the peer access point connected through, if any
 
 	// landMu is held across every copy into the peer's memory; Close takes
 	// it after marking the endpoint closed, which makes Close a barrier. It
@@ -21,6 +22,7 @@ type Endpoint struct {
 	mu      sync.Mutex // guards the fields below and the batches' report state
 	pending map[*batch]struct{}
 	closed  bool
+	why     string // ": reason" when something other than the endpoint's owner closed it
 
 	// Read by every Post without a lock: a lock the link goroutine also
 	// takes costs a cache-line transfer between cores per batch.
@@ -169,7 +171,7 @@ func (e *Endpoint) refuse() error {
 }
 
 func (e *Endpoint) closedErr() error {
-	return errors.Mark(errors.Newf("loopback: endpoint %s->%s closed", e.from.name, e.to.name), rdma.ErrEndpointBroken)
+	return errors.Mark(errors.Newf("loopback: endpoint %s->%s closed%s", e.from.name, e.to.name, e.why), rdma.ErrEndpointBroken)
 }
 
 // resolve checks every write against the registered regions, the way a NIC's
@@ -220,7 +222,11 @@ func hasDevice(srcs [][]byte, ws []rdma.Write) bool {
 
 // Close fails every batch not yet reported; after it returns nothing of
 // this endpoint lands.
-func (e *Endpoint) Close() error {
+func (e *Endpoint) Close() error { return e.closeWith("") }
+
+// closeWith is Close, saying why in the errors of later posts and of the
+// batches it fails when reason is not empty.
+func (e *Endpoint) closeWith(reason string) error {
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
@@ -231,6 +237,9 @@ func (e *Endpoint) Close() error {
 		return nil
 	}
 	e.closed = true
+	if reason != "" {
+		e.why = ": " + reason
+	}
 	e.down.Store(true)
 	var failed []*batch
 	for b := range e.pending {
@@ -244,8 +253,11 @@ func (e *Endpoint) Close() error {
 	e.landMu.Lock() // wait for a copy under way: then nothing more lands
 	e.landMu.Unlock()
 	e.from.forget(e)
+	if e.via != nil {
+		e.via.leave(e)
+	}
 	for _, b := range failed {
-		b.done(errors.Mark(errors.Newf("loopback: batch %d %s->%s: endpoint torn down", b.info.Seq, b.info.From, b.info.To), rdma.ErrEndpointBroken))
+		b.done(errors.Mark(errors.Newf("loopback: batch %d %s->%s: endpoint torn down%s", b.info.Seq, b.info.From, b.info.To, e.why), rdma.ErrEndpointBroken))
 	}
 	return nil
 }

@@ -88,9 +88,10 @@ type BatchSpan struct {
 
 // Fabric connects the transports of one process.
 type Fabric struct {
-	opts  Options
-	mu    sync.Mutex
-	nodes map[string]*Transport
+	opts   Options
+	mu     sync.Mutex
+	nodes  map[string]*Transport
+	access map[string]*access // peer access points (Transport.OpenPeerAccess)
 }
 
 // NewFabric returns an empty fabric.
@@ -101,7 +102,7 @@ func NewFabric(opts Options) *Fabric {
 	if opts.ByteScale <= 0 {
 		opts.ByteScale = 1
 	}
-	return &Fabric{opts: opts, nodes: map[string]*Transport{}}
+	return &Fabric{opts: opts, nodes: map[string]*Transport{}, access: map[string]*access{}}
 }
 
 // NewTransport adds a node; its Address is its name.
@@ -114,22 +115,46 @@ func (f *Fabric) NewTransport(name string) (*Transport, error) {
 	if _, dup := f.nodes[name]; dup {
 		return nil, errors.Newf("loopback: node %q already exists", name)
 	}
+	if _, dup := f.access[name]; dup {
+		return nil, errors.Newf("loopback: %q is a peer access point's address", name)
+	}
 	t := newTransport(f, name)
 	f.nodes[name] = t
 	go t.out.run()
 	return t, nil
 }
 
-func (f *Fabric) node(name string) *Transport {
+// resolve returns the node an address reaches, and the access point it
+// goes through when it is not the node's own name.
+func (f *Fabric) resolve(name string) (*Transport, *access) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.nodes[name]
+	if t := f.nodes[name]; t != nil {
+		return t, nil
+	}
+	if a := f.access[name]; a != nil {
+		return a.t, a
+	}
+	return nil, nil
 }
 
+// addAccess names an access point, unless the name is taken.
+func (f *Fabric) addAccess(a *access) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.nodes[a.name] != nil || f.access[a.name] != nil {
+		return false
+	}
+	f.access[a.name] = a
+	return true
+}
+
+// forget removes a node's or an access point's name.
 func (f *Fabric) forget(name string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.nodes, name)
+	delete(f.access, name)
 }
 
 var (

@@ -537,3 +537,68 @@ func TestLaterPostWinsOverStagedCopy(t *testing.T) {
 	require.NoError(t, <-second)
 	assert.Equal(t, byte('B'), f.dst.Bytes[0], "the later write must win")
 }
+
+// TestRevokeIsABarrier holds a copy under way through an access point and
+// checks that Revoke, and a second concurrent Revoke, return only once it
+// is over; after the peer's Transport.Close the access point's name is
+// gone from the fabric, and no node can take it while it is open.
+func TestRevokeIsABarrier(t *testing.T) {
+	for name, base := range map[string]Options{"unmodeled": {}, "modeled": {Latency: 50 * time.Millisecond}} {
+		t.Run(name, func(t *testing.T) {
+			opts, inCopy, release := heldCopy(base)
+			fab := NewFabric(opts)
+			from, err := fab.NewTransport("prefill")
+			require.NoError(t, err)
+			to, err := fab.NewTransport("decode")
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = from.Close(); _ = to.Close() })
+			acc, err := to.OpenPeerAccess()
+			require.NoError(t, err)
+			_, err = fab.NewTransport(string(acc.Address()))
+			require.Error(t, err, "a node cannot take an access point's name")
+
+			src, err := hostmem.Alloc(4096)
+			require.NoError(t, err)
+			dst, err := hostmem.Alloc(4096)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = src.Free(); _ = dst.Free() })
+			sr, err := from.Register(src.Addr, 4096)
+			require.NoError(t, err)
+			dr, err := to.Register(dst.Addr, 4096)
+			require.NoError(t, err)
+			ep, err := from.Connect(acc.Address())
+			require.NoError(t, err)
+			rk, err := ep.Import(dr.Desc())
+			require.NoError(t, err)
+			f := fixture{src: src, dst: dst, ep: ep, lk: sr.Key(), rk: rk}
+			copy(f.src.Bytes, "both writes land")
+			failed := make(chan error, 1)
+			go func() { _ = f.ep.Post(f.twoWrites(), func(err error) { failed <- err }) }()
+			<-inCopy
+			first, second := make(chan struct{}), make(chan struct{})
+			go func() { assert.NoError(t, acc.Revoke()); close(first) }()
+			require.Eventually(t, f.ep.(*Endpoint).down.Load, 5*time.Second, 100*time.Microsecond, "Revoke never closed the endpoint")
+			go func() { assert.NoError(t, acc.Revoke()); close(second) }()
+			stillRunning(t, first, "Revoke")
+			stillRunning(t, second, "a second Revoke")
+			close(release)
+			<-first
+			<-second
+			assert.Equal(t, "both writes land", string(f.dst.Bytes[:16]), "the copy under way completed before Revoke returned")
+			if name == "modeled" { // landed, but not yet reported: Revoke failed it
+				err := <-failed
+				assert.True(t, errors.Is(err, rdma.ErrEndpointBroken), "%v", err)
+				assert.Contains(t, err.Error(), "revoked")
+			}
+
+			acc2, err := to.OpenPeerAccess()
+			require.NoError(t, err)
+			require.NoError(t, to.Close())
+			_, err = from.Connect(acc2.Address())
+			require.Error(t, err, "the peer closed: its access points are gone")
+			require.NoError(t, acc2.Revoke(), "revoking after the transport closed")
+			_, err = to.OpenPeerAccess()
+			assert.True(t, errors.Is(err, rdma.ErrEndpointBroken), "%v", err)
+		})
+	}
+}

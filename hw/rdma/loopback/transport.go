@@ -17,9 +17,11 @@ type Transport struct {
 	fab  *Fabric
 	name string
 
-	mu        sync.Mutex // guards nextKey, endpoints and the writers of regions and closed
-	nextKey   rdma.LocalKey
-	endpoints []*Endpoint
+	mu         sync.Mutex // guards nextKey, endpoints, accesses and the writers of regions and closed
+	nextKey    rdma.LocalKey
+	endpoints  []*Endpoint
+	accesses   map[*access]struct{} // open peer access points
+	nextAccess int
 	// regions is replaced, never changed, under mu: Post reads it without
 	// a lock (registration is rare, posts are not).
 	regions atomic.Pointer[map[rdma.LocalKey]*region]
@@ -39,7 +41,7 @@ type Transport struct {
 var _ rdma.Transport = (*Transport)(nil)
 
 func newTransport(f *Fabric, name string) *Transport {
-	t := &Transport{fab: f, name: name}
+	t := &Transport{fab: f, name: name, accesses: map[*access]struct{}{}}
 	t.regions.Store(&map[rdma.LocalKey]*region{})
 	t.out.init(&f.opts)
 	return t
@@ -118,18 +120,26 @@ func (t *Transport) region(k rdma.LocalKey) *region {
 	return (*t.regions.Load())[k]
 }
 
-// Connect opens an endpoint to the node named addr.
+// Connect opens an endpoint to the node named addr, or to the node whose
+// peer access point addr is.
 func (t *Transport) Connect(addr []byte) (rdma.Endpoint, error) {
-	peer := t.fab.node(string(addr))
+	peer, via := t.fab.resolve(string(addr))
 	if peer == nil {
-		return nil, errors.Mark(errors.Newf("loopback: no node %q", addr), rdma.ErrEndpointBroken)
+		return nil, errors.Mark(errors.Newf("loopback: no node or access point %q", addr), rdma.ErrEndpointBroken)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed.Load() {
 		return nil, errors.Mark(errors.Newf("loopback: node %s closed", t.name), rdma.ErrEndpointBroken)
 	}
-	ep := &Endpoint{from: t, to: peer, pending: map[*batch]struct{}{}}
+	ep := &Endpoint{from: t, to: peer, via: via, pending: map[*batch]struct{}{}}
+	if via != nil {
+		// Under t.mu, so that this node's Close finds the endpoint; the
+		// access point's Revoke closes it, or refuses it here.
+		if err := via.join(ep); err != nil {
+			return nil, err
+		}
+	}
 	t.endpoints = append(t.endpoints, ep)
 	return ep, nil
 }
@@ -145,7 +155,14 @@ func (t *Transport) Close() error {
 	t.closed.Store(true)
 	eps := t.endpoints
 	t.endpoints = nil
+	accesses := make([]*access, 0, len(t.accesses))
+	for a := range t.accesses {
+		accesses = append(accesses, a)
+	}
 	t.mu.Unlock()
+	for _, a := range accesses {
+		_ = a.Revoke()
+	}
 	for _, ep := range eps {
 		_ = ep.Close()
 	}

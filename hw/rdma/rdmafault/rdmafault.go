@@ -85,7 +85,10 @@ type Transport struct {
 	closed bool
 }
 
-var _ rdma.Transport = (*Transport)(nil)
+var (
+	_ rdma.Transport    = (*Transport)(nil)
+	_ rdma.PeerAccessor = (*Transport)(nil)
+)
 
 // Wrap returns inner with faults decided by decide, which runs inside Post
 // on the poster's goroutine, once per batch that reaches it.
@@ -105,6 +108,17 @@ func (t *Transport) Address() []byte { return t.inner.Address() }
 // Register registers memory with the wrapped transport.
 func (t *Transport) Register(addr, length uint64) (rdma.Region, error) {
 	return t.inner.Register(addr, length)
+}
+
+// OpenPeerAccess opens an access point of the wrapped transport (faults are
+// injected at the sender, so it is the wrapped one's as it is), or answers
+// rdma.ErrUnsupported when that transport offers none.
+func (t *Transport) OpenPeerAccess() (rdma.PeerAccess, error) {
+	pa, ok := t.inner.(rdma.PeerAccessor)
+	if !ok {
+		return nil, errors.Mark(errors.Newf("rdmafault: the wrapped %s transport offers no per-peer access points", t.inner.Name()), rdma.ErrUnsupported)
+	}
+	return pa.OpenPeerAccess()
 }
 
 // Connect opens an endpoint of the wrapped transport and wraps it.

@@ -224,3 +224,21 @@ type unquiescedEndpoint struct{ rdma.Endpoint }
 func (unquiescedEndpoint) Close() error {
 	return errors.Mark(errors.New("drain timed out"), rdma.ErrNotQuiesced)
 }
+
+// TestPeerAccessPassesThrough: wrapped on the target side, the wrapper's
+// access points are the loopback's (the contract's PeerAccess checks run
+// through it), and a wrapped transport without them says so, marked.
+func TestPeerAccessPassesThrough(t *testing.T) {
+	rdmatest.Run(t, rdmatest.Factory{Pair: func(t *testing.T) (rdma.Transport, rdma.Transport) {
+		from, to := pairOf(loopback.Options{}, delayAll)(t)
+		return from, rdmafault.Wrap(to, never)
+	}})
+
+	fab := loopback.NewFabric(loopback.Options{})
+	lb, err := fab.NewTransport("decode")
+	require.NoError(t, err)
+	defer lb.Close()
+	_, err = rdmafault.Wrap(unquiesced{lb}, never).OpenPeerAccess()
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, rdma.ErrUnsupported), "%v", err)
+}

@@ -1,5 +1,7 @@
 // Package rdmatest is the transport contract as a test suite: one set of
-// checks that every rdma.Transport implementation must pass (loopback, ucx).
+// checks that every rdma.Transport implementation must pass (loopback, ucx),
+// and the checks of the optional parts (rdma.PeerAccessor) for the
+// transports that offer them.
 package rdmatest
 
 import (
@@ -23,6 +25,11 @@ type Factory struct {
 	// SlowPair, if set, returns a pair whose batches take at least 50 ms to
 	// land, so that teardown can be tested with writes in flight.
 	SlowPair func(t *testing.T) (from, to rdma.Transport)
+	// DirectPeerWrites says that the sender of Pair may write the target's
+	// memory itself (shared memory it mapped, cross-memory attach): a
+	// PeerAccess's Revoke cannot confirm that such writes stopped, and
+	// must answer rdma.ErrNotQuiesced.
+	DirectPeerWrites bool
 }
 
 // Run runs the contract suite.
@@ -33,6 +40,11 @@ func Run(t *testing.T, f Factory) {
 	if f.SlowPair != nil {
 		t.Run("CloseLandsNothingMore", func(t *testing.T) { closeLandsNothing(t, f) })
 	}
+	t.Run("PeerAccess", func(t *testing.T) {
+		t.Run("WritesLand", func(t *testing.T) { accessPointsLand(t, f) })
+		t.Run("RevokeCutsThePeer", func(t *testing.T) { revokeCutsThePeer(t, f) })
+		t.Run("RevokeWithBatchesInFlight", func(t *testing.T) { revokeInFlight(t, f) })
+	})
 }
 
 type side struct {

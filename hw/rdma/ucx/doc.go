@@ -27,6 +27,45 @@
 // the endpoint with one more flush (bounded by Options.CloseDrain), then
 // closes it with ucp_ep_close_nbx and UCP_EP_CLOSE_FLAG_FORCE.
 //
+// # Per-peer access points
+//
+// The Transport is an rdma.PeerAccessor. OpenPeerAccess creates one more
+// UCP worker on the same context (access.go); its worker address is the
+// access point's Address. Memory registrations and packed remote keys
+// belong to the context, so every region's RegionDesc is valid through any
+// of its workers, those registered later too. The progress goroutine
+// progresses every access point's worker along with its own, and sleeps on
+// all their event fds. Access points only receive: Connect and Import are
+// made on the transport's own worker.
+//
+// Revoke destroys the access point's worker (ucp_worker_destroy), closing
+// every connection peers made to it. Where the receiver's worker applies
+// what arrives (TCP, and ud, whose puts are messages) the sockets close
+// unread and nothing more is applied; over RDMA NICs (rc, dc) the queue
+// pairs or DC target the peer writes through are destroyed, and the NIC
+// refuses its later writes. Either way the peer's endpoint fails
+// (rdma.ErrEndpointBroken at the sender) and Revoke returns nil.
+//
+// Where the sender writes the receiver's memory itself, destroying a worker
+// cannot stop it: posix and sysv shared memory (a peer maps memory UCX
+// allocated), cma, knem and xpmem (the kernel or a
+// mapping copies into the receiver's pages), cuda_ipc and rocm_ipc (a peer
+// maps device memory). Revoke then still destroys the worker, and returns an
+// error marked rdma.ErrNotQuiesced: the memory that peer could write must
+// not be reused or unmapped while the process lives. Which transports a
+// peer may use is decided from UCX_TLS as the context reads it
+// (Options.Config's "TLS", else the environment), conservatively: unset,
+// "all", a "^..." exclusion list, the aliases "sm", "shm", "mm", "cuda" and
+// any name not known to be safe count as direct; tcp, self, ib, rc*, dc*,
+// ud*, cuda_copy, gdr_copy and rocm_copy do not. Over shared memory a peer
+// whose worker was destroyed is not noticed either (UCX detects a lost peer
+// by its process), so its endpoint hangs until Close, whose drain times
+// out (Options.CloseDrain).
+//
+// Measured here (TestRevokedPeerKeepsWriting, UCX_TLS=tcp): a receiving
+// process revokes with 64 KiB writes in flight, unmaps the memory at once,
+// and survives its peer's further posts and reconnections.
+//
 // # Threading
 //
 // One progress goroutine per Transport owns the context and the worker

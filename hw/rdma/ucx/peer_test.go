@@ -10,10 +10,14 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/kvstream/kvstream/hw/hostmem"
 	"github.com/kvstream/kvstream/hw/rdma"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -106,4 +110,230 @@ func BenchmarkPutRemote(b *testing.B) {
 			}
 		}
 	}
+}
+
+// A receiving process for TestRevokedPeerKeepsWriting: the test binary
+// re-executed with revokePeerEnv set registers revokePeerEnv bytes, opens an
+// access point and prints "<address> <addr> <len> <key>" (hex, decimal,
+// decimal, hex). Then it answers commands on stdin, one per line:
+//
+//	revoke  Revoke the access point, deregister the region and unmap its
+//	        memory (what a decode server does with a lost session's pages),
+//	        then open a second access point and region: "revoked <address>
+//	        <addr> <len> <key>", or "error <message>".
+//	check   Compare the second region with the pattern the test wrote
+//	        there: "ok" or "bad <first differing offset>".
+//
+// It exits 0 when stdin closes. A write applied into the unmapped memory
+// would kill it with SIGSEGV: the test sees the exit status.
+const revokePeerEnv = "KVSTREAM_UCX_REVOKE_PEER_BYTES"
+
+func runRevokePeer() int {
+	fail := func(err error) int { fmt.Fprintln(os.Stderr, "revoke peer:", err); return 1 }
+	n, err := strconv.Atoi(os.Getenv(revokePeerEnv))
+	if err != nil {
+		return fail(err)
+	}
+	tr, err := New(Options{Name: "revoke-peer"})
+	if err != nil {
+		return fail(err)
+	}
+	defer tr.Close()
+	open := func() (rdma.PeerAccess, *hostmem.Block, rdma.Region, error) {
+		a, err := tr.OpenPeerAccess()
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		mem, err := hostmem.Alloc(n)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		reg, err := tr.Register(mem.Addr, uint64(n))
+		return a, mem, reg, err
+	}
+	line := func(a rdma.PeerAccess, reg rdma.Region) string {
+		d := reg.Desc()
+		return fmt.Sprintf("%s %d %d %s", hex.EncodeToString(a.Address()), d.Addr, d.Len, hex.EncodeToString(d.Key))
+	}
+	a, mem, reg, err := open()
+	if err != nil {
+		return fail(err)
+	}
+	fmt.Println(line(a, reg))
+	var second *hostmem.Block
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		switch in.Text() {
+		case "revoke":
+			if err := a.Revoke(); err != nil {
+				fmt.Println("error", err)
+				continue
+			}
+			if err := reg.Deregister(); err != nil {
+				fmt.Println("error", err)
+				continue
+			}
+			if err := mem.Free(); err != nil {
+				fmt.Println("error", err)
+				continue
+			}
+			var reg2 rdma.Region
+			if a, second, reg2, err = open(); err != nil {
+				fmt.Println("error", err)
+				continue
+			}
+			fmt.Println("revoked", line(a, reg2))
+		case "check":
+			want := make([]byte, n)
+			fillPattern(want)
+			if i := firstDiff(want, second.Bytes); i >= 0 {
+				fmt.Println("bad", i)
+			} else {
+				fmt.Println("ok")
+			}
+		}
+	}
+	return 0
+}
+
+func fillPattern(b []byte) {
+	for i := range b {
+		b[i] = byte(i*7 + 1)
+	}
+}
+
+func firstDiff(a, b []byte) int {
+	for i := range a {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return -1
+}
+
+// TestRevokedPeerKeepsWriting: a receiving process revokes the access point
+// its peer writes through, with a window of batches in flight, and unmaps
+// the memory at once; the peer (this test) goes on posting and
+// reconnecting. The receiver must survive (its exit status), and a second
+// access point must work afterwards. Over TCP only: over shared memory a
+// Revoke answers ErrNotQuiesced and the memory must not be unmapped.
+func TestRevokedPeerKeepsWriting(t *testing.T) {
+	t.Setenv("UCX_TLS", "tcp")
+	const n = 1 << 20
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d", revokePeerEnv, n))
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	exited := false
+	t.Cleanup(func() {
+		if !exited {
+			_ = stdin.Close()
+			_ = cmd.Wait()
+		}
+	})
+	out := bufio.NewReader(stdout)
+	readTarget := func(prefix string) (addr []byte, d rdma.RegionDesc) {
+		t.Helper()
+		l, err := out.ReadString('\n')
+		require.NoError(t, err)
+		var a, k string
+		f := strings.Fields(l)
+		require.True(t, len(f) == 4 || (len(f) == 5 && f[0] == prefix), "receiver said %q", l)
+		_, err = fmt.Sscan(strings.Join(f[len(f)-4:], " "), &a, &d.Addr, &d.Len, &k)
+		require.NoError(t, err)
+		addr, err = hex.DecodeString(a)
+		require.NoError(t, err)
+		d.Key, err = hex.DecodeString(k)
+		require.NoError(t, err)
+		return addr, d
+	}
+	addr, desc := readTarget("")
+
+	from, err := New(Options{Name: "writer", CloseDrain: 200 * time.Millisecond})
+	require.NoError(t, err)
+	defer from.Close()
+	src, err := hostmem.Alloc(n)
+	require.NoError(t, err)
+	defer src.Free()
+	fillPattern(src.Bytes)
+	sreg, err := from.Register(src.Addr, n)
+	require.NoError(t, err)
+
+	// The writer: a window of 64 KiB batches into the first region, and on
+	// every failure a fresh endpoint to the same address, until stopped.
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	var ok, failed atomic.Int64
+	go func() {
+		defer close(stopped)
+		slots := make(chan struct{}, 16)
+		for {
+			ep, err := from.Connect(addr)
+			if err != nil {
+				failed.Add(1)
+				select {
+				case <-stop:
+					return
+				case <-time.After(time.Millisecond):
+				}
+				continue
+			}
+			rk, err := ep.Import(desc)
+			for i := 0; err == nil; i++ {
+				select {
+				case slots <- struct{}{}:
+				case <-stop:
+					_ = ep.Close()
+					return
+				}
+				off := uint64(i%16) * (64 << 10)
+				err = ep.Post([]rdma.Write{{Src: src.Addr + off, Dst: desc.Addr + off, Len: 64 << 10, Local: sreg.Key(), Remote: rk}}, func(err error) {
+					if err == nil {
+						ok.Add(1)
+					} else {
+						failed.Add(1)
+					}
+					<-slots
+				})
+				if err != nil {
+					<-slots
+				}
+			}
+			failed.Add(1)
+			_ = ep.Close()
+		}
+	}()
+	require.Eventually(t, func() bool { return ok.Load() >= 64 }, time.Minute, time.Millisecond, "writes do not flow")
+
+	_, err = io.WriteString(stdin, "revoke\n")
+	require.NoError(t, err)
+	addr2, desc2 := readTarget("revoked")
+	okAtRevoke := ok.Load()
+	// The writer goes on: failed posts and reconnections to the revoked
+	// address, while the receiver has unmapped the memory.
+	require.Eventually(t, func() bool { return failed.Load() >= 20 }, time.Minute, time.Millisecond, "the writer never noticed the revoke")
+	close(stop)
+	<-stopped
+	t.Logf("writes before the revoke: %d; after it: %d succeeded (in flight at the revoke), %d failures", okAtRevoke, ok.Load()-okAtRevoke, failed.Load())
+
+	// The receiver lives, and a second access point works.
+	ep, err := from.Connect(addr2)
+	require.NoError(t, err)
+	rk, err := ep.Import(desc2)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	require.NoError(t, ep.Post([]rdma.Write{{Src: src.Addr, Dst: desc2.Addr, Len: n, Local: sreg.Key(), Remote: rk}}, func(err error) { done <- err }))
+	require.NoError(t, waitErr(t, done))
+	require.NoError(t, ep.Close())
+	_, err = io.WriteString(stdin, "check\n")
+	require.NoError(t, err)
+	l, err := out.ReadString('\n')
+	require.NoError(t, err)
+	assert.Equal(t, "ok\n", l, "the second region holds the bytes written through the second access point")
+	require.NoError(t, stdin.Close())
+	exited = true
+	require.NoError(t, cmd.Wait(), "the receiving process survived")
 }

@@ -66,12 +66,37 @@ static void kvs_close_cb(void *request, ucs_status_t status, void *user_data)
     ucp_request_free(request);
 }
 
+// kvs_worker_new creates a worker of c's context, with its event fd when the
+// context has UCP_FEATURE_WAKEUP.
+static ucs_status_t kvs_worker_new(kvs_ctx_t *c, ucp_worker_h *w, int *efd)
+{
+    ucp_worker_params_t wparams;
+    ucs_status_t status;
+
+    memset(&wparams, 0, sizeof(wparams));
+    wparams.field_mask  = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    // Serialized, not single: the progress goroutine makes every call, one
+    // at a time, but Go may run it on different OS threads.
+    wparams.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+    status = ucp_worker_create(c->context, &wparams, w);
+    if (status != UCS_OK) {
+        return status;
+    }
+    *efd = -1;
+    if (c->wakeup) {
+        status = ucp_worker_get_efd(*w, efd);
+        if (status != UCS_OK) {
+            ucp_worker_destroy(*w);
+        }
+    }
+    return status;
+}
+
 ucs_status_t kvs_init(kvs_ctx_t **out, const char **keys, const char **vals,
                       int nkv, int wakeup, const char *name)
 {
     ucp_config_t *config;
     ucp_params_t params;
-    ucp_worker_params_t wparams;
     ucs_status_t status;
     kvs_ctx_t *c;
     int i;
@@ -106,20 +131,15 @@ ucs_status_t kvs_init(kvs_ctx_t **out, const char **keys, const char **vals,
         goto err_free;
     }
 
-    memset(&wparams, 0, sizeof(wparams));
-    wparams.field_mask  = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-    // Serialized, not single: the progress goroutine makes every call, one
-    // at a time, but Go may run it on different OS threads.
-    wparams.thread_mode = UCS_THREAD_MODE_SERIALIZED;
-    status = ucp_worker_create(c->context, &wparams, &c->worker);
+    c->wakeup = wakeup;
+    status = kvs_worker_new(c, &c->worker, &c->efd);
     if (status != UCS_OK) {
         goto err_cleanup;
     }
-    if (wakeup) {
-        status = ucp_worker_get_efd(c->worker, &c->efd);
-        if (status != UCS_OK) {
-            goto err_worker;
-        }
+    c->pfd = calloc(1, sizeof(*c->pfd));
+    if (c->pfd == NULL) {
+        status = UCS_ERR_NO_MEMORY;
+        goto err_worker;
     }
     *out = c;
     return UCS_OK;
@@ -136,6 +156,12 @@ err_free:
 
 void kvs_destroy(kvs_ctx_t *c)
 {
+    while (c->naw > 0) {
+        kvs_access_close(c, c->aw[c->naw - 1]);
+    }
+    free(c->aw);
+    free(c->aefd);
+    free(c->pfd);
     ucp_worker_destroy(c->worker);
     ucp_cleanup(c->context);
     pthread_mutex_destroy(&c->lock);
@@ -143,25 +169,82 @@ void kvs_destroy(kvs_ctx_t *c)
     free(c);
 }
 
-ucs_status_t kvs_address(kvs_ctx_t *c, void **buf, size_t *len)
+ucs_status_t kvs_address(ucp_worker_h w, void **buf, size_t *len)
 {
     ucp_address_t *addr;
     size_t n;
     ucs_status_t status;
 
-    status = ucp_worker_get_address(c->worker, &addr, &n);
+    status = ucp_worker_get_address(w, &addr, &n);
     if (status != UCS_OK) {
         return status;
     }
     *buf = malloc(n);
     if (*buf == NULL) {
-        ucp_worker_release_address(c->worker, addr);
+        ucp_worker_release_address(w, addr);
         return UCS_ERR_NO_MEMORY;
     }
     memcpy(*buf, addr, n);
     *len = n;
-    ucp_worker_release_address(c->worker, addr);
+    ucp_worker_release_address(w, addr);
     return UCS_OK;
+}
+
+// An access point is a worker of the same context: memory registrations and
+// packed remote keys belong to the context, so every region is writable
+// through any of its workers, and destroying the worker closes exactly the
+// connections peers made to it.
+ucs_status_t kvs_access_open(kvs_ctx_t *c, ucp_worker_h *w)
+{
+    ucs_status_t status;
+    int efd;
+
+    if (c->naw == c->caw) {
+        size_t cap = c->caw ? 2 * c->caw : 4;
+        ucp_worker_h *aw = realloc(c->aw, cap * sizeof(*aw));
+        if (aw == NULL) {
+            return UCS_ERR_NO_MEMORY;
+        }
+        c->aw = aw;
+        int *aefd = realloc(c->aefd, cap * sizeof(*aefd));
+        if (aefd == NULL) {
+            return UCS_ERR_NO_MEMORY;
+        }
+        c->aefd = aefd;
+        struct pollfd *pfd = realloc(c->pfd, (1 + cap) * sizeof(*pfd));
+        if (pfd == NULL) {
+            return UCS_ERR_NO_MEMORY;
+        }
+        c->pfd = pfd;
+        c->caw = cap;
+    }
+    status = kvs_worker_new(c, w, &efd);
+    if (status != UCS_OK) {
+        return status;
+    }
+    c->aw[c->naw]   = *w;
+    c->aefd[c->naw] = efd;
+    c->naw++;
+    return UCS_OK;
+}
+
+// Destroys an access point's worker: its endpoints and interfaces go, and
+// with them the connections peers made to it (over TCP the sockets close,
+// unread; over RDMA the queue pairs and DC targets are destroyed), so that
+// UCX applies nothing more that arrives for it.
+void kvs_access_close(kvs_ctx_t *c, ucp_worker_h w)
+{
+    size_t i;
+
+    for (i = 0; i < c->naw; i++) {
+        if (c->aw[i] == w) {
+            c->naw--;
+            c->aw[i]   = c->aw[c->naw];
+            c->aefd[i] = c->aefd[c->naw];
+            break;
+        }
+    }
+    ucp_worker_destroy(w);
 }
 
 ucs_status_t kvs_mem_map(kvs_ctx_t *c, uint64_t addr, uint64_t len,
@@ -325,7 +408,7 @@ unsigned kvs_poll(kvs_ctx_t *c, kvs_event_t *out, unsigned cap,
                   unsigned max_iter)
 {
     unsigned total = 0, n, i;
-    size_t k;
+    size_t k, a;
 
     for (i = 0; i < max_iter; i++) {
         n = ucp_worker_progress(c->worker);
@@ -333,6 +416,11 @@ unsigned kvs_poll(kvs_ctx_t *c, kvs_event_t *out, unsigned cap,
         if (n == 0 || c->nev >= cap) {
             break;
         }
+    }
+    // Access points only receive (puts emulated with messages they apply,
+    // wire-up, flush replies): one round each.
+    for (a = 0; a < c->naw; a++) {
+        total += ucp_worker_progress(c->aw[a]);
     }
     c->progressed = total;
     if (c->nev == 0 && !c->oom) {
@@ -357,9 +445,9 @@ unsigned kvs_poll(kvs_ctx_t *c, kvs_event_t *out, unsigned cap,
 // worker had unprocessed events and must be progressed before it can sleep.
 int kvs_wait(kvs_ctx_t *c, long timeout_us)
 {
-    struct pollfd pfd;
     struct timespec ts;
     ucs_status_t status;
+    size_t i;
 
     ts.tv_sec  = timeout_us / 1000000;
     ts.tv_nsec = (timeout_us % 1000000) * 1000;
@@ -367,18 +455,21 @@ int kvs_wait(kvs_ctx_t *c, long timeout_us)
         nanosleep(&ts, NULL);
         return 0;
     }
-    status = ucp_worker_arm(c->worker);
-    if (status == UCS_ERR_BUSY) {
-        return 1;
+    for (i = 0; i <= c->naw; i++) {
+        ucp_worker_h w = i == 0 ? c->worker : c->aw[i - 1];
+        status = ucp_worker_arm(w);
+        if (status == UCS_ERR_BUSY) {
+            return 1;
+        }
+        if (status != UCS_OK) {
+            return -1;
+        }
+        c->pfd[i].fd      = i == 0 ? c->efd : c->aefd[i - 1];
+        c->pfd[i].events  = POLLIN;
+        c->pfd[i].revents = 0;
     }
-    if (status != UCS_OK) {
-        return -1;
-    }
-    pfd.fd      = c->efd;
-    pfd.events  = POLLIN;
-    pfd.revents = 0;
     // EINTR (Go's preemption signals) just ends the nap early.
-    ppoll(&pfd, 1, &ts, NULL);
+    ppoll(c->pfd, 1 + c->naw, &ts, NULL);
     return 0;
 }
 

@@ -16,6 +16,7 @@
 
 #include <stdint.h>
 #include <stddef.h>
+#include <poll.h>
 #include <pthread.h>
 #include <ucp/api/ucp.h>
 
@@ -47,6 +48,13 @@ typedef struct {
     ucp_context_h   context;
     ucp_worker_h    worker;
     int             efd; // -1 without UCP_FEATURE_WAKEUP
+    int             wakeup;
+    // Peer access points (kvs_access_open): workers of the same context
+    // that only receive; kvs_poll progresses and kvs_wait arms them all.
+    ucp_worker_h   *aw;
+    int            *aefd;
+    size_t          naw, caw;
+    struct pollfd  *pfd; // kvs_wait's array, 1 + caw entries
     pthread_mutex_t lock;
     kvs_event_t    *ev;
     size_t          nev, cap;
@@ -73,7 +81,10 @@ typedef struct {
 ucs_status_t kvs_init(kvs_ctx_t **out, const char **keys, const char **vals,
                       int nkv, int wakeup, const char *name);
 void         kvs_destroy(kvs_ctx_t *c);
-ucs_status_t kvs_address(kvs_ctx_t *c, void **buf, size_t *len);
+ucs_status_t kvs_address(ucp_worker_h w, void **buf, size_t *len);
+
+ucs_status_t kvs_access_open(kvs_ctx_t *c, ucp_worker_h *w);
+void         kvs_access_close(kvs_ctx_t *c, ucp_worker_h w);
 
 ucs_status_t kvs_mem_map(kvs_ctx_t *c, uint64_t addr, uint64_t len,
                          ucp_mem_h *memh, void **rkey, size_t *rkey_len);

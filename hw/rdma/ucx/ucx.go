@@ -57,17 +57,22 @@ type Options struct {
 // use reads, hence the conditions.
 func (o Options) defaults() [][2]string {
 	d := [][2]string{{"RCACHE_ENABLE", "n"}}
-	tls, ok := o.Config["TLS"]
-	if !ok {
-		tls = os.Getenv("UCX_TLS")
-	}
-	if usesSharedMemory(tls) {
+	if usesSharedMemory(o.tls()) {
 		d = append(d, [2]string{"MM_ERROR_HANDLING", "y"})
 	}
 	if ib, _ := os.ReadDir("/sys/class/infiniband"); len(ib) > 0 {
 		d = append(d, [2]string{"IB_REG_METHODS", "direct"})
 	}
 	return d
+}
+
+// tls is the UCX_TLS value the context reads: Options.Config's, else the
+// environment's.
+func (o Options) tls() string {
+	if tls, ok := o.Config["TLS"]; ok {
+		return tls
+	}
+	return os.Getenv("UCX_TLS")
 }
 
 // usesSharedMemory reports whether a UCX_TLS value may select UCX's
@@ -116,6 +121,12 @@ type Transport struct {
 	eprecs   []*C.kvs_ep_t // every endpoint record, freed after the worker
 	evbuf    []C.kvs_event_t
 	stopping bool
+	accesses map[*access]struct{} // open peer access points
+
+	// direct: the transports UCX may use let a peer write this side's
+	// memory itself (see mayWriteDirectly); set by New.
+	direct bool
+	tls    string // UCX_TLS as this transport's context reads it ("" when unset)
 }
 
 // item is one unit of work for the progress goroutine: a batch to post or a
@@ -149,7 +160,10 @@ func New(opts Options) (*Transport, error) {
 		eps:      map[uint64]*Endpoint{},
 		inflight: map[uint64]*batch{},
 		evbuf:    make([]C.kvs_event_t, 256),
+		accesses: map[*access]struct{}{},
 	}
+	t.tls = opts.tls()
+	t.direct = mayWriteDirectly(t.tls)
 	initDone := make(chan error, 1)
 	go t.run(initDone)
 	if err := <-initDone; err != nil {
@@ -213,7 +227,7 @@ func (t *Transport) initContext() error {
 	t.ctx = ctx
 	var buf unsafe.Pointer
 	var n C.size_t
-	if st := C.kvs_address(ctx, &buf, &n); st != C.UCS_OK {
+	if st := C.kvs_address(ctx.worker, &buf, &n); st != C.UCS_OK {
 		C.kvs_destroy(ctx)
 		t.ctx = nil
 		return statusErr(st, "ucx: worker address")
@@ -511,6 +525,10 @@ func (t *Transport) teardown() {
 	regions := t.regions
 	t.regions = map[rdma.LocalKey]*region{}
 	t.mu.Unlock()
+	for a := range t.accesses { // kvs_destroy destroys their workers
+		a.w = nil
+	}
+	clear(t.accesses)
 	for _, r := range regions {
 		C.kvs_mem_unmap(t.ctx, r.memh)
 	}

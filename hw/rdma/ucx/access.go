@@ -1,0 +1,148 @@
+//go:build ucx
+
+package ucx
+
+/*
+#include <stdlib.h>
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"strings"
+	"sync"
+	"unsafe"
+
+	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/hw/rdma"
+)
+
+// access is one peer's access point: a UCP worker of the transport's
+// context that only receives. Registrations and packed keys belong to the
+// context, so every region's RegionDesc is valid through it.
+type access struct {
+	t    *Transport
+	addr []byte
+	w    C.ucp_worker_h // owned by the progress goroutine; nil once destroyed
+
+	once sync.Once
+	err  error // Revoke's answer
+}
+
+var (
+	_ rdma.PeerAccessor = (*Transport)(nil)
+	_ rdma.PeerAccess   = (*access)(nil)
+)
+
+// OpenPeerAccess creates a worker of the transport's context for one peer,
+// progressed by the transport's progress goroutine like its own worker.
+func (t *Transport) OpenPeerAccess() (rdma.PeerAccess, error) {
+	a := &access{t: t}
+	err := t.do(func() error {
+		var w C.ucp_worker_h
+		if st := C.kvs_access_open(t.ctx, &w); st != C.UCS_OK {
+			return errors.Mark(statusErr(st, "ucx: open a peer access point"), rdma.ErrEndpointBroken)
+		}
+		var buf unsafe.Pointer
+		var n C.size_t
+		if st := C.kvs_address(w, &buf, &n); st != C.UCS_OK {
+			C.kvs_access_close(t.ctx, w)
+			return errors.Mark(statusErr(st, "ucx: a peer access point's worker address"), rdma.ErrEndpointBroken)
+		}
+		a.addr = C.GoBytes(buf, C.int(n))
+		C.free(buf)
+		a.w = w
+		t.accesses[a] = struct{}{}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// Address is the access point's worker address.
+func (a *access) Address() []byte { return a.addr }
+
+// Revoke destroys the access point's worker on the progress goroutine.
+// With it go the connections the peer made to it: over TCP its sockets
+// close unread, over RDMA NICs (rc, dc; ud emulates puts with messages) its
+// queue pairs or DC target, so nothing the peer posts is applied any more
+// and the peer's endpoint fails. Where UCX_TLS lets the peer write this
+// memory itself (shared memory it mapped, cross-memory attach: see
+// mayWriteDirectly), destroying the worker cannot stop those writes, and
+// Revoke says so with an error marked rdma.ErrNotQuiesced.
+func (a *access) Revoke() error {
+	a.once.Do(func() { a.err = a.revoke() })
+	return a.err
+}
+
+func (a *access) revoke() error {
+	t := a.t
+	destroy := func() {
+		if a.w != nil {
+			C.kvs_access_close(t.ctx, a.w)
+			a.w = nil
+			delete(t.accesses, a)
+		}
+	}
+	t.mu.Lock()
+	switch {
+	case t.onLoop():
+		// A done callback: the context lives until the callback returns,
+		// even when Close was called (teardown runs after it).
+		t.mu.Unlock()
+		destroy()
+	case t.closed:
+		// The teardown destroys every worker: wait for it.
+		t.mu.Unlock()
+		<-t.stopped
+	default:
+		ch := make(chan struct{})
+		t.enqueueLocked(item{fn: func() { destroy(); close(ch) }})
+		t.mu.Unlock()
+		<-ch
+	}
+	if t.direct {
+		return errors.Mark(errors.Newf("ucx: peer access point revoked, but UCX_TLS=%q may let the peer write this side's memory itself (shared memory it mapped, cross-memory attach), which revoking cannot stop: "+
+			"memory it could write must not be reused or unmapped while this process lives", tlsOrAll(t.tls)), rdma.ErrNotQuiesced)
+	}
+	return nil
+}
+
+func tlsOrAll(tls string) string {
+	if tls == "" {
+		return "all"
+	}
+	return tls
+}
+
+// mayWriteDirectly reports whether a UCX_TLS value may select a transport
+// over which the sender writes the receiver's memory itself rather than
+// sending it for the receiver's worker to apply or through a queue pair
+// the receiver owns: posix and sysv shared memory (a peer maps memory that
+// UCX allocated), cma, knem, xpmem (the kernel or a mapping copies into the
+// receiver's pages), cuda_ipc and rocm_ipc (a peer maps device memory).
+// Conservatively, anything not known to be safe counts: "all", an unset or
+// "^"-excluding list, aliases like "sm", "shm", "mm", "cuda", and names this
+// list does not know.
+func mayWriteDirectly(tls string) bool {
+	if tls == "" || strings.HasPrefix(tls, "^") {
+		return true
+	}
+	for _, name := range strings.Split(tls, ",") {
+		name = strings.TrimPrefix(strings.TrimSpace(name), `\`)
+		if i := strings.IndexByte(name, ':'); i >= 0 {
+			name = name[:i] // "ud:aux"
+		}
+		switch name {
+		case "tcp", "self",
+			"ib", "rc", "rc_v", "rc_x", "rc_verbs", "rc_mlx5",
+			"dc", "dc_x", "dc_mlx5", "ud", "ud_v", "ud_x", "ud_verbs", "ud_mlx5",
+			"cuda_copy", "gdr_copy", "rocm_copy":
+		default:
+			return true
+		}
+	}
+	return false
+}
