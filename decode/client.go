@@ -11,9 +11,11 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/cp"
 	"github.com/kvstream/kvstream/hw/rdma"
+	"github.com/kvstream/kvstream/messages"
 	"github.com/kvstream/kvstream/messages/wire"
-	"github.com/kvstream/kvstream/system"
+	"github.com/kvstream/kvstream/plan"
 	"go.uber.org/zap"
 )
 
@@ -40,7 +42,15 @@ type DialConfig struct {
 	// writes instead: the decode rank's PP stage buffers at the decode
 	// side's item length, the pairing itself in Metadata for the server's
 	// Config.Admit.
-	Buffers []system.Buffer
+	Buffers []plan.Buffer
+	// PageSize is the engine's page size in tokens (system.Config.PageSize),
+	// which the decode pool must share: the decode server maps each
+	// chunk's tokens to its pages with it. Required.
+	PageSize int
+	// CP is the engine's context parallelism (system.Config.CP): NoticeFor
+	// reports this rank's pages, and a rank of a group of more than one
+	// says so in its Hello (Metadata[RankKey]).
+	CP cp.CP
 	// Name names this prefill in the decode server's logs (default: the
 	// node's address).
 	Name string
@@ -66,7 +76,7 @@ type Client struct {
 	decode  *actor.PID
 	self    *actor.PID // the session actor the decode server watches
 	session string
-	peer    system.Peer
+	peer    plan.Peer
 	notices atomic.Uint64
 
 	bound     string     // the peer name bound on the node, unbound at the end
@@ -97,6 +107,21 @@ func Dial(ctx context.Context, node *Node, cfg DialConfig) (_ *Client, err error
 		return nil, badInput("DialConfig.Buffers: %d buffers (want 1 to %d)", len(cfg.Buffers), maxBuffers)
 	case cfg.CallTimeout < 0:
 		return nil, badInput("DialConfig.CallTimeout %v: must not be negative", cfg.CallTimeout)
+	case cfg.PageSize < 1 || cfg.PageSize > maxPageSize:
+		return nil, badInput("DialConfig.PageSize %d: want the engine's page size (1 to %d tokens)", cfg.PageSize, maxPageSize)
+	}
+	if cfg.CP.Size > 1 {
+		if err := cfg.CP.Validate(); err != nil {
+			return nil, errors.Mark(errors.Wrap(err, "DialConfig.CP"), ErrBadInput)
+		}
+		if v, ok := cfg.Metadata[RankKey]; ok && v != strconv.Itoa(cfg.CP.Rank) {
+			return nil, badInput("DialConfig.Metadata[%s] = %q, DialConfig.CP.Rank = %d: they must agree", RankKey, v, cfg.CP.Rank)
+		}
+		cfg.Metadata = maps.Clone(cfg.Metadata)
+		if cfg.Metadata == nil {
+			cfg.Metadata = map[string]string{}
+		}
+		cfg.Metadata[RankKey] = strconv.Itoa(cfg.CP.Rank)
 	}
 	if cfg.CallTimeout == 0 {
 		cfg.CallTimeout = DefaultCallTimeout
@@ -137,7 +162,7 @@ func Dial(ctx context.Context, node *Node, cfg DialConfig) (_ *Client, err error
 		}
 	}()
 	hello := &wire.Hello{Version: ProtocolVersion, Prefill: cfg.Name, SessionAddress: c.self.Address,
-		SessionId: c.self.Id, Metadata: maps.Clone(cfg.Metadata)}
+		SessionId: c.self.Id, Metadata: maps.Clone(cfg.Metadata), PageSize: uint32(cfg.PageSize)}
 	for _, b := range cfg.Buffers {
 		hello.Buffers = append(hello.Buffers, &wire.Buffer{Name: b.Name, Layer: int32(b.Layer), ItemLen: b.ItemLen, Pages: uint64(max(b.Pages, 0))})
 	}
@@ -161,9 +186,9 @@ func Dial(ctx context.Context, node *Node, cfg DialConfig) (_ *Client, err error
 		return nil, errors.Mark(errors.Wrapf(err, "the decode server at %s", cfg.Decode), ErrBadInput)
 	}
 	c.session = offer.Session
-	c.peer = system.Peer{ID: offer.PeerId, Address: offer.WorkerAddress}
+	c.peer = plan.Peer{ID: offer.PeerId, Address: offer.WorkerAddress}
 	for _, r := range offer.Regions {
-		c.peer.Buffers = append(c.peer.Buffers, system.PeerBuffer{Region: rdma.RegionDesc{Addr: r.Addr, Len: r.Len, Key: r.Key}, ItemLen: r.ItemLen})
+		c.peer.Buffers = append(c.peer.Buffers, plan.PeerBuffer{Region: rdma.RegionDesc{Addr: r.Addr, Len: r.Len, Key: r.Key}, ItemLen: r.ItemLen})
 	}
 	// The decode's node answering heartbeats is what a hung decode
 	// process (connections open, nothing answered) stops doing.
@@ -188,7 +213,7 @@ const (
 // with its item length, a length that is a whole number of pages and does
 // not wrap around. What the bytes of the worker address and keys mean is
 // the transport's to check (hw/rdma/ucx checks their structure).
-func checkOffer(o *wire.Offer, bufs []system.Buffer) error {
+func checkOffer(o *wire.Offer, bufs []plan.Buffer) error {
 	switch {
 	case o.Session == "" || len(o.Session) > maxSessionToken:
 		return errors.Newf("offered a session token of %d bytes", len(o.Session))
@@ -235,6 +260,8 @@ func codeError(code wire.Code, format string, args ...any) error {
 		return errors.Mark(errors.Mark(err, ErrVersion), ErrBadInput)
 	case wire.Code_ROOM_FAILED:
 		return errors.Mark(err, ErrChunkFailed)
+	case wire.Code_UNAVAILABLE:
+		return errors.Mark(err, ErrUnavailable)
 	default:
 		return errors.Mark(err, ErrRefused)
 	}
@@ -258,12 +285,18 @@ func (c *Client) receive(ctx actor.Context) {
 
 // Peer is the decode pool as the prefill engine needs it
 // (system.Engine.AddPeer); Attach adds it.
-func (c *Client) Peer() system.Peer { return c.peer }
+func (c *Client) Peer() plan.Peer { return c.peer }
+
+// Engine is what Attach needs of the prefill engine (*system.Engine).
+type Engine interface {
+	AddPeer(plan.Peer) error
+	PeerLost(id string, cause error) error
+}
 
 // Attach adds the decode pool to the engine as a peer and tells the engine
 // when the decode server is lost (system.Engine.PeerLost: its work fails at
 // once).
-func (c *Client) Attach(eng *system.Engine) error {
+func (c *Client) Attach(eng Engine) error {
 	if err := eng.AddPeer(c.peer); err != nil {
 		return public(err)
 	}
@@ -332,16 +365,16 @@ func (c *Client) Notify(ctx context.Context, n Notice) error {
 	msg := &wire.ChunkNotice{Session: c.session, Room: r.Chunk.Room, Start: int64(r.Chunk.Start), End: int64(r.Chunk.End),
 		Last: n.Last, Bytes: r.Stats.Bytes, Positions: make([]int64, len(n.Positions)), DstPages: make([]int64, len(n.DstPages))}
 	switch r.Status {
-	case system.Succeeded:
+	case messages.Succeeded:
 		msg.Status = wire.Status_SUCCEEDED
-	case system.Dropped:
+	case messages.Dropped:
 		msg.Status = wire.Status_DROPPED
 	default:
 		msg.Status = wire.Status_FAILED
 	}
 	if r.Err != nil {
 		msg.Error = r.Err.Error()
-		msg.NotQuiesced = errors.Is(r.Err, system.ErrNotQuiesced)
+		msg.NotQuiesced = errors.Is(r.Err, ErrNotQuiesced)
 	}
 	for i := range n.Positions {
 		msg.Positions[i], msg.DstPages[i] = int64(n.Positions[i]), int64(n.DstPages[i])

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvstream/kvstream/decode"
 	"github.com/kvstream/kvstream/hw/hostmem"
+	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
 	"github.com/kvstream/kvstream/system"
 	"github.com/stretchr/testify/assert"
@@ -20,7 +21,9 @@ import (
 // stopped, as when both ends of a session stop) starts and that ends one
 // throttle interval (1 s) later, on its own.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/asynkron/protoactor-go/actor.NewDeadLetter.NewThrottle.func4.1"))
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/asynkron/protoactor-go/actor.NewDeadLetter.NewThrottle.func4.1"),
+		// The same goroutine, as Go 1.27 names it (NewThrottle no longer inlined).
+		goleak.IgnoreTopFunction("github.com/asynkron/protoactor-go/actor.NewThrottle.func1.1"))
 }
 
 const (
@@ -35,6 +38,7 @@ type rig struct {
 	node *decode.Node
 	srv  *decode.Server
 	pool *hostmem.Block
+	tr   rdma.Transport
 }
 
 func newRig(t *testing.T, cfg decode.Config) *rig {
@@ -59,7 +63,7 @@ func newRig(t *testing.T, cfg decode.Config) *rig {
 		_ = tr.Close()
 		_ = pool.Free()
 	})
-	return &rig{node: node, srv: srv, pool: pool}
+	return &rig{node: node, srv: srv, pool: pool, tr: tr}
 }
 
 func decodeBuffers(pool *hostmem.Block) []decode.Buffer {
@@ -78,7 +82,7 @@ func prefillLayout(item uint64) []system.Buffer {
 
 func (r *rig) dial(t *testing.T) *decode.Client {
 	t.Helper()
-	c, err := decode.Dial(context.Background(), r.node, decode.DialConfig{Decode: r.srv.Addr(), Buffers: prefillLayout(itemLen), Name: "p0"})
+	c, err := decode.Dial(context.Background(), r.node, decode.DialConfig{Decode: r.srv.Addr(), Buffers: prefillLayout(itemLen), PageSize: 4, Name: "p0"})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Close(context.Background()) })
 	return c
@@ -224,13 +228,14 @@ func TestPrefillLostFailsItsRooms(t *testing.T) {
 	ss, err := r.srv.Accept(waitCtx(t))
 	require.NoError(t, err)
 	require.NoError(t, c.Notify(waitCtx(t), notice(1, 0, 2, 0, false, system.Succeeded, nil)))
-	// The prefill vanishes without Bye: its session actor stops, as when
-	// its process dies or its connection breaks.
-	require.NoError(t, decode.AbandonForTest(c))
+	// The prefill is declared lost (its heartbeats stopped, or an operator
+	// cut it off): its rooms fail once its access is revoked.
+	require.NoError(t, r.srv.Disconnect("p0", errors.New("evicted")))
 
 	_, err = r.srv.Wait(waitCtx(t), 1)
 	assert.True(t, errors.Is(err, decode.ErrPrefillLost), "%v", err)
-	assert.True(t, errors.Is(err, decode.ErrNotQuiesced), "in-flight writes may still land: %v", err)
+	_, revocable := r.tr.(rdma.PeerAccessor)
+	assert.Equal(t, !revocable, errors.Is(err, decode.ErrNotQuiesced), "quiet only if its access was revoked: %v", err)
 	rep, err := ss.Wait(waitCtx(t))
 	assert.True(t, errors.Is(err, decode.ErrPrefillLost), "%v", err)
 	assert.False(t, rep.Complete)
@@ -284,14 +289,17 @@ func TestBadInputNamesTheValueAndChangesNothing(t *testing.T) {
 	assert.True(t, errors.Is(err, decode.ErrChunkFailed), "%v", err)
 	err = c.Notify(waitCtx(t), decode.Notice{Result: notice(2, 0, 1, 0, true, system.Succeeded, nil).Result, Positions: []int{16}, DstPages: []int{3}})
 	assert.ErrorContains(t, err, "position 16 at index 0 is outside the pool's 16 pages")
-	require.NoError(t, r.srv.Expect(3, []int{0, 1}))
+	err = r.srv.Expect(3, []int{0, 1})
+	assert.True(t, errors.Is(err, decode.ErrBadInput), "%v", err)
+	assert.EqualError(t, err, "room 3: page at index 0: decode page 0 belongs to room 1", "pages belong to one room at a time")
+	require.NoError(t, r.srv.Expect(3, []int{4, 5}))
 	err = c.Notify(waitCtx(t), notice(3, 0, 2, 2, true, system.Succeeded, nil))
-	assert.ErrorContains(t, err, "room 3 chunk [0, 8): position 0 went to decode page 2, the room's page is 0")
+	assert.ErrorContains(t, err, "room 3 chunk [0, 8): position 0 went to decode page 2, the room's page is 4")
 	_, err = r.srv.Wait(waitCtx(t), 3)
 	assert.True(t, errors.Is(err, decode.ErrChunkFailed), "%v", err)
 
 	// A prefill whose layout does not match the pool is refused at Dial.
-	_, err = decode.Dial(waitCtx(t), r.node, decode.DialConfig{Decode: r.srv.Addr(), Buffers: prefillLayout(2 * itemLen)})
+	_, err = decode.Dial(waitCtx(t), r.node, decode.DialConfig{Decode: r.srv.Addr(), Buffers: prefillLayout(2 * itemLen), PageSize: 4})
 	assert.True(t, errors.Is(err, decode.ErrBadInput), "%v", err)
 	assert.ErrorContains(t, err, "prefill buffer 0 (KV0): item length 128, decode buffer 0 (KV): 64")
 }
@@ -327,7 +335,7 @@ func TestSizeFromTheFirstPrefill(t *testing.T) {
 	assert.Equal(t, decode.PrefillBuffer{Name: "KV1", Layer: 1, ItemLen: itemLen, Pages: 8}, got[1])
 	peer, err := r.srv.Peer()
 	require.NoError(t, err)
-	assert.Equal(t, peer, c.Peer())
+	assert.Equal(t, peer.Buffers, c.Peer().Buffers)
 	require.NoError(t, c.Close(context.Background()))
 }
 
@@ -355,7 +363,7 @@ func TestSizeThatDoesNotMatchChangesNothing(t *testing.T) {
 		}
 		return bufs, nil
 	}})
-	_, err := decode.Dial(waitCtx(t), r.node, decode.DialConfig{Decode: r.srv.Addr(), Buffers: prefillLayout(itemLen)})
+	_, err := decode.Dial(waitCtx(t), r.node, decode.DialConfig{Decode: r.srv.Addr(), Buffers: prefillLayout(itemLen), PageSize: 4})
 	assert.True(t, errors.Is(err, decode.ErrBadInput), "%v", err)
 	assert.ErrorContains(t, err, "3 prefill buffers, the decode pool has 1")
 	_, err = r.srv.Peer()
@@ -367,13 +375,13 @@ func TestSizeThatDoesNotMatchChangesNothing(t *testing.T) {
 
 // TestRefusedAndDecodeLost: the prefill side's classes, seen by the
 // standard library's errors.Is: a session beyond Config.MaxSessions is
-// refused, and a decode server that goes away is reported lost, to the
-// engine's PeerLost hook and to the next Notify.
+// unavailable (retry later), and a decode server that goes away is
+// reported lost, to the engine's PeerLost hook and to the next Notify.
 func TestRefusedAndDecodeLost(t *testing.T) {
 	r := newRig(t, decode.Config{MaxSessions: 1})
 	c := r.dial(t)
-	_, err := decode.Dial(waitCtx(t), r.node, decode.DialConfig{Decode: r.srv.Addr(), Buffers: prefillLayout(itemLen)})
-	assert.True(t, errors.Is(err, decode.ErrRefused), "%v", err)
+	_, err := decode.Dial(waitCtx(t), r.node, decode.DialConfig{Decode: r.srv.Addr(), Buffers: prefillLayout(itemLen), PageSize: 4, Name: "p1"})
+	assert.True(t, errors.Is(err, decode.ErrUnavailable), "%v", err)
 	assert.ErrorContains(t, err, "already 1 sessions (Config.MaxSessions)")
 
 	lost := make(chan error, 1)

@@ -2,8 +2,9 @@ package decode
 
 import (
 	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/cp"
+	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/internal/stderrs"
-	"github.com/kvstream/kvstream/system"
 )
 
 // Error classes a caller branches on with errors.Is (the standard library's
@@ -12,8 +13,9 @@ var (
 	// ErrBadInput: a value passed in, or a value a peer sent, cannot be
 	// served (pages out of range, an unknown room, a buffer geometry that
 	// does not match the pool). The error names the value; nothing changed.
-	// It is system.ErrBadInput, so one check covers both packages.
-	ErrBadInput = system.ErrBadInput
+	// It is the prefill engine's ErrBadInput (system.ErrBadInput), so one
+	// check covers both packages.
+	ErrBadInput = cp.ErrBadInput
 	// ErrVersion: the peer speaks another version of the control protocol
 	// (package messages/wire). Also marked ErrBadInput.
 	ErrVersion = errors.New("control protocol version mismatch")
@@ -34,14 +36,20 @@ var (
 	// completed, or said it stopped early: the session is not complete.
 	ErrSessionAborted = errors.New("session aborted")
 	// ErrNotQuiesced: writes into the room's pages may still land; do not
-	// reuse those pages for another room. It is system.ErrNotQuiesced.
-	ErrNotQuiesced = system.ErrNotQuiesced
+	// reuse those pages for another room. It is the prefill engine's
+	// (system.ErrNotQuiesced) and the transport's (rdma.ErrNotQuiesced).
+	ErrNotQuiesced = rdma.ErrNotQuiesced
 	// ErrClosed: the server, client or node was closed. Also marked
 	// ErrBadInput when a call came after Close.
 	ErrClosed = errors.New("closed")
-	// ErrRefused: the decode server refused a message: not the sender's
-	// session, the session already ended, or too many sessions.
+	// ErrRefused: the decode server refused a message: not a prefill it
+	// serves, not the sender's session, the session already ended, a room
+	// of another prefill.
 	ErrRefused = errors.New("refused")
+	// ErrUnavailable: the decode server cannot take the session now
+	// (draining, closing, at its session bound, or this prefill's identity
+	// still holds a live session): retry later.
+	ErrUnavailable = errors.New("unavailable")
 )
 
 // badInput is an error of a caller's value: it names the value.

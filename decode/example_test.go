@@ -55,7 +55,7 @@ func Example() {
 		HookLayers: layers, PageSize: 16}
 	eng, err := system.New(cfg, system.WithStream(gpu.NewStream("compute")), system.WithTransport(prefillTr))
 	check(err)
-	sess, err := decode.Dial(ctx, node, decode.DialConfig{Decode: srv.Addr(), Buffers: cfg.Buffers})
+	sess, err := decode.Dial(ctx, node, decode.DialConfig{Decode: srv.Addr(), Buffers: cfg.Buffers, PageSize: cfg.PageSize})
 	check(err)
 	check(sess.Attach(eng))
 
@@ -71,7 +71,7 @@ func Example() {
 	check(fw.End())
 	res, err := eng.Finish(ctx, 1)
 	check(err)
-	notice, err := sess.NoticeFor(eng.Config(), spec, res)
+	notice, err := sess.NoticeFor(spec, res)
 	check(err)
 	check(sess.Notify(ctx, notice))
 

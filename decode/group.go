@@ -3,11 +3,10 @@ package decode
 import (
 	"slices"
 	"strconv"
-	"time"
 
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cp"
-	"github.com/kvstream/kvstream/system"
+	"github.com/kvstream/kvstream/messages"
 )
 
 // RankKey is the session metadata key (DialConfig.Metadata) that carries a
@@ -23,11 +22,6 @@ type Group struct {
 	Size     int     // ranks in the group (1 to MaxGroupSize)
 	Rule     cp.Rule // how the ranks split a request's pages
 	PageSize int     // tokens per page: maps a chunk's tokens to its pages
-	// RoomTimeout, if positive, fails a room not complete this long after
-	// it was Expected or its first notice arrived: a rank that never
-	// reports (a partition that does not end its session) cannot keep it
-	// waiting for ever.
-	RoomTimeout time.Duration
 }
 
 // MaxGroupSize bounds Group.Size: a group's ranks are tracked per chunk.
@@ -102,7 +96,12 @@ func NewGroupRoom(g Group, room uint64, totalPages int) (*GroupRoom, error) {
 	if totalPages < 0 {
 		return nil, public(badInput("room %d: %d pages", room, totalPages))
 	}
-	return &GroupRoom{g: g, room: room, totalPages: totalPages}, nil
+	return newGroupRoom(g, room, totalPages), nil
+}
+
+// newGroupRoom is NewGroupRoom for a Group already validated.
+func newGroupRoom(g Group, room uint64, totalPages int) *GroupRoom {
+	return &GroupRoom{g: g, room: room, totalPages: totalPages}
 }
 
 // Verdict is the room's state; Err says why it failed.
@@ -140,7 +139,7 @@ func (r *GroupRoom) Report(rank int, c Chunk) Verdict {
 	if rank < 0 || rank >= r.g.Size {
 		return r.fail(where("no such rank in a group of %d", r.g.Size))
 	}
-	if c.Status != system.Succeeded {
+	if c.Status != messages.Succeeded {
 		err := where("%s on the prefill: %s", c.Status, c.Err)
 		if c.NotQuiesced {
 			err = errors.Mark(err, ErrNotQuiesced)
@@ -165,7 +164,9 @@ func (r *GroupRoom) Report(rank int, c Chunk) Verdict {
 		}
 		r.totalPages = total
 	}
-	ch.reports[rank] = slices.Clone(c.Positions)
+	// The owner rule lists a rank's positions in order; a rank may report
+	// them in any.
+	ch.reports[rank] = slices.Sorted(slices.Values(c.Positions))
 	return r.decide()
 }
 
@@ -302,10 +303,13 @@ func (r *GroupRoom) Missing(rank int) bool {
 }
 
 // Lost fails the room when it still needs rank: the rank's session went
-// away (cause says how). It returns the verdict after.
+// away (cause says how; the error is marked ErrPrefillLost). It returns the
+// verdict after. Whether the rank's writes stopped is not the room's to
+// say: the Server marks its error ErrNotQuiesced unless the rank's access
+// was revoked.
 func (r *GroupRoom) Lost(rank int, cause error) Verdict {
 	if r.Owes(rank) {
-		return r.fail(errors.Mark(errors.Mark(errors.Wrapf(cause, "room %d: rank %d lost", r.room, rank), ErrPrefillLost), ErrNotQuiesced))
+		return r.fail(errors.Mark(errors.Wrapf(cause, "room %d: rank %d lost", r.room, rank), ErrPrefillLost))
 	}
 	return r.Verdict()
 }

@@ -40,7 +40,6 @@ type Node struct {
 	heartbeat netsec.HeartbeatConfig
 
 	mu     sync.Mutex
-	bound  int                 // sessions bound to the policy's peer
 	beats  map[*heartbeat]bool // running monitors, stopped by Close at the latest
 	closed bool
 	done   chan struct{}
@@ -373,35 +372,23 @@ func (n *Node) request(ctx context.Context, pid *actor.PID, msg any, limit time.
 	}
 }
 
-// bind binds the node's session policy to a session's peer (its
-// certificate name) and counts the session; in the clear it does nothing.
-// A node serves sessions of one peer at a time.
+// bind adds a session with peer (its certificate name) to the node's
+// session policy: once any session is bound, only the peers of sessions
+// may deliver, but to the servers' actors (open: they answer every
+// Hello). In the clear it does nothing.
 func (n *Node) bind(peer string) error {
 	if !n.tls {
 		return nil
 	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if err := n.policy.Bind(peer); err != nil {
-		return err
-	}
-	n.bound++
-	return nil
+	return n.policy.Bind(peer)
 }
 
-// unbind ends one session of bind's; the last one unbinds the policy.
+// unbind ends one session of bind's.
 func (n *Node) unbind(peer string) {
 	if !n.tls || peer == "" {
 		return
 	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.bound > 0 {
-		n.bound--
-	}
-	if n.bound == 0 {
-		n.policy.Unbind()
-	}
+	n.policy.Unbind(peer)
 }
 
 // heartbeat is one session's watch over its peer node's heartbeats.

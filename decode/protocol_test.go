@@ -49,7 +49,7 @@ func TestServerRefusesAnotherVersion(t *testing.T) {
 	offer := res.(*wire.Offer)
 	assert.Equal(t, wire.Code_VERSION, offer.Code)
 	assert.Equal(t, ProtocolVersion, offer.Version)
-	assert.Equal(t, `hello from "old": protocol version 99, this decode server speaks 1`, offer.Error)
+	assert.Equal(t, `hello from "old": protocol version 99, this decode server speaks 2`, offer.Error)
 	assert.Empty(t, offer.Regions, "no pool described to a peer that cannot read it")
 	assert.Empty(t, offer.Session)
 
@@ -57,15 +57,15 @@ func TestServerRefusesAnotherVersion(t *testing.T) {
 	live, err := n.system.Root.SpawnNamed(actor.PropsFromFunc(func(actor.Context) {}), "s1") // a session actor that stays
 	require.NoError(t, err)
 	defer n.stopActor(context.Background(), live)
-	hello := &wire.Hello{Version: ProtocolVersion, Prefill: "p", SessionAddress: live.Address, SessionId: live.Id,
+	hello := &wire.Hello{Version: ProtocolVersion, Prefill: "p", SessionAddress: live.Address, SessionId: live.Id, PageSize: 16,
 		Buffers: []*wire.Buffer{{Name: "KV0", ItemLen: 256}}}
 	res, err = n.request(context.Background(), srv.pid, hello, time.Second)
 	require.NoError(t, err)
 	require.Equal(t, wire.Code_OK, res.(*wire.Offer).Code, res.(*wire.Offer).Error)
 	res, err = n.request(context.Background(), srv.pid, hello, time.Second)
 	require.NoError(t, err)
-	assert.Equal(t, wire.Code_REFUSED, res.(*wire.Offer).Code)
-	assert.Contains(t, res.(*wire.Offer).Error, "already has a session")
+	assert.Equal(t, wire.Code_UNAVAILABLE, res.(*wire.Offer).Code, "one live session per prefill identity")
+	assert.Contains(t, res.(*wire.Offer).Error, `prefill "p" already has a live session`)
 
 	// A notice with a session the server never gave is refused.
 	res, err = n.request(context.Background(), srv.pid, &wire.ChunkNotice{Session: "forged", Room: 1, Status: wire.Status_SUCCEEDED}, time.Second)
@@ -82,13 +82,13 @@ func TestDialRefusesAnotherVersion(t *testing.T) {
 	n := testNode(t)
 	_, err := n.system.Root.SpawnNamed(actor.PropsFromFunc(func(ctx actor.Context) {
 		if _, ok := ctx.Message().(*wire.Hello); ok {
-			ctx.Respond(&wire.Offer{Version: 2, Code: wire.Code_VERSION, Error: "protocol version 1, this decode server speaks 2"})
+			ctx.Respond(&wire.Offer{Version: 9, Code: wire.Code_VERSION, Error: "protocol version 2, this decode server speaks 9"})
 		}
 	}), ServerActor)
 	require.NoError(t, err)
-	_, err = Dial(context.Background(), n, DialConfig{Decode: n.Addr(), Buffers: system.MLABuffers([]uint64{1}, 256, 16)})
+	_, err = Dial(context.Background(), n, DialConfig{Decode: n.Addr(), Buffers: system.MLABuffers([]uint64{1}, 256, 16), PageSize: 16})
 	require.Error(t, err)
 	assert.True(t, stderrors.Is(err, ErrVersion), "%v", err)
 	assert.True(t, stderrors.Is(err, ErrBadInput), "%v", err)
-	assert.Contains(t, err.Error(), "speaks protocol version 2, this prefill 1")
+	assert.Contains(t, err.Error(), "speaks protocol version 9, this prefill 2")
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -11,7 +12,9 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/hw/rdma"
-	"github.com/kvstream/kvstream/system"
+	"github.com/kvstream/kvstream/messages/wire"
+	"github.com/kvstream/kvstream/netsec"
+	"github.com/kvstream/kvstream/plan"
 	"go.uber.org/zap"
 )
 
@@ -44,61 +47,74 @@ func serverActor(field, name string) (string, error) {
 
 // Defaults.
 const (
-	DefaultID          = "decode"
-	DefaultMaxSessions = 64
-	DefaultByeGrace    = 10 * time.Second
+	DefaultID                 = "decode"
+	DefaultMaxSessions        = 64
+	DefaultMaxRoomsPerSession = 4096
+	DefaultByeGrace           = 10 * time.Second
+	DefaultRevokeTimeout      = 10 * time.Second
 	// DefaultMaxPoolBytes bounds a pool sized by Config.Size: 64 GiB.
 	DefaultMaxPoolBytes = 64 << 30
 	// maxBuffers bounds a Hello's layout before anything is sized by it.
 	maxBuffers = 1 << 16
 )
 
+// ProtocolVersion is the control protocol version this package speaks
+// (messages/wire: Hello.version, Offer.version).
+const ProtocolVersion = uint32(wire.Version_VERSION_CURRENT)
+
 // Server is the decode side of kvstream: it owns the registration of the
 // decode pool with the transport, answers prefill sessions on its Node, and
 // tells the serving stack per room when the KV landed (Wait) or why it
 // will not.
+//
+// It is a shell around a Core: one actor delivers every message (from the
+// network, from the heartbeats, timers and revocations, and the serving
+// stack's calls) to the core, one at a time, and performs the effects the
+// core returns. No lock guards the core: only the actor touches it.
 type Server struct {
 	node *Node
 	tr   rdma.Transport
 	cfg  Config
 	log  *zap.Logger
 	pid  *actor.PID
+	obs  Observer
 
-	mu       sync.Mutex
+	// Owned by the actor.
+	core     *Core
 	bufs     []Buffer
-	pages    int // the smallest buffer's capacity: the valid page range
 	regions  []rdma.Region
-	rooms    map[uint64]*room
-	sessions map[string]*Session // by token
-	watched  map[string]*Session // by the prefill session actor's PID
-	accepted []*Session          // not yet returned by Accept
-	acceptCh chan struct{}       // closed and replaced when a session arrives
-	// lostRanks are a group's ranks whose last session was lost, until one
-	// of theirs says Hello again.
-	lostRanks map[int]error
-	closed    bool
+	sized    bool // the pool came from Config.Size
+	access   map[string]rdma.PeerAccess
+	sessions map[string]*Session
+	waiters  map[uint64][]chan waitResult
+	timers   map[uint64]*time.Timer
+	reply    chan Reply // the call being answered
+	ctx      actor.Context
+
+	drained chan struct{} // closed when draining or closed and no session is left
+	stopped chan struct{} // closed when the actor stopped
+
+	acceptMu sync.Mutex
+	accepted []*Session
+	acceptCh chan struct{} // closed and replaced when a session arrives
+	closed   bool          // no more Accept
 }
 
-// room is one room's state; done closes when it is complete or failed.
-type room struct {
-	Room
-	session *Session // the session that reports it; nil until its first notice
-	// group decides a room of a CP group (Config.Group); reporters are the
-	// ranks' sessions that reported in it.
-	group     *GroupRoom
-	reporters map[*Session]bool
-	err       error
-	done      chan struct{}
+type waitResult struct {
+	room Room
+	err  error
 }
 
-func (r *room) terminal() bool { return r.Complete || r.err != nil }
+// call is a request of this process to the actor.
+type call struct {
+	msg   Msg
+	reply chan Reply
+}
 
-func (r *room) fail(err error) {
-	if r.terminal() {
-		return
-	}
-	r.err = err
-	close(r.done)
+// run asks the actor to run f (state it owns, read from outside).
+type run struct {
+	f    func()
+	done chan struct{}
 }
 
 // New registers the pool's buffers with tr and serves prefill sessions on
@@ -114,12 +130,23 @@ func New(node *Node, tr rdma.Transport, cfg Config) (_ *Server, err error) {
 		return nil, badInput("decode.New: Config has neither Buffers nor Size")
 	case cfg.MaxSessions < 0:
 		return nil, badInput("MaxSessions %d: must not be negative", cfg.MaxSessions)
+	case cfg.MaxRoomsPerSession < 0:
+		return nil, badInput("MaxRoomsPerSession %d: must not be negative", cfg.MaxRoomsPerSession)
 	case cfg.ByeGrace < 0:
 		return nil, badInput("ByeGrace %v: must not be negative", cfg.ByeGrace)
+	case cfg.RoomTimeout < 0:
+		return nil, badInput("RoomTimeout %v: must not be negative", cfg.RoomTimeout)
+	case cfg.RevokeTimeout < 0:
+		return nil, badInput("RevokeTimeout %v: must not be negative", cfg.RevokeTimeout)
+	case cfg.PageSize < 0 || cfg.PageSize > maxPageSize:
+		return nil, badInput("PageSize %d: want 0 (the first session's) to %d", cfg.PageSize, maxPageSize)
 	}
 	if cfg.Group != nil {
 		if err := cfg.Group.validate(); err != nil {
 			return nil, err
+		}
+		if cfg.PageSize != 0 && cfg.PageSize != cfg.Group.PageSize {
+			return nil, badInput("PageSize %d, Group.PageSize %d: they must agree", cfg.PageSize, cfg.Group.PageSize)
 		}
 	}
 	name, err := serverActor("Config.Name", cfg.Name)
@@ -132,8 +159,14 @@ func New(node *Node, tr rdma.Transport, cfg Config) (_ *Server, err error) {
 	if cfg.MaxSessions == 0 {
 		cfg.MaxSessions = DefaultMaxSessions
 	}
+	if cfg.MaxRoomsPerSession == 0 {
+		cfg.MaxRoomsPerSession = DefaultMaxRoomsPerSession
+	}
 	if cfg.ByeGrace == 0 {
 		cfg.ByeGrace = DefaultByeGrace
+	}
+	if cfg.RevokeTimeout == 0 {
+		cfg.RevokeTimeout = DefaultRevokeTimeout
 	}
 	if cfg.MaxPoolBytes == 0 {
 		cfg.MaxPoolBytes = DefaultMaxPoolBytes
@@ -142,46 +175,55 @@ func New(node *Node, tr rdma.Transport, cfg Config) (_ *Server, err error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	s := &Server{node: node, tr: tr, cfg: cfg, log: log, rooms: map[uint64]*room{},
-		sessions: map[string]*Session{}, watched: map[string]*Session{}, acceptCh: make(chan struct{})}
+	s := &Server{node: node, tr: tr, cfg: cfg, log: log, obs: cfg.Observer, access: map[string]rdma.PeerAccess{},
+		sessions: map[string]*Session{}, waiters: map[uint64][]chan waitResult{}, timers: map[uint64]*time.Timer{}, drained: make(chan struct{}),
+		stopped: make(chan struct{}), acceptCh: make(chan struct{})}
+	if s.obs == nil {
+		s.obs = nopObserver{}
+	}
+	var pool []Buffer
 	if len(cfg.Buffers) > 0 {
-		if err := s.size(cfg.Buffers); err != nil {
+		if err := s.register(cfg.Buffers); err != nil {
 			return nil, err
 		}
+		pool = cfg.Buffers
 	}
-	node.policy.Allow(name)
-	if s.pid, err = node.system.Root.SpawnNamed(actor.PropsFromFunc(s.receive), name); err != nil {
-		s.release()
+	group := cfg.Group
+	if group != nil {
+		g := *group
+		group = &g
+	}
+	s.core = NewCore(Rules{MaxSessions: cfg.MaxSessions, MaxRoomsPerSession: cfg.MaxRoomsPerSession, Prefills: slices.Clone(cfg.Prefills),
+		TLS: node.tls, Group: group, PageSize: cfg.PageSize, RoomTimeout: cfg.RoomTimeout, ByeGrace: cfg.ByeGrace,
+		AcceptUnknownRooms: cfg.AcceptUnknownRooms, Admit: cfg.Admit != nil, Verify: cfg.Verify != nil,
+		Size: len(cfg.Buffers) == 0, MaxPoolBytes: cfg.MaxPoolBytes}, pool)
+	// Open: a Hello from any authenticated peer reaches the core, which
+	// answers it, a refusal included.
+	node.policy.Open(name)
+	props := actor.PropsFromFunc(s.receive, actor.WithReceiverMiddleware(recoverMiddleware(log)))
+	if s.pid, err = node.system.Root.SpawnNamed(props, name); err != nil {
+		s.deregister()
 		return nil, errors.Wrapf(err, "spawn %s on node %s (Servers that share a node need distinct Config.Names)", name, node.Addr())
 	}
 	return s, nil
 }
 
-// size validates the pool and registers it; called with mu held or before
-// the actor exists. On error nothing stays registered.
-func (s *Server) size(bufs []Buffer) error {
-	if len(bufs) > maxBuffers {
-		return badInput("decode pool of %d buffers: at most %d", len(bufs), maxBuffers)
-	}
-	pages := 0
-	for i, b := range bufs {
-		switch {
-		case b.ItemLen == 0:
-			return badInput("decode buffer %d (%s): zero item length", i, b.Name)
-		case b.Pages < 1:
-			return badInput("decode buffer %d (%s): %d pages", i, b.Name, b.Pages)
-		case b.Base == 0:
-			return badInput("decode buffer %d (%s): nil base address", i, b.Name)
-		case b.ItemLen > (1<<63)/uint64(b.Pages):
-			return badInput("decode buffer %d (%s): %d pages of %d bytes overflow", i, b.Name, b.Pages, b.ItemLen)
-		}
-		if i == 0 || b.Pages < pages {
-			pages = b.Pages
-		}
+// register validates the pool and registers it. On error nothing stays
+// registered.
+func (s *Server) register(bufs []Buffer) error {
+	if err := checkPool(bufs); err != nil {
+		return errors.Mark(err, ErrBadInput)
 	}
 	var regions []rdma.Region
 	for i, b := range bufs {
-		r, err := s.tr.Register(b.Base, b.ItemLen*uint64(b.Pages))
+		var err error
+		if b.Base == 0 {
+			err = badInput("decode buffer %d (%s): nil base address", i, b.Name)
+		}
+		var r rdma.Region
+		if err == nil {
+			r, err = s.tr.Register(b.Base, b.ItemLen*uint64(b.Pages))
+		}
 		if err != nil {
 			for _, r := range regions {
 				_ = r.Deregister()
@@ -190,29 +232,346 @@ func (s *Server) size(bufs []Buffer) error {
 		}
 		regions = append(regions, r)
 	}
-	s.bufs, s.pages, s.regions = slices.Clone(bufs), pages, regions
+	s.bufs, s.regions = slices.Clone(bufs), regions
 	return nil
+}
+
+func (s *Server) deregister() {
+	for _, r := range s.regions {
+		_ = r.Deregister()
+	}
+	s.regions, s.bufs = nil, nil
+}
+
+// recoverMiddleware keeps a panic in a handler (a bug, or a Config
+// callback's) from losing the message silently: it is logged, and the
+// actor goes on.
+func recoverMiddleware(log *zap.Logger) actor.ReceiverMiddleware {
+	return func(next actor.ReceiverFunc) actor.ReceiverFunc {
+		return func(c actor.ReceiverContext, env *actor.MessageEnvelope) {
+			defer func() {
+				if p := recover(); p != nil {
+					log.Error("decode server: handler panicked", zap.String("message", fmt.Sprintf("%T", env.Message)), zap.Any("panic", p))
+				}
+			}()
+			next(c, env)
+		}
+	}
+}
+
+// receive is the server's actor.
+func (s *Server) receive(ctx actor.Context) {
+	s.ctx = ctx
+	defer func() { s.ctx = nil }()
+	switch m := ctx.Message().(type) {
+	case *wire.Hello:
+		s.drive(HelloMsg{From: origin(ctx), Hello: m, Token: newToken()})
+	case *wire.ChunkNotice:
+		s.drive(NoticeMsg{From: origin(ctx), Notice: m})
+	case *wire.Bye:
+		s.drive(ByeMsg{From: origin(ctx), Bye: m})
+	case *actor.Terminated:
+		if m.Who != nil {
+			s.drive(DepartedMsg{Actor: m.Who.Address + "/" + m.Who.Id})
+		}
+	case TimerMsg:
+		delete(s.timers, m.ID)
+		s.drive(m)
+	case PeerLostMsg, RevokedMsg:
+		s.drive(m.(Msg))
+	case call:
+		s.reply = m.reply
+		s.drive(m.msg)
+		s.reply = nil
+	case run:
+		m.f()
+		close(m.done)
+	case *actor.Stopped:
+		close(s.stopped)
+	}
+}
+
+// origin is who sent the message being handled.
+func origin(ctx actor.Context) Origin {
+	o := Origin{Peer: netsec.PeerName(ctx)}
+	if sender := ctx.Sender(); sender != nil {
+		o.Node = sender.Address
+	}
+	return o
+}
+
+// drive steps the core and performs its effects; a Call's result is
+// stepped in at once.
+func (s *Server) drive(m Msg) {
+	for _, e := range s.core.Step(m) {
+		if next := s.perform(e); next != nil {
+			s.drive(next)
+		}
+	}
+}
+
+// perform does one effect; for a Call it returns the result to step.
+func (s *Server) perform(e Effect) Msg {
+	switch e := e.(type) {
+	case AnswerHello:
+		s.answerHello(e)
+	case AnswerNotice:
+		if e.Reason != "" {
+			s.obs.Refused("notice", e.Reason)
+		}
+		s.ctx.Respond(&wire.NoticeAck{Code: e.Code, Error: e.Text})
+	case AnswerBye:
+		if e.Summary.Code == wire.Code_REFUSED || e.Summary.Code == wire.Code_BAD_INPUT {
+			s.obs.Refused("bye", "not_session")
+		}
+		s.ctx.Respond(e.Summary)
+	case Reply:
+		if s.reply != nil {
+			s.reply <- e
+		}
+	case CallAdmit:
+		return AdmittedMsg{Err: guard("Config.Admit", func() error { return s.cfg.Admit(e.Prefill, e.Metadata) })}
+	case CallSize:
+		var bufs []Buffer
+		err := guard("Config.Size", func() (err error) { bufs, err = s.cfg.Size(e.Layout); return err })
+		if err == nil {
+			if err = checkPool(bufs); err == nil {
+				err = matchLayout(bufs, e.Layout) // before anything is registered
+			}
+		}
+		if err == nil {
+			err = s.register(bufs)
+		}
+		if err == nil {
+			s.sized = true
+		} else if bufs != nil && s.cfg.Free != nil {
+			s.cfg.Free(bufs) // registered nothing: no peer ever saw it
+		}
+		return SizedMsg{Buffers: bufs, Err: err}
+	case CallOpenAccess:
+		pa, ok := s.tr.(rdma.PeerAccessor)
+		if !ok {
+			return AccessMsg{Address: s.tr.Address()}
+		}
+		a, err := pa.OpenPeerAccess()
+		if err != nil {
+			return AccessMsg{Err: err}
+		}
+		s.access[e.Session] = a
+		return AccessMsg{Address: a.Address(), Revocable: true}
+	case CallVerify:
+		ss := s.sessions[e.Session]
+		return VerifiedMsg{Err: guard("Config.Verify", func() error { return s.cfg.Verify(ss, e.Chunk) })}
+	case SessionOpened:
+		s.opened(e.Session)
+	case Revoke:
+		s.revoke(e.Session)
+	case SessionEnded:
+		s.ended(e)
+	case RoomEnded:
+		s.obs.RoomEnded(e.Outcome)
+		for _, w := range s.waiters[e.Room.ID] {
+			w <- waitResult{room: e.Room, err: e.Err}
+		}
+		delete(s.waiters, e.Room.ID)
+		if f := s.cfg.OnRoomEnd; f != nil {
+			go f(e.Room, public(e.Err))
+		}
+	case ArmTimer:
+		pid, root := s.pid, s.node.system.Root
+		s.timers[e.ID] = time.AfterFunc(e.After, func() { root.Send(pid, TimerMsg{ID: e.ID}) })
+	case ReleasePool:
+		bufs := s.bufs
+		s.deregister()
+		if s.sized && s.cfg.Free != nil {
+			s.cfg.Free(bufs)
+		}
+		s.sized = false
+	case Verified:
+		s.obs.Verified(e.Bytes)
+	case Quarantined:
+		s.obs.Quarantined(e.Pages)
+	case Drained:
+		select {
+		case <-s.drained:
+		default:
+			close(s.drained)
+		}
+	case Log:
+		s.logEffect(e)
+	}
+	return nil
+}
+
+// guard runs a Config callback: a panic in it is that call's error, not
+// the server's end.
+func guard(what string, f func() error) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = errors.Newf("%s panicked: %v", what, p)
+		}
+	}()
+	return f()
+}
+
+func (s *Server) answerHello(e AnswerHello) {
+	offer := &wire.Offer{Version: ProtocolVersion, Code: e.Code, Error: e.Text}
+	if e.Code != wire.Code_OK {
+		s.obs.Refused("hello", e.Reason)
+		s.ctx.Respond(offer)
+		return
+	}
+	offer.Session, offer.PeerId, offer.WorkerAddress = e.Session, s.cfg.ID, e.Address
+	for i, r := range s.regions {
+		d := r.Desc()
+		offer.Regions = append(offer.Regions, &wire.Region{Addr: d.Addr, Len: d.Len, Key: d.Key, ItemLen: s.bufs[i].ItemLen})
+	}
+	s.ctx.Respond(offer)
+}
+
+// opened watches a new session: its actor (a Terminated is a suspicion the
+// core weighs), its node's heartbeats (the evidence of a loss), and binds
+// its peer on the node.
+func (s *Server) opened(info SessionInfo) {
+	ss := &Session{info: info, done: make(chan struct{})}
+	ss.report.Prefill = info.Prefill
+	s.sessions[info.Token] = ss
+	if pid := actorPID(info.Actor); pid != nil {
+		s.ctx.Watch(pid)
+	}
+	if s.node.tls {
+		_ = s.node.bind(info.Identity)
+	}
+	root, pid, token := s.node.system.Root, s.pid, info.Token
+	hb, err := s.node.watchPeer(info.Node, "kvstream-decode-hb-"+token[:min(16, len(token))], func(err error) {
+		root.Send(pid, PeerLostMsg{Session: token, Cause: err})
+	})
+	if err != nil {
+		s.log.Warn("prefill session without heartbeats: a lost prefill is noticed only by its rooms' timeouts",
+			zap.String("prefill", info.Prefill), zap.String("error", err.Error()))
+	}
+	ss.heartbeat = hb
+	s.acceptMu.Lock()
+	s.accepted = append(s.accepted, ss)
+	close(s.acceptCh)
+	s.acceptCh = make(chan struct{})
+	s.acceptMu.Unlock()
+}
+
+// actorPID parses "address/id" (the core's form of a session actor).
+func actorPID(s string) *actor.PID {
+	for i := len(s) - 1; i >= 0; i-- {
+		if s[i] == '/' {
+			return actor.NewPID(s[:i], s[i+1:])
+		}
+	}
+	return nil
+}
+
+// revoke cuts a session's peer off the pool, off the actor (a transport
+// may drain first), and reports through the mailbox within RevokeTimeout.
+func (s *Server) revoke(token string) {
+	root, pid := s.node.system.Root, s.pid
+	a := s.access[token]
+	delete(s.access, token)
+	if ss := s.sessions[token]; ss != nil && ss.heartbeat != nil {
+		hb := ss.heartbeat
+		ss.heartbeat = nil
+		go hb.stop() // not on the actor: stop waits for the monitor
+	}
+	if a == nil {
+		root.Send(pid, RevokedMsg{Session: token, Err: errors.Mark(errors.Newf("the %s transport cannot cut one peer off (no rdma.PeerAccessor)", s.tr.Name()), ErrNotQuiesced)})
+		return
+	}
+	limit := s.cfg.RevokeTimeout
+	go func() {
+		done := make(chan error, 1)
+		go func() { done <- a.Revoke() }()
+		var err error
+		select {
+		case err = <-done:
+		case <-time.After(limit):
+			err = errors.Mark(errors.Newf("revoking the access point took more than %v (Config.RevokeTimeout)", limit), ErrNotQuiesced)
+		}
+		root.Send(pid, RevokedMsg{Session: token, Err: err})
+	}()
+}
+
+func (s *Server) ended(e SessionEnded) {
+	s.obs.SessionEnded(e.Outcome)
+	ss := s.sessions[e.Session]
+	if ss == nil {
+		return
+	}
+	delete(s.sessions, e.Session)
+	if pid := actorPID(ss.info.Actor); pid != nil && s.ctx != nil {
+		s.ctx.Unwatch(pid)
+	}
+	if s.node.tls {
+		s.node.unbind(ss.info.Identity)
+	}
+	ss.finish(e.Report, public(e.Err))
+}
+
+func (s *Server) logEffect(e Log) {
+	fields := make([]zap.Field, 0, len(e.Fields)/2+1)
+	fields = append(fields, zap.String("server", s.cfg.Name))
+	for i := 0; i+1 < len(e.Fields); i += 2 {
+		k, _ := e.Fields[i].(string)
+		fields = append(fields, zap.Any(k, e.Fields[i+1]))
+	}
+	if e.Level == Warn {
+		s.log.Warn(e.Msg, fields...)
+	} else {
+		s.log.Debug(e.Msg, fields...)
+	}
+}
+
+// do sends a call to the actor and waits for its reply.
+func (s *Server) do(m Msg) (Reply, error) {
+	reply := make(chan Reply, 1)
+	s.node.system.Root.Send(s.pid, call{msg: m, reply: reply})
+	select {
+	case r := <-reply:
+		return r, nil
+	case <-s.stopped:
+		return Reply{}, closedError(fmt.Sprintf("%T", m))
+	}
+}
+
+// inActor runs f on the actor.
+func (s *Server) inActor(f func()) error {
+	done := make(chan struct{})
+	s.node.system.Root.Send(s.pid, run{f: f, done: done})
+	select {
+	case <-done:
+		return nil
+	case <-s.stopped:
+		return closedError("the decode server")
+	}
 }
 
 // Peer describes the pool to a prefill engine in this process
 // (system.Engine.AddPeer); a prefill in another process gets the same
-// through Dial. It is an error while a pool sized by Config.Size has not
-// been sized yet.
-func (s *Server) Peer() (system.Peer, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.regions == nil {
-		return system.Peer{}, public(badInput("the decode pool is not sized yet (Config.Size runs at the first Hello)"))
+// through Dial. It is an error while a pool sized by Config.Size is not
+// sized.
+func (s *Server) Peer() (plan.Peer, error) {
+	var p plan.Peer
+	var ok bool
+	if err := s.inActor(func() {
+		if ok = s.regions != nil; ok {
+			p = plan.Peer{ID: s.cfg.ID, Address: s.tr.Address()}
+			for i, r := range s.regions {
+				p.Buffers = append(p.Buffers, plan.PeerBuffer{Region: r.Desc(), ItemLen: s.bufs[i].ItemLen})
+			}
+		}
+	}); err != nil {
+		return plan.Peer{}, public(err)
 	}
-	return s.peerLocked(), nil
-}
-
-func (s *Server) peerLocked() system.Peer {
-	p := system.Peer{ID: s.cfg.ID, Address: s.tr.Address()}
-	for i, r := range s.regions {
-		p.Buffers = append(p.Buffers, system.PeerBuffer{Region: r.Desc(), ItemLen: s.bufs[i].ItemLen})
+	if !ok {
+		return plan.Peer{}, public(badInput("the decode pool is not sized (Config.Size runs at a Hello)"))
 	}
-	return p
+	return p, nil
 }
 
 // Addr is the address a prefill dials: the node's.
@@ -221,40 +580,26 @@ func (s *Server) Addr() string { return s.node.Addr() }
 // Expect declares a room before its prefill writes it: pages are the decode
 // pages the serving stack allocated for the request, in position order
 // (the DecodeInfo.DstPages the prefill registers). Notices for the room are
-// checked against them. A page outside the pool, a duplicate page, or a
-// room already expected and not Released is an error marked ErrBadInput
-// that names the value; nothing changes.
+// checked against them, and any prefill identity may report it (the first
+// one to report it keeps it): ExpectFrom names the one. A page outside the
+// pool, a duplicate page, a page another room holds, or a room already
+// expected and not Released is an error marked ErrBadInput that names the
+// value; a page a prefill may still write (a room released in progress, a
+// lost prefill) is also marked ErrNotQuiesced. Nothing changes on error.
 func (s *Server) Expect(id uint64, pages []int) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	switch {
-	case s.closed:
-		return public(closedError("Expect"))
-	case s.regions == nil:
-		return public(badInput("room %d: the decode pool is not sized yet", id))
-	case len(pages) == 0:
-		return public(badInput("room %d: no pages", id))
-	case s.rooms[id] != nil:
-		return public(badInput("room %d is already expected: Release it first", id))
+	return s.ExpectFrom(id, pages, "")
+}
+
+// ExpectFrom is Expect for a room that only the prefill of identity
+// prefill may report (its certificate name; in the clear, the name its
+// Dial gives): notices from any other session are refused, so no other
+// holder of a certificate of the deployment can report the room first.
+func (s *Server) ExpectFrom(id uint64, pages []int, prefill string) error {
+	r, err := s.do(ExpectMsg{Room: id, Pages: slices.Clone(pages), From: prefill})
+	if err == nil {
+		err = r.Err
 	}
-	seen := make(map[int]int, len(pages))
-	for i, p := range pages {
-		if p < 0 || p >= s.pages {
-			return public(badInput("room %d: page %d at index %d is outside the pool of %d pages", id, p, i, s.pages))
-		}
-		if j, dup := seen[p]; dup {
-			return public(badInput("room %d: page %d at index %d duplicates index %d", id, p, i, j))
-		}
-		seen[p] = i
-	}
-	r := &room{Room: Room{ID: id, Pages: slices.Clone(pages)}, done: make(chan struct{})}
-	s.rooms[id] = r
-	s.watchRoom(r)
-	if s.cfg.Group != nil {
-		r.group, _ = NewGroupRoom(*s.cfg.Group, id, len(pages)) // the Group was validated by New
-		s.groupRoomStarted(r)
-	}
-	return nil
+	return public(err)
 }
 
 // Wait returns the room once its last chunk's bytes landed and every chunk
@@ -262,42 +607,70 @@ func (s *Server) Expect(id uint64, pages []int) error {
 // not be decoded: ErrChunkFailed (a chunk failed or was refused),
 // ErrPrefillLost, ErrSessionAborted, ErrClosed, or ctx's error. Pages of a
 // room whose error is marked ErrNotQuiesced may still be written: do not
-// reuse them for another room. An unknown room (never Expected nor created
-// by a notice, or Released) is an error marked ErrBadInput.
+// reuse them for another room. An unknown room (never Expected, Released,
+// or created by a notice and forgotten) is an error marked ErrBadInput.
 func (s *Server) Wait(ctx context.Context, id uint64) (Room, error) {
-	s.mu.Lock()
-	r := s.rooms[id]
-	s.mu.Unlock()
-	if r == nil {
-		return Room{}, public(badInput("room %d is unknown: Expect it first", id))
+	ch := make(chan waitResult, 1)
+	var r Reply
+	var err error
+	if ierr := s.inActor(func() {
+		r = s.core.Step(LookupMsg{Room: id})[0].(Reply)
+		if r.Err == nil && !r.Ended {
+			s.waiters[id] = append(s.waiters[id], ch)
+		}
+	}); ierr != nil {
+		return Room{}, public(ierr)
+	}
+	switch {
+	case r.Ended:
+		return r.Room, public(r.Err)
+	case r.Err != nil:
+		return Room{}, public(r.Err)
 	}
 	select {
-	case <-r.done:
+	case w := <-ch:
+		return w.room, public(w.err)
 	case <-ctx.Done():
-		return Room{}, public(errors.Wrapf(ctx.Err(), "wait for room %d", id))
+		err = errors.Wrapf(ctx.Err(), "wait for room %d", id)
+	case <-s.stopped:
+		err = closedError("Wait")
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := r.Room
-	out.Chunks = slices.Clone(r.Chunks)
-	return out, public(r.err)
+	return Room{}, public(err)
 }
 
 // Release forgets a room: its id may be Expected again. The serving stack
 // releases a room once it no longer needs its pages' KV. Releasing a room
-// still in progress abandons it on this side only: the prefill may still
-// write its pages, and its later notices are refused. An unknown room is
-// an error marked ErrBadInput.
+// still in progress abandons it (its Wait fails): its pages stay out of
+// new rooms until its prefill reported its last chunk or a failure that
+// stopped its writes, or its session ended with its access revoked. An
+// unknown room is an error marked ErrBadInput.
 func (s *Server) Release(id uint64) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	r := s.rooms[id]
-	if r == nil {
-		return public(badInput("room %d is unknown", id))
+	r, err := s.do(ReleaseMsg{Room: id})
+	if err == nil {
+		err = r.Err
 	}
-	r.fail(errors.Mark(errors.Newf("room %d released while in progress", id), ErrBadInput))
-	delete(s.rooms, id)
-	return nil
+	return public(err)
+}
+
+// Disconnect cuts the prefill of identity off as if it were lost: its
+// sessions end, every room that still needed them fails (ErrPrefillLost),
+// and its access to the pool is revoked; a page it may still write is
+// kept out of new rooms until that is confirmed (for good when it cannot
+// be). An operator evicts a misbehaving prefill with it. No session of
+// that identity is an error marked ErrBadInput.
+func (s *Server) Disconnect(identity string, why error) error {
+	r, err := s.do(DisconnectMsg{Identity: identity, Cause: why})
+	if err == nil {
+		err = r.Err
+	}
+	return public(err)
+}
+
+// State is what the server holds now (sessions, rooms, the pool): for
+// readiness checks and logs.
+func (s *Server) State() (State, error) {
+	r, err := s.do(StateMsg{})
+	return r.State, public(err)
 }
 
 // Accept returns the next prefill session that said Hello (sessions are
@@ -306,19 +679,19 @@ func (s *Server) Release(id uint64) error {
 // within ctx.
 func (s *Server) Accept(ctx context.Context) (*Session, error) {
 	for {
-		s.mu.Lock()
+		s.acceptMu.Lock()
 		if len(s.accepted) > 0 {
 			ss := s.accepted[0]
 			s.accepted = s.accepted[1:]
-			s.mu.Unlock()
+			s.acceptMu.Unlock()
 			return ss, nil
 		}
 		if s.closed {
-			s.mu.Unlock()
+			s.acceptMu.Unlock()
 			return nil, public(closedError("Accept"))
 		}
 		ch := s.acceptCh
-		s.mu.Unlock()
+		s.acceptMu.Unlock()
 		select {
 		case <-ch:
 		case <-ctx.Done():
@@ -327,61 +700,66 @@ func (s *Server) Accept(ctx context.Context) (*Session, error) {
 	}
 }
 
-// Close ends every session and room (ErrClosed), stops the server's actor
-// and deregisters the pool; it does not stop the node. It returns within
-// ctx (the actor's stop then finishes in the background). A second Close
-// returns nil.
+// Drain stops taking sessions (a Hello is answered ErrUnavailable) and
+// returns once every open session ended, or when ctx ends. Rooms in flight
+// go on; the serving stack Waits for them as before.
+func (s *Server) Drain(ctx context.Context) error {
+	if _, err := s.do(DrainMsg{}); err != nil {
+		return public(err)
+	}
+	select {
+	case <-s.drained:
+		return nil
+	case <-ctx.Done():
+		return public(errors.Wrap(ctx.Err(), "drain the decode server"))
+	}
+}
+
+// Close ends every session and room (ErrClosed), cuts every prefill off
+// the pool and deregisters it, and stops the server's actor; it does not
+// stop the node. It returns within ctx. When a prefill's access could not
+// be confirmed revoked, the pool stays registered and Close's error is
+// marked ErrNotQuiesced: keep the pool's memory mapped (a peer may still
+// write it) until the transport is closed. A second Close returns nil.
 func (s *Server) Close(ctx context.Context) error {
-	s.mu.Lock()
+	s.acceptMu.Lock()
 	if s.closed {
-		s.mu.Unlock()
+		s.acceptMu.Unlock()
 		return nil
 	}
 	s.closed = true
-	cause := errors.Mark(errors.New("decode server closed"), ErrClosed)
-	for _, r := range s.rooms {
-		r.fail(cause)
-	}
-	var hbs []*heartbeat
-	for _, ss := range s.sessions {
-		ss.end(cause)
-		hbs = append(hbs, ss.heartbeat)
-		ss.heartbeat = nil
-	}
 	close(s.acceptCh)
-	s.mu.Unlock()
-	for _, hb := range hbs {
-		hb.stop()
+	s.acceptMu.Unlock()
+	var err error
+	if _, derr := s.do(CloseMsg{}); derr != nil {
+		err = derr
 	}
-	err := s.node.stopActor(ctx, s.pid)
-	s.mu.Lock()
-	s.release()
-	s.mu.Unlock()
+	if err == nil {
+		select {
+		case <-s.drained:
+		case <-ctx.Done():
+			err = errors.Mark(errors.Wrap(ctx.Err(), "close the decode server: prefill sessions still being cut off"), ErrNotQuiesced)
+		}
+	}
+	var st State
+	if err == nil {
+		r, derr := s.do(StateMsg{})
+		st, err = r.State, derr
+	}
+	if err == nil && st.Pooled {
+		err = errors.Mark(errors.Newf("the decode pool stays registered: a prefill's access to it could not be confirmed revoked (%d pages kept out of rooms); keep its memory mapped until the transport is closed", st.Quarantined), ErrNotQuiesced)
+	}
+	// Timers pending would only send to a stopped actor.
+	_ = s.inActor(func() {
+		for id, t := range s.timers {
+			t.Stop()
+			delete(s.timers, id)
+		}
+	})
+	if serr := s.node.stopActor(ctx, s.pid); serr != nil && err == nil {
+		err = serr
+	}
 	return public(err)
-}
-
-func (s *Server) release() {
-	for _, r := range s.regions {
-		_ = r.Deregister()
-	}
-	s.regions = nil
-}
-
-// watchRoom calls Config.OnRoomEnd when r ends; the goroutine ends with
-// the room, which Close ends at the latest.
-func (s *Server) watchRoom(r *room) {
-	if s.cfg.OnRoomEnd == nil {
-		return
-	}
-	go func() {
-		<-r.done
-		s.mu.Lock()
-		out := r.Room
-		out.Chunks = slices.Clone(r.Chunks)
-		err := r.err
-		s.mu.Unlock()
-		s.cfg.OnRoomEnd(out, public(err))
-	}()
 }
 
 // newToken names a session; the prefill's later messages carry it.

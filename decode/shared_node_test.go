@@ -37,7 +37,7 @@ func TestServersShareANode(t *testing.T) {
 		defer srv.Close(context.Background())
 	}
 	for _, name := range names {
-		c, err := decode.Dial(waitCtx(t), node, decode.DialConfig{Decode: node.Addr(), Server: name, Buffers: prefillLayout(itemLen)})
+		c, err := decode.Dial(waitCtx(t), node, decode.DialConfig{Decode: node.Addr(), Server: name, Buffers: prefillLayout(itemLen), PageSize: 4})
 		require.NoError(t, err, "server %q", name)
 		assert.Equal(t, "decode-"+name, c.Peer().ID, "the session is the named server's")
 		_, err = c.Bye(waitCtx(t), nil)
@@ -52,7 +52,7 @@ func TestServersShareANode(t *testing.T) {
 	for _, bad := range []string{"pp0/tp1", "a b", string(make([]byte, 65))} {
 		_, err = decode.New(node, tr, decode.Config{Name: bad, Buffers: decodeBuffers(pool)})
 		assert.True(t, errors.Is(err, decode.ErrBadInput), "Config.Name %q: %v", bad, err)
-		_, err = decode.Dial(waitCtx(t), node, decode.DialConfig{Decode: node.Addr(), Server: bad, Buffers: prefillLayout(itemLen)})
+		_, err = decode.Dial(waitCtx(t), node, decode.DialConfig{Decode: node.Addr(), Server: bad, Buffers: prefillLayout(itemLen), PageSize: 4})
 		assert.True(t, errors.Is(err, decode.ErrBadInput), "DialConfig.Server %q: %v", bad, err)
 	}
 }
@@ -77,12 +77,12 @@ func TestAdmitRefusesBeforeSizing(t *testing.T) {
 			return decodeBuffers(pool), nil
 		},
 	})
-	_, err := decode.Dial(waitCtx(t), r.node, decode.DialConfig{Decode: r.srv.Addr(), Buffers: prefillLayout(itemLen), Metadata: map[string]string{"model": "m2"}})
+	_, err := decode.Dial(waitCtx(t), r.node, decode.DialConfig{Decode: r.srv.Addr(), Buffers: prefillLayout(itemLen), PageSize: 4, Metadata: map[string]string{"model": "m2"}})
 	assert.True(t, errors.Is(err, decode.ErrBadInput), "%v", err)
 	assert.ErrorContains(t, err, "the prefill's model m2, this decode's m1")
 	assert.Zero(t, sized, "nothing sized for a refused Hello")
 
-	c, err := decode.Dial(waitCtx(t), r.node, decode.DialConfig{Decode: r.srv.Addr(), Buffers: prefillLayout(itemLen), Metadata: map[string]string{"model": "m1"}})
+	c, err := decode.Dial(waitCtx(t), r.node, decode.DialConfig{Decode: r.srv.Addr(), Buffers: prefillLayout(itemLen), PageSize: 4, Metadata: map[string]string{"model": "m1"}})
 	require.NoError(t, err)
 	assert.Equal(t, 1, sized)
 	require.NoError(t, r.srv.Expect(3, []int{0}))

@@ -131,7 +131,7 @@ func runPrefillRole(addr string, vanish bool, dir, name string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	c, err := decode.Dial(ctx, node, decode.DialConfig{Decode: addr, Buffers: prefillLayout(itemLen)})
+	c, err := decode.Dial(ctx, node, decode.DialConfig{Decode: addr, Buffers: prefillLayout(itemLen), PageSize: 4})
 	if errors.Is(err, decode.ErrRefused) {
 		fmt.Println("refused")
 		return node.Close(ctx)
@@ -248,7 +248,7 @@ func TestHeartbeatsFindStoppedDecode(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	defer func() { require.NoError(t, node.Close(ctx)) }()
-	c, err := decode.Dial(ctx, node, decode.DialConfig{Decode: strings.TrimSpace(addr), Buffers: prefillLayout(itemLen)})
+	c, err := decode.Dial(ctx, node, decode.DialConfig{Decode: strings.TrimSpace(addr), Buffers: prefillLayout(itemLen), PageSize: 4})
 	require.NoError(t, err)
 	lost := make(chan error, 1)
 	c.OnLost(func(err error) { lost <- err })

@@ -3,14 +3,18 @@ package decode
 import (
 	"time"
 
-	"github.com/kvstream/kvstream/system"
+	"github.com/kvstream/kvstream/messages"
 	"go.uber.org/zap"
 )
+
+// ChunkStatus is how a chunk ended on the prefill: messages.Succeeded,
+// Failed or Dropped (the prefill engine's system.Status is the same type).
+type ChunkStatus = messages.Status
 
 // Buffer is one KV tensor of the decode pool, in memory that never moves
 // (pinned host memory or device memory the transport can register). The
 // pool has one Buffer per prefill buffer, in the prefill's order (the order
-// of system.Config.Buffers on the prefill side), each with the same
+// of the engine's Config.Buffers on the prefill side), each with the same
 // ItemLen; Pages may differ from the prefill's.
 type Buffer struct {
 	Name    string // for logs and errors
@@ -34,15 +38,31 @@ type Config struct {
 	// registered with the transport at New and offered to every prefill
 	// session.
 	Buffers []Buffer
-	// Size, when Buffers is empty, sizes the pool from the first prefill's
-	// layout instead (tests and the sim's decode command, which learn the
-	// geometry from the prefill). It runs on the control plane's actor, so
-	// it must bound what it allocates: the layout comes from the network.
-	// Later sessions must match the pool it returned.
+	// Size, when Buffers is empty, sizes the pool from a prefill's layout
+	// instead (tests and the sim's decode command, which learn the
+	// geometry from the prefill), and registers what it returns. It runs
+	// on the server's actor, so it must bound what it allocates: the
+	// layout comes from the network (MaxPoolBytes is checked first). A
+	// pool it sized lives while sessions or rooms hold it: once none does
+	// and no page may still be written, it is deregistered and handed to
+	// Free, and the next Hello sizes a new one. Sessions open at once must
+	// all match the pool.
 	Size func(layout []PrefillBuffer) ([]Buffer, error)
+	// Free, if set, takes back a pool Size made, after it was deregistered
+	// and no peer can write it any more. A pool some prefill may still
+	// write (its access could not be revoked) is never handed to Free.
+	Free func([]Buffer)
+	// PageSize, if set, is the pool's page size in tokens: a Hello with
+	// another is refused. Zero: the first session's, kept while sessions
+	// or rooms hold the pool.
+	PageSize int
 	// Prefills, when set, are the certificate names of the prefills that
 	// may open a session (a node with TLS); any other peer's Hello is
-	// refused. Empty: any node holding a certificate of the CA.
+	// refused. Empty: any node holding a certificate of the CA. A
+	// prefill's identity is its certificate name (in the clear, the name
+	// its Hello claims): one identity holds one live session at a time (a
+	// second Hello gets ErrUnavailable until the first ended), and, in a
+	// group, one per CP rank.
 	Prefills []string
 	// MaxPoolBytes bounds the pool a Size function may be asked for: a
 	// Hello whose layout (pages times item length, summed, overflow
@@ -62,15 +82,19 @@ type Config struct {
 	// offered: what the serving stack and the prefill must agree on beyond
 	// the layout (a model, a sharding), which the prefill passes in
 	// DialConfig.Metadata. An error refuses the session (Dial's error is
-	// marked ErrBadInput and carries its text). It runs on the control
-	// plane's actor with the Server's lock held, like Size, and before Size
-	// for the same Hello: it must not call the Server, should be short,
-	// and must bound what it parses (it reads what the network sent).
+	// marked ErrBadInput and carries its text). It runs on the server's
+	// actor, before Size for the same Hello: it must not call the Server,
+	// should be short, and must bound what it parses (it reads what the
+	// network sent).
 	Admit func(prefill string, metadata map[string]string) error
 	// AcceptUnknownRooms makes a notice for a room nobody Expected create
-	// the room (checked against the pool's bounds only) instead of being
-	// refused. The sim's decode command uses it; a serving stack Expects
-	// each room with the pages it allocated for it.
+	// the room instead of being refused: the room is bound to the identity
+	// of the session that reported it first, its pages are those its
+	// notices name (pages no other room holds), and it is forgotten once
+	// it ended and its pages are quiet (OnRoomEnd is how a process learns
+	// of it). The sim's decode command uses it; a serving stack Expects
+	// each room with the pages it allocated for it, and the prefill it
+	// expects it from (ExpectFrom).
 	AcceptUnknownRooms bool
 	// Verify, if set, checks a successful chunk's bytes once they landed
 	// (a checksum, the sim's pattern), for the session that reported it:
@@ -82,8 +106,25 @@ type Config struct {
 	// metadata, RankKey): a room completes only when every rank owning
 	// pages of each of its chunks reported it successful with exactly its
 	// pages and Verify accepted them (GroupRoom decides). Without it a
-	// room belongs to the one session that reports it first.
+	// room is a group of one: the one session that reports it.
 	Group *Group
+	// RoomTimeout, if positive, fails a room not complete this long after
+	// it was Expected or its first notice arrived: a rank that never
+	// reports (a partition that does not end its session) cannot keep it
+	// waiting for ever. Its writers may still be writing: the error is
+	// marked ErrNotQuiesced.
+	RoomTimeout time.Duration
+	// MaxRoomsPerSession bounds the rooms one session reports in that have
+	// not ended (default 4096): a notice that would open one more is
+	// refused.
+	MaxRoomsPerSession int
+	// RevokeTimeout bounds how long a session's end waits for the
+	// transport to cut its peer off (default 10 s); past it, the pages
+	// that peer may write are treated as not quiesced.
+	RevokeTimeout time.Duration
+	// Observer, if set, is told of sessions, rooms, refusals and verified
+	// bytes (NewMetrics gives one for Prometheus).
+	Observer Observer
 	// OnRoomEnd, if set, is called once per room when it completes or
 	// fails (err says why, as Wait would), on a goroutine of its own: a
 	// process serving rooms it did not Expect learns of them here.
@@ -105,7 +146,7 @@ type Chunk struct {
 	Room       uint64
 	Start, End int  // tokens [Start, End) of the request
 	Last       bool // the room's last chunk
-	Status     system.Status
+	Status     ChunkStatus
 	// Err is the prefill's error text for a chunk that did not succeed.
 	Err string
 	// NotQuiesced: the prefill could not guarantee that the failed chunk's
@@ -136,16 +177,19 @@ type SessionReport struct {
 	// Rooms counts the rooms the session completed.
 	Rooms int
 	// Complete: the prefill said goodbye having sent all it meant to,
-	// every notice it sent arrived and succeeded, and every room it
-	// started completed.
+	// every notice it sent arrived and succeeded, every room it started
+	// completed, and it reported at least one chunk.
 	Complete bool
+	// Empty: the session reported nothing (a Hello and a goodbye): it
+	// completed nothing and verified nothing.
+	Empty bool
 }
 
 // Notice is what a prefill tells the decode server about one chunk, after
 // its Finish (or Drop) returned: Result as returned, whether it was the
 // room's last chunk, and which decode pages it wrote.
 type Notice struct {
-	Result system.Result
+	Result messages.Result
 	Last   bool
 	// Positions are the request positions this prefill (this CP rank) sent,
 	// DstPages their decode pages (DecodeInfo.DstPages[position]).

@@ -1,6 +1,7 @@
 package netsec
 
 import (
+	"sort"
 	"strings"
 	"sync"
 
@@ -25,21 +26,24 @@ func PeerName(ctx actor.Context) string {
 	return ""
 }
 
-// SessionPolicy is an Authorize for a node that serves one session with one
-// peer at a time. Only authenticated peers may deliver, only to the local
-// actors it allows (and to this node's futures, which carry the answers to
-// its own requests), never Stop, PoisonPill or Touch, and only for hosts
-// their certificates name (CheckSender). Once bound, only the bound peer
-// may deliver at all. It is safe for concurrent use.
+// SessionPolicy is an Authorize for a node that serves sessions with peers.
+// Only authenticated peers may deliver, only to the local actors it allows
+// (and to this node's futures, which carry the answers to its own
+// requests), never Stop, PoisonPill or Touch, and only for hosts their
+// certificates name (CheckSender). Once a session is bound, only the peers
+// bound to a session may deliver, except to the open actors (a server that
+// must answer every Hello, a refusal included, rather than let the peer's
+// stream be cut and its request time out). It is safe for concurrent use.
 type SessionPolicy struct {
 	mu      sync.Mutex
 	allowed map[string]bool
-	peer    string
+	open    map[string]bool
+	peers   map[string]int // bound peer name -> sessions
 }
 
 // NewSessionPolicy allows delivery to the local actors of the given ids.
 func NewSessionPolicy(ids ...string) *SessionPolicy {
-	p := &SessionPolicy{allowed: map[string]bool{}}
+	p := &SessionPolicy{allowed: map[string]bool{}, open: map[string]bool{}, peers: map[string]int{}}
 	p.Allow(ids...)
 	return p
 }
@@ -54,43 +58,62 @@ func (p *SessionPolicy) Allow(ids ...string) {
 	}
 }
 
-// Forbid takes back Allow: an actor of a session that ended.
+// Open lets any authenticated peer deliver to the local actors of the
+// given ids even while sessions are bound to other peers (they must check
+// who speaks themselves: a server answering Hellos). It implies Allow.
+func (p *SessionPolicy) Open(ids ...string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, id := range ids {
+		p.allowed[id] = true
+		p.open[id] = true
+	}
+}
+
+// Forbid takes back Allow and Open: an actor of a session that ended.
 func (p *SessionPolicy) Forbid(ids ...string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, id := range ids {
 		delete(p.allowed, id)
+		delete(p.open, id)
 	}
 }
 
-// Bound is the peer the policy is bound to, or "".
-func (p *SessionPolicy) Bound() string {
+// Bound lists the peers bound to a session, sorted.
+func (p *SessionPolicy) Bound() []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.peer
+	out := make([]string, 0, len(p.peers))
+	for name := range p.peers {
+		out = append(out, name)
+	}
+	sort.Strings(out)
+	return out
 }
 
-// Bind restricts delivery to the peer named name (its PeerName), typically
-// when the session's first message arrives. Binding again to the same name
-// is a no-op; to another name, an error: one session at a time.
+// Bind adds a session with the peer named name (its PeerName): from then
+// on, until every session of theirs is unbound, only bound peers may
+// deliver to actors that are not open.
 func (p *SessionPolicy) Bind(name string) error {
 	if name == "" {
 		return errors.New("session: cannot bind an unauthenticated peer")
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.peer != "" && p.peer != name {
-		return errors.Newf("session: already bound to %q, refusing %q", p.peer, name)
-	}
-	p.peer = name
+	p.peers[name]++
 	return nil
 }
 
-// Unbind ends the session: any authenticated peer may deliver again.
-func (p *SessionPolicy) Unbind() {
+// Unbind ends one session of Bind's with the peer named name.
+func (p *SessionPolicy) Unbind(name string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.peer = ""
+	if p.peers[name] > 1 {
+		p.peers[name]--
+		return
+	}
+	delete(p.peers, name)
 }
 
 // refusedTypes are protoactor's messages that make a target stop or answer
@@ -103,10 +126,10 @@ func (p *SessionPolicy) Authorize(peer Identity, e Envelope) error {
 		return ErrUnauthenticated
 	}
 	p.mu.Lock()
-	bound := p.peer
+	bound := len(p.peers) > 0 && p.peers[peer.Name()] == 0 && !p.open[e.Target.Id]
 	p.mu.Unlock()
-	if bound != "" && peer.Name() != bound {
-		return errors.Newf("%q is not this session's peer (%q)", peer.Name(), bound)
+	if bound {
+		return errors.Newf("%q is not the peer of any session of this node", peer.Name())
 	}
 	if err := p.AuthorizeLocal(e); err != nil {
 		return err

@@ -28,9 +28,22 @@ func TestSessionPolicy(t *testing.T) {
 	require.Error(t, p.Bind(""))
 	require.NoError(t, p.Bind("prefill"))
 	require.NoError(t, p.Bind("prefill"))
-	require.ErrorContains(t, p.Bind("other"), `already bound to "prefill"`)
+	require.Equal(t, []string{"prefill"}, p.Bound())
 	require.NoError(t, p.Authorize(prefill, to("decode", "kvstream.wire.Hello")))
-	require.ErrorContains(t, p.Authorize(other, to("decode", "kvstream.wire.Hello")), `"other" is not this session's peer`)
+	require.ErrorContains(t, p.Authorize(other, to("decode", "kvstream.wire.Hello")), `"other" is not the peer of any session`)
+	// An open actor hears everyone: a server answers a refusal rather than
+	// let the peer's stream be cut.
+	p.Open("server")
+	require.NoError(t, p.Authorize(other, to("server", "kvstream.wire.Hello")))
+	require.ErrorIs(t, p.Authorize(Identity{}, to("server", "kvstream.wire.Hello")), ErrUnauthenticated)
+	require.ErrorContains(t, p.Authorize(other, to("server", "actor.Stop")), "actor.Stop")
+	// Several peers at once, each counted per session.
+	require.NoError(t, p.Bind("other"))
+	require.NoError(t, p.Authorize(other, to("decode", "kvstream.wire.Hello")))
+	p.Unbind("other")
+	require.ErrorContains(t, p.Authorize(other, to("decode", "kvstream.wire.Hello")), `"other"`)
+	p.Unbind("prefill")
+	require.NoError(t, p.Authorize(prefill, to("decode", "kvstream.wire.Hello")), "one session of prefill's left")
 
 	watch := func(host string) Envelope {
 		e := to("decode", "actor.Watch")
@@ -40,7 +53,8 @@ func TestSessionPolicy(t *testing.T) {
 	require.NoError(t, p.Authorize(prefill, watch("127.0.0.1")))
 	require.ErrorContains(t, p.Authorize(prefill, watch("10.1.2.3")), `"10.1.2.3"`)
 
-	p.Unbind()
+	p.Unbind("prefill")
+	require.Empty(t, p.Bound())
 	require.NoError(t, p.Authorize(other, to("decode", "kvstream.wire.Hello")))
 	p.Allow("late")
 	require.NoError(t, p.Authorize(other, to("late", "kvstream.wire.Hello")))

@@ -161,6 +161,13 @@ func TestLayersPointDown(t *testing.T) {
 			t.Errorf("%s imports %v; docs/ARCHITECTURE.md says %v", r.pkg, got, want)
 		}
 	}
+	// A program that embeds only the decode server does not link the
+	// prefill engine.
+	for _, dep := range goDeps(t, root, "./decode") {
+		if dep == "system" || dep == "actors" {
+			t.Errorf("decode links %s: a decode-only program must not carry the prefill engine", dep)
+		}
+	}
 	// Above the façade, only the replay (which drives the functional cores
 	// themselves) reaches below it: everything else uses system's names.
 	for pkg, imps := range nonTest {
@@ -208,4 +215,22 @@ func nonTestImports(t *testing.T, root string) map[string][]string {
 		pkgs[rel] = ours
 	}
 	return pkgs
+}
+
+// goDeps lists the packages of this module that pkg links (its non-test
+// dependencies, transitively), relative to the module.
+func goDeps(t *testing.T, root, pkg string) []string {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}", pkg)
+	cmd.Dir = root
+	out, err := cmd.Output()
+	require.NoError(t, err, "go list -deps %s", pkg)
+	var deps []string
+	for _, line := range strings.Fields(string(out)) {
+		if r, ok := strings.CutPrefix(line, module+"/"); ok {
+			deps = append(deps, r)
+		}
+	}
+	require.NotEmpty(t, deps, "go list -deps %s", pkg)
+	return deps
 }

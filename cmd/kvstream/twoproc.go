@@ -125,7 +125,18 @@ says what each plane trusts.`,
 			} else if d, err = twoproc.StartDecode(node, tr, maxPool<<20, prefills, log); err != nil {
 				return err
 			}
-			defer closeWithin("the decode server", d.Close, &err)
+			defer closeWithin("the decode server", func(ctx context.Context) error {
+				cerr := d.Close(ctx)
+				if errors.Is(cerr, decode.ErrNotQuiesced) {
+					// A prefill's access could not be confirmed revoked (UCX
+					// over shared memory lets a peer write this memory
+					// itself): the pools stay mapped until the process exits,
+					// after the transport closed. Nothing is lost.
+					log.Debug("decode pools kept mapped until exit", zap.String("error", cerr.Error()))
+					return nil
+				}
+				return cerr
+			}, &err)
 			fmt.Fprintf(cmd.OutOrStdout(), "decode: listening on %s (transport %s)%s\n", node.Addr(), transport, ranks)
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 			defer stop()
@@ -209,7 +220,7 @@ its chunks fail without waiting for the finish timeout.`,
 			}
 			defer pl.close(&err)
 			node, tr := pl.node, pl.tr
-			plane := twoproc.NewPrefill(node, decode.DialConfig{Decode: decodeAddr, DecodeName: decodeName}, tr, cfg.PromptTokens)
+			plane := twoproc.NewPrefill(node, decode.DialConfig{Decode: decodeAddr, DecodeName: decodeName, PageSize: cfg.PageSize}, tr, cfg.PromptTokens)
 			// The decode process is this transport's only peer: once it is
 			// lost (its connection, or its heartbeats: a hung process keeps
 			// its connections open and completes nothing), closing the

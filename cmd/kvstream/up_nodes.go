@@ -197,7 +197,7 @@ Off loopback the control plane needs mutual TLS and takes the network flags of k
 			out := &eventOut{enc: json.NewEncoder(cmd.OutOrStdout())}
 			row := nodeRow{ID: id, Role: string(cluster.RoleDecode), Addr: node.Addr()}
 			var rowMu sync.Mutex
-			d, err := twoproc.StartGroupDecode(node, tr, maxPoolMiB<<20, decode.Group{Size: size, Rule: r, PageSize: pageSize, RoomTimeout: roomTimeout}, id,
+			d, err := twoproc.StartGroupDecode(node, tr, maxPoolMiB<<20, decode.Group{Size: size, Rule: r, PageSize: pageSize}, roomTimeout, id,
 				func(room decode.Room, err error) {
 					batch, rm := twoproc.SplitRoom(room.ID)
 					e := nodeEvent{Event: "room", ID: id, Batch: batch, Room: rm, Complete: err == nil && room.Complete}
@@ -386,7 +386,7 @@ func (k *rank) session(ctx context.Context, dec string, geom testbed.Geometry) (
 	if err != nil {
 		return nil, err
 	}
-	c, err := decode.Dial(ctx, k.node, decode.DialConfig{Decode: m.Addr, DecodeName: k.decodeName, Buffers: twoproc.LayoutOf(geom), Name: k.id, Log: k.log,
+	c, err := decode.Dial(ctx, k.node, decode.DialConfig{Decode: m.Addr, DecodeName: k.decodeName, Buffers: twoproc.LayoutOf(geom), PageSize: k.cfg.PageSize, Name: k.id, Log: k.log,
 		Metadata: map[string]string{twoproc.SeedKey: strconv.FormatUint(k.cfg.Seed, 10), decode.RankKey: strconv.Itoa(k.cfg.CP.Rank)}})
 	if err != nil {
 		return nil, errors.Wrapf(err, "session with decode instance %s at %s", dec, m.Addr)

@@ -41,7 +41,7 @@ func TestRankAsksDiscoveryOncePerSession(t *testing.T) {
 	cfg.Preset, cfg.Requests, cfg.PromptTokens, cfg.ChunkTokens, cfg.PageSize, cfg.GroupSize = workload.Presets["small"], 2, 500, 128, 16, 4
 	cfg.CP = cp.CP{Size: 1}
 	rooms := make(chan error, 16)
-	d, err := twoproc.StartGroupDecode(node, decTr, 64<<20, decode.Group{Size: 1, PageSize: cfg.PageSize}, "decode-0",
+	d, err := twoproc.StartGroupDecode(node, decTr, 64<<20, decode.Group{Size: 1, PageSize: cfg.PageSize}, 0, "decode-0",
 		func(_ decode.Room, err error) { rooms <- err }, nil)
 	require.NoError(t, err)
 	defer d.Close(context.Background())

@@ -45,7 +45,7 @@ func prefillLoop(ctx context.Context, node *decode.Node, fabric *loopback.Fabric
 
 	// The session with the decode server: its pool becomes the engine's
 	// peer, and its loss fails the engine's work for it at once.
-	sess, err := decode.Dial(ctx, node, decode.DialConfig{Decode: decodeAddr, Buffers: cfg.Buffers, Name: "prefill-0"})
+	sess, err := decode.Dial(ctx, node, decode.DialConfig{Decode: decodeAddr, Buffers: cfg.Buffers, PageSize: cfg.PageSize, Name: "prefill-0"})
 	if err != nil {
 		return err
 	}
@@ -73,7 +73,7 @@ func prefillLoop(ctx context.Context, node *decode.Node, fabric *loopback.Fabric
 			res, ferr := eng.Finish(ctx, p.rt.room) // returns once the bytes landed, or FAILED
 			// The notice names the request positions sent and their decode
 			// pages (absolute positions, this CP rank's only).
-			n, nerr := sess.NoticeFor(eng.Config(), p.spec, res)
+			n, nerr := sess.NoticeFor(p.spec, res)
 			if nerr == nil {
 				nerr = sess.Notify(ctx, n)
 			}

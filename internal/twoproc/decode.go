@@ -72,6 +72,7 @@ func StartDecode(node *decode.Node, tr rdma.Transport, maxPoolBytes uint64, pref
 	srv, err := decode.New(node, tr, decode.Config{
 		Admit:              d.admit,
 		Size:               func(l []decode.PrefillBuffer) ([]decode.Buffer, error) { return d.size(l, maxPoolBytes) },
+		Free:               d.free,
 		MaxPoolBytes:       maxPoolBytes,
 		Prefills:           prefills,
 		AcceptUnknownRooms: true, // the sim's decode side does not schedule; it checks
@@ -123,6 +124,17 @@ func (d *Decode) size(layout []decode.PrefillBuffer, maxBytes uint64) ([]decode.
 	d.pool = pool
 	d.mu.Unlock()
 	return offerOf(pool), nil
+}
+
+// free takes back the pool the server no longer holds (no session, no
+// page any peer may still write): the next prefill sizes its own.
+func (d *Decode) free([]decode.Buffer) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.pool != nil {
+		_ = d.pool.Free()
+		d.pool = nil
+	}
 }
 
 // offerOf is pool as the decode server offers it.
@@ -199,14 +211,9 @@ func (d *Decode) Serve(ctx context.Context) (DecodeSummary, error) {
 	return DecodeSummary{SessionReport: rep, VerifiedPages: d.verified, Mismatch: d.mismatch, Err: err}, nil
 }
 
-// Close closes the server and frees the pool.
+// Close closes the server, which frees the pool once no prefill can
+// write it. When that cannot be confirmed (decode.ErrNotQuiesced) the pool
+// stays mapped: the caller closes the transport before it exits.
 func (d *Decode) Close(ctx context.Context) error {
-	err := d.Server.Close(ctx)
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.pool != nil {
-		err = errors.CombineErrors(err, d.pool.Free())
-		d.pool = nil
-	}
-	return err
+	return d.Server.Close(ctx)
 }

@@ -38,12 +38,15 @@ func BatchSeed(seed uint64, batch int) uint64 { return seed + uint64(batch) }
 // ranks write into together: rooms complete once every owning rank reported
 // (decode.Config.Group), each page is checked against the model's pattern
 // of its batch, and onRoomEnd hears of every room's end.
-func StartGroupDecode(node *decode.Node, tr rdma.Transport, maxPoolBytes uint64, group decode.Group, id string,
+// A room not complete within roomTimeout (if positive) fails.
+func StartGroupDecode(node *decode.Node, tr rdma.Transport, maxPoolBytes uint64, group decode.Group, roomTimeout time.Duration, id string,
 	onRoomEnd func(decode.Room, error), log *zap.Logger) (*Decode, error) {
 	d := &Decode{}
 	srv, err := decode.New(node, tr, decode.Config{
 		ID:                 id,
+		RoomTimeout:        roomTimeout,
 		Size:               func(l []decode.PrefillBuffer) ([]decode.Buffer, error) { return d.size(l, maxPoolBytes) },
+		Free:               d.free,
 		AcceptUnknownRooms: true, // the router picks the instance; the rooms are the ranks' to announce
 		Group:              &group,
 		Verify:             d.verifyBatch,

@@ -78,6 +78,7 @@ func StartShardedDecode(node *decode.Node, tr rdma.Transport, flags workload.Sha
 			ID:                 RankPeer(r.rank),
 			Admit:              func(_ string, md map[string]string) error { return d.admit(r, md) },
 			Size:               func(l []decode.PrefillBuffer) ([]decode.Buffer, error) { return r.size(l, maxPoolBytes) },
+			Free:               r.free,
 			MaxPoolBytes:       maxPoolBytes,
 			Prefills:           prefills,
 			AcceptUnknownRooms: true, // the sim's decode side does not schedule; it checks
@@ -180,6 +181,17 @@ func (r *decodeRank) size(layout []decode.PrefillBuffer, maxBytes uint64) ([]dec
 	return offerOf(pool), nil
 }
 
+// free takes back the rank's pool once its server holds it no more: the
+// next prefill may pair otherwise.
+func (r *decodeRank) free([]decode.Buffer) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.pool != nil {
+		_ = r.pool.Free()
+	}
+	r.pool, r.side, r.admitted = nil, nil, nil
+}
+
 // verify checks every page a successful chunk wrote into this rank: each
 // buffer's page holds the pattern of this rank's heads of its layer.
 func (r *decodeRank) verify(ss *decode.Session, c decode.Chunk) error {
@@ -279,17 +291,12 @@ func (d *ShardedDecode) Serve(ctx context.Context) (DecodeSummary, error) {
 	return sum, nil
 }
 
-// Close closes every rank's server and frees its pool.
+// Close closes every rank's server, each of which frees its pool once no
+// prefill can write it (see Decode.Close).
 func (d *ShardedDecode) Close(ctx context.Context) error {
 	var err error
 	for _, r := range d.ranks {
 		err = errors.CombineErrors(err, r.server.Close(ctx))
-		r.mu.Lock()
-		if r.pool != nil {
-			err = errors.CombineErrors(err, r.pool.Free())
-			r.pool = nil
-		}
-		r.mu.Unlock()
 	}
 	return err
 }

@@ -74,7 +74,7 @@ func newShardedRig(t *testing.T, flags workload.Shard) *shardedRig {
 
 // prefill runs cfg's prefill ranks into the decode side and says goodbye.
 func (r *shardedRig) prefill(cfg workload.Config) (mr *workload.ModeReport, runErr, byeErr error) {
-	p := NewPrefill(r.node, decode.DialConfig{Decode: r.node.Addr()}, r.preTr, cfg.PromptTokens)
+	p := NewPrefill(r.node, decode.DialConfig{Decode: r.node.Addr(), PageSize: cfg.PageSize}, r.preTr, cfg.PromptTokens)
 	mr, runErr = workload.RunRemote(r.ctx, cfg, nil, p, true)
 	if len(p.sessions()) > 0 {
 		_, byeErr = p.End(r.ctx, runErr)
@@ -157,7 +157,7 @@ func TestShardedPairingMustAgree(t *testing.T) {
 			require.Error(t, err)
 			assert.True(t, errors.Is(err, decode.ErrBadInput), "%v", err)
 			assert.ErrorContains(t, err, tc.want)
-			refused := r.logs.FilterMessage("hello refused: not admitted").All()
+			refused := r.logs.FilterMessage("hello refused").FilterField(zap.String("reason", "admit")).All()
 			require.NotEmpty(t, refused, "the decode side logs the refusal")
 			assert.Contains(t, refused[0].ContextMap()["error"], tc.want)
 
@@ -189,16 +189,16 @@ func TestShardingOnOneSideOnly(t *testing.T) {
 		served <- s
 	}()
 	cfg := shardedCfg("llama70b", 4, 2, 0, 1, 0, reshard.HeadMajor)
-	p := NewPrefill(node, decode.DialConfig{Decode: node.Addr()}, preTr, cfg.PromptTokens)
+	p := NewPrefill(node, decode.DialConfig{Decode: node.Addr(), PageSize: cfg.PageSize}, preTr, cfg.PromptTokens)
 	_, err = workload.RunRemote(ctx, cfg, nil, p, true)
 	assert.True(t, errors.Is(err, system.ErrBadInput), "%v", err)
 	assert.ErrorContains(t, err, "this decode process was started without --prefill-tp/--decode-tp")
-	refused := logs.FilterMessage("hello refused: not admitted").All()
+	refused := logs.FilterMessage("hello refused").FilterField(zap.String("reason", "admit")).All()
 	require.NotEmpty(t, refused, "the decode side logs the refusal")
 	assert.Contains(t, refused[0].ContextMap()["error"], "the prefill shards (model=llama70b layers=4 prefill-tp=2")
 
 	cfg = shardedCfg("llama70b", 4, 0, 0, 0, 0, reshard.HeadMajor)
-	p = NewPrefill(node, decode.DialConfig{Decode: node.Addr()}, preTr, cfg.PromptTokens)
+	p = NewPrefill(node, decode.DialConfig{Decode: node.Addr(), PageSize: cfg.PageSize}, preTr, cfg.PromptTokens)
 	mr, err := workload.RunRemote(ctx, cfg, nil, p, true)
 	require.NoError(t, err, "the decode process still serves")
 	assert.Zero(t, mr.Failed)
@@ -270,7 +270,7 @@ func TestShardedServeEndsWithAFailedSession(t *testing.T) {
 
 	_, dec, err := pairing.Sides()
 	require.NoError(t, err)
-	p := NewPrefill(node, decode.DialConfig{Decode: node.Addr()}, decTr, 64)
+	p := NewPrefill(node, decode.DialConfig{Decode: node.Addr(), PageSize: 64}, decTr, 64)
 	_, _, err = p.OpenSharded(pairing, []workload.DecodeRank{{Geometry: workload.RankGeometry(&dec, 0, 8)}}, 1, nil)
 	require.NoError(t, err)
 	_, err = p.End(ctx, errors.New("stopped before forward 1"))

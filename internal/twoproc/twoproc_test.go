@@ -16,7 +16,9 @@ import (
 
 // TestMain: see decode's TestMain for the dead-letter throttle.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/asynkron/protoactor-go/actor.NewDeadLetter.NewThrottle.func4.1"))
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/asynkron/protoactor-go/actor.NewDeadLetter.NewThrottle.func4.1"),
+		// The same goroutine, as Go 1.27 names it (NewThrottle no longer inlined).
+		goleak.IgnoreTopFunction("github.com/asynkron/protoactor-go/actor.NewThrottle.func1.1"))
 }
 
 // loopbackPair is what two processes have over UCX, in one: a decode and a
@@ -61,7 +63,7 @@ func run(t *testing.T, aborted error, edit ...func(*workload.Config)) (DecodeSum
 	for _, e := range edit {
 		e(&cfg)
 	}
-	p := NewPrefill(node, decode.DialConfig{Decode: d.Server.Addr()}, preTr, cfg.PromptTokens)
+	p := NewPrefill(node, decode.DialConfig{Decode: d.Server.Addr(), PageSize: cfg.PageSize}, preTr, cfg.PromptTokens)
 	mr, err := workload.RunRemote(ctx, cfg, nil, p, true)
 	require.NoError(t, err)
 	require.Empty(t, mr.Aborted)

@@ -38,18 +38,21 @@ type Version int32
 
 const (
 	Version_VERSION_UNSPECIFIED Version = 0 // never sent: a peer that sends it predates versioning
-	Version_VERSION_CURRENT     Version = 1
+	Version_VERSION_1           Version = 1 // no page size in Hello; refusals by node policy were silent
+	Version_VERSION_CURRENT     Version = 2 // Hello.page_size required; Code UNAVAILABLE
 )
 
 // Enum value maps for Version.
 var (
 	Version_name = map[int32]string{
 		0: "VERSION_UNSPECIFIED",
-		1: "VERSION_CURRENT",
+		1: "VERSION_1",
+		2: "VERSION_CURRENT",
 	}
 	Version_value = map[string]int32{
 		"VERSION_UNSPECIFIED": 0,
-		"VERSION_CURRENT":     1,
+		"VERSION_1":           1,
+		"VERSION_CURRENT":     2,
 	}
 )
 
@@ -89,6 +92,7 @@ const (
 	Code_VERSION     Code = 2 // the peer speaks another protocol version
 	Code_REFUSED     Code = 3 // not this sender's session, or the server is closed
 	Code_ROOM_FAILED Code = 4 // the room failed (verification, a failed chunk)
+	Code_UNAVAILABLE Code = 5 // not now: draining, closing, at its session bound, or the
 )
 
 // Enum value maps for Code.
@@ -99,6 +103,7 @@ var (
 		2: "VERSION",
 		3: "REFUSED",
 		4: "ROOM_FAILED",
+		5: "UNAVAILABLE",
 	}
 	Code_value = map[string]int32{
 		"OK":          0,
@@ -106,6 +111,7 @@ var (
 		"VERSION":     2,
 		"REFUSED":     3,
 		"ROOM_FAILED": 4,
+		"UNAVAILABLE": 5,
 	}
 )
 
@@ -199,6 +205,7 @@ type Hello struct {
 	SessionAddress string                 `protobuf:"bytes,4,opt,name=session_address,json=sessionAddress,proto3" json:"session_address,omitempty"`                                         // the prefill's session actor, which the decode
 	SessionId      string                 `protobuf:"bytes,5,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`                                                        // side watches to notice the prefill going away
 	Metadata       map[string]string      `protobuf:"bytes,6,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // opaque to kvstream, for the serving stack
+	PageSize       uint32                 `protobuf:"varint,7,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`                                                          // tokens per page, the same on both sides: the decode
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -273,6 +280,13 @@ func (x *Hello) GetMetadata() map[string]string {
 		return x.Metadata
 	}
 	return nil
+}
+
+func (x *Hello) GetPageSize() uint32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
 }
 
 // Buffer is one prefill buffer: what the decode pool's buffer of the same
@@ -818,7 +832,7 @@ var File_messages_wire_wire_proto protoreflect.FileDescriptor
 
 const file_messages_wire_wire_proto_rawDesc = "" +
 	"\n" +
-	"\x18messages/wire/wire.proto\x12\rkvstream.wire\"\xb1\x02\n" +
+	"\x18messages/wire/wire.proto\x12\rkvstream.wire\"\xce\x02\n" +
 	"\x05Hello\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x18\n" +
 	"\aprefill\x18\x02 \x01(\tR\aprefill\x12/\n" +
@@ -826,7 +840,8 @@ const file_messages_wire_wire_proto_rawDesc = "" +
 	"\x0fsession_address\x18\x04 \x01(\tR\x0esessionAddress\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x05 \x01(\tR\tsessionId\x12>\n" +
-	"\bmetadata\x18\x06 \x03(\v2\".kvstream.wire.Hello.MetadataEntryR\bmetadata\x1a;\n" +
+	"\bmetadata\x18\x06 \x03(\v2\".kvstream.wire.Hello.MetadataEntryR\bmetadata\x12\x1b\n" +
+	"\tpage_size\x18\a \x01(\rR\bpageSize\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"c\n" +
@@ -872,16 +887,18 @@ const file_messages_wire_wire_proto_rawDesc = "" +
 	"\x04code\x18\x01 \x01(\x0e2\x13.kvstream.wire.CodeR\x04code\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\x12\x16\n" +
 	"\x06chunks\x18\x03 \x01(\x04R\x06chunks\x12\x16\n" +
-	"\x06failed\x18\x04 \x01(\x04R\x06failed*7\n" +
+	"\x06failed\x18\x04 \x01(\x04R\x06failed*F\n" +
 	"\aVersion\x12\x17\n" +
-	"\x13VERSION_UNSPECIFIED\x10\x00\x12\x13\n" +
-	"\x0fVERSION_CURRENT\x10\x01*H\n" +
+	"\x13VERSION_UNSPECIFIED\x10\x00\x12\r\n" +
+	"\tVERSION_1\x10\x01\x12\x13\n" +
+	"\x0fVERSION_CURRENT\x10\x02*Y\n" +
 	"\x04Code\x12\x06\n" +
 	"\x02OK\x10\x00\x12\r\n" +
 	"\tBAD_INPUT\x10\x01\x12\v\n" +
 	"\aVERSION\x10\x02\x12\v\n" +
 	"\aREFUSED\x10\x03\x12\x0f\n" +
-	"\vROOM_FAILED\x10\x04*H\n" +
+	"\vROOM_FAILED\x10\x04\x12\x0f\n" +
+	"\vUNAVAILABLE\x10\x05*H\n" +
 	"\x06Status\x12\x16\n" +
 	"\x12STATUS_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tSUCCEEDED\x10\x01\x12\n" +

@@ -1,0 +1,299 @@
+package decode
+
+import (
+	"time"
+
+	"github.com/kvstream/kvstream/messages/wire"
+)
+
+// This file declares what goes into the decode core (Msg) and what comes out
+// of it (Effect). The core decides; the Server's actor delivers messages and
+// performs effects, in order, at one point. An effect whose name starts with
+// Call asks the shell for a fact the core cannot compute (the serving
+// stack's verdict, a registration, the bytes of a chunk): the shell performs
+// it and steps the core at once with its result (the message named in the
+// effect's comment), before it takes the next message from its mailbox.
+
+// Msg is an input of the Core.
+type Msg interface{ coreMsg() }
+
+// Origin is who sent a message from the network: the node it came from
+// (the sender PID's address) and its verified certificate name ("" in the
+// clear).
+type Origin struct {
+	Node string
+	Peer string
+}
+
+// Messages from the network, as decoded; the core validates every field.
+type (
+	// HelloMsg is a prefill's Hello; Token is the session token the
+	// shell drew for it (random: later messages must carry it).
+	HelloMsg struct {
+		From  Origin
+		Hello *wire.Hello
+		Token string
+	}
+	// NoticeMsg is a chunk notice.
+	NoticeMsg struct {
+		From   Origin
+		Notice *wire.ChunkNotice
+	}
+	// ByeMsg is a prefill's goodbye.
+	ByeMsg struct {
+		From Origin
+		Bye  *wire.Bye
+	}
+	// DepartedMsg says a watched prefill session actor was reported gone (a
+	// Terminated, possibly for a closed connection). It is a suspicion, not
+	// evidence: anyone holding the prefill's certificate, or any local
+	// process in the clear, can send one.
+	DepartedMsg struct {
+		Actor string // the session actor's PID, "address/id"
+	}
+)
+
+// Messages from this process.
+type (
+	// PeerLostMsg: the session's heartbeat monitor heard nothing from the
+	// prefill's node for its bound. This is the evidence of a loss.
+	PeerLostMsg struct {
+		Session string
+		Cause   error
+	}
+	// RevokedMsg is the outcome of a Revoke: nil when nothing the
+	// session's peer posted can land any more; an error (marked
+	// ErrNotQuiesced) when the transport could not confirm that.
+	RevokedMsg struct {
+		Session string
+		Err     error
+	}
+	// TimerMsg: the timer of an ArmTimer fired.
+	TimerMsg struct{ ID uint64 }
+	// ExpectMsg is Server.Expect: From, when set, is the only prefill
+	// identity (certificate name; in the clear, the prefill's name) whose
+	// session may report the room.
+	ExpectMsg struct {
+		Room  uint64
+		Pages []int
+		From  string
+	}
+	// ReleaseMsg is Server.Release.
+	ReleaseMsg struct{ Room uint64 }
+	// DisconnectMsg is Server.Disconnect: the sessions of the identity are
+	// cut off as if lost.
+	DisconnectMsg struct {
+		Identity string
+		Cause    error
+	}
+	// LookupMsg is the first half of Server.Wait: the room now, and whether
+	// it ended.
+	LookupMsg struct{ Room uint64 }
+	// DrainMsg stops accepting sessions; the sessions that are open go on.
+	DrainMsg struct{}
+	// CloseMsg ends every session and room.
+	CloseMsg struct{}
+	// StateMsg asks for the core's counts (Server.State).
+	StateMsg struct{}
+)
+
+// Results of Call effects.
+type (
+	// AdmittedMsg answers CallAdmit.
+	AdmittedMsg struct{ Err error }
+	// SizedMsg answers CallSize: the pool the shell allocated and
+	// registered (on error nothing stays registered).
+	SizedMsg struct {
+		Buffers []Buffer
+		Err     error
+	}
+	// AccessMsg answers CallOpenAccess: the address the session's peer
+	// connects to, and whether the transport can revoke it alone.
+	AccessMsg struct {
+		Address   []byte
+		Revocable bool
+		Err       error
+	}
+	// VerifiedMsg answers CallVerify.
+	VerifiedMsg struct{ Err error }
+)
+
+func (HelloMsg) coreMsg()      {}
+func (NoticeMsg) coreMsg()     {}
+func (ByeMsg) coreMsg()        {}
+func (DepartedMsg) coreMsg()   {}
+func (PeerLostMsg) coreMsg()   {}
+func (RevokedMsg) coreMsg()    {}
+func (TimerMsg) coreMsg()      {}
+func (ExpectMsg) coreMsg()     {}
+func (ReleaseMsg) coreMsg()    {}
+func (DisconnectMsg) coreMsg() {}
+func (LookupMsg) coreMsg()     {}
+func (DrainMsg) coreMsg()      {}
+func (CloseMsg) coreMsg()      {}
+func (StateMsg) coreMsg()      {}
+func (AdmittedMsg) coreMsg()   {}
+func (SizedMsg) coreMsg()      {}
+func (AccessMsg) coreMsg()     {}
+func (VerifiedMsg) coreMsg()   {}
+
+// Effect is an output of the Core.
+type Effect interface{ coreEffect() }
+
+// Answers to the message being handled.
+type (
+	// AnswerHello answers a Hello: an offer (Code OK: the session's token
+	// and the address its peer connects to; the shell adds the pool's
+	// regions) or a refusal with its code, its reason (a metrics label)
+	// and the text the prefill's error will carry.
+	AnswerHello struct {
+		Code    wire.Code
+		Reason  string
+		Text    string
+		Session string
+		Address []byte
+	}
+	// AnswerNotice answers a chunk notice. Reason is set when the notice
+	// was refused (a metrics label).
+	AnswerNotice struct {
+		Code   wire.Code
+		Reason string
+		Text   string
+	}
+	// AnswerBye answers a goodbye with the decode side's verdict.
+	AnswerBye struct{ Summary *wire.Summary }
+	// Reply answers a call of this process (Expect, Release, Lookup,
+	// Drain, Close, State). Room is Lookup's room, Ended whether it
+	// ended; Drained whether no session is open any more.
+	Reply struct {
+		Err     error
+		Room    Room
+		Ended   bool
+		Drained bool
+		State   State
+	}
+)
+
+// Calls: the shell performs them and steps the core with the result.
+type (
+	// CallAdmit runs Config.Admit; result AdmittedMsg.
+	CallAdmit struct {
+		Prefill  string
+		Metadata map[string]string
+	}
+	// CallSize runs Config.Size and registers its pool; result SizedMsg.
+	CallSize struct{ Layout []PrefillBuffer }
+	// CallOpenAccess opens the access point the new session's peer will
+	// write through (rdma.PeerAccessor), or answers with the transport's
+	// address when it has none; result AccessMsg.
+	CallOpenAccess struct{ Session string }
+	// CallVerify runs Config.Verify on a successful chunk; result
+	// VerifiedMsg.
+	CallVerify struct {
+		Session string
+		Chunk   Chunk
+	}
+)
+
+// Sessions, rooms, timers and the pool.
+type (
+	// SessionOpened: a session was offered. The shell watches its actor
+	// and its node's heartbeats, binds its peer on the node, and hands it
+	// to Accept.
+	SessionOpened struct{ Session SessionInfo }
+	// Revoke cuts the session's peer off the pool (rdma.PeerAccess.Revoke,
+	// bounded in time); result, later and through the mailbox: RevokedMsg.
+	Revoke struct{ Session string }
+	// SessionEnded: the session is over and its access revoked (or known
+	// not to be). The shell stops watching it, unbinds its peer and
+	// reports it to Session.Wait; Outcome is a metrics label.
+	SessionEnded struct {
+		Session string
+		Report  SessionReport
+		Err     error
+		Outcome string
+	}
+	// RoomEnded: the room completed (Err nil) or failed; Outcome is a
+	// metrics label. The shell wakes Wait and calls Config.OnRoomEnd.
+	RoomEnded struct {
+		Room    Room
+		Err     error
+		Outcome string
+	}
+	// ArmTimer asks for a TimerMsg with ID after After.
+	ArmTimer struct {
+		ID    uint64
+		After time.Duration
+	}
+	// ReleasePool deregisters the pool (and frees it with Config.Free when
+	// Config.Size made it): no session is open, no page may still be
+	// written.
+	ReleasePool struct{}
+	// Verified counts the bytes of a chunk that passed Config.Verify.
+	Verified struct{ Bytes uint64 }
+	// Quarantined: pages that a peer may still write, and that the
+	// transport could not confirm revoked, are kept out of every room and
+	// the pool is never released while this process lives.
+	Quarantined struct{ Pages int }
+	// Drained: draining, and no session is open any more.
+	Drained struct{}
+)
+
+// Level is a log effect's level.
+type Level int
+
+// Log levels: the shell logs Debug at DEBUG and Warn at WARN (the error's
+// text, no stack: expected events are not bugs).
+const (
+	Debug Level = iota
+	Warn
+)
+
+// Log asks the shell to log Msg with the fields (key, value pairs).
+type Log struct {
+	Level  Level
+	Msg    string
+	Fields []any
+}
+
+func (AnswerHello) coreEffect()    {}
+func (AnswerNotice) coreEffect()   {}
+func (AnswerBye) coreEffect()      {}
+func (Reply) coreEffect()          {}
+func (CallAdmit) coreEffect()      {}
+func (CallSize) coreEffect()       {}
+func (CallOpenAccess) coreEffect() {}
+func (CallVerify) coreEffect()     {}
+func (SessionOpened) coreEffect()  {}
+func (Revoke) coreEffect()         {}
+func (SessionEnded) coreEffect()   {}
+func (RoomEnded) coreEffect()      {}
+func (ArmTimer) coreEffect()       {}
+func (ReleasePool) coreEffect()    {}
+func (Verified) coreEffect()       {}
+func (Quarantined) coreEffect()    {}
+func (Drained) coreEffect()        {}
+func (Log) coreEffect()            {}
+
+// SessionInfo is what the shell learns of a new session.
+type SessionInfo struct {
+	Token    string
+	Prefill  string // the Hello's name
+	Identity string // the certificate name; in the clear, the prefill's name
+	Node     string // the prefill node's address
+	Actor    string // its session actor, "address/id"
+	Rank     int
+	PageSize int
+	Metadata map[string]string
+}
+
+// State is what the core holds now: for readiness and metrics.
+type State struct {
+	Sessions    int  // open sessions
+	Rooms       int  // rooms not released
+	Pooled      bool // the pool is registered
+	Draining    bool
+	Closed      bool
+	Quarantined int  // pages kept out for good
+	Tainted     bool // a revocation was not confirmed: the pool is never released
+}

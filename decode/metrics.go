@@ -1,0 +1,116 @@
+package decode
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Observer is told what a Server decided, from its actor: keep each call
+// short and non-blocking. Outcomes and reasons are the labels listed in
+// SessionOutcomes, RoomOutcomes and Refusals.
+type Observer interface {
+	// SessionEnded: a session ended, its access revoked.
+	SessionEnded(outcome string)
+	// RoomEnded: a room completed or failed.
+	RoomEnded(outcome string)
+	// Refused: a message ("hello", "notice", "bye") was refused.
+	Refused(message, reason string)
+	// Verified: a chunk's bytes passed Config.Verify.
+	Verified(bytes uint64)
+	// Quarantined: pages kept out of every room for good.
+	Quarantined(pages int)
+}
+
+// The label values an Observer sees, each a closed list.
+var (
+	// SessionOutcomes: complete (said goodbye, every room complete),
+	// empty (reported nothing), aborted (stopped early, or left rooms
+	// unfinished), failed (a chunk failed or was refused), lost (its node
+	// stopped answering heartbeats), closed (the server closed first).
+	SessionOutcomes = []string{"complete", "empty", "aborted", "failed", "lost", "closed"}
+	// RoomOutcomes: complete; failed (a chunk failed on the prefill);
+	// dropped (a chunk was dropped); verify (Config.Verify rejected its
+	// bytes); bad_input (a notice named what is not the room's); aborted
+	// (its prefill said goodbye first); lost (a prefill it needed was
+	// lost); timeout (Config.RoomTimeout); released (released in
+	// progress); closed (the server closed).
+	RoomOutcomes = []string{"complete", "failed", "dropped", "verify", "bad_input", "aborted", "lost", "timeout", "released", "closed"}
+	// Refusals, by message. Hello: version, bad_input, identity (not a
+	// prefill this server serves), identity_busy (it already has a live
+	// session), geometry, admit (Config.Admit), closed, draining, limit
+	// (MaxSessions), busy, transport (no access point). Notice:
+	// not_session, bad_input, unknown_room, not_owner (another prefill's
+	// room), room_ended, room_limit (MaxRoomsPerSession). Bye:
+	// not_session.
+	Refusals = map[string][]string{
+		"hello":  {"version", "bad_input", "identity", "identity_busy", "geometry", "admit", "closed", "draining", "limit", "busy", "transport"},
+		"notice": {"not_session", "bad_input", "unknown_room", "not_owner", "room_ended", "room_limit"},
+		"bye":    {"not_session"},
+	}
+)
+
+type nopObserver struct{}
+
+func (nopObserver) SessionEnded(string)    {}
+func (nopObserver) RoomEnded(string)       {}
+func (nopObserver) Refused(string, string) {}
+func (nopObserver) Verified(uint64)        {}
+func (nopObserver) Quarantined(int)        {}
+
+// Metrics is an Observer that counts into Prometheus (docs/OBSERVABILITY.md
+// lists them): every label value is present from the start, at 0.
+type Metrics struct {
+	sessions    *prometheus.CounterVec
+	rooms       *prometheus.CounterVec
+	refused     *prometheus.CounterVec
+	verified    prometheus.Counter
+	quarantined prometheus.Counter
+}
+
+// NewMetrics registers the decode server's metrics with reg. Servers that
+// share a process may share one Metrics.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
+		sessions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvstream_decode_sessions_total",
+			Help: "Prefill sessions ended, by outcome."}, []string{"outcome"}),
+		rooms: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvstream_decode_rooms_total",
+			Help: "Rooms that completed or failed, by outcome."}, []string{"outcome"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvstream_decode_refused_total",
+			Help: "Control messages refused, by message and reason."}, []string{"message", "reason"}),
+		verified: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvstream_decode_verified_bytes_total",
+			Help: "Bytes of chunks whose pages passed the decode side's verification."}),
+		quarantined: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvstream_decode_quarantined_pages_total",
+			Help: "Decode pages kept out of every room for good: a prefill that may still write them could not be cut off."}),
+	}
+	for _, o := range SessionOutcomes {
+		m.sessions.WithLabelValues(o)
+	}
+	for _, o := range RoomOutcomes {
+		m.rooms.WithLabelValues(o)
+	}
+	for msg, reasons := range Refusals {
+		for _, r := range reasons {
+			m.refused.WithLabelValues(msg, r)
+		}
+	}
+	for _, c := range []prometheus.Collector{m.sessions, m.rooms, m.refused, m.verified, m.quarantined} {
+		if err := reg.Register(c); err != nil {
+			return nil, public(err)
+		}
+	}
+	return m, nil
+}
+
+// SessionEnded implements Observer.
+func (m *Metrics) SessionEnded(outcome string) { m.sessions.WithLabelValues(outcome).Inc() }
+
+// RoomEnded implements Observer.
+func (m *Metrics) RoomEnded(outcome string) { m.rooms.WithLabelValues(outcome).Inc() }
+
+// Refused implements Observer.
+func (m *Metrics) Refused(message, reason string) { m.refused.WithLabelValues(message, reason).Inc() }
+
+// Verified implements Observer.
+func (m *Metrics) Verified(bytes uint64) { m.verified.Add(float64(bytes)) }
+
+// Quarantined implements Observer.
+func (m *Metrics) Quarantined(pages int) { m.quarantined.Add(float64(pages)) }
