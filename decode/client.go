@@ -15,6 +15,7 @@ import (
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/messages"
 	"github.com/kvstream/kvstream/messages/wire"
+	"github.com/kvstream/kvstream/netsec"
 	"github.com/kvstream/kvstream/plan"
 	"go.uber.org/zap"
 )
@@ -63,6 +64,11 @@ type DialConfig struct {
 	Metadata map[string]string
 	// CallTimeout bounds each round trip (default DefaultCallTimeout).
 	CallTimeout time.Duration
+	// ConnectTimeout, if positive, is how long Dial keeps trying a decode
+	// server that is unreachable (not up yet) or unavailable (draining, at
+	// its session bound, this prefill's previous session not yet ended),
+	// with a backoff from 100 ms to 2 s. Zero: one attempt.
+	ConnectTimeout time.Duration
 	// Log receives failures at WARN (default: none).
 	Log *zap.Logger
 }
@@ -80,6 +86,7 @@ type Client struct {
 	notices atomic.Uint64
 
 	bound     string     // the peer name bound on the node, unbound at the end
+	deadline  time.Time  // Dial retries until then
 	heartbeat *heartbeat // nil when heartbeats are off
 
 	mu     sync.Mutex
@@ -91,9 +98,14 @@ type Client struct {
 var clients atomic.Uint64
 
 // Dial opens a session with the decode server at cfg.Decode: it sends the
-// prefill layout and receives the decode pool's description. A decode
-// server of another protocol version is an error marked ErrVersion; a
-// layout that does not match its pool, ErrBadInput (naming the buffer).
+// prefill layout and receives the decode pool's description. Its error
+// says what happened, by class: nothing listening or no answer
+// (ErrUnreachable), TLS on one side only or a certificate refused or
+// carrying another name than DecodeName (ErrAuthentication), another
+// protocol version (ErrVersion), a layout that does not match the pool
+// (ErrBadInput, naming the buffer), or the decode server's refusal with its
+// reason (ErrRefused, ErrBadInput, ErrUnavailable). With ConnectTimeout it
+// retries the unreachable and the unavailable.
 func Dial(ctx context.Context, node *Node, cfg DialConfig) (_ *Client, err error) {
 	defer func() { err = public(err) }()
 	switch {
@@ -105,8 +117,8 @@ func Dial(ctx context.Context, node *Node, cfg DialConfig) (_ *Client, err error
 		return nil, badInput("DialConfig.Decode is empty: the decode server's address")
 	case len(cfg.Buffers) == 0 || len(cfg.Buffers) > maxBuffers:
 		return nil, badInput("DialConfig.Buffers: %d buffers (want 1 to %d)", len(cfg.Buffers), maxBuffers)
-	case cfg.CallTimeout < 0:
-		return nil, badInput("DialConfig.CallTimeout %v: must not be negative", cfg.CallTimeout)
+	case cfg.CallTimeout < 0 || cfg.ConnectTimeout < 0:
+		return nil, badInput("DialConfig.CallTimeout %v, ConnectTimeout %v: must not be negative", cfg.CallTimeout, cfg.ConnectTimeout)
 	case cfg.PageSize < 1 || cfg.PageSize > maxPageSize:
 		return nil, badInput("DialConfig.PageSize %d: want the engine's page size (1 to %d tokens)", cfg.PageSize, maxPageSize)
 	}
@@ -143,11 +155,20 @@ func Dial(ctx context.Context, node *Node, cfg DialConfig) (_ *Client, err error
 	if node.tls {
 		if cfg.DecodeName == "" {
 			cfg.DecodeName = DefaultDecodeName
+			c.cfg.DecodeName = cfg.DecodeName
 		}
 		if err := node.bind(cfg.DecodeName); err != nil {
 			return nil, errors.Mark(errors.Wrapf(err, "session with the decode server at %s", cfg.Decode), ErrRefused)
 		}
 		c.bound = cfg.DecodeName
+	}
+	// Nothing is spawned (and nothing watched) before the decode node is
+	// known to be there: a watch of an address nobody listens at would
+	// keep a connection retrying until the node closes.
+	c.deadline = time.Now().Add(cfg.ConnectTimeout)
+	if err := c.retry(ctx, c.probe); err != nil {
+		node.unbind(c.bound)
+		return nil, err
 	}
 	n := strconv.FormatUint(clients.Add(1), 10)
 	name := "kvstream-prefill-" + n
@@ -166,24 +187,14 @@ func Dial(ctx context.Context, node *Node, cfg DialConfig) (_ *Client, err error
 	for _, b := range cfg.Buffers {
 		hello.Buffers = append(hello.Buffers, &wire.Buffer{Name: b.Name, Layer: int32(b.Layer), ItemLen: b.ItemLen, Pages: uint64(max(b.Pages, 0))})
 	}
-	res, err := node.request(ctx, c.decode, hello, cfg.CallTimeout)
-	if err != nil {
-		return nil, errors.Wrapf(err, "hello to the decode server at %s", cfg.Decode)
-	}
-	offer, ok := res.(*wire.Offer)
-	switch {
-	case !ok:
-		return nil, errors.Newf("the decode server at %s answered %T to hello", cfg.Decode, res)
-	case offer.Version != ProtocolVersion:
-		return nil, errors.Mark(errors.Mark(errors.Newf("the decode server at %s speaks protocol version %d, this prefill %d: %s",
-			cfg.Decode, offer.Version, ProtocolVersion, offer.Error), ErrVersion), ErrBadInput)
-	case offer.Code != wire.Code_OK:
-		return nil, codeError(offer.Code, "decode server at %s: %s", cfg.Decode, offer.Error)
-	case len(offer.Regions) != len(cfg.Buffers):
-		return nil, errors.Newf("the decode server at %s offered %d regions for %d buffers", cfg.Decode, len(offer.Regions), len(cfg.Buffers))
-	}
-	if err := checkOffer(offer, cfg.Buffers); err != nil {
-		return nil, errors.Mark(errors.Wrapf(err, "the decode server at %s", cfg.Decode), ErrBadInput)
+	var offer *wire.Offer
+	if err := c.retry(ctx, func() (err error) {
+		if err = c.probe(); err == nil {
+			offer, err = c.helloOnce(ctx, hello)
+		}
+		return err
+	}); err != nil {
+		return nil, err
 	}
 	c.session = offer.Session
 	c.peer = plan.Peer{ID: offer.PeerId, Address: offer.WorkerAddress}
@@ -237,6 +248,84 @@ func checkOffer(o *wire.Offer, bufs []plan.Buffer) error {
 		}
 	}
 	return nil
+}
+
+// Backoff between attempts of a Dial with a ConnectTimeout.
+const (
+	firstBackoff = 100 * time.Millisecond
+	maxBackoff   = 2 * time.Second
+)
+
+// retry runs f until it succeeds, fails in a way that is not worth
+// retrying, or the Dial's ConnectTimeout is spent: a decode server not up
+// yet, or busy, gets another try after a backoff.
+func (c *Client) retry(ctx context.Context, f func() error) error {
+	backoff := firstBackoff
+	for attempt := 1; ; attempt++ {
+		err := f()
+		if err == nil || !(errors.Is(err, ErrUnreachable) || errors.Is(err, ErrUnavailable)) || time.Until(c.deadline) < backoff {
+			if err != nil && attempt > 1 {
+				err = errors.Wrapf(err, "after %d attempts in %v (DialConfig.ConnectTimeout)", attempt, c.cfg.ConnectTimeout)
+			}
+			return err
+		}
+		c.cfg.Log.Debug("decode server not ready: retrying", zap.String("decode", c.cfg.Decode), zap.Int("attempt", attempt), zap.String("error", err.Error()))
+		select {
+		case <-time.After(backoff):
+		case <-ctx.Done():
+			return errors.Wrapf(ctx.Err(), "dial the decode server at %s (last: %v)", c.cfg.Decode, err)
+		}
+		backoff = min(2*backoff, maxBackoff)
+	}
+}
+
+// probe checks that the decode node can be talked to (netsec.Probe:
+// something listens, both sides speak the same security, its certificate
+// carries DecodeName), and says what is wrong by class.
+func (c *Client) probe() error {
+	addr := c.cfg.Decode
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.CallTimeout)
+	defer cancel()
+	err := netsec.Probe(ctx, addr, c.node.tlsm, c.cfg.DecodeName)
+	switch {
+	case errors.Is(err, netsec.ErrUnreachable):
+		return errors.Mark(errors.Wrap(err, "the decode server"), ErrUnreachable)
+	case errors.Is(err, netsec.ErrAuthentication):
+		return errors.Mark(errors.Wrap(err, "the decode server"), ErrAuthentication)
+	case err != nil:
+		return errors.Wrapf(err, "the decode server at %s", addr)
+	}
+	return nil
+}
+
+// helloOnce says Hello and says what went wrong by class.
+func (c *Client) helloOnce(ctx context.Context, hello *wire.Hello) (*wire.Offer, error) {
+	addr := c.cfg.Decode
+	res, err := c.node.request(ctx, c.decode, hello, c.cfg.CallTimeout)
+	switch {
+	case errors.Is(err, actor.ErrDeadLetter):
+		return nil, errors.Mark(errors.Newf("the node at %s has no decode server named %q (DialConfig.Server; the server's Config.Name)", addr, c.cfg.Server), ErrRefused)
+	case errors.Is(err, actor.ErrTimeout) && ctx.Err() == nil:
+		return nil, errors.Mark(errors.Wrapf(err, "no answer to hello from the decode server at %s within %v", addr, c.cfg.CallTimeout), ErrUnreachable)
+	case err != nil:
+		return nil, errors.Wrapf(err, "hello to the decode server at %s", addr)
+	}
+	offer, ok := res.(*wire.Offer)
+	switch {
+	case !ok:
+		return nil, errors.Newf("the decode server at %s answered %T to hello", addr, res)
+	case offer.Version != ProtocolVersion:
+		return nil, errors.Mark(errors.Mark(errors.Newf("the decode server at %s speaks protocol version %d, this prefill %d: %s",
+			addr, offer.Version, ProtocolVersion, offer.Error), ErrVersion), ErrBadInput)
+	case offer.Code != wire.Code_OK:
+		return nil, codeError(offer.Code, "decode server at %s: %s", addr, offer.Error)
+	case len(offer.Regions) != len(hello.Buffers):
+		return nil, errors.Newf("the decode server at %s offered %d regions for %d buffers", addr, len(offer.Regions), len(hello.Buffers))
+	}
+	if err := checkOffer(offer, c.cfg.Buffers); err != nil {
+		return nil, errors.Mark(errors.Wrapf(err, "the decode server at %s", addr), ErrBadInput)
+	}
+	return offer, nil
 }
 
 // release stops the session actor and the heartbeats and unbinds the

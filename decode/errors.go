@@ -46,6 +46,15 @@ var (
 	// serves, not the sender's session, the session already ended, a room
 	// of another prefill.
 	ErrRefused = errors.New("refused")
+	// ErrUnreachable: (prefill side) nothing listens at the decode
+	// server's address, or it did not answer in time: it may not be up
+	// yet (DialConfig.ConnectTimeout retries).
+	ErrUnreachable = errors.New("unreachable")
+	// ErrAuthentication: (prefill side) the two nodes cannot authenticate
+	// each other: TLS on one side only, a certificate of another CA or
+	// one the peer refused, or a decode certificate without
+	// DialConfig.DecodeName. Retrying will not help.
+	ErrAuthentication = errors.New("authentication failed")
 	// ErrUnavailable: the decode server cannot take the session now
 	// (draining, closing, at its session bound, or this prefill's identity
 	// still holds a live session): retry later.

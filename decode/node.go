@@ -36,6 +36,7 @@ type Node struct {
 	remote    *remote.Remote
 	log       *zap.Logger
 	tls       bool
+	tlsm      *netsec.TLS // nil in the clear
 	policy    *netsec.SessionPolicy
 	heartbeat netsec.HeartbeatConfig
 
@@ -133,8 +134,11 @@ func ListenConfig(cfg NodeConfig) (_ *Node, err error) {
 		}
 		return slog.New(zapslog.NewHandler(core))
 	}))
-	n := &Node{system: system, log: log, tls: cfg.TLS != nil, heartbeat: hb,
+	n := &Node{system: system, log: log, tls: cfg.TLS != nil, tlsm: cfg.TLS, heartbeat: hb,
 		policy: netsec.NewSessionPolicy(netsec.HeartbeatActor)}
+	// A Hello to a server that is not there is answered (a dead letter),
+	// not cut: the prefill hears that it named the server wrongly.
+	n.policy.OpenPrefix(ServerActor)
 	authorize := n.policy.Authorize
 	if cfg.TLS == nil {
 		// No identities in the clear: keep the target and type rules.

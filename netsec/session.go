@@ -35,10 +35,11 @@ func PeerName(ctx actor.Context) string {
 // must answer every Hello, a refusal included, rather than let the peer's
 // stream be cut and its request time out). It is safe for concurrent use.
 type SessionPolicy struct {
-	mu      sync.Mutex
-	allowed map[string]bool
-	open    map[string]bool
-	peers   map[string]int // bound peer name -> sessions
+	mu       sync.Mutex
+	allowed  map[string]bool
+	open     map[string]bool
+	prefixes []string       // open: every local actor whose id starts so
+	peers    map[string]int // bound peer name -> sessions
 }
 
 // NewSessionPolicy allows delivery to the local actors of the given ids.
@@ -68,6 +69,30 @@ func (p *SessionPolicy) Open(ids ...string) {
 		p.allowed[id] = true
 		p.open[id] = true
 	}
+}
+
+// OpenPrefix opens every local actor whose id starts with prefix, existing
+// or not: a message to one that does not exist is then answered by the
+// node (protoactor's DeadLetterResponse, which fails the sender's request
+// at once) instead of cutting the sender's stream, so a peer that names a
+// server wrongly hears so.
+func (p *SessionPolicy) OpenPrefix(prefix string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.prefixes = append(p.prefixes, prefix)
+}
+
+// isOpen reports whether id is open; p.mu is held.
+func (p *SessionPolicy) isOpen(id string) bool {
+	if p.open[id] {
+		return true
+	}
+	for _, pre := range p.prefixes {
+		if strings.HasPrefix(id, pre) {
+			return true
+		}
+	}
+	return false
 }
 
 // Forbid takes back Allow and Open: an actor of a session that ended.
@@ -126,7 +151,7 @@ func (p *SessionPolicy) Authorize(peer Identity, e Envelope) error {
 		return ErrUnauthenticated
 	}
 	p.mu.Lock()
-	bound := len(p.peers) > 0 && p.peers[peer.Name()] == 0 && !p.open[e.Target.Id]
+	bound := len(p.peers) > 0 && p.peers[peer.Name()] == 0 && !p.isOpen(e.Target.Id)
 	p.mu.Unlock()
 	if bound {
 		return errors.Newf("%q is not the peer of any session of this node", peer.Name())
@@ -146,7 +171,7 @@ func (p *SessionPolicy) AuthorizeLocal(e Envelope) error {
 		return errors.Newf("%s from a peer refused", e.TypeName)
 	}
 	p.mu.Lock()
-	allowed := p.allowed[e.Target.Id]
+	allowed := p.allowed[e.Target.Id] || p.isOpen(e.Target.Id)
 	p.mu.Unlock()
 	if !allowed && !strings.HasPrefix(e.Target.Id, "future$") {
 		return errors.Newf("actor %q does not accept messages from peers", e.Target.Id)

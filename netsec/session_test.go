@@ -37,6 +37,13 @@ func TestSessionPolicy(t *testing.T) {
 	require.NoError(t, p.Authorize(other, to("server", "kvstream.wire.Hello")))
 	require.ErrorIs(t, p.Authorize(Identity{}, to("server", "kvstream.wire.Hello")), ErrUnauthenticated)
 	require.ErrorContains(t, p.Authorize(other, to("server", "actor.Stop")), "actor.Stop")
+	// A prefix opens actors that do not exist yet: the node answers a
+	// message for a missing one (a dead letter) instead of cutting the
+	// stream.
+	p.OpenPrefix("kvstream-decode")
+	require.NoError(t, p.Authorize(other, to("kvstream-decode-rank-9", "kvstream.wire.Hello")))
+	require.NoError(t, p.AuthorizeLocal(to("kvstream-decode-x", "kvstream.wire.Hello")))
+	require.ErrorContains(t, p.Authorize(other, to("kvstream-prefill-1", "kvstream.wire.Hello")), `"other"`)
 	// Several peers at once, each counted per session.
 	require.NoError(t, p.Bind("other"))
 	require.NoError(t, p.Authorize(other, to("decode", "kvstream.wire.Hello")))

@@ -1,0 +1,100 @@
+package decode_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/kvstream/kvstream/decode"
+	"github.com/kvstream/kvstream/hw/hostmem"
+	"github.com/kvstream/kvstream/hw/rdma/loopback"
+	"github.com/kvstream/kvstream/netsec"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// patient is a Dial config that would wait a minute for an answer: a
+// refusal that comes back as an answer returns its class long before, a
+// timeout would fail the test's context instead.
+func patient(addr string) decode.DialConfig {
+	return decode.DialConfig{Decode: addr, Buffers: prefillLayout(itemLen), PageSize: 4, CallTimeout: time.Minute}
+}
+
+func dialCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// TestDialSaysWhy: every way a Dial fails says what happened, by class,
+// instead of timing out: nothing listening, a server name the node does not
+// have, a Hello refused.
+func TestDialSaysWhy(t *testing.T) {
+	r := newRig(t, decode.Config{MaxSessions: 1})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	nobody := l.Addr().String()
+	require.NoError(t, l.Close())
+
+	_, err = decode.Dial(dialCtx(t), r.node, patient(nobody))
+	assert.True(t, errors.Is(err, decode.ErrUnreachable), "%v", err)
+	assert.ErrorContains(t, err, "nothing listening at "+nobody)
+
+	cfg := patient(r.srv.Addr())
+	cfg.Server = "rank-9"
+	_, err = decode.Dial(dialCtx(t), r.node, cfg)
+	assert.True(t, errors.Is(err, decode.ErrRefused), "%v", err)
+	assert.ErrorContains(t, err, `has no decode server named "rank-9"`)
+
+	c := r.dial(t)
+	cfg = patient(r.srv.Addr())
+	cfg.Name = "second"
+	_, err = decode.Dial(dialCtx(t), r.node, cfg)
+	assert.True(t, errors.Is(err, decode.ErrUnavailable), "%v", err)
+	assert.ErrorContains(t, err, "already 1 sessions")
+
+	// With a connect timeout the unavailable is retried: the first
+	// session's goodbye makes room.
+	cfg.ConnectTimeout = 15 * time.Second
+	go func() {
+		time.Sleep(200 * time.Millisecond)
+		_, _ = c.Bye(context.Background(), nil)
+	}()
+	c2, err := decode.Dial(dialCtx(t), r.node, cfg)
+	require.NoError(t, err)
+	require.NoError(t, c2.Close(context.Background()))
+}
+
+// TestDialSaysWhyWithTLS: with mutual TLS, a decode certificate without
+// the expected name is an authentication failure before anything is said.
+// (A prefill the decode does not serve hears its refusal with its reason:
+// decode/testdata/refusals.txt, and across processes in cmd/kvstream.)
+func TestDialSaysWhyWithTLS(t *testing.T) {
+	dir := t.TempDir()
+	files, err := netsec.GenerateDevCerts(dir, []string{"decode"}, []string{"127.0.0.1"})
+	require.NoError(t, err)
+	tlsm, err := netsec.LoadTLS(files["decode"])
+	require.NoError(t, err)
+	// One node plays both sides (one node per process): its certificate
+	// names it "decode", which is also the prefill's name the server sees.
+	node, err := decode.ListenConfig(decode.NodeConfig{Listen: "127.0.0.1:0", TLS: tlsm})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = node.Close(context.Background()) })
+	tr, err := loopback.NewFabric(loopback.Options{}).NewTransport("decode")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tr.Close() })
+	pool, err := hostmem.Alloc(buffers * itemLen * pages)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pool.Free() })
+	srv, err := decode.New(node, tr, decode.Config{Buffers: decodeBuffers(pool), Prefills: []string{"prefill"}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = srv.Close(context.Background()) })
+
+	cfg := patient(srv.Addr())
+	cfg.DecodeName = "decode-1"
+	_, err = decode.Dial(dialCtx(t), node, cfg)
+	assert.True(t, errors.Is(err, decode.ErrAuthentication), "%v", err)
+	assert.ErrorContains(t, err, `presented a certificate for "decode", not "decode-1"`)
+}
