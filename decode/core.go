@@ -504,7 +504,7 @@ func (c *Core) accessed(m AccessMsg) {
 	c.pageSize = p.pageSize
 	delete(c.lostRanks, s.Rank) // back: new rooms may count on it again
 	c.emit(SessionOpened{Session: s.SessionInfo}, AnswerHello{Code: wire.Code_OK, Session: s.Token, Address: slices.Clone(m.Address)})
-	c.debug("prefill session", "prefill", h.Prefill, "identity", p.ident, "node", s.Node, "rank", s.Rank, "revocable", m.Revocable)
+	c.debug("prefill session", "prefill", h.Prefill, "identity", p.ident, "node", s.Node, "actor", s.Actor, "rank", s.Rank, "revocable", m.Revocable)
 }
 
 // layoutBytes checks that a pool of the layout's geometry stays within

@@ -49,7 +49,7 @@ func requireServed(t *testing.T, dec, pre *cli) {
 	require.NoError(t, pre.wait(t, 2*time.Minute), "prefill:\n%s\n%s", pre.out(), pre.errOut())
 	require.NoError(t, dec.wait(t, 30*time.Second), "decode:\n%s\n%s", dec.out(), dec.errOut())
 	assert.Contains(t, pre.out(), "bytes equal: true")
-	assert.Regexp(t, `decode: 8 chunks \(0 not successful\), 3375 pages verified, bytes equal: true, session complete: true`, dec.out())
+	assert.Regexp(t, `decode: served 1 sessions \(1 complete\): 8 chunks \(0 not successful\), 3 rooms complete, 3375 pages verified, bytes equal: true`, dec.out())
 }
 
 // wildcardListeners lists the TCP sockets of process pid that listen on
@@ -91,7 +91,7 @@ func wildcardListeners(t *testing.T, pid int) []string {
 func TestUCXTwoAddresses(t *testing.T) {
 	dir := devCerts(t)
 	env := []string{"UCX_TLS=tcp"}
-	dec := startCLI(t, env, "decode", "--listen", "127.0.0.2:0", "--tls-dir", dir, "--prefill-name", "prefill", "--wait", "2m")
+	dec := startCLI(t, env, "decode", "--listen", "127.0.0.2:0", "--tls-dir", dir, "--prefill-name", "prefill", "--sessions", "1", "--wait", "2m")
 	addr := dec.waitLine(t, listening, 30*time.Second)[1]
 	require.True(t, strings.HasPrefix(addr, "127.0.0.2:"), addr)
 	pre := startCLI(t, env, append([]string{"prefill", "--decode", addr, "--listen", "127.0.0.1:0", "--tls-dir", dir}, small...)...)
@@ -113,7 +113,7 @@ func TestUCXAllInterfaces(t *testing.T) {
 	certs := startCLI(t, nil, "certs", dir, "--hosts", ip.String())
 	require.NoError(t, certs.wait(t, 30*time.Second), "certs:\n%s\n%s", certs.out(), certs.errOut())
 	env := []string{"UCX_TLS=tcp"}
-	dec := startCLI(t, env, "decode", "--listen", "0.0.0.0:0", "--tls-dir", dir, "--wait", "2m")
+	dec := startCLI(t, env, "decode", "--listen", "0.0.0.0:0", "--tls-dir", dir, "--sessions", "1", "--wait", "2m")
 	addr := dec.waitLine(t, listening, 30*time.Second)[1]
 	require.True(t, strings.HasPrefix(addr, ip.String()+":"), "advertised %s, want the routable %s", addr, ip)
 	pre := startCLI(t, env, append([]string{"prefill", "--decode", addr, "--listen", "0.0.0.0:0", "--tls-dir", dir}, small...)...)
@@ -125,7 +125,7 @@ func TestUCXAllInterfaces(t *testing.T) {
 // timeout of a minute), fails its chunks and exits non-zero promptly.
 func TestUCXHungDecodeIsLost(t *testing.T) {
 	env := []string{"UCX_TLS=tcp"}
-	dec := startCLI(t, env, "decode", "--listen", "127.0.0.1:0", "--wait", "2m")
+	dec := startCLI(t, env, "decode", "--listen", "127.0.0.1:0", "--sessions", "1", "--wait", "2m")
 	addr := dec.waitLine(t, listening, 30*time.Second)[1]
 	pre := startCLI(t, env, "prefill", "--decode", addr, "--model", "small", "--requests", "4",
 		"--prompt-tokens", "8192", "--chunk-tokens", "1024", "--page-size", "16", "--layer-us-per-ktok", "5000",
@@ -148,7 +148,7 @@ func TestUCXHungDecodeIsLost(t *testing.T) {
 // not complete and exits non-zero promptly.
 func TestUCXHungPrefillIsLost(t *testing.T) {
 	env := []string{"UCX_TLS=tcp"}
-	dec := startCLI(t, env, "decode", "--listen", "127.0.0.1:0", "--wait", "2m", "--heartbeat", "2s")
+	dec := startCLI(t, env, "decode", "--listen", "127.0.0.1:0", "--sessions", "1", "--wait", "2m", "--heartbeat", "2s")
 	addr := dec.waitLine(t, listening, 30*time.Second)[1]
 	pre := startCLI(t, env, "prefill", "--decode", addr, "--model", "small", "--requests", "4",
 		"--prompt-tokens", "8192", "--chunk-tokens", "1024", "--page-size", "16", "--layer-us-per-ktok", "5000")
@@ -160,7 +160,7 @@ func TestUCXHungPrefillIsLost(t *testing.T) {
 	took := time.Since(stopped)
 	require.Error(t, err, "the decode must not report success")
 	assert.Less(t, took, 15*time.Second, "declared lost by heartbeats (2 s), and exit adds no tens of seconds")
-	assert.Contains(t, dec.out(), "session complete: false")
+	assert.Contains(t, dec.out(), "ended lost", "stderr:\n%s", dec.errOut())
 	assert.Contains(t, dec.out(), "no heartbeat answer")
 }
 
@@ -240,7 +240,7 @@ func TestUCXAttacksThenServes(t *testing.T) {
 	rogueTLS, err := netsec.LoadTLS(netsec.Files{CA: filepath.Join(dir, netsec.CAFile), Cert: filepath.Join(dir, "rogue.pem"), Key: filepath.Join(dir, "rogue.key")})
 	require.NoError(t, err)
 	env := []string{"UCX_TLS=tcp"}
-	dec := startCLI(t, env, "decode", "--listen", "127.0.0.1:0", "--tls-dir", dir, "--prefill-name", "prefill", "--wait", "2m")
+	dec := startCLI(t, env, "decode", "--listen", "127.0.0.1:0", "--tls-dir", dir, "--prefill-name", "prefill", "--sessions", "1", "--wait", "2m")
 	addr := dec.waitLine(t, listening, 30*time.Second)[1]
 	rogue := attacker{t: t, addr: addr, tls: rogueTLS.ClientConfig()}
 	_, port, _ := strings.Cut(addr, ":")

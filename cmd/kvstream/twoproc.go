@@ -5,14 +5,15 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/decode"
 	"github.com/kvstream/kvstream/internal/twoproc"
 	"github.com/kvstream/kvstream/internal/workload"
-	"github.com/kvstream/kvstream/system"
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -44,6 +45,11 @@ func closeTransport(tr interface{ Close() error }, err *error) {
 	}
 }
 
+// disconnectAfterEnv is the test hook that makes kvstream decode cut its
+// prefill off after that many verified chunks (twoproc.Decode's
+// DisconnectAfter).
+const disconnectAfterEnv = "KVSTREAM_TEST_DISCONNECT_AFTER"
+
 // maxPoolMiB bounds --max-pool-mib: 1 TiB.
 const maxPoolMiB = 1 << 20
 
@@ -51,39 +57,51 @@ func newDecode() *cobra.Command {
 	var nf netFlags
 	var transport string
 	var prefills []string
-	var wait time.Duration
+	var wait, drain time.Duration
+	var sessions int
 	var maxPool uint64
 	var verbose bool
 	var shard workload.Config // its TP and PP degrees only
 	var model, pageOrder string
 	cmd := &cobra.Command{
 		Use:   "decode",
-		Short: "Serve a decode pool to one prefill process over a real transport, and verify every page",
-		Long: `decode listens for one prefill process (kvstream prefill --decode HOST:PORT) on the control plane
-(protoactor-go remote, gRPC), allocates a pool of the prefill's geometry, registers it with the
-transport (UCX: the prefill writes into it directly), and verifies every page of every chunk the
-prefill reports finished against the model's bytes. It prints one summary line and exits 0 only when
-every chunk succeeded, every byte matched and the session was complete: the prefill said goodbye
-having sent every chunk it meant to, and every room it started received its last chunk. It is a
-thin command over package decode (decode.ListenConfig, decode.New, Server.Accept).
+		Short: "Serve decode pools to prefill processes over a real transport, and verify every page",
+		Long: `decode serves prefill processes (kvstream prefill --decode HOST:PORT) on the control plane
+(protoactor-go remote, gRPC), one after another and at once (up to 64 sessions), until SIGTERM or
+SIGINT. For each prefill it sizes a pool of the prefill's geometry (released once no session holds
+it), registers it with the transport (UCX: the prefill writes into it directly), and verifies every
+page of every chunk the prefill reports finished against the model's bytes. It prints a line as
+each session ends and a summary when it stops. A refused, failed, killed or empty session never
+ends it. It is a thin command over package decode (decode.ListenConfig, decode.New,
+Server.Accept).
+
+On SIGTERM or SIGINT it drains: it takes no new session, lets the sessions in flight end within
+--drain-timeout, prints its summary, and exits 0 when the drain cut nothing (sessions that failed
+earlier are in the summary, not in the exit code). With --sessions N it stops by itself once N
+prefill sessions that did something ended, and exits 0 only when every one of them completed with
+every byte equal (scripts, the tests).
 
 With --prefill-tp, --decode-tp, --prefill-pp or --decode-pp (and --model, --page-order), it serves
 a sharded prefill (kvstream prefill with the same flags): one decode pool and server per decode (PP
 stage, TP rank), each its own session with the prefill, sized from the decode side's geometry (its
 stage's layers, its heads) and checking every page against its share of the model's KV. A prefill
-whose sharding differs is refused, naming the flag and both values, and the command exits non-zero.
+whose sharding differs is refused, naming the flag and both values; the process keeps serving.
 --max-pool-mib then bounds each rank's pool.
 
 Off loopback the control plane needs mutual TLS (--tls-dir from kvstream certs, or --tls-ca,
---tls-cert, --tls-key); the session is then bound to the prefill's certificate (--prefill-name
+--tls-cert, --tls-key); each session is then bound to its prefill's certificate (--prefill-name
 limits which). The UCX data plane uses only the interface of the advertised address (--advertise,
 --data-addr). A prefill that answers no heartbeat within --heartbeat is lost. docs/SECURITY.md
 says what each plane trusts.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) (err error) {
 			switch {
-			case wait <= 0:
-				return errors.Newf("--wait %v: must be positive", wait)
+			case wait < 0:
+				return errors.Newf("--wait %v: must not be negative", wait)
+			case drain <= 0:
+				return errors.Newf("--drain-timeout %v: must be positive", drain)
+			case sessions < 0:
+				return errors.Newf("--sessions %d: must not be negative", sessions)
 			case maxPool == 0 || maxPool > maxPoolMiB:
 				return errors.Newf("--max-pool-mib %d: want 1 to %d", maxPool, maxPoolMiB)
 			}
@@ -111,7 +129,7 @@ says what each plane trusts.`,
 			defer pl.close(&err)
 			node, tr := pl.node, pl.tr
 			var d interface {
-				Serve(context.Context) (twoproc.DecodeSummary, error)
+				Serve(context.Context, twoproc.ServeConfig) twoproc.DecodeSummary
 				Close(context.Context) error
 			}
 			ranks := ""
@@ -122,8 +140,20 @@ says what each plane trusts.`,
 					return err
 				}
 				d, ranks = sd, fmt.Sprintf(", %d decode ranks (--decode-tp %d x --decode-pp %d)", sd.Ranks(), max(1, shard.DecodeTP), max(1, shard.DecodePP))
-			} else if d, err = twoproc.StartDecode(node, tr, maxPool<<20, prefills, log); err != nil {
-				return err
+			} else {
+				sd, err := twoproc.StartDecode(node, tr, maxPool<<20, prefills, log)
+				if err != nil {
+					return err
+				}
+				// A test hook (docs/RELIABILITY.md): cut the prefill off
+				// after N verified chunks while it still writes.
+				if v := os.Getenv(disconnectAfterEnv); v != "" {
+					if sd.DisconnectAfter, err = strconv.Atoi(v); err != nil || sd.DisconnectAfter < 1 {
+						_ = sd.Close(context.Background())
+						return errors.Newf("%s=%q: want a positive count of chunks", disconnectAfterEnv, v)
+					}
+				}
+				d = sd
 			}
 			defer closeWithin("the decode server", func(ctx context.Context) error {
 				cerr := d.Close(ctx)
@@ -137,21 +167,25 @@ says what each plane trusts.`,
 				}
 				return cerr
 			}, &err)
-			fmt.Fprintf(cmd.OutOrStdout(), "decode: listening on %s (transport %s)%s\n", node.Addr(), transport, ranks)
-			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "decode: listening on %s (transport %s)%s\n", node.Addr(), transport, ranks)
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			ctx, cancel := context.WithTimeout(ctx, wait)
-			defer cancel()
-			s, err := d.Serve(ctx)
-			switch {
-			case errors.Is(err, system.ErrBadInput):
-				return errors.Wrap(err, "decode: refused the prefill")
-			case err != nil:
-				return errors.Wrapf(err, "no prefill session ended within --wait %v", wait)
+			if wait > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, wait)
+				defer cancel()
 			}
-			fmt.Fprintln(cmd.OutOrStdout(), s)
-			if !s.OK() {
-				return errors.New("decode: the session did not complete with every chunk successful and every byte equal")
+			s := d.Serve(ctx, twoproc.ServeConfig{Runs: sessions, DrainTimeout: drain,
+				OnSession: func(e twoproc.SessionEnd) { fmt.Fprintln(out, e) }})
+			fmt.Fprintln(out, s)
+			switch {
+			case sessions > 0 && s.Sessions == s.Outcomes["empty"]:
+				return errors.Newf("decode: no prefill session did anything before the process stopped (--sessions %d)", sessions)
+			case sessions > 0 && !s.Complete():
+				return errors.New("decode: not every session completed with every chunk successful and every byte equal")
+			case !s.DrainedClean():
+				return errors.Newf("decode: the drain cut %d sessions still in flight after --drain-timeout %v", s.Cut, drain)
 			}
 			return nil
 		},
@@ -160,8 +194,10 @@ says what each plane trusts.`,
 	addNetFlags(fl, &nf, "decode", "127.0.0.1:9100")
 	fl.StringVar(&transport, "transport", "ucx", "data transport: ucx (loopback does not cross processes)")
 	fl.StringSliceVar(&prefills, "prefill-name", nil, "with TLS: the certificate names of the prefills served (default: any of the CA)")
-	fl.DurationVar(&wait, "wait", time.Hour, "give up when no prefill session ended within this")
-	fl.Uint64Var(&maxPool, "max-pool-mib", 4096, "the most memory the decode pool sized for the prefill may take (sharded: each rank's)")
+	fl.IntVar(&sessions, "sessions", 0, "stop after this many prefill sessions that did something (0: serve until SIGTERM or SIGINT)")
+	fl.DurationVar(&drain, "drain-timeout", 30*time.Second, "on SIGTERM/SIGINT (or --sessions reached), how long sessions in flight may take to end")
+	fl.DurationVar(&wait, "wait", 0, "stop serving (and drain) after this long (0: no limit)")
+	fl.Uint64Var(&maxPool, "max-pool-mib", 4096, "the most memory the decode pool sized for a prefill may take (sharded: each rank's)")
 	fl.StringVar(&model, "model", workload.Defaults().Preset.Name, "sharded: the prefill's model preset: "+strings.Join(workload.PresetNames(), ", "))
 	addShardFlags(fl, &shard, &pageOrder)
 	fl.BoolVar(&verbose, "verbose", false, "log at DEBUG")
@@ -232,7 +268,7 @@ its chunks fail without waiting for the finish timeout.`,
 			if !f.noProg {
 				cfg.Progress = func(done, total int) { fmt.Fprintf(cmd.ErrOrStderr(), "prefill: forward %d/%d done\n", done, total) }
 			}
-			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			mr, err := workload.RunRemote(ctx, cfg, log, plane, !monolithic)
 			if err != nil {

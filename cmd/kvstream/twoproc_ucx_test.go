@@ -98,7 +98,7 @@ func TestTwoProcess(t *testing.T) {
 	for _, tls := range []string{"tcp", "sm,self"} {
 		t.Run(strings.ReplaceAll(tls, ",", "+"), func(t *testing.T) {
 			env := []string{"UCX_TLS=" + tls}
-			dec := startCLI(t, env, "decode", "--listen", "127.0.0.1:0", "--wait", "2m")
+			dec := startCLI(t, env, "decode", "--listen", "127.0.0.1:0", "--sessions", "1", "--wait", "2m")
 			addr := dec.waitLine(t, listening, 30*time.Second)[1]
 			pre := startCLI(t, env, "prefill", "--decode", addr, "--model", "small", "--requests", "3",
 				"--prompt-tokens", "2000", "--chunk-tokens", "1024", "--page-size", "16", "--group", "4")
@@ -109,7 +109,7 @@ func TestTwoProcess(t *testing.T) {
 			assert.Contains(t, pre.out(), "0 chunks failed")
 			assert.Contains(t, pre.out(), "decode accepted 8 chunks")
 			assert.Contains(t, pre.out(), "bytes equal: true")
-			assert.Regexp(t, `decode: 8 chunks \(0 not successful\), 3375 pages verified, bytes equal: true, session complete: true`, dec.out())
+			assert.Regexp(t, `decode: served 1 sessions \(1 complete\): 8 chunks \(0 not successful\), 3 rooms complete, 3375 pages verified, bytes equal: true`, dec.out())
 		})
 	}
 }
@@ -131,15 +131,15 @@ func TestTwoProcessSharded(t *testing.T) {
 		// (512 + 488 tokens, then 16 + 512 + 472), each told to every rank.
 		{"llama70b-tp2-to-tp4", "tcp", []string{"--model", "llama70b", "--prefill-tp", "2", "--decode-tp", "4"},
 			"per-layer sharded (prefill TP 2 x PP 1 -> decode TP 4 x PP 1, head-major pages)",
-			`decode: 4 ranks: 20 chunks \(0 not successful\), 4032 pages verified, bytes equal: true, sessions complete: true`},
+			`decode: served 4 sessions on 4 ranks \(4 complete\): 20 chunks \(0 not successful\), 8 rooms complete, 4032 pages verified, bytes equal: true`},
 		// 3 ranks holding 5 layers (4 + the MTP layer) between them.
 		{"dsv3-tp2pp2-to-pp3", "sm,self", []string{"--model", "dsv3", "--prefill-tp", "2", "--prefill-pp", "2", "--decode-pp", "3", "--page-order", "token-major"},
 			"per-layer sharded (prefill TP 2 x PP 2 -> decode TP 1 x PP 3, token-major pages)",
-			`decode: 3 ranks: 15 chunks \(0 not successful\), 630 pages verified, bytes equal: true, sessions complete: true`},
+			`decode: served 3 sessions on 3 ranks \(3 complete\): 15 chunks \(0 not successful\), 6 rooms complete, 630 pages verified, bytes equal: true`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			env := []string{"UCX_TLS=" + tc.tls}
-			dec := startCLI(t, env, append([]string{"decode", "--listen", "127.0.0.1:0", "--wait", "2m"}, tc.shard...)...)
+			dec := startCLI(t, env, append([]string{"decode", "--listen", "127.0.0.1:0", "--sessions", "1", "--wait", "2m"}, tc.shard...)...)
 			addr := dec.waitLine(t, listening, 30*time.Second)[1]
 			pre := startCLI(t, env, append([]string{"prefill", "--decode", addr, "--layers", "4", "--requests", "2",
 				"--prompt-tokens", "1000", "--chunk-tokens", "512", "--page-size", "16", "--group", "2"}, tc.shard...)...)
@@ -160,7 +160,7 @@ func TestTwoProcessSharded(t *testing.T) {
 // completes.
 func TestTwoProcessShardingMismatch(t *testing.T) {
 	env := []string{"UCX_TLS=tcp"}
-	dec := startCLI(t, env, "decode", "--listen", "127.0.0.1:0", "--wait", "2m", "--model", "llama70b", "--prefill-tp", "2", "--decode-tp", "2")
+	dec := startCLI(t, env, "decode", "--listen", "127.0.0.1:0", "--sessions", "1", "--wait", "2m", "--model", "llama70b", "--prefill-tp", "2", "--decode-tp", "2")
 	addr := dec.waitLine(t, listening, 30*time.Second)[1]
 	args := []string{"prefill", "--decode", addr, "--model", "llama70b", "--layers", "4", "--requests", "1",
 		"--prompt-tokens", "256", "--chunk-tokens", "256", "--page-size", "16", "--prefill-tp", "2"}
@@ -181,7 +181,7 @@ func TestTwoProcessShardingMismatch(t *testing.T) {
 // finish timeout, and exits non-zero; nothing hangs.
 func TestPeerKilledMidTransfer(t *testing.T) {
 	env := []string{"UCX_TLS=tcp"}
-	dec := startCLI(t, env, "decode", "--listen", "127.0.0.1:0", "--wait", "2m")
+	dec := startCLI(t, env, "decode", "--listen", "127.0.0.1:0", "--sessions", "1", "--wait", "2m")
 	addr := dec.waitLine(t, listening, 30*time.Second)[1]
 	pre := startCLI(t, env, "prefill", "--decode", addr, "--model", "small", "--requests", "4",
 		"--prompt-tokens", "8192", "--chunk-tokens", "1024", "--page-size", "16", "--layer-us-per-ktok", "5000",

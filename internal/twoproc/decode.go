@@ -19,44 +19,17 @@ import (
 // what every page must hold.
 const SeedKey = "kvstream-sim-seed"
 
-// DecodeSummary is what the sim's decode process reports when its session
-// ends; a sharded one's, every decode rank's session together (chunks,
-// failures and rooms counted per rank).
-type DecodeSummary struct {
-	decode.SessionReport
-	// Ranks is the decode ranks of a sharded decode process, 0 otherwise.
-	Ranks         int
-	VerifiedPages uint64
-	Mismatch      string
-	// Err says why the session is not complete (aborted, lost, a failed
-	// chunk), or nil.
-	Err error
-}
-
-// OK reports whether the session completed with every byte equal.
-func (s DecodeSummary) OK() bool { return s.Err == nil && s.Mismatch == "" && s.Complete }
-
-// String is the decode process's one summary line.
-func (s DecodeSummary) String() string {
-	line := fmt.Sprintf("decode: %d chunks (%d not successful), %d pages verified, bytes equal: %v, session complete: %v",
-		s.Chunks, s.Failed, s.VerifiedPages, s.Mismatch == "", s.Complete)
-	if s.Ranks > 0 {
-		line = fmt.Sprintf("decode: %d ranks: %d chunks (%d not successful), %d pages verified, bytes equal: %v, sessions complete: %v",
-			s.Ranks, s.Chunks, s.Failed, s.VerifiedPages, s.Mismatch == "", s.Complete)
-	}
-	if s.Mismatch != "" {
-		line += "; first mismatch: " + s.Mismatch
-	}
-	if s.Err != nil {
-		line += "; " + s.Err.Error()
-	}
-	return line
-}
-
 // Decode is the sim's decode process: a decode.Server whose pool is sized
-// by the first prefill and whose Verify checks the model's pattern.
+// by a prefill's Hello (and freed once no session holds it) and whose
+// Verify checks the model's pattern.
 type Decode struct {
 	Server *decode.Server
+	// DisconnectAfter, if positive, cuts a prefill off (Server.Disconnect)
+	// once it reported that many verified chunks: a test hook for a decode
+	// that really declared a prefill lost while it still writes
+	// (KVSTREAM_TEST_DISCONNECT_AFTER in kvstream decode).
+	DisconnectAfter int
+	chunks          int
 
 	mu       sync.Mutex
 	pool     *testbed.Pool
@@ -155,11 +128,16 @@ func (d *Decode) verify(ss *decode.Session, c decode.Chunk) error {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return checkChunk(d.pool, c, &d.verified, &d.mismatch,
+	err = checkChunk(d.pool, c, &d.verified, &d.mismatch,
 		func(want []byte, b, pos int) { testbed.Fill(want, seed, c.Room, b, pos) },
 		func(pos, page int, buffer string) string {
 			return fmt.Sprintf("room %d position %d (decode page %d) buffer %s: bytes differ", c.Room, pos, page, buffer)
 		})
+	if d.chunks++; d.DisconnectAfter > 0 && d.chunks == d.DisconnectAfter {
+		// Not on the server's actor, which runs this.
+		go func() { _ = d.Server.Disconnect(ss.Identity(), errors.New("cut off by KVSTREAM_TEST_DISCONNECT_AFTER")) }()
+	}
+	return err
 }
 
 // seedOf is the sim seed a session's prefill sent: what every page must
@@ -195,20 +173,10 @@ func checkChunk(pool *testbed.Pool, c decode.Chunk, verified *uint64, mismatch *
 	return nil
 }
 
-// Serve accepts the first prefill session and returns its summary once it
-// ended (the error is ctx's, when it ended first).
-func (d *Decode) Serve(ctx context.Context) (DecodeSummary, error) {
-	ss, err := d.Server.Accept(ctx)
-	if err != nil {
-		return DecodeSummary{}, err
-	}
-	rep, err := ss.Wait(ctx)
-	if ctx.Err() != nil && rep.Prefill == "" {
-		return DecodeSummary{}, err
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return DecodeSummary{SessionReport: rep, VerifiedPages: d.verified, Mismatch: d.mismatch, Err: err}, nil
+// Serve serves prefill sessions until ctx ends or cfg.Runs of them did
+// something, then drains (see ServeConfig); the caller closes.
+func (d *Decode) Serve(ctx context.Context, cfg ServeConfig) DecodeSummary {
+	return serve(ctx, []*decode.Server{d.Server}, cfg, d.Verified)
 }
 
 // Close closes the server, which frees the pool once no prefill can

@@ -217,78 +217,31 @@ func (r *decodeRank) check(seed uint64, c decode.Chunk) error {
 		})
 }
 
-// Serve accepts one prefill session per decode rank and returns their
-// summary, all ranks together, once every session ended. A session that
-// ends without completing ends the wait for the ranks that have none yet
-// (the prefill opens them all before it sends anything, so none is
-// coming). A prefill whose pairing disagrees with the flags is refused and
-// the wait goes on; ctx ends it, before any session.
-func (d *ShardedDecode) Serve(ctx context.Context) (DecodeSummary, error) {
-	acceptCtx, stopAccepting := context.WithCancel(ctx)
-	defer stopAccepting()
-	type ended struct {
-		rep     decode.SessionReport
-		err     error
-		session bool
+// Serve serves prefill runs (one session per decode rank each) until ctx
+// ends or cfg.Runs of them did something, then drains; the caller
+// closes. A prefill whose pairing disagrees with the flags is refused and
+// serving goes on.
+func (d *ShardedDecode) Serve(ctx context.Context, cfg ServeConfig) DecodeSummary {
+	srvs := make([]*decode.Server, len(d.ranks))
+	for i, r := range d.ranks {
+		srvs[i] = r.server
 	}
-	out := make(chan ended, len(d.ranks))
-	for _, r := range d.ranks {
-		go func() {
-			ss, err := r.server.Accept(acceptCtx)
-			if err != nil {
-				out <- ended{err: err}
-				return
-			}
-			rep, err := ss.Wait(ctx)
-			out <- ended{rep: rep, err: err, session: true}
-		}()
-	}
-	sum := DecodeSummary{Ranks: len(d.ranks)}
-	sum.Complete = true
-	sessions, missing := 0, 0
-	var noSession error
-	for got := 0; got < len(d.ranks); got++ {
-		e := <-out
-		if !e.session {
-			missing++
-			if noSession == nil {
-				noSession = e.err
-			}
-			continue
-		}
-		sessions++
-		if e.err != nil || !e.rep.Complete {
-			stopAccepting()
-		}
-		if sum.Prefill == "" {
-			sum.Prefill = e.rep.Prefill
-		}
-		sum.Chunks += e.rep.Chunks
-		sum.Failed += e.rep.Failed
-		sum.Rooms += e.rep.Rooms
-		sum.Complete = sum.Complete && e.rep.Complete
-		if e.err != nil && sum.Err == nil {
-			sum.Err = e.err
-		}
-	}
-	if sessions == 0 {
-		return DecodeSummary{}, noSession
-	}
-	if missing > 0 {
-		sum.Complete = false
-		if sum.Err == nil {
-			sum.Err = errors.Wrapf(noSession, "%d of %d decode ranks had no session", missing, len(d.ranks))
-		}
-	}
+	return serve(ctx, srvs, cfg, d.verified)
+}
+
+// verified adds up the ranks' checked pages; the first mismatch.
+func (d *ShardedDecode) verified() (uint64, string) {
+	var pages uint64
+	mismatch := ""
 	for _, r := range d.ranks {
 		r.mu.Lock()
-		sum.VerifiedPages += r.verified
-		if sum.Mismatch == "" {
-			sum.Mismatch = r.mismatch
+		pages += r.verified
+		if mismatch == "" {
+			mismatch = r.mismatch
 		}
 		r.mu.Unlock()
 	}
-	return sum, nil
+	return pages, mismatch
 }
 
 // Close closes every rank's server, each of which frees its pool once no

@@ -65,10 +65,7 @@ func newShardedRig(t *testing.T, flags workload.Shard) *shardedRig {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = d.Close(context.Background()) })
 	r := &shardedRig{ctx: ctx, node: node, preTr: preTr, out: make(chan served, 1), logs: logs}
-	go func() {
-		s, err := d.Serve(ctx)
-		r.out <- served{s, err}
-	}()
+	go func() { r.out <- served{s: d.Serve(ctx, oneRun)} }()
 	return r
 }
 
@@ -123,7 +120,7 @@ func TestShardedSessionsVerified(t *testing.T) {
 			require.NoError(t, byeErr)
 			assert.Zero(t, mr.Failed)
 			assert.Empty(t, mr.Aborted)
-			assert.True(t, s.OK(), "%s", s)
+			assert.True(t, s.Complete(), "%s", s)
 			assert.Equal(t, tc.ranks, s.Ranks)
 			assert.Equal(t, tc.pages, s.VerifiedPages)
 			assert.Equal(t, tc.ranks*tc.chunks, s.Chunks)
@@ -167,7 +164,7 @@ func TestShardedPairingMustAgree(t *testing.T) {
 			assert.Zero(t, mr.Failed)
 			s := <-r.out
 			require.NoError(t, s.err)
-			assert.True(t, s.s.OK(), "%s", s.s)
+			assert.True(t, s.s.Complete(), "%s", s.s)
 		})
 	}
 }
@@ -183,11 +180,7 @@ func TestShardingOnOneSideOnly(t *testing.T) {
 	require.NoError(t, err)
 	defer d.Close(context.Background())
 	served := make(chan DecodeSummary, 1)
-	go func() {
-		s, err := d.Serve(ctx)
-		assert.NoError(t, err)
-		served <- s
-	}()
+	go func() { served <- d.Serve(ctx, oneRun) }()
 	cfg := shardedCfg("llama70b", 4, 2, 0, 1, 0, reshard.HeadMajor)
 	p := NewPrefill(node, decode.DialConfig{Decode: node.Addr(), PageSize: cfg.PageSize}, preTr, cfg.PromptTokens)
 	_, err = workload.RunRemote(ctx, cfg, nil, p, true)
@@ -204,7 +197,7 @@ func TestShardingOnOneSideOnly(t *testing.T) {
 	assert.Zero(t, mr.Failed)
 	_, err = p.End(ctx, nil)
 	require.NoError(t, err)
-	assert.True(t, (<-served).OK())
+	assert.True(t, (<-served).Complete())
 }
 
 // TestRankCheckNamesTheWrongPage: a decode rank's check accepts exactly
@@ -248,36 +241,35 @@ func layoutOf(g testbed.Geometry) []decode.PrefillBuffer {
 	return out
 }
 
-// TestShardedServeEndsWithAFailedSession: a prefill that opened some
-// ranks' sessions and stopped early ends the decode process's wait at
-// once, not at its deadline, with the session's error and the ranks that
-// never had one.
-func TestShardedServeEndsWithAFailedSession(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+// TestShardedRunEndsWithAFailedSession: a prefill that opened every
+// rank's session and stopped early is a run that ended (not complete), so
+// a bounded decode process stops at once, not at its deadline; one that
+// serves until told goes on.
+func TestShardedRunEndsWithAFailedSession(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	decTr, _, node := loopbackPair(t)
 	pairing := workload.Shard{Model: "llama70b", Layers: 4, PrefillTP: 2, DecodeTP: 2, PageSize: 16, Scale: 8}
 	d, err := StartShardedDecode(node, decTr, workload.Shard{Model: "llama70b", PrefillTP: 2, DecodeTP: 2}, 64<<20, nil, nil)
 	require.NoError(t, err)
 	defer d.Close(context.Background())
-	served := make(chan error, 1)
-	var s DecodeSummary
-	go func() {
-		var err error
-		s, err = d.Serve(ctx)
-		served <- err
-	}()
+	served := make(chan DecodeSummary, 1)
+	go func() { served <- d.Serve(ctx, oneRun) }()
 
 	_, dec, err := pairing.Sides()
 	require.NoError(t, err)
-	p := NewPrefill(node, decode.DialConfig{Decode: node.Addr(), PageSize: 64}, decTr, 64)
-	_, _, err = p.OpenSharded(pairing, []workload.DecodeRank{{Geometry: workload.RankGeometry(&dec, 0, 8)}}, 1, nil)
+	p := NewPrefill(node, decode.DialConfig{Decode: node.Addr(), PageSize: 16}, decTr, 64)
+	ranks := []workload.DecodeRank{{Geometry: workload.RankGeometry(&dec, 0, 8)}, {Rank: reshard.Rank{TP: 1}, Geometry: workload.RankGeometry(&dec, 0, 8)}}
+	_, _, err = p.OpenSharded(pairing, ranks, 1, nil)
 	require.NoError(t, err)
+	// One chunk that failed, then the prefill stops early.
+	p.ChunkDone(workload.Notice{Room: 1, Start: 0, End: 16, Status: system.Failed, Err: errors.New("timeout"), Positions: []int{0}, DstPages: []int{0}})
 	_, err = p.End(ctx, errors.New("stopped before forward 1"))
 	assert.True(t, errors.Is(err, decode.ErrSessionAborted), "%v", err)
-	require.NoError(t, <-served)
-	require.NoError(t, ctx.Err(), "the wait ends with the session, not at ctx's deadline")
-	assert.False(t, s.OK())
-	assert.Equal(t, 2, s.Ranks)
-	assert.ErrorContains(t, s.Err, "stopped before forward 1")
+	s := <-served
+	require.NoError(t, ctx.Err(), "the run's end ends the serving, not ctx's deadline")
+	assert.False(t, s.Complete())
+	assert.Equal(t, 2, s.Sessions, "%s", s)
+	assert.Equal(t, 2, s.Outcomes["failed"], "%s", s)
+	assert.True(t, errors.Is(s.Err, decode.ErrChunkFailed), "%v", s.Err)
 }
