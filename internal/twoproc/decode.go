@@ -135,7 +135,9 @@ func (d *Decode) verify(ss *decode.Session, c decode.Chunk) error {
 		})
 	if d.chunks++; d.DisconnectAfter > 0 && d.chunks == d.DisconnectAfter {
 		// Not on the server's actor, which runs this.
-		go func() { _ = d.Server.Disconnect(ss.Identity(), errors.New("cut off by KVSTREAM_TEST_DISCONNECT_AFTER")) }()
+		go func() {
+			_ = d.Server.Disconnect(ss.Identity(), errors.New("cut off by KVSTREAM_TEST_DISCONNECT_AFTER"))
+		}()
 	}
 	return err
 }
