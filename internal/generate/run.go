@@ -63,8 +63,10 @@ type Report struct {
 	// reference's are the model's own, the prefill's first token is the
 	// model's, and every logit difference is within LogitTolerance.
 	TokensEqual bool `json:"tokens_equal"`
-	// FirstToken is the prefill's pick, fed to every decode.
-	FirstToken int `json:"first_token"`
+	// FirstToken is the prefill's pick, fed to every decode;
+	// ModelFirstToken the model's own.
+	FirstToken      int `json:"first_token"`
+	ModelFirstToken int `json:"model_first_token"`
 	// Tokens were decoded from the KV streamed per layer group.
 	Tokens []int `json:"tokens"`
 	// ReferenceTokens were decoded collocated from the prefill's own pools.
@@ -121,7 +123,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (*Report, error) {
 	rep := &Report{Model: cfg.Model.Name, PromptTokens: cfg.PromptTokens, NewTokens: cfg.NewTokens, ChunkTokens: cfg.ChunkTokens,
 		PageSize: cfg.PageSize, Group: cfg.GroupSize, CP: cfg.CP, PrefillTP: g.pre.TP, DecodeTP: g.dec.TP,
 		PrefillPP: g.pre.PP(), DecodePP: g.dec.PP(), PageOrder: cfg.PageOrder.String(), LinkGbps: cfg.LinkGbps,
-		LogitTolerance: tinylm.LogitTolerance, ModelTokens: model.Tokens(), BytesEqual: true, TokensEqual: true}
+		LogitTolerance: tinylm.LogitTolerance, ModelTokens: model.Tokens(), ModelFirstToken: modelFirst.Token, BytesEqual: true, TokensEqual: true}
 	if cfg.Plant != NoPlant {
 		rep.Plant = cfg.Plant.String()
 	}
@@ -180,7 +182,7 @@ func (r *Report) Text(w io.Writer) {
 	if r.Plant != "" {
 		fmt.Fprintf(w, "planted bug: %s\n", r.Plant)
 	}
-	fmt.Fprintf(w, "first token (prefill): %d\n", r.FirstToken)
+	fmt.Fprintf(w, "first token: %d from the prefill, %d from the model\n", r.FirstToken, r.ModelFirstToken)
 	row := func(name string, toks []int) { fmt.Fprintf(w, "%-28s %s\n", name, ints(toks)) }
 	row("tokens (per layer)", r.Tokens)
 	if r.Monolithic != nil {
