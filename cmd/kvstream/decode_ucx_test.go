@@ -3,6 +3,8 @@
 package main
 
 import (
+	"net"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -84,4 +86,57 @@ func TestUCXPrefillCutOffWhileWriting(t *testing.T) {
 			require.Error(t, decErr)
 		})
 	}
+}
+
+// TestUCXPrefillSaysWhy: every way a prefill fails to open its session
+// with a decode process is an error that says what happened, in seconds:
+// nothing listening, TLS on one side only, a decode certificate without
+// --decode-name, a prefill the decode does not serve. A prefill started
+// before its decode (--connect-timeout) gets its session once the decode
+// listens, and completes byte-equal.
+func TestUCXPrefillSaysWhy(t *testing.T) {
+	dir := devCerts(t)
+	env := []string{"UCX_TLS=tcp"}
+	oneRequest := []string{"--model", "small", "--requests", "1", "--prompt-tokens", "512", "--chunk-tokens", "512", "--page-size", "16"}
+	free := func() string {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		defer l.Close()
+		return l.Addr().String()
+	}
+	fails := func(want string, args ...string) {
+		t.Helper()
+		pre := startCLI(t, env, append(append([]string{"prefill"}, args...), oneRequest...)...)
+		start := time.Now()
+		require.Error(t, pre.wait(t, time.Minute), "prefill:\n%s\n%s", pre.out(), pre.errOut())
+		assert.Contains(t, pre.errOut(), want)
+		assert.NotContains(t, pre.errOut(), "future: timeout", "a refusal is an answer, not a timeout")
+		t.Logf("%q after %v", want, time.Since(start).Round(time.Millisecond))
+	}
+	fails("nothing listening at", "--decode", free(), "--connect-timeout", "0")
+
+	dec := startCLI(t, env, "decode", "--listen", "127.0.0.1:0", "--tls-dir", dir, "--prefill-name", "prefill", "--sessions", "1", "--wait", "3m")
+	addr := dec.waitLine(t, listening, 30*time.Second)[1]
+	fails("speaks TLS, and this node runs in the clear", "--decode", addr)
+	fails(`presented a certificate for "decode", not "decode-x"`, "--decode", addr, "--tls-dir", dir, "--decode-name", "decode-x")
+	fails(`peer "rogue" is not a prefill this decode server serves`, "--decode", addr, "--tls-ca", filepath.Join(dir, "ca.pem"),
+		"--tls-cert", filepath.Join(dir, "rogue.pem"), "--tls-key", filepath.Join(dir, "rogue.key"))
+	pre := startCLI(t, env, append([]string{"prefill", "--decode", addr, "--tls-dir", dir}, oneRequest...)...)
+	requireServedOnce(t, dec, pre)
+
+	// The prefill first, the decode a moment later on the address it dials.
+	later := free()
+	pre = startCLI(t, env, append([]string{"prefill", "--decode", later, "--connect-timeout", "1m"}, oneRequest...)...)
+	time.Sleep(500 * time.Millisecond)
+	dec = startCLI(t, env, "decode", "--listen", later, "--sessions", "1", "--wait", "3m")
+	requireServedOnce(t, dec, pre)
+}
+
+// requireServedOnce: the prefill and the decode both exit 0, bytes equal.
+func requireServedOnce(t *testing.T, dec, pre *cli) {
+	t.Helper()
+	require.NoError(t, pre.wait(t, 2*time.Minute), "prefill:\n%s\n%s", pre.out(), pre.errOut())
+	require.NoError(t, dec.wait(t, time.Minute), "decode:\n%s\n%s", dec.out(), dec.errOut())
+	assert.Contains(t, pre.out(), "bytes equal: true")
+	assert.Regexp(t, `decode: served 1 sessions \(1 complete\)`, dec.out())
 }

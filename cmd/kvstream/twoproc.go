@@ -208,6 +208,7 @@ func newPrefill() *cobra.Command {
 	f := &simFlags{cfg: workload.Defaults()}
 	var nf netFlags
 	var decodeAddr, decodeName, transport string
+	var connect time.Duration
 	var monolithic bool
 	cmd := &cobra.Command{
 		Use:   "prefill",
@@ -244,6 +245,9 @@ its chunks fail without waiting for the finish timeout.`,
 			if decodeName == "" {
 				return errors.New("--decode-name is empty: the name the decode's certificate carries")
 			}
+			if connect < 0 {
+				return errors.Newf("--connect-timeout %v: must not be negative", connect)
+			}
 			tlsm, err := nf.check("prefill")
 			if err != nil {
 				return err
@@ -256,7 +260,7 @@ its chunks fail without waiting for the finish timeout.`,
 			}
 			defer pl.close(&err)
 			node, tr := pl.node, pl.tr
-			plane := twoproc.NewPrefill(node, decode.DialConfig{Decode: decodeAddr, DecodeName: decodeName, PageSize: cfg.PageSize}, tr, cfg.PromptTokens)
+			plane := twoproc.NewPrefill(node, decode.DialConfig{Decode: decodeAddr, DecodeName: decodeName, PageSize: cfg.PageSize, ConnectTimeout: connect}, tr, cfg.PromptTokens)
 			// The decode process is this transport's only peer: once it is
 			// lost (its connection, or its heartbeats: a hung process keeps
 			// its connections open and completes nothing), closing the
@@ -324,6 +328,7 @@ its chunks fail without waiting for the finish timeout.`,
 	addShardFlags(fl, &f.cfg, &f.pageOrder)
 	fl.StringVar(&decodeAddr, "decode", "127.0.0.1:9100", "the decode process's control-plane address (what it advertises)")
 	fl.StringVar(&decodeName, "decode-name", decode.DefaultDecodeName, "with TLS: the name the decode process's certificate must carry")
+	fl.DurationVar(&connect, "connect-timeout", 10*time.Second, "keep trying a decode process that is not up yet (or busy) this long, with backoff (0: one attempt)")
 	addNetFlags(fl, &nf, "prefill", "127.0.0.1:0")
 	fl.StringVar(&transport, "transport", "ucx", "data transport: ucx")
 	fl.BoolVar(&monolithic, "monolithic", false, "send monolithically after each forward instead of per layer")
