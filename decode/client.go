@@ -416,7 +416,7 @@ func (c *Client) peerLost(err error) {
 	c.lost = err
 	fs := c.onLost
 	c.mu.Unlock()
-	c.cfg.Log.Warn("decode server lost", zap.String("decode", c.cfg.Decode), zap.Error(err))
+	c.cfg.Log.Warn("decode server lost", zap.String("decode", c.cfg.Decode), zap.String("error", err.Error()))
 	for _, f := range fs {
 		f(public(err))
 	}

@@ -14,8 +14,6 @@ import (
 	"github.com/kvstream/kvstream/internal/tinylm"
 	"github.com/kvstream/kvstream/system"
 	"github.com/spf13/cobra"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 )
 
 type generateFlags struct {
@@ -114,11 +112,7 @@ func runGenerate(cmd *cobra.Command, f *generateFlags) error {
 	if err != nil {
 		return err
 	}
-	level := zap.WarnLevel
-	if f.verbose {
-		level = zap.DebugLevel
-	}
-	log := zap.New(zapcore.NewCore(zapcore.NewConsoleEncoder(zap.NewDevelopmentEncoderConfig()), zapcore.Lock(os.Stderr), level))
+	log := cliLogger(f.verbose)
 	defer log.Sync() //nolint:errcheck
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()

@@ -16,16 +16,7 @@ import (
 	"github.com/kvstream/kvstream/internal/workload"
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 )
-
-func cliLogger(verbose bool) *zap.Logger {
-	level := zap.WarnLevel
-	if verbose {
-		level = zap.DebugLevel
-	}
-	return zap.New(zapcore.NewCore(zapcore.NewConsoleEncoder(zap.NewDevelopmentEncoderConfig()), zapcore.Lock(os.Stderr), level))
-}
 
 // closeWithin runs a Close that takes a context, bounded for a command
 // that is exiting, and adds its error to *err: a failed Close fails the
