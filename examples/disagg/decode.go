@@ -51,7 +51,9 @@ func decodeLoop(ctx context.Context, node *decode.Node, fabric *loopback.Fabric,
 		n := (prompt + pageSize - 1) / pageSize
 		pages := free[:n:n]
 		free = free[n:]
-		if err := srv.Expect(r, pages); err != nil {
+		// Only the prefill this request is routed to may report the room
+		// (its certificate name with TLS; its name in the clear).
+		if err := srv.ExpectFrom(r, pages, "prefill-0"); err != nil {
 			return err
 		}
 		rooms = append(rooms, route{room: r, pages: pages})
