@@ -3,7 +3,9 @@ package launch
 import (
 	"context"
 	"io"
+	"maps"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +14,7 @@ import (
 	"github.com/kvstream/kvstream/cp"
 	"github.com/kvstream/kvstream/decode"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
+	"github.com/kvstream/kvstream/internal/metricsdoc"
 	"github.com/kvstream/kvstream/internal/service"
 	"github.com/kvstream/kvstream/internal/workload"
 	"github.com/stretchr/testify/assert"
@@ -180,6 +183,23 @@ func TestNodesServeAndDrain(t *testing.T) {
 	code, body = httpGet(t, r.decOps.Addr(), "/readyz")
 	assert.Equal(t, http.StatusServiceUnavailable, code)
 	assert.Contains(t, body, "[-]draining")
+
+	// docs/OBSERVABILITY.md lists exactly what the three processes serve.
+	upOps, err := service.Start(service.Config{Addr: "127.0.0.1:0"})
+	require.NoError(t, err)
+	defer upOps.Close(context.Background())
+	_, err = newUpMetrics(upOps.Registerer())
+	require.NoError(t, err)
+	doc, err := metricsdoc.Doc(filepath.Join("..", "..", "docs", "OBSERVABILITY.md"), "The cluster's processes")
+	require.NoError(t, err)
+	served := map[string]metricsdoc.Metric{}
+	for _, ops := range []*service.Ops{r.decOps, r.rkOps, upOps} {
+		_, body := httpGet(t, ops.Addr(), "/metrics")
+		s, err := metricsdoc.Scrape(body)
+		require.NoError(t, err)
+		maps.Copy(served, s)
+	}
+	assert.Empty(t, metricsdoc.Compare(doc, served, []string{"kvstream_up_", "kvstream_node_"}))
 }
 
 type errorString string
