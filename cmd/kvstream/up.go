@@ -136,13 +136,16 @@ func runUp(cmd *cobra.Command, f *upFlags) error {
 	if err := lc.Check(); err != nil {
 		return err
 	}
-	if err := crossProcessTransport(f.transport); err != nil {
-		return err
-	}
 	if _, err := f.hb.heartbeatConfig(); err != nil {
 		return err
 	}
+	if f.ops.drain <= 0 {
+		return errors.Newf("--drain-timeout %v: must be positive", f.ops.drain)
+	}
 	if lc.EtcdTLS, lc.EtcdServer, err = f.cluster.tls(len(lc.Etcd) == 0); err != nil {
+		return err
+	}
+	if err := crossProcessTransport(f.transport); err != nil {
 		return err
 	}
 	log := cliLogger(f.sim.verbose)
