@@ -394,10 +394,10 @@ func (u *up) exited(ev ChildEvent) {
 		u.book.rankExited(ev.Rank)
 	}
 	if u.inj.restart(ev.ID, u.sup.Stopping()) {
-		u.note("%s restarted after the fault", ev.ID)
+		u.inj.note("%s restarted after the fault", ev.ID)
 		u.m.restarts.Inc()
 		if err := u.sup.Restart(ev.ID); err != nil {
-			u.note("restart %s: %v", ev.ID, err)
+			u.inj.note("restart %s: %v", ev.ID, err)
 		}
 	}
 }
