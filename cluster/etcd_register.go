@@ -250,7 +250,10 @@ func (r *etcdReg) keep(lease clientv3.LeaseID) {
 		if r.ctx.Err() != nil {
 			return
 		}
-		log.Warn("cluster: keep-alive ended; renewing or registering again", zap.Int64("lease", int64(lease)), warnErr(err))
+		// Expected on a loaded host or while etcd restarts: said at DEBUG
+		// unless the member actually left (its lease expired) or etcd
+		// stays away.
+		log.Debug("cluster: keep-alive ended; renewing or registering again", zap.Int64("lease", int64(lease)), zap.Error(err))
 		failures := 0
 		for {
 			select {
@@ -262,7 +265,7 @@ func (r *etcdReg) keep(lease clientv3.LeaseID) {
 			var alive bool
 			alive, err = r.p.renewOnce(r.ctx, lease)
 			if alive {
-				log.Info("cluster: lease renewed", zap.Int64("lease", int64(lease)))
+				log.Debug("cluster: lease renewed", zap.Int64("lease", int64(lease)))
 				break
 			}
 			if err == nil {
@@ -273,7 +276,9 @@ func (r *etcdReg) keep(lease clientv3.LeaseID) {
 					r.mu.Lock()
 					r.lease = lease
 					r.mu.Unlock()
-					log.Info("cluster: registered again", zap.Int64("lease", int64(lease)))
+					// Watchers saw the member leave and come back.
+					log.Warn("cluster: the lease expired (no keep-alive answered within the TTL): registered again",
+						zap.Int64("lease", int64(lease)), zap.Duration("ttl", r.p.cfg.TTL))
 					break
 				}
 			}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/cluster"
 	"github.com/kvstream/kvstream/internal/launch"
 	"github.com/kvstream/kvstream/internal/workload"
 	"github.com/spf13/cobra"
@@ -80,7 +81,7 @@ the ranks' link is real.`,
 	fl.BoolVar(&f.jsonOut, "json", false, "print the report as one JSON object")
 	fl.BoolVar(&f.sim.verbose, "verbose", false, "log at DEBUG")
 	f.cluster.add(fl, true)
-	fl.DurationVar(&f.memberTTL, "member-ttl", 2*time.Second, "the members' lease TTL: how long a killed node stays listed")
+	fl.DurationVar(&f.memberTTL, "member-ttl", cluster.DefaultTTL, "the members' lease TTL: how long a killed node stays listed (and how long a starved one may go without renewing it)")
 	f.ops.add(fl)
 	fl.DurationVar(&f.hb.heartbeat, "heartbeat", defaultHeartbeat, "every node declares a peer lost when it answered no heartbeat for this long (0: off)")
 	fl.DurationVar(&f.hb.hbInterval, "heartbeat-interval", 0, "time between the nodes' heartbeats (0: a seventh of --heartbeat)")

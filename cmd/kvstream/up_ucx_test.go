@@ -83,7 +83,7 @@ func TestUCXClusterUp(t *testing.T) {
 
 // faultArgs make batches long enough to be hit mid-transfer.
 var faultArgs = []string{"--requests", "2", "--prompt-tokens", "4096", "--chunk-tokens", "512",
-	"--layer-us-per-ktok", "2000", "--finish-timeout", "3s"}
+	"--layer-us-per-ktok", "2000", "--finish-timeout", "3s", "--member-ttl", "2s"}
 
 // TestUCXClusterDecodeKilled: kill -9 one decode instance mid-batch. Every
 // rank fails its chunks to it within the finish timeout, the other
