@@ -205,8 +205,10 @@ func (k *rank) session(ctx context.Context, dec string, geom testbed.Geometry) (
 	if err != nil {
 		return nil, err
 	}
-	c, err := decode.Dial(ctx, k.node, decode.DialConfig{Decode: m.Addr, DecodeName: k.decodeName, Buffers: twoproc.LayoutOf(geom), Name: k.id, Log: k.log,
-		Metadata: map[string]string{twoproc.SeedKey: strconv.FormatUint(k.cfg.Seed, 10), decode.RankKey: strconv.Itoa(k.cfg.CP.Rank)}})
+	c, err := saying(k.out, k.id, fmt.Sprintf("a session with decode instance %s at %s", dec, m.Addr), func() (*decode.Client, error) {
+		return decode.Dial(ctx, k.node, decode.DialConfig{Decode: m.Addr, DecodeName: k.decodeName, Buffers: twoproc.LayoutOf(geom), Name: k.id, Log: k.log,
+			Metadata: map[string]string{twoproc.SeedKey: strconv.FormatUint(k.cfg.Seed, 10), decode.RankKey: strconv.Itoa(k.cfg.CP.Rank)}})
+	})
 	if err != nil {
 		return nil, errors.Wrapf(err, "session with decode instance %s at %s", dec, m.Addr)
 	}
