@@ -184,10 +184,10 @@ type relRoom struct {
 	// registered is when each chunk's registration began: with its
 	// return, the interval the stall probe is asked about.
 	registered []time.Time
-	mode     system.Mode
-	window   int // first decode page of the room
-	peerIDs  []string
-	peerRefs []*relPeer
+	mode       system.Mode
+	window     int // first decode page of the room
+	peerIDs    []string
+	peerRefs   []*relPeer
 }
 
 // chunkRef is chunk k of a room (forward k of its scenario writes it).

@@ -14,7 +14,7 @@ import (
 // itself could not run is the machine's, not the engine's.
 type stallProbe struct {
 	mu     sync.Mutex
-	stalls []stall    // in time order
+	stalls []stall   // in time order
 	last   time.Time // the latest tick
 	stop   chan struct{}
 	done   chan struct{}
