@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/url"
 	"slices"
 	"strings"
@@ -33,6 +34,10 @@ type Etcd struct {
 	mu     sync.Mutex
 	closed bool
 	regs   map[*etcdReg]struct{}
+	// warned holds the records already reported as ignored (key and
+	// revision), so that a forged record is logged once, not at every
+	// listing; bounded.
+	warned map[string]int64
 }
 
 var _ Provider = (*Etcd)(nil)
@@ -47,6 +52,9 @@ func NewEtcd(cfg Config) (*Etcd, error) {
 	for _, ep := range cfg.Endpoints {
 		if err := validateEndpoint(ep); err != nil {
 			return nil, err
+		}
+		if cfg.TLS != nil && strings.HasPrefix(ep, "http://") {
+			return nil, errors.Mark(errors.Newf("etcd endpoint %q: TLS is configured, so the endpoint is https://", ep), ErrInvalid)
 		}
 	}
 	if err := validatePrefix(cfg.Prefix); err != nil {
@@ -74,6 +82,7 @@ func NewEtcd(cfg Config) (*Etcd, error) {
 		ctx:    ctx,
 		cancel: cancel,
 		regs:   map[*etcdReg]struct{}{},
+		warned: map[string]int64{},
 	}
 	// A wrong address or a stopped etcd shows now, not at the first
 	// registration.
@@ -206,7 +215,89 @@ func (p *Etcd) Lookup(ctx context.Context, role Role, id string) (Member, error)
 	if len(resp.Kvs) == 0 {
 		return Member{}, errors.Mark(errors.Newf("lookup %s %q: not registered", role, id), ErrNotFound)
 	}
-	return p.decode(key, resp.Kvs[0].Value)
+	kv := resp.Kvs[0]
+	m, err := p.decode(key, kv.Value)
+	if err != nil {
+		return Member{}, err
+	}
+	live, err := p.liveLeases(octx, []int64{kv.Lease})
+	if err != nil {
+		return Member{}, p.callErr(ctx, err, "lookup %s %q: its lease", role, id)
+	}
+	if why := unearned(kv.Lease, live); why != "" {
+		p.ignored(key, kv.ModRevision, why)
+		return Member{}, errors.Mark(errors.Newf("lookup %s %q: the record at %q is not a member's: %s", role, id, key, why), ErrNotFound)
+	}
+	return m, nil
+}
+
+// unearned says why a record whose key is attached to lease is not a
+// live member's ("" when it is): a member registers under a lease that
+// its process keeps alive, so a record without one was written by
+// someone else, and one whose lease is gone outlived its member.
+func unearned(lease int64, live map[int64]bool) string {
+	switch {
+	case lease == 0:
+		return "it has no lease (members register under one; anyone who can write to etcd can forge a record)"
+	case !live[lease]:
+		return fmt.Sprintf("its lease %x is gone", lease)
+	}
+	return ""
+}
+
+// liveLeases says which of ids (0 ignored) are leases etcd still holds:
+// one call listing every lease, or, where that is refused (etcd's
+// authentication may forbid it), one TimeToLive per lease.
+func (p *Etcd) liveLeases(ctx context.Context, ids []int64) (map[int64]bool, error) {
+	live := map[int64]bool{}
+	want := 0
+	for _, id := range ids {
+		if id != 0 {
+			want++
+		}
+	}
+	if want == 0 {
+		return live, nil
+	}
+	if resp, err := p.cli.Leases(ctx); err == nil {
+		for _, l := range resp.Leases {
+			live[int64(l.ID)] = true
+		}
+		return live, nil
+	} else if isUnreachable(err) {
+		return nil, err
+	}
+	for _, id := range ids {
+		if id == 0 || live[id] {
+			continue
+		}
+		resp, err := p.cli.TimeToLive(ctx, clientv3.LeaseID(id))
+		switch {
+		case err == nil:
+			live[id] = resp.TTL > 0
+		case isLeaseGone(err):
+		default:
+			return nil, err
+		}
+	}
+	return live, nil
+}
+
+// ignored logs, once per record version, a record that is not taken as a
+// member.
+func (p *Etcd) ignored(key string, rev int64, why string) {
+	p.mu.Lock()
+	seen := p.warned[key] == rev
+	if !seen {
+		if len(p.warned) >= 1024 {
+			clear(p.warned)
+		}
+		p.warned[key] = rev
+	}
+	p.mu.Unlock()
+	if !seen {
+		p.log.Warn("cluster: ignoring a member record", zap.String("key", key), zap.Int64("revision", rev), zap.String("why", why))
+	}
 }
 
 // List implements Provider. A record that does not parse is skipped with a
@@ -229,11 +320,23 @@ func (p *Etcd) list(ctx context.Context, role Role) ([]Member, int64, error) {
 	if err != nil {
 		return nil, 0, p.callErr(ctx, err, "list %s", role)
 	}
+	leases := make([]int64, 0, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		leases = append(leases, kv.Lease)
+	}
+	live, err := p.liveLeases(octx, leases)
+	if err != nil {
+		return nil, 0, p.callErr(ctx, err, "list %s: their leases", role)
+	}
 	out := make([]Member, 0, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
 		m, err := p.decode(string(kv.Key), kv.Value)
 		if err != nil {
-			p.log.Warn("cluster: skipping a member record", zap.Error(err))
+			p.ignored(string(kv.Key), kv.ModRevision, err.Error())
+			continue
+		}
+		if why := unearned(kv.Lease, live); why != "" {
+			p.ignored(string(kv.Key), kv.ModRevision, why)
 			continue
 		}
 		out = append(out, m)
@@ -285,4 +388,15 @@ func (p *Etcd) Close() error {
 		return errors.Wrap(cerr, "close etcd client")
 	}
 	return nil
+}
+
+// warnErr is an error for a WARN line: its message only. zap.Error of a
+// cockroachdb error adds its stack trace (errorVerbose), which an
+// expected event (etcd away, a lease lost) does not need; DEBUG lines keep
+// it.
+func warnErr(err error) zap.Field {
+	if err == nil {
+		return zap.Skip()
+	}
+	return zap.String("error", err.Error())
 }

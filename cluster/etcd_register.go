@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"sync"
 	"time"
 
@@ -110,7 +111,14 @@ func (p *Etcd) acquire(ctx context.Context, r *etcdReg) (clientv3.LeaseID, error
 		if deadline.IsZero() {
 			// etcd reports whole seconds, and revokes expired leases in
 			// a periodic sweep through raft: allow a second for each.
-			deadline = time.Now().Add(p.holderTTL(ctx, h.lease) + 2*time.Second)
+			left := p.holderTTL(ctx, h.lease)
+			deadline = time.Now().Add(left + 2*time.Second)
+			if h.lease != 0 {
+				// Said once: a restart commonly finds its predecessor's
+				// lease still there.
+				p.log.Warn("cluster: waiting for the holder's lease to expire before registering",
+					zap.String("role", string(r.m.Role)), zap.String("id", r.m.ID), zap.Duration("up_to", left+2*time.Second), zap.String("holder", err.Error()))
+			}
 		}
 		if time.Now().After(deadline) {
 			return 0, err
@@ -124,8 +132,11 @@ func (p *Etcd) acquire(ctx context.Context, r *etcdReg) (clientv3.LeaseID, error
 	}
 }
 
-// tryCreate makes one attempt; when the key is taken it returns the
-// holder's record with an error marked ErrConflict.
+// tryCreate makes one attempt; when the key is taken by a live member it
+// returns the holder's record with an error marked ErrConflict that names
+// both. A record that no live lease holds (written without a lease, or
+// left by a lease that is gone) is not a member's: it is replaced, and
+// logged.
 func (p *Etcd) tryCreate(ctx context.Context, r *etcdReg) (clientv3.LeaseID, *holder, error) {
 	octx, cancel := p.opCtx(ctx)
 	defer cancel()
@@ -141,21 +152,47 @@ func (p *Etcd) tryCreate(ctx context.Context, r *etcdReg) (clientv3.LeaseID, *ho
 	if err == nil && resp.Succeeded {
 		return g.ID, nil, nil
 	}
-	// The lease holds nothing: do not leave it to its TTL.
-	_ = p.revoke(g.ID)
 	if err != nil {
+		_ = p.revoke(g.ID)
 		return 0, nil, p.callErr(ctx, err, "register %s %q", r.m.Role, r.m.ID)
 	}
 	kvs := resp.Responses[0].GetResponseRange().Kvs
 	if len(kvs) == 0 {
 		// Deleted between the compare and the get: retry at once.
+		_ = p.revoke(g.ID)
 		return 0, &holder{}, errors.Mark(errors.Newf("register %s %q: key changed during registration", r.m.Role, r.m.ID), ErrConflict)
 	}
-	addr := "?"
-	if m, derr := p.decode(r.key, kvs[0].Value); derr == nil {
-		addr = m.Addr
+	kv := kvs[0]
+	held := fmt.Sprintf("a record without a parsable member (revision %d)", kv.ModRevision)
+	if m, derr := p.decode(r.key, kv.Value); derr == nil {
+		held = fmt.Sprintf("%s %q at %s", m.Role, m.ID, m.Addr)
 	}
-	return 0, &holder{lease: clientv3.LeaseID(kvs[0].Lease)}, errors.Mark(errors.Newf("register %s %q: already registered at %s by a live member (lease %x)", r.m.Role, r.m.ID, addr, kvs[0].Lease), ErrConflict)
+	live, lerr := p.liveLeases(octx, []int64{kv.Lease})
+	if lerr == nil {
+		if why := unearned(kv.Lease, live); why != "" {
+			// Not a member: take the key over, if it is still that
+			// record.
+			p.ignored(r.key, kv.ModRevision, why)
+			tr, terr := p.cli.Txn(octx).
+				If(clientv3.Compare(clientv3.ModRevision(r.key), "=", kv.ModRevision)).
+				Then(clientv3.OpPut(r.key, r.val, clientv3.WithLease(g.ID))).
+				Commit()
+			if terr == nil && tr.Succeeded {
+				p.log.Warn("cluster: registered over a record that was not a member's",
+					zap.String("key", r.key), zap.String("replaced", held), zap.String("why", why), zap.String("addr", r.m.Addr))
+				return g.ID, nil, nil
+			}
+			_ = p.revoke(g.ID)
+			if terr != nil {
+				return 0, nil, p.callErr(ctx, terr, "register %s %q", r.m.Role, r.m.ID)
+			}
+			return 0, &holder{}, errors.Mark(errors.Newf("register %s %q: key changed during registration", r.m.Role, r.m.ID), ErrConflict)
+		}
+	}
+	// The lease holds nothing: do not leave it to its TTL.
+	_ = p.revoke(g.ID)
+	return 0, &holder{lease: clientv3.LeaseID(kv.Lease)}, errors.Mark(errors.Newf("register %s %q at %s: the identity is held by %s, a live member (lease %x)",
+		r.m.Role, r.m.ID, r.m.Addr, held, kv.Lease), ErrConflict)
 }
 
 // holder is the part of a conflicting record acquire needs.
@@ -213,7 +250,10 @@ func (r *etcdReg) keep(lease clientv3.LeaseID) {
 		if r.ctx.Err() != nil {
 			return
 		}
-		log.Warn("cluster: keep-alive ended; renewing or registering again", zap.Int64("lease", int64(lease)), zap.Error(err))
+		// Expected on a loaded host or while etcd restarts: said at DEBUG
+		// unless the member actually left (its lease expired) or etcd
+		// stays away.
+		log.Debug("cluster: keep-alive ended; renewing or registering again", zap.Int64("lease", int64(lease)), zap.Error(err))
 		failures := 0
 		for {
 			select {
@@ -225,7 +265,7 @@ func (r *etcdReg) keep(lease clientv3.LeaseID) {
 			var alive bool
 			alive, err = r.p.renewOnce(r.ctx, lease)
 			if alive {
-				log.Info("cluster: lease renewed", zap.Int64("lease", int64(lease)))
+				log.Debug("cluster: lease renewed", zap.Int64("lease", int64(lease)))
 				break
 			}
 			if err == nil {
@@ -236,7 +276,9 @@ func (r *etcdReg) keep(lease clientv3.LeaseID) {
 					r.mu.Lock()
 					r.lease = lease
 					r.mu.Unlock()
-					log.Info("cluster: registered again", zap.Int64("lease", int64(lease)))
+					// Watchers saw the member leave and come back.
+					log.Warn("cluster: the lease expired (no keep-alive answered within the TTL): registered again",
+						zap.Int64("lease", int64(lease)), zap.Duration("ttl", r.p.cfg.TTL))
 					break
 				}
 			}
@@ -244,14 +286,14 @@ func (r *etcdReg) keep(lease clientv3.LeaseID) {
 				return
 			}
 			if errors.Is(err, ErrConflict) {
-				log.Warn("cluster: registration ended: identity taken while the lease was lost", zap.Error(err))
+				log.Warn("cluster: registration ended: identity taken while the lease was lost", warnErr(err))
 				r.end(err)
 				return
 			}
 			// One WARN per outage; the retries are DEBUG.
 			failures++
 			if failures == 1 {
-				log.Warn("cluster: registering again failed; retrying until etcd answers", zap.Error(err))
+				log.Warn("cluster: registering again failed; retrying until etcd answers", warnErr(err))
 			} else {
 				log.Debug("cluster: registering again failed", zap.Int("attempt", failures), zap.Error(err))
 			}
@@ -286,7 +328,7 @@ func (r *etcdReg) Close() error {
 		r.mu.Unlock()
 		if err := r.p.revoke(lease); err != nil {
 			r.p.log.Warn("cluster: revoking a lease failed; the member leaves when its TTL runs out",
-				zap.String("role", string(r.m.Role)), zap.String("id", r.m.ID), zap.Error(err))
+				zap.String("role", string(r.m.Role)), zap.String("id", r.m.ID), warnErr(err))
 			r.closeErr = errors.Wrapf(err, "close %s %q", r.m.Role, r.m.ID)
 		}
 		r.p.mu.Lock()

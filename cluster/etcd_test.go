@@ -221,7 +221,8 @@ func TestEtcdLiveDuplicateFails(t *testing.T) {
 	start := time.Now()
 	_, err = claimer.Register(ctx, decode("decode-1", "127.0.0.1:9002"))
 	requireIs(t, err, cluster.ErrConflict)
-	require.ErrorContains(t, err, "already registered at 127.0.0.1:9001")
+	// Both members: the claimer and the holder.
+	require.ErrorContains(t, err, `register decode "decode-1" at 127.0.0.1:9002: the identity is held by decode "decode-1" at 127.0.0.1:9001, a live member`)
 	require.Less(t, time.Since(start), 2*time.Second+5*time.Second)
 	m, err := claimer.Lookup(ctx, cluster.RoleDecode, "decode-1")
 	require.NoError(t, err)

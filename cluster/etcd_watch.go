@@ -125,7 +125,7 @@ func (w *etcdWatch) run(rev int64) {
 			}
 			failures++
 			if failures == 1 {
-				log.Warn("cluster: listing for a watch failed; retrying until etcd answers", zap.Error(err))
+				log.Warn("cluster: listing for a watch failed; retrying until etcd answers", warnErr(err))
 			}
 			select {
 			case <-w.ctx.Done():
@@ -144,7 +144,7 @@ func (w *etcdWatch) consume(wch clientv3.WatchChan, prefix string, rev *int64, l
 	for wr := range wch {
 		if err := wr.Err(); err != nil {
 			if w.ctx.Err() == nil {
-				log.Warn("cluster: watch interrupted; listing again", zap.Error(err))
+				log.Warn("cluster: watch interrupted; listing again", warnErr(err))
 			}
 			break
 		}
@@ -153,10 +153,14 @@ func (w *etcdWatch) consume(wch clientv3.WatchChan, prefix string, rev *int64, l
 			switch ev.Type {
 			case clientv3.EventTypePut:
 				m, err := w.p.decode(string(ev.Kv.Key), ev.Kv.Value)
+				if err == nil {
+					err = w.earned(ev.Kv.Lease)
+				}
 				if err != nil {
-					// A record that no longer parses is no longer a
-					// member a caller can use.
-					log.Warn("cluster: skipping a member record", zap.Error(err))
+					// A record that no longer parses, or that no live
+					// lease holds, is no longer a member a caller can
+					// use.
+					w.p.ignored(string(ev.Kv.Key), ev.Kv.ModRevision, err.Error())
 					if old, ok := w.known[id]; ok {
 						delete(w.known, id)
 						if !w.emit(Left, old) {
@@ -186,4 +190,25 @@ func (w *etcdWatch) consume(wch clientv3.WatchChan, prefix string, rev *int64, l
 		*rev = wr.Header.Revision
 	}
 	return true
+}
+
+// earned checks that a record just put is attached to a live lease (one
+// call per put: members change rarely).
+func (w *etcdWatch) earned(lease int64) error {
+	if lease == 0 {
+		return errors.New(unearned(0, nil))
+	}
+	ctx, cancel := w.p.opCtx(w.ctx)
+	defer cancel()
+	live, err := w.p.liveLeases(ctx, []int64{lease})
+	if err != nil {
+		// etcd just delivered the put: a failure to check now is
+		// transient, and a record with a lease is taken as it is (the
+		// next listing checks it again).
+		return nil
+	}
+	if why := unearned(lease, live); why != "" {
+		return errors.New(why)
+	}
+	return nil
 }

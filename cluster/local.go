@@ -95,7 +95,7 @@ func (p *Local) Register(_ context.Context, m Member) (Registration, error) {
 		return nil, errors.Mark(errors.Newf("register %s %q: provider closed", m.Role, m.ID), ErrClosed)
 	}
 	if old, ok := p.members[k]; ok {
-		return nil, errors.Mark(errors.Newf("register %s %q: already registered at %s", m.Role, m.ID, old.m.Addr), ErrConflict)
+		return nil, errors.Mark(errors.Newf("register %s %q at %s: the identity is held by %s %q at %s, a live member", m.Role, m.ID, m.Addr, old.m.Role, old.m.ID, old.m.Addr), ErrConflict)
 	}
 	r := &localReg{p: p, m: m, done: make(chan struct{})}
 	p.members[k] = r

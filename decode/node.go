@@ -74,8 +74,10 @@ type NodeConfig struct {
 	Log *zap.Logger
 }
 
-// DefaultHeartbeat declares a silent peer lost within 3.5 s.
-var DefaultHeartbeat = netsec.HeartbeatConfig{Interval: 500 * time.Millisecond, Misses: 6}
+// DefaultHeartbeat declares a silent peer lost within 10 s: long enough
+// that a peer starved of CPU on a loaded host is not taken for a dead one
+// (the commands' --heartbeat default too).
+var DefaultHeartbeat = HeartbeatWithin(10 * time.Second)
 
 // HeartbeatWithin paces heartbeats so that a silent peer is declared lost
 // within bound (six misses; bound must be positive).

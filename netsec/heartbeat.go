@@ -116,8 +116,23 @@ type monitor struct {
 	lost  func(error)
 	seq   uint64
 	heard time.Time
+	// ticks counts the monitor's own ticks (one ping each) since the last
+	// Pong: the evidence that this process ran Misses intervals and heard
+	// nothing, which wall time alone is not when this process itself was
+	// starved of CPU (its ticks and the peer's Pongs then wait together).
+	ticks int
 	done  chan struct{}
 	gone  bool
+}
+
+// silentTooLong decides a loss: more than Misses intervals of wall time
+// without a Pong, and more than Misses of the monitor's own ticks (pings
+// sent) in that time. Go's ticker drops the ticks a starved receiver
+// cannot take, so a monitor that was not scheduled does not count the
+// time it did not run as its peer's silence; while it runs normally, the
+// two agree and the bound is Bound().
+func silentTooLong(silence time.Duration, ticks int, cfg HeartbeatConfig) bool {
+	return silence > time.Duration(cfg.Misses)*cfg.Interval && ticks > cfg.Misses
 }
 
 func (m *monitor) Receive(ctx actor.Context) {
@@ -131,16 +146,18 @@ func (m *monitor) Receive(ctx actor.Context) {
 		if m.gone {
 			return
 		}
-		if silent := time.Since(m.heard); silent > time.Duration(m.cfg.Misses)*m.cfg.Interval {
+		m.ticks++
+		if silent := time.Since(m.heard); silentTooLong(silent, m.ticks, m.cfg) {
 			m.gone = true
-			m.lost(errors.Wrapf(ErrPeerLost, "%s/%s: no heartbeat answer for %v (%d intervals of %v)",
-				m.peer.Address, m.peer.Id, silent.Round(time.Millisecond), m.cfg.Misses, m.cfg.Interval))
+			m.lost(errors.Wrapf(ErrPeerLost, "%s/%s: no heartbeat answer for %v (%d heartbeats in a row unanswered, %v apart)",
+				m.peer.Address, m.peer.Id, silent.Round(time.Millisecond), m.ticks, m.cfg.Interval))
 			ctx.Stop(ctx.Self())
 			return
 		}
 		m.ping(ctx)
 	case *Pong:
 		m.heard = time.Now()
+		m.ticks = 0
 	case *actor.Stopping:
 		close(m.done)
 	}

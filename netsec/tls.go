@@ -3,7 +3,9 @@ package netsec
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/pem"
 	"os"
+	"time"
 
 	"github.com/cockroachdb/errors"
 )
@@ -41,7 +43,55 @@ func LoadTLS(f Files) (*TLS, error) {
 	if err != nil {
 		return nil, errors.Wrapf(err, "tls: certificate %s with key %s", f.Cert, f.Key)
 	}
+	leaf, err := x509.ParseCertificate(cert.Certificate[0])
+	if err != nil {
+		return nil, errors.Wrapf(err, "tls: certificate %s", f.Cert)
+	}
+	if err := CheckValidity(leaf, time.Now()); err != nil {
+		return nil, errors.Wrapf(err, "tls: certificate %s", f.Cert)
+	}
+	for rest := caPEM; len(rest) > 0; {
+		var blk *pem.Block
+		if blk, rest = pem.Decode(rest); blk == nil {
+			break
+		}
+		if ca, err := x509.ParseCertificate(blk.Bytes); err == nil {
+			if err := CheckValidity(ca, time.Now()); err != nil {
+				return nil, errors.Wrapf(err, "tls: CA file %s", f.CA)
+			}
+		}
+	}
 	return &TLS{cert: cert, pool: pool}, nil
+}
+
+// Errors of CheckValidity, for errors.Is.
+var (
+	// ErrNotYetValid is a certificate whose validity starts later.
+	ErrNotYetValid = errors.New("not valid yet")
+	// ErrExpired is a certificate whose validity ended.
+	ErrExpired = errors.New("expired")
+)
+
+// CheckValidity says whether c is valid at now, telling a certificate
+// that is not valid yet (a clock behind the CA's, or one issued for later)
+// from one that expired. The TLS handshake cannot: x509 reports both as
+// "expired or is not yet valid", and the alert a peer receives says
+// "expired certificate" either way. LoadTLS checks a node's own
+// certificate and its CA with it, so that neither reaches a handshake.
+func CheckValidity(c *x509.Certificate, now time.Time) error {
+	name := c.Subject.CommonName
+	if name == "" {
+		name = "(no CN)"
+	}
+	switch {
+	case now.Before(c.NotBefore):
+		return errors.Wrapf(ErrNotYetValid, "%q is not valid yet: valid from %s, %s from now (this host's clock is %s; is it behind the CA's?)",
+			name, c.NotBefore.UTC().Format(time.RFC3339), c.NotBefore.Sub(now).Round(time.Second), now.UTC().Format(time.RFC3339))
+	case now.After(c.NotAfter):
+		return errors.Wrapf(ErrExpired, "%q expired at %s, %s ago (this host's clock is %s)",
+			name, c.NotAfter.UTC().Format(time.RFC3339), now.Sub(c.NotAfter).Round(time.Second), now.UTC().Format(time.RFC3339))
+	}
+	return nil
 }
 
 // ServerConfig accepts only TLS 1.3 clients that present a certificate

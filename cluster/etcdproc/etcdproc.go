@@ -3,6 +3,8 @@ package etcdproc
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
@@ -51,6 +53,37 @@ type Options struct {
 	// Output receives etcd's log (errors only) besides the last 64 KiB
 	// Proc.Output keeps.
 	Output io.Writer
+	// TLS, when set, makes etcd serve its clients over TLS and require a
+	// client certificate of the CA (the picked client URL is https).
+	TLS *TLS
+}
+
+// TLS is etcd's client-facing TLS, as operators run it: its certificate
+// and key, and the CA that every client's certificate must chain to
+// (etcd's --cert-file, --key-file, --trusted-ca-file, --client-cert-auth).
+type TLS struct {
+	CertFile, KeyFile, CAFile string
+	// ClientCertFile and ClientKeyFile are a client's, for the health
+	// check (etcd refuses clients without one).
+	ClientCertFile, ClientKeyFile string
+}
+
+// clientConfig is the health check's TLS: the CA, and a client
+// certificate.
+func (t *TLS) clientConfig() (*tls.Config, error) {
+	ca, err := os.ReadFile(t.CAFile)
+	if err != nil {
+		return nil, errors.Wrap(err, "etcdproc: CA file")
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(ca) {
+		return nil, errors.Newf("etcdproc: CA file %s holds no PEM certificate", t.CAFile)
+	}
+	cert, err := tls.LoadX509KeyPair(t.ClientCertFile, t.ClientKeyFile)
+	if err != nil {
+		return nil, errors.Wrap(err, "etcdproc: client certificate")
+	}
+	return &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}, nil
 }
 
 // Proc is one running (or stopped) etcd.
@@ -93,7 +126,11 @@ func Start(o Options) (*Proc, error) {
 			if err != nil {
 				return nil, errors.Wrap(err, "etcdproc: free ports")
 			}
-			p.o.ClientURL = fmt.Sprintf("http://127.0.0.1:%d", c)
+			scheme := "http"
+			if o.TLS != nil {
+				scheme = "https"
+			}
+			p.o.ClientURL = fmt.Sprintf("%s://127.0.0.1:%d", scheme, c)
 			p.o.PeerURL = fmt.Sprintf("http://127.0.0.1:%d", pe)
 		}
 		if last = p.start(); last == nil {
@@ -151,6 +188,14 @@ func (p *Proc) start() error {
 	if p.o.ElectionMs > 0 {
 		args = append(args, "--election-timeout", fmt.Sprint(p.o.ElectionMs))
 	}
+	var health *tls.Config
+	if t := p.o.TLS; t != nil {
+		args = append(args, "--cert-file", t.CertFile, "--key-file", t.KeyFile, "--trusted-ca-file", t.CAFile, "--client-cert-auth")
+		var err error
+		if health, err = t.clientConfig(); err != nil {
+			return err
+		}
+	}
 	cmd := exec.Command(p.o.Binary, args...)
 	var out io.Writer = p.log
 	if p.o.Output != nil {
@@ -168,7 +213,7 @@ func (p *Proc) start() error {
 		close(exited)
 	}()
 	p.cmd, p.exited = cmd, exited
-	if err := waitHealthy(p.o.ClientURL, exited, p.o.StartTimeout); err != nil {
+	if err := waitHealthy(p.o.ClientURL, health, exited, p.o.StartTimeout); err != nil {
 		_ = cmd.Process.Kill()
 		<-exited
 		p.cmd = nil
@@ -177,12 +222,12 @@ func (p *Proc) start() error {
 	return nil
 }
 
-func waitHealthy(clientURL string, exited <-chan struct{}, timeout time.Duration) error {
+func waitHealthy(clientURL string, tlsc *tls.Config, exited <-chan struct{}, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
-	cl := &http.Client{Timeout: time.Second}
+	cl := &http.Client{Timeout: time.Second, Transport: &http.Transport{TLSClientConfig: tlsc, DisableKeepAlives: true}}
 	defer cl.CloseIdleConnections()
 	for {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, clientURL+"/health", nil)

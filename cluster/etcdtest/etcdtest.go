@@ -16,7 +16,15 @@ type Server struct {
 
 // Start runs etcd and waits until it is healthy; the test is skipped, with
 // the reason, when there is no etcd binary.
-func Start(t testing.TB) *Server {
+func Start(t testing.TB) *Server { t.Helper(); return start(t, nil) }
+
+// StartTLS runs etcd as operators do, serving its clients over TLS only
+// and requiring a client certificate of its CA (its certificate and key,
+// the CA's and a client's, in tls; netsec.GenerateDevCerts writes such
+// files). Its Endpoint is https.
+func StartTLS(t testing.TB, tls etcdproc.TLS) *Server { t.Helper(); return start(t, &tls) }
+
+func start(t testing.TB, tls *etcdproc.TLS) *Server {
 	t.Helper()
 	p, err := etcdproc.Start(etcdproc.Options{
 		DataDir: t.TempDir(),
@@ -24,6 +32,7 @@ func Start(t testing.TB) *Server {
 		// the minimum lease TTL (1.5 election timeouts: 1 s) short too.
 		HeartbeatMs: 50,
 		ElectionMs:  500,
+		TLS:         tls,
 	})
 	if errors.Is(err, etcdproc.ErrNoBinary) {
 		t.Skipf("etcd tests skipped: %v", err)

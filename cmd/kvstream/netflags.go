@@ -23,21 +23,50 @@ type netFlags struct {
 	listen, advertise, dataAddr string
 	tlsCA, tlsCert, tlsKey      string
 	tlsDir                      string
-	heartbeat                   time.Duration
+	heartbeat, hbInterval       time.Duration
 }
 
 // maxHeartbeat bounds --heartbeat: a peer silent that long is long gone.
 const maxHeartbeat = 10 * time.Minute
 
+// defaultHeartbeat is --heartbeat's default: long enough that a peer
+// starved of CPU on a saturated machine (two busy loops on two cores,
+// under the race detector) is not declared lost, short enough that a hung
+// one is within seconds (docs/RELIABILITY.md, "Under load").
+const defaultHeartbeat = 10 * time.Second
+
+// netGroups are the help's groups of the network flags.
+var netGroups = []flagGroup{
+	{groupTransport, []string{"listen", "advertise", "data-addr", "transport", "heartbeat", "heartbeat-interval"}},
+	{groupTLS, []string{"tls-dir", "tls-ca", "tls-cert", "tls-key", "decode-name", "prefill-name"}},
+}
+
 func addNetFlags(fl *pflag.FlagSet, n *netFlags, node, listenDefault string) {
 	fl.StringVar(&n.listen, "listen", listenDefault, "control-plane address (host:port; port 0 picks one); anything but loopback needs TLS")
 	fl.StringVar(&n.advertise, "advertise", "", "the address peers reach this node on (host[:port]); default: the listen address, or a routable address of this host when listening on all interfaces")
-	fl.StringVar(&n.dataAddr, "data-addr", "", "host whose interface the UCX data plane uses (default: the advertised or listen host)")
-	fl.StringVar(&n.tlsCA, "tls-ca", "", "mutual TLS: the CA certificate (PEM) every peer's certificate must chain to")
-	fl.StringVar(&n.tlsCert, "tls-cert", "", "mutual TLS: this node's certificate (PEM)")
-	fl.StringVar(&n.tlsKey, "tls-key", "", "mutual TLS: this node's private key (PEM)")
-	fl.StringVar(&n.tlsDir, "tls-dir", "", "mutual TLS from a directory written by `kvstream certs`: "+netsec.CAFile+", "+node+".pem and "+node+".key")
-	fl.DurationVar(&n.heartbeat, "heartbeat", 3500*time.Millisecond, "declare the peer lost when it answered no heartbeat within this (0: off; a hung process is then never declared lost)")
+	fl.StringVar(&n.dataAddr, "data-addr", "", "the `IP` the UCX data plane listens on: an interface's own address, which UCX's tcp transport binds (default: the interface of the advertised or listen host)")
+	fl.StringVar(&n.tlsCA, "tls-ca", "", "mutual TLS: the CA certificate every peer's certificate must chain to (PEM `FILE`)")
+	fl.StringVar(&n.tlsCert, "tls-cert", "", "mutual TLS: this node's certificate (PEM `FILE`)")
+	fl.StringVar(&n.tlsKey, "tls-key", "", "mutual TLS: this node's private key (PEM `FILE`)")
+	fl.StringVar(&n.tlsDir, "tls-dir", "", "mutual TLS from the files in `DIR` (kvstream certs DIR writes them): "+netsec.CAFile+", "+node+".pem and "+node+".key")
+	fl.DurationVar(&n.heartbeat, "heartbeat", defaultHeartbeat, "declare a peer lost when it answered no heartbeat for this long (0: off; a hung process is then never declared lost)")
+	fl.DurationVar(&n.hbInterval, "heartbeat-interval", 0, "time between heartbeats (0: a seventh of --heartbeat); the peer is lost after --heartbeat / --heartbeat-interval - 1 unanswered in a row")
+}
+
+// heartbeatConfig is the heartbeat pacing the flags ask for: Misses < 0
+// when off.
+func (n *netFlags) heartbeatConfig() (netsec.HeartbeatConfig, error) {
+	switch {
+	case n.heartbeat == 0:
+		return netsec.HeartbeatConfig{Misses: -1}, nil
+	case n.heartbeat < 0 || n.heartbeat > maxHeartbeat || n.heartbeat < 70*time.Millisecond:
+		return netsec.HeartbeatConfig{}, errors.Newf("--heartbeat %v: want 0 (off) or 70ms to %v", n.heartbeat, maxHeartbeat)
+	case n.hbInterval == 0:
+		return decode.HeartbeatWithin(n.heartbeat), nil
+	case n.hbInterval < 10*time.Millisecond || n.hbInterval > n.heartbeat/2:
+		return netsec.HeartbeatConfig{}, errors.Newf("--heartbeat-interval %v: want 10ms to half of --heartbeat %v (at least one unanswered heartbeat before a loss)", n.hbInterval, n.heartbeat)
+	}
+	return netsec.HeartbeatConfig{Interval: n.hbInterval, Misses: int(n.heartbeat/n.hbInterval) - 1}, nil
 }
 
 // check validates the flags; node names this node's files in --tls-dir.
@@ -54,11 +83,13 @@ func (n *netFlags) check(node string) (*netsec.TLS, error) {
 			return nil, err
 		}
 	}
-	if n.dataAddr != "" && net.ParseIP(n.dataAddr) == nil {
-		return nil, errors.Newf("--data-addr %q: want an IP address of this host", n.dataAddr)
+	if n.dataAddr != "" {
+		if err := checkDataAddr(n.dataAddr); err != nil {
+			return nil, err
+		}
 	}
-	if n.heartbeat < 0 || n.heartbeat > maxHeartbeat || n.heartbeat > 0 && n.heartbeat < 70*time.Millisecond {
-		return nil, errors.Newf("--heartbeat %v: want 0 (off) or 70ms to %v", n.heartbeat, maxHeartbeat)
+	if _, err := n.heartbeatConfig(); err != nil {
+		return nil, err
 	}
 	files := netsec.Files{CA: n.tlsCA, Cert: n.tlsCert, Key: n.tlsKey}
 	given := files.CA != "" || files.Cert != "" || files.Key != ""
@@ -74,6 +105,28 @@ func (n *netFlags) check(node string) (*netsec.TLS, error) {
 	}
 	tlsm, err := netsec.LoadTLS(files)
 	return tlsm, errors.Wrap(err, "--tls-*")
+}
+
+// checkDataAddr checks --data-addr: an IP address that is the address
+// UCX's tcp transport listens on for its interface. UCX binds an
+// interface's own (first) address, whatever address of that interface it
+// was pointed at: given 127.0.0.3, which lo carries only as part of
+// 127.0.0.0/8, it listened on 127.0.0.1. An address it would not bind is
+// refused, naming the one it would.
+func checkDataAddr(v string) error {
+	ip := net.ParseIP(v)
+	if ip == nil {
+		return errors.Newf("--data-addr %q: want an IP address of this host", v)
+	}
+	ifc, bound, err := interfaceAddr(ip)
+	if err != nil {
+		return errors.Wrapf(err, "--data-addr %s", v)
+	}
+	if !bound.Equal(ip) {
+		return errors.Newf("--data-addr %s: the UCX data plane would listen on %s, the address of %s (UCX's tcp transport binds an interface's own address): give --data-addr %s, or an address that is its interface's own",
+			v, bound, ifc, bound)
+	}
+	return nil
 }
 
 // checkHostPort validates a host:port flag.
@@ -93,9 +146,9 @@ func checkHostPort(flag, v string, listen bool) error {
 
 // node starts this process's control plane.
 func (n *netFlags) node(tlsm *netsec.TLS, log *zap.Logger) (*decode.Node, error) {
-	hb := decode.HeartbeatWithin(n.heartbeat)
-	if n.heartbeat == 0 {
-		hb = netsec.HeartbeatConfig{Misses: -1}
+	hb, err := n.heartbeatConfig()
+	if err != nil {
+		return nil, err
 	}
 	node, err := decode.ListenConfig(decode.NodeConfig{Listen: n.listen, Advertise: n.advertise, TLS: tlsm, Heartbeat: hb, Log: log})
 	if err != nil {

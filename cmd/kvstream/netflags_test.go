@@ -1,8 +1,12 @@
 package main
 
 import (
+	"net"
 	"path/filepath"
 	"testing"
+	"time"
+
+	"github.com/kvstream/kvstream/netsec"
 
 	"github.com/stretchr/testify/require"
 )
@@ -25,6 +29,10 @@ func TestNetFlagsNameTheFlag(t *testing.T) {
 		{[]string{"decode", "--wait", "-1s"}, "--wait"},
 		{[]string{"decode", "--drain-timeout", "0s"}, "--drain-timeout"},
 		{[]string{"decode", "--sessions", "-1"}, "--sessions"},
+		{[]string{"decode", "--heartbeat", "2s", "--heartbeat-interval", "1500ms"}, "--heartbeat-interval 1.5s"},
+		{[]string{"decode", "--heartbeat-interval", "1ms"}, "--heartbeat-interval"},
+		{[]string{"decode", "--data-addr", "127.0.0.3"}, "--data-addr 127.0.0.3: the UCX data plane would listen on 127.0.0.1"},
+		{[]string{"decode", "--data-addr", "192.0.2.77"}, "--data-addr 192.0.2.77"},
 		{[]string{"decode", "--max-pool-mib", "0"}, "--max-pool-mib"},
 		{[]string{"decode", "--tls-ca", "x"}, "--tls-key"},
 		{[]string{"decode", "--tls-dir", dir, "--tls-ca", "x"}, "--tls-dir"},
@@ -58,4 +66,41 @@ func TestCertsWritesFiles(t *testing.T) {
 	tlsm, err := nf.check("decode")
 	require.NoError(t, err)
 	require.NotNil(t, tlsm)
+}
+
+// TestHeartbeatFlags: --heartbeat is the loss bound, --heartbeat-interval
+// the pace; the number of unanswered heartbeats follows from both.
+func TestHeartbeatFlags(t *testing.T) {
+	for _, tc := range []struct {
+		bound, interval time.Duration
+		want            netsec.HeartbeatConfig
+	}{
+		{defaultHeartbeat, 0, netsec.HeartbeatConfig{Interval: defaultHeartbeat / 7, Misses: 6}},
+		{10 * time.Second, time.Second, netsec.HeartbeatConfig{Interval: time.Second, Misses: 9}},
+		{2 * time.Second, 500 * time.Millisecond, netsec.HeartbeatConfig{Interval: 500 * time.Millisecond, Misses: 3}},
+		{0, 0, netsec.HeartbeatConfig{Misses: -1}},
+	} {
+		nf := netFlags{heartbeat: tc.bound, hbInterval: tc.interval}
+		got, err := nf.heartbeatConfig()
+		require.NoError(t, err)
+		require.Equal(t, tc.want, got)
+		if tc.bound > 0 {
+			require.LessOrEqual(t, got.Bound(), tc.bound, "lost within --heartbeat")
+		}
+	}
+}
+
+// TestDataAddrIsTheBoundAddress: --data-addr takes the address UCX binds
+// on its interface (an interface's own address); any other address of the
+// interface's network is refused naming the one UCX would bind, instead of
+// silently listening elsewhere.
+func TestDataAddrIsTheBoundAddress(t *testing.T) {
+	require.NoError(t, checkDataAddr("127.0.0.1"))
+	err := checkDataAddr("127.0.0.3")
+	require.ErrorContains(t, err, "would listen on 127.0.0.1, the address of lo")
+	require.ErrorContains(t, err, "give --data-addr 127.0.0.1")
+	ifc, bound, err := interfaceAddr(net.ParseIP("127.0.0.3"))
+	require.NoError(t, err)
+	require.Equal(t, "lo", ifc)
+	require.Equal(t, "127.0.0.1", bound.String())
 }

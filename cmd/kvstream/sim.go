@@ -18,7 +18,6 @@ import (
 	"github.com/kvstream/kvstream/internal/gpucheck"
 	"github.com/kvstream/kvstream/internal/workload"
 	"github.com/kvstream/kvstream/system"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -205,14 +204,11 @@ func runSim(cmd *cobra.Command, f *simFlags) (err error) {
 		return err
 	}
 	if reg != nil {
-		// One registry, the two runs told apart by a label.
-		cfg.PerMode = func(perLayer bool) []system.Option {
-			run := "monolithic"
-			if perLayer {
-				run = "per_layer"
-			}
-			return []system.Option{system.WithMetrics(prometheus.WrapRegistererWith(prometheus.Labels{"run": run}, reg))}
-		}
+		// One registry for both runs, which add up (docs/OBSERVABILITY.md,
+		// "Scraping the CLI"): a label per run would be a label no other
+		// command has and no dashboard expects; the runs' modes are told
+		// apart by kvstream_registrations_total's mode.
+		cfg.EngineOptions = append(cfg.EngineOptions, system.WithMetrics(reg))
 	}
 	if f.record != "" {
 		fh, err := os.Create(f.record)

@@ -72,6 +72,40 @@ func interfaceOf(ip net.IP) (string, error) {
 	return "", errors.Newf("no network interface of this host has the address %s", ip)
 }
 
+// interfaceAddr is the network interface that carries ip (interfaceOf)
+// and the address UCX's tcp transport listens on there: the interface's
+// first IPv4 address (UCX asks the kernel for the interface's address,
+// SIOCGIFADDR, and prefers IPv4), else its first IPv6 one.
+func interfaceAddr(ip net.IP) (string, net.IP, error) {
+	name, err := interfaceOf(ip)
+	if err != nil {
+		return "", nil, err
+	}
+	ifc, err := net.InterfaceByName(name)
+	if err != nil {
+		return "", nil, errors.Wrapf(err, "interface %s", name)
+	}
+	addrs, err := ifc.Addrs()
+	if err != nil {
+		return "", nil, errors.Wrapf(err, "addresses of %s", name)
+	}
+	var v6 net.IP
+	for _, a := range addrs {
+		ipn, ok := a.(*net.IPNet)
+		switch {
+		case !ok:
+		case ipn.IP.To4() != nil:
+			return name, ipn.IP, nil
+		case v6 == nil:
+			v6 = ipn.IP
+		}
+	}
+	if v6 == nil {
+		return "", nil, errors.Newf("interface %s has no address", name)
+	}
+	return name, v6, nil
+}
+
 // netDevices is the UCX_NET_DEVICES value that keeps UCX's network
 // transports on the interface of host: that interface for tcp, and every
 // RDMA port (whose remote keys the NIC enforces; their addresses are not

@@ -4,17 +4,23 @@ package main
 
 import (
 	"encoding/json"
+	"io"
+	"net/http"
+	"path/filepath"
+	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/kvstream/kvstream/internal/launch"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
 // upRunJSON runs `kvstream up --json` as its own process (it starts etcd
 // and the nodes as processes of their own) and decodes its report.
-func upRunJSON(t *testing.T, wantOK bool, args ...string) upReport {
+func upRunJSON(t *testing.T, wantOK bool, args ...string) launch.Report {
 	t.Helper()
 	args = append([]string{"up", "--json", "--model", "small", "--page-size", "16"}, args...)
 	c := startCLI(t, []string{"UCX_TLS=tcp"}, args...)
@@ -22,20 +28,25 @@ func upRunJSON(t *testing.T, wantOK bool, args ...string) upReport {
 	if wantOK {
 		require.NoError(t, err, "stdout:\n%s\nstderr:\n%s", c.out(), c.errOut())
 	}
-	var rep upReport
+	var rep launch.Report
 	require.NoError(t, json.Unmarshal([]byte(c.out()), &rep), "stdout:\n%s\nstderr:\n%s", c.out(), c.errOut())
 	return rep
 }
 
 // TestUCXClusterUp: a CP group of 8 prefill ranks and 2 decode instances,
-// each its own process, on etcd: every room of every batch completes with
+// each its own process, on an etcd run as operators run it (client TLS,
+// client certificates required): every room of every batch completes with
 // every rank's pages byte-equal on its instance, each rank opens one
 // session per instance and asks etcd once per session at most (its watch,
 // and a lookup of an instance the watch had not shown yet), whatever the
-// number of requests and forwards.
+// number of requests and forwards; every node ends drained.
 func TestUCXClusterUp(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "etcd-certs")
+	certs := startCLI(t, nil, "certs", dir, "--nodes", "etcd,etcd-client")
+	require.NoError(t, certs.wait(t, 30*time.Second), "certs:\n%s\n%s", certs.out(), certs.errOut())
 	rep := upRunJSON(t, true, "--prefill-ranks", "8", "--decode", "2", "--batches", "4",
-		"--requests", "2", "--prompt-tokens", "2000", "--chunk-tokens", "1024")
+		"--requests", "2", "--prompt-tokens", "2000", "--chunk-tokens", "1024", "--etcd-tls-dir", dir)
+	assert.True(t, strings.HasPrefix(rep.Etcd, "https://"), "etcd over TLS: %s", rep.Etcd)
 	assert.True(t, rep.BytesEqual)
 	assert.True(t, rep.Complete)
 	assert.Zero(t, rep.FailedChunks)
@@ -48,6 +59,7 @@ func TestUCXClusterUp(t *testing.T) {
 	}
 	var verified uint64
 	for _, n := range rep.Rows {
+		assert.True(t, n.Drained, "%s ended by a drain that lost nothing", n.ID)
 		switch n.Role {
 		case "prefill":
 			assert.Equal(t, int64(2), n.Sessions, "%s: one session per decode instance", n.ID)
@@ -71,7 +83,7 @@ func TestUCXClusterUp(t *testing.T) {
 
 // faultArgs make batches long enough to be hit mid-transfer.
 var faultArgs = []string{"--requests", "2", "--prompt-tokens", "4096", "--chunk-tokens", "512",
-	"--layer-us-per-ktok", "2000", "--finish-timeout", "3s"}
+	"--layer-us-per-ktok", "2000", "--finish-timeout", "3s", "--member-ttl", "2s"}
 
 // TestUCXClusterDecodeKilled: kill -9 one decode instance mid-batch. Every
 // rank fails its chunks to it within the finish timeout, the other
@@ -127,4 +139,51 @@ func TestUCXClusterEtcdPaused(t *testing.T) {
 	notes := strings.Join(rep.FaultNotes, "\n")
 	assert.Contains(t, notes, "(unavailable: true)")
 	assert.Contains(t, notes, "listed again")
+}
+
+// TestUCXClusterUpDrains: SIGTERM to a running `up` drains it: no batch
+// starts after it, the batches in flight complete, the ranks say goodbye
+// and the decode instances deregister and drain; the report says what was
+// in flight and that nothing was lost, every node ended drained, and up
+// exits 0. /readyz said ready before, and the nodes served metrics.
+func TestUCXClusterUpDrains(t *testing.T) {
+	c := startCLI(t, []string{"UCX_TLS=tcp"}, append([]string{"up", "--json", "--model", "small", "--page-size", "16",
+		"--prefill-ranks", "2", "--decode", "2", "--batches", "200", "--metrics-addr", "127.0.0.1:0"}, faultArgs[:6]...)...)
+	addr := c.waitLine(t, regexp.MustCompile(`serving metrics at http://(\S+)/metrics`), time.Minute)[1]
+	// Ready once the cluster is up; a batch in flight shows in the gauge.
+	require.Eventually(t, func() bool {
+		body, err := scrape(addr)
+		return err == nil && regexp.MustCompile(`kvstream_up_batches_total\{outcome="complete"\} [1-9]`).MatchString(body)
+	}, 2*time.Minute, 50*time.Millisecond, "no batch completed")
+	code, _ := getPath(t, addr, "/readyz")
+	assert.Equal(t, 200, code)
+	require.NoError(t, c.cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, c.wait(t, 2*time.Minute), "up exits 0 after a drain that lost nothing:\n%s\n%s", c.out(), c.errOut())
+	var rep launch.Report
+	require.NoError(t, json.Unmarshal([]byte(c.out()), &rep), "stdout:\n%s\nstderr:\n%s", c.out(), c.errOut())
+	require.NotNil(t, rep.Drain, "the report says the run was drained")
+	assert.Equal(t, "terminated", rep.Drain.Reason)
+	assert.Zero(t, rep.Drain.Lost)
+	assert.Positive(t, rep.Drain.NotStarted)
+	assert.True(t, rep.BytesEqual)
+	for _, b := range rep.Batches {
+		assert.True(t, b.Complete, "batch %d: %s", b.Batch, b.Error)
+	}
+	for _, n := range rep.Rows {
+		assert.True(t, n.Drained, "%s", n.ID)
+		assert.NotEmpty(t, n.Metrics, "%s serves metrics", n.ID)
+	}
+	assert.Contains(t, c.errOut(), "up: draining")
+}
+
+// getPath fetches a path of an operations endpoint.
+func getPath(t *testing.T, addr, path string) (int, string) {
+	t.Helper()
+	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := c.Get("http://" + addr + path)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(b)
 }

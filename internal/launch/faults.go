@@ -1,0 +1,163 @@
+package launch
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/cluster"
+)
+
+// Fault is a failure Up injects at the first forward of one batch.
+type Fault string
+
+// The faults.
+const (
+	NoFault Fault = ""
+	// KillDecode: SIGKILL the batch's decode instance, then restart it
+	// under the same id.
+	KillDecode Fault = "kill-decode"
+	// KillPrefill: SIGKILL the last rank; no batch is started after it.
+	KillPrefill Fault = "kill-prefill"
+	// PauseEtcd: freeze etcd (SIGSTOP) for a while: a lookup during the
+	// pause must fail as unavailable, and one after it succeed.
+	PauseEtcd Fault = "pause-etcd"
+)
+
+// ParseFault reads --fault.
+func ParseFault(s string) (Fault, error) {
+	switch f := Fault(s); f {
+	case NoFault, KillDecode, KillPrefill, PauseEtcd:
+		return f, nil
+	}
+	return "", errors.Newf("--fault %q: want kill-decode, kill-prefill or pause-etcd", s)
+}
+
+// pauser freezes and continues etcd (etcdproc.Proc).
+type pauser interface {
+	Pause() error
+	Resume() error
+}
+
+// lister lists a role's members straight from etcd (a Provider).
+type lister interface {
+	List(ctx context.Context, role cluster.Role) ([]cluster.Member, error)
+}
+
+// injector injects one fault and records what it saw in notes.
+type injector struct {
+	fault Fault
+	batch int           // the batch whose first forward triggers it
+	pause time.Duration // how long pause-etcd freezes etcd
+	// lastRank is kill-prefill's victim.
+	lastRank string
+	kill     func(id string) (pid int, err error)
+	struck   func(at time.Time) // tells the book when the fault struck
+
+	running sync.WaitGroup // a pause in progress
+
+	mu      sync.Mutex
+	faulted bool
+	killed  string // the node kill-decode killed
+	notes   []string
+}
+
+func (f *injector) note(format string, args ...any) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.notes = append(f.notes, fmt.Sprintf(format, args...))
+}
+
+// Notes are the fault's notes so far.
+func (f *injector) Notes() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.notes...)
+}
+
+// forward sees every "forward" event: the first of the fault's batch
+// kills the victim (kill-decode: the batch's instance, named in the
+// event; kill-prefill: the last rank).
+func (f *injector) forward(e Event) {
+	f.mu.Lock()
+	if f.faulted || e.Batch != f.batch || (f.fault != KillDecode && f.fault != KillPrefill) {
+		f.mu.Unlock()
+		return
+	}
+	f.faulted = true
+	victim := e.Decode
+	if f.fault == KillPrefill {
+		victim = f.lastRank
+	} else {
+		f.killed = victim
+	}
+	f.mu.Unlock()
+	at := time.Now()
+	f.struck(at)
+	pid, err := f.kill(victim)
+	if err != nil {
+		f.note("%s: %s: %v", f.fault, victim, err)
+		return
+	}
+	f.note("%s: SIGKILL %s (pid %d) at the first forward of batch %d", f.fault, victim, pid, e.Batch)
+}
+
+// restart says whether node id, which just exited, is to be restarted:
+// the decode instance kill-decode killed, unless the launcher is stopping.
+func (f *injector) restart(id string, stopping bool) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.fault == KillDecode && f.killed == id && !stopping
+}
+
+// pauseEtcd freezes etcd for f.pause while batch b is in flight, checks a
+// lookup during the pause (unavailable) and after it (answers), and waits
+// (up to 30 s) for the decode instances, whose leases may have run out,
+// to be listed again by the followed membership (members).
+func (f *injector) pauseEtcd(etcd pauser, prov lister, members func() int, decodes, b int) {
+	f.mu.Lock()
+	f.faulted = true
+	f.mu.Unlock()
+	f.struck(time.Now())
+	if err := etcd.Pause(); err != nil {
+		f.note("pause-etcd: %v", err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	_, err := prov.List(ctx, cluster.RoleDecode)
+	cancel()
+	f.note("pause-etcd: etcd frozen for %v during batch %d; a lookup during the pause: %v (unavailable: %v)",
+		f.pause, b, err, errors.Is(err, cluster.ErrUnavailable))
+	time.Sleep(f.pause) // the fault's duration, not a synchronisation
+	if err := etcd.Resume(); err != nil {
+		f.note("pause-etcd: resume: %v", err)
+		return
+	}
+	resumed := time.Now()
+	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+	_, err = prov.List(ctx, cluster.RoleDecode)
+	cancel()
+	f.note("pause-etcd: resumed; a lookup after it: error %v", err)
+	for time.Since(resumed) < 30*time.Second {
+		if members() == decodes {
+			f.note("pause-etcd: all %d decode instances listed again %d ms after the resume", decodes, time.Since(resumed).Milliseconds())
+			return
+		}
+		time.Sleep(20 * time.Millisecond) // a poll of the followed (in-memory) membership
+	}
+	f.note("pause-etcd: the decode instances were not all listed again 30 s after the resume")
+}
+
+// goPauseEtcd runs pauseEtcd in the background; wait waits for it.
+func (f *injector) goPauseEtcd(etcd pauser, prov lister, members func() int, decodes, b int) {
+	f.running.Add(1)
+	go func() {
+		defer f.running.Done()
+		f.pauseEtcd(etcd, prov, members, decodes, b)
+	}()
+}
+
+// wait returns once a pause-etcd fault in progress ended.
+func (f *injector) wait() { f.running.Wait() }

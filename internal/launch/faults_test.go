@@ -1,0 +1,117 @@
+package launch
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/cluster"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestParseFault(t *testing.T) {
+	for _, s := range []string{"", "kill-decode", "kill-prefill", "pause-etcd"} {
+		f, err := ParseFault(s)
+		require.NoError(t, err)
+		assert.Equal(t, Fault(s), f)
+	}
+	_, err := ParseFault("flood")
+	assert.ErrorContains(t, err, `--fault "flood"`)
+}
+
+// killRecorder is the injector's kill: it records its victims.
+type killRecorder struct {
+	mu     sync.Mutex
+	killed []string
+	struck []time.Time
+}
+
+func (k *killRecorder) kill(id string) (int, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.killed = append(k.killed, id)
+	return 4242, nil
+}
+
+func (k *killRecorder) at(t time.Time) { k.mu.Lock(); k.struck = append(k.struck, t); k.mu.Unlock() }
+
+// TestInjectorKillsOnce: the first forward of the fault's batch kills its
+// victim (kill-decode: the batch's instance; kill-prefill: the last rank),
+// once; only the decode instance it killed is restarted, and not while
+// the launcher stops.
+func TestInjectorKillsOnce(t *testing.T) {
+	var k killRecorder
+	f := &injector{fault: KillDecode, batch: 1, lastRank: "g0-r3", kill: k.kill, struck: k.at}
+	f.forward(Event{Event: EventForward, Batch: 0, Decode: "decode-0"})
+	f.forward(Event{Event: EventForward, Batch: 1, Decode: "decode-1"})
+	f.forward(Event{Event: EventForward, Batch: 1, Decode: "decode-1"})
+	assert.Equal(t, []string{"decode-1"}, k.killed)
+	assert.Len(t, k.struck, 1)
+	assert.Equal(t, []string{"kill-decode: SIGKILL decode-1 (pid 4242) at the first forward of batch 1"}, f.Notes())
+	assert.True(t, f.restart("decode-1", false))
+	assert.False(t, f.restart("decode-0", false), "only the victim")
+	assert.False(t, f.restart("decode-1", true), "not while stopping")
+
+	k = killRecorder{}
+	f = &injector{fault: KillPrefill, batch: 0, lastRank: "g0-r3", kill: k.kill, struck: k.at}
+	f.forward(Event{Event: EventForward, Batch: 0, Decode: "decode-0"})
+	assert.Equal(t, []string{"g0-r3"}, k.killed)
+	assert.False(t, f.restart("g0-r3", false), "a killed rank stays dead")
+
+	k = killRecorder{}
+	f = &injector{fault: NoFault, kill: k.kill, struck: k.at}
+	f.forward(Event{Event: EventForward, Batch: 0})
+	assert.Empty(t, k.killed)
+}
+
+// fakeEtcd pauses and resumes on demand; list fails while paused.
+type fakeEtcd struct {
+	mu     sync.Mutex
+	paused bool
+	calls  []string
+}
+
+func (e *fakeEtcd) Pause() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.paused = true
+	e.calls = append(e.calls, "pause")
+	return nil
+}
+func (e *fakeEtcd) Resume() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.paused = false
+	e.calls = append(e.calls, "resume")
+	return nil
+}
+func (e *fakeEtcd) List(ctx context.Context, _ cluster.Role) ([]cluster.Member, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.paused {
+		return nil, errors.Mark(errors.New("etcd unreachable at x"), cluster.ErrUnavailable)
+	}
+	return nil, nil
+}
+
+// TestInjectorPausesEtcd: pause-etcd freezes etcd for its duration, notes
+// a lookup that fails as unavailable during it and one that answers
+// after it, and the members listed again.
+func TestInjectorPausesEtcd(t *testing.T) {
+	var k killRecorder
+	e := &fakeEtcd{}
+	f := &injector{fault: PauseEtcd, batch: 1, pause: 30 * time.Millisecond, kill: k.kill, struck: k.at}
+	f.goPauseEtcd(e, e, func() int { return 2 }, 2, 1)
+	f.wait()
+	assert.Equal(t, []string{"pause", "resume"}, e.calls)
+	notes := strings.Join(f.Notes(), "\n")
+	assert.Contains(t, notes, "a lookup during the pause: etcd unreachable at x (unavailable: true)")
+	assert.Contains(t, notes, "a lookup after it: error <nil>")
+	assert.Contains(t, notes, "all 2 decode instances listed again")
+	assert.Len(t, k.struck, 1)
+	assert.Empty(t, k.killed)
+}

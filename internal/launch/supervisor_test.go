@@ -1,0 +1,141 @@
+package launch
+
+import (
+	"bytes"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvstream/kvstream/cluster"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// syncBuffer is a bytes.Buffer safe for the supervisor's writers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// fakeSupervisor runs fake nodes (the test binary) by role.
+func fakeSupervisor(t *testing.T, stderr *syncBuffer) *Supervisor {
+	t.Helper()
+	s := NewSupervisor(os.Args[0], nil, stderr)
+	t.Cleanup(s.Close)
+	return s
+}
+
+func fakeSpec(id string, role cluster.Role, rank int) ChildSpec {
+	return ChildSpec{ID: id, Role: role, Rank: rank, Args: []string{"-test.run=^$"},
+		Env: []string{fakeNodeEnv + "=" + id, fakeRoleEnv + "=" + string(role)}}
+}
+
+// next returns the next event of node id (skipping others), failing after
+// a minute.
+func next(t *testing.T, s *Supervisor, id string) ChildEvent {
+	t.Helper()
+	timeout := time.After(time.Minute)
+	for {
+		select {
+		case ev := <-s.Events():
+			if ev.ID == id {
+				return ev
+			}
+		case <-timeout:
+			t.Fatalf("no event from %s within a minute", id)
+		}
+	}
+}
+
+// TestSupervisorRunsNodes: nodes start with the protocol on their stdio,
+// their events come out in order, a command reaches its node, a killed
+// node is reported gone and restarts under its id with a new process,
+// and Stop ends the ranks before the decode instances, collecting rows.
+func TestSupervisorRunsNodes(t *testing.T) {
+	var stderr syncBuffer
+	s := fakeSupervisor(t, &stderr)
+	start := func(id string, role cluster.Role, rank int) {
+		require.NoError(t, s.Start(fakeSpec(id, role, rank)))
+	}
+	start("decode-0", cluster.RoleDecode, 0)
+	ev := next(t, s, "decode-0")
+	require.Equal(t, EventReady, ev.Event.Event)
+	st := s.State("decode-0")
+	assert.True(t, st.Running)
+	assert.Equal(t, ev.Event.Addr, st.Addr, "the announced address is the node's")
+	start("g0-r0", cluster.RolePrefill, 0)
+	require.Equal(t, EventReady, next(t, s, "g0-r0").Event.Event)
+	require.Error(t, s.Start(fakeSpec("g0-r0", cluster.RolePrefill, 0)), "an id is started once")
+
+	require.NoError(t, s.Send("g0-r0", Command{Batch: 3, Decode: "decode-0"}.String()))
+	assert.Equal(t, Event{Event: EventForward, ID: "g0-r0", Batch: 3, Decode: "decode-0"}, next(t, s, "g0-r0").Event)
+	b := next(t, s, "g0-r0")
+	assert.Equal(t, EventBatch, b.Event.Event)
+	assert.True(t, b.Event.OK)
+	assert.Equal(t, cluster.RolePrefill, b.Role)
+
+	pid, err := s.Kill("decode-0")
+	require.NoError(t, err)
+	assert.Equal(t, st.Pid, pid)
+	ex := next(t, s, "decode-0")
+	require.True(t, ex.Exit)
+	assert.Error(t, ex.ExitErr, "killed")
+	assert.True(t, s.State("decode-0").Gone)
+	gone, ok := s.AnyGone(cluster.RoleDecode)
+	assert.True(t, ok)
+	assert.Equal(t, "decode-0", gone)
+	_, ok = s.AnyGone(cluster.RolePrefill)
+	assert.False(t, ok)
+
+	require.NoError(t, s.Restart("decode-0"))
+	re := next(t, s, "decode-0")
+	require.Equal(t, EventReady, re.Event.Event)
+	st2 := s.State("decode-0")
+	assert.NotEqual(t, pid, st2.Pid, "a new process")
+	assert.False(t, st2.Gone)
+	assert.Contains(t, stderr.String(), "decode-0: fake node decode-0 up", "stderr is relayed with the node's id")
+
+	s.Stop(30 * time.Second)
+	// Ranks first: the rank's row and exit come before the decode's end.
+	var order []string
+	for len(order) < 2 {
+		ev := <-s.Events()
+		if ev.Exit {
+			order = append(order, ev.ID)
+		}
+	}
+	assert.Equal(t, []string{"g0-r0", "decode-0"}, order)
+	rows := s.Rows()
+	require.Len(t, rows, 2)
+	assert.Equal(t, Row{ID: "decode-0", Role: "decode", Drained: true}, rows[0])
+	assert.Equal(t, Row{ID: "g0-r0", Role: "prefill", Batches: 1, Drained: true}, rows[1])
+	require.Error(t, s.Restart("decode-0"), "no restart once stopping")
+	s.Close()
+	_, open := <-s.Events()
+	assert.False(t, open, "Close ends Events")
+}
+
+// TestSupervisorStopKillsTheStubborn: a node that ignores its stdin's end
+// is killed once the grace ran out.
+func TestSupervisorStopKillsTheStubborn(t *testing.T) {
+	s := NewSupervisor("/bin/sh", nil, nil)
+	require.NoError(t, s.Start(ChildSpec{ID: "g0-r0", Role: cluster.RolePrefill, Args: []string{"-c", "trap '' TERM; exec sleep 600 </dev/null"}}))
+	start := time.Now()
+	s.Stop(200 * time.Millisecond)
+	assert.Less(t, time.Since(start), 30*time.Second)
+	assert.True(t, s.State("g0-r0").Gone)
+	s.Close()
+}
