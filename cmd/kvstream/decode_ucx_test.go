@@ -4,14 +4,17 @@ package main
 
 import (
 	"net"
+	"net/http"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/kvstream/kvstream/decode"
+	"github.com/kvstream/kvstream/internal/metricsdoc"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -139,4 +142,54 @@ func requireServedOnce(t *testing.T, dec, pre *cli) {
 	require.NoError(t, dec.wait(t, time.Minute), "decode:\n%s\n%s", dec.out(), dec.errOut())
 	assert.Contains(t, pre.out(), "bytes equal: true")
 	assert.Regexp(t, `decode: served 1 sessions \(1 complete\)`, dec.out())
+}
+
+// TestUCXDecodeServesMetrics: a long-lived `kvstream decode
+// --metrics-addr` serves one prefill, is scraped (every kvstream_decode_
+// family of docs/OBSERVABILITY.md with its labels, a session counted
+// complete, its bytes verified) and answers /healthz and /readyz; SIGTERM
+// then drains it: /readyz is not asked again (the process stops), it
+// prints its summary and exits 0.
+func TestUCXDecodeServesMetrics(t *testing.T) {
+	doc, err := metricsdoc.Doc(observability, "The decode server")
+	require.NoError(t, err)
+	env := []string{"UCX_TLS=tcp"}
+	dec := startCLI(t, env, "decode", "--listen", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0")
+	ops := dec.waitLine(t, regexp.MustCompile(`serving metrics at http://(\S+)/metrics`), 30*time.Second)[1]
+	addr := dec.waitLine(t, listening, 30*time.Second)[1]
+	ready, err := httpGet("http://" + ops + "/readyz")
+	require.NoError(t, err)
+	assert.Equal(t, 200, ready, "ready: taking sessions")
+	pre := startCLI(t, env, "prefill", "--decode", addr, "--model", "small", "--requests", "2", "--prompt-tokens", "1024",
+		"--chunk-tokens", "1024", "--page-size", "16", "--no-progress")
+	require.NoError(t, pre.wait(t, 2*time.Minute), "prefill:\n%s\n%s", pre.out(), pre.errOut())
+	dec.waitLine(t, regexp.MustCompile(`session of .* ended complete`), time.Minute)
+
+	body, err := scrape(ops)
+	require.NoError(t, err)
+	served, err := metricsdoc.Scrape(body)
+	require.NoError(t, err)
+	assert.Empty(t, metricsdoc.Compare(doc, served, []string{"kvstream_decode_"}), "docs/OBSERVABILITY.md and a scrape of kvstream decode differ")
+	assert.Contains(t, body, `kvstream_decode_sessions_total{outcome="complete"} 1`)
+	assert.Contains(t, body, `kvstream_decode_rooms_total{outcome="complete"} 2`)
+	assert.Contains(t, body, `kvstream_decode_refused_total{message="hello",reason="identity_busy"} 0`)
+	assert.Regexp(t, `kvstream_decode_verified_bytes_total [1-9]`, body)
+	healthy, err := httpGet("http://" + ops + "/healthz")
+	require.NoError(t, err)
+	assert.Equal(t, 200, healthy)
+
+	require.NoError(t, dec.cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, dec.wait(t, time.Minute), "a drain that cut nothing exits 0:\n%s\n%s", dec.out(), dec.errOut())
+	assert.Regexp(t, `decode: served 1 sessions \(1 complete\)`, dec.out())
+}
+
+// httpGet is the status code of a GET (no connection kept: goleak).
+func httpGet(url string) (int, error) {
+	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	res, err := c.Get(url)
+	if err != nil {
+		return 0, err
+	}
+	res.Body.Close()
+	return res.StatusCode, nil
 }

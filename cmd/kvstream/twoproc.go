@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -46,9 +47,10 @@ const maxPoolMiB = 1 << 20
 
 func newDecode() *cobra.Command {
 	var nf netFlags
+	var of opsFlags
 	var transport string
 	var prefills []string
-	var wait, drain time.Duration
+	var wait time.Duration
 	var sessions int
 	var maxPool uint64
 	var verbose bool
@@ -89,8 +91,8 @@ says what each plane trusts.`,
 			switch {
 			case wait < 0:
 				return errors.Newf("--wait %v: must not be negative", wait)
-			case drain <= 0:
-				return errors.Newf("--drain-timeout %v: must be positive", drain)
+			case of.drain <= 0:
+				return errors.Newf("--drain-timeout %v: must be positive", of.drain)
 			case sessions < 0:
 				return errors.Newf("--sessions %d: must not be negative", sessions)
 			case maxPool == 0 || maxPool > maxPoolMiB:
@@ -113,6 +115,15 @@ says what each plane trusts.`,
 			}
 			log := cliLogger(verbose)
 			defer log.Sync() //nolint:errcheck
+			ops, err := of.start(cmd, log)
+			if err != nil {
+				return err
+			}
+			defer closeWithin("the operations endpoint", ops.Close, &err)
+			metrics, err := decode.NewMetrics(ops.Registerer())
+			if err != nil {
+				return err
+			}
 			pl, err := nf.open(tlsm, log, transport, "decode")
 			if err != nil {
 				return err
@@ -121,18 +132,19 @@ says what each plane trusts.`,
 			node, tr := pl.node, pl.tr
 			var d interface {
 				Serve(context.Context, twoproc.ServeConfig) twoproc.DecodeSummary
+				Servers() []*decode.Server
 				Close(context.Context) error
 			}
 			ranks := ""
 			if sharded {
 				sd, err := twoproc.StartShardedDecode(node, tr, workload.Shard{Model: model, PrefillTP: shard.PrefillTP, DecodeTP: shard.DecodeTP,
-					PrefillPP: shard.PrefillPP, DecodePP: shard.DecodePP, Order: order}, maxPool<<20, prefills, log)
+					PrefillPP: shard.PrefillPP, DecodePP: shard.DecodePP, Order: order}, maxPool<<20, prefills, log, twoproc.WithObserver(metrics))
 				if err != nil {
 					return err
 				}
 				d, ranks = sd, fmt.Sprintf(", %d decode ranks (--decode-tp %d x --decode-pp %d)", sd.Ranks(), max(1, shard.DecodeTP), max(1, shard.DecodePP))
 			} else {
-				sd, err := twoproc.StartDecode(node, tr, maxPool<<20, prefills, log)
+				sd, err := twoproc.StartDecode(node, tr, maxPool<<20, prefills, log, twoproc.WithObserver(metrics))
 				if err != nil {
 					return err
 				}
@@ -158,17 +170,33 @@ says what each plane trusts.`,
 				}
 				return cerr
 			}, &err)
+			// Ready while every rank's server takes sessions.
+			ops.Ready("accepting", func(context.Context) error {
+				for _, srv := range d.Servers() {
+					st, err := srv.State()
+					switch {
+					case err != nil:
+						return err
+					case st.Draining || st.Closed:
+						return errors.New("not taking sessions: draining")
+					}
+				}
+				return nil
+			})
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "decode: listening on %s (transport %s)%s\n", node.Addr(), transport, ranks)
-			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
+			// The first SIGTERM or SIGINT drains, a second cuts the drain.
+			sig := newShutdown()
+			defer sig.Stop()
+			ctx := sig.Context()
 			if wait > 0 {
 				var cancel context.CancelFunc
 				ctx, cancel = context.WithTimeout(ctx, wait)
 				defer cancel()
 			}
-			s := d.Serve(ctx, twoproc.ServeConfig{Runs: sessions, DrainTimeout: drain,
+			s := d.Serve(ctx, twoproc.ServeConfig{Runs: sessions, DrainTimeout: of.drain, Hard: sig.Hard(),
 				OnSession: func(e twoproc.SessionEnd) { fmt.Fprintln(out, e) }})
+			ops.SetDraining()
 			fmt.Fprintln(out, s)
 			switch {
 			case sessions > 0 && s.Sessions == s.Outcomes["empty"]:
@@ -176,7 +204,7 @@ says what each plane trusts.`,
 			case sessions > 0 && !s.Complete():
 				return errors.New("decode: not every session completed with every chunk successful and every byte equal")
 			case !s.DrainedClean():
-				return errors.Newf("decode: the drain cut %d sessions still in flight after --drain-timeout %v", s.Cut, drain)
+				return errors.Newf("decode: the drain cut %d sessions still in flight after --drain-timeout %v", s.Cut, of.drain)
 			}
 			return nil
 		},
@@ -186,12 +214,16 @@ says what each plane trusts.`,
 	fl.StringVar(&transport, "transport", "ucx", "data transport: ucx (loopback does not cross processes)")
 	fl.StringSliceVar(&prefills, "prefill-name", nil, "with TLS: the certificate names of the prefills served (default: any of the CA)")
 	fl.IntVar(&sessions, "sessions", 0, "stop after this many prefill sessions that did something (0: serve until SIGTERM or SIGINT)")
-	fl.DurationVar(&drain, "drain-timeout", 30*time.Second, "on SIGTERM/SIGINT (or --sessions reached), how long sessions in flight may take to end")
 	fl.DurationVar(&wait, "wait", 0, "stop serving (and drain) after this long (0: no limit)")
+	of.add(fl)
 	fl.Uint64Var(&maxPool, "max-pool-mib", 4096, "the most memory the decode pool sized for a prefill may take (sharded: each rank's)")
 	fl.StringVar(&model, "model", workload.Defaults().Preset.Name, "sharded: the prefill's model preset: "+strings.Join(workload.PresetNames(), ", "))
 	addShardFlags(fl, &shard, &pageOrder)
 	fl.BoolVar(&verbose, "verbose", false, "log at DEBUG")
+	groupFlags(cmd, slices.Concat(netGroups, []flagGroup{
+		{groupModel, []string{"model", "prefill-tp", "decode-tp", "prefill-pp", "decode-pp", "page-order", "max-pool-mib"}},
+		{groupRun, []string{"sessions", "wait", "verbose"}},
+		{groupOps, []string{"metrics-addr", "drain-timeout"}}})...)
 	return cmd
 }
 

@@ -37,12 +37,20 @@ type Decode struct {
 	mismatch string
 }
 
+// Option adds to a decode server's configuration.
+type Option func(*decode.Config)
+
+// WithObserver has the servers report to obs (decode.NewMetrics).
+func WithObserver(obs decode.Observer) Option {
+	return func(c *decode.Config) { c.Observer = obs }
+}
+
 // StartDecode serves prefill sessions on node over tr; the pool it sizes
-// for the first prefill holds at most maxPoolBytes.
+// for a prefill holds at most maxPoolBytes.
 // prefills, when set, are the certificate names of the prefills it serves.
-func StartDecode(node *decode.Node, tr rdma.Transport, maxPoolBytes uint64, prefills []string, log *zap.Logger) (*Decode, error) {
+func StartDecode(node *decode.Node, tr rdma.Transport, maxPoolBytes uint64, prefills []string, log *zap.Logger, opts ...Option) (*Decode, error) {
 	d := &Decode{}
-	srv, err := decode.New(node, tr, decode.Config{
+	cfg := decode.Config{
 		Admit:              d.admit,
 		Size:               func(l []decode.PrefillBuffer) ([]decode.Buffer, error) { return d.size(l, maxPoolBytes) },
 		Free:               d.free,
@@ -51,7 +59,11 @@ func StartDecode(node *decode.Node, tr rdma.Transport, maxPoolBytes uint64, pref
 		AcceptUnknownRooms: true, // the sim's decode side does not schedule; it checks
 		Verify:             d.verify,
 		Log:                log,
-	})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	srv, err := decode.New(node, tr, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -174,6 +186,9 @@ func checkChunk(pool *testbed.Pool, c decode.Chunk, verified *uint64, mismatch *
 	}
 	return nil
 }
+
+// Servers is its one server, as ShardedDecode's are listed.
+func (d *Decode) Servers() []*decode.Server { return []*decode.Server{d.Server} }
 
 // Serve serves prefill sessions until ctx ends or cfg.Runs of them did
 // something, then drains (see ServeConfig); the caller closes.

@@ -20,8 +20,10 @@ type ServeConfig struct {
 	// Hello or an empty session (a Hello and a goodbye) is no run.
 	Runs int
 	// DrainTimeout bounds the drain once the process stops taking
-	// sessions: sessions still open then are cut (their rooms fail).
+	// sessions: sessions still open then are cut (their rooms fail). Hard,
+	// if set, cuts the drain short when it ends (a second signal).
 	DrainTimeout time.Duration
+	Hard         context.Context
 	// OnSession, if set, hears of every session's end, as it ends.
 	OnSession func(SessionEnd)
 }
@@ -125,7 +127,11 @@ serving:
 	// Drain: every rank at once, each within the timeout; sessions that end
 	// meanwhile are still taken (and those opened just before are still
 	// accepted, to be waited for).
-	dctx, cancel := context.WithTimeout(context.Background(), cfg.DrainTimeout)
+	hard := cfg.Hard
+	if hard == nil {
+		hard = context.Background()
+	}
+	dctx, cancel := context.WithTimeout(hard, cfg.DrainTimeout)
 	defer cancel()
 	drained := make(chan error, len(srvs))
 	for _, srv := range srvs {

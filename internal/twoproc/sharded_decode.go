@@ -53,7 +53,7 @@ type decodeRank struct {
 // Scale are the prefill's) on node over tr; each rank's pool holds at most
 // maxPoolBytes. prefills, when set, are the certificate names of the
 // prefills served.
-func StartShardedDecode(node *decode.Node, tr rdma.Transport, flags workload.Shard, maxPoolBytes uint64, prefills []string, log *zap.Logger) (_ *ShardedDecode, err error) {
+func StartShardedDecode(node *decode.Node, tr rdma.Transport, flags workload.Shard, maxPoolBytes uint64, prefills []string, log *zap.Logger, opts ...Option) (_ *ShardedDecode, err error) {
 	if _, ok := workload.Presets[flags.Model]; !ok {
 		return nil, errors.Mark(errors.Newf("--model %q: want one of %v", flags.Model, workload.PresetNames()), system.ErrBadInput)
 	}
@@ -73,7 +73,7 @@ func StartShardedDecode(node *decode.Node, tr rdma.Transport, flags workload.Sha
 	}()
 	for i := range tp * pp {
 		r := &decodeRank{rank: reshard.Rank{TP: i % tp, Stage: i / tp}}
-		srv, err := decode.New(node, tr, decode.Config{
+		cfg := decode.Config{
 			Name:               RankServer(r.rank),
 			ID:                 RankPeer(r.rank),
 			Admit:              func(_ string, md map[string]string) error { return d.admit(r, md) },
@@ -84,7 +84,11 @@ func StartShardedDecode(node *decode.Node, tr rdma.Transport, flags workload.Sha
 			AcceptUnknownRooms: true, // the sim's decode side does not schedule; it checks
 			Verify:             r.verify,
 			Log:                log,
-		})
+		}
+		for _, o := range opts {
+			o(&cfg)
+		}
+		srv, err := decode.New(node, tr, cfg)
 		if err != nil {
 			return nil, errors.Wrapf(err, "decode PP stage %d TP rank %d", r.rank.Stage, r.rank.TP)
 		}
@@ -92,6 +96,15 @@ func StartShardedDecode(node *decode.Node, tr rdma.Transport, flags workload.Sha
 		d.ranks = append(d.ranks, r)
 	}
 	return d, nil
+}
+
+// Servers are the ranks' servers, rank 0 first.
+func (d *ShardedDecode) Servers() []*decode.Server {
+	srvs := make([]*decode.Server, len(d.ranks))
+	for i, r := range d.ranks {
+		srvs[i] = r.server
+	}
+	return srvs
 }
 
 // Ranks is how many decode ranks the process serves.
@@ -222,11 +235,7 @@ func (r *decodeRank) check(seed uint64, c decode.Chunk) error {
 // closes. A prefill whose pairing disagrees with the flags is refused and
 // serving goes on.
 func (d *ShardedDecode) Serve(ctx context.Context, cfg ServeConfig) DecodeSummary {
-	srvs := make([]*decode.Server, len(d.ranks))
-	for i, r := range d.ranks {
-		srvs[i] = r.server
-	}
-	return serve(ctx, srvs, cfg, d.verified)
+	return serve(ctx, d.Servers(), cfg, d.verified)
 }
 
 // verified adds up the ranks' checked pages; the first mismatch.
