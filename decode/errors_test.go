@@ -24,3 +24,12 @@ func TestEveryExportedSentinelIsStandard(t *testing.T) {
 		assert.False(t, stderrors.Is(err, stderrors.New("another")), name)
 	}
 }
+
+// TestMetricsWithoutRegistry: a nil registerer is metrics off, not a panic.
+func TestMetricsWithoutRegistry(t *testing.T) {
+	m, err := NewMetrics(nil)
+	if err != nil || m == nil {
+		t.Fatalf("NewMetrics(nil) = %v, %v", m, err)
+	}
+	m.SessionEnded("complete")
+}
