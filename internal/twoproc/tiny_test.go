@@ -13,6 +13,7 @@ import (
 	"github.com/kvstream/kvstream/internal/generate"
 	"github.com/kvstream/kvstream/internal/testbed"
 	"github.com/kvstream/kvstream/internal/tinylm"
+	"github.com/kvstream/kvstream/internal/workload"
 	"github.com/kvstream/kvstream/system"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -272,4 +273,19 @@ func TestTinyRoomsForgottenWithTheirSession(t *testing.T) {
 	s := <-served
 	assert.Nil(t, s.Tokens, "no room was checked")
 	require.NoError(t, d.Close(context.Background()))
+}
+
+// TestTinyToShardedDecodeRefused: a decode process started with sharding
+// flags refuses a tiny model's prefill, saying how to start it.
+func TestTinyToShardedDecodeRefused(t *testing.T) {
+	decTr, preTr, node := loopbackPair(t)
+	d, err := StartShardedDecode(node, decTr, workload.Shard{Model: "llama70b", PrefillTP: 2, DecodeTP: 2}, 64<<20, nil, nil)
+	require.NoError(t, err)
+	defer d.Close(context.Background())
+	cfg := quickTiny("tiny-gqa")
+	p := NewTinyPrefill(node, decode.DialConfig{Decode: node.Addr(), PageSize: cfg.PageSize}, preTr, nil)
+	_, err = generate.RunRemote(context.Background(), cfg, 1, p, true, nil)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "the prefill runs a tiny model, which runs unsharded across processes; this decode process serves --model llama70b")
+	assert.True(t, errors.Is(err, decode.ErrBadInput), "%v", err)
 }
