@@ -13,6 +13,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/decode"
+	"github.com/kvstream/kvstream/internal/tinylm"
 	"github.com/kvstream/kvstream/internal/twoproc"
 	"github.com/kvstream/kvstream/internal/workload"
 	"github.com/spf13/cobra"
@@ -67,6 +68,11 @@ page of every chunk the prefill reports finished against the model's bytes. It p
 each session ends and a summary when it stops. A refused, failed, killed or empty session never
 ends it. It is a thin command over package decode (decode.ListenConfig, decode.New,
 Server.Accept).
+
+A prefill of a tiny model (kvstream prefill --model tiny-gqa|tiny-mla) names the model and its
+prompts in its Hello: as each room's last chunk lands, the decode greedily decodes the room's tokens
+from the pool and compares them with the model's own, printing a line per room (tokens_equal,
+min_top1_margin, max_logit_diff); a room whose tokens differ fails, and the prefill hears why.
 
 On SIGTERM or SIGINT it drains: it takes no new session, lets the sessions in flight end within
 --drain-timeout, prints its summary, and exits 0 when the drain cut nothing (sessions that failed
@@ -195,14 +201,15 @@ says what each plane trusts.`,
 				defer cancel()
 			}
 			s := d.Serve(ctx, twoproc.ServeConfig{Runs: sessions, DrainTimeout: of.drain, Hard: sig.Hard(),
-				OnSession: func(e twoproc.SessionEnd) { fmt.Fprintln(out, e) }})
+				OnSession: func(e twoproc.SessionEnd) { fmt.Fprintln(out, e) },
+				OnRoom:    func(r twoproc.RoomCheck) { fmt.Fprintln(out, r) }})
 			ops.SetDraining()
 			fmt.Fprintln(out, s)
 			switch {
 			case sessions > 0 && s.Sessions == s.Outcomes["empty"]:
 				return errors.Newf("decode: no prefill session did anything before the process stopped (--sessions %d)", sessions)
 			case sessions > 0 && !s.Complete():
-				return errors.New("decode: not every session completed with every chunk successful and every byte equal")
+				return errors.New("decode: not every session completed with every chunk successful and every byte (tiny models: every token) equal")
 			case !s.DrainedClean():
 				return errors.Newf("decode: the drain cut %d sessions still in flight after --drain-timeout %v", s.Cut, of.drain)
 			}
@@ -233,6 +240,7 @@ func newPrefill() *cobra.Command {
 	var decodeAddr, decodeName, transport string
 	var connect time.Duration
 	var monolithic bool
+	var tiny tinyFlags
 	cmd := &cobra.Command{
 		Use:   "prefill",
 		Short: "Run the sim workload with its data over a real transport into a decode process",
@@ -242,6 +250,12 @@ func newPrefill() *cobra.Command {
 chunk succeeded and the decode process found every byte equal. If the decode process dies or
 hangs, its chunks fail and the run stops. The session with the decode process is
 package decode's Client (decode.Dial, Notify per chunk, Bye with the run's outcome).
+
+With --model tiny-gqa or tiny-mla it runs a small transformer's prefill on CPU streams instead (as
+kvstream generate does; defaults too), one room per --requests prompt, and the decode process
+decodes --new-tokens from each room's KV and compares them with the model's; it exits 0 only when
+every room's tokens are equal (tokens_equal: true) and its own first token is the model's.
+Unsharded (CP allowed); --plant commits a production bug on purpose.
 
 With --prefill-tp, --decode-tp, --prefill-pp or --decode-pp it runs one engine per prefill (PP stage,
 TP rank), as kvstream sim does, and opens one session per decode (stage, rank) with a decode process
@@ -255,6 +269,12 @@ answers no heartbeat within --heartbeat (a hung one keeps its connections open) 
 its chunks fail without waiting for the finish timeout.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) (err error) {
+			if _, ok := tinylm.Presets[f.model]; ok {
+				return runTinyPrefill(cmd, f, &tiny, &nf, decodeAddr, decodeName, transport, connect, monolithic)
+			}
+			if err := tiny.unused(cmd); err != nil {
+				return err
+			}
 			cfg, err := f.config()
 			if err != nil {
 				return err
@@ -357,5 +377,6 @@ its chunks fail without waiting for the finish timeout.`,
 	fl.BoolVar(&monolithic, "monolithic", false, "send monolithically after each forward instead of per layer")
 	fl.BoolVar(&f.verbose, "verbose", false, "log the engine at DEBUG")
 	fl.BoolVar(&f.noProg, "no-progress", false, "no progress lines")
+	tiny.add(fl)
 	return cmd
 }

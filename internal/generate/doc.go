@@ -25,4 +25,12 @@
 //
 // Plant makes the rig commit one of the production bugs that only tokens,
 // or tokens and bytes, catch (the tests run each).
+//
+// RunRemote is the same prefill side (prefill in rig.go: streams, ranks,
+// caches, transfer workers, the forward) when the decode side is another
+// process (`kvstream prefill --model tiny-*`): the engines write over that
+// process's transport, one room per request, each chunk told to it once
+// every rank finished it, through a Decode session (internal/twoproc's);
+// the decode process checks the tokens (Spec says what it needs) and
+// answers each room's last chunk with its verdict.
 package generate

@@ -12,6 +12,7 @@ import (
 	"github.com/kvstream/kvstream/cp"
 	"github.com/kvstream/kvstream/cp/reshard"
 	"github.com/kvstream/kvstream/hw/cuda/cpu"
+	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
 	"github.com/kvstream/kvstream/internal/testbed"
 	"github.com/kvstream/kvstream/internal/tinylm"
@@ -24,11 +25,14 @@ import (
 // past the prompt) wrecks the logits rather than passing unnoticed.
 const staleByte = 0xEE
 
-// request is one prompt the rig prefills and transfers. Requests run one
-// after the other on the same pages; only the last one is decoded.
+// request is one prompt the rig prefills and transfers, into decode pages
+// dst (request page -> decode page, the same on every decode rank).
+// Locally, requests run one after the other on the same pages and only the
+// last one is decoded; to another process, each has pages of its own.
 type request struct {
 	room   uint64
 	prompt []int
+	dst    []int
 }
 
 // rank is one prefill rank: its engine, its pool and where it sits.
@@ -43,6 +47,7 @@ type rank struct {
 // chunkJob is a chunk a rank's transfer worker finishes.
 type chunkJob struct {
 	req, k int
+	room   uint64
 }
 
 // finish is one Finish's outcome.
@@ -82,7 +87,7 @@ type rig struct {
 	m      *tinylm.Model
 	chunks []chunk
 	src    []int // request page -> prefill page, the same on every prefill rank
-	dst    []int // request page -> decode page, the same on every decode rank
+	dst    []int // request page -> decode page, the same on every decode rank (local runs)
 	log    *zap.Logger
 }
 
@@ -151,6 +156,110 @@ func (c *collector) get(name string) (cpu.Span, bool) {
 
 func kernelName(req, k, l int) string { return fmt.Sprintf("r%d c%d L%d", req, k, l) }
 
+// prefill is the prefill side of a run, wherever its decode side is: one
+// CPU stream per PP stage, shared by the stage's engines (its TP ranks
+// compute together, its CP ranks the same layers); one engine and pool per
+// (CP rank, PP stage, TP rank); the prefill's view of a request's KV (per
+// stage and TP rank a cache whose pages live in their owning CP rank's
+// pool); and one transfer worker per rank that finishes its chunks in send
+// order onto finishes.
+type prefill struct {
+	r        *rig
+	streams  []*cpu.Stream
+	ranks    []*rank
+	caches   [][]*tinylm.Cache
+	col      *collector
+	peers    []string // every decode rank's peer id: each chunk's destinations
+	finishes chan finish
+	wg       sync.WaitGroup
+
+	kmu       sync.Mutex
+	kernelErr error // the first model kernel's error
+}
+
+// newPrefill builds the prefill side: transport gives each rank its
+// transport (by the rank's name), peers are the decode ranks (stage-major,
+// each with its Sharding), perLayer the mode. What it builds is closed by
+// cleanup (run in reverse), its workers by stop.
+func (r *rig) newPrefill(ctx context.Context, transport func(name string) (rdma.Transport, error), peers []system.Peer,
+	perLayer bool, cleanup *[]func()) (*prefill, error) {
+	cfg, g := &r.cfg, &r.g
+	p := &prefill{r: r, col: &collector{spans: map[string]cpu.Span{}}}
+	for _, peer := range peers {
+		p.peers = append(p.peers, peer.ID)
+	}
+	p.streams = make([]*cpu.Stream, g.pre.PP())
+	for st := range p.streams {
+		s := cpu.NewStream(fmt.Sprintf("prefill-pp%d", st), cpu.Options{OnSpan: p.col.span})
+		p.streams[st] = s
+		*cleanup = append(*cleanup, s.Close)
+	}
+	byPlace := map[[3]int]*rank{}
+	for c := 0; c < cfg.CP; c++ {
+		for st := 0; st < g.pre.PP(); st++ {
+			for tp := 0; tp < g.pre.TP; tp++ {
+				tr, err := transport(fmt.Sprintf("prefill-cp%d-pp%d-tp%d", c, st, tp))
+				if err != nil {
+					return nil, err
+				}
+				rk, err := r.newRank(tr, p.streams[st], peers, c, st, tp, perLayer, cleanup)
+				if err != nil {
+					return nil, errors.Wrapf(err, "prefill CP rank %d PP stage %d TP rank %d", c, st, tp)
+				}
+				p.ranks = append(p.ranks, rk)
+				byPlace[[3]int{c, st, tp}] = rk
+			}
+		}
+	}
+	p.caches = make([][]*tinylm.Cache, g.pre.PP())
+	for st := range p.caches {
+		for tp := 0; tp < g.pre.TP; tp++ {
+			cache := &tinylm.Cache{Side: g.pre, Rank: reshard.Rank{TP: tp, Stage: st}}
+			for pg, src := range r.src {
+				cache.Pages = append(cache.Pages, tinylm.PageRef{Pool: byPlace[[3]int{r.owner(pg), st, tp}].pool, Page: src})
+			}
+			p.caches[st] = append(p.caches[st], cache)
+		}
+	}
+	p.finishes = make(chan finish, len(p.ranks)*len(r.chunks))
+	for i, rk := range p.ranks {
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			for j := range rk.work {
+				res, err := rk.eng.Finish(ctx, j.room)
+				p.finishes <- finish{rank: i, req: j.req, k: j.k, res: res, err: err, ret: time.Now()}
+			}
+		}()
+	}
+	return p, nil
+}
+
+// stop ends the transfer workers once they finished what they were given;
+// a second call does nothing.
+func (p *prefill) stop() {
+	for _, rk := range p.ranks {
+		if rk.work != nil {
+			close(rk.work)
+			rk.work = nil
+		}
+	}
+	p.wg.Wait()
+}
+
+// sync waits for every stream, then returns the first model kernel's
+// error, if any.
+func (p *prefill) sync(ctx context.Context) error {
+	for _, s := range p.streams {
+		if err := s.Synchronize(ctx); err != nil {
+			return errors.Wrapf(err, "stream %s", s.Name())
+		}
+	}
+	p.kmu.Lock()
+	defer p.kmu.Unlock()
+	return errors.Wrap(p.kernelErr, "model kernel")
+}
+
 // runMode runs the requests through fresh engines, streams and pools in
 // one mode, checks the last request's bytes, and decodes it from the
 // decode pools (and, with reference, collocated on the prefill's).
@@ -191,76 +300,27 @@ func (r *rig) runMode(ctx context.Context, perLayer, reference bool, reqs []requ
 		peers[0].Sharding.Rank, peers[1].Sharding.Rank = peers[1].Sharding.Rank, peers[0].Sharding.Rank
 	}
 
-	// The prefill side: one CPU stream per PP stage, shared by the
-	// stage's engines (its TP ranks compute together, its CP ranks the
-	// same layers), one engine and pool per (CP rank, stage, TP rank).
-	col := &collector{spans: map[string]cpu.Span{}}
-	streams := make([]*cpu.Stream, g.pre.PP())
-	for st := range streams {
-		s := cpu.NewStream(fmt.Sprintf("prefill-pp%d", st), cpu.Options{OnSpan: col.span})
-		streams[st] = s
-		cleanup = append(cleanup, s.Close)
-	}
-	var ranks []*rank
-	byPlace := map[[3]int]*rank{}
-	for c := 0; c < cfg.CP; c++ {
-		for st := 0; st < g.pre.PP(); st++ {
-			for tp := 0; tp < g.pre.TP; tp++ {
-				rk, err := r.newRank(fab, streams[st], peers, c, st, tp, perLayer, &cleanup)
-				if err != nil {
-					return nil, errors.Wrapf(err, "prefill CP rank %d PP stage %d TP rank %d", c, st, tp)
-				}
-				ranks = append(ranks, rk)
-				byPlace[[3]int{c, st, tp}] = rk
-			}
+	// The prefill side, each rank on its own link of the fabric.
+	transport := func(name string) (rdma.Transport, error) {
+		tr, err := fab.NewTransport(name)
+		if err != nil {
+			return nil, err
 		}
+		cleanup = append(cleanup, func() { _ = tr.Close() })
+		return tr, nil
 	}
-
-	// The prefill's view of a request's KV: per (stage, TP rank) a cache
-	// whose pages live in their owning CP rank's pool.
-	preCaches := make([][]*tinylm.Cache, g.pre.PP())
-	for st := range preCaches {
-		for tp := 0; tp < g.pre.TP; tp++ {
-			cache := &tinylm.Cache{Side: g.pre, Rank: reshard.Rank{TP: tp, Stage: st}}
-			for p, pg := range r.src {
-				cache.Pages = append(cache.Pages, tinylm.PageRef{Pool: byPlace[[3]int{r.owner(p), st, tp}].pool, Page: pg})
-			}
-			preCaches[st] = append(preCaches[st], cache)
-		}
+	p, err := r.newPrefill(ctx, transport, peers, perLayer, &cleanup)
+	if err != nil {
+		return nil, err
 	}
-
-	// One transfer worker per rank finishes its chunks in send order.
-	finishes := make(chan finish, len(ranks)*len(r.chunks))
-	var wg sync.WaitGroup
-	for i, rk := range ranks {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for j := range rk.work {
-				res, err := rk.eng.Finish(ctx, reqs[j.req].room)
-				finishes <- finish{rank: i, req: j.req, k: j.k, res: res, err: err, ret: time.Now()}
-			}
-		}()
-	}
-	closeWork := func() {
-		for _, rk := range ranks {
-			if rk.work != nil {
-				close(rk.work)
-				rk.work = nil
-			}
-		}
-		wg.Wait()
-	}
-	defer closeWork() // on an early return; a no-op after the normal one
+	defer p.stop() // on an early return; a no-op after the normal one
 
 	var first tinylm.Step
-	var kernelErr error
-	var kmu sync.Mutex
 	var results []finish
 	for ri, rq := range reqs {
 		last := ri == len(reqs)-1
 		for k := range r.chunks {
-			step, err := r.forward(ctx, ri, k, rq, last, ranks, streams, preCaches, &kernelErr, &kmu)
+			step, err := p.forward(ctx, ri, k, rq, last)
 			if err != nil {
 				return nil, err
 			}
@@ -270,42 +330,30 @@ func (r *rig) runMode(ctx context.Context, perLayer, reference bool, reqs []requ
 			if cfg.Plant == PlantChunkPositions {
 				// Each chunk registers as [0, its length): the previous
 				// one, of the same key, must be finished first.
-				for range ranks {
-					results = append(results, <-finishes)
+				for range p.ranks {
+					results = append(results, <-p.finishes)
 				}
 			}
 		}
 		// A request's decode pages are reused by the next only once every
 		// rank finished every chunk of it (what a decode side waits for
 		// before it frees pages).
-		for len(results) < (ri+1)*len(ranks)*len(r.chunks) {
-			results = append(results, <-finishes)
+		for len(results) < (ri+1)*len(p.ranks)*len(r.chunks) {
+			results = append(results, <-p.finishes)
 		}
 	}
-	for _, s := range streams {
-		if err := s.Synchronize(ctx); err != nil {
-			return nil, errors.Wrapf(err, "stream %s", s.Name())
-		}
+	if err := p.sync(ctx); err != nil {
+		return nil, err
 	}
-	closeWork()
-	kmu.Lock()
-	err = kernelErr
-	kmu.Unlock()
-	if err != nil {
-		return nil, errors.Wrap(err, "model kernel")
-	}
+	p.stop()
 
 	mr := &modeRun{first: first}
 	var lastRet time.Time
 	var lastStats system.ChunkStats // of the Finish that returned last
 	lastReq, lastChunk := len(reqs)-1, len(r.chunks)-1
 	for _, f := range results {
-		rk := ranks[f.rank]
-		switch {
-		case f.err != nil:
-			return nil, errors.Wrapf(f.err, "prefill CP rank %d PP stage %d TP rank %d: request %d chunk %d", rk.c, rk.st, rk.tp, f.req, f.k)
-		case f.res.Status != system.Succeeded:
-			return nil, errors.Newf("prefill CP rank %d PP stage %d TP rank %d: request %d chunk %d: %s: %v", rk.c, rk.st, rk.tp, f.req, f.k, f.res.Status, f.res.Err)
+		if err := p.failed(f); err != nil {
+			return nil, err
 		}
 		if f.req == lastReq {
 			mr.bytes += f.res.Stats.Bytes
@@ -315,14 +363,14 @@ func (r *rig) runMode(ctx context.Context, perLayer, reference bool, reqs []requ
 			}
 		}
 	}
-	if err := r.timing(mr, col, ranks, lastReq, lastRet, perLayer); err != nil {
+	if err := r.timing(mr, p.col, p.ranks, lastReq, lastRet, perLayer); err != nil {
 		return nil, err
 	}
 	mr.phases = phases(mr.fwdEnd, lastStats, lastRet)
 
 	// Bytes first (decoding writes the generated tokens' KV into the
 	// pages), then tokens.
-	mr.mismatch = r.checkBytes(ranks, decPools)
+	mr.mismatch = r.checkBytes(p.ranks, decPools)
 	mr.bytesEqual = mr.mismatch == ""
 	pools := make([][]tinylm.Pool, len(decPools))
 	for st, ps := range decPools {
@@ -338,7 +386,7 @@ func (r *rig) runMode(ctx context.Context, perLayer, reference bool, reqs []requ
 		return nil, errors.Wrap(err, "decode")
 	}
 	if reference {
-		ref, err := r.m.Generate(preCaches, cfg.PromptTokens, first.Token, cfg.NewTokens)
+		ref, err := r.m.Generate(p.caches, cfg.PromptTokens, first.Token, cfg.NewTokens)
 		if err != nil {
 			return nil, errors.Wrap(err, "collocated reference decode")
 		}
@@ -347,15 +395,22 @@ func (r *rig) runMode(ctx context.Context, perLayer, reference bool, reqs []requ
 	return mr, nil
 }
 
-// newRank builds one prefill rank: transport, pool, engine, peers.
-func (r *rig) newRank(fab *loopback.Fabric, stream *cpu.Stream, peers []system.Peer, c, st, tp int, perLayer bool, cleanup *[]func()) (*rank, error) {
-	cfg, g := &r.cfg, &r.g
-	name := fmt.Sprintf("prefill-cp%d-pp%d-tp%d", c, st, tp)
-	tr, err := fab.NewTransport(name)
-	if err != nil {
-		return nil, err
+// failed is why a Finish did not succeed, naming the rank, request and
+// chunk, or nil.
+func (p *prefill) failed(f finish) error {
+	rk := p.ranks[f.rank]
+	switch {
+	case f.err != nil:
+		return errors.Wrapf(f.err, "prefill CP rank %d PP stage %d TP rank %d: request %d chunk %d", rk.c, rk.st, rk.tp, f.req, f.k)
+	case f.res.Status != system.Succeeded:
+		return errors.Newf("prefill CP rank %d PP stage %d TP rank %d: request %d chunk %d: %s: %v", rk.c, rk.st, rk.tp, f.req, f.k, f.res.Status, f.res.Err)
 	}
-	*cleanup = append(*cleanup, func() { _ = tr.Close() })
+	return nil
+}
+
+// newRank builds one prefill rank on transport tr: pool, engine, peers.
+func (r *rig) newRank(tr rdma.Transport, stream *cpu.Stream, peers []system.Peer, c, st, tp int, perLayer bool, cleanup *[]func()) (*rank, error) {
+	cfg, g := &r.cfg, &r.g
 	pool, err := testbed.NewPool(geometryOf(&g.pre, st, g.poolPages))
 	if err != nil {
 		return nil, err
@@ -413,14 +468,14 @@ func (r *rig) newRank(fab *loopback.Fabric, stream *cpu.Stream, peers []system.P
 // forward runs chunk k of request ri: registers it on every engine, then,
 // stage by stage, enqueues one kernel per layer on the stage's stream and
 // calls the stage's engines' LayerEnd after each hooked layer and End after
-// the last, and hands the chunk to the transfer workers. The last chunk of
-// the last request also enqueues the head (the prefill's pick), returned
-// once computed.
-func (r *rig) forward(ctx context.Context, ri, k int, rq request, lastReq bool, ranks []*rank, streams []*cpu.Stream,
-	caches [][]*tinylm.Cache, kernelErr *error, kmu *sync.Mutex) (*tinylm.Step, error) {
+// the last, and hands the chunk to the transfer workers. With head, the
+// last chunk also enqueues the head (the prefill's pick), returned once
+// computed.
+func (p *prefill) forward(ctx context.Context, ri, k int, rq request, head bool) (*tinylm.Step, error) {
+	r := p.r
 	cfg, g, ch := &r.cfg, &r.g, r.chunks[k]
-	for _, rk := range ranks {
-		spec := r.spec(rq.room, k)
+	for _, rk := range p.ranks {
+		spec := r.spec(rq, k, p.peers)
 		if _, err := rk.eng.Register(ctx, spec); err != nil {
 			return nil, errors.Wrapf(err, "request %d chunk %d: register on CP rank %d PP stage %d TP rank %d", ri, k, rk.c, rk.st, rk.tp)
 		}
@@ -437,10 +492,10 @@ func (r *rig) forward(ctx context.Context, ri, k int, rq request, lastReq bool, 
 		}
 	}
 	var step *tinylm.Step
-	for st, s := range streams {
+	for st, s := range p.streams {
 		lo, hi := g.pre.StageLayers(st)
 		var stage []*rank
-		for _, rk := range ranks {
+		for _, rk := range p.ranks {
 			if rk.st == st {
 				stage = append(stage, rk)
 			}
@@ -453,12 +508,12 @@ func (r *rig) forward(ctx context.Context, ri, k int, rq request, lastReq bool, 
 		}
 		for l := lo; l < hi; l++ {
 			run := func() {
-				if err := r.m.Layer(l, h, ch.a, rope, caches[st]); err != nil {
-					kmu.Lock()
-					if *kernelErr == nil {
-						*kernelErr = errors.Wrapf(err, "request %d chunk %d", ri, k)
+				if err := r.m.Layer(l, h, ch.a, rope, p.caches[st]); err != nil {
+					p.kmu.Lock()
+					if p.kernelErr == nil {
+						p.kernelErr = errors.Wrapf(err, "request %d chunk %d", ri, k)
 					}
-					kmu.Unlock()
+					p.kmu.Unlock()
 				}
 			}
 			if err := s.Launch(cpu.Kernel{Name: kernelName(ri, k, l), Run: run}); err != nil {
@@ -478,16 +533,16 @@ func (r *rig) forward(ctx context.Context, ri, k int, rq request, lastReq bool, 
 			}
 		}
 		for _, rk := range stage {
-			rk.work <- chunkJob{req: ri, k: k}
+			rk.work <- chunkJob{req: ri, k: k, room: rq.room}
 		}
-		if st == len(streams)-1 && lastReq && k == len(r.chunks)-1 {
+		if st == len(p.streams)-1 && head && k == len(r.chunks)-1 {
 			step = new(tinylm.Step)
 			last := h[len(h)-1]
 			if err := s.Launch(cpu.Kernel{Name: "head", Run: func() { *step = tinylm.Pick(r.m.Logits(last)) }}); err != nil {
 				return nil, err
 			}
 		}
-		if st < len(streams)-1 {
+		if st < len(p.streams)-1 {
 			// The next stage takes this one's hidden states.
 			if err := s.Synchronize(ctx); err != nil {
 				return nil, err
@@ -495,33 +550,31 @@ func (r *rig) forward(ctx context.Context, ri, k int, rq request, lastReq bool, 
 		}
 	}
 	if step != nil {
-		if err := streams[len(streams)-1].Synchronize(ctx); err != nil {
+		if err := p.streams[len(p.streams)-1].Synchronize(ctx); err != nil {
 			return nil, err
 		}
 	}
 	return step, nil
 }
 
-// spec is the registration of chunk k of a room on one rank (with the
-// plant's mistake, if any).
-func (r *rig) spec(room uint64, k int) system.ChunkSpec {
+// spec is the registration of chunk k of a request on one rank, to every
+// decode peer (with the plant's mistake, if any).
+func (r *rig) spec(rq request, k int, peers []string) system.ChunkSpec {
 	cfg, g, rng := &r.cfg, &r.g, r.chunks[k].rng
-	dst := r.dst[:g.promptPages]
-	spec := system.ChunkSpec{Room: room, Start: rng.Start, End: rng.End, Last: rng.Last,
+	dst := rq.dst[:g.promptPages]
+	spec := system.ChunkSpec{Room: rq.room, Start: rng.Start, End: rng.End, Last: rng.Last,
 		SrcPages: r.src[rng.PageStart : rng.PageStart+rng.Pages], TotalPages: g.promptPages}
 	switch {
 	case cfg.Plant == PlantChunkPositions:
 		// The chunk's range counted from the chunk instead of the request
 		// (positions from 0): its pages go where chunk 0's went.
 		spec.Start, spec.End = 0, rng.End-rng.Start
-	case cfg.Plant == PlantStalePage && k == 0 && room == stalePlantRoom:
+	case cfg.Plant == PlantStalePage && k == 0 && rq.room == stalePlantRoom:
 		spec.Start += cfg.PageSize
 		spec.SrcPages = spec.SrcPages[1:]
 	}
-	for st := 0; st < g.dec.PP(); st++ {
-		for d := 0; d < g.dec.TP; d++ {
-			spec.Infos = append(spec.Infos, system.DecodeInfo{Peer: fmt.Sprintf("decode-pp%d-tp%d", st, d), DstPages: dst})
-		}
+	for _, peer := range peers {
+		spec.Infos = append(spec.Infos, system.DecodeInfo{Peer: peer, DstPages: dst})
 	}
 	return spec
 }

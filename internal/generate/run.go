@@ -114,10 +114,10 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	reqs := []request{{room: 1, prompt: prompt}}
+	reqs := []request{{room: 1, prompt: prompt, dst: r.dst}}
 	if cfg.Plant == PlantStalePage {
 		// The previous request: another prompt on the same pages.
-		reqs = []request{{room: 1, prompt: m.Prompt(cfg.Seed+1, cfg.PromptTokens)}, {room: stalePlantRoom, prompt: prompt}}
+		reqs = []request{{room: 1, prompt: m.Prompt(cfg.Seed+1, cfg.PromptTokens), dst: r.dst}, {room: stalePlantRoom, prompt: prompt, dst: r.dst}}
 	}
 
 	rep := &Report{Model: cfg.Model.Name, PromptTokens: cfg.PromptTokens, NewTokens: cfg.NewTokens, ChunkTokens: cfg.ChunkTokens,

@@ -206,20 +206,47 @@ func (v *Verdict) OK() bool {
 	return v.Equal && v.FirstEqual && v.MaxLogitDiff <= LogitTolerance
 }
 
+// Expected is the model's own generation of a prompt (Reference): what a
+// decode side compares the tokens it decodes with. A decode process can
+// compute it while the prompt's KV is still on its way.
+type Expected struct {
+	// PromptLen is the prompt's length: the decode starts there.
+	PromptLen int
+	// First is the model's pick after the prompt, Gen the steps after it.
+	First Step
+	Gen   Generation
+}
+
+// Expect returns the model's own generation of n tokens after prompt.
+func (m *Model) Expect(prompt []int, n int) (*Expected, error) {
+	first, g, err := m.Reference(prompt, n)
+	if err != nil {
+		return nil, err
+	}
+	return &Expected{PromptLen: len(prompt), First: first, Gen: g}, nil
+}
+
 // Check is what a decode side runs once a request's KV has arrived in its
 // pools: it decodes n tokens from the caches (the decode side's ranks, as
 // NewCaches builds them over its pools and the request's page list) for
 // prompt, fed the prefill's first token, and compares them with the
 // model's own generation of the same prompt (Reference).
 func (m *Model) Check(stages [][]*Cache, prompt []int, first, n int) (Verdict, error) {
-	refFirst, ref, err := m.Reference(prompt, n)
+	e, err := m.Expect(prompt, n)
 	if err != nil {
 		return Verdict{}, err
 	}
-	got, err := m.Generate(stages, len(prompt), first, n)
+	return m.CheckAgainst(stages, e, first)
+}
+
+// CheckAgainst is Check against an expectation computed beforehand: it
+// decodes as many tokens as e holds from the caches, after e.PromptLen
+// prompt tokens, fed first.
+func (m *Model) CheckAgainst(stages [][]*Cache, e *Expected, first int) (Verdict, error) {
+	got, err := m.Generate(stages, e.PromptLen, first, len(e.Gen.Steps))
 	if err != nil {
 		return Verdict{}, err
 	}
-	return Verdict{Tokens: got.Tokens(), Reference: ref.Tokens(), Comparison: Compare(&got, &ref),
-		FirstEqual: first == refFirst.Token, MinMargin: min(refFirst.Margin, ref.MinMargin())}, nil
+	return Verdict{Tokens: got.Tokens(), Reference: e.Gen.Tokens(), Comparison: Compare(&got, &e.Gen),
+		FirstEqual: first == e.First.Token, MinMargin: min(e.First.Margin, e.Gen.MinMargin())}, nil
 }

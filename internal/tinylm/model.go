@@ -19,7 +19,8 @@ const (
 	normEps   = 1e-6
 )
 
-// Model is a model with its weights.
+// Model is a model with its weights. It is read-only once drawn: safe for
+// concurrent use (a decode process computes expectations on goroutines).
 type Model struct {
 	cfg    Config
 	embed  []float64 // [Vocab][Hidden]

@@ -237,6 +237,14 @@ func TestCheck(t *testing.T) {
 	assert.True(t, v.OK(), "%+v", v)
 	assert.Equal(t, v.Reference, v.Tokens)
 	assert.Greater(t, v.MinMargin, LogitTolerance)
+	// The expectation computed beforehand gives the same verdict.
+	e, err := m.Expect(prompt, newTokens)
+	require.NoError(t, err)
+	assert.Equal(t, len(prompt), e.PromptLen)
+	assert.Equal(t, first.Token, e.First.Token)
+	v2, err := m.CheckAgainst(cloneCaches(caches), e, first.Token)
+	require.NoError(t, err)
+	assert.Equal(t, v, v2)
 
 	v, err = m.Check(cloneCaches(caches), prompt, (first.Token+1)%m.Config().Vocab, newTokens)
 	require.NoError(t, err)

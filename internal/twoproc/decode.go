@@ -35,6 +35,9 @@ type Decode struct {
 	pool     *testbed.Pool
 	verified uint64
 	mismatch string
+
+	// tiny checks the tokens of the sessions of tiny models (tiny.go).
+	tiny tinyChecks
 }
 
 // Option adds to a decode server's configuration.
@@ -79,6 +82,9 @@ func StartDecode(node *decode.Node, tr rdma.Transport, maxPoolBytes uint64, pref
 func (d *Decode) admit(_ string, md map[string]string) error {
 	text, ok := md[ShardKey]
 	if !ok {
+		if tiny, ok := md[TinyKey]; ok {
+			return admitTiny(tiny)
+		}
 		return nil
 	}
 	return errors.Mark(errors.Newf("the prefill shards (%.512s); this decode process was started without --prefill-tp/--decode-tp/--prefill-pp/--decode-pp: start it with the prefill's",
@@ -120,6 +126,7 @@ func (d *Decode) free([]decode.Buffer) {
 		_ = d.pool.Free()
 		d.pool = nil
 	}
+	d.tiny.forget()
 }
 
 // offerOf is pool as the decode server offers it.
@@ -134,6 +141,11 @@ func offerOf(pool *testbed.Pool) []decode.Buffer {
 // verify checks every page a successful chunk wrote: each must hold the
 // model's bytes for its room, buffer and position.
 func (d *Decode) verify(ss *decode.Session, c decode.Chunk) error {
+	if _, ok := ss.Metadata()[TinyKey]; ok {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return d.tiny.verify(ss, c, d.pool)
+	}
 	seed, err := seedOf(ss)
 	if err != nil {
 		return err
@@ -193,12 +205,24 @@ func (d *Decode) Servers() []*decode.Server { return []*decode.Server{d.Server} 
 // Serve serves prefill sessions until ctx ends or cfg.Runs of them did
 // something, then drains (see ServeConfig); the caller closes.
 func (d *Decode) Serve(ctx context.Context, cfg ServeConfig) DecodeSummary {
-	return serve(ctx, []*decode.Server{d.Server}, cfg, d.Verified)
+	d.tiny.setOnRoom(cfg.OnRoom)
+	on := cfg.OnSession
+	cfg.OnSession = func(e SessionEnd) {
+		d.tiny.ended(e.session)
+		if on != nil {
+			on(e)
+		}
+	}
+	s := serve(ctx, []*decode.Server{d.Server}, cfg, d.Verified)
+	s.Tokens = d.tiny.summary()
+	return s
 }
 
 // Close closes the server, which frees the pool once no prefill can
 // write it. When that cannot be confirmed (decode.ErrNotQuiesced) the pool
 // stays mapped: the caller closes the transport before it exits.
 func (d *Decode) Close(ctx context.Context) error {
-	return d.Server.Close(ctx)
+	err := d.Server.Close(ctx)
+	d.tiny.wg.Wait()
+	return err
 }

@@ -26,6 +26,9 @@ type ServeConfig struct {
 	Hard         context.Context
 	// OnSession, if set, hears of every session's end, as it ends.
 	OnSession func(SessionEnd)
+	// OnRoom, if set, hears of every room of a tiny model whose tokens
+	// were checked, as it is checked (unsharded decode only).
+	OnRoom func(RoomCheck)
 }
 
 // SessionEnd is one session's end on one decode rank.
@@ -35,6 +38,8 @@ type SessionEnd struct {
 	Prefill string
 	Report  decode.SessionReport
 	Err     error
+
+	session *decode.Session
 }
 
 // Outcome is the session's outcome, as the decode metrics label it.
@@ -96,7 +101,7 @@ func serve(ctx context.Context, srvs []*decode.Server, cfg ServeConfig, verified
 					defer wg.Done()
 					// A session ends at the latest when its server closes.
 					rep, err := ss.Wait(context.Background())
-					ended <- SessionEnd{Rank: i, Ranks: len(srvs), Prefill: ss.Prefill(), Report: rep, Err: err}
+					ended <- SessionEnd{Rank: i, Ranks: len(srvs), Prefill: ss.Prefill(), Report: rep, Err: err, session: ss}
 				}()
 			}
 		}()
@@ -204,6 +209,8 @@ type DecodeSummary struct {
 	// DrainErr says why it ended early.
 	Cut      int
 	DrainErr error
+	// Tokens adds up the token checks of tiny models' rooms (nil: none).
+	Tokens *TokenSummary
 }
 
 func (s *DecodeSummary) add(e SessionEnd) {
@@ -220,7 +227,7 @@ func (s *DecodeSummary) add(e SessionEnd) {
 // Complete reports whether every session that did something completed
 // with every byte equal (what a bounded run, --runs, exits 0 on).
 func (s DecodeSummary) Complete() bool {
-	return s.Mismatch == "" && s.Err == nil && s.Cut == 0 && s.Sessions > s.Outcomes["empty"]
+	return s.Mismatch == "" && s.Err == nil && s.Cut == 0 && s.Sessions > s.Outcomes["empty"] && (s.Tokens == nil || s.Tokens.OK())
 }
 
 // DrainedClean reports whether the drain lost nothing in flight (what a
@@ -245,8 +252,15 @@ func (s DecodeSummary) String() string {
 	if s.Ranks > 1 {
 		ranks = fmt.Sprintf(" on %d ranks", s.Ranks)
 	}
-	line := fmt.Sprintf("decode: served %d sessions%s (%s): %d chunks (%d not successful), %d rooms complete, %d pages verified, bytes equal: %v",
-		s.Sessions, ranks, by, s.Chunks, s.Failed, s.Rooms, s.VerifiedPages, s.Mismatch == "")
+	line := fmt.Sprintf("decode: served %d sessions%s (%s): %d chunks (%d not successful), %d rooms complete",
+		s.Sessions, ranks, by, s.Chunks, s.Failed, s.Rooms)
+	if s.Tokens == nil || s.VerifiedPages > 0 || s.Mismatch != "" {
+		// A tiny model's rooms are checked by their tokens, not their bytes.
+		line += fmt.Sprintf(", %d pages verified, bytes equal: %v", s.VerifiedPages, s.Mismatch == "")
+	}
+	if s.Tokens != nil {
+		line += "; " + s.Tokens.String()
+	}
 	if s.Cut > 0 {
 		line += fmt.Sprintf("; %d sessions cut by the drain timeout", s.Cut)
 	}

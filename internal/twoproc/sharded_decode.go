@@ -114,6 +114,10 @@ func (d *ShardedDecode) Ranks() int { return len(d.ranks) }
 // otherwise is refused with both values, before anything is sized.
 func (d *ShardedDecode) admit(r *decodeRank, md map[string]string) error {
 	text, ok := md[ShardKey]
+	if _, tiny := md[TinyKey]; !ok && tiny {
+		return d.refuse(errors.Newf("the prefill runs a tiny model, which runs unsharded across processes; this decode process serves %s: start it without --prefill-tp/--decode-tp/--prefill-pp/--decode-pp",
+			flagsText(d.flags)))
+	}
 	if !ok {
 		return d.refuse(errors.Newf("the prefill does not shard; this decode process serves %s: start the prefill with the same flags",
 			flagsText(d.flags)))

@@ -1,0 +1,173 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/cp"
+	"github.com/kvstream/kvstream/decode"
+	"github.com/kvstream/kvstream/internal/generate"
+	"github.com/kvstream/kvstream/internal/tinylm"
+	"github.com/kvstream/kvstream/internal/twoproc"
+	"github.com/kvstream/kvstream/system"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+// kvstream prefill --model tiny-gqa|tiny-mla: newPrefill routes the tiny
+// models here.
+
+// tinyFlags are the prefill's flags that only a tiny model takes.
+type tinyFlags struct {
+	newTokens int
+	plant     string
+}
+
+func (t *tinyFlags) add(fl *pflag.FlagSet) {
+	d := generate.Defaults()
+	fl.IntVar(&t.newTokens, "new-tokens", d.NewTokens, "tiny models: tokens the decode process decodes after the first, per room")
+	fl.StringVar(&t.plant, "plant", "none", "tiny models: commit a production bug on purpose: none, chunk-positions, rope-offset, hookless-not-sent")
+}
+
+// unused refuses the tiny models' flags for a sim model.
+func (t *tinyFlags) unused(cmd *cobra.Command) error {
+	for _, name := range []string{"new-tokens", "plant"} {
+		if cmd.Flags().Changed(name) {
+			return errors.Newf("--%s applies to the tiny models (--model %s)", name, strings.Join(tinylm.PresetNames(), ", "))
+		}
+	}
+	return nil
+}
+
+// simOnlyFlags are the prefill's flags that describe the sim's model, its
+// modeled GPU or link, or its residency: a tiny model takes none.
+var simOnlyFlags = []string{"layers", "resident", "link-gbps", "link-latency-us", "cp-rank", "scale", "memory-mib",
+	"time-scale", "layer-us-per-ktok"}
+
+// config is the tiny run the flags ask for: kvstream generate's defaults,
+// with the flags given.
+func (t *tinyFlags) config(cmd *cobra.Command, f *simFlags) (generate.Config, int, error) {
+	cfg := generate.Defaults()
+	var unused []string
+	for _, name := range simOnlyFlags {
+		if cmd.Flags().Changed(name) {
+			unused = append(unused, "--"+name)
+		}
+	}
+	if len(unused) > 0 {
+		return cfg, 0, errors.Newf("--model %s runs on CPU streams over a real link and takes no %s", f.model, strings.Join(unused, ", "))
+	}
+	var err error
+	if cfg.Model, err = tinylm.Preset(f.model); err != nil {
+		return cfg, 0, err
+	}
+	requests := 1
+	changed := cmd.Flags().Changed
+	for _, v := range []struct {
+		flag string
+		dst  *int
+		val  int
+	}{
+		{"requests", &requests, f.cfg.Requests}, {"prompt-tokens", &cfg.PromptTokens, f.cfg.PromptTokens},
+		{"chunk-tokens", &cfg.ChunkTokens, f.cfg.ChunkTokens}, {"page-size", &cfg.PageSize, f.cfg.PageSize},
+		{"group", &cfg.GroupSize, f.cfg.GroupSize}, {"submitters", &cfg.Submitters, f.cfg.Submitters}, {"cp", &cfg.CP, f.cfg.CP.Size},
+		{"prefill-tp", &cfg.PrefillTP, f.cfg.PrefillTP}, {"decode-tp", &cfg.DecodeTP, f.cfg.DecodeTP},
+		{"prefill-pp", &cfg.PrefillPP, f.cfg.PrefillPP}, {"decode-pp", &cfg.DecodePP, f.cfg.DecodePP},
+	} {
+		if changed(v.flag) {
+			*v.dst = v.val
+		}
+	}
+	if changed("finish-timeout") {
+		cfg.FinishTimeout = f.cfg.FinishTimeout
+	}
+	if changed("seed") {
+		cfg.Seed = f.cfg.Seed
+	}
+	cfg.NewTokens = t.newTokens
+	if cfg.CPRule, err = cp.ParseRule(f.cpRule); err != nil {
+		return cfg, 0, errors.Mark(errors.Wrap(err, "--cp-rule"), system.ErrBadInput)
+	}
+	if cfg.PageOrder, err = parsePageOrder(f.pageOrder); err != nil {
+		return cfg, 0, err
+	}
+	found := false
+	for p := generate.NoPlant; p <= generate.PlantHooklessNotSent; p++ {
+		if p.String() == t.plant {
+			cfg.Plant, found = p, true
+		}
+	}
+	if !found {
+		return cfg, 0, errors.Mark(errors.Newf("--plant %q: want one of %s", t.plant, strings.Join(plantNames(), ", ")), system.ErrBadInput)
+	}
+	return cfg, requests, nil
+}
+
+// runTinyPrefill is kvstream prefill for a tiny model: generate.RunRemote
+// over a session whose decode process checks every room's tokens.
+func runTinyPrefill(cmd *cobra.Command, f *simFlags, t *tinyFlags, nf *netFlags, decodeAddr, decodeName, transport string,
+	connect time.Duration, monolithic bool) (err error) {
+	cfg, requests, err := t.config(cmd, f)
+	if err != nil {
+		return err
+	}
+	if err := generate.CheckRemote(cfg, requests); err != nil {
+		return err
+	}
+	if err := checkHostPort("--decode", decodeAddr, false); err != nil {
+		return err
+	}
+	switch {
+	case decodeName == "":
+		return errors.New("--decode-name is empty: the name the decode's certificate carries")
+	case connect < 0:
+		return errors.Newf("--connect-timeout %v: must not be negative", connect)
+	}
+	tlsm, err := nf.check("prefill")
+	if err != nil {
+		return err
+	}
+	log := cliLogger(f.verbose)
+	defer log.Sync() //nolint:errcheck
+	pl, err := nf.open(tlsm, log, transport, "prefill")
+	if err != nil {
+		return err
+	}
+	defer pl.close(&err)
+	tr := pl.tr
+	plane := twoproc.NewTinyPrefill(pl.node, decode.DialConfig{Decode: decodeAddr, DecodeName: decodeName, PageSize: cfg.PageSize, ConnectTimeout: connect}, tr, log)
+	// As for the sim: a lost decode process fails the chunks in flight at
+	// once.
+	plane.OnPeerLost(func(error) { go func() { _ = tr.Close() }() })
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	rep, err := generate.RunRemote(ctx, cfg, requests, plane, !monolithic, log)
+	if err != nil {
+		if plane.Lost() == nil {
+			byeCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			_, _ = plane.End(byeCtx, err)
+			cancel()
+		}
+		return err
+	}
+	byeCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	_, byeErr := plane.End(byeCtx, nil)
+	cancel()
+	out := cmd.OutOrStdout()
+	rep.Text(out, transport)
+	if lost := plane.Lost(); lost != nil {
+		fmt.Fprintln(out, "prefill: decode lost:", lost)
+	} else if byeErr != nil {
+		fmt.Fprintln(out, "prefill: decode:", byeErr)
+	}
+	if !rep.TokensEqual || byeErr != nil {
+		return errors.New("prefill: not every room's tokens were decoded equal to the model's by the decode process")
+	}
+	return nil
+}
