@@ -113,6 +113,11 @@ type csession struct {
 	lost    error
 	said    bool // said goodbye without stopping early
 	rooms   map[*croom]bool
+	// ended are the ids of rooms it reported in that ended and were
+	// forgotten (nobody Expected them), oldest first, at most
+	// MaxRoomsPerSession: a later notice of one is the prefill's mistake,
+	// not a new room (which its last chunk alone could complete).
+	ended []uint64
 }
 
 // croom is one room's state.
@@ -611,6 +616,10 @@ func (c *Core) notice(m NoticeMsg) {
 		if c.lateNotice(s, n, ch, err) {
 			return
 		}
+		if slices.Contains(s.ended, n.Room) {
+			c.refuseNotice(s, n, wire.Code_BAD_INPUT, "room_ended", errors.Newf("room %d chunk [%d, %d): the room already ended", n.Room, n.Start, n.End))
+			return
+		}
 		if err != nil {
 			c.refuseNotice(s, n, wire.Code_BAD_INPUT, "bad_input", err)
 			return
@@ -969,6 +978,12 @@ func (c *Core) settle(r *croom) {
 	}
 	for s := range r.reporters {
 		delete(s.rooms, r)
+		if !r.expected && !r.released {
+			if len(s.ended) >= c.r.MaxRoomsPerSession {
+				s.ended = s.ended[1:]
+			}
+			s.ended = append(s.ended, r.id)
+		}
 	}
 	c.maybeReleasePool()
 }
