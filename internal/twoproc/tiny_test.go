@@ -129,10 +129,9 @@ func TestTinyTokensAcrossTheSession(t *testing.T) {
 // gets its rooms failed by the decode side. A RoPE offset and the hookless
 // layer left unsent move every byte the engine was given faithfully: only
 // the tokens the decode side decodes catch them. The chunk-position bug is
-// caught first by the decode core (chunk 1 reports chunk 0's range again),
-// which fails the room; the last chunk then opens the room anew, and alone
-// it would look complete to the core (its range ends the request), but
-// the token check finds the prompt's pages it never received.
+// caught by the decode core before any token is decoded (chunk 1 reports
+// chunk 0's range again): it fails the room, and refuses the later chunks
+// of the room that ended, so no room is left to check.
 func TestTinyPlantedBugsFailTheRoom(t *testing.T) {
 	for _, tc := range []struct {
 		model     string
@@ -142,7 +141,7 @@ func TestTinyPlantedBugsFailTheRoom(t *testing.T) {
 	}{
 		{"tiny-gqa", generate.PlantRoPEOffset, "tokens_equal: false: the decode from the transferred KV differs from the model", ""},
 		{"tiny-mla", generate.PlantHooklessNotSent, "tokens_equal: false: the decode from the transferred KV differs from the model", ""},
-		{"tiny-gqa", generate.PlantChunkPositions, "room 1 chunk [0, 16) rank 0: reported twice", "position 4 never arrived"},
+		{"tiny-gqa", generate.PlantChunkPositions, "room 1 chunk [0, 16) rank 0: reported twice", "the core"},
 	} {
 		t.Run(tc.plant.String(), func(t *testing.T) {
 			cfg := quickTiny(tc.model)
@@ -155,6 +154,10 @@ func TestTinyPlantedBugsFailTheRoom(t *testing.T) {
 			assert.True(t, errors.Is(r.byeErr, decode.ErrChunkFailed), "%v", r.byeErr)
 			assert.False(t, r.sum.Complete(), "%s", r.sum)
 			assert.Zero(t, r.sum.Rooms, "a room whose tokens differ is never complete")
+			if tc.unchecked == "the core" {
+				assert.Empty(t, r.rooms, "failed by the core, never decoded")
+				return
+			}
 			require.Len(t, r.rooms, 1)
 			rc := r.rooms[0]
 			assert.False(t, rc.OK())
