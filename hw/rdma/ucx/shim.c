@@ -247,20 +247,56 @@ void kvs_access_close(kvs_ctx_t *c, ucp_worker_h w)
     ucp_worker_destroy(w);
 }
 
-ucs_status_t kvs_mem_map(kvs_ctx_t *c, uint64_t addr, uint64_t len,
-                         ucp_mem_h *memh, void **rkey, size_t *rkey_len)
+// Fills ucp_mem_map's parameters: the registration of [addr, +len) of
+// memory type mt, or with alloc set an allocation of len bytes of memory
+// type mt. mt < 0 leaves the type out, for UCX to detect (registration) or
+// to take as host memory (allocation).
+void kvs_map_params(ucp_mem_map_params_t *p, uint64_t addr, uint64_t len,
+                    int mt, int alloc)
+{
+    memset(p, 0, sizeof(*p));
+    p->field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
+                    UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    p->address    = alloc ? NULL : (void*)(uintptr_t)addr;
+    p->length     = len;
+    if (alloc) {
+        p->field_mask |= UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+        p->flags       = UCP_MEM_MAP_ALLOCATE;
+    }
+    if (mt >= 0) {
+        p->field_mask |= UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+        p->memory_type = (ucs_memory_type_t)mt;
+    }
+}
+
+// Maps memory (kvs_map_params says what) and packs its remote key. An
+// allocation's address comes back in *addr_out.
+ucs_status_t kvs_mem_map(kvs_ctx_t *c, uint64_t addr, uint64_t len, int mt,
+                         int alloc, ucp_mem_h *memh, void **addr_out,
+                         void **rkey, size_t *rkey_len)
 {
     ucp_mem_map_params_t params;
+    ucp_mem_attr_t attr;
     ucs_status_t status;
 
-    memset(&params, 0, sizeof(params));
-    params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
-                        UCP_MEM_MAP_PARAM_FIELD_LENGTH;
-    params.address    = (void*)(uintptr_t)addr;
-    params.length     = len;
+    kvs_map_params(&params, addr, len, mt, alloc);
     status = ucp_mem_map(c->context, &params, memh);
     if (status != UCS_OK) {
         return status;
+    }
+    *addr_out = (void*)(uintptr_t)addr;
+    if (alloc) {
+        memset(&attr, 0, sizeof(attr));
+        attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+        status = ucp_mem_query(*memh, &attr);
+        if (status == UCS_OK && attr.length < len) {
+            status = UCS_ERR_NO_MEMORY;
+        }
+        if (status != UCS_OK) {
+            ucp_mem_unmap(c->context, *memh);
+            return status;
+        }
+        *addr_out = attr.address;
     }
     status = ucp_rkey_pack(c->context, *memh, rkey, rkey_len);
     if (status != UCS_OK) {
