@@ -34,7 +34,10 @@
 // the process on malformed ones; what the structure carries is UCX's to
 // parse, and trusted to come from an authenticated peer. Post is one ucp_put_nbx per
 // write followed by one ucp_ep_flush_nbx; the batch completes when the flush
-// does, which UCP defines as completion at the target. Endpoint.Close drains
+// does, which UCP defines as completion at the target. Batches queued one
+// after the other for one endpoint (up to 64) share one flush, issued after
+// all their puts: the flush completes each of them, and small writes do not
+// pay a flush (over TCP a round trip) apiece. Endpoint.Close drains
 // the endpoint with one more flush (bounded by Options.CloseDrain), then
 // closes it with ucp_ep_close_nbx and UCP_EP_CLOSE_FLAG_FORCE.
 //
@@ -84,7 +87,8 @@
 // whichever OS thread it runs on). Post validates the writes in Go, appends
 // the batch to a queue under a mutex and returns; it never waits for the
 // network or for the progress goroutine. The progress goroutine drains the
-// queue, posts all the puts of a batch and its flush in one cgo call,
+// queue, posts all the puts of the batches queued together for an endpoint
+// and their flush in one cgo call,
 // progresses the worker, and runs done callbacks from the completions that
 // UCX callbacks queued on the C side (UCX never calls into Go). After
 // running callbacks it yields (runtime.Gosched), so that the goroutines they

@@ -100,7 +100,8 @@ ucs_status_t kvs_rkey_unpack(kvs_ep_t *e, const void *buf, uint64_t *rkey);
 void         kvs_rkey_destroy(uint64_t rkey);
 
 void         kvs_post(kvs_ctx_t *c, kvs_ep_t *e, const kvs_write_t *ws,
-                      size_t n, kvs_req_t *r);
+                      const uint32_t *counts, int32_t *errs, size_t nb,
+                      kvs_req_t *r);
 unsigned     kvs_poll(kvs_ctx_t *c, kvs_event_t *out, unsigned cap,
                       unsigned max_iter);
 int          kvs_wait(kvs_ctx_t *c, long timeout_us);

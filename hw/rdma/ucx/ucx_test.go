@@ -582,3 +582,36 @@ func cudaSupport() bool {
 	out, err := exec.Command("ucx_info", "-d").Output()
 	return err == nil && bytes.Contains(out, []byte("cuda"))
 }
+
+// TestQueuedBatchesShareAFlush: batches queued while the progress
+// goroutine is busy (here: stalled in a done callback) go out with one
+// flush, complete in the order they were posted, and all land.
+func TestQueuedBatchesShareAFlush(t *testing.T) {
+	eachFabric(t, func(t *testing.T) {
+		const batches = 10
+		f := newFixture(t, batches*4096)
+		fill(f.src.Bytes, 0x3C)
+		stalled, release := make(chan struct{}), make(chan struct{})
+		require.NoError(t, f.ep.Post([]rdma.Write{f.write(0, 0)}, func(err error) { close(stalled); <-release }))
+		<-stalled
+		before := f.from.flushes.Load()
+		order := make(chan int, batches)
+		for i := range batches {
+			require.NoError(t, f.ep.Post([]rdma.Write{f.write(uint64(i)*4096, 2048), f.write(uint64(i)*4096+2048, 2048)}, func(err error) {
+				assert.NoError(t, err)
+				order <- i
+			}))
+		}
+		close(release)
+		for i := range batches {
+			select {
+			case got := <-order:
+				assert.Equal(t, i, got, "completion order")
+			case <-time.After(10 * time.Second):
+				t.Fatal("a batch never completed")
+			}
+		}
+		assert.Equal(t, uint64(1), f.from.flushes.Load()-before, "one flush for the batches queued together")
+		assert.True(t, bytes.Equal(f.src.Bytes, f.dst.Bytes))
+	})
+}
