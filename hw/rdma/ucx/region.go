@@ -249,6 +249,8 @@ func (r *region) Deregister() error {
 	delete(t.regions, r.key)
 	if t.onLoop() {
 		t.mu.Unlock()
+		t.wmu.Lock()
+		defer t.wmu.Unlock()
 		return unmap()
 	}
 	ch := make(chan error, 1)
