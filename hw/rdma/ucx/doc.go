@@ -97,12 +97,9 @@
 // inside UCX), Post appends the batch to a queue instead; it never waits
 // for the lock, the network or the progress goroutine. The progress
 // goroutine drains the queue, posting the batches queued together for an
-// endpoint with one flush, progresses the workers when it gets the worker
-// lock at once (an inline Post holding it is doing the copy itself, and its
-// flush completes without progress over mapped shared memory; after 64 polls
-// without, it waits for the lock), and takes the completions that UCX
-// callbacks and inline Posts queued on the C side (UCX never calls into
-// Go) without the lock, running their done callbacks outside it. After running callbacks
+// endpoint with one flush, progresses the workers, and runs done callbacks
+// from the completions that UCX callbacks queued on the C side (UCX never
+// calls into Go), after releasing the worker lock. After running callbacks
 // it yields (runtime.Gosched), so that the goroutines they woke run at once
 // instead of waiting for preemption behind a polling loop. When idle for
 // Options.Spin it arms the workers and sleeps in ppoll(2) on their event fds

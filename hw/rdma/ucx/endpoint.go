@@ -62,9 +62,9 @@ type batch struct {
 	done func(error)
 	req  *C.kvs_req_t
 
-	// followers are the batches posted before this one and flushed with it,
-	// set before the group is in flight.
-	followers []*batch
+	// Set on the progress goroutine by startGroup.
+	putErr    C.ucs_status_t // the first put of the batch that failed to start
+	followers []*batch       // batches posted before this one and flushed with it
 }
 
 var _ rdma.Endpoint = (*Endpoint)(nil)
@@ -229,12 +229,10 @@ func (e *Endpoint) Post(ws []rdma.Write, done func(error)) error {
 	// goroutine only reports the completion.
 	if len(t.queue) == 0 && t.wmu.TryLock() {
 		if e.lstate == epOpen && t.ctx != nil {
-			b.followers = b.followers[:0]
-			t.inflight[b.id] = b
 			sleeping := t.sleeping
 			t.mu.Unlock()
 			t.group = append(t.group[:0], b)
-			t.postGroup(t.group)
+			t.startGroup(t.group)
 			t.group[0] = nil
 			if sleeping && !t.opts.NoWakeup {
 				// Its completion is queued in C, which an armed worker's
@@ -316,10 +314,10 @@ func contains(base, n, addr, l uint64) bool {
 // reports them all, so a large group would hold back the first ones.
 const maxGroup = 64
 
-// startGroup starts batches queued one after the other for the same
-// endpoint, with one flush for them all; it runs on the progress goroutine
-// with the worker lock held. The last batch's record is the flush's, and
-// carries the others as followers.
+// startGroup posts the puts of batches queued one after the other for the
+// same endpoint, then one flush for them all (kvs_post); it runs on the
+// progress goroutine. The last batch's record is the flush's, and carries
+// the others as followers.
 func (t *Transport) startGroup(bs []*batch) {
 	e := bs[0].ep
 	if e.lstate != epOpen {
@@ -329,64 +327,47 @@ func (t *Transport) startGroup(bs []*batch) {
 		}
 		return
 	}
-	leader := bs[len(bs)-1]
-	leader.followers = append(leader.followers[:0], bs[:len(bs)-1]...)
-	t.mu.Lock()
+	t.gws, t.gcounts = t.gws[:0], t.gcounts[:0]
 	for _, b := range bs {
 		t.inflight[b.id] = b
-	}
-	t.mu.Unlock()
-	t.postGroup(bs)
-}
-
-// postGroup posts the puts of a group of batches and its flush (kvs_post).
-// The batches are in flight already (t.inflight, the followers set): the
-// flush may complete, and the progress goroutine report them, before
-// kvs_post returns. The caller holds the worker lock and knows the
-// endpoint open.
-func (t *Transport) postGroup(bs []*batch) {
-	t.gws, t.gcounts, t.greqs = t.gws[:0], t.gcounts[:0], t.greqs[:0]
-	for _, b := range bs {
 		t.gws = append(t.gws, b.ws...)
 		t.gcounts = append(t.gcounts, C.uint32_t(len(b.ws)))
-		t.greqs = append(t.greqs, b.req)
 	}
+	if cap(t.gerrs) < len(bs) {
+		t.gerrs = make([]C.int32_t, len(bs))
+	}
+	t.gerrs = t.gerrs[:len(bs)]
 	leader := bs[len(bs)-1]
 	leader.req.id = C.uint64_t(leader.id)
+	leader.followers = append(leader.followers[:0], bs[:len(bs)-1]...)
 	var ws *C.kvs_write_t
 	if len(t.gws) > 0 {
 		ws = &t.gws[0] // Go memory without Go pointers, used during the call only
 	}
-	// greqs holds C pointers only.
-	C.kvs_post(t.ctx, leader.ep.rec, ws, &t.gcounts[0], &t.greqs[0], C.size_t(len(bs)))
-	clear(t.greqs)
+	C.kvs_post(t.ctx, e.rec, ws, &t.gcounts[0], &t.gerrs[0], C.size_t(len(bs)), leader.req)
 	t.flushes.Add(1)
+	for i, b := range bs {
+		b.putErr = C.ucs_status_t(t.gerrs[i])
+	}
 }
 
-// flushed reports the group whose flush (the leader's record, id)
-// completed with st: the followers in posting order, then the leader, each
-// failed if one of its puts did not start. A batch that its endpoint's
-// teardown failed already is no longer in flight and is skipped. Progress
-// goroutine only.
-func (t *Transport) flushed(id uint64, st C.ucs_status_t) {
-	group := t.gdone[:0]
-	t.mu.Lock()
-	if leader := t.inflight[id]; leader != nil {
-		for _, b := range append(leader.followers, leader) {
-			if t.inflight[b.id] == b {
-				delete(t.inflight, b.id)
-				group = append(group, b)
-			}
-		}
-		clear(leader.followers)
-		leader.followers = leader.followers[:0]
-	}
-	t.mu.Unlock()
+// flushed reports a group whose flush completed with st: the followers in
+// posting order, then the leader. A batch whose endpoint's teardown failed
+// it already is no longer in flight and is skipped.
+func (t *Transport) flushed(leader *batch, st C.ucs_status_t) {
+	group := append(t.gdone[:0], leader.followers...)
+	group = append(group, leader)
+	clear(leader.followers)
+	leader.followers = leader.followers[:0]
 	for _, b := range group {
+		if t.inflight[b.id] != b {
+			continue
+		}
+		delete(t.inflight, b.id)
 		var err error
-		switch putErr := b.req.first_err; {
-		case putErr != C.UCS_OK: // written by kvs_post before the flush could report
-			err = errors.Mark(statusErr(putErr, "ucx: batch %d: a put did not start", b.id), rdma.ErrEndpointBroken)
+		switch {
+		case b.putErr != C.UCS_OK:
+			err = errors.Mark(statusErr(b.putErr, "ucx: batch %d: a put did not start", b.id), rdma.ErrEndpointBroken)
 		case st != C.UCS_OK:
 			err = errors.Mark(statusErr(st, "ucx: batch %d", b.id), rdma.ErrEndpointBroken)
 		}
@@ -438,8 +419,6 @@ func (t *Transport) checkDrains() {
 	if t.draining == 0 {
 		return
 	}
-	t.wmu.Lock()
-	defer t.wmu.Unlock()
 	now := time.Now()
 	for _, e := range t.eps {
 		if e.lstate == epDraining && now.After(e.drainDeadline) {
@@ -473,14 +452,12 @@ func (t *Transport) finishClose(e *Endpoint) {
 		C.kvs_rkey_destroy(r.rkey)
 	}
 	var failed []*batch
-	t.mu.Lock()
 	for id, b := range t.inflight {
 		if b.ep == e {
 			delete(t.inflight, id)
 			failed = append(failed, b)
 		}
 	}
-	t.mu.Unlock()
 	for _, b := range failed {
 		// Its flush may still call back (and is ignored then), so the
 		// record is not reused.

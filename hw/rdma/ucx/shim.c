@@ -21,7 +21,7 @@ static void kvs_push(kvs_ctx_t *c, uint64_t id, int kind, ucs_status_t status)
         if (ev == NULL) {
             // Losing a completion would hang a batch forever; Go fails
             // everything closed when it sees this flag.
-            __atomic_store_n(&c->oom, 1, __ATOMIC_RELEASE);
+            c->oom = 1;
             pthread_mutex_unlock(&c->lock);
             return;
         }
@@ -31,13 +31,16 @@ static void kvs_push(kvs_ctx_t *c, uint64_t id, int kind, ucs_status_t status)
     c->ev[c->nev].id     = id;
     c->ev[c->nev].kind   = kind;
     c->ev[c->nev].status = (int32_t)status;
-    __atomic_store_n(&c->nev, c->nev + 1, __ATOMIC_RELEASE);
+    c->nev++;
     pthread_mutex_unlock(&c->lock);
 }
 
 static void kvs_flush_cb(void *request, ucs_status_t status, void *user_data)
 {
     kvs_req_t *r = user_data;
+    if (status == UCS_OK && r->first_err != UCS_OK) {
+        status = r->first_err;
+    }
     kvs_push(r->ctx, r->id, KVS_EV_BATCH, status);
     ucp_request_free(request);
 }
@@ -390,25 +393,24 @@ void kvs_rkey_destroy(uint64_t rkey)
 // visibility that rdma.Endpoint.Post promises, for every batch before it.
 // One flush for the batches that were queued together is what keeps small
 // writes from paying a flush (a round trip over TCP) each. A put that fails
-// to start stops its batch; reqs[i]->first_err is that batch's first
-// failure (UCS_OK if none), written before the flush can report, and the
-// flush still runs, so that every batch is reported only once nothing of it
-// is still in flight. reqs[nb-1] is the flush's record: its KVS_EV_BATCH
-// event carries the flush's status.
+// to start stops its batch; errs[i] is that batch's first failure (UCS_OK
+// if none), and the flush still runs, so that every batch is reported only
+// once nothing of it is still in flight. r is the flush's record: its
+// KVS_EV_BATCH event carries the flush's status.
 void kvs_post(kvs_ctx_t *c, kvs_ep_t *e, const kvs_write_t *ws,
-              const uint32_t *counts, kvs_req_t *const *reqs, size_t nb)
+              const uint32_t *counts, int32_t *errs, size_t nb, kvs_req_t *r)
 {
     ucp_request_param_t param;
     ucs_status_ptr_t sp;
-    kvs_req_t *r = reqs[nb - 1];
     size_t b, i, k = 0;
 
+    r->ctx       = c;
+    r->first_err = UCS_OK;
     memset(&param, 0, sizeof(param));
     for (b = 0; b < nb; b++) {
-        reqs[b]->ctx       = c;
-        reqs[b]->first_err = UCS_OK;
+        errs[b] = UCS_OK;
         for (i = 0; i < counts[b]; i++, k++) {
-            if (ws[k].len == 0 || reqs[b]->first_err != UCS_OK) {
+            if (ws[k].len == 0 || errs[b] != UCS_OK) {
                 continue;
             }
             // Passing the source's memh spares UCX a registration lookup.
@@ -418,7 +420,7 @@ void kvs_post(kvs_ctx_t *c, kvs_ep_t *e, const kvs_write_t *ws,
                              ws[k].dst, (ucp_rkey_h)(uintptr_t)ws[k].rkey,
                              &param);
             if (UCS_PTR_IS_ERR(sp)) {
-                reqs[b]->first_err = UCS_PTR_STATUS(sp);
+                errs[b] = UCS_PTR_STATUS(sp);
             } else if (sp != NULL) {
                 // Completion is tracked by the flush; the request is
                 // released by UCX when it completes.
@@ -439,18 +441,21 @@ void kvs_post(kvs_ctx_t *c, kvs_ep_t *e, const kvs_write_t *ws,
     }
 }
 
-// Progresses the worker until it has nothing more to do, max_iter rounds
-// passed, or cap events wait, and every access point's worker once; returns
-// the progress count. It is a UCX call: the worker lock is held.
-unsigned kvs_progress(kvs_ctx_t *c, unsigned max_iter, unsigned cap)
+// Progresses the worker until it has nothing more to do (or max_iter
+// rounds), then moves up to cap queued events into out and returns their
+// count, with bit 31 set if an event was lost. The progress count goes to
+// c->progressed, so the caller can tell idle from busy without passing a
+// pointer (which would make cgo allocate on every call).
+unsigned kvs_poll(kvs_ctx_t *c, kvs_event_t *out, unsigned cap,
+                  unsigned max_iter)
 {
     unsigned total = 0, n, i;
-    size_t a;
+    size_t k, a;
 
     for (i = 0; i < max_iter; i++) {
         n = ucp_worker_progress(c->worker);
         total += n;
-        if (n == 0 || __atomic_load_n(&c->nev, __ATOMIC_RELAXED) >= cap) {
+        if (n == 0 || c->nev >= cap) {
             break;
         }
     }
@@ -459,26 +464,16 @@ unsigned kvs_progress(kvs_ctx_t *c, unsigned max_iter, unsigned cap)
     for (a = 0; a < c->naw; a++) {
         total += ucp_worker_progress(c->aw[a]);
     }
-    return total;
-}
-
-// Moves up to cap queued events into out and returns their count, with bit
-// 31 set if an event was lost. It makes no UCX call, so the progress
-// goroutine takes events without the worker lock while an inline Post, which
-// queues events too, holds it.
-unsigned kvs_take(kvs_ctx_t *c, kvs_event_t *out, unsigned cap)
-{
-    size_t k;
-
-    if (__atomic_load_n(&c->nev, __ATOMIC_ACQUIRE) == 0 &&
-        !__atomic_load_n(&c->oom, __ATOMIC_ACQUIRE)) {
+    c->progressed = total;
+    if (c->nev == 0 && !c->oom) {
         return 0;
     }
+
     pthread_mutex_lock(&c->lock);
     k = c->nev < cap ? c->nev : cap;
     memcpy(out, c->ev, k * sizeof(*out));
     memmove(c->ev, c->ev + k, (c->nev - k) * sizeof(*out));
-    __atomic_store_n(&c->nev, c->nev - k, __ATOMIC_RELEASE);
+    c->nev -= k;
     if (c->oom) {
         c->oom = 0;
         k |= 0x80000000u;
@@ -497,7 +492,7 @@ int kvs_arm(kvs_ctx_t *c)
     ucs_status_t status;
     size_t i;
 
-    if (__atomic_load_n(&c->nev, __ATOMIC_ACQUIRE) > 0) {
+    if (c->nev > 0) {
         return 1;
     }
     if (c->efd < 0) {

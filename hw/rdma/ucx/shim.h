@@ -8,8 +8,8 @@
 // from any thread) and kvs_sleep (no UCX call) are the exceptions.
 //
 // UCX callbacks never call into Go: they append (id, kind, status) records
-// to a C-owned event queue (its own mutex), which the progress goroutine
-// drains after progressing the workers. That keeps Go pointers out of C memory entirely and
+// to a C-owned event queue, which the progress goroutine drains after every
+// ucp_worker_progress. That keeps Go pointers out of C memory entirely and
 // saves a cgo callback per completion.
 
 #ifndef KVS_UCX_SHIM_H
@@ -51,25 +51,25 @@ typedef struct {
     int             efd; // -1 without UCP_FEATURE_WAKEUP
     int             wakeup;
     // Peer access points (kvs_access_open): workers of the same context
-    // that only receive; kvs_progress progresses and kvs_arm arms them all.
+    // that only receive; kvs_poll progresses and kvs_arm arms them all.
     ucp_worker_h   *aw;
     int            *aefd;
     size_t          naw, caw;
     struct pollfd  *pfd; // kvs_sleep's array, 1 + caw entries, filled by kvs_arm
     size_t          npfd;
-    pthread_mutex_t lock; // guards the event queue: ev, nev, cap, oom
+    pthread_mutex_t lock;
     kvs_event_t    *ev;
     size_t          nev, cap;
     int             oom; // an event could not be queued (see kvs_push)
+    unsigned        progressed; // kvs_poll's last progress count
 } kvs_ctx_t;
 
-// Per-batch record: the first put of the batch that failed to start, and
-// for the last batch of a group the user_data of the group's flush request.
-// Owned by Go's batch; reused only after its own event was drained.
+// Per-batch record, the user_data of the batch's flush request. Owned by
+// Go's batch; reused only after its own event was drained.
 typedef struct {
     kvs_ctx_t   *ctx;
     uint64_t     id;
-    ucs_status_t first_err; // the first put of this batch that failed to start, if any
+    ucs_status_t first_err; // the first put that failed to start, if any
 } kvs_req_t;
 
 // Per-endpoint record, the argument of the error handler and the user_data
@@ -102,10 +102,10 @@ ucs_status_t kvs_rkey_unpack(kvs_ep_t *e, const void *buf, uint64_t *rkey);
 void         kvs_rkey_destroy(uint64_t rkey);
 
 void         kvs_post(kvs_ctx_t *c, kvs_ep_t *e, const kvs_write_t *ws,
-                      const uint32_t *counts, kvs_req_t *const *reqs,
-                      size_t nb);
-unsigned     kvs_progress(kvs_ctx_t *c, unsigned max_iter, unsigned cap);
-unsigned     kvs_take(kvs_ctx_t *c, kvs_event_t *out, unsigned cap);
+                      const uint32_t *counts, int32_t *errs, size_t nb,
+                      kvs_req_t *r);
+unsigned     kvs_poll(kvs_ctx_t *c, kvs_event_t *out, unsigned cap,
+                      unsigned max_iter);
 int          kvs_arm(kvs_ctx_t *c);
 void         kvs_sleep(kvs_ctx_t *c, long timeout_us);
 ucs_status_t kvs_signal(kvs_ctx_t *c);

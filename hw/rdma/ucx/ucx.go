@@ -103,7 +103,7 @@ type Transport struct {
 
 	mu        sync.Mutex
 	closed    bool
-	sleeping  bool   // the progress goroutine sleeps in kvs_sleep: wake it
+	sleeping  bool   // the progress goroutine sleeps in kvs_wait: wake it
 	queue     []item // work for the progress goroutine, in order
 	regions   map[rdma.LocalKey]*region
 	nextKey   rdma.LocalKey
@@ -112,24 +112,22 @@ type Transport struct {
 	reqs      []*C.kvs_req_t // every batch record, freed after the worker
 
 	// wmu is the worker lock: held across every call into UCX on the
-	// context and its workers, by the progress goroutine (in short
-	// sections: it takes events and runs done callbacks without it) or by
-	// an Endpoint.Post that posts its batch inline; endpoints' lstate and
-	// the group scratch change under it. Order: wmu, then mu.
+	// context and its workers, and over the state below that such calls
+	// change, by the progress goroutine (in short sections: done callbacks
+	// run outside it) or by an Endpoint.Post that posts its batch inline.
+	// Order: wmu, then mu.
 	wmu sync.Mutex
 	// inlined counts batches Post started itself, without the hand-off to
 	// the progress goroutine.
 	inlined atomic.Uint64
 
-	// Guarded by mu: every batch started and not yet reported, by id.
-	inflight map[uint64]*batch
-
-	// The progress goroutine's, but for the group scratch (wmu), which an
-	// inline Post uses too.
+	// Guarded by wmu; the progress goroutine's but for what Post's inline
+	// path touches (startGroup: eps' lstate, inflight, the group scratch).
 	spare    []item
 	released []*batch
 	eps      map[uint64]*Endpoint
 	nextEp   uint64
+	inflight map[uint64]*batch
 	draining int  // endpoints in epDraining
 	woke     bool // a done callback ran since the last yield
 	// ready are the done callbacks to run once wmu is released, in order
@@ -140,14 +138,12 @@ type Transport struct {
 	eprecs    []*C.kvs_ep_t // every endpoint record, freed after the worker
 	evbuf     []C.kvs_event_t
 	stopping  bool
-	skips     int      // polls in a row without the worker lock (pollOnce)
-	gdone     []*batch // scratch of flushed
-	// Scratch of startGroup and postGroup (wmu).
-	group    []*batch
-	gws      []C.kvs_write_t
-	gcounts  []C.uint32_t
-	greqs    []*C.kvs_req_t
-	accesses map[*access]struct{} // open peer access points
+	// Scratch of startGroup and flushed.
+	group, gdone []*batch
+	gws          []C.kvs_write_t
+	gcounts      []C.uint32_t
+	gerrs        []C.int32_t
+	accesses     map[*access]struct{} // open peer access points
 
 	// direct: the transports UCX may use let a peer write this side's
 	// memory itself (see mayWriteDirectly); set by New.
@@ -462,13 +458,10 @@ func (t *Transport) sleep() {
 // space freed by the receiver), and without an event fd nothing but the
 // timeout ends a sleep.
 func (t *Transport) nap(d time.Duration) {
-	t.mu.Lock()
-	inflight := len(t.inflight)
-	t.mu.Unlock()
-	if inflight > 0 || t.draining > 0 || t.opts.NoWakeup {
+	t.wmu.Lock()
+	if len(t.inflight) > 0 || t.draining > 0 || t.opts.NoWakeup {
 		d = min(d, busyNap)
 	}
-	t.wmu.Lock()
 	busy := C.kvs_arm(t.ctx) != 0
 	t.wmu.Unlock()
 	if !busy {
@@ -476,30 +469,15 @@ func (t *Transport) nap(d time.Duration) {
 	}
 }
 
-// pollOnce progresses the workers and handles the events queued since. buf
-// is the caller's: nested calls (a done callback closing an endpoint) use
-// their own. It progresses only if it gets the worker lock at once, or after
-// maxSkips polls without it: an inline Post holds the lock for its puts
-// (over mapped shared memory, the copy itself), and its flush completes
-// without progress there, so waiting for the lock would only make the
-// poster wake this goroutine (a futex call) after every batch. The events
-// are taken and handled without the lock.
+// pollOnce progresses the worker and handles the events it produced. buf is
+// the caller's: nested calls (a done callback closing an endpoint) use their
+// own.
 func (t *Transport) pollOnce(buf []C.kvs_event_t) bool {
+	t.wmu.Lock()
 	defer t.runReady()
-	var n C.unsigned
-	locked := t.wmu.TryLock()
-	if !locked && t.skips >= maxSkips {
-		t.wmu.Lock()
-		locked = true
-	}
-	if locked {
-		t.skips = 0
-		n = C.kvs_progress(t.ctx, 16, C.unsigned(len(buf)))
-		t.wmu.Unlock()
-	} else {
-		t.skips++
-	}
-	k := uint32(C.kvs_take(t.ctx, &buf[0], C.unsigned(len(buf))))
+	defer t.wmu.Unlock()
+	k := uint32(C.kvs_poll(t.ctx, &buf[0], C.unsigned(len(buf)), 16))
+	n := t.ctx.progressed
 	oom := k&0x80000000 != 0
 	k &^= 0x80000000
 	for i := range int(k) {
@@ -509,29 +487,20 @@ func (t *Transport) pollOnce(buf []C.kvs_event_t) bool {
 	if oom {
 		// An event was lost: some batch would never complete. Fail
 		// closed: tear every endpoint down.
-		t.wmu.Lock()
 		for _, e := range t.eps {
 			t.startClose(e, errors.New("ucx: out of memory queueing a completion"), true)
 		}
-		t.wmu.Unlock()
 	}
 	t.checkDrains()
 	return n > 0 || k > 0
 }
 
-// maxSkips bounds the polls in a row that do without progressing the
-// workers because an inline Post holds the worker lock.
-const maxSkips = 64
-
 func (t *Transport) handle(id uint64, kind int, st C.ucs_status_t) {
-	if kind == C.KVS_EV_BATCH {
-		t.flushed(id, st)
-		return
-	}
-	// Endpoint events change endpoints and call UCX.
-	t.wmu.Lock()
-	defer t.wmu.Unlock()
 	switch kind {
+	case C.KVS_EV_BATCH:
+		if b := t.inflight[id]; b != nil {
+			t.flushed(b, st)
+		} // else already failed by its endpoint's teardown
 	case C.KVS_EV_EP_ERROR:
 		// UCX requires a failed endpoint to be closed, and there is
 		// nothing to drain.
@@ -549,9 +518,9 @@ func (t *Transport) handle(id uint64, kind int, st C.ucs_status_t) {
 	}
 }
 
-// complete reports a batch: its done runs at the next runReady, without
-// the worker lock. A batch whose flush may still call back keeps its C
-// record out of reuse (reusable false). Progress goroutine only.
+// complete reports a batch: its done runs at the next runReady, once the
+// worker lock is released. A batch whose flush may still call back keeps
+// its C record out of reuse (reusable false). The caller holds wmu.
 func (t *Transport) complete(b *batch, err error, reusable bool) {
 	if err != nil && b.ep != nil && errors.Is(b.ep.closeErr, rdma.ErrNotQuiesced) {
 		// Failed by a forced close after the drain timed out (its flush
@@ -623,11 +592,8 @@ func (t *Transport) teardown() {
 	for _, e := range t.eps { // close never completed: abandon
 		t.finishClose(e)
 	}
-	t.mu.Lock()
-	left := t.inflight // batches of endpoints closed earlier
-	t.inflight = map[uint64]*batch{}
-	t.mu.Unlock()
-	for id, b := range left {
+	for id, b := range t.inflight { // batches of endpoints closed earlier
+		delete(t.inflight, id)
 		t.complete(b, errors.Mark(errors.Newf("ucx: batch %d: %v", id, reason), rdma.ErrEndpointBroken), false)
 	}
 	t.mu.Lock()
