@@ -83,15 +83,6 @@ func runPuts(b *testing.B, ep rdma.Endpoint, ws []rdma.Write, size, window int) 
 	}
 	b.SetBytes(int64(size))
 	b.ReportAllocs()
-	var inlined0 uint64
-	if e, ok := ep.(*Endpoint); ok {
-		inlined0 = e.t.inlined.Load()
-		defer func() {
-			// The share of batches Post started itself, without the
-			// hand-off to the progress goroutine.
-			b.ReportMetric(float64(e.t.inlined.Load()-inlined0)/float64((b.N+writes-1)/writes), "inline/batch")
-		}()
-	}
 	b.ResetTimer()
 	inflight := 0
 	for i := 0; i < b.N; i += writes {
