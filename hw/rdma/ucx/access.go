@@ -92,9 +92,7 @@ func (a *access) revoke() error {
 		// A done callback: the context lives until the callback returns,
 		// even when Close was called (teardown runs after it).
 		t.mu.Unlock()
-		t.wmu.Lock()
 		destroy()
-		t.wmu.Unlock()
 	case t.closed:
 		// The teardown destroys every worker: wait for it.
 		t.mu.Unlock()

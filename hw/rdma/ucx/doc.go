@@ -82,37 +82,25 @@
 //
 // # Threading
 //
-// The worker is created UCS_THREAD_MODE_SERIALIZED (one UCP call at a time,
-// from any OS thread); Transport's worker lock (wmu) serializes the calls.
-// One progress goroutine per Transport progresses the workers, makes the
-// control calls (Connect, Import, Register, Close...) and reports
-// completions; it holds the worker lock only while it calls UCX.
-//
-// Post validates the writes in Go and then, when the worker lock is free
-// and no batch queued before must go first, posts the batch itself: its
-// puts and its flush, in one cgo call on the poster's thread. Over shared
-// memory mapped from the peer (an Allocate'd pool) the puts are the copy,
-// so the copy runs where the poster runs, not on the progress goroutine: no
-// hand-off per batch. When the lock is held (the progress goroutine is
-// inside UCX), Post appends the batch to a queue instead; it never waits
-// for the lock, the network or the progress goroutine. The progress
-// goroutine drains the queue, posting the batches queued together for an
-// endpoint with one flush, progresses the workers, and runs done callbacks
-// from the completions that UCX callbacks queued on the C side (UCX never
-// calls into Go), after releasing the worker lock. After running callbacks
-// it yields (runtime.Gosched), so that the goroutines they woke run at once
-// instead of waiting for preemption behind a polling loop. When idle for
-// Options.Spin it arms the workers and sleeps in ppoll(2) on their event fds
-// (ucp_worker_get_efd), without the lock; a Post that queues, or that
-// posted inline (its completion waits in the C queue, which no fd shows),
-// wakes it with ucp_worker_signal, only when it sleeps. While batches are in
-// flight the sleeps are 50µs naps, because not every transport signals the
-// fd when queued sends can proceed (shared-memory FIFO space freed by the
-// peer). So done callbacks run on the progress goroutine: they must be
+// One progress goroutine per Transport owns the context and the worker
+// (UCS_THREAD_MODE_SERIALIZED: every UCP call is made by that goroutine,
+// whichever OS thread it runs on). Post validates the writes in Go, appends
+// the batch to a queue under a mutex and returns; it never waits for the
+// network or for the progress goroutine. The progress goroutine drains the
+// queue, posts all the puts of the batches queued together for an endpoint
+// and their flush in one cgo call,
+// progresses the worker, and runs done callbacks from the completions that
+// UCX callbacks queued on the C side (UCX never calls into Go). After
+// running callbacks it yields (runtime.Gosched), so that the goroutines they
+// woke run at once instead of waiting for preemption behind a polling loop.
+// When idle for Options.Spin it arms the worker and sleeps in ppoll(2) on
+// the worker's event fd (ucp_worker_get_efd); Post wakes it with
+// ucp_worker_signal, only when it sleeps. While batches are in flight the
+// sleeps are 50µs naps, because not every transport signals the fd when
+// queued sends can proceed (shared-memory FIFO space freed by the peer). So done callbacks run on the progress goroutine: they must be
 // short and must not block (sending on a buffered channel or to an actor is
-// fine). They may call Post (which, the lock being free there, posts
-// inline), and Endpoint.Close, Connect, Import, Register, Deregister or
-// Close, which then run inline.
+// fine). They may call Post, and Endpoint.Close, Connect, Import, Register,
+// Deregister or Close, which then run inline.
 //
 // The receiving Transport's progress goroutine matters too: over TCP and
 // shared memory, UCX 1.13 emulates puts into registered memory with active

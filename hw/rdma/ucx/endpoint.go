@@ -207,59 +207,21 @@ func (e *Endpoint) postErr() error {
 	return errors.Mark(err, rdma.ErrEndpointBroken)
 }
 
-// Post validates the writes against the registered and imported regions
-// and starts the batch: here, when the worker lock is free and nothing
-// queued before it must go first, else through the progress goroutine's
-// queue. It never waits for the network or for the progress goroutine.
-// done runs on the progress goroutine, after the batch's flush completed or
-// failed.
+// Post validates the writes against the registered and imported regions,
+// queues the batch for the progress goroutine and returns. done runs there,
+// after the batch's flush completed or failed.
 func (e *Endpoint) Post(ws []rdma.Write, done func(error)) error {
 	if done == nil {
 		return errors.Mark(errors.New("ucx: post: nil done"), rdma.ErrInvalidWrite)
 	}
 	t := e.t
 	t.mu.Lock()
-	b, err := e.prepare(ws, done)
-	if err != nil {
-		t.mu.Unlock()
-		return err
-	}
-	// Without the hand-off, the puts (over shared memory mapped from the
-	// peer: the copy itself) run on the poster's thread, and the progress
-	// goroutine only reports the completion.
-	if len(t.queue) == 0 && t.wmu.TryLock() {
-		if e.lstate == epOpen && t.ctx != nil {
-			sleeping := t.sleeping
-			t.mu.Unlock()
-			t.group = append(t.group[:0], b)
-			t.startGroup(t.group)
-			t.group[0] = nil
-			if sleeping && !t.opts.NoWakeup {
-				// Its completion is queued in C, which an armed worker's
-				// event fd does not see (kvs_arm checks for it, but the
-				// progress goroutine may have armed already).
-				C.kvs_signal(t.ctx)
-			}
-			t.wmu.Unlock()
-			t.inlined.Add(1)
-			return nil
-		}
-		t.wmu.Unlock()
-	}
-	t.enqueueLocked(item{b: b})
-	t.mu.Unlock()
-	return nil
-}
-
-// prepare checks the writes and makes the batch record. The caller holds
-// t.mu.
-func (e *Endpoint) prepare(ws []rdma.Write, done func(error)) (*batch, error) {
-	t := e.t
+	defer t.mu.Unlock()
 	if t.closed {
-		return nil, errors.Mark(ErrClosed, rdma.ErrEndpointBroken)
+		return errors.Mark(ErrClosed, rdma.ErrEndpointBroken)
 	}
 	if e.err != nil {
-		return nil, errors.Mark(e.err, rdma.ErrEndpointBroken)
+		return errors.Mark(e.err, rdma.ErrEndpointBroken)
 	}
 	var b *batch
 	if n := len(t.free); n > 0 {
@@ -267,7 +229,7 @@ func (e *Endpoint) prepare(ws []rdma.Write, done func(error)) (*batch, error) {
 	} else {
 		b = &batch{req: (*C.kvs_req_t)(C.calloc(1, C.size_t(unsafe.Sizeof(C.kvs_req_t{}))))}
 		if b.req == nil {
-			return nil, errors.New("ucx: post: out of memory")
+			return errors.New("ucx: post: out of memory")
 		}
 		t.reqs = append(t.reqs, b.req) // freed by teardown, after the worker
 	}
@@ -277,21 +239,21 @@ func (e *Endpoint) prepare(ws []rdma.Write, done func(error)) (*batch, error) {
 		if src == nil || src.key != w.Local {
 			if src = t.regions[w.Local]; src == nil {
 				t.free = append(t.free, b)
-				return nil, errors.Mark(errors.Newf("ucx: write %d: unknown local key %d", i, w.Local), rdma.ErrInvalidWrite)
+				return errors.Mark(errors.Newf("ucx: write %d: unknown local key %d", i, w.Local), rdma.ErrInvalidWrite)
 			}
 		}
 		if !contains(src.addr, src.len, w.Src, w.Len) {
 			t.free = append(t.free, b)
-			return nil, errors.Mark(errors.Newf("ucx: write %d: source [%#x, +%d) outside its region [%#x, +%d)", i, w.Src, w.Len, src.addr, src.len), rdma.ErrInvalidWrite)
+			return errors.Mark(errors.Newf("ucx: write %d: source [%#x, +%d) outside its region [%#x, +%d)", i, w.Src, w.Len, src.addr, src.len), rdma.ErrInvalidWrite)
 		}
 		if int(w.Remote) >= len(e.remotes) {
 			t.free = append(t.free, b)
-			return nil, errors.Mark(errors.Newf("ucx: write %d: remote key %d not imported", i, w.Remote), rdma.ErrInvalidWrite)
+			return errors.Mark(errors.Newf("ucx: write %d: remote key %d not imported", i, w.Remote), rdma.ErrInvalidWrite)
 		}
 		dst := &e.remotes[w.Remote]
 		if !contains(dst.addr, dst.len, w.Dst, w.Len) {
 			t.free = append(t.free, b)
-			return nil, errors.Mark(errors.Newf("ucx: write %d: destination [%#x, +%d) outside its region [%#x, +%d)", i, w.Dst, w.Len, dst.addr, dst.len), rdma.ErrInvalidWrite)
+			return errors.Mark(errors.Newf("ucx: write %d: destination [%#x, +%d) outside its region [%#x, +%d)", i, w.Dst, w.Len, dst.addr, dst.len), rdma.ErrInvalidWrite)
 		}
 		b.ws = append(b.ws, C.kvs_write_t{
 			src:  C.uint64_t(w.Src),
@@ -303,7 +265,8 @@ func (e *Endpoint) prepare(ws []rdma.Write, done func(error)) (*batch, error) {
 	}
 	t.nextBatch++
 	b.id, b.ep, b.done = t.nextBatch, e, done
-	return b, nil
+	t.enqueueLocked(item{b: b})
+	return nil
 }
 
 func contains(base, n, addr, l uint64) bool {
@@ -463,9 +426,9 @@ func (t *Transport) finishClose(e *Endpoint) {
 		// record is not reused.
 		t.complete(b, errors.Mark(errors.Newf("ucx: batch %d: endpoint torn down: %v", b.id, reason), rdma.ErrEndpointBroken), false)
 	}
-	// After the failures were reported (their callbacks are queued before
-	// this one), so that Close's caller sees them first.
-	t.ready = append(t.ready, readyCall{done: func(error) { close(e.closedCh) }})
+	// After the failures were reported, so that Close's caller sees them
+	// first.
+	close(e.closedCh)
 }
 
 // Close drains the endpoint (up to Options.CloseDrain), force-closes it and
@@ -492,14 +455,10 @@ func (e *Endpoint) Close() error {
 	timeout := max(t.opts.CloseDrain, 0) + t.opts.CloseTimeout
 	tooLong := errors.Mark(errors.Mark(errors.Newf("ucx: endpoint %d: close did not complete in %v, so its writes may still land", e.id, timeout), rdma.ErrEndpointBroken), rdma.ErrNotQuiesced)
 	if onLoop {
-		t.wmu.Lock()
 		if t.ctx == nil {
-			t.wmu.Unlock()
 			return nil
 		}
 		t.startClose(e, nil, false)
-		t.wmu.Unlock()
-		t.runReady()
 		if !t.progressUntil(func() bool { return e.lstate == epClosed }, timeout) {
 			return tooLong
 		}

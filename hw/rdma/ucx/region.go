@@ -249,8 +249,6 @@ func (r *region) Deregister() error {
 	delete(t.regions, r.key)
 	if t.onLoop() {
 		t.mu.Unlock()
-		t.wmu.Lock()
-		defer t.wmu.Unlock()
 		return unmap()
 	}
 	ch := make(chan error, 1)

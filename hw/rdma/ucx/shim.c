@@ -482,20 +482,19 @@ unsigned kvs_poll(kvs_ctx_t *c, kvs_event_t *out, unsigned cap,
     return (unsigned)k;
 }
 
-// Arms every worker for kvs_sleep. Returns 1 when a worker had unprocessed
-// events, or events queued here wait for Go (an Endpoint.Post that posted
-// inline may have queued a completion since the last kvs_poll): then the
-// caller must poll instead of sleeping. -1 on failure. Without an event fd
-// there is nothing to arm.
-int kvs_arm(kvs_ctx_t *c)
+// Sleeps until the worker has an event, ucp_worker_signal is called, or
+// timeout_us passes (ppoll, for sub-millisecond naps). Returns 1 when the
+// worker had unprocessed events and must be progressed before it can sleep.
+int kvs_wait(kvs_ctx_t *c, long timeout_us)
 {
+    struct timespec ts;
     ucs_status_t status;
     size_t i;
 
-    if (c->nev > 0) {
-        return 1;
-    }
+    ts.tv_sec  = timeout_us / 1000000;
+    ts.tv_nsec = (timeout_us % 1000000) * 1000;
     if (c->efd < 0) {
+        nanosleep(&ts, NULL);
         return 0;
     }
     for (i = 0; i <= c->naw; i++) {
@@ -511,26 +510,9 @@ int kvs_arm(kvs_ctx_t *c)
         c->pfd[i].events  = POLLIN;
         c->pfd[i].revents = 0;
     }
-    c->npfd = 1 + c->naw;
-    return 0;
-}
-
-// Sleeps until an armed worker has an event, ucp_worker_signal is called,
-// or timeout_us passes (ppoll, for sub-millisecond naps). It makes no UCX
-// call, so it runs without the worker lock: Post may post meanwhile, and
-// signals when it did.
-void kvs_sleep(kvs_ctx_t *c, long timeout_us)
-{
-    struct timespec ts;
-
-    ts.tv_sec  = timeout_us / 1000000;
-    ts.tv_nsec = (timeout_us % 1000000) * 1000;
-    if (c->efd < 0) {
-        nanosleep(&ts, NULL);
-        return;
-    }
     // EINTR (Go's preemption signals) just ends the nap early.
-    ppoll(c->pfd, c->npfd, &ts, NULL);
+    ppoll(c->pfd, 1 + c->naw, &ts, NULL);
+    return 0;
 }
 
 ucs_status_t kvs_signal(kvs_ctx_t *c)

@@ -1,11 +1,10 @@
 //go:build ucx
 
-// The C side of the ucx transport. Every call on the context and its
-// workers is made with the transport's worker lock held (Go's
-// Transport.wmu: UCS_THREAD_MODE_SERIALIZED, one caller at a time, on
-// whatever OS thread Go runs it): by the progress goroutine, or by an
-// Endpoint.Post that posts inline. kvs_signal (which UCX documents as safe
-// from any thread) and kvs_sleep (no UCX call) are the exceptions.
+// The C side of the ucx transport. Everything here is called by the
+// transport's progress goroutine, which owns the UCP context and worker
+// (UCS_THREAD_MODE_SERIALIZED: one caller at a time, on whatever OS thread
+// Go runs it), except kvs_signal, which UCX documents as safe from any
+// thread.
 //
 // UCX callbacks never call into Go: they append (id, kind, status) records
 // to a C-owned event queue, which the progress goroutine drains after every
@@ -51,12 +50,11 @@ typedef struct {
     int             efd; // -1 without UCP_FEATURE_WAKEUP
     int             wakeup;
     // Peer access points (kvs_access_open): workers of the same context
-    // that only receive; kvs_poll progresses and kvs_arm arms them all.
+    // that only receive; kvs_poll progresses and kvs_wait arms them all.
     ucp_worker_h   *aw;
     int            *aefd;
     size_t          naw, caw;
-    struct pollfd  *pfd; // kvs_sleep's array, 1 + caw entries, filled by kvs_arm
-    size_t          npfd;
+    struct pollfd  *pfd; // kvs_wait's array, 1 + caw entries
     pthread_mutex_t lock;
     kvs_event_t    *ev;
     size_t          nev, cap;
@@ -106,8 +104,7 @@ void         kvs_post(kvs_ctx_t *c, kvs_ep_t *e, const kvs_write_t *ws,
                       kvs_req_t *r);
 unsigned     kvs_poll(kvs_ctx_t *c, kvs_event_t *out, unsigned cap,
                       unsigned max_iter);
-int          kvs_arm(kvs_ctx_t *c);
-void         kvs_sleep(kvs_ctx_t *c, long timeout_us);
+int          kvs_wait(kvs_ctx_t *c, long timeout_us);
 ucs_status_t kvs_signal(kvs_ctx_t *c);
 
 #endif

@@ -111,33 +111,17 @@ type Transport struct {
 	nextBatch uint64
 	reqs      []*C.kvs_req_t // every batch record, freed after the worker
 
-	// wmu is the worker lock: held across every call into UCX on the
-	// context and its workers, and over the state below that such calls
-	// change, by the progress goroutine (in short sections: done callbacks
-	// run outside it) or by an Endpoint.Post that posts its batch inline.
-	// Order: wmu, then mu.
-	wmu sync.Mutex
-	// inlined counts batches Post started itself, without the hand-off to
-	// the progress goroutine.
-	inlined atomic.Uint64
-
-	// Guarded by wmu; the progress goroutine's but for what Post's inline
-	// path touches (startGroup: eps' lstate, inflight, the group scratch).
+	// Owned by the progress goroutine.
 	spare    []item
 	released []*batch
 	eps      map[uint64]*Endpoint
 	nextEp   uint64
 	inflight map[uint64]*batch
-	draining int  // endpoints in epDraining
-	woke     bool // a done callback ran since the last yield
-	// ready are the done callbacks to run once wmu is released, in order
-	// (the progress goroutine's own: complete queues them, runReady runs
-	// them, nested calls included).
-	ready     []readyCall
-	readyHead int
-	eprecs    []*C.kvs_ep_t // every endpoint record, freed after the worker
-	evbuf     []C.kvs_event_t
-	stopping  bool
+	draining int           // endpoints in epDraining
+	woke     bool          // a done callback ran since the last yield
+	eprecs   []*C.kvs_ep_t // every endpoint record, freed after the worker
+	evbuf    []C.kvs_event_t
+	stopping bool
 	// Scratch of startGroup and flushed.
 	group, gdone []*batch
 	gws          []C.kvs_write_t
@@ -296,9 +280,7 @@ func (t *Transport) enqueueLocked(it item) {
 	t.queued.Store(int32(len(t.queue)))
 	if t.sleeping {
 		t.sleeping = false
-		if !t.opts.NoWakeup { // no event fd: the nap's timeout wakes it
-			C.kvs_signal(t.ctx)
-		}
+		C.kvs_signal(t.ctx)
 	}
 }
 
@@ -311,13 +293,8 @@ func (t *Transport) do(fn func() error) error {
 		return errors.Mark(ErrClosed, rdma.ErrEndpointBroken)
 	}
 	if t.onLoop() {
-		// A done callback: it runs outside the worker lock.
 		t.mu.Unlock()
-		t.wmu.Lock()
-		err := fn()
-		t.wmu.Unlock()
-		t.runReady()
-		return err
+		return fn()
 	}
 	ch := make(chan error, 1)
 	t.enqueueLocked(item{fn: func() { ch <- fn() }})
@@ -395,9 +372,6 @@ func (t *Transport) run(initDone chan<- error) {
 // drainQueue takes the queued work (returning released batches to the free
 // list on the way) and performs it in order.
 func (t *Transport) drainQueue() bool {
-	t.wmu.Lock()
-	defer t.runReady()
-	defer t.wmu.Unlock()
 	t.mu.Lock()
 	q := t.queue
 	t.queue = t.spare[:0]
@@ -445,37 +419,24 @@ func (t *Transport) sleep() {
 	}
 	t.sleeping = true
 	t.mu.Unlock()
-	t.nap(idleNap)
+	timeout := idleNap
+	if len(t.inflight) > 0 || t.draining > 0 || t.opts.NoWakeup {
+		// Not every transport signals the event fd when queued sends can
+		// proceed (shared-memory FIFO space freed by the receiver): with
+		// work outstanding, only nap. Without an event fd, nothing but
+		// the timeout ends a sleep.
+		timeout = busyNap
+	}
+	C.kvs_wait(t.ctx, C.long(timeout.Microseconds()))
 	t.mu.Lock()
 	t.sleeping = false
 	t.mu.Unlock()
-}
-
-// nap arms the workers under the worker lock and, unless they (or
-// completions queued by an inline Post) have work, sleeps without it, for
-// at most d: busyNap while work is outstanding, since not every transport
-// signals the event fd when queued sends can proceed (shared-memory FIFO
-// space freed by the receiver), and without an event fd nothing but the
-// timeout ends a sleep.
-func (t *Transport) nap(d time.Duration) {
-	t.wmu.Lock()
-	if len(t.inflight) > 0 || t.draining > 0 || t.opts.NoWakeup {
-		d = min(d, busyNap)
-	}
-	busy := C.kvs_arm(t.ctx) != 0
-	t.wmu.Unlock()
-	if !busy {
-		C.kvs_sleep(t.ctx, C.long(d.Microseconds()))
-	}
 }
 
 // pollOnce progresses the worker and handles the events it produced. buf is
 // the caller's: nested calls (a done callback closing an endpoint) use their
 // own.
 func (t *Transport) pollOnce(buf []C.kvs_event_t) bool {
-	t.wmu.Lock()
-	defer t.runReady()
-	defer t.wmu.Unlock()
 	k := uint32(C.kvs_poll(t.ctx, &buf[0], C.unsigned(len(buf)), 16))
 	n := t.ctx.progressed
 	oom := k&0x80000000 != 0
@@ -518,9 +479,8 @@ func (t *Transport) handle(id uint64, kind int, st C.ucs_status_t) {
 	}
 }
 
-// complete reports a batch: its done runs at the next runReady, once the
-// worker lock is released. A batch whose flush may still call back keeps
-// its C record out of reuse (reusable false). The caller holds wmu.
+// complete reports a batch. A batch whose flush may still call back keeps
+// its C record out of reuse (reusable false).
 func (t *Transport) complete(b *batch, err error, reusable bool) {
 	if err != nil && b.ep != nil && errors.Is(b.ep.closeErr, rdma.ErrNotQuiesced) {
 		// Failed by a forced close after the drain timed out (its flush
@@ -529,33 +489,13 @@ func (t *Transport) complete(b *batch, err error, reusable bool) {
 		// only the caller of Close (another chunk may have closed it).
 		err = errors.Mark(errors.Wrap(err, "forced closed after the drain timed out, its writes may still land"), rdma.ErrNotQuiesced)
 	}
-	t.ready = append(t.ready, readyCall{done: b.done, err: err})
+	done := b.done
 	b.done, b.ep = nil, nil
 	t.woke = true
 	if reusable {
 		t.released = append(t.released, b)
 	}
-}
-
-// readyCall is a done callback waiting for the worker lock's release.
-type readyCall struct {
-	done func(error)
-	err  error
-}
-
-// runReady runs the queued done callbacks, in order, on the progress
-// goroutine and without the worker lock, so that they may call Post (which
-// may then post inline), Close and the rest. A callback that makes the
-// progress goroutine progress (Endpoint.Close from a callback) runs the
-// callbacks that queues, in order, itself.
-func (t *Transport) runReady() {
-	for t.readyHead < len(t.ready) {
-		r := t.ready[t.readyHead]
-		t.ready[t.readyHead] = readyCall{}
-		t.readyHead++
-		r.done(r.err)
-	}
-	t.ready, t.readyHead = t.ready[:0], 0
+	done(err)
 }
 
 // progressUntil progresses the worker from the progress goroutine itself
@@ -569,7 +509,7 @@ func (t *Transport) progressUntil(cond func() bool, timeout time.Duration) bool 
 			return false
 		}
 		if !t.pollOnce(buf) && !cond() {
-			t.nap(busyNap)
+			C.kvs_wait(t.ctx, C.long(busyNap.Microseconds()))
 		}
 	}
 	return true
@@ -579,16 +519,10 @@ func (t *Transport) progressUntil(cond func() bool, timeout time.Duration) bool 
 // earlier queued item ran.
 func (t *Transport) teardown() {
 	reason := errors.Mark(ErrClosed, rdma.ErrEndpointBroken)
-	t.wmu.Lock()
 	for _, e := range t.eps {
 		t.startClose(e, reason, false)
 	}
-	t.wmu.Unlock()
-	t.runReady()
 	t.progressUntil(func() bool { return len(t.eps) == 0 }, max(t.opts.CloseDrain, 0)+t.opts.CloseTimeout)
-	t.wmu.Lock()
-	defer t.runReady()
-	defer t.wmu.Unlock()
 	for _, e := range t.eps { // close never completed: abandon
 		t.finishClose(e)
 	}

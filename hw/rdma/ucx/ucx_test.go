@@ -584,19 +584,17 @@ func cudaSupport() bool {
 }
 
 // TestQueuedBatchesShareAFlush: batches queued while the progress
-// goroutine holds the worker lock (here: stalled in a queued item) go out
-// with one flush, complete in the order they were posted, and all land.
+// goroutine is busy (here: stalled in a done callback) go out with one
+// flush, complete in the order they were posted, and all land.
 func TestQueuedBatchesShareAFlush(t *testing.T) {
 	eachFabric(t, func(t *testing.T) {
 		const batches = 10
 		f := newFixture(t, batches*4096)
 		fill(f.src.Bytes, 0x3C)
-		tr := f.from
 		stalled, release := make(chan struct{}), make(chan struct{})
-		stallDone := make(chan error, 1)
-		go func() { stallDone <- tr.do(func() error { close(stalled); <-release; return nil }) }()
+		require.NoError(t, f.ep.Post([]rdma.Write{f.write(0, 0)}, func(err error) { close(stalled); <-release }))
 		<-stalled
-		before, inlined := tr.flushes.Load(), tr.inlined.Load()
+		before := f.from.flushes.Load()
 		order := make(chan int, batches)
 		for i := range batches {
 			require.NoError(t, f.ep.Post([]rdma.Write{f.write(uint64(i)*4096, 2048), f.write(uint64(i)*4096+2048, 2048)}, func(err error) {
@@ -604,9 +602,7 @@ func TestQueuedBatchesShareAFlush(t *testing.T) {
 				order <- i
 			}))
 		}
-		assert.Equal(t, inlined, tr.inlined.Load(), "the worker lock was held: every batch was queued")
 		close(release)
-		require.NoError(t, <-stallDone)
 		for i := range batches {
 			select {
 			case got := <-order:
@@ -615,58 +611,7 @@ func TestQueuedBatchesShareAFlush(t *testing.T) {
 				t.Fatal("a batch never completed")
 			}
 		}
-		assert.Equal(t, uint64(1), tr.flushes.Load()-before, "one flush for the batches queued together")
+		assert.Equal(t, uint64(1), f.from.flushes.Load()-before, "one flush for the batches queued together")
 		assert.True(t, bytes.Equal(f.src.Bytes, f.dst.Bytes))
 	})
-}
-
-// TestPostInline: with the worker lock free, Post starts the batch itself
-// (no hand-off to the progress goroutine), from a done callback too, and
-// the completions still come, in order, on the progress goroutine.
-func TestPostInline(t *testing.T) {
-	eachFabric(t, func(t *testing.T) {
-		const batches = 20
-		f := newFixture(t, batches*4096)
-		fill(f.src.Bytes, 0x5D)
-		tr := f.from
-		before := tr.inlined.Load()
-		order := make(chan int, batches)
-		var post func(i int)
-		post = func(i int) {
-			require.NoError(t, f.ep.Post([]rdma.Write{f.write(uint64(i)*4096, 4096)}, func(err error) {
-				assert.NoError(t, err)
-				if goid() != tr.loopG {
-					t.Error("done ran outside the progress goroutine")
-				}
-				order <- i
-				if i%2 == 0 && i+1 < batches {
-					post(i + 1) // from the callback: the lock is free there
-				}
-			}))
-		}
-		for i := 0; i < batches; i += 2 {
-			post(i)
-			require.Equal(t, i, waitInt(t, order))
-			if i+1 < batches {
-				require.Equal(t, i+1, waitInt(t, order))
-			}
-		}
-		// A post from a done callback finds the lock free for certain (the
-		// callbacks run outside it, and nothing else posts); the others
-		// find it free unless the progress goroutine is calling UCX.
-		assert.GreaterOrEqual(t, tr.inlined.Load()-before, uint64(batches/2), "the posts from callbacks went inline")
-		t.Logf("%d of %d batches posted inline", tr.inlined.Load()-before, batches)
-		assert.True(t, bytes.Equal(f.src.Bytes, f.dst.Bytes))
-	})
-}
-
-func waitInt(t *testing.T, ch <-chan int) int {
-	t.Helper()
-	select {
-	case v := <-ch:
-		return v
-	case <-time.After(10 * time.Second):
-		t.Fatal("a batch never completed")
-		return -1
-	}
 }
