@@ -280,7 +280,9 @@ func (t *Transport) enqueueLocked(it item) {
 	t.queued.Store(int32(len(t.queue)))
 	if t.sleeping {
 		t.sleeping = false
-		C.kvs_signal(t.ctx)
+		if !t.opts.NoWakeup { // no event fd: the nap's timeout wakes it
+			C.kvs_signal(t.ctx)
+		}
 	}
 }
 
