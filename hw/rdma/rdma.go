@@ -5,6 +5,14 @@
 // completion means the bytes are visible at the destination (UCX: after a
 // flush; verbs: a signaled RC completion).
 //
+// Optional parts, which a caller finds by a type assertion (and, through a
+// wrapper, by an error marked ErrUnsupported): PeerAccessor (an access point
+// per peer, revoked before the memory that peer could write is reused),
+// Allocator (memory the transport allocates in the form its fastest path
+// needs) and TypedRegistrar (registration that says the memory's type, so
+// that device memory takes the device paths); RegisterMemory uses the last
+// one when offered.
+//
 // Implementations: hw/rdma/loopback (in-process, the default and the test
 // double) and hw/rdma/ucx (libucx through cgo, build tag ucx). Any of them
 // can be wrapped by hw/rdma/rdmafault to inject faults.
@@ -152,8 +160,9 @@ type Allocation interface {
 	// still write it: only after every PeerAccess it could write through
 	// was revoked with a nil answer (never after an ErrNotQuiesced one),
 	// and the endpoints that could write it through the transport's own
-	// Address closed, or after the transport's Close. Batches that read it
-	// as a source must have completed. A second Free does nothing.
+	// Address closed; or leave it to the transport's Close, which releases
+	// it once nothing can land. Batches that read it as a source must have
+	// completed. A second Free, or a Free after Close, does nothing.
 	Free() error
 }
 
