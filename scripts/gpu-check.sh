@@ -19,8 +19,17 @@
 # machine), build first where Go is, carry bin/gpu-check along, and there run
 #   scripts/gpu-check.sh run "$OUT"
 #
-# Exit status: the test binary's (0 when everything passed or skipped). The
-# last two lines say whether a GPU was found and whether the run passed.
+# UCX step: where pkg-config finds UCX (libucx-dev), build also builds
+# BINDIR/ucx.test (go test -c -tags ucx ./hw/rdma/ucx, cgo), and run runs its
+# CUDA tests (TestCUDAMemoryOverUCX: host and device memory written through
+# UCX, device memory registered with its memory type; TestMemoryTypeReachesUCX)
+# when that binary is there and the machine's UCX libraries load it. Its
+# output goes to OUTDIR/gpu-check-ucx.txt; its summary line says PASS, SKIP
+# (no GPU, no UCX, or a UCX without CUDA transports) or FAILED.
+#
+# Exit status: 0 when everything passed or skipped, else the failing test
+# binary's. The last lines say whether a GPU was found, how the UCX step
+# went, and whether the run passed.
 set -euo pipefail
 export GOTOOLCHAIN="${GOTOOLCHAIN:-go1.27.3}" # the Go release the project builds on (README)
 
@@ -46,11 +55,54 @@ else
 	outdir=${1:-$outdir}
 fi
 bin=$bindir/driver.test
+ucxbin=$bindir/ucx.test
 
 build() {
 	mkdir -p "$bindir"
 	echo "gpu-check: building $bin (CGO_ENABLED=0)"
 	CGO_ENABLED=0 go test -c -o "$bin" ./hw/cuda/driver
+	if pkg-config --exists ucx 2>/dev/null; then
+		echo "gpu-check: building $ucxbin (cgo, -tags ucx, UCX $(pkg-config --modversion ucx))"
+		CGO_ENABLED=1 go test -c -tags ucx -o "$ucxbin" ./hw/rdma/ucx
+	else
+		echo "gpu-check: UCX development files not found (pkg-config ucx): $ucxbin not built"
+		rm -f "$ucxbin"
+	fi
+}
+
+# run_ucx runs the UCX step; it returns the test binary's status, 0 when
+# the step is skipped.
+run_ucx() {
+	local log=$outdir/gpu-check-ucx.txt
+	if [[ ! -x $ucxbin ]]; then
+		echo "gpu-check: UCX CUDA: SKIP ($ucxbin not built: no UCX development files where it was built)" | tee -a "$outdir/gpu-check.txt"
+		return 0
+	fi
+	{
+		echo "# gpu-check UCX step $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n)"
+		if command -v ucx_info >/dev/null 2>&1; then
+			ucx_info -v 2>&1 | head -1
+			echo "# CUDA transports: $(ucx_info -d 2>/dev/null | grep -o 'Transport: cuda[a-z_]*' | sort -u | tr '\n' ' ')"
+		else
+			echo "# ucx_info: not installed"
+		fi
+	} >"$log"
+	if ldd "$ucxbin" 2>/dev/null | grep -q 'libucp.*not found'; then
+		echo "gpu-check: UCX CUDA: SKIP (this machine has no UCX libraries for $ucxbin)" | tee -a "$log" "$outdir/gpu-check.txt"
+		return 0
+	fi
+	echo "gpu-check: running $ucxbin (UCX step), output in $log"
+	local rc=0
+	"$ucxbin" -test.v -test.count 1 -test.timeout 5m \
+		-test.run 'TestCUDAMemoryOverUCX|TestMemoryTypeReachesUCX' 2>&1 | tee -a "$log" || rc=$?
+	if [[ $rc -ne 0 ]]; then
+		echo "gpu-check: UCX CUDA: FAILED (exit $rc)" | tee -a "$log" "$outdir/gpu-check.txt"
+	elif grep -q -- '--- PASS: TestCUDAMemoryOverUCX' "$log"; then
+		echo "gpu-check: UCX CUDA: PASS (host and device memory written through UCX)" | tee -a "$log" "$outdir/gpu-check.txt"
+	else
+		echo "gpu-check: UCX CUDA: SKIP ($(grep -m1 -o -E '(no CUDA driver|GPU found): .*' "$log" || echo 'see the log'))" | tee -a "$log" "$outdir/gpu-check.txt"
+	fi
+	return "$rc"
 }
 
 run() {
@@ -79,6 +131,11 @@ run() {
 		echo "gpu-check: NO GPU found; GPU tests skipped: $(grep -m1 -o 'no CUDA driver: .*' "$log" | sed 's/^no CUDA driver: //')" | tee -a "$log"
 	else
 		echo "gpu-check: could not tell whether a GPU was found (see $log)" | tee -a "$log"
+	fi
+	local urc=0
+	run_ucx || urc=$?
+	if [[ $rc -eq 0 ]]; then
+		rc=$urc
 	fi
 	if [[ $rc -ne 0 ]]; then
 		echo "gpu-check: FAILED (exit $rc)" | tee -a "$log"

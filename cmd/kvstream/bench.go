@@ -33,24 +33,35 @@ func newBenchTransport() *cobra.Command {
 		Short: "Measure put bandwidth through the engine's transport (loopback or ucx)",
 		Long: `transport measures what the engine's submitters get from a transport: it opens a sender and
 its own target side in this process (loopback: two nodes of a fresh fabric; ucx: two UCX
-transports), registers hostmem source and destination regions, connects, imports the destination,
-and posts --count writes of --size bytes through rdma.Endpoint.Post, --writes-per-batch writes per
-batch with up to --window batches in flight. A batch counts when its completion reports the bytes
-visible at the destination (UCX: after its flush). The clock runs from the first post to the last
-completion. A warm-up of the same shape (--count writes, at least one window) runs first, untimed:
-on this project's VMs UCX's first run after connecting was measured at half the speed of the next.
+transports), gives each a region (--pool), connects, imports the destination, and posts --count
+writes of --size bytes through rdma.Endpoint.Post, --writes-per-batch writes per batch with up to
+--window batches in flight. A batch counts when its completion reports the bytes visible at the
+destination (UCX: after its flush). The clock runs from the first post to the last completion. A
+warm-up of the same shape (--count writes, at least one window) runs first, untimed: on this
+project's VMs UCX's first run after connecting was measured at half the speed of the next.
+
+--pool says where the regions come from: allocated by the transports (rdma.Allocator: UCX's
+ucp_mem_map allocation, which a peer on the same host maps so that a put is one memcpy; hostmem on
+the loopback), registered (hostmem blocks registered with Register, as a GPU pool or memory the
+serving stack owns is), or auto (allocated when the transport allocates).
 
 Write i reads source slot i mod --slots and writes the same destination slot. The default, one
 slot, is ucx_perftest's layout (every put covers the same buffer); more slots spread the writes
 over more memory, as KV pages are. After every run the destination slots are compared with the
 source (they are cleared before the run), so a run that measured nothing fails.
 
---memcpy also times a plain memcpy of the same bytes (same sizes, same count, same slots, between
-two hostmem blocks), alternating with the transport runs, and reports the ratio (the project
-target is loopback ≥ 0.8× memcpy). --repeat runs both that many times and reports medians and
-ranges. UCX reads UCX_TLS and its other UCX_* variables from the environment.`,
+--memcpy also times a plain memcpy of the same bytes (same sizes, same count, same slots, hostmem
+to hostmem), alternating with the transport runs, and reports the ratio (the project target is
+loopback ≥ 0.8× memcpy). --perftest (ucx only) also runs UCX's own benchmark after every run:
+ucx_perftest -t ucp_put_bw, a server and a client process on 127.0.0.1, with the same size and
+count and the same environment (UCX_TLS ...), once with its default buffers (UCX allocates them)
+and once with UCX_ALLOC_PRIO=mmap,heap (buffers UCX cannot export), and reports the ratios (the
+project target is ucx ≥ 0.9× ucx_perftest with default buffers). --repeat runs all of them that
+many times, alternating, and reports medians and ranges; a ratio is the median of the rounds'
+ratios. UCX reads UCX_TLS and its other UCX_* variables from the environment.`,
 		Example: `  kvstream bench transport --transport loopback --size 1M --count 2000 --memcpy --repeat 5
-  UCX_TLS=tcp kvstream bench transport --transport ucx --size 64K --count 20000 --json`,
+  UCX_TLS=tcp kvstream bench transport --transport ucx --size 64K --count 20000 --json
+  UCX_TLS=posix,self kvstream bench transport --transport ucx --size 1M --count 4096 --perftest --repeat 5`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			switch {
@@ -81,6 +92,9 @@ ranges. UCX reads UCX_TLS and its other UCX_* variables from the environment.`,
 	fl.IntVar(&cfg.Warmup, "warmup", 0, "untimed writes first (default: --count, at least window × writes-per-batch)")
 	fl.IntVar(&cfg.Repeat, "repeat", 1, "timed runs (alternating with memcpy runs under --memcpy); medians are reported")
 	fl.BoolVar(&cfg.Memcpy, "memcpy", false, "also time a plain memcpy of the same bytes and report the ratio")
+	fl.StringVar(&cfg.Pool, "pool", xferbench.PoolAuto, "regions: allocated (by the transport), registered (hostmem), or auto (allocated when the transport allocates)")
+	fl.BoolVar(&cfg.Perftest, "perftest", false, "ucx: also run ucx_perftest ucp_put_bw (default and mmap,heap buffers) with the same size and count, and report the ratios")
+	fl.StringVar(&cfg.PerftestPath, "perftest-path", "ucx_perftest", "the ucx_perftest binary --perftest runs")
 	fl.DurationVar(&cfg.Timeout, "timeout", 5*time.Minute, "give up (and fail) when the whole benchmark takes longer")
 	fl.BoolVar(&jsonOut, "json", false, "print the report as one JSON object")
 	return cmd

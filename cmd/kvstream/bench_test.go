@@ -40,11 +40,11 @@ func benchJSON(t *testing.T, args ...string) map[string]any {
 func TestBenchTransportLoopbackText(t *testing.T) {
 	out, err := runBenchCLI(t, "transport", "--size", "64K", "--count", "32", "--window", "4")
 	require.NoError(t, err, out)
-	assert.Regexp(t, regexp.MustCompile(`^loopback: 32 × 64 KiB puts, window 4 × 1 write: [0-9.]+ GB/s \([0-9]+ MiB/s\) in [0-9.]+ s; 64 KiB verified\n$`), out)
+	assert.Regexp(t, regexp.MustCompile(`^loopback: 32 × 64 KiB puts, window 4 × 1 write, allocated pools: [0-9.]+ GB/s \([0-9]+ MiB/s\) in [0-9.]+ s; 64 KiB verified\n$`), out)
 
-	out, err = runBenchCLI(t, "transport", "--size", "4KiB", "--count", "10", "--memcpy", "--repeat", "3", "--writes-per-batch", "2")
+	out, err = runBenchCLI(t, "transport", "--size", "4KiB", "--count", "10", "--memcpy", "--repeat", "3", "--writes-per-batch", "2", "--pool", "registered")
 	require.NoError(t, err, out)
-	assert.Regexp(t, regexp.MustCompile(`^loopback: 10 × 4 KiB puts, window 64 × 2 writes: .* \(median of 3, .*\); memcpy .*; ratio [0-9.]+; 4 KiB verified\n$`), out)
+	assert.Regexp(t, regexp.MustCompile(`^loopback: 10 × 4 KiB puts, window 64 × 2 writes, registered pools: .* \(median of 3, .*\); memcpy .*; ratio [0-9.]+; 4 KiB verified\n$`), out)
 }
 
 func TestBenchTransportLoopbackJSON(t *testing.T) {
@@ -53,7 +53,9 @@ func TestBenchTransportLoopbackJSON(t *testing.T) {
 	rep := benchJSON(t, "transport", "--transport", "loopback", "--size", "4K", "--count", "37", "--slots", "37",
 		"--window", "3", "--writes-per-batch", "4", "--repeat", "3", "--memcpy")
 	assert.Equal(t, "loopback", rep["transport"])
+	assert.Equal(t, "allocated", rep["pool"])
 	assert.NotContains(t, rep, "ucx_tls")
+	assert.NotContains(t, rep, "perftest")
 	for k, want := range map[string]float64{"size": 4096, "count": 37, "window": 3, "writes_per_batch": 4, "slots": 37,
 		"warmup": 37, "repeat": 3, "bytes": 37 * 4096, "verified_bytes": 37 * 4096} {
 		assert.Equal(t, want, rep[k], k)
@@ -104,6 +106,8 @@ func TestBenchBadFlags(t *testing.T) {
 		{[]string{"--size", "1G", "--count", "20000000000"}, "more bytes than fit in 64 bits"},
 		{[]string{"--size", "1M", "--count", "10000", "--slots", "5000"}, "--slots 5000 × --size 1 MiB = 5000 MiB per region: at most 4 GiB"},
 		{[]string{"--transport", "carrier-pigeon"}, `--transport "carrier-pigeon": this binary has loopback`},
+		{[]string{"--pool", "pinned"}, `--pool "pinned": want auto, allocated or registered`},
+		{[]string{"--perftest"}, `--perftest: ucx_perftest measures UCX; use it with --transport ucx, not "loopback"`},
 		{[]string{"extra"}, `unknown command "extra"`},
 	} {
 		out, err := runBenchCLI(t, append([]string{"transport"}, tc.args...)...)

@@ -5,6 +5,14 @@
 // completion means the bytes are visible at the destination (UCX: after a
 // flush; verbs: a signaled RC completion).
 //
+// Optional parts, which a caller finds by a type assertion (and, through a
+// wrapper, by an error marked ErrUnsupported): PeerAccessor (an access point
+// per peer, revoked before the memory that peer could write is reused),
+// Allocator (memory the transport allocates in the form its fastest path
+// needs) and TypedRegistrar (registration that says the memory's type, so
+// that device memory takes the device paths); RegisterMemory uses the last
+// one when offered.
+//
 // Implementations: hw/rdma/loopback (in-process, the default and the test
 // double) and hw/rdma/ucx (libucx through cgo, build tag ucx). Any of them
 // can be wrapped by hw/rdma/rdmafault to inject faults.
@@ -124,6 +132,77 @@ type PeerAccess interface {
 }
 
 // ErrUnsupported marks a call to an optional part of the contract
-// (PeerAccessor, ...) that this transport, or the transport a wrapper
+// (PeerAccessor, Allocator) that this transport, or the transport a wrapper
 // wraps, does not offer. Callers fall back to the mandatory part.
 var ErrUnsupported = errors.New("rdma: not supported by this transport")
+
+// Allocator is implemented by transports that can allocate memory for peers
+// to write, registered as they allocate it and in the form their fastest
+// path needs: UCX allocates through ucp_mem_map, which a peer on the same
+// host maps, so that its put is one memcpy (memory registered by Register
+// is reached through a slower path there). Memory someone else owns (a GPU
+// pool, the serving stack's host memory) still goes through Register.
+type Allocator interface {
+	// Allocate returns length bytes of zeroed host memory, registered like
+	// a Region of Register. It is released by its Free, or by the
+	// transport's Close.
+	Allocate(length uint64) (Allocation, error)
+}
+
+// Allocation is memory a transport allocated and registered.
+type Allocation interface {
+	Region
+	// Bytes is the memory; Desc().Addr is the address of its first byte.
+	// It must not be used after Free or the transport's Close.
+	Bytes() []byte
+	// Free deregisters and releases the memory; Deregister does the same.
+	// Memory a peer could write must not be freed while that peer may
+	// still write it: only after every PeerAccess it could write through
+	// was revoked with a nil answer (never after an ErrNotQuiesced one),
+	// and the endpoints that could write it through the transport's own
+	// Address closed; or leave it to the transport's Close, which releases
+	// it once nothing can land. Batches that read it as a source must have
+	// completed. A second Free, or a Free after Close, does nothing.
+	Free() error
+}
+
+// MemoryType is the kind of memory a region lives in.
+type MemoryType uint8
+
+const (
+	// MemoryHost is host memory (mmap'd, never the Go heap).
+	MemoryHost MemoryType = iota
+	// MemoryCUDA is CUDA device memory (a cuMemAlloc'd pointer).
+	MemoryCUDA
+)
+
+// String names the memory type.
+func (m MemoryType) String() string {
+	switch m {
+	case MemoryHost:
+		return "host"
+	case MemoryCUDA:
+		return "cuda"
+	}
+	return "unknown"
+}
+
+// TypedRegistrar is implemented by transports that take the memory's type
+// at registration rather than detecting it, so that they pick their path
+// for it (UCX: cuda_ipc on one host, GPUDirect RDMA across hosts for CUDA
+// memory, instead of treating a device pointer as host memory).
+type TypedRegistrar interface {
+	// RegisterTyped is Register of memory of type mt.
+	RegisterTyped(addr, length uint64, mt MemoryType) (Region, error)
+}
+
+// RegisterMemory registers [addr, addr+length) of type mt on t: through
+// RegisterTyped when t offers it, else through Register (which then takes
+// the memory as it finds it: the loopback tells device memory by its
+// Options.ReadDevice).
+func RegisterMemory(t Transport, addr, length uint64, mt MemoryType) (Region, error) {
+	if tr, ok := t.(TypedRegistrar); ok {
+		return tr.RegisterTyped(addr, length, mt)
+	}
+	return t.Register(addr, length)
+}

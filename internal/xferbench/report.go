@@ -16,6 +16,7 @@ type Report struct {
 	Window         int    `json:"window"`
 	WritesPerBatch int    `json:"writes_per_batch"`
 	Slots          int    `json:"slots"`
+	Pool           string `json:"pool"` // "allocated" (by the transports) or "registered" (hostmem)
 	Warmup         int    `json:"warmup"`
 	Repeat         int    `json:"repeat"`
 	CPUs           int    `json:"cpus"`
@@ -38,7 +39,27 @@ type Report struct {
 	// machine better than a ratio of medians.
 	RatioToMemcpy float64 `json:"ratio_to_memcpy,omitempty"`
 
+	// Perftest has one entry per PerftestBuffers kind under --perftest.
+	Perftest []PerftestReport `json:"perftest,omitempty"`
+
 	Runs []RunResult `json:"runs"`
+}
+
+// PerftestReport is ucx_perftest ucp_put_bw beside the transport's runs,
+// with one kind of buffers.
+type PerftestReport struct {
+	Buffers   string `json:"buffers"`              // "default" or "mmap,heap"
+	AllocPrio string `json:"alloc_prio,omitempty"` // UCX_ALLOC_PRIO it ran with
+	// BytesPerSecond is the median run's (its overall message rate times
+	// the size).
+	BytesPerSecond    float64 `json:"bytes_per_second"`
+	BytesPerSecondMin float64 `json:"bytes_per_second_min"`
+	BytesPerSecondMax float64 `json:"bytes_per_second_max"`
+	// Ratio is the median over rounds of the transport's bandwidth over
+	// ucx_perftest's in the same round (RatioToMemcpy says why paired).
+	Ratio    float64 `json:"ratio"`
+	RatioMin float64 `json:"ratio_min"`
+	RatioMax float64 `json:"ratio_max"`
 }
 
 // RunResult is one timed run (and its memcpy twin).
@@ -47,6 +68,9 @@ type RunResult struct {
 	BytesPerSecond       float64 `json:"bytes_per_second"`
 	MemcpySeconds        float64 `json:"memcpy_seconds,omitempty"`
 	MemcpyBytesPerSecond float64 `json:"memcpy_bytes_per_second,omitempty"`
+	// PerftestBytesPerSecond: ucx_perftest's runs after this one, in
+	// PerftestBuffers order.
+	PerftestBytesPerSecond []float64 `json:"perftest_bytes_per_second,omitempty"`
 }
 
 // Line is the report as one readable line.
@@ -60,8 +84,8 @@ func (r *Report) Line() string {
 	if r.WritesPerBatch > 1 {
 		batch = "writes"
 	}
-	fmt.Fprintf(&b, ": %d × %s puts, window %d × %d %s: %s in %.3f s", r.Count, FormatBytes(r.Size), r.Window,
-		r.WritesPerBatch, batch, formatRate(r.BytesPerSecond), r.Seconds)
+	fmt.Fprintf(&b, ": %d × %s puts, window %d × %d %s, %s pools: %s in %.3f s", r.Count, FormatBytes(r.Size), r.Window,
+		r.WritesPerBatch, batch, r.Pool, formatRate(r.BytesPerSecond), r.Seconds)
 	if r.Repeat > 1 {
 		fmt.Fprintf(&b, " (median of %d, %s–%s)", r.Repeat, formatGBs(r.BytesPerSecondMin), formatGBs(r.BytesPerSecondMax))
 	}
@@ -72,13 +96,23 @@ func (r *Report) Line() string {
 		}
 		fmt.Fprintf(&b, "; ratio %.2f", r.RatioToMemcpy)
 	}
+	for _, p := range r.Perftest {
+		fmt.Fprintf(&b, "; ucx_perftest (%s buffers) %s", p.Buffers, formatRate(p.BytesPerSecond))
+		if r.Repeat > 1 {
+			fmt.Fprintf(&b, " (%s–%s)", formatGBs(p.BytesPerSecondMin), formatGBs(p.BytesPerSecondMax))
+		}
+		fmt.Fprintf(&b, "; ratio %.2f", p.Ratio)
+		if r.Repeat > 1 {
+			fmt.Fprintf(&b, " (%.2f–%.2f)", p.RatioMin, p.RatioMax)
+		}
+	}
 	fmt.Fprintf(&b, "; %s verified", FormatBytes(r.VerifiedBytes))
 	return b.String()
 }
 
-// summarize fills the medians and ranges from the runs, the memcpy ones
-// too when there are.
-func (r *Report) summarize(memcpy bool) {
+// summarize fills the medians and ranges from the runs, the memcpy and
+// ucx_perftest ones too when there are.
+func (r *Report) summarize(memcpy, perftest bool) {
 	pick := func(f func(RunResult) float64) []float64 {
 		v := make([]float64, len(r.Runs))
 		for i, run := range r.Runs {
@@ -86,6 +120,17 @@ func (r *Report) summarize(memcpy bool) {
 		}
 		sort.Float64s(v)
 		return v
+	}
+	if perftest {
+		for k, kind := range PerftestBuffers {
+			bps := pick(func(x RunResult) float64 { return x.PerftestBytesPerSecond[k] })
+			ratio := pick(func(x RunResult) float64 { return x.BytesPerSecond / x.PerftestBytesPerSecond[k] })
+			r.Perftest = append(r.Perftest, PerftestReport{
+				Buffers: kind.Name, AllocPrio: kind.AllocPrio,
+				BytesPerSecond: median(bps), BytesPerSecondMin: bps[0], BytesPerSecondMax: bps[len(bps)-1],
+				Ratio: median(ratio), RatioMin: ratio[0], RatioMax: ratio[len(ratio)-1],
+			})
+		}
 	}
 	secs := pick(func(x RunResult) float64 { return x.Seconds })
 	r.Seconds = median(secs)

@@ -16,7 +16,8 @@ import (
 type Rig struct {
 	cfg           Config
 	from, to      rdma.Transport
-	src, dst, cpy *hostmem.Block // cpy: memcpy's destination, unregistered
+	src, dst, cpy *buffer // cpy: memcpy's destination, hostmem, unregistered
+	pool          string  // where src and dst come from: "allocated" or "registered"
 	local         rdma.LocalKey
 	remote        rdma.RemoteKey
 	ep            rdma.Endpoint
@@ -53,28 +54,39 @@ func openRig(cfg Config) (_ *Rig, err error) {
 			err = errors.CombineErrors(err, r.Close())
 		}
 	}()
-	region := int(uint64(cfg.Slots) * cfg.Size)
-	if r.src, err = hostmem.Alloc(region); err != nil {
+	region := uint64(cfg.Slots) * cfg.Size
+	_, fromAllocates := r.from.(rdma.Allocator)
+	_, toAllocates := r.to.(rdma.Allocator)
+	switch cfg.Pool {
+	case PoolAuto:
+		r.pool = PoolRegistered
+		if fromAllocates && toAllocates {
+			r.pool = PoolAllocated
+		}
+	case PoolAllocated:
+		if !fromAllocates || !toAllocates {
+			return nil, errors.Newf("--pool allocated: the %s transport does not allocate memory", r.from.Name())
+		}
+		r.pool = PoolAllocated
+	default:
+		r.pool = PoolRegistered
+	}
+	var sreg, dreg rdma.Region
+	if r.src, sreg, err = r.buffer(r.from, region); err != nil {
 		return nil, errors.Wrap(err, "source region")
 	}
 	fillPattern(r.src.Bytes)
-	if r.dst, err = hostmem.Alloc(region); err != nil {
+	if r.dst, dreg, err = r.buffer(r.to, region); err != nil {
 		return nil, errors.Wrap(err, "destination region")
 	}
 	if cfg.Memcpy {
-		if r.cpy, err = hostmem.Alloc(region); err != nil {
+		blk, err := hostmem.Alloc(int(region))
+		if err != nil {
 			return nil, errors.Wrap(err, "memcpy destination")
 		}
-	}
-	sreg, err := r.from.Register(r.src.Addr, uint64(region))
-	if err != nil {
-		return nil, errors.Wrap(err, "register the source")
+		r.cpy = &buffer{Addr: blk.Addr, Bytes: blk.Bytes, free: blk.Free}
 	}
 	r.local = sreg.Key()
-	dreg, err := r.to.Register(r.dst.Addr, uint64(region))
-	if err != nil {
-		return nil, errors.Wrap(err, "register the destination")
-	}
 	if r.ep, err = r.from.Connect(r.to.Address()); err != nil {
 		return nil, errors.Wrap(err, "connect to the target side")
 	}
@@ -82,6 +94,34 @@ func openRig(cfg Config) (_ *Rig, err error) {
 		return nil, errors.Wrap(err, "import the destination")
 	}
 	return r, nil
+}
+
+// buffer is one side's memory, registered: an allocation of the transport
+// (Config.Pool), or a hostmem block the rig registered.
+type buffer struct {
+	Addr  uint64
+	Bytes []byte
+	free  func() error // after the transports closed
+}
+
+// buffer gives tr n bytes from the rig's pool, registered.
+func (r *Rig) buffer(tr rdma.Transport, n uint64) (*buffer, rdma.Region, error) {
+	if r.pool == PoolAllocated {
+		a, err := tr.(rdma.Allocator).Allocate(n)
+		if err != nil {
+			return nil, nil, err
+		}
+		return &buffer{Addr: a.Desc().Addr, Bytes: a.Bytes(), free: a.Free}, a, nil
+	}
+	blk, err := hostmem.Alloc(int(n))
+	if err != nil {
+		return nil, nil, err
+	}
+	reg, err := tr.Register(blk.Addr, n)
+	if err != nil {
+		return nil, nil, errors.CombineErrors(errors.Wrap(err, "register"), blk.Free())
+	}
+	return &buffer{Addr: blk.Addr, Bytes: blk.Bytes, free: blk.Free}, reg, nil
 }
 
 // openPair opens the sender and the target side. Loopback gets a fabric of
@@ -114,8 +154,9 @@ func openPair(kind string, open func(kind, name string) (rdma.Transport, error))
 }
 
 // Close tears down in the order that keeps the memory safe: the endpoint
-// (it drains), both transports (no worker can apply a write any more), and
-// only then the memory they had registered.
+// (it drains), both transports (no worker can apply a write any more, and
+// they release what they allocated), and only then the memory they had
+// registered.
 func (r *Rig) Close() error {
 	var err error
 	if r.ep != nil {
@@ -126,9 +167,11 @@ func (r *Rig) Close() error {
 			err = errors.CombineErrors(err, errors.Wrapf(t.Close(), "close %s", t.Name()))
 		}
 	}
-	for _, b := range []*hostmem.Block{r.src, r.dst, r.cpy} {
+	// An allocation's Free after its transport's Close does nothing: the
+	// Close released it.
+	for _, b := range []*buffer{r.src, r.dst, r.cpy} {
 		if b != nil {
-			err = errors.CombineErrors(err, b.Free())
+			err = errors.CombineErrors(err, b.free())
 		}
 	}
 	return err

@@ -20,6 +20,13 @@ const (
 	maxBatch  = 1 << 16
 )
 
+// Config.Pool's values.
+const (
+	PoolAuto       = "auto"
+	PoolAllocated  = "allocated"
+	PoolRegistered = "registered"
+)
+
 // Config is one benchmark. Its fields are the flags of `kvstream bench
 // transport`, and its errors name them so.
 type Config struct {
@@ -33,6 +40,16 @@ type Config struct {
 	Repeat         int // timed runs
 	Memcpy         bool
 	Timeout        time.Duration // bound on the whole benchmark
+	// Perftest also runs ucx_perftest ucp_put_bw (PerftestPath, default
+	// "ucx_perftest") after every run, once per PerftestBuffers kind, with
+	// the same size and count, and reports the ratios. UCX only.
+	Perftest     bool
+	PerftestPath string
+	// Pool is where the source and destination regions come from:
+	// PoolAllocated (the transports allocate them, rdma.Allocator),
+	// PoolRegistered (hostmem blocks the rig registers), or PoolAuto ("",
+	// allocated when both transports allocate).
+	Pool string
 
 	// Open opens one side of any transport other than loopback (the CLI
 	// passes its registry, which also says when a binary lacks a kind).
@@ -70,6 +87,19 @@ func (c *Config) validate() error {
 		if f.v > f.most {
 			return errors.Newf("%s %d: at most %d", f.name, f.v, f.most)
 		}
+	}
+	switch c.Pool {
+	case "":
+		c.Pool = PoolAuto
+	case PoolAuto, PoolAllocated, PoolRegistered:
+	default:
+		return errors.Newf("--pool %q: want %s, %s or %s", c.Pool, PoolAuto, PoolAllocated, PoolRegistered)
+	}
+	if c.Perftest && c.Transport != "ucx" {
+		return errors.Newf("--perftest: ucx_perftest measures UCX; use it with --transport ucx, not %q", c.Transport)
+	}
+	if c.PerftestPath == "" {
+		c.PerftestPath = "ucx_perftest"
 	}
 	if c.Timeout <= 0 {
 		return errors.Newf("--timeout %v: must be positive", c.Timeout)
@@ -116,6 +146,7 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 		Transport: cfg.Transport, Size: cfg.Size, Count: cfg.Count, Window: cfg.Window,
 		WritesPerBatch: cfg.WritesPerBatch, Slots: cfg.Slots, Warmup: cfg.Warmup, Repeat: cfg.Repeat,
 		CPUs: runtime.NumCPU(), Bytes: uint64(cfg.Count) * cfg.Size, VerifiedBytes: uint64(cfg.Slots) * cfg.Size,
+		Pool: rig.pool,
 	}
 	if cfg.Transport == "ucx" {
 		rep.UCXTLS = os.Getenv("UCX_TLS")
@@ -153,11 +184,25 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 			md := max(rig.Memcpy(cfg.Count), time.Nanosecond)
 			run.MemcpySeconds, run.MemcpyBytesPerSecond = md.Seconds(), float64(rep.Bytes)/md.Seconds()
 		}
+		if cfg.Perftest {
+			// Its own warm-up every time: a fresh pair of processes
+			// connects, and pays what the transport paid in its warm-up.
+			pt := perftestRun{path: cfg.PerftestPath, size: cfg.Size, count: cfg.Count,
+				warmup: max(cfg.Count/10, cfg.Window*cfg.WritesPerBatch)}
+			for _, kind := range PerftestBuffers {
+				pt.allocPrio = kind.AllocPrio
+				bps, err := pt.run(ctx)
+				if err != nil {
+					return nil, errors.Wrapf(err, "run %d: ucx_perftest with %s buffers", i+1, kind.Name)
+				}
+				run.PerftestBytesPerSecond = append(run.PerftestBytesPerSecond, bps)
+			}
+		}
 		rep.Runs = append(rep.Runs, run)
 	}
 	if cfg.inspect != nil {
 		cfg.inspect(rig.src.Bytes[:used], rig.dst.Bytes[:used])
 	}
-	rep.summarize(cfg.Memcpy)
+	rep.summarize(cfg.Memcpy, cfg.Perftest)
 	return rep, nil
 }

@@ -37,6 +37,21 @@ func TestDestinationBytes(t *testing.T) {
 	assert.Equal(t, count, rep.Warmup)
 }
 
+// TestPools: both pools carry the bytes, auto takes the transport's
+// allocations (the loopback allocates), and the report says which ran.
+func TestPools(t *testing.T) {
+	for pool, want := range map[string]string{"": PoolAllocated, PoolAuto: PoolAllocated, PoolAllocated: PoolAllocated, PoolRegistered: PoolRegistered} {
+		var dst []byte
+		rep, err := Run(context.Background(), Config{Transport: "loopback", Size: 3000, Count: 5, Slots: 5, Window: 2, WritesPerBatch: 2,
+			Repeat: 1, Timeout: time.Minute, Pool: pool, inspect: func(_, d []byte) { dst = bytes.Clone(d) }})
+		require.NoError(t, err, pool)
+		assert.Equal(t, want, rep.Pool, "--pool %q", pool)
+		wantBytes := make([]byte, 5*3000)
+		fillPattern(wantBytes)
+		assert.Equal(t, wantBytes, dst, "--pool %q", pool)
+	}
+}
+
 // TestVerifyCatchesMissingWrites makes sure the check can fail: a
 // destination nothing was written to is reported, naming the slot.
 func TestVerifyCatchesMissingWrites(t *testing.T) {
@@ -72,6 +87,8 @@ func TestConfigErrors(t *testing.T) {
 		{func(c *Config) { c.Window = 1 << 20 }, "--window 1048576: at most 65536"},
 		{func(c *Config) { c.Timeout = 0 }, "--timeout 0s: must be positive"},
 		{func(c *Config) { c.Transport = "ucx" }, `--transport "ucx": only loopback is built in, and no opener was given for it`},
+		{func(c *Config) { c.Pool = "pinned" }, `--pool "pinned": want auto, allocated or registered`},
+		{func(c *Config) { c.Perftest = true }, `--perftest: ucx_perftest measures UCX; use it with --transport ucx, not "loopback"`},
 	} {
 		cfg := good
 		tc.edit(&cfg)
@@ -91,10 +108,10 @@ func TestConfigErrors(t *testing.T) {
 // `kvstream bench transport` prints.
 func TestReportJSONAndLine(t *testing.T) {
 	r := &Report{Transport: "loopback", Size: 64 << 10, Count: 4, Window: 2, WritesPerBatch: 2, Slots: 1, Repeat: 2, Bytes: 4 * 64 << 10,
-		VerifiedBytes: 64 << 10, Runs: []RunResult{{Seconds: 1e-3, BytesPerSecond: 4 * 64 << 10 * 1e3}, {Seconds: 3e-3, BytesPerSecond: 4 * 64 << 10 * 1e3 / 3}}}
-	r.summarize(false)
+		Pool: PoolRegistered, VerifiedBytes: 64 << 10, Runs: []RunResult{{Seconds: 1e-3, BytesPerSecond: 4 * 64 << 10 * 1e3}, {Seconds: 3e-3, BytesPerSecond: 4 * 64 << 10 * 1e3 / 3}}}
+	r.summarize(false, false)
 	assert.InDelta(t, 2e-3, r.Seconds, 1e-12, "the median of two runs is their mean")
-	assert.Equal(t, "loopback: 4 × 64 KiB puts, window 2 × 2 writes: 0.13 GB/s (125 MiB/s) in 0.002 s (median of 2, 0.09 GB/s–0.26 GB/s); 64 KiB verified", r.Line())
+	assert.Equal(t, "loopback: 4 × 64 KiB puts, window 2 × 2 writes, registered pools: 0.13 GB/s (125 MiB/s) in 0.002 s (median of 2, 0.09 GB/s–0.26 GB/s); 64 KiB verified", r.Line())
 	b, err := json.Marshal(r)
 	require.NoError(t, err)
 	var m map[string]any
@@ -163,4 +180,61 @@ func BenchmarkPuts(b *testing.B) {
 	if b.N >= 64 { // every slot written
 		require.NoError(b, rig.Verify())
 	}
+}
+
+// TestPerftestSummary: ucx_perftest's figures and the ratios, on a case
+// computed by hand. Three rounds: the transport at 1, 2 and 4 GB/s;
+// ucx_perftest's default buffers at 2, 2 and 5 GB/s (ratios 0.5, 1, 0.8:
+// median 0.8, while the ratio of the medians would be 1); mmap,heap at 1,
+// 4 and 2 GB/s (ratios 1, 0.5, 2: median 1).
+func TestPerftestSummary(t *testing.T) {
+	const bytes = 1e9
+	r := &Report{Transport: "ucx", UCXTLS: "tcp", Size: 1 << 20, Count: 1000, Window: 64, WritesPerBatch: 1, Slots: 1, Repeat: 3,
+		Pool: PoolAllocated, Bytes: bytes, VerifiedBytes: 1 << 20, Runs: []RunResult{
+			{Seconds: 1, BytesPerSecond: 1e9, PerftestBytesPerSecond: []float64{2e9, 1e9}},
+			{Seconds: 0.5, BytesPerSecond: 2e9, PerftestBytesPerSecond: []float64{2e9, 4e9}},
+			{Seconds: 0.25, BytesPerSecond: 4e9, PerftestBytesPerSecond: []float64{5e9, 2e9}},
+		}}
+	r.summarize(false, true)
+	require.Len(t, r.Perftest, 2)
+	def, heap := r.Perftest[0], r.Perftest[1]
+	assert.Equal(t, "default", def.Buffers)
+	assert.Equal(t, "mmap,heap", heap.Buffers)
+	assert.Equal(t, "mmap,heap", heap.AllocPrio)
+	assert.InDelta(t, 2e9, def.BytesPerSecond, 1)
+	assert.InDelta(t, 5e9, def.BytesPerSecondMax, 1)
+	assert.InDelta(t, 0.8, def.Ratio, 1e-12)
+	assert.InDelta(t, 0.5, def.RatioMin, 1e-12)
+	assert.InDelta(t, 1.0, def.RatioMax, 1e-12)
+	assert.InDelta(t, 1.0, heap.Ratio, 1e-12)
+	assert.InDelta(t, 2e9, r.BytesPerSecond, 1)
+	assert.Equal(t, "ucx (UCX_TLS=tcp): 1000 × 1 MiB puts, window 64 × 1 write, allocated pools: 2.00 GB/s (1907 MiB/s) in 0.500 s (median of 3, 1.00 GB/s–4.00 GB/s)"+
+		"; ucx_perftest (default buffers) 2.00 GB/s (1907 MiB/s) (2.00 GB/s–5.00 GB/s); ratio 0.80 (0.50–1.00)"+
+		"; ucx_perftest (mmap,heap buffers) 2.00 GB/s (1907 MiB/s) (1.00 GB/s–4.00 GB/s); ratio 1.00 (0.50–2.00); 1 MiB verified", r.Line())
+}
+
+// TestParsePerftest reads what `ucx_perftest -f -v` printed (UCX 1.13.1,
+// posix,self, 64 KiB), and refuses output whose columns do not agree.
+func TestParsePerftest(t *testing.T) {
+	out := []byte("+--- header noise\niterations,50.0_percentile_lat,avg_lat,overall_lat,avg_bw,overall_bw,avg_mr,overall_mr\n20000,0.671,0.885,0.885,70601.67,70601.67,1129627,1129627\n")
+	bps, err := parsePerftest(out, 64<<10)
+	require.NoError(t, err)
+	assert.InDelta(t, 70601.67*(1<<20), bps, 1, "its MiB/s")
+	assert.InDelta(t, 1129627*65536.0, bps, 0.01*bps, "= its message rate × size")
+
+	// 4 MiB over TCP: 23 messages per second, rounded, is 2.7% above its
+	// 93.94 MiB/s.
+	slow := []byte("iterations,50.0_percentile_lat,avg_lat,overall_lat,avg_bw,overall_bw,avg_mr,overall_mr\n128,100,42000,42000,93.94,93.94,23,23\n")
+	bps, err = parsePerftest(slow, 4<<20)
+	require.NoError(t, err)
+	assert.InDelta(t, 93.94*(1<<20), bps, 1)
+
+	_, err = parsePerftest(out, 1<<20)
+	require.ErrorContains(t, err, "disagree", "the size is not the one that ran")
+	_, err = parsePerftest([]byte("UCX ERROR client failed\n"), 64<<10)
+	require.ErrorContains(t, err, "no figures")
+	_, err = parsePerftest([]byte("iterations,overall_bw\n20000,x\n"), 64<<10)
+	require.ErrorContains(t, err, "not a number")
+	_, err = parsePerftest([]byte("iterations,overall_bw,overall_mr\n20000,1\n"), 64<<10)
+	require.ErrorContains(t, err, "2 figures under 3 headings")
 }

@@ -27,20 +27,23 @@ func openUCX(_, name string) (rdma.Transport, error) {
 // bytes themselves.
 func TestUCXDestinationBytes(t *testing.T) {
 	for _, fab := range ucxFabrics {
-		t.Run(fab.name, func(t *testing.T) {
-			t.Setenv("UCX_TLS", fab.tls)
-			const size, count = 3000, 17
-			var dst []byte
-			rep, err := Run(context.Background(), Config{
-				Transport: "ucx", Size: size, Count: count, Slots: count, Window: 3, WritesPerBatch: 2,
-				Warmup: -1, Repeat: 1, Timeout: time.Minute, Open: openUCX,
-				inspect: func(_, d []byte) { dst = bytes.Clone(d) },
+		for _, pool := range []string{PoolAllocated, PoolRegistered} {
+			t.Run(fab.name+"/"+pool, func(t *testing.T) {
+				t.Setenv("UCX_TLS", fab.tls)
+				const size, count = 3000, 17
+				var dst []byte
+				rep, err := Run(context.Background(), Config{
+					Transport: "ucx", Size: size, Count: count, Slots: count, Window: 3, WritesPerBatch: 2,
+					Warmup: -1, Repeat: 1, Timeout: time.Minute, Open: openUCX, Pool: pool,
+					inspect: func(_, d []byte) { dst = bytes.Clone(d) },
+				})
+				require.NoError(t, err)
+				want := make([]byte, count*size)
+				fillPattern(want)
+				assert.Equal(t, want, dst)
+				assert.Equal(t, fab.tls, rep.UCXTLS)
+				assert.Equal(t, pool, rep.Pool)
 			})
-			require.NoError(t, err)
-			want := make([]byte, count*size)
-			fillPattern(want)
-			assert.Equal(t, want, dst)
-			assert.Equal(t, fab.tls, rep.UCXTLS)
-		})
+		}
 	}
 }

@@ -11,7 +11,14 @@
 //
 //	endpoint.go  Post checks every write against the registered regions
 //	             (a NIC's protection check) and refuses a closed endpoint
-//	             or a gone peer.
+//	             or a gone peer. On an unmodeled link without hooks (the
+//	             embedded default) it copies the bytes at once and queues
+//	             only the completion for the link goroutine (postDirect):
+//	             no batch record, clock or per-endpoint lock is shared
+//	             with that goroutine, and it is signalled only when it
+//	             waits, so a stream of batches costs one lock per batch
+//	             on the cache line the two goroutines share. The rest of
+//	             this list is the modeled path.
 //	link.go      The sending node's link stamps the batch: it starts when
 //	             the link is free, occupies it for its modeled bytes at the
 //	             modeled rate (Options.Slow may hold it longer), and lands

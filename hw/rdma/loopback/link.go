@@ -16,6 +16,19 @@ import (
 // own goroutine.
 type link struct {
 	opts *Options
+	// unmodeled: no bandwidth, latency or slowdown, so every batch lands
+	// at once and its copy's cost is of no use; stamps: hooks that want
+	// the times even so (OnLand, OnBatch).
+	unmodeled, stamps bool
+
+	// The direct path (unmodeled, no hooks, host sources): Post copies the
+	// bytes and queues only the completion here, under mu; the link
+	// goroutine takes every queued completion in one go and runs them.
+	// idle says that it waits for a signal: Post signals only then, so
+	// that a stream of batches costs no channel operation per batch.
+	completions []completion
+	spareComp   []completion
+	idle        atomic.Bool
 
 	mu        sync.Mutex
 	queue     []*batch // by landing instant, stable for equal instants
@@ -45,6 +58,8 @@ const (
 
 func (l *link) init(opts *Options) {
 	l.opts, l.wake, l.stopped = opts, make(chan struct{}, 1), make(chan struct{})
+	l.unmodeled = opts.Bandwidth == 0 && opts.Latency == 0 && opts.Slow == nil
+	l.stamps = opts.OnLand != nil || opts.OnBatch != nil
 	l.copyCost.Store(math.Float64bits(initialCopyCost))
 }
 
@@ -62,6 +77,49 @@ func (l *link) measured(n uint64, d time.Duration) {
 	}
 	old := math.Float64frombits(l.copyCost.Load())
 	l.copyCost.Store(math.Float64bits(0.75*old + 0.25*float64(d)/float64(n)))
+}
+
+// completion is a direct batch whose bytes landed in Post: what is left
+// is to run done, on the link goroutine.
+type completion struct {
+	ep   *Endpoint
+	done func(error)
+	err  error
+}
+
+// complete queues a direct batch's completion. The caller holds e.landMu,
+// so that an Endpoint.Close that waited for it finds the completion here
+// (or the link goroutine took it: then it is reported as landed).
+func (l *link) complete(c completion) {
+	l.mu.Lock()
+	l.completions = append(l.completions, c)
+	l.mu.Unlock()
+}
+
+// wakeIfIdle signals the link goroutine if it waits for a signal.
+func (l *link) wakeIfIdle() {
+	if l.idle.Load() {
+		l.signal()
+	}
+}
+
+// cancel takes the endpoint's queued completions off the link, for Close
+// to fail them.
+func (l *link) cancel(e *Endpoint) []completion {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var mine []completion
+	kept := l.completions[:0]
+	for _, c := range l.completions {
+		if c.ep == e {
+			mine = append(mine, c)
+		} else {
+			kept = append(kept, c)
+		}
+	}
+	clear(l.completions[len(kept):])
+	l.completions = kept
+	return mine
 }
 
 // batch is one posted batch on its way through the link.
@@ -176,6 +234,19 @@ func (l *link) run() {
 		// and removed under one lock: a concurrent Post may insert a batch
 		// with an earlier landing instant in front of it.
 		l.mu.Lock()
+		if len(l.completions) > 0 {
+			comps := l.completions
+			l.completions = l.spareComp[:0]
+			l.mu.Unlock()
+			for i, c := range comps {
+				c.done(c.err)
+				comps[i] = completion{}
+			}
+			l.mu.Lock()
+			l.spareComp = comps[:0]
+			l.mu.Unlock()
+			continue
+		}
 		now := time.Now()
 		for len(l.queue) > 0 && !l.queue[0].landAt.After(now) {
 			due = append(due, l.queue[0])
@@ -215,7 +286,17 @@ func (l *link) run() {
 			continue
 		}
 		if next.IsZero() {
-			<-l.wake
+			// Idle: from now on Post signals. Checked again after saying
+			// so, or a completion queued in between would wait for the
+			// next signal.
+			l.idle.Store(true)
+			l.mu.Lock()
+			pending := len(l.completions) > 0 || len(l.queue) > 0
+			l.mu.Unlock()
+			if !pending && !l.closing.Load() {
+				<-l.wake
+			}
+			l.idle.Store(false)
 			continue
 		}
 		precise := l.opts.Precise
@@ -294,6 +375,12 @@ func (e *Endpoint) fate(b *batch) error {
 // e.landMu.
 func (e *Endpoint) copyBytes(b *batch) {
 	opts := e.from.fab.opts
+	if l := &e.from.out; l.unmodeled && !l.stamps && b.staged == nil {
+		for i, dst := range b.dsts {
+			copy(dst, b.srcs[i])
+		}
+		return
+	}
 	start := time.Now()
 	off := 0
 	for i, dst := range b.dsts {

@@ -602,3 +602,38 @@ func TestRevokeIsABarrier(t *testing.T) {
 		})
 	}
 }
+
+// TestCloseFailsQueuedCompletions: on the direct path (unmodeled, no hooks)
+// the bytes land in Post and the completion waits for the link goroutine;
+// a Close while the link goroutine is busy (here: stalled in a done) fails
+// those completions itself, once each, before it returns.
+func TestCloseFailsQueuedCompletions(t *testing.T) {
+	f := newFixture(t, Options{}, 4096)
+	copy(f.src.Bytes, "queued")
+	stalled, release := make(chan struct{}), make(chan struct{})
+	require.NoError(t, f.ep.Post([]rdma.Write{{Src: f.src.Addr, Dst: f.dst.Addr, Len: 1, Local: f.lk, Remote: f.rk}}, func(err error) {
+		close(stalled)
+		<-release
+	}))
+	<-stalled
+	results := make(chan error, 8)
+	for i := range 4 {
+		require.NoError(t, f.ep.Post([]rdma.Write{{Src: f.src.Addr, Dst: f.dst.Addr + uint64(8*i), Len: 6, Local: f.lk, Remote: f.rk}}, func(err error) { results <- err }))
+	}
+	assert.Equal(t, "queued", string(f.dst.Bytes[24:30]), "the bytes landed in Post")
+	require.NoError(t, f.ep.Close())
+	require.Len(t, results, 4, "Close reported the queued completions before returning")
+	for range 4 {
+		err := <-results
+		require.Error(t, err)
+		assert.True(t, errors.Is(err, rdma.ErrEndpointBroken), "%v", err)
+	}
+	close(release)
+	err := f.ep.Post([]rdma.Write{{Src: f.src.Addr, Dst: f.dst.Addr, Len: 1, Local: f.lk, Remote: f.rk}}, func(error) { t.Error("done after a refused post") })
+	assert.True(t, errors.Is(err, rdma.ErrEndpointBroken), "%v", err)
+	select {
+	case err := <-results:
+		t.Fatalf("a completion reported twice: %v", err)
+	case <-time.After(20 * time.Millisecond):
+	}
+}

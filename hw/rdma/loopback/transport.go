@@ -20,7 +20,8 @@ type Transport struct {
 	mu         sync.Mutex // guards nextKey, endpoints, accesses and the writers of regions and closed
 	nextKey    rdma.LocalKey
 	endpoints  []*Endpoint
-	accesses   map[*access]struct{} // open peer access points
+	accesses   map[*access]struct{}     // open peer access points
+	allocs     map[*allocation]struct{} // memory Allocate mapped and Free did not release
 	nextAccess int
 	// regions is replaced, never changed, under mu: Post reads it without
 	// a lock (registration is rare, posts are not).
@@ -41,7 +42,7 @@ type Transport struct {
 var _ rdma.Transport = (*Transport)(nil)
 
 func newTransport(f *Fabric, name string) *Transport {
-	t := &Transport{fab: f, name: name, accesses: map[*access]struct{}{}}
+	t := &Transport{fab: f, name: name, accesses: map[*access]struct{}{}, allocs: map[*allocation]struct{}{}}
 	t.regions.Store(&map[rdma.LocalKey]*region{})
 	t.out.init(&f.opts)
 	return t
@@ -144,8 +145,9 @@ func (t *Transport) Connect(addr []byte) (rdma.Endpoint, error) {
 	return ep, nil
 }
 
-// Close tears down every endpoint, waits for other nodes' copies into this
-// node's memory, and stops the link.
+// Close tears down every endpoint and access point, waits for other nodes'
+// copies into this node's memory, stops the link, and releases the memory
+// Allocate mapped.
 func (t *Transport) Close() error {
 	t.mu.Lock()
 	if t.closed.Load() {
@@ -170,7 +172,17 @@ func (t *Transport) Close() error {
 	t.inbound.Unlock()
 	t.fab.forget(t.name)
 	t.out.stop()
-	return nil
+	t.mu.Lock()
+	allocs := make([]*allocation, 0, len(t.allocs))
+	for a := range t.allocs {
+		allocs = append(allocs, a)
+	}
+	t.mu.Unlock()
+	var err error
+	for _, a := range allocs { // nothing lands here any more
+		err = errors.CombineErrors(err, a.Free())
+	}
+	return err
 }
 
 func (t *Transport) isClosed() bool { return t.closed.Load() }

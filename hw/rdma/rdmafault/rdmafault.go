@@ -86,8 +86,10 @@ type Transport struct {
 }
 
 var (
-	_ rdma.Transport    = (*Transport)(nil)
-	_ rdma.PeerAccessor = (*Transport)(nil)
+	_ rdma.Transport      = (*Transport)(nil)
+	_ rdma.PeerAccessor   = (*Transport)(nil)
+	_ rdma.Allocator      = (*Transport)(nil)
+	_ rdma.TypedRegistrar = (*Transport)(nil)
 )
 
 // Wrap returns inner with faults decided by decide, which runs inside Post
@@ -108,6 +110,22 @@ func (t *Transport) Address() []byte { return t.inner.Address() }
 // Register registers memory with the wrapped transport.
 func (t *Transport) Register(addr, length uint64) (rdma.Region, error) {
 	return t.inner.Register(addr, length)
+}
+
+// RegisterTyped registers memory of a type with the wrapped transport
+// (rdma.RegisterMemory: its Register when it takes no type).
+func (t *Transport) RegisterTyped(addr, length uint64, mt rdma.MemoryType) (rdma.Region, error) {
+	return rdma.RegisterMemory(t.inner, addr, length, mt)
+}
+
+// Allocate allocates memory with the wrapped transport, or answers
+// rdma.ErrUnsupported when that transport does not allocate.
+func (t *Transport) Allocate(length uint64) (rdma.Allocation, error) {
+	al, ok := t.inner.(rdma.Allocator)
+	if !ok {
+		return nil, errors.Mark(errors.Newf("rdmafault: the wrapped %s transport does not allocate memory", t.inner.Name()), rdma.ErrUnsupported)
+	}
+	return al.Allocate(length)
 }
 
 // OpenPeerAccess opens an access point of the wrapped transport (faults are

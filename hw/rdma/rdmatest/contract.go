@@ -30,43 +30,92 @@ type Factory struct {
 	// PeerAccess's Revoke cannot confirm that such writes stopped, and
 	// must answer rdma.ErrNotQuiesced.
 	DirectPeerWrites bool
+
+	pool pool // set by Run for each half of the suite
 }
 
-// Run runs the contract suite.
+// Run runs the contract suite: the writes and the peer access points
+// (rdma.PeerAccessor) over memory the caller registered (hostmem) and, on
+// transports that allocate (rdma.Allocator), over memory they allocated.
 func Run(t *testing.T, f Factory) {
-	t.Run("WritesLandBeforeCompletion", func(t *testing.T) { writesLand(t, f) })
-	t.Run("InvalidWritesAreRejected", func(t *testing.T) { invalidWrites(t, f) })
-	t.Run("ConnectUnknownPeerFails", func(t *testing.T) { unknownPeer(t, f) })
-	if f.SlowPair != nil {
-		t.Run("CloseLandsNothingMore", func(t *testing.T) { closeLandsNothing(t, f) })
+	for _, p := range []pool{registered, allocated} {
+		t.Run(p.String(), func(t *testing.T) {
+			f := f
+			f.pool = p
+			t.Run("WritesLandBeforeCompletion", func(t *testing.T) { writesLand(t, f) })
+			t.Run("InvalidWritesAreRejected", func(t *testing.T) { invalidWrites(t, f) })
+			if f.SlowPair != nil {
+				t.Run("CloseLandsNothingMore", func(t *testing.T) { closeLandsNothing(t, f) })
+			}
+			t.Run("PeerAccess", func(t *testing.T) {
+				t.Run("WritesLand", func(t *testing.T) { accessPointsLand(t, f) })
+				t.Run("RevokeCutsThePeer", func(t *testing.T) { revokeCutsThePeer(t, f) })
+				t.Run("RevokeWithBatchesInFlight", func(t *testing.T) { revokeInFlight(t, f) })
+			})
+		})
 	}
-	t.Run("PeerAccess", func(t *testing.T) {
-		t.Run("WritesLand", func(t *testing.T) { accessPointsLand(t, f) })
-		t.Run("RevokeCutsThePeer", func(t *testing.T) { revokeCutsThePeer(t, f) })
-		t.Run("RevokeWithBatchesInFlight", func(t *testing.T) { revokeInFlight(t, f) })
-	})
+	t.Run("ConnectUnknownPeerFails", func(t *testing.T) { unknownPeer(t, f) })
+	t.Run("Allocation", func(t *testing.T) { allocation(t, f) })
+}
+
+// pool is where a test's memory comes from.
+type pool int
+
+const (
+	registered pool = iota // hostmem, Register
+	allocated              // rdma.Allocator
+)
+
+func (p pool) String() string {
+	if p == allocated {
+		return "Allocated"
+	}
+	return "Registered"
+}
+
+// memory is a side's bytes and their address.
+type memory struct {
+	Addr  uint64
+	Bytes []byte
 }
 
 type side struct {
-	mem *hostmem.Block
+	mem *memory
 	reg rdma.Region
 }
 
-func newSide(t *testing.T, tr rdma.Transport, n int) side {
+// newSide gives tr n bytes of memory from the pool, registered; the test's
+// cleanup releases it (after the transports closed, cleanups running last
+// first).
+func newSide(t *testing.T, p pool, tr rdma.Transport, n int) side {
 	t.Helper()
+	if p == allocated {
+		al, ok := tr.(rdma.Allocator)
+		if !ok {
+			t.Skipf("%s does not allocate memory", tr.Name())
+		}
+		a, err := al.Allocate(uint64(n))
+		if errors.Is(err, rdma.ErrUnsupported) {
+			t.Skipf("%s: %v", tr.Name(), err)
+		}
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = a.Free() })
+		require.Len(t, a.Bytes(), n)
+		return side{mem: &memory{Addr: a.Desc().Addr, Bytes: a.Bytes()}, reg: a}
+	}
 	mem, err := hostmem.Alloc(n)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = mem.Free() })
 	reg, err := tr.Register(mem.Addr, uint64(n))
 	require.NoError(t, err)
-	return side{mem: mem, reg: reg}
+	return side{mem: &memory{Addr: mem.Addr, Bytes: mem.Bytes}, reg: reg}
 }
 
-func pair(t *testing.T, mk func(t *testing.T) (rdma.Transport, rdma.Transport), n int) (src, dst side, ep rdma.Endpoint, rk rdma.RemoteKey) {
+func pair(t *testing.T, p pool, mk func(t *testing.T) (rdma.Transport, rdma.Transport), n int) (src, dst side, ep rdma.Endpoint, rk rdma.RemoteKey) {
 	t.Helper()
 	from, to := mk(t)
 	t.Cleanup(func() { _ = from.Close(); _ = to.Close() })
-	src, dst = newSide(t, from, n), newSide(t, to, n)
+	src, dst = newSide(t, p, from, n), newSide(t, p, to, n)
 	ep, err := from.Connect(to.Address())
 	require.NoError(t, err)
 	rk, err = ep.Import(dst.reg.Desc())
@@ -87,7 +136,7 @@ func wait(t *testing.T, ch <-chan error) error {
 
 func writesLand(t *testing.T, f Factory) {
 	const n = 1 << 20
-	src, dst, ep, rk := pair(t, f.Pair, n)
+	src, dst, ep, rk := pair(t, f.pool, f.Pair, n)
 	for i := range src.mem.Bytes {
 		src.mem.Bytes[i] = byte(i*7 + 3)
 	}
@@ -122,7 +171,7 @@ func writesLand(t *testing.T, f Factory) {
 
 func invalidWrites(t *testing.T, f Factory) {
 	const n = 1 << 16
-	src, dst, ep, rk := pair(t, f.Pair, n)
+	src, dst, ep, rk := pair(t, f.pool, f.Pair, n)
 	for _, tc := range []struct {
 		name string
 		w    rdma.Write
@@ -147,8 +196,8 @@ func invalidWrites(t *testing.T, f Factory) {
 func unknownPeer(t *testing.T, f Factory) {
 	from, to := f.Pair(t)
 	t.Cleanup(func() { _ = from.Close(); _ = to.Close() })
-	src := newSide(t, from, 4096)
-	dst := newSide(t, to, 4096)
+	src := newSide(t, registered, from, 4096)
+	dst := newSide(t, registered, to, 4096)
 	desc := dst.reg.Desc()
 	addr := append([]byte(nil), to.Address()...)
 	require.NoError(t, to.Close())
@@ -171,7 +220,7 @@ func unknownPeer(t *testing.T, f Factory) {
 
 func closeLandsNothing(t *testing.T, f Factory) {
 	const n = 1 << 16
-	src, dst, ep, rk := pair(t, f.SlowPair, n)
+	src, dst, ep, rk := pair(t, f.pool, f.SlowPair, n)
 	for i := range src.mem.Bytes {
 		src.mem.Bytes[i] = 0xAB
 	}
@@ -197,4 +246,52 @@ func closeLandsNothing(t *testing.T, f Factory) {
 	err = ep.Post([]rdma.Write{{Src: src.mem.Addr, Dst: dst.mem.Addr, Len: 8, Local: src.reg.Key(), Remote: rk}}, func(error) {})
 	require.Error(t, err)
 	assert.True(t, errors.Is(err, rdma.ErrEndpointBroken))
+}
+
+// allocation checks rdma.Allocator itself: bad sizes are refused, the
+// memory is zeroed and is what Desc describes, a freed allocation is no
+// write source any more, and a second Free does nothing.
+func allocation(t *testing.T, f Factory) {
+	from, to := f.Pair(t)
+	t.Cleanup(func() { _ = from.Close(); _ = to.Close() })
+	al, ok := from.(rdma.Allocator)
+	if !ok {
+		t.Skipf("%s does not allocate memory", from.Name())
+	}
+	_, err := al.Allocate(0)
+	if errors.Is(err, rdma.ErrUnsupported) {
+		t.Skipf("%s: %v", from.Name(), err)
+	}
+	require.Error(t, err, "zero bytes")
+	assert.True(t, errors.Is(err, rdma.ErrInvalidWrite), "%v", err)
+
+	const n = 3*4096 + 100 // not a whole number of pages
+	a, err := al.Allocate(n)
+	require.NoError(t, err)
+	require.Len(t, a.Bytes(), n)
+	assert.Equal(t, make([]byte, n), a.Bytes(), "allocated memory is zeroed")
+	d := a.Desc()
+	assert.Equal(t, uint64(n), d.Len)
+	assert.NotZero(t, d.Addr)
+
+	dst := newSide(t, registered, to, n)
+	ep, err := from.Connect(to.Address())
+	require.NoError(t, err)
+	defer ep.Close()
+	rk, err := ep.Import(dst.reg.Desc())
+	require.NoError(t, err)
+	for i := range a.Bytes() {
+		a.Bytes()[i] = byte(i*3 + 1)
+	}
+	done := make(chan error, 1)
+	w := rdma.Write{Src: d.Addr, Dst: dst.mem.Addr, Len: n, Local: a.Key(), Remote: rk}
+	require.NoError(t, ep.Post([]rdma.Write{w}, func(err error) { done <- err }))
+	require.NoError(t, wait(t, done))
+	assert.True(t, bytes.Equal(a.Bytes(), dst.mem.Bytes), "Desc().Addr is the first byte of Bytes()")
+
+	require.NoError(t, a.Free())
+	require.NoError(t, a.Free(), "a second Free does nothing")
+	err = ep.Post([]rdma.Write{w}, func(error) { t.Error("done after a refused Post") })
+	require.Error(t, err, "a freed allocation is no write source")
+	assert.True(t, errors.Is(err, rdma.ErrInvalidWrite), "%v", err)
 }

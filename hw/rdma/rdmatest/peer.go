@@ -39,7 +39,7 @@ func newAccessRig(t *testing.T, f Factory, chunks int) *accessRig {
 		t.Skipf("%s offers no per-peer access points", to.Name())
 	}
 	r := &accessRig{f: f, from: from, to: to, pa: pa}
-	r.src, r.dst = newSide(t, from, chunks*chunk), newSide(t, to, chunks*chunk)
+	r.src, r.dst = newSide(t, f.pool, from, chunks*chunk), newSide(t, f.pool, to, chunks*chunk)
 	for i := range r.src.mem.Bytes {
 		r.src.mem.Bytes[i] = byte(i*13+5) | 1 // never zero: a landed byte shows
 	}
@@ -142,7 +142,7 @@ func accessPointsLand(t *testing.T, f Factory) {
 
 	// A region registered after the access point opened is reachable
 	// through it too.
-	late := newSide(t, r.to, chunk)
+	late := newSide(t, r.f.pool, r.to, chunk)
 	p1, p2, p0 := r.connect(t, a1.Address(), 1), r.connect(t, a2.Address(), 2), r.connect(t, r.to.Address(), 0)
 	p1.land(t, "through the first access point")
 	p2.land(t, "through the second access point")

@@ -16,35 +16,56 @@ import (
 // to `window` puts are in flight, as ucx_perftest keeps puts in flight.
 // Every write of a batch covers the same source and destination range, so
 // the memory footprint is ucx_perftest's (one buffer of the message size).
+// The regions are allocated by the transports (Allocate, as ucx_perftest's
+// default buffers are) or hostmem registered with Register.
 //
 // Compare with `ucx_perftest -t ucp_put_bw -s <size>` over the same UCX_TLS
-// (a server and a client process on 127.0.0.1). Mind that ucx_perftest
-// allocates its buffers through UCX, which on shared memory makes them
-// directly mappable by the peer; memory registered here (hostmem) is not,
-// so the comparable baseline there is ucx_perftest with
-// UCX_ALLOC_PRIO=mmap,heap. And ucx_perftest flushes once at the end of the
-// run, while every batch here completes only after its own flush.
+// (`kvstream bench transport --perftest` runs both). Over shared memory
+// ucx_perftest's default buffers compare with the allocated pool, and
+// ucx_perftest with UCX_ALLOC_PRIO=mmap,heap with the registered one.
 func BenchmarkPut(b *testing.B) {
 	const window = 64
 	for _, fab := range fabrics {
-		for _, size := range []int{64 << 10, 1 << 20, 4 << 20} {
-			for _, writes := range []int{1, 16} {
-				b.Run(fmt.Sprintf("%s/%dKiB/writes=%d", fab.name, size>>10, writes), func(b *testing.B) {
-					b.Setenv("UCX_TLS", fab.tls)
-					benchPut(b, size, writes, window/writes)
-				})
+		for _, pool := range []string{"allocated", "registered"} {
+			for _, size := range []int{64 << 10, 1 << 20, 4 << 20} {
+				for _, writes := range []int{1, 16} {
+					b.Run(fmt.Sprintf("%s/%s/%dKiB/writes=%d", fab.name, pool, size>>10, writes), func(b *testing.B) {
+						b.Setenv("UCX_TLS", fab.tls)
+						benchPut(b, pool == "allocated", size, writes, window/writes)
+					})
+				}
 			}
 		}
 	}
 }
 
-func benchPut(b *testing.B, size, writes, window int) {
-	f := newFixture(b, size)
+func benchPut(b *testing.B, allocated bool, size, writes, window int) {
+	var ep rdma.Endpoint
+	var w rdma.Write
+	if allocated {
+		from, err := New(Options{Name: "prefill"})
+		require.NoError(b, err)
+		to, err := New(Options{Name: "decode"})
+		require.NoError(b, err)
+		b.Cleanup(func() { _ = from.Close(); _ = to.Close() })
+		src, err := from.Allocate(uint64(size))
+		require.NoError(b, err)
+		dst, err := to.Allocate(uint64(size))
+		require.NoError(b, err)
+		ep, err = from.Connect(to.Address())
+		require.NoError(b, err)
+		rk, err := ep.Import(dst.Desc())
+		require.NoError(b, err)
+		w = rdma.Write{Src: src.Desc().Addr, Dst: dst.Desc().Addr, Len: uint64(size), Local: src.Key(), Remote: rk}
+	} else {
+		f := newFixture(b, size)
+		ep, w = f.ep, f.write(0, uint64(size))
+	}
 	ws := make([]rdma.Write, writes)
 	for i := range ws {
-		ws[i] = f.write(0, uint64(size))
+		ws[i] = w
 	}
-	runPuts(b, f.ep, ws, size, window)
+	runPuts(b, ep, ws, size, window)
 }
 
 // runPuts posts b.N puts of size bytes, len(ws) per batch, with up to

@@ -14,7 +14,18 @@
 // A Transport is one UCP context (UCP_FEATURE_RMA, plus UCP_FEATURE_WAKEUP
 // unless Options.NoWakeup) with one worker; Address is the worker address.
 // Register is ucp_mem_map of the caller's memory plus ucp_rkey_pack, whose
-// bytes are RegionDesc.Key. Connect is ucp_ep_create by worker address with
+// bytes are RegionDesc.Key; UCX detects the memory's type. RegisterTyped
+// (rdma.TypedRegistrar) passes the type in ucp_mem_map's parameters
+// (UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE): CUDA memory then goes to a
+// CUDA-enabled UCX's CUDA domains (cuda_ipc within a host, GPUDirect RDMA on
+// NICs that support it); this host's UCX has none, and the tests check only
+// that the type reaches ucp_mem_map (scripts/gpu-check.sh has the GPU step).
+// Allocate (rdma.Allocator) is ucp_mem_map with UCP_MEM_MAP_ALLOCATE: UCX
+// allocates by UCX_ALLOC_PRIO, shared-memory segments first (sysv, posix)
+// when the context has those transports, and a peer on the same host maps
+// such memory, so that its put is one memcpy; memory from Register is
+// reached through the shared-memory FIFO (or cma) instead, several times
+// slower (docs/TRANSPORT-BENCH.md). Connect is ucp_ep_create by worker address with
 // UCP_ERR_HANDLING_MODE_PEER, so that a lost peer fails the endpoint instead
 // of hanging it. Import is ucp_ep_rkey_unpack. A peer's worker address and
 // packed keys come from the network: Connect and Import check their
@@ -23,7 +34,10 @@
 // the process on malformed ones; what the structure carries is UCX's to
 // parse, and trusted to come from an authenticated peer. Post is one ucp_put_nbx per
 // write followed by one ucp_ep_flush_nbx; the batch completes when the flush
-// does, which UCP defines as completion at the target. Endpoint.Close drains
+// does, which UCP defines as completion at the target. Batches queued one
+// after the other for one endpoint (up to 64) share one flush, issued after
+// all their puts: the flush completes each of them, and small writes do not
+// pay a flush (over TCP a round trip) apiece. Endpoint.Close drains
 // the endpoint with one more flush (bounded by Options.CloseDrain), then
 // closes it with ucp_ep_close_nbx and UCP_EP_CLOSE_FLAG_FORCE.
 //
@@ -73,7 +87,8 @@
 // whichever OS thread it runs on). Post validates the writes in Go, appends
 // the batch to a queue under a mutex and returns; it never waits for the
 // network or for the progress goroutine. The progress goroutine drains the
-// queue, posts all the puts of a batch and its flush in one cgo call,
+// queue, posts all the puts of the batches queued together for an endpoint
+// and their flush in one cgo call,
 // progresses the worker, and runs done callbacks from the completions that
 // UCX callbacks queued on the C side (UCX never calls into Go). After
 // running callbacks it yields (runtime.Gosched), so that the goroutines they
@@ -143,4 +158,12 @@
 // Over shared memory UCX detects a lost peer through its process, so a peer
 // Transport closed inside a live process is not noticed: its batches hang
 // until Endpoint.Close, whose drain then times out.
+//
+// Connect checks a worker address's size and format version only: UCX
+// 1.13 parses the rest without its length, up to the address's own "last"
+// flags, so a truncated or crafted address is read past its end and can
+// abort the process inside UCX (measured: a 19-byte prefix of a TCP worker
+// address, followed by 0xff bytes, aborts in ucp_wireup_select_lanes). Worker addresses must come
+// from an authenticated peer; a parser of UCX's address format in Go, which
+// would refuse what UCX cannot parse safely, is not written yet.
 package ucx

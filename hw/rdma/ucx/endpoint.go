@@ -61,6 +61,10 @@ type batch struct {
 	ws   []C.kvs_write_t
 	done func(error)
 	req  *C.kvs_req_t
+
+	// Set on the progress goroutine by startGroup.
+	putErr    C.ucs_status_t // the first put of the batch that failed to start
+	followers []*batch       // batches posted before this one and flushed with it
 }
 
 var _ rdma.Endpoint = (*Endpoint)(nil)
@@ -269,21 +273,71 @@ func contains(base, n, addr, l uint64) bool {
 	return addr >= base && l <= n && addr-base <= n-l
 }
 
-// start posts a batch's puts and flush; it runs on the progress goroutine.
-func (t *Transport) start(b *batch) {
-	e := b.ep
+// maxGroup bounds the batches one flush completes: a flush's completion
+// reports them all, so a large group would hold back the first ones.
+const maxGroup = 64
+
+// startGroup posts the puts of batches queued one after the other for the
+// same endpoint, then one flush for them all (kvs_post); it runs on the
+// progress goroutine. The last batch's record is the flush's, and carries
+// the others as followers.
+func (t *Transport) startGroup(bs []*batch) {
+	e := bs[0].ep
 	if e.lstate != epOpen {
-		// Queued before the endpoint broke or closed: it never starts.
-		t.complete(b, errors.Mark(errors.Newf("ucx: batch %d: %v", b.id, e.postErr()), rdma.ErrEndpointBroken), true)
+		// Queued before the endpoint broke or closed: they never start.
+		for _, b := range bs {
+			t.complete(b, errors.Mark(errors.Newf("ucx: batch %d: %v", b.id, e.postErr()), rdma.ErrEndpointBroken), true)
+		}
 		return
 	}
-	t.inflight[b.id] = b
-	b.req.id = C.uint64_t(b.id)
-	var ws *C.kvs_write_t
-	if len(b.ws) > 0 {
-		ws = &b.ws[0] // Go memory without Go pointers, used during the call only
+	t.gws, t.gcounts = t.gws[:0], t.gcounts[:0]
+	for _, b := range bs {
+		t.inflight[b.id] = b
+		t.gws = append(t.gws, b.ws...)
+		t.gcounts = append(t.gcounts, C.uint32_t(len(b.ws)))
 	}
-	C.kvs_post(t.ctx, e.rec, ws, C.size_t(len(b.ws)), b.req)
+	if cap(t.gerrs) < len(bs) {
+		t.gerrs = make([]C.int32_t, len(bs))
+	}
+	t.gerrs = t.gerrs[:len(bs)]
+	leader := bs[len(bs)-1]
+	leader.req.id = C.uint64_t(leader.id)
+	leader.followers = append(leader.followers[:0], bs[:len(bs)-1]...)
+	var ws *C.kvs_write_t
+	if len(t.gws) > 0 {
+		ws = &t.gws[0] // Go memory without Go pointers, used during the call only
+	}
+	C.kvs_post(t.ctx, e.rec, ws, &t.gcounts[0], &t.gerrs[0], C.size_t(len(bs)), leader.req)
+	t.flushes.Add(1)
+	for i, b := range bs {
+		b.putErr = C.ucs_status_t(t.gerrs[i])
+	}
+}
+
+// flushed reports a group whose flush completed with st: the followers in
+// posting order, then the leader. A batch whose endpoint's teardown failed
+// it already is no longer in flight and is skipped.
+func (t *Transport) flushed(leader *batch, st C.ucs_status_t) {
+	group := append(t.gdone[:0], leader.followers...)
+	group = append(group, leader)
+	clear(leader.followers)
+	leader.followers = leader.followers[:0]
+	for _, b := range group {
+		if t.inflight[b.id] != b {
+			continue
+		}
+		delete(t.inflight, b.id)
+		var err error
+		switch {
+		case b.putErr != C.UCS_OK:
+			err = errors.Mark(statusErr(b.putErr, "ucx: batch %d: a put did not start", b.id), rdma.ErrEndpointBroken)
+		case st != C.UCS_OK:
+			err = errors.Mark(statusErr(st, "ucx: batch %d", b.id), rdma.ErrEndpointBroken)
+		}
+		t.complete(b, err, true)
+	}
+	clear(group)
+	t.gdone = group[:0]
 }
 
 // startClose tears an endpoint down. Unless force is set (or

@@ -247,20 +247,56 @@ void kvs_access_close(kvs_ctx_t *c, ucp_worker_h w)
     ucp_worker_destroy(w);
 }
 
-ucs_status_t kvs_mem_map(kvs_ctx_t *c, uint64_t addr, uint64_t len,
-                         ucp_mem_h *memh, void **rkey, size_t *rkey_len)
+// Fills ucp_mem_map's parameters: the registration of [addr, +len) of
+// memory type mt, or with alloc set an allocation of len bytes of memory
+// type mt. mt < 0 leaves the type out, for UCX to detect (registration) or
+// to take as host memory (allocation).
+void kvs_map_params(ucp_mem_map_params_t *p, uint64_t addr, uint64_t len,
+                    int mt, int alloc)
+{
+    memset(p, 0, sizeof(*p));
+    p->field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
+                    UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    p->address    = alloc ? NULL : (void*)(uintptr_t)addr;
+    p->length     = len;
+    if (alloc) {
+        p->field_mask |= UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+        p->flags       = UCP_MEM_MAP_ALLOCATE;
+    }
+    if (mt >= 0) {
+        p->field_mask |= UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+        p->memory_type = (ucs_memory_type_t)mt;
+    }
+}
+
+// Maps memory (kvs_map_params says what) and packs its remote key. An
+// allocation's address comes back in *addr_out.
+ucs_status_t kvs_mem_map(kvs_ctx_t *c, uint64_t addr, uint64_t len, int mt,
+                         int alloc, ucp_mem_h *memh, void **addr_out,
+                         void **rkey, size_t *rkey_len)
 {
     ucp_mem_map_params_t params;
+    ucp_mem_attr_t attr;
     ucs_status_t status;
 
-    memset(&params, 0, sizeof(params));
-    params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
-                        UCP_MEM_MAP_PARAM_FIELD_LENGTH;
-    params.address    = (void*)(uintptr_t)addr;
-    params.length     = len;
+    kvs_map_params(&params, addr, len, mt, alloc);
     status = ucp_mem_map(c->context, &params, memh);
     if (status != UCS_OK) {
         return status;
+    }
+    *addr_out = (void*)(uintptr_t)addr;
+    if (alloc) {
+        memset(&attr, 0, sizeof(attr));
+        attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+        status = ucp_mem_query(*memh, &attr);
+        if (status == UCS_OK && attr.length < len) {
+            status = UCS_ERR_NO_MEMORY;
+        }
+        if (status != UCS_OK) {
+            ucp_mem_unmap(c->context, *memh);
+            return status;
+        }
+        *addr_out = attr.address;
     }
     status = ucp_rkey_pack(c->context, *memh, rkey, rkey_len);
     if (status != UCS_OK) {
@@ -350,39 +386,46 @@ void kvs_rkey_destroy(uint64_t rkey)
     ucp_rkey_destroy((ucp_rkey_h)(uintptr_t)rkey);
 }
 
-// Posts every put of a batch, then one flush whose completion is the batch's
-// completion: ucp_ep_flush_nbx completes only when all earlier RMA on the
-// endpoint is complete at the target, which is the remote visibility that
-// rdma.Endpoint.Post promises. A put that fails to start stops the batch, but
-// the flush still runs so that the batch is reported only once nothing of it
-// is still in flight.
-void kvs_post(kvs_ctx_t *c, kvs_ep_t *e, const kvs_write_t *ws, size_t n,
-              kvs_req_t *r)
+// Posts the puts of nb batches, one after the other (counts[i] writes for
+// batch i, ws holding them all in order), then one flush whose completion
+// completes them all: ucp_ep_flush_nbx completes only when all earlier RMA
+// on the endpoint is complete at the target, which is the remote
+// visibility that rdma.Endpoint.Post promises, for every batch before it.
+// One flush for the batches that were queued together is what keeps small
+// writes from paying a flush (a round trip over TCP) each. A put that fails
+// to start stops its batch; errs[i] is that batch's first failure (UCS_OK
+// if none), and the flush still runs, so that every batch is reported only
+// once nothing of it is still in flight. r is the flush's record: its
+// KVS_EV_BATCH event carries the flush's status.
+void kvs_post(kvs_ctx_t *c, kvs_ep_t *e, const kvs_write_t *ws,
+              const uint32_t *counts, int32_t *errs, size_t nb, kvs_req_t *r)
 {
     ucp_request_param_t param;
     ucs_status_ptr_t sp;
-    size_t i;
+    size_t b, i, k = 0;
 
     r->ctx       = c;
     r->first_err = UCS_OK;
     memset(&param, 0, sizeof(param));
-    for (i = 0; i < n; i++) {
-        if (ws[i].len == 0) {
-            continue;
-        }
-        // Passing the source's memh spares UCX a registration lookup.
-        param.op_attr_mask = ws[i].memh ? UCP_OP_ATTR_FIELD_MEMH : 0;
-        param.memh         = (ucp_mem_h)(uintptr_t)ws[i].memh;
-        sp = ucp_put_nbx(e->ep, (void*)(uintptr_t)ws[i].src, ws[i].len,
-                         ws[i].dst, (ucp_rkey_h)(uintptr_t)ws[i].rkey, &param);
-        if (UCS_PTR_IS_ERR(sp)) {
-            r->first_err = UCS_PTR_STATUS(sp);
-            break;
-        }
-        if (sp != NULL) {
-            // Completion is tracked by the flush; the request is released
-            // by UCX when it completes.
-            ucp_request_free(sp);
+    for (b = 0; b < nb; b++) {
+        errs[b] = UCS_OK;
+        for (i = 0; i < counts[b]; i++, k++) {
+            if (ws[k].len == 0 || errs[b] != UCS_OK) {
+                continue;
+            }
+            // Passing the source's memh spares UCX a registration lookup.
+            param.op_attr_mask = ws[k].memh ? UCP_OP_ATTR_FIELD_MEMH : 0;
+            param.memh         = (ucp_mem_h)(uintptr_t)ws[k].memh;
+            sp = ucp_put_nbx(e->ep, (void*)(uintptr_t)ws[k].src, ws[k].len,
+                             ws[k].dst, (ucp_rkey_h)(uintptr_t)ws[k].rkey,
+                             &param);
+            if (UCS_PTR_IS_ERR(sp)) {
+                errs[b] = UCS_PTR_STATUS(sp);
+            } else if (sp != NULL) {
+                // Completion is tracked by the flush; the request is
+                // released by UCX when it completes.
+                ucp_request_free(sp);
+            }
         }
     }
 
@@ -392,10 +435,9 @@ void kvs_post(kvs_ctx_t *c, kvs_ep_t *e, const kvs_write_t *ws, size_t n,
     param.user_data    = r;
     sp = ucp_ep_flush_nbx(e->ep, &param);
     if (sp == NULL) {
-        kvs_push(c, r->id, KVS_EV_BATCH, r->first_err);
+        kvs_push(c, r->id, KVS_EV_BATCH, UCS_OK);
     } else if (UCS_PTR_IS_ERR(sp)) {
-        kvs_push(c, r->id, KVS_EV_BATCH,
-                 r->first_err != UCS_OK ? r->first_err : UCS_PTR_STATUS(sp));
+        kvs_push(c, r->id, KVS_EV_BATCH, UCS_PTR_STATUS(sp));
     }
 }
 

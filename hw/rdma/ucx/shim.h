@@ -86,8 +86,11 @@ ucs_status_t kvs_address(ucp_worker_h w, void **buf, size_t *len);
 ucs_status_t kvs_access_open(kvs_ctx_t *c, ucp_worker_h *w);
 void         kvs_access_close(kvs_ctx_t *c, ucp_worker_h w);
 
-ucs_status_t kvs_mem_map(kvs_ctx_t *c, uint64_t addr, uint64_t len,
-                         ucp_mem_h *memh, void **rkey, size_t *rkey_len);
+void         kvs_map_params(ucp_mem_map_params_t *p, uint64_t addr,
+                            uint64_t len, int mt, int alloc);
+ucs_status_t kvs_mem_map(kvs_ctx_t *c, uint64_t addr, uint64_t len, int mt,
+                         int alloc, ucp_mem_h *memh, void **addr_out,
+                         void **rkey, size_t *rkey_len);
 ucs_status_t kvs_mem_unmap(kvs_ctx_t *c, ucp_mem_h memh);
 
 ucs_status_t kvs_ep_create(kvs_ctx_t *c, kvs_ep_t *e, const void *addr);
@@ -97,7 +100,8 @@ ucs_status_t kvs_rkey_unpack(kvs_ep_t *e, const void *buf, uint64_t *rkey);
 void         kvs_rkey_destroy(uint64_t rkey);
 
 void         kvs_post(kvs_ctx_t *c, kvs_ep_t *e, const kvs_write_t *ws,
-                      size_t n, kvs_req_t *r);
+                      const uint32_t *counts, int32_t *errs, size_t nb,
+                      kvs_req_t *r);
 unsigned     kvs_poll(kvs_ctx_t *c, kvs_event_t *out, unsigned cap,
                       unsigned max_iter);
 int          kvs_wait(kvs_ctx_t *c, long timeout_us);

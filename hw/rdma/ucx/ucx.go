@@ -98,7 +98,8 @@ type Transport struct {
 	addr    []byte
 	loopG   uint64 // goroutine id of the progress goroutine
 	stopped chan struct{}
-	queued  atomic.Int32 // len(queue), readable without the lock
+	queued  atomic.Int32  // len(queue), readable without the lock
+	flushes atomic.Uint64 // batch flushes issued (one per group of batches)
 
 	mu        sync.Mutex
 	closed    bool
@@ -121,7 +122,12 @@ type Transport struct {
 	eprecs   []*C.kvs_ep_t // every endpoint record, freed after the worker
 	evbuf    []C.kvs_event_t
 	stopping bool
-	accesses map[*access]struct{} // open peer access points
+	// Scratch of startGroup and flushed.
+	group, gdone []*batch
+	gws          []C.kvs_write_t
+	gcounts      []C.uint32_t
+	gerrs        []C.int32_t
+	accesses     map[*access]struct{} // open peer access points
 
 	// direct: the transports UCX may use let a peer write this side's
 	// memory itself (see mayWriteDirectly); set by New.
@@ -274,7 +280,9 @@ func (t *Transport) enqueueLocked(it item) {
 	t.queued.Store(int32(len(t.queue)))
 	if t.sleeping {
 		t.sleeping = false
-		C.kvs_signal(t.ctx)
+		if !t.opts.NoWakeup { // no event fd: the nap's timeout wakes it
+			C.kvs_signal(t.ctx)
+		}
 	}
 }
 
@@ -374,13 +382,23 @@ func (t *Transport) drainQueue() bool {
 	t.mu.Unlock()
 	clear(t.released)
 	t.released = t.released[:0]
-	for i := range q {
-		if q[i].b != nil {
-			t.start(q[i].b)
-		} else {
+	for i := 0; i < len(q); {
+		if q[i].b == nil {
 			q[i].fn()
+			q[i] = item{}
+			i++
+			continue
 		}
-		q[i] = item{}
+		// Batches queued one after the other for one endpoint go out
+		// with one flush.
+		ep, group := q[i].b.ep, t.group[:0]
+		for ; i < len(q) && q[i].b != nil && q[i].b.ep == ep && len(group) < maxGroup; i++ {
+			group = append(group, q[i].b)
+			q[i] = item{}
+		}
+		t.startGroup(group)
+		clear(group)
+		t.group = group[:0]
 	}
 	t.spare = q[:0]
 	return len(q) > 0
@@ -443,16 +461,9 @@ func (t *Transport) pollOnce(buf []C.kvs_event_t) bool {
 func (t *Transport) handle(id uint64, kind int, st C.ucs_status_t) {
 	switch kind {
 	case C.KVS_EV_BATCH:
-		b := t.inflight[id]
-		if b == nil {
-			return // already failed by its endpoint's teardown
-		}
-		delete(t.inflight, id)
-		var err error
-		if st != C.UCS_OK {
-			err = errors.Mark(statusErr(st, "ucx: batch %d", id), rdma.ErrEndpointBroken)
-		}
-		t.complete(b, err, true)
+		if b := t.inflight[id]; b != nil {
+			t.flushed(b, st)
+		} // else already failed by its endpoint's teardown
 	case C.KVS_EV_EP_ERROR:
 		// UCX requires a failed endpoint to be closed, and there is
 		// nothing to drain.
