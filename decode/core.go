@@ -1264,7 +1264,7 @@ func (c *Core) end(s *csession) {
 	}
 	s.state = sessionEnding
 	delete(c.identities, s.key)
-	c.emit(Revoke{Session: s.Token})
+	c.emit(Revoke{Session: s.Token, Lost: s.lost != nil})
 }
 
 func (c *Core) revoked(m RevokedMsg) {

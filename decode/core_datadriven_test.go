@@ -315,6 +315,9 @@ func effectText(e Effect) string {
 	case SessionOpened:
 		return fmt.Sprintf("SessionOpened %s prefill=%s identity=%s rank=%d page=%d", e.Session.Token, e.Session.Prefill, e.Session.Identity, e.Session.Rank, e.Session.PageSize)
 	case Revoke:
+		if e.Lost {
+			return "Revoke " + e.Session + " (lost)"
+		}
 		return "Revoke " + e.Session
 	case SessionEnded:
 		r := e.Report

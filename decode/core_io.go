@@ -202,8 +202,12 @@ type (
 	// to Accept.
 	SessionOpened struct{ Session SessionInfo }
 	// Revoke cuts the session's peer off the pool (rdma.PeerAccess.Revoke,
-	// bounded in time); result, later and through the mailbox: RevokedMsg.
-	Revoke struct{ Session string }
+	// bounded in time; RevokeLost for a Lost peer, which stopped
+	// answering); result, later and through the mailbox: RevokedMsg.
+	Revoke struct {
+		Session string
+		Lost    bool
+	}
 	// SessionEnded: the session is over and its access revoked (or known
 	// not to be). The shell stops watching it, unbinds its peer and
 	// reports it to Session.Wait; Outcome is a metrics label.

@@ -354,6 +354,9 @@ func (s *Server) perform(e Effect) Msg {
 			return AccessMsg{Address: s.tr.Address()}
 		}
 		a, err := pa.OpenPeerAccess()
+		if errors.Is(err, rdma.ErrUnsupported) {
+			return AccessMsg{Address: s.tr.Address()} // a wrapper of a transport without access points
+		}
 		if err != nil {
 			return AccessMsg{Err: err}
 		}
@@ -365,7 +368,7 @@ func (s *Server) perform(e Effect) Msg {
 	case SessionOpened:
 		s.opened(e.Session)
 	case Revoke:
-		s.revoke(e.Session)
+		s.revoke(e.Session, e.Lost)
 	case SessionEnded:
 		s.ended(e)
 	case RoomEnded:
@@ -470,7 +473,9 @@ func actorPID(s string) *actor.PID {
 
 // revoke cuts a session's peer off the pool, off the actor (a transport
 // may drain first), and reports through the mailbox within RevokeTimeout.
-func (s *Server) revoke(token string) {
+// A lost peer (it stopped answering) is cut off without tearing its
+// connections down where the transport offers that (rdma.LostPeerRevoker).
+func (s *Server) revoke(token string, lost bool) {
 	root, pid := s.node.system.Root, s.pid
 	a := s.access[token]
 	delete(s.access, token)
@@ -486,7 +491,13 @@ func (s *Server) revoke(token string) {
 	limit := s.cfg.RevokeTimeout
 	go func() {
 		done := make(chan error, 1)
-		go func() { done <- a.Revoke() }()
+		go func() {
+			if lr, ok := a.(rdma.LostPeerRevoker); ok && lost {
+				done <- lr.RevokeLost()
+				return
+			}
+			done <- a.Revoke()
+		}()
 		var err error
 		select {
 		case err = <-done:

@@ -115,6 +115,17 @@ type PeerAccessor interface {
 	OpenPeerAccess() (PeerAccess, error)
 }
 
+// LostPeerRevoker is implemented by access points that can cut off a peer
+// that stopped answering without tearing its connections down, where a
+// transport cannot do that safely with a peer that does not answer (UCX
+// 1.13 aborts destroying a worker whose connection setup with a stopped
+// peer is pending). RevokeLost answers as Revoke does; what it keeps may
+// stay until the process exits. Callers that know the peer is lost call it
+// instead of Revoke when the access point offers it.
+type LostPeerRevoker interface {
+	RevokeLost() error
+}
+
 // PeerAccess is one peer's way in to this side's registered memory.
 type PeerAccess interface {
 	// Address is what the peer Connects to (in place of the transport's

@@ -51,6 +51,7 @@ func Run(t *testing.T, f Factory) {
 				t.Run("WritesLand", func(t *testing.T) { accessPointsLand(t, f) })
 				t.Run("RevokeCutsThePeer", func(t *testing.T) { revokeCutsThePeer(t, f) })
 				t.Run("RevokeWithBatchesInFlight", func(t *testing.T) { revokeInFlight(t, f) })
+				t.Run("RevokeLostCutsThePeer", func(t *testing.T) { revokeLostCutsThePeer(t, f) })
 			})
 		})
 	}

@@ -190,6 +190,30 @@ func revokeCutsThePeer(t *testing.T, f Factory) {
 	p0.land(t, "the transport's address after the Revoke")
 }
 
+// revokeLostCutsThePeer: an access point that offers RevokeLost (a peer
+// that stopped answering is cut off without tearing its connections down)
+// lands nothing more after it either; the peer's later batches may hang
+// rather than fail (nobody answers them), so only the bytes are checked.
+func revokeLostCutsThePeer(t *testing.T, f Factory) {
+	r := newAccessRig(t, f, 4)
+	a1, a2 := r.open(t), r.open(t)
+	lr, ok := a1.(rdma.LostPeerRevoker)
+	if !ok {
+		t.Skipf("%s's access points offer no RevokeLost", r.to.Name())
+	}
+	p1, p2 := r.connect(t, a1.Address(), 1), r.connect(t, a2.Address(), 2)
+	p1.land(t, "before RevokeLost")
+	r.checkRevoke(t, lr.RevokeLost(), "RevokeLost")
+	r.checkRevoke(t, a1.Revoke(), "a Revoke after RevokeLost returns its answer")
+	if !f.DirectPeerWrites {
+		clear(p1.mine())
+		if err := p1.ep.Post([]rdma.Write{p1.write()}, func(error) {}); err == nil {
+			p1.stillZero(t, "the peer cut off by RevokeLost")
+		}
+	}
+	p2.land(t, "another access point after RevokeLost")
+}
+
 // revokeInFlight revokes an access point while its peer keeps a window of
 // batches in flight: Revoke returns in bounded time, every batch reports
 // once, nothing posted after it succeeds and nothing lands after it.

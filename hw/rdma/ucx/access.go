@@ -30,8 +30,9 @@ type access struct {
 }
 
 var (
-	_ rdma.PeerAccessor = (*Transport)(nil)
-	_ rdma.PeerAccess   = (*access)(nil)
+	_ rdma.PeerAccessor    = (*Transport)(nil)
+	_ rdma.PeerAccess      = (*access)(nil)
+	_ rdma.LostPeerRevoker = (*access)(nil)
 )
 
 // OpenPeerAccess creates a worker of the transport's context for one peer,
@@ -73,18 +74,44 @@ func (a *access) Address() []byte { return a.addr }
 // mayWriteDirectly), destroying the worker cannot stop those writes, and
 // Revoke says so with an error marked rdma.ErrNotQuiesced.
 func (a *access) Revoke() error {
-	a.once.Do(func() { a.err = a.revoke() })
+	a.once.Do(func() { a.err = a.revoke(false) })
 	return a.err
 }
 
-func (a *access) revoke() error {
+// RevokeLost cuts off a peer that stopped answering without destroying its
+// worker: UCX 1.13 aborts the process destroying a worker whose connection
+// setup with a stopped peer is pending (it purges the setup's reply under
+// an assertion that 1.14 removed). The worker is parked instead: it is no
+// longer progressed, so nothing the peer sends over TCP or UD is applied
+// (UCX applies those puts when the receiver's worker progresses), and it is
+// never destroyed (its sockets stay open, unread, until the process exits;
+// the transport's Close then leaves its context too). Where the peer may
+// write this memory itself (see Revoke) or a NIC applies its writes without
+// the worker (rc, dc: parking stops nothing there), RevokeLost says so with
+// an error marked rdma.ErrNotQuiesced. A second call returns the first
+// answer, as Revoke's does.
+func (a *access) RevokeLost() error {
+	a.once.Do(func() { a.err = a.revoke(true) })
+	return a.err
+}
+
+func (a *access) revoke(park bool) error {
 	t := a.t
 	destroy := func() {
-		if a.w != nil {
-			C.kvs_access_close(t.ctx, a.w)
-			a.w = nil
-			delete(t.accesses, a)
+		if a.w == nil {
+			return
 		}
+		if park {
+			if st := C.kvs_access_park(t.ctx, a.w); st == C.UCS_OK {
+				a.w = nil
+				delete(t.accesses, a)
+				return
+			}
+			// Out of memory for the parked list: destroy, as Revoke.
+		}
+		C.kvs_access_close(t.ctx, a.w)
+		a.w = nil
+		delete(t.accesses, a)
 	}
 	t.mu.Lock()
 	switch {
@@ -107,7 +134,27 @@ func (a *access) revoke() error {
 		return errors.Mark(errors.Newf("ucx: peer access point revoked, but UCX_TLS=%q may let the peer write this side's memory itself (shared memory it mapped, cross-memory attach), which revoking cannot stop: "+
 			"memory it could write must not be reused or unmapped while this process lives", tlsOrAll(t.tls)), rdma.ErrNotQuiesced)
 	}
+	if park && appliedByNIC(t.tls) {
+		return errors.Mark(errors.Newf("ucx: a lost peer's access point parked, but UCX_TLS=%q may carry its writes on a NIC that applies them without this side's worker (rc, dc): "+
+			"memory it could write must not be reused or unmapped while this process lives", tlsOrAll(t.tls)), rdma.ErrNotQuiesced)
+	}
 	return nil
+}
+
+// appliedByNIC reports whether a UCX_TLS value may select an RDMA transport
+// whose writes the receiving NIC applies by itself (rc, dc, or "ib", which
+// includes them). mayWriteDirectly already answered for the rest.
+func appliedByNIC(tls string) bool {
+	for _, name := range strings.Split(tls, ",") {
+		name = strings.TrimPrefix(strings.TrimSpace(name), `\`)
+		if i := strings.IndexByte(name, ':'); i >= 0 {
+			name = name[:i]
+		}
+		if name == "ib" || strings.HasPrefix(name, "rc") || strings.HasPrefix(name, "dc") {
+			return true
+		}
+	}
+	return false
 }
 
 func tlsOrAll(tls string) string {

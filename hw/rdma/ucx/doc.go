@@ -80,6 +80,22 @@
 // process revokes with 64 KiB writes in flight, unmaps the memory at once,
 // and survives its peer's further posts and reconnections.
 //
+// A peer that stopped answering (SIGSTOPped, hung) is cut off with
+// RevokeLost (rdma.LostPeerRevoker) instead: UCX 1.13 aborts the process
+// destroying a worker whose connection setup with such a peer is pending
+// (ucp_request_send_state_ff asserts on the setup's reply message that
+// ucp_ep_purge_lanes hands it; the assertion was removed in 1.14,
+// openucx/ucx 9ccaf31). RevokeLost parks the worker: it leaves the progress
+// and wait sets, so nothing that arrives for it is applied (TCP and ud puts
+// are applied when the receiver's worker progresses), and it is never
+// destroyed; its sockets stay open, unread, and Close then leaves the
+// context to the process's exit. The peer's later batches hang rather
+// than fail. Over rc and dc the NIC applies writes without the worker, so
+// RevokeLost answers rdma.ErrNotQuiesced there (and wherever Revoke does).
+// kvstream's decode server calls it for a session lost by its heartbeats
+// (TestUCXHungPrefillIsLost SIGSTOPs the prefill mid-transfer; before it,
+// about 1 run in 2 aborted there).
+//
 // # Threading
 //
 // One progress goroutine per Transport owns the context and the worker

@@ -163,7 +163,12 @@ void kvs_destroy(kvs_ctx_t *c)
     free(c->aefd);
     free(c->pfd);
     ucp_worker_destroy(c->worker);
-    ucp_cleanup(c->context);
+    // A parked worker is never destroyed (see kvs_access_park), so the
+    // context it belongs to is left as it is: the process's exit frees both.
+    if (c->nparked == 0) {
+        ucp_cleanup(c->context);
+    }
+    free(c->parked);
     pthread_mutex_destroy(&c->lock);
     free(c->ev);
     free(c);
@@ -245,6 +250,40 @@ void kvs_access_close(kvs_ctx_t *c, ucp_worker_h w)
         }
     }
     ucp_worker_destroy(w);
+}
+
+// Parks an access point's worker: it leaves the progress and wait sets, so
+// nothing that arrives for it is applied any more (over TCP, UD and shared
+// memory FIFOs UCX applies a put only when the receiving worker is
+// progressed), and it is never destroyed. Destroying it would tear down its
+// connections, which UCX 1.13 cannot do while a connection setup with a
+// peer that stopped answering is pending: purging the setup's reply trips
+// an assertion and aborts the process (removed upstream in 1.14,
+// openucx/ucx 9ccaf31). A parked worker's sockets stay open and unread
+// until the process exits.
+ucs_status_t kvs_access_park(kvs_ctx_t *c, ucp_worker_h w)
+{
+    size_t i;
+
+    if (c->nparked == c->cparked) {
+        size_t cap = c->cparked ? 2 * c->cparked : 4;
+        ucp_worker_h *p = realloc(c->parked, cap * sizeof(*p));
+        if (p == NULL) {
+            return UCS_ERR_NO_MEMORY;
+        }
+        c->parked  = p;
+        c->cparked = cap;
+    }
+    for (i = 0; i < c->naw; i++) {
+        if (c->aw[i] == w) {
+            c->naw--;
+            c->aw[i]   = c->aw[c->naw];
+            c->aefd[i] = c->aefd[c->naw];
+            break;
+        }
+    }
+    c->parked[c->nparked++] = w;
+    return UCS_OK;
 }
 
 // Fills ucp_mem_map's parameters: the registration of [addr, +len) of

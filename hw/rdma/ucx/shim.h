@@ -55,6 +55,10 @@ typedef struct {
     int            *aefd;
     size_t          naw, caw;
     struct pollfd  *pfd; // kvs_wait's array, 1 + caw entries
+    // Parked access points (kvs_access_park): never progressed again, never
+    // destroyed (see kvs_access_park); the context is then not cleaned up.
+    ucp_worker_h   *parked;
+    size_t          nparked, cparked;
     pthread_mutex_t lock;
     kvs_event_t    *ev;
     size_t          nev, cap;
@@ -85,6 +89,7 @@ ucs_status_t kvs_address(ucp_worker_h w, void **buf, size_t *len);
 
 ucs_status_t kvs_access_open(kvs_ctx_t *c, ucp_worker_h *w);
 void         kvs_access_close(kvs_ctx_t *c, ucp_worker_h w);
+ucs_status_t kvs_access_park(kvs_ctx_t *c, ucp_worker_h w);
 
 void         kvs_map_params(ucp_mem_map_params_t *p, uint64_t addr,
                             uint64_t len, int mt, int alloc);
