@@ -397,3 +397,44 @@ func TestRefusedAndDecodeLost(t *testing.T) {
 	assert.True(t, errors.Is(err, decode.ErrDecodeLost), "%v", err)
 	assert.True(t, errors.Is(c.Lost(), decode.ErrDecodeLost))
 }
+
+// TestPoolOfTransportAllocations: a pool the transport allocated (its
+// Buffer.Region set) is offered as is and never deregistered by the
+// server: its owner frees it after Close.
+func TestPoolOfTransportAllocations(t *testing.T) {
+	tr, err := loopback.NewFabric(loopback.Options{}).NewTransport("decode")
+	require.NoError(t, err)
+	defer tr.Close()
+	var bufs []decode.Buffer
+	var allocs []rdma.Allocation
+	for range buffers {
+		a, err := tr.Allocate(itemLen * pages)
+		require.NoError(t, err)
+		allocs = append(allocs, a)
+		bufs = append(bufs, decode.Buffer{Name: "KV", Base: a.Desc().Addr, ItemLen: itemLen, Pages: pages, Region: a})
+	}
+	node, err := decode.Listen("127.0.0.1:0", nil)
+	require.NoError(t, err)
+	defer node.Close(context.Background())
+	srv, err := decode.New(node, tr, decode.Config{Buffers: bufs})
+	require.NoError(t, err)
+	peer, err := srv.Peer()
+	require.NoError(t, err)
+	for b, pb := range peer.Buffers {
+		assert.Equal(t, allocs[b].Desc().Addr, pb.Region.Addr, "the allocation's own registration")
+		assert.Equal(t, allocs[b].Desc().Key, pb.Region.Key)
+	}
+	require.NoError(t, srv.Close(context.Background()))
+	for _, a := range allocs {
+		clear(a.Bytes()) // still mapped: the server did not free it
+		require.NoError(t, a.Free())
+	}
+
+	// A region that does not hold the buffer is refused, naming it.
+	a, err := tr.Allocate(itemLen)
+	require.NoError(t, err)
+	defer a.Free()
+	_, err = decode.New(node, tr, decode.Config{Buffers: []decode.Buffer{{Name: "KV", Base: a.Desc().Addr, ItemLen: itemLen, Pages: pages, Region: a}}})
+	assert.True(t, errors.Is(err, decode.ErrBadInput), "%v", err)
+	assert.ErrorContains(t, err, "does not hold")
+}

@@ -82,7 +82,8 @@ type Server struct {
 	// Owned by the actor.
 	core     *Core
 	bufs     []Buffer
-	regions  []rdma.Region
+	regions  []rdma.Region // the pool's, one per buffer
+	owned    []bool        // regions this server registered (and deregisters)
 	sized    bool // the pool came from Config.Size
 	access   map[string]rdma.PeerAccess
 	sessions map[string]*Session
@@ -215,32 +216,43 @@ func (s *Server) register(bufs []Buffer) error {
 		return errors.Mark(err, ErrBadInput)
 	}
 	var regions []rdma.Region
+	var owned []bool
 	for i, b := range bufs {
 		var err error
-		if b.Base == 0 {
+		size := b.ItemLen * uint64(b.Pages)
+		switch {
+		case b.Base == 0:
 			err = badInput("decode buffer %d (%s): nil base address", i, b.Name)
+		case b.Region != nil && (b.Region.Desc().Addr != b.Base || b.Region.Desc().Len < size):
+			d := b.Region.Desc()
+			err = badInput("decode buffer %d (%s): its region [%#x, +%d) does not hold [%#x, +%d)", i, b.Name, d.Addr, d.Len, b.Base, size)
 		}
-		var r rdma.Region
-		if err == nil {
-			r, err = s.tr.Register(b.Base, b.ItemLen*uint64(b.Pages))
+		r := b.Region
+		if err == nil && r == nil {
+			r, err = s.tr.Register(b.Base, size)
 		}
 		if err != nil {
-			for _, r := range regions {
-				_ = r.Deregister()
+			for j, r := range regions {
+				if owned[j] {
+					_ = r.Deregister()
+				}
 			}
 			return errors.Wrapf(err, "register decode buffer %d (%s)", i, b.Name)
 		}
 		regions = append(regions, r)
+		owned = append(owned, b.Region == nil)
 	}
-	s.bufs, s.regions = slices.Clone(bufs), regions
+	s.bufs, s.regions, s.owned = slices.Clone(bufs), regions, owned
 	return nil
 }
 
 func (s *Server) deregister() {
-	for _, r := range s.regions {
-		_ = r.Deregister()
+	for i, r := range s.regions {
+		if s.owned[i] {
+			_ = r.Deregister()
+		}
 	}
-	s.regions, s.bufs = nil, nil
+	s.regions, s.bufs, s.owned = nil, nil, nil
 }
 
 // recoverMiddleware keeps a panic in a handler (a bug, or a Config

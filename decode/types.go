@@ -3,6 +3,7 @@ package decode
 import (
 	"time"
 
+	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/messages"
 	"go.uber.org/zap"
 )
@@ -21,6 +22,12 @@ type Buffer struct {
 	Base    uint64 // address of page 0
 	ItemLen uint64 // bytes of ONE page of this buffer
 	Pages   int    // capacity in pages
+	// Region, if set, is the buffer's registration already: memory the
+	// transport allocated (rdma.Allocator; registering it again would lose
+	// what it is for, as UCX's shared-memory fast path). The server offers
+	// it as is and never deregisters it: its owner frees it once the
+	// server released the pool (Config.Free, Close).
+	Region rdma.Region
 }
 
 // PrefillBuffer is one prefill buffer as a Hello describes it: what the

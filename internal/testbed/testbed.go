@@ -48,11 +48,15 @@ func KV(n int, itemLen uint64, pages int) Geometry {
 // Buffers is the number of buffers.
 func (g Geometry) Buffers() int { return len(g.Layers) }
 
-// Pool is a KV pool in one hostmem block.
+// Pool is a KV pool: one hostmem block, or one allocation of a transport
+// per buffer (NewPoolOn).
 type Pool struct {
 	Geometry
-	Block *hostmem.Block
+	Block *hostmem.Block // nil for a pool of allocations
 	Bases []uint64
+	// Allocs are the transport's allocations, one per buffer (registered:
+	// Regions of the transport), when the pool is made of them.
+	Allocs []rdma.Allocation
 }
 
 // NewPool allocates a zeroed pool.
@@ -72,6 +76,33 @@ func NewPool(g Geometry) (*Pool, error) {
 	return p, nil
 }
 
+// NewPoolOn allocates a zeroed pool from tr when it allocates registered
+// memory (rdma.Allocator: UCX's ucp_mem_map, which a same-host peer maps
+// and copies into directly, where memory the process registers is reached
+// by a slower path), one allocation per buffer; else NewPool's, which the
+// caller registers. Free releases either.
+func NewPoolOn(tr rdma.Transport, g Geometry) (*Pool, error) {
+	al, ok := tr.(rdma.Allocator)
+	if !ok {
+		return NewPool(g)
+	}
+	per := g.ItemLen * uint64(g.Pages)
+	if per == 0 || g.Buffers() == 0 {
+		return nil, errors.Newf("testbed: empty pool geometry %+v", g)
+	}
+	p := &Pool{Geometry: g, Bases: make([]uint64, g.Buffers())}
+	for b := range p.Bases {
+		a, err := al.Allocate(per)
+		if err != nil {
+			_ = p.Free()
+			return nil, errors.Wrapf(err, "testbed: allocate buffer %d of %d bytes from the %s transport", b, per, tr.Name())
+		}
+		p.Allocs = append(p.Allocs, a)
+		p.Bases[b] = a.Desc().Addr
+	}
+	return p, nil
+}
+
 // EngineBuffers returns the engine's view of the pool.
 func (p *Pool) EngineBuffers() []system.Buffer {
 	out := make([]system.Buffer, p.Geometry.Buffers())
@@ -83,12 +114,26 @@ func (p *Pool) EngineBuffers() []system.Buffer {
 
 // Page returns the bytes of one page of one buffer.
 func (p *Pool) Page(b, page int) []byte {
+	if p.Allocs != nil {
+		off := uint64(page) * p.ItemLen
+		return p.Allocs[b].Bytes()[off : off+p.ItemLen]
+	}
 	off := uint64(b)*p.ItemLen*uint64(p.Pages) + uint64(page)*p.ItemLen
 	return p.Block.Bytes[off : off+p.ItemLen]
 }
 
 // Free releases the pool's memory.
-func (p *Pool) Free() error { return p.Block.Free() }
+func (p *Pool) Free() error {
+	if p.Block != nil {
+		return p.Block.Free()
+	}
+	var err error
+	for _, a := range p.Allocs {
+		err = errors.CombineErrors(err, a.Free())
+	}
+	p.Allocs = nil
+	return err
+}
 
 // Decode is a decode-side pool registered with a transport.
 type Decode struct {

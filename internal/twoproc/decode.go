@@ -24,6 +24,7 @@ const SeedKey = "kvstream-sim-seed"
 // Verify checks the model's pattern.
 type Decode struct {
 	Server *decode.Server
+	tr     rdma.Transport // allocates the pools where it can
 	// DisconnectAfter, if positive, cuts a prefill off (Server.Disconnect)
 	// once it reported that many verified chunks: a test hook for a decode
 	// that really declared a prefill lost while it still writes
@@ -52,7 +53,7 @@ func WithObserver(obs decode.Observer) Option {
 // for a prefill holds at most maxPoolBytes.
 // prefills, when set, are the certificate names of the prefills it serves.
 func StartDecode(node *decode.Node, tr rdma.Transport, maxPoolBytes uint64, prefills []string, log *zap.Logger, opts ...Option) (*Decode, error) {
-	d := &Decode{}
+	d := &Decode{tr: tr}
 	cfg := decode.Config{
 		Admit:              d.admit,
 		Size:               func(l []decode.PrefillBuffer) ([]decode.Buffer, error) { return d.size(l, maxPoolBytes) },
@@ -107,7 +108,7 @@ func (d *Decode) size(layout []decode.PrefillBuffer, maxBytes uint64) ([]decode.
 		return nil, errors.Newf("%d buffers of %d pages of %d bytes: more than --max-pool-mib allows (%d bytes)", len(layout), pages, g.ItemLen, maxBytes)
 	}
 	g.Pages = int(pages)
-	pool, err := testbed.NewPool(g)
+	pool, err := testbed.NewPoolOn(d.tr, g)
 	if err != nil {
 		return nil, err
 	}
@@ -134,6 +135,9 @@ func offerOf(pool *testbed.Pool) []decode.Buffer {
 	out := make([]decode.Buffer, pool.Buffers())
 	for b := range out {
 		out[b] = decode.Buffer{Name: pool.Names[b], Base: pool.Bases[b], ItemLen: pool.ItemLen, Pages: pool.Pages}
+		if pool.Allocs != nil {
+			out[b].Region = pool.Allocs[b] // registered by the transport that allocated it
+		}
 	}
 	return out
 }

@@ -41,7 +41,7 @@ func BatchSeed(seed uint64, batch int) uint64 { return seed + uint64(batch) }
 // A room not complete within roomTimeout (if positive) fails.
 func StartGroupDecode(node *decode.Node, tr rdma.Transport, maxPoolBytes uint64, group decode.Group, roomTimeout time.Duration, id string,
 	onRoomEnd func(decode.Room, error), log *zap.Logger) (*Decode, error) {
-	d := &Decode{}
+	d := &Decode{tr: tr}
 	srv, err := decode.New(node, tr, decode.Config{
 		ID:                 id,
 		RoomTimeout:        roomTimeout,

@@ -37,6 +37,7 @@ type ShardedDecode struct {
 type decodeRank struct {
 	rank   reshard.Rank
 	server *decode.Server
+	tr     rdma.Transport // allocates the pool where it can
 
 	mu sync.Mutex
 	// admitted is the decode side of the pairing Admit accepted last,
@@ -72,7 +73,7 @@ func StartShardedDecode(node *decode.Node, tr rdma.Transport, flags workload.Sha
 		}
 	}()
 	for i := range tp * pp {
-		r := &decodeRank{rank: reshard.Rank{TP: i % tp, Stage: i / tp}}
+		r := &decodeRank{rank: reshard.Rank{TP: i % tp, Stage: i / tp}, tr: tr}
 		cfg := decode.Config{
 			Name:               RankServer(r.rank),
 			ID:                 RankPeer(r.rank),
@@ -188,7 +189,7 @@ func (r *decodeRank) size(layout []decode.PrefillBuffer, maxBytes uint64) ([]dec
 				r.rank.Stage, r.rank.TP, i, b.Name, b.Layer, b.ItemLen, g.Names[i], g.Layers[i], g.ItemLen)
 		}
 	}
-	pool, err := testbed.NewPool(g)
+	pool, err := testbed.NewPoolOn(r.tr, g)
 	if err != nil {
 		return nil, err
 	}
