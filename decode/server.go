@@ -84,7 +84,7 @@ type Server struct {
 	bufs     []Buffer
 	regions  []rdma.Region // the pool's, one per buffer
 	owned    []bool        // regions this server registered (and deregisters)
-	sized    bool // the pool came from Config.Size
+	sized    bool          // the pool came from Config.Size
 	access   map[string]rdma.PeerAccess
 	sessions map[string]*Session
 	waiters  map[uint64][]chan waitResult
