@@ -229,7 +229,7 @@ func (s *Server) register(bufs []Buffer) error {
 		}
 		r := b.Region
 		if err == nil && r == nil {
-			r, err = s.tr.Register(b.Base, size)
+			r, err = rdma.RegisterMemory(s.tr, b.Base, size, b.Memory)
 		}
 		if err != nil {
 			for j, r := range regions {

@@ -22,6 +22,9 @@ type Buffer struct {
 	Base    uint64 // address of page 0
 	ItemLen uint64 // bytes of ONE page of this buffer
 	Pages   int    // capacity in pages
+	// Memory is the kind of memory the buffer lives in (host by default):
+	// the server registers device memory as such (rdma.RegisterMemory).
+	Memory rdma.MemoryType
 	// Region, if set, is the buffer's registration already: memory the
 	// transport allocated (rdma.Allocator; registering it again would lose
 	// what it is for, as UCX's shared-memory fast path). The server offers

@@ -26,6 +26,11 @@ type Buffer struct {
 	// layer outside [0, F) fires no hook (the MTP/nextn draft layer): its
 	// buffers are sent at the end of the forward.
 	Layer int
+	// Memory is the kind of memory the buffer lives in (host by default):
+	// the transport registers device memory as such (rdma.RegisterMemory;
+	// UCX then takes its GPU paths instead of treating a device pointer as
+	// host memory).
+	Memory rdma.MemoryType
 }
 
 // Layout is the engine's static view of the prefill pool: the buffers, how

@@ -156,9 +156,9 @@ func (e *Engine) registerPool() ([]rdma.LocalKey, error) {
 		if b.ItemLen == 0 || b.Pages < 1 {
 			return nil, badInput("buffer %d (%s): item length %d, %d pages", i, b.Name, b.ItemLen, b.Pages)
 		}
-		r, err := e.transport.Register(b.Base, b.ItemLen*uint64(b.Pages))
+		r, err := rdma.RegisterMemory(e.transport, b.Base, b.ItemLen*uint64(b.Pages), b.Memory)
 		if err != nil {
-			return nil, errors.Wrapf(err, "register buffer %d (%s)", i, b.Name)
+			return nil, errors.Wrapf(err, "register buffer %d (%s, %s memory)", i, b.Name, b.Memory)
 		}
 		e.regions = append(e.regions, r)
 		keys[i] = r.Key()

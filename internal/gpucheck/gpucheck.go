@@ -17,6 +17,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/hw/cuda/driver"
+	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
 	"github.com/kvstream/kvstream/internal/testbed"
 	"github.com/kvstream/kvstream/system"
@@ -94,7 +95,11 @@ func Run(ctx context.Context, dev *driver.Device, o Options) (Report, error) {
 		return rep, err
 	}
 	defer decode.Free()
-	eng, err := system.New(system.Config{Buffers: system.MLABuffers(bases, uint64(o.ItemLen), o.Pages*o.Requests),
+	bufs := system.MLABuffers(bases, uint64(o.ItemLen), o.Pages*o.Requests)
+	for i := range bufs {
+		bufs[i].Memory = rdma.MemoryCUDA // device memory: the transport registers it as such
+	}
+	eng, err := system.New(system.Config{Buffers: bufs,
 		HookLayers: o.HookLayers, GroupSize: o.GroupSize, PageSize: o.PageSize},
 		system.WithGPU(dev, nil), system.WithTransport(pre), system.WithLogger(zap.NewNop()))
 	if err != nil {
