@@ -304,6 +304,9 @@ func (c *Client) helloOnce(ctx context.Context, hello *wire.Hello) (*wire.Offer,
 	res, err := c.node.request(ctx, c.decode, hello, c.cfg.CallTimeout)
 	switch {
 	case errors.Is(err, actor.ErrDeadLetter):
+		if c.cfg.Server == "" {
+			return nil, errors.Mark(errors.Newf("the node at %s has no default decode server (it serves named ones only, or it is stopping)", addr), ErrRefused)
+		}
 		return nil, errors.Mark(errors.Newf("the node at %s has no decode server named %q (DialConfig.Server; the server's Config.Name)", addr, c.cfg.Server), ErrRefused)
 	case errors.Is(err, actor.ErrTimeout) && ctx.Err() == nil:
 		return nil, errors.Mark(errors.Wrapf(err, "no answer to hello from the decode server at %s within %v", addr, c.cfg.CallTimeout), ErrUnreachable)
