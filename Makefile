@@ -39,7 +39,7 @@ test-ucx:
 	@if pkg-config --exists ucx 2>/dev/null; then \
 		$(GO) vet -tags ucx ./hw/rdma/ucx/ ./cmd/kvstream/ ./internal/xferbench/ && \
 		$(GO) test -race -count=1 -timeout 5m -tags ucx ./hw/rdma/ucx/ ./internal/xferbench/ && \
-		$(GO) test -race -count=1 -timeout 5m -tags ucx -run 'TwoProcess|PeerKilled|UCX' ./cmd/kvstream/; \
+		$(GO) test -race -count=1 -timeout 5m -tags ucx -run 'TwoProcess|PeerKilled|UCX|Readme|ClaimPattern' ./cmd/kvstream/; \
 	else \
 		echo "ucx tests skipped: libucx not installed (apt-get install libucx-dev ucx-utils)"; \
 	fi
