@@ -163,6 +163,15 @@ func ListenConfig(cfg NodeConfig) (_ *Node, err error) {
 	}()
 	r.Start()
 	n.remote = r
+	// This node's connection to a peer ended (its process died, or the
+	// network cut it): local evidence, which no peer can forge, unlike a
+	// Terminated. The sessions watching that node probe it at once rather
+	// than wait out their heartbeats' bound; a peer that answers goes on.
+	system.EventStream.Subscribe(func(evt any) {
+		if e, ok := evt.(*remote.EndpointTerminatedEvent); ok {
+			n.probe(e.Address)
+		}
+	})
 	if _, err := netsec.ServeHeartbeats(system); err != nil {
 		_ = n.Close(context.Background())
 		return nil, err
@@ -397,10 +406,30 @@ func (n *Node) unbind(peer string) {
 	n.policy.Unbind(peer)
 }
 
+// probeWindow is how long a peer whose connection ended may take to
+// answer a heartbeat before it is declared lost.
+const probeWindow = 1500 * time.Millisecond
+
+// probe has every session watching the node at addr ask it now.
+func (n *Node) probe(addr string) {
+	n.mu.Lock()
+	var hs []*heartbeat
+	for h := range n.beats {
+		if h.addr == addr {
+			hs = append(hs, h)
+		}
+	}
+	n.mu.Unlock()
+	for _, h := range hs {
+		h.mon.Probe(probeWindow)
+	}
+}
+
 // heartbeat is one session's watch over its peer node's heartbeats.
 type heartbeat struct {
 	node *Node
 	name string
+	addr string
 	mon  *netsec.Monitor
 }
 
@@ -422,7 +451,7 @@ func (n *Node) watchPeer(addr, name string, lost func(error)) (*heartbeat, error
 		n.policy.Forbid(name)
 		return nil, err
 	}
-	h := &heartbeat{node: n, name: name, mon: mon}
+	h := &heartbeat{node: n, name: name, addr: addr, mon: mon}
 	n.mu.Lock()
 	if n.beats == nil {
 		n.beats = map[*heartbeat]bool{}

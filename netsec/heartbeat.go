@@ -104,6 +104,22 @@ func WatchHeartbeats(system *actor.ActorSystem, peer *actor.PID, cfg HeartbeatCo
 	return &Monitor{system: system, pid: pid}, nil
 }
 
+// Probe asks the peer now, and declares it lost if no Pong came back
+// within window: for when this process saw its connection to the peer end
+// (local evidence, which no third party can forge), so that a peer that
+// died is lost in a window instead of a whole Bound(), while one whose
+// connection merely broke and reconnects answers and goes on. A Probe
+// during another extends nothing.
+func (m *Monitor) Probe(window time.Duration) {
+	m.system.Root.Send(m.pid, probe{window: window})
+}
+
+// probe starts a probe; probeEnd ends the one started at since.
+type (
+	probe    struct{ window time.Duration }
+	probeEnd struct{ since time.Time }
+)
+
 // Stop stops the monitor and waits until it stopped; lost is not called
 // afterwards. It is idempotent.
 func (m *Monitor) Stop() {
@@ -120,9 +136,10 @@ type monitor struct {
 	// Pong: the evidence that this process ran Misses intervals and heard
 	// nothing, which wall time alone is not when this process itself was
 	// starved of CPU (its ticks and the peer's Pongs then wait together).
-	ticks int
-	done  chan struct{}
-	gone  bool
+	ticks   int
+	done    chan struct{}
+	gone    bool
+	probing bool
 }
 
 // silentTooLong decides a loss: more than Misses intervals of wall time
@@ -155,6 +172,25 @@ func (m *monitor) Receive(ctx actor.Context) {
 			return
 		}
 		m.ping(ctx)
+	case probe:
+		if m.gone || m.probing {
+			return
+		}
+		m.probing = true
+		msg := ctx.Message().(probe)
+		since, sys, self := time.Now(), ctx.ActorSystem(), ctx.Self()
+		m.ping(ctx)
+		time.AfterFunc(msg.window, func() { sys.Root.Send(self, probeEnd{since: since}) })
+	case probeEnd:
+		m.probing = false
+		since := ctx.Message().(probeEnd).since
+		if m.gone || m.heard.After(since) {
+			return
+		}
+		m.gone = true
+		m.lost(errors.Wrapf(ErrPeerLost, "%s/%s: the connection to it ended and it answered no heartbeat within %v",
+			m.peer.Address, m.peer.Id, time.Since(since).Round(time.Millisecond)))
+		ctx.Stop(ctx.Self())
 	case *Pong:
 		m.heard = time.Now()
 		m.ticks = 0

@@ -24,7 +24,7 @@ import (
 var sessionActor = regexp.MustCompile(`prefill session.*"actor": "([^"/]+)/([^"]+)"`)
 
 // streaming is a prefill slow enough to be mid-transfer for seconds.
-var streaming = []string{"--model", "small", "--requests", "4", "--prompt-tokens", "8192", "--chunk-tokens", "1024",
+var streaming = []string{"--model", "small", "--requests", "2", "--prompt-tokens", "6144", "--chunk-tokens", "1024",
 	"--page-size", "16", "--layer-us-per-ktok", "3000"}
 
 // TestUCXForgedTerminatedDuringTransfer: one protoactor Terminated naming
@@ -41,14 +41,18 @@ func TestUCXForgedTerminatedDuringTransfer(t *testing.T) {
 	m := dec.waitLine(t, sessionActor, time.Minute)
 	pre.waitLine(t, regexp.MustCompile(`prefill: forward 2/\d+ done`), time.Minute)
 	forged := batch(actor.NewPID(addr, decode.ServerActor), actor.NewPID(m[1], "rogue"), &actor.Terminated{Who: actor.NewPID(m[1], m[2])})
-	for range 3 {
-		require.NoError(t, attacker{t: t, addr: addr}.send(forged), "the server answers for itself; the node cuts no stream")
+	// Sent until the decode logs that it reached its server (the stream
+	// may end after the delivery: what matters is what the server did).
+	delivered := regexp.MustCompile(`prefill session actor reported gone; the session goes on`)
+	for i := 0; !delivered.MatchString(dec.errOut()); i++ {
+		require.Less(t, i, 20, "the forged Terminated never reached the server")
+		_ = attacker{t: t, addr: addr}.send(forged)
 	}
 	require.NoError(t, pre.wait(t, 3*time.Minute), "prefill:\n%s\n%s", pre.out(), pre.errOut())
 	require.NoError(t, dec.wait(t, time.Minute), "decode:\n%s\n%s", dec.out(), dec.errOut())
 	assert.Contains(t, pre.out(), "0 chunks failed")
 	assert.Contains(t, pre.out(), "bytes equal: true")
-	assert.Regexp(t, `decode: served 1 sessions \(1 complete\): 32 chunks \(0 not successful\), 4 rooms complete, \d+ pages verified, bytes equal: true`, dec.out())
+	assert.Regexp(t, `decode: served 1 sessions \(1 complete\): 12 chunks \(0 not successful\), 2 rooms complete, \d+ pages verified, bytes equal: true`, dec.out())
 	assert.Contains(t, dec.errOut(), "prefill session actor reported gone; the session goes on")
 }
 
