@@ -242,7 +242,7 @@ with client TLS takes --etcd-tls-dir or --etcd-ca/--etcd-cert/--etcd-key.`,
 			commandLines(cmd.InOrStdin(), sd, true)
 			return launch.RunDecodeInstance(sd.Context(), sd.Hard(), launch.DecodeInstanceConfig{
 				ID: id, Node: pl.node, Transport: pl.tr, Provider: prov,
-				Group:        decode.Group{Size: size, Rule: r, PageSize: pageSize}, RoomTimeout: roomTimeout,
+				Group: decode.Group{Size: size, Rule: r, PageSize: pageSize}, RoomTimeout: roomTimeout,
 				MaxPoolBytes: maxPoolMiB << 20, DrainTimeout: of.drain, Ops: ops, Out: cmd.OutOrStdout(), Log: log,
 			})
 		},
