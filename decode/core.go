@@ -1417,6 +1417,12 @@ func (c *Core) maybeReleasePool() {
 	default:
 		return
 	}
+	// The pool goes with its pages: a closed core's rooms (kept for Lookup)
+	// hold none of them any more.
+	for _, r := range c.rooms {
+		r.held = nil
+	}
+	clear(c.owner)
 	c.pool, c.pages = nil, 0
 	c.pageSize = c.r.PageSize
 	c.emit(ReleasePool{})
