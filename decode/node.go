@@ -154,7 +154,15 @@ func ListenConfig(cfg NodeConfig) (_ *Node, err error) {
 	if advertise != "" {
 		opts = append(opts, remote.WithAdvertisedHost(advertise))
 	}
-	r := remote.NewRemote(system, remote.Configure(host, port, opts...))
+	rc := remote.Configure(host, port, opts...)
+	// protoactor retries a connection it cannot open 5 times, 2 s apart,
+	// holding the endpoint writer (and a node's Close, which stops it) for
+	// 10 s on a peer that is gone. One attempt: the failure becomes an
+	// EndpointTerminatedEvent, which probes the sessions on that node (a
+	// live peer answers), and the next send dials afresh; a decode server
+	// not up yet is retried by the Client's ConnectTimeout.
+	rc.MaxRetryCount = 1
+	r := remote.NewRemote(system, rc)
 	defer func() {
 		// remote.Start panics when it cannot listen.
 		if p := recover(); p != nil {

@@ -4,11 +4,9 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/signal"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -16,6 +14,7 @@ import (
 	"github.com/kvstream/kvstream/internal/tinylm"
 	"github.com/kvstream/kvstream/internal/twoproc"
 	"github.com/kvstream/kvstream/internal/workload"
+	"github.com/kvstream/kvstream/system"
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 )
@@ -241,6 +240,7 @@ func newPrefill() *cobra.Command {
 	var connect time.Duration
 	var monolithic bool
 	var tiny tinyFlags
+	var of opsFlags
 	cmd := &cobra.Command{
 		Use:   "prefill",
 		Short: "Run the sim workload with its data over a real transport into a decode process",
@@ -266,7 +266,13 @@ reported to every decode rank once every prefill rank's Finish returned for it.
 Off loopback the control plane needs mutual TLS (--tls-dir from kvstream certs, or --tls-ca,
 --tls-cert, --tls-key); the decode's certificate must carry --decode-name. A decode process that
 answers no heartbeat within --heartbeat (a hung one keeps its connections open) is lost at once:
-its chunks fail without waiting for the finish timeout.`,
+its chunks fail without waiting for the finish timeout.
+
+On SIGTERM or SIGINT it drains: no request starts, the requests started are prefilled and sent to
+the end, it says goodbye and prints what it did; it exits 0 when every request it started succeeded.
+After --drain-timeout, or at a second signal, it launches no forward after the current one (whose
+chunks still finish) and exits non-zero. --metrics-addr serves the engine's metrics, /healthz and
+/readyz (ready while its session with the decode process is open).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) (err error) {
 			if _, ok := tinylm.Presets[f.model]; ok {
@@ -279,8 +285,10 @@ its chunks fail without waiting for the finish timeout.`,
 			if err != nil {
 				return err
 			}
-			if cfg.TimeScale != 1 {
-				return errors.Newf("--time-scale %v: prefill runs on real time (the link is real)", cfg.TimeScale)
+			for _, name := range []string{"link-gbps", "link-latency-us", "time-scale"} {
+				if cmd.Flags().Changed(name) {
+					return errors.Newf("--%s %s: prefill runs on real time over a real link (the sim's link model does not apply)", name, cmd.Flags().Lookup(name).Value)
+				}
 			}
 			if err := checkHostPort("--decode", decodeAddr, false); err != nil {
 				return err
@@ -297,6 +305,12 @@ its chunks fail without waiting for the finish timeout.`,
 			}
 			log := cliLogger(f.verbose)
 			defer log.Sync() //nolint:errcheck
+			ops, err := of.start(cmd, log)
+			if err != nil {
+				return err
+			}
+			defer closeWithin("the operations endpoint", ops.Close, &err)
+			cfg.EngineOptions = append(cfg.EngineOptions, system.WithMetrics(ops.Registerer()))
 			pl, err := nf.open(tlsm, log, transport, "prefill")
 			if err != nil {
 				return err
@@ -311,13 +325,38 @@ its chunks fail without waiting for the finish timeout.`,
 			// at the finish timeout. The engine hears of the loss too
 			// (Engine.PeerLost), and refuses new chunks for it.
 			plane.OnPeerLost(func(error) { go func() { _ = tr.Close() }() })
-			out := cmd.OutOrStdout()
+			ops.Ready("decode session", func(context.Context) error { return plane.Ready() })
+			out, errOut := cmd.OutOrStdout(), cmd.ErrOrStderr()
 			if !f.noProg {
-				cfg.Progress = func(done, total int) { fmt.Fprintf(cmd.ErrOrStderr(), "prefill: forward %d/%d done\n", done, total) }
+				cfg.Progress = func(done, total int) { fmt.Fprintf(errOut, "prefill: forward %d/%d done\n", done, total) }
 			}
-			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
+			// The first SIGTERM or SIGINT drains: no request starts, those
+			// started finish. --drain-timeout later, or at a second
+			// signal, no forward follows the current one.
+			sig := newShutdown()
+			defer sig.Stop()
+			cfg.Drain = sig.Draining()
+			ctx, cut := context.WithCancelCause(context.Background())
+			defer cut(nil)
+			ran := make(chan struct{})
+			go func() {
+				select {
+				case <-sig.Draining():
+				case <-ran:
+					return
+				}
+				ops.SetDraining()
+				fmt.Fprintf(errOut, "prefill: %s: draining: no new request starts, those started finish (--drain-timeout %v; a second signal stops after the current forward)\n", sig.Reason(), of.drain)
+				select {
+				case <-sig.Hard().Done():
+					cut(errors.New("a second signal"))
+				case <-time.After(of.drain):
+					cut(errors.Newf("--drain-timeout %v passed", of.drain))
+				case <-ran:
+				}
+			}()
 			mr, err := workload.RunRemote(ctx, cfg, log, plane, !monolithic)
+			close(ran)
 			if err != nil {
 				if plane.Lost() == nil {
 					byeCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -326,10 +365,12 @@ its chunks fail without waiting for the finish timeout.`,
 				}
 				return err
 			}
-			// Goodbye, with the run's outcome: a run that stopped early is
-			// never reported complete by the decode side.
+			// Goodbye, with the run's outcome: a run cut short is never
+			// reported complete by the decode side; a drain that finished
+			// every request it started is.
+			drained := mr.Aborted != "" && ctx.Err() == nil && plane.Lost() == nil && mr.NotStarted > 0 && sig.Reason() != ""
 			var aborted error
-			if mr.Aborted != "" {
+			if mr.Aborted != "" && !drained {
 				aborted = errors.New(mr.Aborted)
 			}
 			byeCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -343,12 +384,23 @@ its chunks fail without waiting for the finish timeout.`,
 				mode += fmt.Sprintf(" sharded (prefill TP %d x PP %d -> decode TP %d x PP %d, %s pages)",
 					max(1, cfg.PrefillTP), max(1, cfg.PrefillPP), max(1, cfg.DecodeTP), max(1, cfg.DecodePP), cfg.PageOrder)
 			}
-			chunks := len(mr.PerRequest)
-			line := fmt.Sprintf("prefill: %s over %s, %d requests, %d chunks failed, decode accepted %d chunks, bytes equal: %v, exposed transfer mean %.2f ms, %.1f batches and %.0f writes per forward, %.3f GB crossed the transport at %.2f GB/s",
-				mode, transport, chunks, mr.Failed, summary.Chunks, mr.Failed == 0 && plane.Verify(nil) == "" && mr.Aborted == "" && byeErr == nil, mr.ExposedMs,
-				mr.SubmitsPerForward, mr.BlocksPerForward, float64(mr.BytesMoved)/1e9, mr.MovedGBytePerS)
-			if mr.Aborted != "" {
-				line += "; stopped: " + mr.Aborted
+			accepted := max(summary.Chunks, plane.Accepted())
+			// Bytes equal: every chunk launched succeeded and the decode
+			// process found each it was told of equal (a run cut short
+			// expects its Bye to be answered "not complete").
+			equal := mr.Failed == 0 && plane.Verify(nil) == "" && plane.Lost() == nil && (byeErr == nil || aborted != nil)
+			ok := equal && byeErr == nil && (mr.Aborted == "" || drained)
+			var line string
+			if mr.Aborted == "" {
+				line = fmt.Sprintf("prefill: %s over %s, %d requests, %d chunks failed, decode accepted %d chunks, bytes equal: %v, exposed transfer mean %.2f ms, %.1f batches and %.0f writes per forward, %.3f GB crossed the transport at %.2f GB/s",
+					mode, transport, mr.RequestsDone, mr.Failed, accepted, equal, mr.ExposedMs,
+					mr.SubmitsPerForward, mr.BlocksPerForward, float64(mr.BytesMoved)/1e9, mr.MovedGBytePerS)
+			} else {
+				// What it did before it stopped: no exposed figures (they
+				// compare whole runs with their floor).
+				line = fmt.Sprintf("prefill: %s over %s stopped after %d of %d forwards: %d of %d requests done (%d not started), %d chunks done, %d failed, decode accepted %d chunks, bytes equal: %v, %.3f GB crossed the transport; %s",
+					mode, transport, mr.ForwardsDone, mr.Forwards, mr.RequestsDone, cfg.Requests, mr.NotStarted, mr.ChunksDone, mr.Failed, accepted, equal,
+					float64(mr.BytesMoved)/1e9, mr.Aborted)
 			}
 			if lost := plane.Lost(); lost != nil {
 				line += "; decode lost: " + lost.Error()
@@ -357,9 +409,12 @@ its chunks fail without waiting for the finish timeout.`,
 				line += "; decode: " + byeErr.Error()
 			}
 			fmt.Fprintln(out, line)
-			if mr.Failed > 0 || mr.Aborted != "" || plane.Verify(nil) != "" || byeErr != nil {
+			if !ok {
 				if mr.FirstError != "" {
 					fmt.Fprintln(out, "prefill: first failure:", mr.FirstError)
+				}
+				if equal {
+					return errors.Newf("prefill: stopped before every request it started finished (%v)", context.Cause(ctx))
 				}
 				return errors.New("prefill: not every chunk succeeded with every byte equal")
 			}
@@ -377,6 +432,17 @@ its chunks fail without waiting for the finish timeout.`,
 	fl.BoolVar(&monolithic, "monolithic", false, "send monolithically after each forward instead of per layer")
 	fl.BoolVar(&f.verbose, "verbose", false, "log the engine at DEBUG")
 	fl.BoolVar(&f.noProg, "no-progress", false, "no progress lines")
+	of.add(fl)
 	tiny.add(fl)
+	fl.Lookup("model").Usage = "model preset: " + strings.Join(workload.PresetNames(), ", ") + "; or a tiny model run on CPU: " + strings.Join(tinylm.PresetNames(), ", ")
+	// The link is real: the sim's link model does not apply.
+	for _, name := range []string{"link-gbps", "link-latency-us", "time-scale"} {
+		_ = fl.MarkHidden(name)
+	}
+	groupFlags(cmd, slices.Concat(netGroups, []flagGroup{
+		{groupModel, []string{"model", "layers", "requests", "prompt-tokens", "resident", "chunk-tokens", "page-size", "cp", "cp-rank", "cp-rule",
+			"scale", "memory-mib", "layer-us-per-ktok", "seed", "prefill-tp", "decode-tp", "prefill-pp", "decode-pp", "page-order", "new-tokens", "plant"}},
+		{groupRun, []string{"decode", "connect-timeout", "monolithic", "group", "submitters", "finish-timeout", "verbose", "no-progress"}},
+		{groupOps, []string{"metrics-addr", "drain-timeout"}}})...)
 	return cmd
 }

@@ -31,6 +31,7 @@ type Prefill struct {
 	onLost   []func(error)
 	mismatch string
 	notices  int
+	accepted int
 }
 
 var (
@@ -118,6 +119,26 @@ func (p *Prefill) Lost() error {
 	return nil
 }
 
+// Ready is nil while the prefill has its sessions with the decode
+// process and none was lost: what /readyz of kvstream prefill reports.
+func (p *Prefill) Ready() error {
+	if len(p.sessions()) == 0 {
+		return errors.New("no session with the decode process yet")
+	}
+	if err := p.Lost(); err != nil {
+		return errors.Wrap(err, "the decode process was lost")
+	}
+	return nil
+}
+
+// Accepted counts the chunk notices the decode process (each rank)
+// accepted: what it verified, also when the session ends without a Bye.
+func (p *Prefill) Accepted() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.accepted
+}
+
 func (p *Prefill) sessions() []*decode.Client {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -137,6 +158,9 @@ func (p *Prefill) ChunkDone(n workload.Notice) {
 			Positions: n.Positions, DstPages: n.DstPages})
 		p.mu.Lock()
 		p.notices++
+		if err == nil {
+			p.accepted++
+		}
 		if err != nil && p.mismatch == "" && c.Lost() == nil {
 			p.mismatch = err.Error()
 		}

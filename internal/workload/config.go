@@ -113,6 +113,12 @@ type Config struct {
 	Timeline bool
 	// Progress, if set, is told about finished forwards.
 	Progress func(done, total int)
+	// Drain, once closed, makes the run start no more requests: the
+	// chunks of those already started are still scheduled and finished,
+	// and the report counts the rest as not started. Ending the run's
+	// context instead launches no forward after the current one. Nil:
+	// never drained.
+	Drain <-chan struct{}
 	// Record, if set, receives the message trace of the per-layer run.
 	Record io.Writer
 	// EngineOptions are added to both engines (metrics, traces).

@@ -130,6 +130,14 @@ type ModeReport struct {
 	Failed     int    `json:"failed_chunks"`
 	FirstError string `json:"first_error,omitempty"`
 	Aborted    string `json:"aborted,omitempty"`
+	// What the run did, also when it stopped early: forwards launched and
+	// ended, chunks whose Finish succeeded (on every prefill rank),
+	// requests all of whose chunks did, and requests a drain (Config
+	// Drain) kept from starting.
+	ForwardsDone int `json:"forwards_done"`
+	ChunksDone   int `json:"chunks_done"`
+	RequestsDone int `json:"requests_done"`
+	NotStarted   int `json:"not_started,omitempty"`
 
 	mismatch string
 	timeline *Timeline

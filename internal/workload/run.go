@@ -2,6 +2,7 @@ package workload
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"runtime"
 	"sync"
@@ -53,6 +54,10 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (*Report, error) {
 		}
 		if mr.Failed > 0 {
 			return nil, errors.Newf("%s run: %d chunks failed: %s", mr.mode(), mr.Failed, mr.FirstError)
+		}
+		if mr.Aborted != "" {
+			// The sim compares whole runs: one stopped early has no report.
+			return nil, errors.Newf("%s run stopped: %s (%d of %d forwards, %d requests done)", mr.mode(), mr.Aborted, mr.ForwardsDone, len(plan.forwards), mr.RequestsDone)
 		}
 		if perLayer {
 			rep.PerLayer = mr
@@ -163,6 +168,7 @@ type finishRec struct {
 	call, ret time.Time
 	status    system.Status
 	stats     system.ChunkStats
+	ok        bool // the Finish succeeded
 }
 
 func (c *collector) Batch(b system.Batch) {
@@ -276,6 +282,7 @@ func runMode(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool
 	if rel == nil {
 		nt = newNotifier(p.resident, p.maxChunks, dp.ChunkDone)
 	}
+	stop := newStopper(ctx, cfg.Drain, cfg.Requests)
 	work := make([]chan piece, p.resident)
 	var wg sync.WaitGroup
 	for s := range work {
@@ -287,10 +294,11 @@ func runMode(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool
 			defer wg.Done()
 			for pc := range work[s] {
 				call := time.Now()
-				res, err := eng.Finish(ctx, uint64(pc.room))
+				res, err := eng.Finish(stop.finishCtx(), uint64(pc.room))
 				ret := time.Now()
 				col.mu.Lock()
-				col.finishes = append(col.finishes, finishRec{room: pc.room, chunk: res.Chunk, call: call, ret: ret, status: res.Status, stats: res.Stats})
+				col.finishes = append(col.finishes, finishRec{room: pc.room, chunk: res.Chunk, call: call, ret: ret, status: res.Status, stats: res.Stats,
+					ok: finished(res.Status, err)})
 				if err != nil {
 					mr.Failed++
 					if mr.FirstError == "" {
@@ -319,16 +327,28 @@ func runMode(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool
 	forwardEnds := make([]time.Time, len(p.forwards))
 	lastLayer := g.layers - 1
 	var loopErr error
+	launched := 0
 forwards:
 	for k, fw := range p.forwards {
-		writes := make([]testbed.Write, 0, len(fw))
+		if mr.Aborted = stop.interrupted(k + 1); mr.Aborted != "" {
+			break
+		}
+		if fw = stop.keep(fw); len(fw) == 0 {
+			continue // drained: no request of this forward was started
+		}
 		for _, pc := range fw {
 			if pc.start == 0 {
-				if loopErr = rs.admit(ctx, pc.room); loopErr != nil {
-					loopErr = errors.Wrapf(loopErr, "forward %d: waiting for a slot for request %d", k+1, pc.room)
+				if err := rs.admit(ctx, pc.room); err != nil {
+					// Nothing of this forward is registered yet.
+					if mr.Aborted = stop.interrupted(k + 1); mr.Aborted == "" {
+						loopErr = errors.Wrapf(err, "forward %d: waiting for a slot for request %d", k+1, pc.room)
+					}
 					break forwards
 				}
 			}
+		}
+		writes := make([]testbed.Write, 0, len(fw))
+		for _, pc := range fw {
 			spec := system.ChunkSpec{Room: uint64(pc.room), Start: pc.start, End: pc.end, Last: pc.last,
 				SrcPages: p.src(pc.room)[pc.rng.PageStart : pc.rng.PageStart+pc.rng.Pages], TotalPages: g.pagesPerRequest,
 				Infos: []system.DecodeInfo{{Peer: peer.ID, DstPages: p.dst(pc.room)}}}
@@ -345,7 +365,11 @@ forwards:
 			loopErr = errors.Wrapf(loopErr, "forward %d", k+1)
 			break
 		}
-		if loopErr = stream.Synchronize(ctx); loopErr != nil {
+		launched++
+		sctx, cancel := stop.syncCtx()
+		loopErr = stream.Synchronize(sctx)
+		cancel()
+		if loopErr != nil {
 			break
 		}
 		// The forward's end woke the engine's waits on its end event at the
@@ -379,7 +403,12 @@ forwards:
 	}
 	mr.WallSeconds = time.Since(t0).Seconds()
 	mr.SlotWaits = rs.slotWaits()
+	mr.countDone(p, col, launched, 1)
+	if mr.NotStarted = stop.drained(); mr.NotStarted > 0 && mr.Aborted == "" {
+		mr.Aborted = fmt.Sprintf("drained: %d of %d requests not started", mr.NotStarted, cfg.Requests)
+	}
 	if mr.Aborted != "" {
+		mr.moved(col, launched)
 		return mr, nil
 	}
 	mr.mismatch = dp.Verify(pool)

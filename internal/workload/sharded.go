@@ -455,6 +455,7 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 	if remote != nil {
 		nt = newNotifier(p.resident, p.maxChunks, remote.ChunkDone) // see runMode
 	}
+	stop := newStopper(ctx, cfg.Drain, cfg.Requests)
 	var pmu sync.Mutex
 	left := map[[2]int]*chunkOutcome{}
 	work := make([][]chan piece, p.resident)
@@ -469,10 +470,11 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 				for pc := range ch {
 					room := pc.room
 					call := time.Now()
-					res, err := eng.Finish(ctx, uint64(room))
+					res, err := eng.Finish(stop.finishCtx(), uint64(room))
 					ret := time.Now()
 					col.mu.Lock()
-					col.finishes = append(col.finishes, finishRec{room: room, chunk: res.Chunk, call: call, ret: ret, status: res.Status, stats: res.Stats})
+					col.finishes = append(col.finishes, finishRec{room: room, chunk: res.Chunk, call: call, ret: ret, status: res.Status, stats: res.Stats,
+						ok: finished(res.Status, err)})
 					if err != nil {
 						mr.Failed++
 						if mr.FirstError == "" {
@@ -523,12 +525,21 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 	t0 := time.Now()
 	forwardEnds := make([]time.Time, len(p.forwards))
 	var loopErr error
+	launched := 0
 forwards:
 	for k, fw := range p.forwards {
+		if mr.Aborted = stop.interrupted(k + 1); mr.Aborted != "" {
+			break
+		}
+		if fw = stop.keep(fw); len(fw) == 0 {
+			continue // drained (see runMode)
+		}
 		for _, pc := range fw {
 			if pc.start == 0 {
-				if loopErr = rs.admit(ctx, pc.room); loopErr != nil {
-					loopErr = errors.Wrapf(loopErr, "forward %d: waiting for a slot for request %d", k+1, pc.room)
+				if err := rs.admit(ctx, pc.room); err != nil {
+					if mr.Aborted = stop.interrupted(k + 1); mr.Aborted == "" {
+						loopErr = errors.Wrapf(err, "forward %d: waiting for a slot for request %d", k+1, pc.room)
+					}
 					break forwards
 				}
 			}
@@ -571,8 +582,12 @@ forwards:
 				break forwards
 			}
 		}
+		launched++
 		for _, rk := range ranks {
-			if loopErr = rk.stream.Synchronize(ctx); loopErr != nil {
+			sctx, cancel := stop.syncCtx()
+			loopErr = rk.stream.Synchronize(sctx)
+			cancel()
+			if loopErr != nil {
 				break forwards
 			}
 		}
@@ -608,10 +623,15 @@ forwards:
 	}
 	mr.WallSeconds = time.Since(t0).Seconds()
 	mr.SlotWaits = rs.slotWaits()
+	mr.countDone(p, col, launched, len(ranks))
+	if mr.NotStarted = stop.drained(); mr.NotStarted > 0 && mr.Aborted == "" {
+		mr.Aborted = fmt.Sprintf("drained: %d of %d requests not started", mr.NotStarted, cfg.Requests)
+	}
+	if mr.Aborted != "" {
+		mr.moved(col, launched)
+		return mr, nil
+	}
 	if remote != nil {
-		if mr.Aborted != "" {
-			return mr, nil
-		}
 		mr.mismatch = remote.Verify(nil)
 	} else {
 		mr.mismatch = dd.verify(rs.stillResident())

@@ -1,0 +1,90 @@
+package workload
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// stopConfig is four requests of two chunks each, one chunk per forward:
+// forwards 1-2 are request 0's, 3-4 request 1's, and so on.
+func stopConfig(sharded bool) Config {
+	cfg := Defaults()
+	cfg.Preset = Presets["small"]
+	cfg.Requests, cfg.PromptTokens, cfg.ChunkTokens = 4, 512, 256
+	cfg.PageSize = 16
+	cfg.LayerUsPerKTok = 200
+	cfg.Submitters = 2
+	if sharded {
+		cfg.Preset = Presets["llama70b"]
+		cfg.Layers = 4
+		cfg.PrefillTP, cfg.DecodeTP = 2, 2
+	}
+	return cfg
+}
+
+// runStopped runs cfg per layer in process, calling after(k) once forward
+// k ended.
+func runStopped(t *testing.T, ctx context.Context, cfg Config, after func(k int)) *ModeReport {
+	t.Helper()
+	g, err := cfg.validate()
+	require.NoError(t, err)
+	p := newPlan(cfg, g)
+	require.Len(t, p.forwards, 8, "the schedule this test assumes")
+	k := 0
+	progress := func() { k++; after(k) }
+	var mr *ModeReport
+	if g.sharded {
+		mr, err = runSharded(ctx, cfg, g, p, true, nil, progress, nil)
+	} else {
+		mr, err = runMode(ctx, cfg, g, p, true, nil, progress, &localPlane{cfg: cfg, g: g, p: p})
+	}
+	require.NoError(t, err)
+	return mr
+}
+
+// A drain after forward 1 starts no other request and finishes request 0,
+// whose second chunk is in forward 2.
+func TestDrainFinishesTheRequestsStarted(t *testing.T) {
+	for _, sharded := range []bool{false, true} {
+		cfg := stopConfig(sharded)
+		drain := make(chan struct{})
+		cfg.Drain = drain
+		mr := runStopped(t, context.Background(), cfg, func(k int) {
+			if k == 1 {
+				close(drain)
+			}
+		})
+		assert.Equal(t, 0, mr.Failed, mr.FirstError)
+		assert.Equal(t, "drained: 3 of 4 requests not started", mr.Aborted)
+		assert.Equal(t, 3, mr.NotStarted)
+		assert.Equal(t, 2, mr.ForwardsDone)
+		assert.Equal(t, 2, mr.ChunksDone)
+		assert.Equal(t, 1, mr.RequestsDone)
+		assert.Positive(t, mr.BytesMoved, "what crossed is counted")
+	}
+}
+
+// An interrupt (the context ended) after forward 3 launches no forward
+// after it, and the chunks launched finish: request 0 is done, request 1
+// has one chunk of two, requests 2 and 3 never started.
+func TestInterruptStopsAfterTheCurrentForward(t *testing.T) {
+	for _, sharded := range []bool{false, true} {
+		cfg := stopConfig(sharded)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		mr := runStopped(t, ctx, cfg, func(k int) {
+			if k == 3 {
+				cancel()
+			}
+		})
+		assert.Equal(t, 0, mr.Failed, "the chunks launched finish: %s", mr.FirstError)
+		assert.Equal(t, "interrupted before forward 4: context canceled", mr.Aborted)
+		assert.Equal(t, 3, mr.ForwardsDone)
+		assert.Equal(t, 3, mr.ChunksDone)
+		assert.Equal(t, 1, mr.RequestsDone)
+		assert.Equal(t, 2, mr.NotStarted, "requests 2 and 3")
+	}
+}
