@@ -28,7 +28,9 @@ proto:
 
 # The whole suite under -race. The reliability suite runs on its own so that
 # its summary line is printed; the UCX transport's tests run when libucx is
-# installed (pkg-config ucx), and say so when not.
+# installed (pkg-config ucx), and say so when not. The command's UCX tests
+# start processes that mostly wait (heartbeats, drains, etcd): they run three
+# at a time.
 test: vet
 	$(GO) test -race -count=1 -timeout 8m -skip '^TestReliability$$' $(PKGS)
 	set -o pipefail; $(GO) test -race -count=1 -timeout 4m -run '^TestReliability$$' -v ./tests \
@@ -39,7 +41,7 @@ test-ucx:
 	@if pkg-config --exists ucx 2>/dev/null; then \
 		$(GO) vet -tags ucx ./hw/rdma/ucx/ ./cmd/kvstream/ ./internal/xferbench/ && \
 		$(GO) test -race -count=1 -timeout 5m -tags ucx ./hw/rdma/ucx/ ./internal/xferbench/ && \
-		$(GO) test -race -count=1 -timeout 5m -tags ucx -run 'TwoProcess|PeerKilled|UCX|Readme|ClaimPattern' ./cmd/kvstream/; \
+		$(GO) test -race -count=1 -timeout 6m -parallel 3 -tags ucx -run 'TwoProcess|AcrossProcesses|PeerKilled|UCX|Perftest|Readme|ClaimPattern' ./cmd/kvstream/; \
 	else \
 		echo "ucx tests skipped: libucx not installed (apt-get install libucx-dev ucx-utils)"; \
 	fi

@@ -36,6 +36,7 @@ var streaming = []string{"--model", "small", "--requests", "2", "--prompt-tokens
 // libucs, 3 of 3). A Terminated is a suspicion the heartbeats settle: the
 // decode stays up and the prefill completes byte-equal.
 func TestUCXForgedTerminatedDuringTransfer(t *testing.T) {
+	t.Parallel()
 	env := []string{"UCX_TLS=tcp"}
 	dec := startCLI(t, env, "decode", "--listen", "127.0.0.1:0", "--sessions", "1", "--wait", "3m", "--verbose")
 	addr := dec.waitLine(t, listening, 30*time.Second)[1]
@@ -67,6 +68,7 @@ func TestUCXForgedTerminatedDuringTransfer(t *testing.T) {
 // are reported not quiesced, their pages are kept out for good, and the
 // next prefill, whose schedule names the same pages, is refused them.
 func TestUCXPrefillCutOffWhileWriting(t *testing.T) {
+	t.Parallel()
 	for _, tls := range []string{"tcp", "sm,self"} {
 		t.Run(strings.ReplaceAll(tls, ",", "+"), func(t *testing.T) {
 			env := []string{"UCX_TLS=" + tls}
@@ -104,6 +106,7 @@ func TestUCXPrefillCutOffWhileWriting(t *testing.T) {
 // before its decode (--connect-timeout) gets its session once the decode
 // listens, and completes byte-equal.
 func TestUCXPrefillSaysWhy(t *testing.T) {
+	t.Parallel()
 	dir := devCerts(t)
 	env := []string{"UCX_TLS=tcp"}
 	oneRequest := []string{"--model", "small", "--requests", "1", "--prompt-tokens", "512", "--chunk-tokens", "512", "--page-size", "16"}
@@ -157,6 +160,7 @@ func requireServedOnce(t *testing.T, dec, pre *cli) {
 // then drains it: /readyz is not asked again (the process stops), it
 // prints its summary and exits 0.
 func TestUCXDecodeServesMetrics(t *testing.T) {
+	t.Parallel()
 	doc, err := metricsdoc.Doc(observability, "The decode server")
 	require.NoError(t, err)
 	env := []string{"UCX_TLS=tcp"}
@@ -194,6 +198,7 @@ func TestUCXDecodeServesMetrics(t *testing.T) {
 // request, finishes those started, says goodbye, prints what it did and
 // exits 0; the decode side sees a complete session.
 func TestUCXPrefillDrains(t *testing.T) {
+	t.Parallel()
 	env := []string{"UCX_TLS=tcp"}
 	dec := startCLI(t, env, "decode", "--listen", "127.0.0.1:0", "--sessions", "1", "--wait", "3m")
 	addr := dec.waitLine(t, listening, 30*time.Second)[1]

@@ -89,6 +89,7 @@ func wildcardListeners(t *testing.T, pid int) []string {
 // control plane, the KV over UCX tcp, and the decode process listening on
 // no wildcard address (its control plane on 127.0.0.2, UCX on lo only).
 func TestUCXTwoAddresses(t *testing.T) {
+	t.Parallel()
 	dir := devCerts(t)
 	env := []string{"UCX_TLS=tcp"}
 	dec := startCLI(t, env, "decode", "--listen", "127.0.0.2:0", "--tls-dir", dir, "--prefill-name", "prefill", "--sessions", "1", "--wait", "2m")
@@ -105,6 +106,7 @@ func TestUCXTwoAddresses(t *testing.T) {
 // routable address (never [::]), which the certificates name; UCX uses
 // that address's interface.
 func TestUCXAllInterfaces(t *testing.T) {
+	t.Parallel()
 	ip, err := decode.RoutableIP()
 	if err != nil {
 		t.Skipf("no routable interface on this host: %v", err)
@@ -124,6 +126,7 @@ func TestUCXAllInterfaces(t *testing.T) {
 // declares it lost by heartbeats within --heartbeat (not the finish
 // timeout of a minute), fails its chunks and exits non-zero promptly.
 func TestUCXHungDecodeIsLost(t *testing.T) {
+	t.Parallel()
 	env := []string{"UCX_TLS=tcp"}
 	dec := startCLI(t, env, "decode", "--listen", "127.0.0.1:0", "--sessions", "1", "--wait", "2m")
 	addr := dec.waitLine(t, listening, 30*time.Second)[1]
@@ -147,6 +150,7 @@ func TestUCXHungDecodeIsLost(t *testing.T) {
 // declares it lost by heartbeats within --heartbeat, reports the session
 // not complete and exits non-zero promptly.
 func TestUCXHungPrefillIsLost(t *testing.T) {
+	t.Parallel()
 	env := []string{"UCX_TLS=tcp"}
 	dec := startCLI(t, env, "decode", "--listen", "127.0.0.1:0", "--sessions", "1", "--wait", "2m", "--heartbeat", "2s")
 	addr := dec.waitLine(t, listening, 30*time.Second)[1]
@@ -236,6 +240,7 @@ func batch(target, sender *actor.PID, m proto.Message) *remote.MessageBatch {
 // that is not its prefill and without a certificate: every attack is
 // refused, and the process then serves its prefill byte-equal.
 func TestUCXAttacksThenServes(t *testing.T) {
+	t.Parallel()
 	dir := devCerts(t)
 	rogueTLS, err := netsec.LoadTLS(netsec.Files{CA: filepath.Join(dir, netsec.CAFile), Cert: filepath.Join(dir, "rogue.pem"), Key: filepath.Join(dir, "rogue.key")})
 	require.NoError(t, err)

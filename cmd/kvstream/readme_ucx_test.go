@@ -120,6 +120,7 @@ var readmeSkipped = map[string]string{
 // that each exits 0 and prints what the README claims: each claimed line,
 // with times and rates free and every count as written.
 func TestReadmeCommands(t *testing.T) {
+	t.Parallel()
 	blocks := readmeBlocks(t)
 	ran := 0
 	for _, b := range blocks {
@@ -167,6 +168,7 @@ func TestReadmeCommands(t *testing.T) {
 // TestClaimPattern: the pattern keeps counts and words, frees times, rates
 // and addresses; a changed count fails it.
 func TestClaimPattern(t *testing.T) {
+	t.Parallel()
 	p := claimPattern("decode: session of 127.0.0.1:41907 ended complete: 8 chunks, exposed 10.66 ms")
 	assert.Regexp(t, p, "decode: session of 127.0.0.1:5 ended complete: 8 chunks, exposed 3.1 ms")
 	assert.NotRegexp(t, p, "decode: session of 127.0.0.1:5 ended complete: 9 chunks, exposed 3.1 ms")

@@ -23,6 +23,7 @@ var tinyRun = []string{"--prompt-tokens", "90", "--chunk-tokens", "32", "--page-
 // tiny-gqa over TCP (two rooms), tiny-mla (its hookless layer too) over
 // shared memory.
 func TestTinyTokensTwoProcess(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		model, tls string
 		requests   string
@@ -59,6 +60,7 @@ func TestTinyTokensTwoProcess(t *testing.T) {
 // by the decode process's tokens: both processes say tokens_equal: false
 // and exit non-zero.
 func TestTokensPlantedAcrossProcesses(t *testing.T) {
+	t.Parallel()
 	env := []string{"UCX_TLS=tcp"}
 	dec := startCLI(t, env, "decode", "--listen", "127.0.0.1:0", "--sessions", "1", "--wait", "2m")
 	addr := dec.waitLine(t, listening, 30*time.Second)[1]

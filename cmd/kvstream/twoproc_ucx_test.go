@@ -95,6 +95,7 @@ var listening = regexp.MustCompile(`decode: listening on (\S+)`)
 // TestTwoProcess runs decode and prefill as two processes on 127.0.0.1 with
 // the KV over UCX: TCP, and shared memory.
 func TestTwoProcess(t *testing.T) {
+	t.Parallel()
 	for _, tls := range []string{"tcp", "sm,self"} {
 		t.Run(strings.ReplaceAll(tls, ",", "+"), func(t *testing.T) {
 			env := []string{"UCX_TLS=" + tls}
@@ -121,6 +122,7 @@ func TestTwoProcess(t *testing.T) {
 // PP stages to three over shared memory. Every decode rank checks every
 // page of every chunk against its share of the model's KV.
 func TestTwoProcessSharded(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name, tls string
 		shard     []string
@@ -159,6 +161,7 @@ func TestTwoProcessSharded(t *testing.T) {
 // decode process keeps serving, and the prefill restarted with its flags
 // completes.
 func TestTwoProcessShardingMismatch(t *testing.T) {
+	t.Parallel()
 	env := []string{"UCX_TLS=tcp"}
 	dec := startCLI(t, env, "decode", "--listen", "127.0.0.1:0", "--sessions", "1", "--wait", "2m", "--model", "llama70b", "--prefill-tp", "2", "--decode-tp", "2")
 	addr := dec.waitLine(t, listening, 30*time.Second)[1]
@@ -180,6 +183,7 @@ func TestTwoProcessShardingMismatch(t *testing.T) {
 // streams into it: the prefill reports the loss and failure within its
 // finish timeout, and exits non-zero; nothing hangs.
 func TestPeerKilledMidTransfer(t *testing.T) {
+	t.Parallel()
 	env := []string{"UCX_TLS=tcp"}
 	dec := startCLI(t, env, "decode", "--listen", "127.0.0.1:0", "--sessions", "1", "--wait", "2m")
 	addr := dec.waitLine(t, listening, 30*time.Second)[1]

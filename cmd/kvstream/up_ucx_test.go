@@ -41,6 +41,7 @@ func upRunJSON(t *testing.T, wantOK bool, args ...string) launch.Report {
 // and a lookup of an instance the watch had not shown yet), whatever the
 // number of requests and forwards; every node ends drained.
 func TestUCXClusterUp(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "etcd-certs")
 	certs := startCLI(t, nil, "certs", dir, "--nodes", "etcd,etcd-client")
 	require.NoError(t, certs.wait(t, 30*time.Second), "certs:\n%s\n%s", certs.out(), certs.errOut())
@@ -90,6 +91,7 @@ var faultArgs = []string{"--requests", "2", "--prompt-tokens", "4096", "--chunk-
 // instance's batches complete byte-equal, and the instance, restarted
 // under its id, rejoins and completes the batches picked for it after.
 func TestUCXClusterDecodeKilled(t *testing.T) {
+	t.Parallel()
 	rep := upRunJSON(t, true, append([]string{"--prefill-ranks", "4", "--decode", "2", "--batches", "6",
 		"--fault", "kill-decode", "--fault-batch", "1"}, faultArgs...)...)
 	assert.True(t, rep.BytesEqual)
@@ -117,6 +119,7 @@ func TestUCXClusterDecodeKilled(t *testing.T) {
 // decode instance fails the batch's rooms at once (the rank's session is
 // lost), well within its timeout, and never reports them complete.
 func TestUCXClusterPrefillKilled(t *testing.T) {
+	t.Parallel()
 	rep := upRunJSON(t, false, append([]string{"--prefill-ranks", "2", "--decode", "1", "--batches", "2",
 		"--fault", "kill-prefill", "--fault-batch", "0"}, faultArgs...)...)
 	assert.True(t, rep.BytesEqual)
@@ -132,6 +135,7 @@ func TestUCXClusterPrefillKilled(t *testing.T) {
 // flight completes, a lookup during the pause fails as unavailable, the
 // members are listed again after it, and later batches complete.
 func TestUCXClusterEtcdPaused(t *testing.T) {
+	t.Parallel()
 	rep := upRunJSON(t, true, append([]string{"--prefill-ranks", "2", "--decode", "2", "--batches", "4",
 		"--fault", "pause-etcd", "--fault-batch", "1"}, faultArgs...)...)
 	assert.True(t, rep.BytesEqual)
@@ -147,6 +151,7 @@ func TestUCXClusterEtcdPaused(t *testing.T) {
 // in flight and that nothing was lost, every node ended drained, and up
 // exits 0. /readyz said ready before, and the nodes served metrics.
 func TestUCXClusterUpDrains(t *testing.T) {
+	t.Parallel()
 	c := startCLI(t, []string{"UCX_TLS=tcp"}, append([]string{"up", "--json", "--model", "small", "--page-size", "16",
 		"--prefill-ranks", "2", "--decode", "2", "--batches", "200", "--metrics-addr", "127.0.0.1:0"}, faultArgs[:6]...)...)
 	addr := c.waitLine(t, regexp.MustCompile(`serving metrics at http://(\S+)/metrics`), time.Minute)[1]
