@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/kvstream/kvstream/messages"
+	"github.com/kvstream/kvstream/system"
 )
 
 // stopper is how a run stops early when its operator asks: a drain (Config
@@ -138,6 +138,6 @@ func (m *ModeReport) moved(col *collector, forwards int) {
 }
 
 // finished reports whether one Finish succeeded.
-func finished(status messages.Status, err error) bool {
-	return err == nil && status == messages.Succeeded
+func finished(status system.Status, err error) bool {
+	return err == nil && status == system.Succeeded
 }
