@@ -36,6 +36,9 @@ type DataPlane interface {
 // checks each chunk as its notice arrives, needs no release, and is told
 // off the worker (notifier).
 type releaser interface {
+	// Prefill gives the decode side the prefill pool, before any chunk:
+	// ChunkDone compares against its pages.
+	Prefill(pool *testbed.Pool)
 	Release(room int, pool *testbed.Pool)
 }
 
@@ -73,6 +76,8 @@ type localPlane struct {
 	dec    *loopback.Transport
 	decode *testbed.Decode
 
+	prefill *testbed.Pool // set by Prefill before the first chunk
+
 	mu       sync.Mutex
 	atDone   string // the first mismatch seen when a Finish returned SUCCESS
 	released string // the first mismatch seen when a request's slot was released
@@ -95,28 +100,40 @@ func (l *localPlane) Open(geom testbed.Geometry, _ uint64, _ *zap.Logger) (rdma.
 	return l.pre, l.decode.Peer("decode"), nil
 }
 
+// Prefill implements releaser.
+func (l *localPlane) Prefill(pool *testbed.Pool) { l.prefill = pool }
+
 // ChunkDone checks a chunk's destination pages the moment its Finish
 // returned SUCCESS: by then every byte of the chunk must be in place (a
 // write landing after Finish, or a read of the source before its kernel
-// ended, shows here even when the end-of-run check would pass). The want
-// bytes come from the pattern, not from the prefill pool, which an early
-// read may have caught in the same stale state.
+// ended, shows here even when the end-of-run check would pass). It runs on
+// the transfer worker, right before the next chunk's landing, so it is a
+// memcmp against the prefill page (final by now: the chunk's forward
+// ended) plus the pattern's first bytes, which an early read that caught
+// the prefill page stale or poisoned cannot match; generating the whole
+// pattern here cost more than the transfers it checks. Release and the end
+// of the run compare every byte with the pattern.
 func (l *localPlane) ChunkDone(n Notice) {
-	if n.Status != system.Succeeded || l.decode == nil {
+	if n.Status != system.Succeeded || l.decode == nil || l.prefill == nil {
 		return
 	}
-	want := make([]byte, l.g.itemLen)
+	src := l.p.src(int(n.Room))
+	var head [16]byte
+	want := head[:min(len(head), l.g.itemLen)]
 	for i, pos := range n.Positions {
 		for b := 0; b < l.decode.Geometry.Buffers(); b++ {
 			testbed.Fill(want, l.cfg.Seed, n.Room, b, pos)
 			got := l.decode.Page(b, n.DstPages[i])
-			if bytes.Equal(got, want) {
+			pre := l.prefill.Page(b, src[pos])
+			if bytes.Equal(got, pre) && bytes.Equal(got[:len(want)], want) {
 				continue
 			}
+			full := make([]byte, l.g.itemLen)
+			testbed.Fill(full, l.cfg.Seed, n.Room, b, pos)
 			l.mu.Lock()
 			if l.atDone == "" {
 				l.atDone = fmt.Sprintf("room %d chunk %d-%d position %d (decode page %d) buffer %s: at Finish SUCCESS, %s",
-					n.Room, n.Start, n.End, pos, n.DstPages[i], l.decode.Names[b], describe(got, want))
+					n.Room, n.Start, n.End, pos, n.DstPages[i], l.decode.Names[b], describe(got, full))
 			}
 			l.mu.Unlock()
 			return
@@ -137,7 +154,7 @@ func describe(got, want []byte) string {
 		return true
 	}
 	switch {
-	case all(testbed.Poison):
+	case testbed.Poisoned(got):
 		return "bytes differ from the source: poison (read while the layer's kernel ran)"
 	case all(staleByte):
 		return "bytes differ from the source: stale prefill bytes (read before the layer's kernel started)"
@@ -186,10 +203,12 @@ func (l *localPlane) Release(room int, pool *testbed.Pool) {
 }
 
 // check compares every decode page of request r: the owned positions with
-// their source pages, every other page must be zero.
+// the pattern the model wrote (and the source pages with it), every other
+// page must be zero.
 func (l *localPlane) check(pool *testbed.Pool, r int, when string) string {
 	cfg, g, p := l.cfg, l.g, l.p
 	zero := make([]byte, g.itemLen)
+	pattern := make([]byte, g.itemLen)
 	owned := map[int]bool{}
 	_, pos, _ := cfg.CP.Owned(p.src(r), 0, g.pagesPerRequest)
 	for _, x := range pos {
@@ -201,7 +220,11 @@ func (l *localPlane) check(pool *testbed.Pool, r int, when string) string {
 			got := l.decode.Page(b, dst[x])
 			want := zero
 			if owned[x] {
-				want = pool.Page(b, src[x])
+				testbed.Fill(pattern, cfg.Seed, uint64(r), b, x)
+				want = pattern
+				if pre := pool.Page(b, src[x]); !bytes.Equal(pre, want) {
+					return fmt.Sprintf("room %d position %d (prefill page %d) buffer %s: %s, the prefill page is not what the model wrote (a harness bug)", r, x, src[x], pool.Names[b], when)
+				}
 			}
 			if !bytes.Equal(got, want) {
 				return fmt.Sprintf("room %d position %d (decode page %d) buffer %s: %s, %s", r, x, dst[x], pool.Names[b], when, describe(got, want))

@@ -252,7 +252,14 @@ func (m *ModeReport) summarize(cfg Config, g geometry, p *plan, col *collector, 
 	var finishes []float64
 	for i := range col.finishes {
 		f := &col.finishes[i]
-		finishes = append(finishes, ms(f.ret.Sub(f.call)))
+		// A worker may call Finish before the chunk's forward ended (the
+		// sim hands a chunk over once its forward is enqueued): the
+		// call's latency counts from the later of the two.
+		call := f.call
+		if f.forward < len(forwardEnds) {
+			call = later(call, forwardEnds[f.forward])
+		}
+		finishes = append(finishes, ms(f.ret.Sub(call)))
 		if f.ret.After(lastRet[f.room]) {
 			lastRet[f.room] = f.ret
 			lastFin[f.room] = f

@@ -472,7 +472,7 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 					res, err := eng.Finish(ctx, uint64(room))
 					ret := time.Now()
 					col.mu.Lock()
-					col.finishes = append(col.finishes, finishRec{room: room, chunk: res.Chunk, call: call, ret: ret, status: res.Status, stats: res.Stats})
+					col.finishes = append(col.finishes, finishRec{room: room, forward: pc.forward, chunk: res.Chunk, call: call, ret: ret, status: res.Status, stats: res.Stats})
 					if err != nil {
 						mr.Failed++
 						if mr.FirstError == "" {
