@@ -40,6 +40,10 @@ type releaser interface {
 	// ChunkDone compares against its pages.
 	Prefill(pool *testbed.Pool)
 	Release(room int, pool *testbed.Pool)
+	// expect is told of a chunk before it is registered with the engine,
+	// violations returns what the transport oracle (landGuard) caught.
+	expect(pc piece)
+	violations() []string
 }
 
 // Notice is a finished chunk, for the decode side.
@@ -56,9 +60,7 @@ type Notice struct {
 
 func notice(cfg Config, g geometry, p *plan, pc piece, res system.Result) Notice {
 	n := Notice{Room: uint64(pc.room), Start: pc.start, End: pc.end, Status: res.Status, Err: res.Err, Bytes: res.Stats.Bytes}
-	src := p.src(pc.room)[pc.rng.PageStart : pc.rng.PageStart+pc.rng.Pages]
-	_, pos, _ := cfg.CP.Owned(src, pc.rng.PageStart, g.pagesPerRequest)
-	for _, x := range pos {
+	for _, x := range pc.positions {
 		n.Positions = append(n.Positions, x)
 		n.DstPages = append(n.DstPages, p.dst(pc.room)[x])
 	}
@@ -75,6 +77,7 @@ type localPlane struct {
 	pre    *loopback.Transport
 	dec    *loopback.Transport
 	decode *testbed.Decode
+	guard  *landGuard // the prefill transport as the engine sees it
 
 	prefill *testbed.Pool // set by Prefill before the first chunk
 
@@ -86,6 +89,7 @@ type localPlane struct {
 func (l *localPlane) Open(geom testbed.Geometry, _ uint64, _ *zap.Logger) (rdma.Transport, system.Peer, error) {
 	fab := loopback.NewFabric(loopback.Options{
 		Bandwidth: l.cfg.LinkGbps * 1e9 / 8, Latency: l.cfg.LinkLatency, TimeScale: l.cfg.TimeScale, ByteScale: l.g.byteScale, Precise: true,
+		Slow: l.cfg.plantSlow,
 	})
 	var err error
 	if l.pre, err = fab.NewTransport("prefill"); err != nil {
@@ -97,7 +101,37 @@ func (l *localPlane) Open(geom testbed.Geometry, _ uint64, _ *zap.Logger) (rdma.
 	if l.decode, err = testbed.NewDecode(l.dec, geom); err != nil {
 		return nil, system.Peer{}, err
 	}
-	return l.pre, l.decode.Peer("decode"), nil
+	per := l.decode.ItemLen * uint64(l.decode.Pages)
+	l.guard = newLandGuard(l.pre, l.decode.Names, func(addr uint64) (int, int, bool) {
+		for b, base := range l.decode.Bases {
+			if addr >= base && addr < base+per {
+				return b, int((addr - base) / l.decode.ItemLen), true
+			}
+		}
+		return 0, 0, false
+	})
+	var tr rdma.Transport = l.guard
+	if l.cfg.plantTransport != nil {
+		tr = l.cfg.plantTransport(tr)
+	}
+	return tr, l.decode.Peer("decode"), nil
+}
+
+// expect implements releaser.
+func (l *localPlane) expect(pc piece) {
+	dst := make([]int, len(pc.positions))
+	for i, x := range pc.positions {
+		dst[i] = l.p.dst(pc.room)[x]
+	}
+	l.guard.expect(pc.room, pc.start, pc.end, pc.positions, dst)
+}
+
+// violations implements releaser.
+func (l *localPlane) violations() []string {
+	if l.guard == nil {
+		return nil
+	}
+	return l.guard.violations()
 }
 
 // Prefill implements releaser.
@@ -117,6 +151,7 @@ func (l *localPlane) ChunkDone(n Notice) {
 	if n.Status != system.Succeeded || l.decode == nil || l.prefill == nil {
 		return
 	}
+	l.guard.finished(int(n.Room), n.Start)
 	src := l.p.src(int(n.Room))
 	var head [16]byte
 	want := head[:min(len(head), l.g.itemLen)]

@@ -71,7 +71,8 @@ type piece struct {
 	start, end int // tokens
 	last       bool
 	rng        cp.Range
-	owned      int // pages this CP rank sends
+	owned      int   // pages this CP rank sends
+	positions  []int // their absolute positions in the request, computed once here
 }
 
 // plan is the schedule and the page allocation shared by both modes.
@@ -115,8 +116,8 @@ func newPlan(cfg Config, g geometry) *plan {
 			}
 			pc := piece{room: r, forward: len(p.forwards), start: next[r], end: next[r] + take, last: last}
 			pc.rng, _ = cp.ChunkRange(pc.start, pc.end, cfg.PageSize, last)
-			owned, _, _ := cfg.CP.Owned(p.src(r)[pc.rng.PageStart:pc.rng.PageStart+pc.rng.Pages], pc.rng.PageStart, g.pagesPerRequest)
-			pc.owned = len(owned)
+			owned, pos, _ := cfg.CP.Owned(p.src(r)[pc.rng.PageStart:pc.rng.PageStart+pc.rng.Pages], pc.rng.PageStart, g.pagesPerRequest)
+			pc.owned, pc.positions = len(owned), pos
 			fw = append(fw, pc)
 			p.chunks[r]++
 			p.maxChunks = max(p.maxChunks, p.chunks[r])
@@ -351,6 +352,9 @@ forwards:
 			spec := system.ChunkSpec{Room: uint64(pc.room), Start: pc.start, End: pc.end, Last: pc.last,
 				SrcPages: p.src(pc.room)[pc.rng.PageStart : pc.rng.PageStart+pc.rng.Pages], TotalPages: g.pagesPerRequest,
 				Infos: []system.DecodeInfo{{Peer: peer.ID, DstPages: p.dst(pc.room)}}}
+			if rel != nil {
+				rel.expect(pc) // before any of its batches can be posted
+			}
 			if _, err := eng.Register(ctx, spec); err != nil {
 				// The decode side was lost (or refused): stop scheduling, let
 				// what is registered finish (or fail), and report.
@@ -405,6 +409,9 @@ forwards:
 	}
 	mr.mismatch = dp.Verify(pool)
 	mr.summarize(cfg, g, p, col, t0, forwardEnds)
+	if rel != nil {
+		mr.oracle = append(rel.violations(), mr.oracle...)
+	}
 	return mr, nil
 }
 

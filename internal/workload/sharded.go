@@ -506,8 +506,7 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 						continue // the notice releases this rank's share of the slot
 					}
 					if done {
-						_, pos, _ := cfg.CP.Owned(p.src(room)[pc.rng.PageStart:pc.rng.PageStart+pc.rng.Pages], pc.rng.PageStart, g.pagesPerRequest)
-						snap := dd.snapshot(room, pos)
+						snap := dd.snapshot(room, pc.positions)
 						dd.mu.Lock()
 						dd.snaps[room] = append(dd.snaps[room], snap)
 						dd.mu.Unlock()
