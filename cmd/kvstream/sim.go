@@ -255,6 +255,9 @@ func runSim(cmd *cobra.Command, f *simFlags) (err error) {
 	if !rep.BytesEqual {
 		return errors.Newf("bytes differ: %s", rep.Mismatch)
 	}
+	if len(rep.OracleFailures) > 0 {
+		return errors.Newf("the transfer oracle failed: %s", strings.Join(rep.OracleFailures, "; "))
+	}
 	return nil
 }
 

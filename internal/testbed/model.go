@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/hw/cuda"
 	"github.com/kvstream/kvstream/hw/cuda/sim"
 	"github.com/kvstream/kvstream/system"
 )
@@ -30,10 +31,11 @@ type Model struct {
 	stage    []byte // a kernel's results between its Start and its Run
 }
 
-// Poison is the byte a layer's kernel writes over its output pages when it
-// starts; its results replace it when it ends. No page of Fill's pattern is
-// all Poison, so a transfer that read a page while its kernel ran carries
-// poison (or the stale bytes from before) and fails the byte comparison.
+// Poison is the byte a layer's kernel writes over the head of its output
+// pages (PoisonHead bytes) when it starts; its results replace it when it
+// ends. No page of Fill's pattern starts with PoisonHead Poison bytes, so a
+// transfer that read a page while its kernel ran carries poison (or the
+// stale bytes from before) and fails the byte comparison.
 const Poison = 0xA5
 
 // KernelName is the name of layer l's kernel in the model's n-th forward
@@ -54,9 +56,23 @@ type Write struct {
 // Forward enqueues one forward over writes and drives the engine's hooks. It
 // returns when everything is enqueued (the GPU may still be running).
 func (m *Model) Forward(eng *system.Engine, writes []Write) error {
+	_, err := m.forward(eng, writes, false)
+	return err
+}
+
+// ForwardMarked is Forward that also returns an event recorded after the
+// forward's first kernel: once it completed, the previous forward's end
+// and the transfers that landed right after it are well behind, so a
+// forward loop that waits for it before enqueueing the next forward keeps
+// its own host work (tenths of a millisecond) away from that end.
+func (m *Model) ForwardMarked(eng *system.Engine, writes []Write) (cuda.Event, error) {
+	return m.forward(eng, writes, true)
+}
+
+func (m *Model) forward(eng *system.Engine, writes []Write, mark bool) (started cuda.Event, err error) {
 	fw, err := eng.BeginForward()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	m.forwards++
 	tokens := 0
@@ -72,24 +88,32 @@ func (m *Model) Forward(eng *system.Engine, writes []Write) error {
 		maxLayer = max(maxLayer, l)
 	}
 	for l := 0; l <= maxLayer; l++ {
-		start, run := m.writeLayer(l, writes)
-		if err := m.Stream.Launch(sim.Kernel{Name: KernelName(m.forwards, l), Duration: d, Start: start, Run: run}); err != nil {
-			return err
+		start, prepare, run := m.writeLayer(l, writes)
+		if err := m.Stream.Launch(sim.Kernel{Name: KernelName(m.forwards, l), Duration: d, Start: start, Prepare: prepare, Run: run}); err != nil {
+			return nil, err
+		}
+		if mark && l == 0 {
+			if started, err = m.Stream.Record(); err != nil {
+				return nil, errors.Wrap(err, "record the forward's started event")
+			}
 		}
 		if l < m.HookLayers {
 			if err := fw.LayerEnd(l); err != nil {
-				return errors.Wrapf(err, "layer %d", l)
+				return nil, errors.Wrapf(err, "layer %d", l)
 			}
 		}
 	}
-	return fw.End()
+	return started, fw.End()
 }
 
-// writeLayer returns layer l's kernel: at its start it poisons the pages it
-// writes and computes their bytes aside (the expensive part, hidden in the
-// modeled interval); at its end it copies them in. Kernels of one stream run
-// one at a time, so one staging buffer serves them all.
-func (m *Model) writeLayer(l int, writes []Write) (start, run func()) {
+// writeLayer returns layer l's kernel: at its start it marks the pages it
+// writes as poisoned (their first bytes only: microseconds, where poisoning
+// whole pages and computing their bytes there cost a quarter of a
+// millisecond at every forward's boundary, inside the previous forward's
+// last landing); late in the kernel it computes their bytes aside
+// (Prepare); at its end it copies them in. Kernels of one stream run one at
+// a time, so one staging buffer serves them all.
+func (m *Model) writeLayer(l int, writes []Write) (start, prepare, run func()) {
 	var pages [][]byte
 	for b, layer := range m.Pool.Layers {
 		if layer != l {
@@ -103,6 +127,11 @@ func (m *Model) writeLayer(l int, writes []Write) (start, run func()) {
 	}
 	item := int(m.Pool.ItemLen)
 	start = func() {
+		for _, pg := range pages {
+			markPoison(pg)
+		}
+	}
+	prepare = func() {
 		if need := len(pages) * item; cap(m.stage) < need {
 			m.stage = make([]byte, need)
 		}
@@ -113,7 +142,6 @@ func (m *Model) writeLayer(l int, writes []Write) (start, run func()) {
 			}
 			for _, w := range writes {
 				for i := range w.SrcPages {
-					fillPoison(pages[n])
 					if m.Fill != nil {
 						m.Fill(m.stage[n*item:(n+1)*item], w.Room, b, w.PageStart+i)
 					} else {
@@ -129,11 +157,28 @@ func (m *Model) writeLayer(l int, writes []Write) (start, run func()) {
 			copy(pg, m.stage[i*item:(i+1)*item])
 		}
 	}
-	return start, run
+	return start, prepare, run
 }
 
-func fillPoison(b []byte) {
-	for i := range b {
+// PoisonHead is how many leading bytes of each output page a kernel
+// poisons at its start: enough that a page read while the kernel ran never
+// equals its final bytes (the rest keeps what the page held before, which
+// differs from them too) nor passes for the pattern's first bytes.
+const PoisonHead = 8
+
+func markPoison(b []byte) {
+	for i := range b[:min(len(b), PoisonHead)] {
 		b[i] = Poison
 	}
+}
+
+// Poisoned reports whether a page's head carries a running kernel's poison.
+func Poisoned(b []byte) bool {
+	head := b[:min(len(b), PoisonHead)]
+	for _, x := range head {
+		if x != Poison {
+			return false
+		}
+	}
+	return len(head) > 0
 }

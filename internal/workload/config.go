@@ -17,6 +17,8 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cp"
 	"github.com/kvstream/kvstream/cp/reshard"
+	"github.com/kvstream/kvstream/hw/rdma"
+	"github.com/kvstream/kvstream/hw/rdma/loopback"
 	"github.com/kvstream/kvstream/system"
 )
 
@@ -135,6 +137,15 @@ type Config struct {
 	// byte check catches such an engine; being unexported, no command line
 	// or embedder can set it.
 	plant func([]system.Buffer)
+	// plantTransport, also test-only, wraps the prefill transport as the
+	// engine sees it, above the transport oracle (landGuard): a wrapper
+	// that reports a batch complete before it landed, or drops a write,
+	// plays an engine with that bug.
+	plantTransport func(rdma.Transport) rdma.Transport
+	// plantSlow, test-only, is the modeled link's slowdown hook: a plant
+	// holds the batches it lied about on the link, so that they are still
+	// in flight when the engine acts on the lie.
+	plantSlow func(loopback.BatchInfo) loopback.Slowdown
 	// plantShard, also test-only, edits the configuration of prefill TP
 	// rank r's engine in a sharded run (plant edits every rank's buffers).
 	plantShard func(r int, c *system.Config)

@@ -63,6 +63,47 @@ type kernelEnds func(k, l int) time.Duration
 // floors returns each request's floor (ms) for one mode, on the timeline
 // ends describes.
 func floors(cfg Config, g geometry, p *plan, perLayer bool, ends kernelEnds) []float64 {
+	batches, lastForward := floorBatches(cfg, g, p, perLayer, ends)
+	land := idealLandings(batches, cfg.LinkGbps*1e9/8, cfg.LinkLatency)
+	last := make([]time.Duration, cfg.Requests)
+	for i, b := range batches {
+		last[b.room] = max(last[b.room], land[i])
+	}
+	out := make([]float64, cfg.Requests)
+	for r := range out {
+		end := ends(lastForward[r], g.layers-1)
+		out[r] = msf(max(last[r]-end, 0))
+	}
+	return out
+}
+
+// lowerBounds returns, per request, the exposed time (ms) below which no
+// sender can land it: the request's own batches alone on the link, each
+// sent when its gating kernel ends. Unlike the floor, no other request's
+// batch is ahead of them, so a sender that serves one request first (and
+// its batch order among requests that share a forward differs from the
+// floor's) cannot beat it either; a measured exposed time below it means
+// bytes counted as landed before they could have (the run fails).
+func lowerBounds(cfg Config, g geometry, p *plan, perLayer bool, ends kernelEnds) []float64 {
+	batches, lastForward := floorBatches(cfg, g, p, perLayer, ends)
+	byRoom := make([][]linkBatch, cfg.Requests)
+	for _, b := range batches {
+		byRoom[b.room] = append(byRoom[b.room], b)
+	}
+	out := make([]float64, cfg.Requests)
+	for r, own := range byRoom {
+		var last time.Duration
+		for _, at := range idealLandings(own, cfg.LinkGbps*1e9/8, cfg.LinkLatency) {
+			last = max(last, at)
+		}
+		out[r] = msf(max(last-ends(lastForward[r], g.layers-1), 0))
+	}
+	return out
+}
+
+// floorBatches are the batches the ideal sender puts on the link, and each
+// request's last forward.
+func floorBatches(cfg Config, g geometry, p *plan, perLayer bool, ends kernelEnds) ([]linkBatch, []int) {
 	groups := (g.hookLayers + cfg.GroupSize - 1) / cfg.GroupSize
 	perLayerBufs := 1
 	if !cfg.Preset.MLA {
@@ -97,17 +138,7 @@ func floors(cfg Config, g geometry, p *plan, perLayer bool, ends kernelEnds) []f
 			add(pc.room, end, float64(pc.owned)*float64(g.pageBytes)*float64(hookless))
 		}
 	}
-	land := idealLandings(batches, cfg.LinkGbps*1e9/8, cfg.LinkLatency)
-	last := make([]time.Duration, cfg.Requests)
-	for i, b := range batches {
-		last[b.room] = max(last[b.room], land[i])
-	}
-	out := make([]float64, cfg.Requests)
-	for r := range out {
-		end := ends(lastForward[r], g.layers-1)
-		out[r] = msf(max(last[r]-end, 0))
-	}
-	return out
+	return batches, lastForward
 }
 
 // idealTimeline is the modeled timeline with forwards back to back from 0

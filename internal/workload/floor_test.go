@@ -196,3 +196,26 @@ func TestPlanCountsEachRequestsChunks(t *testing.T) {
 	assert.Greater(t, len(p.forwards), 100, "many forwards")
 	assert.LessOrEqual(t, sum, 2*cfg.Requests, "a 100-token request spans at most two forwards of 512 tokens")
 }
+
+// The lower bound the oracle holds each request to is its own batches
+// alone on the link: two requests ending in one forward each get the
+// monolithic send of one request (the floor puts room 1 behind room 0).
+func TestLowerBoundIgnoresOtherRequests(t *testing.T) {
+	cfg := Defaults()
+	cfg.Requests, cfg.PromptTokens, cfg.ChunkTokens = 2, 4096, 8192
+	g, err := cfg.validate()
+	require.NoError(t, err)
+	p := newPlan(cfg, g)
+	ends := idealTimeline(cfg, g, p)
+	mo := lowerBounds(cfg, g, p, false, ends)
+	one := 292552704 / 50e9 * 1e3
+	require.InDelta(t, one+0.01, mo[0], 1e-5)
+	require.InDelta(t, one+0.01, mo[1], 1e-5)
+	// On the default preset (one request ends per forward) it is the floor.
+	cfg = Defaults()
+	g, err = cfg.validate()
+	require.NoError(t, err)
+	p = newPlan(cfg, g)
+	ends = idealTimeline(cfg, g, p)
+	assert.Equal(t, floors(cfg, g, p, true, ends), lowerBounds(cfg, g, p, true, ends))
+}

@@ -36,7 +36,14 @@ type DataPlane interface {
 // checks each chunk as its notice arrives, needs no release, and is told
 // off the worker (notifier).
 type releaser interface {
+	// Prefill gives the decode side the prefill pool, before any chunk:
+	// ChunkDone compares against its pages.
+	Prefill(pool *testbed.Pool)
 	Release(room int, pool *testbed.Pool)
+	// expect is told of a chunk before it is registered with the engine,
+	// violations returns what the transport oracle (landGuard) caught.
+	expect(pc piece)
+	violations() []string
 }
 
 // Notice is a finished chunk, for the decode side.
@@ -53,9 +60,7 @@ type Notice struct {
 
 func notice(cfg Config, g geometry, p *plan, pc piece, res system.Result) Notice {
 	n := Notice{Room: uint64(pc.room), Start: pc.start, End: pc.end, Status: res.Status, Err: res.Err, Bytes: res.Stats.Bytes}
-	src := p.src(pc.room)[pc.rng.PageStart : pc.rng.PageStart+pc.rng.Pages]
-	_, pos, _ := cfg.CP.Owned(src, pc.rng.PageStart, g.pagesPerRequest)
-	for _, x := range pos {
+	for _, x := range pc.positions {
 		n.Positions = append(n.Positions, x)
 		n.DstPages = append(n.DstPages, p.dst(pc.room)[x])
 	}
@@ -72,6 +77,9 @@ type localPlane struct {
 	pre    *loopback.Transport
 	dec    *loopback.Transport
 	decode *testbed.Decode
+	guard  *landGuard // the prefill transport as the engine sees it
+
+	prefill *testbed.Pool // set by Prefill before the first chunk
 
 	mu       sync.Mutex
 	atDone   string // the first mismatch seen when a Finish returned SUCCESS
@@ -81,6 +89,7 @@ type localPlane struct {
 func (l *localPlane) Open(geom testbed.Geometry, _ uint64, _ *zap.Logger) (rdma.Transport, system.Peer, error) {
 	fab := loopback.NewFabric(loopback.Options{
 		Bandwidth: l.cfg.LinkGbps * 1e9 / 8, Latency: l.cfg.LinkLatency, TimeScale: l.cfg.TimeScale, ByteScale: l.g.byteScale, Precise: true,
+		Slow: l.cfg.plantSlow,
 	})
 	var err error
 	if l.pre, err = fab.NewTransport("prefill"); err != nil {
@@ -92,31 +101,74 @@ func (l *localPlane) Open(geom testbed.Geometry, _ uint64, _ *zap.Logger) (rdma.
 	if l.decode, err = testbed.NewDecode(l.dec, geom); err != nil {
 		return nil, system.Peer{}, err
 	}
-	return l.pre, l.decode.Peer("decode"), nil
+	per := l.decode.ItemLen * uint64(l.decode.Pages)
+	l.guard = newLandGuard(l.pre, l.decode.Names, func(addr uint64) (int, int, bool) {
+		for b, base := range l.decode.Bases {
+			if addr >= base && addr < base+per {
+				return b, int((addr - base) / l.decode.ItemLen), true
+			}
+		}
+		return 0, 0, false
+	})
+	var tr rdma.Transport = l.guard
+	if l.cfg.plantTransport != nil {
+		tr = l.cfg.plantTransport(tr)
+	}
+	return tr, l.decode.Peer("decode"), nil
 }
+
+// expect implements releaser.
+func (l *localPlane) expect(pc piece) {
+	dst := make([]int, len(pc.positions))
+	for i, x := range pc.positions {
+		dst[i] = l.p.dst(pc.room)[x]
+	}
+	l.guard.expect(pc.room, pc.start, pc.end, pc.positions, dst)
+}
+
+// violations implements releaser.
+func (l *localPlane) violations() []string {
+	if l.guard == nil {
+		return nil
+	}
+	return l.guard.violations()
+}
+
+// Prefill implements releaser.
+func (l *localPlane) Prefill(pool *testbed.Pool) { l.prefill = pool }
 
 // ChunkDone checks a chunk's destination pages the moment its Finish
 // returned SUCCESS: by then every byte of the chunk must be in place (a
 // write landing after Finish, or a read of the source before its kernel
-// ended, shows here even when the end-of-run check would pass). The want
-// bytes come from the pattern, not from the prefill pool, which an early
-// read may have caught in the same stale state.
+// ended, shows here even when the end-of-run check would pass). It runs on
+// the transfer worker, right before the next chunk's landing, so it is a
+// memcmp against the prefill page (final by now: the chunk's forward
+// ended) plus the pattern's first bytes, which an early read that caught
+// the prefill page stale or poisoned cannot match; generating the whole
+// pattern here cost more than the transfers it checks. Release and the end
+// of the run compare every byte with the pattern.
 func (l *localPlane) ChunkDone(n Notice) {
-	if n.Status != system.Succeeded || l.decode == nil {
+	if n.Status != system.Succeeded || l.decode == nil || l.prefill == nil {
 		return
 	}
-	want := make([]byte, l.g.itemLen)
+	l.guard.finished(int(n.Room), n.Start)
+	src := l.p.src(int(n.Room))
+	var head [16]byte
+	want := head[:min(len(head), l.g.itemLen)]
 	for i, pos := range n.Positions {
 		for b := 0; b < l.decode.Geometry.Buffers(); b++ {
 			testbed.Fill(want, l.cfg.Seed, n.Room, b, pos)
 			got := l.decode.Page(b, n.DstPages[i])
-			if bytes.Equal(got, want) {
+			pre := l.prefill.Page(b, src[pos])
+			if bytes.Equal(got, pre) && bytes.Equal(got[:len(want)], want) {
 				continue
 			}
+			full := make([]byte, l.g.itemLen)
+			testbed.Fill(full, l.cfg.Seed, n.Room, b, pos)
 			l.mu.Lock()
 			if l.atDone == "" {
 				l.atDone = fmt.Sprintf("room %d chunk %d-%d position %d (decode page %d) buffer %s: at Finish SUCCESS, %s",
-					n.Room, n.Start, n.End, pos, n.DstPages[i], l.decode.Names[b], describe(got, want))
+					n.Room, n.Start, n.End, pos, n.DstPages[i], l.decode.Names[b], describe(got, full))
 			}
 			l.mu.Unlock()
 			return
@@ -137,7 +189,7 @@ func describe(got, want []byte) string {
 		return true
 	}
 	switch {
-	case all(testbed.Poison):
+	case testbed.Poisoned(got):
 		return "bytes differ from the source: poison (read while the layer's kernel ran)"
 	case all(staleByte):
 		return "bytes differ from the source: stale prefill bytes (read before the layer's kernel started)"
@@ -186,10 +238,12 @@ func (l *localPlane) Release(room int, pool *testbed.Pool) {
 }
 
 // check compares every decode page of request r: the owned positions with
-// their source pages, every other page must be zero.
+// the pattern the model wrote (and the source pages with it), every other
+// page must be zero.
 func (l *localPlane) check(pool *testbed.Pool, r int, when string) string {
 	cfg, g, p := l.cfg, l.g, l.p
 	zero := make([]byte, g.itemLen)
+	pattern := make([]byte, g.itemLen)
 	owned := map[int]bool{}
 	_, pos, _ := cfg.CP.Owned(p.src(r), 0, g.pagesPerRequest)
 	for _, x := range pos {
@@ -201,7 +255,11 @@ func (l *localPlane) check(pool *testbed.Pool, r int, when string) string {
 			got := l.decode.Page(b, dst[x])
 			want := zero
 			if owned[x] {
-				want = pool.Page(b, src[x])
+				testbed.Fill(pattern, cfg.Seed, uint64(r), b, x)
+				want = pattern
+				if pre := pool.Page(b, src[x]); !bytes.Equal(pre, want) {
+					return fmt.Sprintf("room %d position %d (prefill page %d) buffer %s: %s, the prefill page is not what the model wrote (a harness bug)", r, x, src[x], pool.Names[b], when)
+				}
 			}
 			if !bytes.Equal(got, want) {
 				return fmt.Sprintf("room %d position %d (decode page %d) buffer %s: %s, %s", r, x, dst[x], pool.Names[b], when, describe(got, want))

@@ -54,6 +54,13 @@ type Report struct {
 
 	BytesEqual bool   `json:"bytes_equal"`
 	Mismatch   string `json:"mismatch,omitempty"`
+	// OracleFailures is what the oracles other than the byte check caught,
+	// each prefixed with its mode: a Finish SUCCESS before every batch of
+	// its chunk landed, a batch posted into a finished chunk (the
+	// transport guard, landguard.go), a request whose exposed time is
+	// below the lower bound no sender can beat (lowerBounds). Any entry
+	// fails the run (`kvstream sim` exits non-zero).
+	OracleFailures []string `json:"oracle_failures,omitempty"`
 
 	// FloorMs is the per-layer run's ideal floor, the mean over requests
 	// (see floor.go and docs/PERFORMANCE.md).
@@ -140,6 +147,7 @@ type ModeReport struct {
 	NotStarted   int `json:"not_started,omitempty"`
 
 	mismatch string
+	oracle   []string // see Report.OracleFailures
 	timeline *Timeline
 }
 
@@ -260,11 +268,26 @@ func (m *ModeReport) summarize(cfg Config, g geometry, p *plan, col *collector, 
 	var finishes []float64
 	for i := range col.finishes {
 		f := &col.finishes[i]
-		finishes = append(finishes, ms(f.ret.Sub(f.call)))
+		// A worker may call Finish before the chunk's forward ended (the
+		// sim hands a chunk over once its forward is enqueued): the
+		// call's latency counts from the later of the two.
+		call := f.call
+		if f.forward < len(forwardEnds) {
+			call = later(call, forwardEnds[f.forward])
+		}
+		finishes = append(finishes, ms(f.ret.Sub(call)))
 		if f.ret.After(lastRet[f.room]) {
 			lastRet[f.room] = f.ret
 			lastFin[f.room] = f
 		}
+	}
+	// The bound no sender can beat (unsharded runs: a sharded run's
+	// floors already give each rank's link to its own batches).
+	var bound []float64
+	if !g.sharded {
+		bound = lowerBounds(cfg, g, p, m.PerLayer, func(k, l int) time.Duration {
+			return at(col.kernels[testbed.KernelName(k+1, l)].End)
+		})
 	}
 	var ttft, exposed, floors, ratios []float64
 	phases := map[string][]float64{}
@@ -272,6 +295,11 @@ func (m *ModeReport) summarize(cfg Config, g geometry, p *plan, col *collector, 
 		end := forwardEnds[lastForward[r]]
 		rr := RequestReport{Room: r, ArrivalMs: ms(arrival[r].Sub(t0)), TTFTMs: ms(lastRet[r].Sub(arrival[r])),
 			ExposedMs: ms(max(lastRet[r].Sub(end), 0)), FloorMs: floor[r]}
+		if bound != nil {
+			if msg := belowBound(r, rr.ExposedMs, bound[r]); msg != "" {
+				m.oracle = append(m.oracle, msg)
+			}
+		}
 		m.PerRequest = append(m.PerRequest, rr)
 		ttft = append(ttft, rr.TTFTMs)
 		exposed = append(exposed, rr.ExposedMs)
@@ -337,6 +365,21 @@ func (m *ModeReport) summarize(cfg Config, g geometry, p *plan, col *collector, 
 	}
 }
 
+// boundSlackMs absorbs the rounding between wall-clock instants and the
+// modeled durations the bound adds up (nanoseconds, in float ms).
+const boundSlackMs = 0.001
+
+// belowBound names request r if its exposed time is below the lower bound
+// no sender can beat: its bytes were counted as landed before they could
+// have been.
+func belowBound(r int, exposedMs, boundMs float64) string {
+	if exposedMs+boundSlackMs >= boundMs {
+		return ""
+	}
+	return fmt.Sprintf("room %d: exposed %.3f ms is below %.3f ms, the least any sender needs for its batches on the modeled link (a completion reported before its landing)",
+		r, exposedMs, boundMs)
+}
+
 // splitExposed splits the exposed time from end (the forward's end on the
 // device) to ret (Finish returned) at the chunk's last wait, last post and
 // last landing, each clamped to the one before (system.Phases does the
@@ -363,6 +406,11 @@ func (r *Report) finish() {
 		r.Mismatch = "per-layer: " + r.PerLayer.mismatch
 	case r.Monolithic.mismatch != "":
 		r.Mismatch = "monolithic: " + r.Monolithic.mismatch
+	}
+	for _, mr := range []*ModeReport{r.PerLayer, r.Monolithic} {
+		for _, f := range mr.oracle {
+			r.OracleFailures = append(r.OracleFailures, mr.mode()+": "+f)
+		}
 	}
 	r.FloorMs = r.PerLayer.FloorMs
 	r.SubmitsPerForward = r.PerLayer.SubmitsPerForward
@@ -449,5 +497,8 @@ func (r *Report) Text(w io.Writer) {
 	fmt.Fprintf(w, "\nbytes_equal: %v (checked at each Finish SUCCESS, when a request's pages are released and at the end)\n", r.BytesEqual)
 	if r.Mismatch != "" {
 		fmt.Fprintf(w, "mismatch: %s\n", r.Mismatch)
+	}
+	for _, f := range r.OracleFailures {
+		fmt.Fprintf(w, "oracle: %s\n", f)
 	}
 }

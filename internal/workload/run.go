@@ -4,12 +4,12 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"runtime"
 	"sync"
 	"time"
 
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cp"
+	"github.com/kvstream/kvstream/hw/cuda"
 	"github.com/kvstream/kvstream/hw/cuda/sim"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
 	"github.com/kvstream/kvstream/internal/testbed"
@@ -72,10 +72,12 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (*Report, error) {
 // piece is what one forward writes of one request.
 type piece struct {
 	room       int
+	forward    int // index in plan.forwards
 	start, end int // tokens
 	last       bool
 	rng        cp.Range
-	owned      int // pages this CP rank sends
+	owned      int   // pages this CP rank sends
+	positions  []int // their absolute positions in the request, computed once here
 }
 
 // plan is the schedule and the page allocation shared by both modes.
@@ -117,10 +119,10 @@ func newPlan(cfg Config, g geometry) *plan {
 			if take == 0 {
 				break
 			}
-			pc := piece{room: r, start: next[r], end: next[r] + take, last: last}
+			pc := piece{room: r, forward: len(p.forwards), start: next[r], end: next[r] + take, last: last}
 			pc.rng, _ = cp.ChunkRange(pc.start, pc.end, cfg.PageSize, last)
-			owned, _, _ := cfg.CP.Owned(p.src(r)[pc.rng.PageStart:pc.rng.PageStart+pc.rng.Pages], pc.rng.PageStart, g.pagesPerRequest)
-			pc.owned = len(owned)
+			owned, pos, _ := cfg.CP.Owned(p.src(r)[pc.rng.PageStart:pc.rng.PageStart+pc.rng.Pages], pc.rng.PageStart, g.pagesPerRequest)
+			pc.owned, pc.positions = len(owned), pos
 			fw = append(fw, pc)
 			p.chunks[r]++
 			p.maxChunks = max(p.maxChunks, p.chunks[r])
@@ -164,6 +166,7 @@ type collector struct {
 
 type finishRec struct {
 	room      int
+	forward   int // the chunk's forward (plan.forwards)
 	chunk     system.Chunk
 	call, ret time.Time
 	status    system.Status
@@ -269,6 +272,9 @@ func runMode(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool
 	// waits for it, except for a slot (see residency).
 	mr := &ModeReport{PerLayer: perLayer, Forwards: len(p.forwards)}
 	rel, _ := dp.(releaser)
+	if rel != nil {
+		rel.Prefill(pool)
+	}
 	rs := newResidency(p, cfg.Requests, 1, func(room int) {
 		if rel != nil {
 			rel.Release(room, pool)
@@ -297,7 +303,7 @@ func runMode(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool
 				res, err := eng.Finish(stop.finishCtx(), uint64(pc.room))
 				ret := time.Now()
 				col.mu.Lock()
-				col.finishes = append(col.finishes, finishRec{room: pc.room, chunk: res.Chunk, call: call, ret: ret, status: res.Status, stats: res.Stats,
+				col.finishes = append(col.finishes, finishRec{room: pc.room, forward: pc.forward, chunk: res.Chunk, call: call, ret: ret, status: res.Status, stats: res.Stats,
 					ok: finished(res.Status, err)})
 				if err != nil {
 					mr.Failed++
@@ -323,17 +329,37 @@ func runMode(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool
 		}(s)
 	}
 
+	// The loop runs one forward ahead of the GPU: forward k is enqueued
+	// (and its chunks handed to their workers, whose Finish waits for its
+	// end) once forward k-1's first kernel ended, so that at a forward's
+	// end the next one is already queued and this loop's host work
+	// (registering, enqueueing some sixty kernels: tenths of a millisecond
+	// on two cores) is not in the window where that forward's last batches
+	// land. On a serving host the forward loop has its own core.
 	t0 := time.Now()
-	forwardEnds := make([]time.Time, len(p.forwards))
-	lastLayer := g.layers - 1
+	launched := 0 // forwards enqueued
+	var started cuda.Event
 	var loopErr error
-	launched := 0
+	skipped := false // a drain kept a forward from running
 forwards:
 	for k, fw := range p.forwards {
+		if started != nil {
+			// Not cut by an interrupt: its chunks are in the workers.
+			sctx, cancel := stop.syncCtx()
+			loopErr = started.Wait(sctx)
+			cancel()
+			if loopErr != nil {
+				loopErr = errors.Wrapf(loopErr, "forward %d: wait for its first kernel", k)
+				break
+			}
+			started = nil
+			progress()
+		}
 		if mr.Aborted = stop.interrupted(k + 1); mr.Aborted != "" {
 			break
 		}
 		if fw = stop.keep(fw); len(fw) == 0 {
+			skipped = true
 			continue // drained: no request of this forward was started
 		}
 		for _, pc := range fw {
@@ -352,42 +378,49 @@ forwards:
 			spec := system.ChunkSpec{Room: uint64(pc.room), Start: pc.start, End: pc.end, Last: pc.last,
 				SrcPages: p.src(pc.room)[pc.rng.PageStart : pc.rng.PageStart+pc.rng.Pages], TotalPages: g.pagesPerRequest,
 				Infos: []system.DecodeInfo{{Peer: peer.ID, DstPages: p.dst(pc.room)}}}
+			if rel != nil {
+				rel.expect(pc) // before any of its batches can be posted
+			}
 			if _, err := eng.Register(ctx, spec); err != nil {
 				// The decode side was lost (or refused): stop scheduling, let
 				// what is registered finish (or fail), and report.
 				mr.Aborted = errors.Wrapf(err, "forward %d", k+1).Error()
-				forwardEnds = forwardEnds[:k]
 				break forwards
 			}
 			writes = append(writes, testbed.Write{Room: uint64(pc.room), PageStart: pc.rng.PageStart, SrcPages: spec.SrcPages, Tokens: pc.end - pc.start})
 		}
-		if loopErr = model.Forward(eng, writes); loopErr != nil {
+		if started, loopErr = model.ForwardMarked(eng, writes); loopErr != nil {
 			loopErr = errors.Wrapf(loopErr, "forward %d", k+1)
 			break
 		}
 		launched++
+		for _, pc := range fw {
+			work[pc.room%p.resident] <- pc
+		}
+	}
+	if loopErr == nil {
 		sctx, cancel := stop.syncCtx()
 		loopErr = stream.Synchronize(sctx)
 		cancel()
+		if started != nil {
+			progress()
+		}
+	}
+	// A run that stopped early is not summarized: no forward ends needed.
+	var forwardEnds []time.Time
+	if !skipped && mr.Aborted == "" {
+		forwardEnds = make([]time.Time, launched)
+	}
+	for k := range forwardEnds {
 		if loopErr != nil {
 			break
 		}
-		// The forward's end woke the engine's waits on its end event at the
-		// same instant as this loop. On a serving host the forward loop has
-		// its own core; here it shares two with the engine, so let the
-		// engine's woken goroutines run before this loop launches the next
-		// forward, or its host-side work lands in the detect phase.
-		runtime.Gosched()
-		end, ok := col.kernel(testbed.KernelName(k+1, lastLayer))
+		end, ok := col.kernel(testbed.KernelName(k+1, g.layers-1))
 		if !ok {
 			loopErr = errors.AssertionFailedf("forward %d: no span for its last kernel", k+1)
 			break
 		}
 		forwardEnds[k] = end.End
-		for _, pc := range fw {
-			work[pc.room%p.resident] <- pc
-		}
-		progress()
 	}
 	// The workers end once every chunk handed to them is finished (each
 	// Finish is bounded), also when the loop stopped early.
@@ -413,6 +446,9 @@ forwards:
 	}
 	mr.mismatch = dp.Verify(pool)
 	mr.summarize(cfg, g, p, col, t0, forwardEnds)
+	if rel != nil {
+		mr.oracle = append(rel.violations(), mr.oracle...)
+	}
 	return mr, nil
 }
 

@@ -473,7 +473,7 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 					res, err := eng.Finish(stop.finishCtx(), uint64(room))
 					ret := time.Now()
 					col.mu.Lock()
-					col.finishes = append(col.finishes, finishRec{room: room, chunk: res.Chunk, call: call, ret: ret, status: res.Status, stats: res.Stats,
+					col.finishes = append(col.finishes, finishRec{room: room, forward: pc.forward, chunk: res.Chunk, call: call, ret: ret, status: res.Status, stats: res.Stats,
 						ok: finished(res.Status, err)})
 					if err != nil {
 						mr.Failed++
@@ -508,8 +508,7 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 						continue // the notice releases this rank's share of the slot
 					}
 					if done {
-						_, pos, _ := cfg.CP.Owned(p.src(room)[pc.rng.PageStart:pc.rng.PageStart+pc.rng.Pages], pc.rng.PageStart, g.pagesPerRequest)
-						snap := dd.snapshot(room, pos)
+						snap := dd.snapshot(room, pc.positions)
 						dd.mu.Lock()
 						dd.snaps[room] = append(dd.snaps[room], snap)
 						dd.mu.Unlock()

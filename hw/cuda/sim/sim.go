@@ -6,11 +6,14 @@
 // Kernels really run Go code (the simulated attention kernel of layer l
 // writes that layer's KV bytes). A kernel's results become visible at the
 // END of its modeled interval (Kernel.Run), and Kernel.Start runs at its
-// start (the model poisons its output pages there), so a transfer that reads
-// a layer before its event completed, even while the writing kernel runs,
-// sees stale or poisoned bytes and is caught by byte comparison, as on a
-// real GPU where a kernel's stores land at no defined instant before it
-// ends.
+// start (the model marks its output pages as poisoned there), so a transfer
+// that reads a layer before its event completed, even while the writing
+// kernel runs, sees stale or poisoned bytes and is caught by byte
+// comparison, as on a real GPU where a kernel's stores land at no defined
+// instant before it ends. Kernel.Prepare computes the results late in the
+// interval: the emulator's own work stays away from a kernel's start, which
+// is the previous forward's end, where the last transfers of that forward
+// are landing and must not wait for the emulator's CPU.
 //
 // Events carry a device timestamp (cuda.Timed): the modeled instant the
 // stream passed them.
@@ -23,6 +26,7 @@ package sim
 
 import (
 	"context"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -124,15 +128,28 @@ type Kernel struct {
 	Name     string
 	Duration time.Duration
 	// Start, if set, runs when the kernel starts: work whose effects a
-	// correct reader must never see (poisoning the output), or staging that
-	// must not delay the end.
+	// correct reader must never see (poisoning the output). Keep it to a
+	// few microseconds: a kernel's start is often another one's end, when
+	// what waited for that end must get the CPU.
 	Start func()
+	// Prepare, if set, runs inside the modeled interval, late (as late as
+	// its recent cost allows before Run) and never in the interval's first
+	// PrepareDelay: the expensive computation of the results, kept off the
+	// instants around a kernel's start, where transfers gated by the
+	// previous kernel are posted and land.
+	Prepare func()
 	// Run, if set, runs at the end of the modeled interval: its effects are
 	// the kernel's results, visible before any event recorded after the
 	// kernel completes. The stream starts it early by what recent Runs
 	// cost, so that it ends at the modeled end; keep it to a copy.
 	Run func()
 }
+
+// PrepareDelay is how long after a kernel's start Prepare may run at the
+// earliest (less in a kernel shorter than twice that): the previous
+// forward's last batches land within a fraction of a millisecond of its
+// end, which is the next forward's first kernel's start.
+const PrepareDelay = time.Millisecond
 
 type op struct {
 	kernel   Kernel
@@ -231,8 +248,8 @@ func (s *Stream) signal() {
 func (s *Stream) loop() {
 	defer close(s.stopped)
 	scale := s.gpu.opts.TimeScale
-	var busyUntil time.Time   // modeled end of the last kernel, as a wall-clock instant
-	var runLead time.Duration // how early Run starts: its recent cost, with a margin
+	var busyUntil time.Time // modeled end of the last kernel, as a wall-clock instant
+	var lead leads
 	var batch []op
 	for {
 		s.mu.Lock()
@@ -252,7 +269,7 @@ func (s *Stream) loop() {
 			continue
 		}
 		for i, o := range batch {
-			if !s.run(o, &busyUntil, &runLead, scale) {
+			if !s.run(o, &busyUntil, &lead, scale) {
 				// Closed mid-kernel: what was not run yet fails with the
 				// rest of the queue.
 				s.mu.Lock()
@@ -264,9 +281,15 @@ func (s *Stream) loop() {
 	}
 }
 
+// leads are how early a kernel's Prepare and Run start before its modeled
+// end: their recent costs, with a margin.
+type leads struct {
+	prepare, run time.Duration
+}
+
 // run performs one op at its modeled time. It returns false if the stream
 // was closed while it waited.
-func (s *Stream) run(o op, busyUntil *time.Time, runLead *time.Duration, scale float64) bool {
+func (s *Stream) run(o op, busyUntil *time.Time, lead *leads, scale float64) bool {
 	if o.event != nil {
 		// The device passed the event when the kernel before it
 		// ended, or when it was recorded on an idle stream.
@@ -274,7 +297,13 @@ func (s *Stream) run(o op, busyUntil *time.Time, runLead *time.Duration, scale f
 		if o.launched.After(at) {
 			at = o.launched
 		}
-		o.event.reach(at)
+		if o.event.reach(at) {
+			// Someone may be waiting for it (a submitter, a forward loop):
+			// let it run now rather than when this goroutine next sleeps,
+			// which on two busy cores can be tens of microseconds later
+			// and is charged to the transfer it gates.
+			runtime.Gosched()
+		}
 		return true
 	}
 	// A kernel starts when the previous one ended, or at its launch
@@ -297,8 +326,22 @@ func (s *Stream) run(o op, busyUntil *time.Time, runLead *time.Duration, scale f
 	if o.kernel.Start != nil {
 		o.kernel.Start()
 	}
+	if o.kernel.Prepare != nil {
+		// As late as the recent Prepares and Runs allow, but not in the
+		// interval's first PrepareDelay (half of a short kernel).
+		prepAt := end.Add(-lead.run - lead.prepare)
+		if earliest := start.Add(min(PrepareDelay, end.Sub(start)/2)); prepAt.Before(earliest) {
+			prepAt = earliest
+		}
+		if !clock.SleepUntilOr(prepAt, s.gpu.opts.Precise, s.quit) {
+			return false
+		}
+		t := time.Now()
+		o.kernel.Prepare()
+		lead.prepare = max(time.Since(t)*5/4, lead.prepare*7/8)
+	}
 	if o.kernel.Run != nil {
-		runAt := end.Add(-*runLead)
+		runAt := end.Add(-lead.run)
 		if runAt.Before(start) {
 			runAt = start
 		}
@@ -307,7 +350,7 @@ func (s *Stream) run(o op, busyUntil *time.Time, runLead *time.Duration, scale f
 		}
 		t := time.Now()
 		o.kernel.Run()
-		*runLead = max(time.Since(t)*5/4, *runLead*7/8)
+		lead.run = max(time.Since(t)*5/4, lead.run*7/8)
 	}
 	if !clock.SleepUntilOr(end, s.gpu.opts.Precise, s.quit) {
 		return false
@@ -346,18 +389,21 @@ var (
 // Seq returns the event's sequence number on its stream (1-based).
 func (e *Event) Seq() uint64 { return e.seq }
 
-func (e *Event) reach(at time.Time) {
+// reach completes the event at the device instant at; it reports whether
+// the event completed (a faulty one may not).
+func (e *Event) reach(at time.Time) bool {
 	switch e.fault {
 	case NeverComplete:
-		return
+		return false
 	case WaitError:
 		e.fail(errors.Mark(errors.Newf("sim: event %d on stream %s: injected wait error", e.seq, e.stream), ErrInjected))
-		return
+		return true
 	}
 	e.once.Do(func() {
 		e.at = at
 		close(e.done)
 	})
+	return true
 }
 
 // CompletedAt implements cuda.Timed: the modeled instant the stream passed

@@ -193,3 +193,21 @@ func TestCloseInterruptsAModeledSleep(t *testing.T) {
 	require.Error(t, err)
 	assert.True(t, errors.Is(err, cuda.ErrDeviceLost), "%v", err)
 }
+
+// A kernel's three steps run in order, Prepare's work is what Run
+// publishes, and an event recorded after the kernel sees Run's results.
+func TestKernelStepsRunInOrder(t *testing.T) {
+	g := New(Options{})
+	defer g.Close()
+	s := g.NewStream("compute")
+	var steps []string
+	var staged, published int
+	require.NoError(t, s.Launch(Kernel{Name: "k", Duration: 4 * time.Millisecond,
+		Start:   func() { steps = append(steps, "start") },
+		Prepare: func() { steps = append(steps, "prepare"); staged = 42 },
+		Run:     func() { steps = append(steps, "run"); published = staged },
+	}))
+	require.NoError(t, s.Synchronize(context.Background()))
+	assert.Equal(t, []string{"start", "prepare", "run"}, steps)
+	assert.Equal(t, 42, published)
+}
