@@ -152,11 +152,23 @@ func TestUCXHungDecodeIsLost(t *testing.T) {
 func TestUCXHungPrefillIsLost(t *testing.T) {
 	t.Parallel()
 	env := []string{"UCX_TLS=tcp"}
-	dec := startCLI(t, env, "decode", "--listen", "127.0.0.1:0", "--sessions", "1", "--wait", "2m", "--heartbeat", "2s")
+	dec := startCLI(t, env, "decode", "--listen", "127.0.0.1:0", "--sessions", "1", "--wait", "2m", "--heartbeat", "2s",
+		"--metrics-addr", "127.0.0.1:0")
+	ops := dec.waitLine(t, regexp.MustCompile(`serving metrics at http://(\S+)/metrics`), 30*time.Second)[1]
 	addr := dec.waitLine(t, listening, 30*time.Second)[1]
-	pre := startCLI(t, env, "prefill", "--decode", addr, "--model", "small", "--requests", "4",
+	pre := startCLI(t, env, "prefill", "--decode", addr, "--model", "small", "--requests", "8",
 		"--prompt-tokens", "8192", "--chunk-tokens", "1024", "--page-size", "16", "--layer-us-per-ktok", "5000")
-	pre.waitLine(t, regexp.MustCompile(`prefill: forward 2/\d+ done`), time.Minute)
+	// Stopped once the decode verified a chunk: a session that did
+	// something, which --sessions 1 counts.
+	verified := regexp.MustCompile(`kvstream_decode_verified_bytes_total [1-9]`)
+	for end := time.Now().Add(time.Minute); ; {
+		body, err := scrape(ops)
+		require.NoError(t, err)
+		if verified.MatchString(body) {
+			break
+		}
+		require.True(t, time.Now().Before(end), "the decode verified nothing within a minute:\n%s", pre.errOut())
+	}
 	require.NoError(t, pre.cmd.Process.Signal(syscall.SIGSTOP))
 	stopped := time.Now()
 	t.Cleanup(func() { _ = pre.cmd.Process.Signal(syscall.SIGCONT) })
@@ -245,7 +257,9 @@ func TestUCXAttacksThenServes(t *testing.T) {
 	rogueTLS, err := netsec.LoadTLS(netsec.Files{CA: filepath.Join(dir, netsec.CAFile), Cert: filepath.Join(dir, "rogue.pem"), Key: filepath.Join(dir, "rogue.key")})
 	require.NoError(t, err)
 	env := []string{"UCX_TLS=tcp"}
-	dec := startCLI(t, env, "decode", "--listen", "127.0.0.1:0", "--tls-dir", dir, "--prefill-name", "prefill", "--sessions", "1", "--wait", "2m")
+	// A service (no --sessions): the node stays up for the attacks
+	// however soon the session ends.
+	dec := startCLI(t, env, "decode", "--listen", "127.0.0.1:0", "--tls-dir", dir, "--prefill-name", "prefill", "--wait", "2m")
 	addr := dec.waitLine(t, listening, 30*time.Second)[1]
 	rogue := attacker{t: t, addr: addr, tls: rogueTLS.ClientConfig()}
 	_, port, _ := strings.Cut(addr, ":")
@@ -294,8 +308,11 @@ func TestUCXAttacksThenServes(t *testing.T) {
 		}
 	}
 	attack("before the session")
-	pre := startCLI(t, env, append([]string{"prefill", "--decode", addr, "--tls-dir", dir}, small...)...)
+	// Slow layers (160 ms a forward): the session lasts through the attacks.
+	pre := startCLI(t, env, append(append([]string{"prefill", "--decode", addr, "--tls-dir", dir}, small...), "--layer-us-per-ktok", "20000")...)
 	pre.waitLine(t, regexp.MustCompile(`prefill: forward 1/\d+ done`), time.Minute)
 	attack("during the session")
+	require.NoError(t, pre.wait(t, 2*time.Minute), "prefill:\n%s\n%s", pre.out(), pre.errOut())
+	require.NoError(t, dec.cmd.Process.Signal(syscall.SIGTERM))
 	requireServed(t, dec, pre)
 }

@@ -26,12 +26,13 @@ type cli struct {
 	stdout bytes.Buffer
 	stderr bytes.Buffer
 	lines  chan string // stdout and stderr lines as they come
-	done   chan error
+	done   chan struct{} // closed once the process exited; then err
+	err    error
 }
 
 func startCLI(t *testing.T, env []string, args ...string) *cli {
 	t.Helper()
-	c := &cli{cmd: exec.Command(os.Args[0], args...), lines: make(chan string, 1024), done: make(chan error, 1)}
+	c := &cli{cmd: exec.Command(os.Args[0], args...), lines: make(chan string, 1024), done: make(chan struct{})}
 	c.cmd.Env = append(append(os.Environ(), cliMainEnv+"=1"), env...)
 	outR, err := c.cmd.StdoutPipe()
 	require.NoError(t, err)
@@ -55,7 +56,7 @@ func startCLI(t *testing.T, env []string, args ...string) *cli {
 	wg.Add(2)
 	go pump(outR, &c.stdout)
 	go pump(errR, &c.stderr)
-	go func() { wg.Wait(); c.done <- c.cmd.Wait() }()
+	go func() { wg.Wait(); c.err = c.cmd.Wait(); close(c.done) }()
 	t.Cleanup(func() { _ = c.cmd.Process.Kill() })
 	return c
 }
@@ -75,11 +76,13 @@ func (c *cli) waitLine(t *testing.T, re *regexp.Regexp, timeout time.Duration) [
 	}
 }
 
+// wait returns how the process exited, waiting up to timeout (fatal
+// after); any number of times.
 func (c *cli) wait(t *testing.T, timeout time.Duration) error {
 	t.Helper()
 	select {
-	case err := <-c.done:
-		return err
+	case <-c.done:
+		return c.err
 	case <-time.After(timeout):
 		_ = c.cmd.Process.Kill()
 		t.Fatalf("process did not exit within %v; stdout:\n%s\nstderr:\n%s", timeout, c.out(), c.errOut())

@@ -128,7 +128,10 @@ func TestUCXClusterPrefillKilled(t *testing.T) {
 	assert.False(t, b.Complete)
 	assert.Equal(t, 2, b.RoomsFailed)
 	assert.Zero(t, b.RoomsComplete)
-	assert.Less(t, b.RoomsEndedAfterFaultMs, 3000.0, "within the finish timeout")
+	// Failed through the lost session (the connection's end, probed within
+	// 1.5 s), not by the 10 s heartbeat bound nor the 2 min room timeout;
+	// the margin is for a loaded machine (3.3 s seen at load 13 on 2 cores).
+	assert.Less(t, b.RoomsEndedAfterFaultMs, 8000.0, "failed by the lost session, not a timeout")
 }
 
 // TestUCXClusterEtcdPaused: etcd frozen for 3 s mid-run: the batch in

@@ -338,6 +338,7 @@ func runMode(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool
 	// land. On a serving host the forward loop has its own core.
 	t0 := time.Now()
 	launched := 0 // forwards enqueued
+	ended := 0    // forwards known to have ended (and told to Progress)
 	var started cuda.Event
 	var loopErr error
 	skipped := false // a drain kept a forward from running
@@ -353,7 +354,10 @@ forwards:
 				break
 			}
 			started = nil
-			progress()
+			// The latest forward began: every one before it ended.
+			for ; ended < launched-1; ended++ {
+				progress()
+			}
 		}
 		if mr.Aborted = stop.interrupted(k + 1); mr.Aborted != "" {
 			break
@@ -402,7 +406,7 @@ forwards:
 		sctx, cancel := stop.syncCtx()
 		loopErr = stream.Synchronize(sctx)
 		cancel()
-		if started != nil {
+		for ; loopErr == nil && ended < launched; ended++ {
 			progress()
 		}
 	}

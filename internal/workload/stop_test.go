@@ -2,6 +2,7 @@ package workload
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -67,9 +68,11 @@ func TestDrainFinishesTheRequestsStarted(t *testing.T) {
 	}
 }
 
-// An interrupt (the context ended) after forward 3 launches no forward
-// after it, and the chunks launched finish: request 0 is done, request 1
-// has one chunk of two, requests 2 and 3 never started.
+// An interrupt (the context ended) once forward 3 ended launches no
+// forward after those enqueued, and the chunks launched finish. The
+// unsharded loop runs one forward ahead (forward 4 was enqueued when
+// forward 3 ended): requests 0 and 1 are done, 2 and 3 never started. The
+// sharded loop waits for each forward: request 1 has one chunk of two.
 func TestInterruptStopsAfterTheCurrentForward(t *testing.T) {
 	for _, sharded := range []bool{false, true} {
 		cfg := stopConfig(sharded)
@@ -80,11 +83,15 @@ func TestInterruptStopsAfterTheCurrentForward(t *testing.T) {
 				cancel()
 			}
 		})
+		forwards, requests := 4, 2
+		if sharded {
+			forwards, requests = 3, 1
+		}
 		assert.Equal(t, 0, mr.Failed, "the chunks launched finish: %s", mr.FirstError)
-		assert.Equal(t, "interrupted before forward 4: context canceled", mr.Aborted)
-		assert.Equal(t, 3, mr.ForwardsDone)
-		assert.Equal(t, 3, mr.ChunksDone)
-		assert.Equal(t, 1, mr.RequestsDone)
+		assert.Equal(t, fmt.Sprintf("interrupted before forward %d: context canceled", forwards+1), mr.Aborted)
+		assert.Equal(t, forwards, mr.ForwardsDone)
+		assert.Equal(t, forwards, mr.ChunksDone)
+		assert.Equal(t, requests, mr.RequestsDone)
 		assert.Equal(t, 2, mr.NotStarted, "requests 2 and 3")
 	}
 }
