@@ -41,7 +41,7 @@ func upRunJSON(t *testing.T, wantOK bool, args ...string) launch.Report {
 // and a lookup of an instance the watch had not shown yet), whatever the
 // number of requests and forwards; every node ends drained.
 func TestUCXClusterUp(t *testing.T) {
-	t.Parallel()
+	clusterAtATime(t)
 	dir := filepath.Join(t.TempDir(), "etcd-certs")
 	certs := startCLI(t, nil, "certs", dir, "--nodes", "etcd,etcd-client")
 	require.NoError(t, certs.wait(t, 30*time.Second), "certs:\n%s\n%s", certs.out(), certs.errOut())
@@ -83,6 +83,18 @@ func TestUCXClusterUp(t *testing.T) {
 }
 
 // faultArgs make batches long enough to be hit mid-transfer.
+// clusterAtATime runs t beside the lighter tests but never beside another
+// cluster (etcd and up to six nodes, each with its engine or pools): two
+// at once on 2 cores starve the nodes past the 3 s finish timeouts of
+// faultArgs, a fault no test planted.
+func clusterAtATime(t *testing.T) {
+	t.Parallel()
+	clusters <- struct{}{}
+	t.Cleanup(func() { <-clusters })
+}
+
+var clusters = make(chan struct{}, 1)
+
 var faultArgs = []string{"--requests", "2", "--prompt-tokens", "4096", "--chunk-tokens", "512",
 	"--layer-us-per-ktok", "2000", "--finish-timeout", "3s", "--member-ttl", "2s"}
 
@@ -91,7 +103,7 @@ var faultArgs = []string{"--requests", "2", "--prompt-tokens", "4096", "--chunk-
 // instance's batches complete byte-equal, and the instance, restarted
 // under its id, rejoins and completes the batches picked for it after.
 func TestUCXClusterDecodeKilled(t *testing.T) {
-	t.Parallel()
+	clusterAtATime(t)
 	rep := upRunJSON(t, true, append([]string{"--prefill-ranks", "4", "--decode", "2", "--batches", "6",
 		"--fault", "kill-decode", "--fault-batch", "1"}, faultArgs...)...)
 	assert.True(t, rep.BytesEqual)
@@ -119,7 +131,7 @@ func TestUCXClusterDecodeKilled(t *testing.T) {
 // decode instance fails the batch's rooms at once (the rank's session is
 // lost), well within its timeout, and never reports them complete.
 func TestUCXClusterPrefillKilled(t *testing.T) {
-	t.Parallel()
+	clusterAtATime(t)
 	rep := upRunJSON(t, false, append([]string{"--prefill-ranks", "2", "--decode", "1", "--batches", "2",
 		"--fault", "kill-prefill", "--fault-batch", "0"}, faultArgs...)...)
 	assert.True(t, rep.BytesEqual)
@@ -138,7 +150,7 @@ func TestUCXClusterPrefillKilled(t *testing.T) {
 // flight completes, a lookup during the pause fails as unavailable, the
 // members are listed again after it, and later batches complete.
 func TestUCXClusterEtcdPaused(t *testing.T) {
-	t.Parallel()
+	clusterAtATime(t)
 	rep := upRunJSON(t, true, append([]string{"--prefill-ranks", "2", "--decode", "2", "--batches", "4",
 		"--fault", "pause-etcd", "--fault-batch", "1"}, faultArgs...)...)
 	assert.True(t, rep.BytesEqual)
@@ -154,7 +166,7 @@ func TestUCXClusterEtcdPaused(t *testing.T) {
 // in flight and that nothing was lost, every node ended drained, and up
 // exits 0. /readyz said ready before, and the nodes served metrics.
 func TestUCXClusterUpDrains(t *testing.T) {
-	t.Parallel()
+	clusterAtATime(t)
 	c := startCLI(t, []string{"UCX_TLS=tcp"}, append([]string{"up", "--json", "--model", "small", "--page-size", "16",
 		"--prefill-ranks", "2", "--decode", "2", "--batches", "200", "--metrics-addr", "127.0.0.1:0"}, faultArgs[:6]...)...)
 	addr := c.waitLine(t, regexp.MustCompile(`serving metrics at http://(\S+)/metrics`), time.Minute)[1]
