@@ -44,6 +44,9 @@ type PoolConfig struct {
 	// OnDeviceLost is called (once per failure) when a submitter meets a
 	// device error that poisons the CUDA context.
 	OnDeviceLost func(error)
+	// FIFO posts ready Works in arrival order instead of the most urgent
+	// first (see Urgency): the behaviour before send-by-deadline, for tests.
+	FIFO bool
 }
 
 // SpawnSubmitters starts the pool: a supervisor actor whose children are the
@@ -74,12 +77,13 @@ func SpawnSubmitters(env *Env, cfg PoolConfig) (routerPID, supervisor *actor.PID
 		}
 	}
 	ready := make(chan []*actor.PID, 1)
+	hub := newReadyHub(cfg.FIFO)
 	props := actor.PropsFromFunc(func(ctx actor.Context) {
 		if _, ok := ctx.Message().(*actor.Started); ok {
 			pids := make([]*actor.PID, cfg.Submitters)
 			for i := range pids {
 				pids[i] = ctx.SpawnPrefix(actor.PropsFromProducer(func() actor.Actor {
-					return &submitter{env: env, index: i, conns: map[string]*conn{}}
+					return &submitter{env: env, ready: hub, index: i, conns: map[string]*conn{}}
 				}, env.props()...), "submitter")
 			}
 			ready <- pids
@@ -115,6 +119,7 @@ func (observe restartAlways) HandleFailure(_ *actor.ActorSystem, sup actor.Super
 // (invariant 1).
 type submitter struct {
 	env    *Env
+	ready  *readyHub // shared by the pool
 	index  int
 	conns  map[string]*conn
 	blocks []cp.Block
@@ -193,16 +198,21 @@ func (s *submitter) start(ctx actor.Context, w *Work) {
 	job := w.Job
 	fut := actor.NewFuture(ctx.ActorSystem(), -1)
 	root := ctx.ActorSystem().Root
-	begin := time.Now()
+	rw := s.ready.add(w, time.Now(), func() { root.Send(fut.PID(), struct{}{}) })
 	go func() {
 		err := w.Event.Wait(job.Context())
-		root.Send(fut.PID(), waited{err: err, start: begin, end: time.Now()})
+		s.ready.ended(rw, err, time.Now())
 	}()
-	ctx.ReenterAfter(fut, func(res any, _ error) {
+	ctx.ReenterAfter(fut, func(any, error) {
 		// The submitter may have restarted since: post with the current
-		// instance (and its fresh endpoints).
+		// instance (and its fresh endpoints). It posts the most urgent
+		// Work that is ready, which may have reached another submitter.
 		cur := ctx.Actor().(*submitter)
-		wt, _ := res.(waited)
+		next := cur.ready.take()
+		if next == nil {
+			return // cannot happen: each wake queued its Work first
+		}
+		w, wt := next.w, next.wt
 		out, failure := cur.work(w, wt)
 		cur.env.Queued.Add(-1)
 		if rec := cur.env.Trace; rec != nil { // middleware does not see continuations

@@ -53,6 +53,11 @@ type Config struct {
 	HookLayers int
 	// GroupSize is K: consecutive hook layers per submit (default 8).
 	GroupSize int
+	// AutoGroup, when set, chooses K from a model of the link and the
+	// forward (ChooseGroup; Engine.GroupChoice says what it chose and
+	// why). GroupSize must then be zero: both set is ErrBadInput. Without
+	// it a zero GroupSize still means KVSTREAM_GROUP_SIZE or 8.
+	AutoGroup *GroupModel
 	// PageSize is tokens per page.
 	PageSize int
 	// CP is this rank's context-parallel group (zero means a group of one).
@@ -90,6 +95,9 @@ type Config struct {
 	// always restarted, never stopped, so that no routed work is lost.
 	MaxRestarts   int
 	RestartWindow time.Duration
+
+	// chosen is AutoGroup's choice, filled by withDefaults.
+	chosen *GroupChoice
 }
 
 // MLABuffers returns one buffer per layer (MLA keeps one latent KV tensor per
@@ -125,6 +133,16 @@ func (c Config) withDefaults(getenv func(string) string) (Config, error) {
 		c.CP.Size = 1
 	}
 	var err error
+	if c.AutoGroup != nil {
+		if c.GroupSize != 0 {
+			return c, badInput("group size %d and AutoGroup both set: give one", c.GroupSize)
+		}
+		ch, err := ChooseGroup(*c.AutoGroup, c.Buffers, c.HookLayers)
+		if err != nil {
+			return c, err
+		}
+		c.GroupSize, c.chosen = ch.K, &ch
+	}
 	if c.GroupSize == 0 {
 		if c.GroupSize, err = envInt(getenv, EnvGroupSize, DefaultGroupSize); err != nil {
 			return c, err

@@ -214,6 +214,13 @@ func protoactorLogger(l *zap.Logger) *slog.Logger {
 // engine owns a virtual GPU, the model launches its kernels there.
 func (e *Engine) Stream() cuda.Stream { return e.stream }
 
+// GroupSize is the group size K the engine runs with: Config.GroupSize, its
+// default, or what Config.AutoGroup chose.
+func (e *Engine) GroupSize() int { return e.cfg.GroupSize }
+
+// GroupChoice is what Config.AutoGroup chose and why, or nil without it.
+func (e *Engine) GroupChoice() *GroupChoice { return e.cfg.chosen }
+
 // Transport returns the engine's transport.
 func (e *Engine) Transport() rdma.Transport { return e.transport }
 

@@ -35,6 +35,7 @@ type simFlags struct {
 	traceOut, plotOut, record string
 	linkLatencyUs             float64
 	pageOrder                 string
+	group                     string // --group: K, or auto
 }
 
 func newSim() *cobra.Command {
@@ -75,7 +76,7 @@ func addWorkloadFlags(fl *pflag.FlagSet, f *simFlags) {
 	fl.IntVar(&f.cfg.Resident, "resident", 0, "requests whose KV pages the pools hold at once; a request takes a finished one's pages (0: four forwards' worth, at most --requests)")
 	fl.IntVar(&f.cfg.ChunkTokens, "chunk-tokens", d.ChunkTokens, "token budget of one forward (chunked prefill)")
 	fl.IntVar(&f.cfg.PageSize, "page-size", d.PageSize, "tokens per page")
-	fl.IntVar(&f.cfg.GroupSize, "group", d.GroupSize, "layers per submit (K)")
+	fl.StringVar(&f.group, "group", strconv.Itoa(d.GroupSize), "layers per submit (K), or auto: the engine chooses K from the link, the compute model and the chunk (sim only)")
 	fl.IntVar(&f.cfg.Submitters, "submitters", d.Submitters, "submitter actors")
 	fl.Float64Var(&f.cfg.LinkGbps, "link-gbps", d.LinkGbps, "modeled link rate, Gb/s")
 	fl.Float64Var(&f.linkLatencyUs, "link-latency-us", float64(d.LinkLatency/time.Microsecond), "modeled per-batch link latency, µs")
@@ -131,6 +132,16 @@ func (f *simFlags) config() (workload.Config, error) {
 		return cfg, errors.Wrap(err, "--cp-rule")
 	}
 	cfg.CP.Rule = rule
+	switch k, err := strconv.Atoi(f.group); {
+	case f.group == "auto":
+		cfg.GroupSize, cfg.AutoGroup = 0, true
+	case f.group == "":
+		// Commands that declare no --group keep the default.
+	case err != nil:
+		return cfg, errors.Newf("--group %q: want a number of layers or auto", f.group)
+	default:
+		cfg.GroupSize = k
+	}
 	if cfg.PageOrder, err = parsePageOrder(f.pageOrder); err != nil {
 		return cfg, err
 	}

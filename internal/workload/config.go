@@ -75,6 +75,10 @@ type Config struct {
 	ChunkTokens int
 	PageSize    int
 	GroupSize   int
+	// AutoGroup (--group auto; GroupSize 0) lets the engine choose K from
+	// the link, the compute model and the chunk (system.Config.AutoGroup);
+	// the report says which K and why. Unsharded runs of Run only.
+	AutoGroup   bool
 	Submitters  int
 	LinkGbps    float64
 	LinkLatency time.Duration
@@ -149,6 +153,10 @@ type Config struct {
 	// plantShard, also test-only, edits the configuration of prefill TP
 	// rank r's engine in a sharded run (plant edits every rank's buffers).
 	plantShard func(r int, c *system.Config)
+
+	// autoModel is the engine's AutoGroup once resolveGroup chose K
+	// (GroupSize then holds the K the model gives).
+	autoModel *system.GroupModel
 }
 
 // Defaults is a run that finishes in seconds on 2 cores.
@@ -192,6 +200,8 @@ func (c Config) validate() (geometry, error) {
 		return g, errors.Newf("--page-size %d: must be at least 1", c.PageSize)
 	case c.ChunkTokens < c.PageSize:
 		return g, errors.Newf("--chunk-tokens %d: must be at least one page (%d tokens)", c.ChunkTokens, c.PageSize)
+	case c.AutoGroup && c.GroupSize == 0:
+		return g, errors.New("--group auto: only `kvstream sim` chooses K (unsharded runs)")
 	case c.GroupSize < 1:
 		return g, errors.Newf("--group %d: must be at least 1", c.GroupSize)
 	case c.LinkGbps <= 0:
@@ -264,3 +274,44 @@ func (c Config) residentRequests() (int, error) {
 
 // ParseRule reads --cp-rule.
 func ParseRule(s string) (cp.Rule, error) { return cp.ParseRule(strings.ToLower(s)) }
+
+// resolveGroup chooses K when AutoGroup asks for it: with the engine's own
+// rule (system.ChooseGroup) on the model of this run's forwards (a forward
+// of ChunkTokens, its layer time, the link's rate and latency, the pages at
+// their real size), so that the floor, the report and the engine agree on
+// K. The engine is given the same model (Config.AutoGroup) and must come to
+// the same K.
+func (c Config) resolveGroup() (Config, *system.GroupChoice, error) {
+	if !c.AutoGroup {
+		return c, nil, nil
+	}
+	if c.GroupSize != 0 {
+		return c, nil, errors.Newf("--group %d and --group auto: give one", c.GroupSize)
+	}
+	if c.sharded() {
+		return c, nil, errors.New("--group auto: not for sharded runs (--prefill-tp, --decode-tp, PP), whose ranks send different layers and heads")
+	}
+	probe := c
+	probe.AutoGroup, probe.GroupSize = false, 1
+	g, err := probe.validate()
+	if err != nil {
+		return c, nil, err
+	}
+	chunkPages := (min(c.ChunkTokens, c.PromptTokens*c.Requests) + c.PageSize - 1) / c.PageSize
+	m := system.GroupModel{
+		LinkBytesPerSec: c.LinkGbps * 1e9 / 8, Latency: c.LinkLatency,
+		PagesPerForward: max(1, (chunkPages+c.CP.Size-1)/c.CP.Size),
+		LayerTime:       c.layerTime(min(c.ChunkTokens, c.PromptTokens*c.Requests)),
+		ItemScale:       g.byteScale,
+	}
+	bufs := make([]system.Buffer, 0, g.buffers)
+	for b := 0; b < g.buffers; b++ {
+		bufs = append(bufs, system.Buffer{ItemLen: uint64(g.itemLen), Layer: b % g.layers})
+	}
+	ch, err := system.ChooseGroup(m, bufs, g.hookLayers)
+	if err != nil {
+		return c, nil, errors.Wrap(err, "--group auto")
+	}
+	c.GroupSize, c.autoModel = ch.K, &m
+	return c, &ch, nil
+}

@@ -19,12 +19,13 @@ import (
 // finished. Violations name room, chunk, position, decode page and buffer.
 type landGuard struct {
 	rdma.Transport
-	// locate maps a destination address to its decode buffer and page.
-	locate func(addr uint64) (buffer, page int, ok bool)
-	names  []string // decode buffer names
+	// locate maps a destination address to its decode buffer's name, its
+	// page, and the page's key: the page number in a single decode pool,
+	// the decode rank's and the page's in a sharded run (pageKey).
+	locate func(addr uint64) (buffer string, page, key int, ok bool)
 
 	mu     sync.Mutex
-	owner  map[int]pageOwner // decode page -> the chunk registered to write it
+	owner  map[int]pageOwner // decode page key -> the chunk registered to write it
 	chunks map[[2]int]*guardChunk
 	errs   []string
 }
@@ -45,23 +46,33 @@ type guardChunk struct {
 // guardBatch is a posted batch not yet completed: its first write, to name
 // it in a violation.
 type guardBatch struct {
-	buffer, page, position int
+	buffer         string
+	page, position int
 }
 
-func newLandGuard(tr rdma.Transport, names []string, locate func(addr uint64) (buffer, page int, ok bool)) *landGuard {
-	return &landGuard{Transport: tr, locate: locate, names: names, owner: map[int]pageOwner{}, chunks: map[[2]int]*guardChunk{}}
+func newLandGuard(tr rdma.Transport, locate func(addr uint64) (buffer string, page, key int, ok bool)) *landGuard {
+	return &landGuard{Transport: tr, locate: locate, owner: map[int]pageOwner{}, chunks: map[[2]int]*guardChunk{}}
 }
 
-// expect registers a chunk: room's positions, written into dstPages.
-// A decode page taken over by a later request (its slot) changes owner
-// here, after the earlier one was released.
-func (g *landGuard) expect(room, start, end int, positions, dstPages []int) {
+// pageKey is the owner key of decode rank r's page in a sharded run.
+func pageKey(r, page int) int { return r<<32 | page }
+
+// expect registers a chunk: room's positions, whose decode pages have the
+// keys keys[i] (one per position, or one per position and decode rank:
+// keys[i*ranks+r], ranks = len(keys)/len(positions)). A decode page taken
+// over by a later request (its slot) changes owner here, after the
+// earlier one was released.
+func (g *landGuard) expect(room, start, end int, positions, keys []int) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	c := &guardChunk{room: room, start: start, end: end, inFlight: map[*guardBatch]struct{}{}}
 	g.chunks[[2]int{room, start}] = c
-	for i, pos := range positions {
-		g.owner[dstPages[i]] = pageOwner{chunk: c, position: pos}
+	if len(positions) == 0 {
+		return
+	}
+	per := len(keys) / len(positions)
+	for i, k := range keys {
+		g.owner[k] = pageOwner{chunk: c, position: positions[i/per]}
 	}
 }
 
@@ -78,7 +89,7 @@ func (g *landGuard) finished(room, start int) {
 	c.finished = true
 	for b := range c.inFlight {
 		g.fail(fmt.Sprintf("room %d chunk %d-%d position %d (decode page %d) buffer %s: Finish returned SUCCESS with %d batch(es) of the chunk still in flight (not landed at its modeled instant)",
-			room, c.start, c.end, b.position, b.page, g.name(b.buffer), len(c.inFlight)))
+			room, c.start, c.end, b.position, b.page, b.buffer, len(c.inFlight)))
 		return
 	}
 }
@@ -91,13 +102,6 @@ func (g *landGuard) violations() []string {
 }
 
 func (g *landGuard) fail(msg string) { g.errs = append(g.errs, msg) }
-
-func (g *landGuard) name(b int) string {
-	if b >= 0 && b < len(g.names) {
-		return g.names[b]
-	}
-	return fmt.Sprintf("#%d", b)
-}
 
 // Connect wraps the endpoint so that the guard sees its batches.
 func (g *landGuard) Connect(addr []byte) (rdma.Endpoint, error) {
@@ -121,18 +125,18 @@ func (e *guardedEndpoint) Post(ws []rdma.Write, done func(error)) error {
 	if len(ws) == 0 {
 		return e.Endpoint.Post(ws, done)
 	}
-	gb := &guardBatch{buffer: -1, page: -1, position: -1}
+	gb := &guardBatch{page: -1, position: -1}
 	g.mu.Lock()
 	var c *guardChunk
 	for i, w := range ws {
-		b, pg, ok := g.locate(w.Dst)
-		o, owned := g.owner[pg]
+		b, pg, key, ok := g.locate(w.Dst)
+		o, owned := g.owner[key]
 		switch {
 		case !ok:
 			g.fail(fmt.Sprintf("write %d of a batch: destination %#x is in no decode buffer", i, w.Dst))
 			continue
 		case !owned:
-			g.fail(fmt.Sprintf("decode page %d buffer %s: written by a batch of no registered chunk", pg, g.name(b)))
+			g.fail(fmt.Sprintf("decode page %d buffer %s: written by a batch of no registered chunk", pg, b))
 			continue
 		}
 		if c == nil {
@@ -141,7 +145,7 @@ func (e *guardedEndpoint) Post(ws []rdma.Write, done func(error)) error {
 		}
 		if o.chunk.finished {
 			g.fail(fmt.Sprintf("room %d chunk %d-%d position %d (decode page %d) buffer %s: a batch posted after the chunk's Finish returned SUCCESS",
-				o.chunk.room, o.chunk.start, o.chunk.end, o.position, pg, g.name(b)))
+				o.chunk.room, o.chunk.start, o.chunk.end, o.position, pg, b))
 			break
 		}
 	}

@@ -25,14 +25,15 @@ func (e *recordingEndpoint) Post(_ []rdma.Write, done func(error)) error {
 // passes; a SUCCESS with a batch in flight, and a batch posted after the
 // SUCCESS, fail naming room, chunk, position, decode page and buffer.
 func TestLandGuard(t *testing.T) {
-	locate := func(addr uint64) (int, int, bool) {
+	locate := func(addr uint64) (string, int, int, bool) {
 		if addr < 0x1000 || addr >= 0x1000+16*8 {
-			return 0, 0, false
+			return "", 0, 0, false
 		}
-		return 0, int(addr-0x1000) / 16, true
+		pg := int(addr-0x1000) / 16
+		return "KV0", pg, pg, true
 	}
 	newGuard := func() (*landGuard, *recordingEndpoint) {
-		g := newLandGuard(nil, []string{"KV0"}, locate)
+		g := newLandGuard(nil, locate)
 		ep := &recordingEndpoint{}
 		g.expect(3, 0, 128, []int{0, 1}, []int{5, 6})
 		return g, ep

@@ -252,3 +252,46 @@ func TestOracleCatchesExposedBelowTheBound(t *testing.T) {
 	assert.Contains(t, got, "is below")
 	t.Log(got)
 }
+
+// The sharded run has the transport guard below every prefill rank: an
+// engine that answers SUCCESS with its first batch still in flight fails
+// the run, naming the rank, room, decode page and buffer.
+func TestShardedOracleCatchesABatchInFlight(t *testing.T) {
+	cfg := oracleConfig()
+	cfg.Preset = Presets["llama70b"]
+	cfg.Layers = 4
+	cfg.PromptTokens, cfg.ChunkTokens, cfg.LayerUsPerKTok = 256, 256, 1000
+	cfg.PrefillTP, cfg.DecodeTP = 2, 4
+	var mu sync.Mutex
+	var picked uint64
+	var holding bool
+	cfg.plantTransport = func(tr rdma.Transport) rdma.Transport {
+		return &lyingTransport{Transport: tr, lie: func(ws []rdma.Write) bool {
+			mu.Lock()
+			defer mu.Unlock()
+			if picked != 0 || len(ws) == 0 {
+				return false
+			}
+			picked = ws[0].Dst
+			return true
+		}}
+	}
+	cfg.plantSlow = func(b loopback.BatchInfo) loopback.Slowdown {
+		mu.Lock()
+		defer mu.Unlock()
+		if picked != 0 && b.Dst == picked && !holding {
+			holding = true
+			return loopback.Slowdown{Extra: time.Hour}
+		}
+		return loopback.Slowdown{}
+	}
+	rep, err := Run(context.Background(), cfg, nil)
+	require.NoError(t, err)
+	got := strings.Join(rep.OracleFailures, "\n")
+	assert.Contains(t, got, "per-layer: prefill rank")
+	assert.Contains(t, got, "room 0 chunk 0-256")
+	assert.Contains(t, got, "decode page")
+	assert.Contains(t, got, "of decode rank")
+	assert.Contains(t, got, "still in flight")
+	t.Log(got)
+}

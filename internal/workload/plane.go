@@ -102,13 +102,14 @@ func (l *localPlane) Open(geom testbed.Geometry, _ uint64, _ *zap.Logger) (rdma.
 		return nil, system.Peer{}, err
 	}
 	per := l.decode.ItemLen * uint64(l.decode.Pages)
-	l.guard = newLandGuard(l.pre, l.decode.Names, func(addr uint64) (int, int, bool) {
+	l.guard = newLandGuard(l.pre, func(addr uint64) (string, int, int, bool) {
 		for b, base := range l.decode.Bases {
 			if addr >= base && addr < base+per {
-				return b, int((addr - base) / l.decode.ItemLen), true
+				pg := int((addr - base) / l.decode.ItemLen)
+				return l.decode.Names[b], pg, pg, true
 			}
 		}
-		return 0, 0, false
+		return "", 0, 0, false
 	})
 	var tr rdma.Transport = l.guard
 	if l.cfg.plantTransport != nil {

@@ -23,16 +23,18 @@ type Report struct {
 	Buffers    int    `json:"buffers"`
 	Requests   int    `json:"requests"`
 	// Resident is how many requests' pages the pools hold at once.
-	Resident      int     `json:"resident"`
-	PromptTokens  int     `json:"prompt_tokens"`
-	ChunkTokens   int     `json:"chunk_tokens"`
-	PageSize      int     `json:"page_size"`
-	GroupSize     int     `json:"group_size"`
-	LinkGbitPerS  float64 `json:"link_gbit_per_s"`
-	LinkLatencyUs float64 `json:"link_latency_us"`
-	CPSize        int     `json:"cp_size"`
-	CPRank        int     `json:"cp_rank"`
-	CPRule        string  `json:"cp_rule"`
+	Resident     int `json:"resident"`
+	PromptTokens int `json:"prompt_tokens"`
+	ChunkTokens  int `json:"chunk_tokens"`
+	PageSize     int `json:"page_size"`
+	GroupSize    int `json:"group_size"`
+	// GroupAuto is what --group auto chose and why (nil with a given K).
+	GroupAuto     *system.GroupChoice `json:"group_auto,omitempty"`
+	LinkGbitPerS  float64             `json:"link_gbit_per_s"`
+	LinkLatencyUs float64             `json:"link_latency_us"`
+	CPSize        int                 `json:"cp_size"`
+	CPRank        int                 `json:"cp_rank"`
+	CPRule        string              `json:"cp_rule"`
 	// PrefillTP, DecodeTP, PrefillPP and DecodePP are the sharded run's
 	// pairing (0 when the run is not sharded); PageOrder both sides' page layout then. A sharded
 	// run's batches, blocks and bytes count every prefill rank's.
@@ -442,6 +444,9 @@ func (r *Report) Text(w io.Writer) {
 		r.Model, r.HookLayers, r.Buffers, r.Requests, r.PromptTokens, r.Resident, r.ChunkTokens, r.Forwards)
 	fmt.Fprintf(w, "page %d tokens (%d B modeled, %d B moved at scale %d), group %d layers, link %g Gb/s + %g us, CP %d/%d %s\n",
 		r.PageSize, r.PageBytesReal, r.ItemLen, r.Scale, r.GroupSize, r.LinkGbitPerS, r.LinkLatencyUs, r.CPRank, r.CPSize, r.CPRule)
+	if r.GroupAuto != nil {
+		fmt.Fprintf(w, "group auto: %s\n", r.GroupAuto.Reason)
+	}
 	if r.PrefillTP > 0 {
 		fmt.Fprintf(w, "sharded: prefill TP %d x PP %d (one engine, stream and %g Gb/s link per rank) -> decode TP %d x PP %d (one pool per rank), %s pages; "+
 			"byte scale %d divides the head dim, write counts are real\n", r.PrefillTP, r.PrefillPP, r.LinkGbitPerS, r.DecodeTP, r.DecodePP, r.PageOrder, r.Scale)

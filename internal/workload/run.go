@@ -19,6 +19,10 @@ import (
 
 // Run runs the workload per layer, then monolithically, and reports both.
 func Run(ctx context.Context, cfg Config, log *zap.Logger) (*Report, error) {
+	cfg, choice, err := cfg.resolveGroup()
+	if err != nil {
+		return nil, err
+	}
 	g, err := cfg.validate()
 	if err != nil {
 		return nil, err
@@ -28,6 +32,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (*Report, error) {
 	}
 	plan := newPlan(cfg, g)
 	rep := newReport(cfg, g, plan)
+	rep.GroupAuto = choice
 	// Warm the modeled link's staging buffers for the largest batch (a whole
 	// chunk, monolithic) before anything is timed.
 	// A forward never holds more than one prompt's worth of a request, and
@@ -238,10 +243,14 @@ func runMode(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool
 	if cfg.plant != nil {
 		cfg.plant(bufs)
 	}
-	eng, err := system.New(system.Config{
+	ecfg := system.Config{
 		Buffers: bufs, HookLayers: g.hookLayers, GroupSize: cfg.GroupSize, PageSize: cfg.PageSize,
 		CP: cfg.CP, Submitters: cfg.Submitters, FinishTimeout: cfg.FinishTimeout, DisablePerLayer: !perLayer,
-	}, engineOptions(cfg, perLayer, system.WithStream(stream), system.WithTransport(pre), system.WithObserver(col), system.WithLogger(log))...)
+	}
+	if cfg.autoModel != nil {
+		ecfg.GroupSize, ecfg.AutoGroup = 0, cfg.autoModel
+	}
+	eng, err := system.New(ecfg, engineOptions(cfg, perLayer, system.WithStream(stream), system.WithTransport(pre), system.WithObserver(col), system.WithLogger(log))...)
 	if err != nil {
 		return nil, err
 	}
@@ -252,6 +261,10 @@ func runMode(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool
 			err = errors.Wrap(cerr, "close the engine")
 		}
 	}()
+	if k := eng.GroupSize(); k != cfg.GroupSize {
+		_ = eng.Close()
+		return nil, errors.AssertionFailedf("the engine runs K = %d, the sim's floor assumes %d", k, cfg.GroupSize)
+	}
 	if err := eng.AddPeer(peer); err != nil {
 		return nil, err
 	}

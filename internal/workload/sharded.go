@@ -313,6 +313,7 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 	col := &collector{kernels: map[string]sim.Span{}, byStream: map[string]map[string]sim.Span{}}
 	fab := loopback.NewFabric(loopback.Options{
 		Bandwidth: cfg.LinkGbps * 1e9 / 8, Latency: cfg.LinkLatency, TimeScale: cfg.TimeScale, ByteScale: g.byteScale, Precise: true,
+		Slow: cfg.plantSlow,
 	})
 	gpu := sim.New(sim.Options{TimeScale: cfg.TimeScale, OnSpan: col.span, Precise: true})
 	var cleanup []func()
@@ -352,6 +353,35 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 		peers = append(peers, peer)
 	}
 
+	// The transport oracle (landGuard, see runMode) sits below each prefill
+	// rank's engine when the decode pools are the sim's own: it tells a
+	// page by its decode rank and page number.
+	locate := func(addr uint64) (string, int, int, bool) {
+		for r, pool := range dd.pools {
+			per := pool.ItemLen * uint64(pool.Pages)
+			for b, base := range pool.Bases {
+				if addr >= base && addr < base+per {
+					pg := int((addr - base) / pool.ItemLen)
+					return fmt.Sprintf("%s of decode rank %d", pool.Names[b], r), pg, pageKey(r, pg), true
+				}
+			}
+		}
+		return "", 0, 0, false
+	}
+	var guards []*landGuard // per prefill rank; none with a remote decode side
+	expect := func(ri int, pc piece) {
+		if guards == nil {
+			return
+		}
+		keys := make([]int, 0, len(pc.positions)*len(dd.pools))
+		for _, x := range pc.positions {
+			for r := range dd.pools {
+				keys = append(keys, pageKey(r, p.dst(pc.room)[x]))
+			}
+		}
+		guards[ri].expect(pc.room, pc.start, pc.end, pc.positions, keys)
+	}
+
 	usPerKTok := cfg.Preset.LayerUsPerKTok
 	if cfg.LayerUsPerKTok > 0 {
 		usPerKTok = cfg.LayerUsPerKTok
@@ -372,11 +402,17 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 		lo, hi := g.preSide.StageLayers(st)
 		tr := shared
 		if tr == nil {
-			var err error
-			if tr, err = fab.NewTransport(rankStream(st, r)); err != nil {
+			raw, err := fab.NewTransport(rankStream(st, r))
+			if err != nil {
 				return nil, err
 			}
-			cleanup = append(cleanup, func() { _ = tr.Close() })
+			cleanup = append(cleanup, func() { _ = raw.Close() })
+			gd := newLandGuard(raw, locate)
+			guards = append(guards, gd)
+			tr = gd
+			if cfg.plantTransport != nil {
+				tr = cfg.plantTransport(tr)
+			}
 		}
 		pool, err := testbed.NewPool(geometryOf(&g.preSide, st, p.pool))
 		if err != nil {
@@ -472,6 +508,9 @@ func runSharded(ctx context.Context, cfg Config, g geometry, p *plan, perLayer b
 					call := time.Now()
 					res, err := eng.Finish(stop.finishCtx(), uint64(room))
 					ret := time.Now()
+					if guards != nil && err == nil && res.Status == system.Succeeded {
+						guards[ri].finished(room, pc.start)
+					}
 					col.mu.Lock()
 					col.finishes = append(col.finishes, finishRec{room: room, forward: pc.forward, chunk: res.Chunk, call: call, ret: ret, status: res.Status, stats: res.Stats,
 						ok: finished(res.Status, err)})
@@ -547,7 +586,7 @@ forwards:
 		for _, pc := range fw {
 			tokens += pc.end - pc.start
 		}
-		for _, rk := range ranks {
+		for ri, rk := range ranks {
 			if rk.before > 0 {
 				// A later PP stage starts when the earlier ones computed
 				// their layers (no pipelining across forwards: the loop
@@ -564,6 +603,7 @@ forwards:
 				for _, peer := range peers {
 					spec.Infos = append(spec.Infos, system.DecodeInfo{Peer: peer.ID, DstPages: p.dst(pc.room)})
 				}
+				expect(ri, pc) // before any of its batches can be posted
 				if _, err := rk.eng.Register(ctx, spec); err != nil {
 					if remote == nil {
 						loopErr = errors.Wrapf(err, "forward %d", k+1)
@@ -636,6 +676,11 @@ forwards:
 		mr.mismatch = dd.verify(rs.stillResident())
 	}
 	mr.summarize(cfg, g, p, col, t0, forwardEnds)
+	for ri, gd := range guards {
+		for _, v := range gd.violations() {
+			mr.oracle = append(mr.oracle, fmt.Sprintf("prefill rank %d: %s", ri, v))
+		}
+	}
 	return mr, nil
 }
 

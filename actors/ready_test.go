@@ -1,0 +1,113 @@
+package actors
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/kvstream/kvstream/cp"
+	"github.com/kvstream/kvstream/messages"
+	"github.com/kvstream/kvstream/plan"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// gate is an event the test completes.
+type gate struct{ done chan struct{} }
+
+func (g *gate) Wait(ctx context.Context) error {
+	select {
+	case <-g.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// postOrder runs two requests' chunks that share a forward through a ready
+// hub: room 1's middle chunk, registered first, and room 2's last chunk,
+// registered second; each has a group Work gated by the forward's group
+// event and a Work for its hookless buffers gated by its end event, and
+// room 1's Works reach the submitters first. It completes the group event,
+// then the end event, and returns the rooms in the order the submitters
+// take the Works.
+func postOrder(t *testing.T, fifo bool) []uint64 {
+	h := newReadyHub(fifo)
+	group, end := &gate{make(chan struct{})}, &gate{make(chan struct{})}
+	job := func(room, serial uint64, last bool) *Job {
+		return NewJob(&plan.Plan{Chunk: messages.Chunk{ChunkKey: messages.ChunkKey{Room: room}, Serial: serial}, Range: cp.Range{Last: last}})
+	}
+	mid, fin := job(1, 1, false), job(2, 2, true)
+	woken := make(chan struct{}, 8)
+	wake := func() { woken <- struct{}{} }
+	var works []*readyWork
+	for _, x := range []struct {
+		j  *Job
+		ev messages.Event
+	}{{mid, group}, {fin, group}, {mid, end}, {fin, end}} {
+		w := &Work{Work: messages.Work{Chunk: x.j.ID(), Event: x.ev}, Job: x.j}
+		works = append(works, h.add(w, time.Now(), wake))
+	}
+	wait := func(rw *readyWork) {
+		h.ended(rw, rw.w.Event.Wait(context.Background()), time.Now())
+	}
+	var order []uint64
+	for _, ev := range []*gate{group, end} {
+		close(ev.done)
+		// Every wait on the event returns; the first queues them all.
+		for _, rw := range works {
+			if rw.w.Event == messages.Event(ev) {
+				wait(rw)
+			}
+		}
+		for range 2 {
+			<-woken
+			rw := h.take()
+			require.NotNil(t, rw)
+			require.NoError(t, rw.wt.err)
+			order = append(order, rw.w.Chunk.Room)
+		}
+	}
+	assert.Nil(t, h.take())
+	return order
+}
+
+// Send order by deadline: the finishing request's batches go first at each
+// event, although its Works arrived second.
+func TestReadyHubPostsTheFinishingRequestFirst(t *testing.T) {
+	assert.Equal(t, []uint64{2, 1, 2, 1}, postOrder(t, false))
+}
+
+// The same with the ordering disabled: arrival order, the finishing
+// request second. This is what the test above catches.
+func TestReadyHubFIFOIsArrivalOrder(t *testing.T) {
+	assert.Equal(t, []uint64{1, 2, 1, 2}, postOrder(t, true))
+}
+
+// A cancelled wait is queued alone, at once, and leaves the other Works on
+// the event waiting.
+func TestReadyHubCancelledWaitAlone(t *testing.T) {
+	h := newReadyHub(false)
+	ev := &gate{make(chan struct{})}
+	woken := make(chan struct{}, 4)
+	wake := func() { woken <- struct{}{} }
+	a := NewJob(&plan.Plan{Chunk: messages.Chunk{ChunkKey: messages.ChunkKey{Room: 1}, Serial: 1}})
+	b := NewJob(&plan.Plan{Chunk: messages.Chunk{ChunkKey: messages.ChunkKey{Room: 2}, Serial: 2}})
+	ra := h.add(&Work{Work: messages.Work{Chunk: a.ID(), Event: ev}, Job: a}, time.Now(), wake)
+	rb := h.add(&Work{Work: messages.Work{Chunk: b.ID(), Event: ev}, Job: b}, time.Now(), wake)
+	a.Release() // cancels a's context
+	h.ended(ra, ev.Wait(a.Context()), time.Now())
+	<-woken
+	got := h.take()
+	require.NotNil(t, got)
+	assert.Equal(t, uint64(1), got.w.Chunk.Room)
+	assert.Error(t, got.wt.err)
+	assert.Nil(t, h.take(), "b still waits")
+	close(ev.done)
+	h.ended(rb, ev.Wait(b.Context()), time.Now())
+	<-woken
+	got = h.take()
+	require.NotNil(t, got)
+	assert.Equal(t, uint64(2), got.w.Chunk.Room)
+	assert.NoError(t, got.wt.err)
+}
