@@ -190,16 +190,28 @@ func TestOracleCatchesPlantedBugs(t *testing.T) {
 			c.plantTransport = func(tr rdma.Transport) rdma.Transport { return &lyingTransport{Transport: tr, lie: firstOnly} }
 			c.plantSlow = held
 		}, []string{"oracle", "per-layer: room 0 chunk 0-1024", "decode page", "buffer KV0", "still in flight"}},
-		{"a group sent early", func(c *Config) { c.plant = func(b []system.Buffer) { b[5].Layer = 1 } },
+		// The early reads below happen 200 ms or more before the kernel
+		// they precede ends (layers of 200 ms): a stalled machine does not
+		// turn them into correct reads.
+		{"a group sent early", func(c *Config) {
+			c.LayerUsPerKTok = 200000 / 1.024
+			c.plant = func(b []system.Buffer) { b[5].Layer = 1 }
+		},
 			[]string{"bytes", "per-layer: room 0", "decode page", "buffer KV5", "at Finish SUCCESS"}},
-		{"the MTP buffer with the last group", func(c *Config) { c.plant = func(b []system.Buffer) { b[8].Layer = 7 } },
+		{"the MTP buffer with the last group", func(c *Config) {
+			c.LayerUsPerKTok = 200000 / 1.024
+			c.plant = func(b []system.Buffer) { b[8].Layer = 7 }
+		},
 			[]string{"bytes", "per-layer: room 0", "decode page", "buffer KV8", "at Finish SUCCESS"}},
 		{"a skipped page", func(c *Config) {
 			c.plantTransport = func(tr rdma.Transport) rdma.Transport { return &lyingTransport{Transport: tr, edit: skipFirstPage} }
 		}, []string{"bytes", "per-layer: room 0", "decode page", "buffer KV0", "at Finish SUCCESS", "zeros (never written)"}},
 		// KV7 moved into group 0 is read at layer 3's end, three kernels
-		// before its own starts: the prefill pool's stale bytes.
-		{"stale bytes", func(c *Config) { c.plant = func(b []system.Buffer) { b[7].Layer = 0 } },
+		// (600 ms) before its own starts: the prefill pool's stale bytes.
+		{"stale bytes", func(c *Config) {
+			c.LayerUsPerKTok = 200000 / 1.024
+			c.plant = func(b []system.Buffer) { b[7].Layer = 0 }
+		},
 			[]string{"bytes", "per-layer: room 0", "decode page", "buffer KV7", "at Finish SUCCESS", "stale prefill bytes"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -236,12 +248,15 @@ func oracleItemLen() int {
 	return g.itemLen
 }
 
-// An engine that reports every batch complete at once, on a link slow
-// enough that the MTP buffer alone needs 94 ms after the forward's end,
-// finishes below the bound no sender can beat: the run names the request.
+// An engine that reports every batch complete at once finishes below the
+// bound no sender can beat: the run names the request. The link is slow
+// enough (1 Mb/s: the MTP buffer alone needs 9.4 s after the forward's
+// end) that the bound is beyond the finish timeout: whatever the machine's
+// speed, a Finish that returns at all returns below it.
 func TestOracleCatchesExposedBelowTheBound(t *testing.T) {
 	cfg := oracleConfig()
-	cfg.LinkGbps = 0.1
+	cfg.LinkGbps = 0.001
+	cfg.FinishTimeout = 5 * time.Second
 	cfg.plantTransport = func(tr rdma.Transport) rdma.Transport {
 		return &lyingTransport{Transport: tr, lie: func([]rdma.Write) bool { return true }}
 	}

@@ -128,9 +128,16 @@ type ModeReport struct {
 	// exposed time.
 	ExposedPhases map[string]Dist `json:"exposed_phases_ms"`
 	// Finish is Finish call → return.
-	Finish      Dist            `json:"finish_dist_ms"`
-	WallSeconds float64         `json:"wall_seconds"`
-	PerRequest  []RequestReport `json:"per_request"`
+	Finish Dist `json:"finish_dist_ms"`
+	// SharedForwards counts the forwards that held a request's last chunk
+	// and another request's chunk; OrderInversions those of them in which
+	// another request's batch gated by the forward's end (its hookless
+	// buffers) was posted before the finishing request's, which the floor
+	// (and send order by deadline) puts first.
+	SharedForwards  int             `json:"shared_forwards"`
+	OrderInversions int             `json:"order_inversions"`
+	WallSeconds     float64         `json:"wall_seconds"`
+	PerRequest      []RequestReport `json:"per_request"`
 	// Failed counts chunks whose Finish failed; FirstError is the first
 	// cause. Aborted says why the run stopped scheduling early.
 	// SlotWaits counts the forwards that waited for a request's pages to
@@ -360,11 +367,52 @@ func (m *ModeReport) summarize(cfg Config, g geometry, p *plan, col *collector, 
 	for _, n := range batchPhaseNames {
 		m.BatchPhases[n] = dist(bphases[n])
 	}
+	m.SharedForwards, m.OrderInversions = inversions(p, col.batches)
 	m.SubmitsPerForward = float64(m.Batches) / float64(len(p.forwards))
 	m.BlocksPerForward = float64(m.Blocks) / float64(len(p.forwards))
 	if cfg.Timeline {
 		m.timeline = buildTimeline(cfg, col, t0, forwardEnds)
 	}
+}
+
+// inversions counts the forwards shared by a finishing request and another
+// request, and those in which the other's end-of-forward batch (the
+// hookless buffers, messages.Rest; the whole chunk when monolithic) was
+// posted before the finishing request's.
+func inversions(p *plan, batches []system.Batch) (shared, inverted int) {
+	rest := map[[2]int]time.Time{} // (room, chunk start) -> its Rest batch's post
+	for _, b := range batches {
+		if b.Seq < 0 && b.Err == nil { // messages.Rest
+			rest[[2]int{int(b.Chunk.Room), b.Chunk.Start}] = b.Posted
+		}
+	}
+	for _, fw := range p.forwards {
+		var fin *piece
+		for i := range fw {
+			if fw[i].last {
+				fin = &fw[i]
+				break
+			}
+		}
+		if fin == nil || len(fw) < 2 {
+			continue
+		}
+		at, ok := rest[[2]int{fin.room, fin.start}]
+		if !ok {
+			continue
+		}
+		shared++
+		for _, pc := range fw {
+			if pc.room == fin.room {
+				continue
+			}
+			if other, ok := rest[[2]int{pc.room, pc.start}]; ok && other.Before(at) {
+				inverted++
+				break
+			}
+		}
+	}
+	return shared, inverted
 }
 
 // boundSlackMs absorbs the rounding between wall-clock instants and the
@@ -474,6 +522,10 @@ func (r *Report) Text(w io.Writer) {
 	dists("exposed / floor per request", "%.2f", pl.RatioDist, mo.RatioDist)
 	for _, n := range exposedPhaseNames {
 		dists("  exposed phase "+n+" (ms)", "%.3f", pl.ExposedPhases[n], mo.ExposedPhases[n])
+	}
+	if pl.SharedForwards > 0 || mo.SharedForwards > 0 {
+		row("forwards shared with a finishing request", "%.0f", float64(pl.SharedForwards), float64(mo.SharedForwards))
+		row("  another request's end batch posted first", "%.0f", float64(pl.OrderInversions), float64(mo.OrderInversions))
 	}
 	row("batches per forward", "%.1f", pl.SubmitsPerForward, mo.SubmitsPerForward)
 	row("writes (blocks) per forward", "%.0f", pl.BlocksPerForward, mo.BlocksPerForward)

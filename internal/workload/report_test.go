@@ -101,3 +101,27 @@ func TestSummarizeByHand(t *testing.T) {
 	assert.InDelta(t, 3000/1e-3/1e9, m.EffectiveGBytePerS, 1e-9)
 	assert.InDelta(t, 1000/1e-3/1e9, m.MovedGBytePerS, 1e-9)
 }
+
+// A forward holding request 0's last chunk and request 1's first: request
+// 1's end-of-forward batch posted first is an inversion; posted second, or
+// in a forward no request finishes in, it is not.
+func TestInversions(t *testing.T) {
+	p := &plan{forwards: [][]piece{
+		{{room: 0, start: 0, end: 8192}},
+		{{room: 0, start: 8192, end: 12288, last: true}, {room: 1, start: 0, end: 4096}},
+		{{room: 1, start: 4096, end: 12288, last: true}, {room: 2, start: 0, end: 0}},
+	}}
+	t0 := time.Now()
+	b := func(room uint64, start, seq int, at time.Duration) system.Batch {
+		var c system.Batch
+		c.Chunk.Room, c.Chunk.Start, c.Seq, c.Posted = room, start, seq, t0.Add(at)
+		return c
+	}
+	shared, inv := inversions(p, []system.Batch{
+		b(0, 0, -1, 1), b(1, 0, -1, 5), b(0, 8192, -1, 6), // forward 2: room 1's first: inverted
+		b(0, 8192, 3, 0),                   // a group batch does not count
+		b(1, 4096, -1, 9), b(2, 0, -1, 10), // forward 3: in order
+	})
+	assert.Equal(t, 2, shared)
+	assert.Equal(t, 1, inv)
+}
