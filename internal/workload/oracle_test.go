@@ -130,37 +130,49 @@ func (e *lyingEndpoint) Post(ws []rdma.Write, done func(error)) error {
 	return nil
 }
 
+// heldFirst plants a SUCCESS with a batch in flight: the engine is told
+// that the first batch it posts (group 0 of the first chunk) completed at
+// once, while the link keeps that batch for the rest of the run, so that
+// it is in flight, whatever the machine's speed, when the engine answers
+// SUCCESS on the lie.
+type heldFirst struct {
+	mu      sync.Mutex
+	picked  uint64 // the first batch's destination
+	holding bool
+}
+
+func (h *heldFirst) plant(c *Config) {
+	c.plantTransport = func(tr rdma.Transport) rdma.Transport { return &lyingTransport{Transport: tr, lie: h.lie} }
+	c.plantSlow = h.slow
+}
+
+func (h *heldFirst) lie(ws []rdma.Write) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.picked != 0 || len(ws) == 0 {
+		return false
+	}
+	h.picked = ws[0].Dst
+	return true
+}
+
+func (h *heldFirst) slow(b loopback.BatchInfo) loopback.Slowdown {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.picked != 0 && b.Dst == h.picked && !h.holding {
+		h.holding = true // that batch only, not the monolithic run's
+		return loopback.Slowdown{Extra: time.Hour}
+	}
+	return loopback.Slowdown{}
+}
+
 // The oracles together catch each planted engine bug and name room, page
 // and buffer: the byte check catches wrong or missing bytes, the transport
 // guard a SUCCESS with a batch still in flight (bytes the loopback put in
 // place ahead of the modeled landing would pass the byte check).
 func TestOracleCatchesPlantedBugs(t *testing.T) {
-	// firstOnly picks the first batch the engine posts (group 0 of the
-	// only chunk) and remembers its destination for held.
 	var mu sync.Mutex
-	var picked uint64
-	var holding bool
-	firstOnly := func(ws []rdma.Write) bool {
-		mu.Lock()
-		defer mu.Unlock()
-		if picked != 0 || len(ws) == 0 {
-			return false
-		}
-		picked = ws[0].Dst
-		return true
-	}
-	// held keeps the picked batch on the link for the rest of the run:
-	// it is in flight, whatever the machine's speed, when the engine
-	// answers SUCCESS on the lie.
-	held := func(b loopback.BatchInfo) loopback.Slowdown {
-		mu.Lock()
-		defer mu.Unlock()
-		if picked != 0 && b.Dst == picked && !holding {
-			holding = true // that batch only, not the monolithic run's
-			return loopback.Slowdown{Extra: time.Hour}
-		}
-		return loopback.Slowdown{}
-	}
+	var first *heldFirst
 	// skipFirstPage leaves out the first page of the first write of the
 	// first batch.
 	skipped := false
@@ -186,10 +198,7 @@ func TestOracleCatchesPlantedBugs(t *testing.T) {
 		setup func(*Config)
 		want  []string
 	}{
-		{"SUCCESS with one batch in flight", func(c *Config) {
-			c.plantTransport = func(tr rdma.Transport) rdma.Transport { return &lyingTransport{Transport: tr, lie: firstOnly} }
-			c.plantSlow = held
-		}, []string{"oracle", "per-layer: room 0 chunk 0-1024", "decode page", "buffer KV0", "still in flight"}},
+		{"SUCCESS with one batch in flight", func(c *Config) { first.plant(c) }, []string{"oracle", "per-layer: room 0 chunk 0-1024", "decode page", "buffer KV0", "still in flight"}},
 		// The early reads below happen 200 ms or more before the kernel
 		// they precede ends (layers of 200 ms): a stalled machine does not
 		// turn them into correct reads.
@@ -216,7 +225,7 @@ func TestOracleCatchesPlantedBugs(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			mu.Lock()
-			picked, skipped, holding = 0, false, false
+			skipped, first = false, &heldFirst{}
 			mu.Unlock()
 			cfg := oracleConfig()
 			tc.setup(&cfg)
@@ -277,29 +286,7 @@ func TestShardedOracleCatchesABatchInFlight(t *testing.T) {
 	cfg.Layers = 4
 	cfg.PromptTokens, cfg.ChunkTokens, cfg.LayerUsPerKTok = 256, 256, 1000
 	cfg.PrefillTP, cfg.DecodeTP = 2, 4
-	var mu sync.Mutex
-	var picked uint64
-	var holding bool
-	cfg.plantTransport = func(tr rdma.Transport) rdma.Transport {
-		return &lyingTransport{Transport: tr, lie: func(ws []rdma.Write) bool {
-			mu.Lock()
-			defer mu.Unlock()
-			if picked != 0 || len(ws) == 0 {
-				return false
-			}
-			picked = ws[0].Dst
-			return true
-		}}
-	}
-	cfg.plantSlow = func(b loopback.BatchInfo) loopback.Slowdown {
-		mu.Lock()
-		defer mu.Unlock()
-		if picked != 0 && b.Dst == picked && !holding {
-			holding = true
-			return loopback.Slowdown{Extra: time.Hour}
-		}
-		return loopback.Slowdown{}
-	}
+	(&heldFirst{}).plant(&cfg)
 	rep, err := Run(context.Background(), cfg, nil)
 	require.NoError(t, err)
 	got := strings.Join(rep.OracleFailures, "\n")

@@ -287,6 +287,20 @@ type leads struct {
 	prepare, run time.Duration
 }
 
+// runAt runs f at instant at and updates *lead, how long f takes lately
+// (a quarter more than its last run, decaying slowly), by which the next
+// one starts ahead. It returns false if the stream was closed while it
+// waited.
+func (s *Stream) runAt(at time.Time, f func(), lead *time.Duration) bool {
+	if !clock.SleepUntilOr(at, s.gpu.opts.Precise, s.quit) {
+		return false
+	}
+	t := time.Now()
+	f()
+	*lead = max(time.Since(t)*5/4, *lead*7/8)
+	return true
+}
+
 // run performs one op at its modeled time. It returns false if the stream
 // was closed while it waited.
 func (s *Stream) run(o op, busyUntil *time.Time, lead *leads, scale float64) bool {
@@ -333,24 +347,18 @@ func (s *Stream) run(o op, busyUntil *time.Time, lead *leads, scale float64) boo
 		if earliest := start.Add(min(PrepareDelay, end.Sub(start)/2)); prepAt.Before(earliest) {
 			prepAt = earliest
 		}
-		if !clock.SleepUntilOr(prepAt, s.gpu.opts.Precise, s.quit) {
+		if !s.runAt(prepAt, o.kernel.Prepare, &lead.prepare) {
 			return false
 		}
-		t := time.Now()
-		o.kernel.Prepare()
-		lead.prepare = max(time.Since(t)*5/4, lead.prepare*7/8)
 	}
 	if o.kernel.Run != nil {
 		runAt := end.Add(-lead.run)
 		if runAt.Before(start) {
 			runAt = start
 		}
-		if !clock.SleepUntilOr(runAt, s.gpu.opts.Precise, s.quit) {
+		if !s.runAt(runAt, o.kernel.Run, &lead.run) {
 			return false
 		}
-		t := time.Now()
-		o.kernel.Run()
-		lead.run = max(time.Since(t)*5/4, lead.run*7/8)
 	}
 	if !clock.SleepUntilOr(end, s.gpu.opts.Precise, s.quit) {
 		return false
