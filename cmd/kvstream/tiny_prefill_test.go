@@ -29,6 +29,9 @@ func TestTinyPrefillBadFlags(t *testing.T) {
 		{[]string{"--model", "tiny-gqa", "--page-order", "diagonal"}, `--page-order "diagonal"`},
 		{[]string{"--model", "small", "--new-tokens", "4"}, "--new-tokens applies to the tiny models (--model tiny-gqa, tiny-mla)"},
 		{[]string{"--model", "small", "--plant", "rope-offset"}, "--plant applies to the tiny models"},
+		{[]string{"--model", "tiny-gqa", "--metrics-addr", "127.0.0.1:0"}, `--metrics-addr: not with the tiny model "tiny-gqa"`},
+		{[]string{"--model", "small", "--link-gbps", "10"}, "--link-gbps 10: prefill runs on real time over a real link"},
+		{[]string{"--model", "small", "--time-scale", "2"}, "--time-scale 2: prefill runs on real time"},
 	} {
 		out, err := run(t, append([]string{"prefill", "--decode", "127.0.0.1:1", "--connect-timeout", "0"}, tc.args...)...)
 		require.Error(t, err, "%v: %s", tc.args, out)

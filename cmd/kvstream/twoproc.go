@@ -276,6 +276,11 @@ chunks still finish) and exits non-zero. --metrics-addr serves the engine's metr
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) (err error) {
 			if _, ok := tinylm.Presets[f.model]; ok {
+				for _, name := range []string{"metrics-addr", "drain-timeout"} {
+					if cmd.Flags().Changed(name) {
+						return errors.Newf("--%s: not with the tiny model %q (a short run on CPU, not a service)", name, f.model)
+					}
+				}
 				return runTinyPrefill(cmd, f, &tiny, &nf, decodeAddr, decodeName, transport, connect, monolithic)
 			}
 			if err := tiny.unused(cmd); err != nil {
