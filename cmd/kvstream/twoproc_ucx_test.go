@@ -25,7 +25,7 @@ type cli struct {
 	mu     sync.Mutex
 	stdout bytes.Buffer
 	stderr bytes.Buffer
-	lines  chan string // stdout and stderr lines as they come
+	lines  chan string   // stdout and stderr lines as they come
 	done   chan struct{} // closed once the process exited; then err
 	err    error
 }
