@@ -10,13 +10,19 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// planOf is cfg's geometry and schedule; cfg must be valid.
+func planOf(t *testing.T, cfg Config) (geometry, *plan) {
+	t.Helper()
+	g, err := cfg.validate()
+	require.NoError(t, err)
+	return g, newPlan(cfg, g)
+}
+
 // floorsOf returns the per-layer and the monolithic floors (ms) of cfg on
 // the ideal timeline.
 func floorsOf(t *testing.T, cfg Config) (perLayer, mono []float64) {
 	t.Helper()
-	g, err := cfg.validate()
-	require.NoError(t, err)
-	p := newPlan(cfg, g)
+	g, p := planOf(t, cfg)
 	ends := idealTimeline(cfg, g, p)
 	return floors(cfg, g, p, true, ends), floors(cfg, g, p, false, ends)
 }
@@ -180,9 +186,7 @@ func TestShardedPairingRefused(t *testing.T) {
 func TestPlanCountsEachRequestsChunks(t *testing.T) {
 	cfg := Defaults()
 	cfg.Requests, cfg.PromptTokens, cfg.ChunkTokens = 1000, 100, 512
-	g, err := cfg.validate()
-	require.NoError(t, err)
-	p := newPlan(cfg, g)
+	_, p := planOf(t, cfg)
 	total := 0
 	for _, fw := range p.forwards {
 		total += len(fw)
@@ -203,9 +207,7 @@ func TestPlanCountsEachRequestsChunks(t *testing.T) {
 func TestLowerBoundIgnoresOtherRequests(t *testing.T) {
 	cfg := Defaults()
 	cfg.Requests, cfg.PromptTokens, cfg.ChunkTokens = 2, 4096, 8192
-	g, err := cfg.validate()
-	require.NoError(t, err)
-	p := newPlan(cfg, g)
+	g, p := planOf(t, cfg)
 	ends := idealTimeline(cfg, g, p)
 	mo := lowerBounds(cfg, g, p, false, ends)
 	one := 292552704 / 50e9 * 1e3
@@ -213,9 +215,7 @@ func TestLowerBoundIgnoresOtherRequests(t *testing.T) {
 	require.InDelta(t, one+0.01, mo[1], 1e-5)
 	// On the default preset (one request ends per forward) it is the floor.
 	cfg = Defaults()
-	g, err = cfg.validate()
-	require.NoError(t, err)
-	p = newPlan(cfg, g)
+	g, p = planOf(t, cfg)
 	ends = idealTimeline(cfg, g, p)
 	assert.Equal(t, floors(cfg, g, p, true, ends), lowerBounds(cfg, g, p, true, ends))
 }

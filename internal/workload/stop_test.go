@@ -30,13 +30,12 @@ func stopConfig(sharded bool) Config {
 // k ended.
 func runStopped(t *testing.T, ctx context.Context, cfg Config, after func(k int)) *ModeReport {
 	t.Helper()
-	g, err := cfg.validate()
-	require.NoError(t, err)
-	p := newPlan(cfg, g)
+	g, p := planOf(t, cfg)
 	require.Len(t, p.forwards, 8, "the schedule this test assumes")
 	k := 0
 	progress := func() { k++; after(k) }
 	var mr *ModeReport
+	var err error
 	if g.sharded {
 		mr, err = runSharded(ctx, cfg, g, p, true, nil, progress, nil)
 	} else {
