@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 GO ?= go
 # The Go release the project builds and tests on: one with no known
-# standard-library vulnerability (go.mod's go line asks for it, and a
+# standard-library vulnerability (go.mod's toolchain line asks for it, and a
 # machine's own Go fetches it from the module proxy when told to).
 export GOTOOLCHAIN ?= go1.27.3
 PKGS := ./...
