@@ -335,13 +335,10 @@ func (m *ModeReport) summarize(cfg Config, g geometry, p *plan, col *collector, 
 		m.ExposedPhases[n] = dist(phases[n])
 	}
 
+	window := m.countBatches(col.batches, len(p.forwards))
 	var waits []float64
 	bphases := map[string][]float64{}
-	var first, last time.Time
 	for _, b := range col.batches {
-		m.Batches++
-		m.Blocks += b.Blocks
-		m.BytesMoved += b.Bytes
 		waits = append(waits, ms(b.WaitEnd.Sub(b.WaitStart)))
 		if b.Err == nil {
 			if !b.EventDone.IsZero() {
@@ -350,17 +347,10 @@ func (m *ModeReport) summarize(cfg Config, g geometry, p *plan, col *collector, 
 			bphases["post"] = append(bphases["post"], ms(b.Posted.Sub(b.WaitEnd)))
 			bphases["land"] = append(bphases["land"], ms(b.Done.Sub(b.Posted)))
 		}
-		if first.IsZero() || b.Posted.Before(first) {
-			first = b.Posted
-		}
-		if b.Done.After(last) {
-			last = b.Done
-		}
 	}
 	m.BytesModeled = float64(m.BytesMoved) * g.byteScale
-	if window := last.Sub(first); window > 0 {
+	if window > 0 {
 		m.EffectiveGBytePerS = m.BytesModeled / (ms(window) / 1e3) / 1e9
-		m.MovedGBytePerS = float64(m.BytesMoved) / window.Seconds() / 1e9
 	}
 	m.EventWait = dist(waits)
 	m.BatchPhases = map[string]Dist{}
@@ -368,8 +358,6 @@ func (m *ModeReport) summarize(cfg Config, g geometry, p *plan, col *collector, 
 		m.BatchPhases[n] = dist(bphases[n])
 	}
 	m.SharedForwards, m.OrderInversions = inversions(p, col.batches)
-	m.SubmitsPerForward = float64(m.Batches) / float64(len(p.forwards))
-	m.BlocksPerForward = float64(m.Blocks) / float64(len(p.forwards))
 	if cfg.Timeline {
 		m.timeline = buildTimeline(cfg, col, t0, forwardEnds)
 	}

@@ -116,8 +116,15 @@ func (m *ModeReport) countDone(p *plan, col *collector, forwards, perChunk int) 
 func (m *ModeReport) moved(col *collector, forwards int) {
 	col.mu.Lock()
 	defer col.mu.Unlock()
+	m.countBatches(col.batches, forwards)
+}
+
+// countBatches sets the counts, bytes and rates of batches, posted over
+// forwards forwards, and returns the window from the first post to the
+// last completion.
+func (m *ModeReport) countBatches(batches []system.Batch, forwards int) time.Duration {
 	var first, last time.Time
-	for _, b := range col.batches {
+	for _, b := range batches {
 		m.Batches++
 		m.Blocks += b.Blocks
 		m.BytesMoved += b.Bytes
@@ -128,13 +135,15 @@ func (m *ModeReport) moved(col *collector, forwards int) {
 			last = b.Done
 		}
 	}
-	if w := last.Sub(first); w > 0 {
-		m.MovedGBytePerS = float64(m.BytesMoved) / w.Seconds() / 1e9
+	window := last.Sub(first)
+	if window > 0 {
+		m.MovedGBytePerS = float64(m.BytesMoved) / window.Seconds() / 1e9
 	}
 	if forwards > 0 {
 		m.SubmitsPerForward = float64(m.Batches) / float64(forwards)
 		m.BlocksPerForward = float64(m.Blocks) / float64(forwards)
 	}
+	return window
 }
 
 // finished reports whether one Finish succeeded.

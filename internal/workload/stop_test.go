@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
+
+	"github.com/kvstream/kvstream/system"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -93,4 +96,22 @@ func TestInterruptStopsAfterTheCurrentForward(t *testing.T) {
 		assert.Equal(t, requests, mr.RequestsDone)
 		assert.Equal(t, 2, mr.NotStarted, "requests 2 and 3")
 	}
+}
+
+// countBatches by hand: 3 MB in two batches from the first post (t0) to
+// the last completion (t0 + 1 ms) is 3 GB/s, over two forwards one batch
+// and 3 writes each.
+func TestCountBatchesByHand(t *testing.T) {
+	t0 := time.Now()
+	ms := func(f float64) time.Time { return t0.Add(time.Duration(f * float64(time.Millisecond))) }
+	var m ModeReport
+	window := m.countBatches([]system.Batch{
+		{Bytes: 1e6, Blocks: 2, Posted: ms(0), Done: ms(0.4)},
+		{Bytes: 2e6, Blocks: 4, Posted: ms(0.5), Done: ms(1)},
+	}, 2)
+	assert.Equal(t, time.Millisecond, window)
+	assert.Equal(t, uint64(3e6), m.BytesMoved)
+	assert.InDelta(t, 3.0, m.MovedGBytePerS, 1e-9)
+	assert.Equal(t, 1.0, m.SubmitsPerForward)
+	assert.Equal(t, 3.0, m.BlocksPerForward)
 }
