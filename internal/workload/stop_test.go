@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/kvstream/kvstream/system"
-
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
