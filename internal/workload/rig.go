@@ -41,21 +41,36 @@ type rank struct {
 	before, after, lastLocal int
 }
 
-// newRanks builds the run's prefill ranks (stage-major), each an engine
-// over its transport from side, with every peer added. Whatever it built
-// is in *ranks, for the caller to close, also when it fails.
-func newRanks(cfg Config, g geometry, p *plan, perLayer bool, log *zap.Logger, gpu *sim.GPU, col *collector, side decodeSide, peers []system.Peer, ranks *[]*rank, cleanup *[]func()) error {
+// rig is one run's prefill ranks and decode side.
+type rig struct {
+	cfg   Config
+	g     geometry
+	p     *plan
+	side  decodeSide
+	col   *collector
+	peers []system.Peer // the decode ranks, as every engine adds them
+	ranks []*rank       // stage-major
+	// cleanup frees what the ranks hold, in reverse, once their engines
+	// and the GPU are closed.
+	cleanup []func()
+}
+
+// addRanks builds the run's prefill ranks, each an engine over its
+// transport from the decode side, with every peer added. Whatever it built
+// is in r.ranks and r.cleanup, also when it fails.
+func (r *rig) addRanks(perLayer bool, log *zap.Logger, gpu *sim.GPU) error {
+	cfg, g, p, side := r.cfg, r.g, r.p, r.side
 	stages, tps := 1, 1
 	if g.sharded {
 		stages, tps = g.preSide.PP(), g.preSide.TP
 	}
 	for i := 0; i < stages*tps; i++ {
-		st, r := i/tps, i%tps
+		st, tp := i/tps, i%tps
 		lo, hi := 0, g.layers
 		name, label := "compute", "prefill"
 		if g.sharded {
 			lo, hi = g.preSide.StageLayers(st)
-			name, label = rankStream(st, r), fmt.Sprintf("prefill PP stage %d TP rank %d", st, r)
+			name, label = rankStream(st, tp), fmt.Sprintf("prefill PP stage %d TP rank %d", st, tp)
 		}
 		// rankErr names the rank in a sharded run's errors.
 		rankErr := func(err error) error {
@@ -76,11 +91,11 @@ func newRanks(cfg Config, g geometry, p *plan, perLayer bool, log *zap.Logger, g
 		if err != nil {
 			return errors.Wrapf(err, "%s pool of %d MiB", label, geom.Buffers()*int(geom.ItemLen)*p.pool>>20)
 		}
-		*cleanup = append(*cleanup, func() { _ = pool.Free() })
+		r.cleanup = append(r.cleanup, func() { _ = pool.Free() })
 		fill(pool.Block.Bytes, staleByte) // stale KV: a read before the write would copy this
 		stream := gpu.NewStream(name)
 		hooks := min(hi, g.hookLayers) - lo
-		opts := []system.Option{system.WithStream(stream), system.WithTransport(tr), system.WithObserver(col), system.WithLogger(log)}
+		opts := []system.Option{system.WithStream(stream), system.WithTransport(tr), system.WithObserver(r.col), system.WithLogger(log)}
 		if i == 0 {
 			// Metrics and the message trace are one engine's: rank 0's.
 			opts = engineOptions(cfg, perLayer, opts...)
@@ -90,7 +105,7 @@ func newRanks(cfg Config, g geometry, p *plan, perLayer bool, log *zap.Logger, g
 			CP: cfg.CP, Submitters: cfg.Submitters, FinishTimeout: cfg.FinishTimeout, DisablePerLayer: !perLayer,
 		}
 		if g.sharded {
-			ecfg.Sharding = &system.Sharding{Side: g.preSide, Rank: reshard.Rank{TP: r, Stage: st}}
+			ecfg.Sharding = &system.Sharding{Side: g.preSide, Rank: reshard.Rank{TP: tp, Stage: st}}
 		}
 		if cfg.autoModel != nil {
 			ecfg.GroupSize, ecfg.AutoGroup = 0, cfg.autoModel
@@ -107,18 +122,18 @@ func newRanks(cfg Config, g geometry, p *plan, perLayer bool, log *zap.Logger, g
 		}
 		model := &testbed.Model{Stream: stream, Pool: pool, HookLayers: hooks, Seed: cfg.Seed, LayerTime: cfg.layerTime}
 		if g.sharded {
-			side, tp := &g.preSide, r
+			pre := &g.preSide
 			model.Fill = func(dst []byte, room uint64, b, pos int) {
-				layer, kind := layerKind(side, st, b)
-				pageFill(dst, side, tp, cfg.Seed, room, layer, kind, pos)
+				layer, kind := layerKind(pre, st, b)
+				pageFill(dst, pre, tp, cfg.Seed, room, layer, kind, pos)
 			}
 		}
-		*ranks = append(*ranks, &rank{eng: eng, model: model, stream: stream, pool: pool, stage: st,
+		r.ranks = append(r.ranks, &rank{eng: eng, model: model, stream: stream, pool: pool, stage: st,
 			before: lo, after: g.layers - hi, lastLocal: hi - lo - 1})
 		if k := eng.GroupSize(); k != cfg.GroupSize {
 			return errors.AssertionFailedf("the engine runs K = %d, the sim's floor assumes %d", k, cfg.GroupSize)
 		}
-		for _, peer := range peers {
+		for _, peer := range r.peers {
 			if err := eng.AddPeer(peer); err != nil {
 				return rankErr(err)
 			}
@@ -130,16 +145,15 @@ func newRanks(cfg Config, g geometry, p *plan, perLayer bool, log *zap.Logger, g
 // runRig runs the whole schedule in one mode (perLayer or monolithic) with
 // the decode side side.
 func runRig(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool, log *zap.Logger, progress func(), side decodeSide) (_ *ModeReport, err error) {
-	col := newCollector()
-	peers, err := side.open(log)
-	if err != nil {
+	rg := &rig{cfg: cfg, g: g, p: p, side: side, col: newCollector()}
+	col := rg.col
+	if rg.peers, err = side.open(log); err != nil {
 		return nil, err
 	}
 	gpu := sim.New(sim.Options{TimeScale: cfg.TimeScale, OnSpan: col.span, Precise: true})
-	var ranks []*rank
-	cleanup := []func(){side.close}
+	rg.cleanup = []func(){side.close}
 	defer func() {
-		for i, rk := range ranks {
+		for i, rk := range rg.ranks {
 			// Close writes the message trace (--record, rank 0's): a trace
 			// that could not be written is the run's error, not a silent
 			// empty file.
@@ -148,13 +162,14 @@ func runRig(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool,
 			}
 		}
 		gpu.Close() // no kernel writes a pool any more
-		for i := len(cleanup) - 1; i >= 0; i-- {
-			cleanup[i]()
+		for i := len(rg.cleanup) - 1; i >= 0; i-- {
+			rg.cleanup[i]()
 		}
 	}()
-	if err := newRanks(cfg, g, p, perLayer, log, gpu, col, side, peers, &ranks, &cleanup); err != nil {
+	if err := rg.addRanks(perLayer, log, gpu); err != nil {
 		return nil, err
 	}
+	ranks, peers := rg.ranks, rg.peers
 	pools := make([]*testbed.Pool, len(ranks))
 	for i, rk := range ranks {
 		pools[i] = rk.pool
@@ -179,7 +194,7 @@ func runRig(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool,
 		}
 	})
 	stop := newStopper(ctx, cfg.Drain, cfg.Requests)
-	work, wait := startWorkers(cfg, g, p, ranks, side, col, mr, rs, stop)
+	work, wait := rg.startWorkers(mr, rs, stop)
 
 	// The loop runs one forward ahead of the GPU: forward k is enqueued on
 	// every rank (and its chunks handed to their workers, whose Finish
@@ -337,7 +352,8 @@ forwards:
 // notifier, which releases the slot only once its last notice was sent. It
 // returns the workers' channels, by slot then rank, and wait, which closes
 // them and waits for every chunk handed over to finish.
-func startWorkers(cfg Config, g geometry, p *plan, ranks []*rank, side decodeSide, col *collector, mr *ModeReport, rs *residency, stop *stopper) (work [][]chan piece, wait func()) {
+func (r *rig) startWorkers(mr *ModeReport, rs *residency, stop *stopper) (work [][]chan piece, wait func()) {
+	g, p, ranks, side, col := r.g, r.p, r.ranks, r.side, r.col
 	var nt *notifier
 	if side.remote() {
 		nt = newNotifier(p.resident, p.maxChunks, side.ChunkDone)
