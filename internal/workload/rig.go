@@ -207,6 +207,15 @@ func runRig(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool,
 	// same forwards back to back, and a later PP stage's forward k-1 starts
 	// only after a pad (see below), so rank 0's is the earliest, and by
 	// then forward k-2 ended on every rank.
+	//
+	// A sharded run instead waits for every rank's forward to end before it
+	// enqueues the next, and hands a forward's chunks over then. Run one
+	// ahead, sharded runs came out worse and the two-process one flaky:
+	// PP per-layer ÷ floor 2.7-122 in ten runs (2.1-19 in four waiting for
+	// each forward), and the README's two-process TP 2 -> 4 run exposed
+	// 8.0 s instead of 2.6 s under -race, long enough for a notice to the
+	// decode process to time out. Why is not understood yet.
+	syncEach := g.sharded
 	t0 := time.Now()
 	launched := 0 // forwards enqueued
 	ended := 0    // forwards known to have ended (and told to Progress)
@@ -258,8 +267,13 @@ forwards:
 			// layers of forward k once the later stages ended forward k-1
 			// and the earlier ones computed forward k's first layers. The
 			// streams run independently, so a pad kernel stands for both
-			// waits (the earlier stages' forward k-1 ended with this one's).
-			if pad := time.Duration(rk.after)*cfg.layerTime(prevTokens) + time.Duration(rk.before)*cfg.layerTime(tokens); pad > 0 {
+			// waits (the earlier stages' forward k-1 ended with this one's);
+			// when the loop waits for each forward, that wait is the first.
+			pad := time.Duration(rk.before) * cfg.layerTime(tokens)
+			if !syncEach {
+				pad += time.Duration(rk.after) * cfg.layerTime(prevTokens)
+			}
+			if pad > 0 {
 				if loopErr = rk.stream.Launch(sim.Kernel{Name: fmt.Sprintf("f%d wait for stage %d", k+1, rk.stage), Duration: pad}); loopErr != nil {
 					break forwards
 				}
@@ -291,12 +305,27 @@ forwards:
 				loopErr = errors.Wrapf(loopErr, "forward %d", k+1)
 				break forwards
 			}
-			if ri == 0 {
+			if ri == 0 && !syncEach {
 				started = ev
 			}
 		}
 		launched++
 		prevTokens = tokens
+		if syncEach {
+			sctx, cancel := stop.syncCtx()
+			for _, rk := range ranks {
+				if loopErr = rk.stream.Synchronize(sctx); loopErr != nil {
+					break
+				}
+			}
+			cancel()
+			if loopErr != nil {
+				break
+			}
+			for ; ended < launched; ended++ {
+				progress()
+			}
+		}
 		for _, pc := range fw {
 			for _, ch := range work[pc.room%p.resident] {
 				ch <- pc

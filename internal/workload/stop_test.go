@@ -64,10 +64,10 @@ func TestDrainFinishesTheRequestsStarted(t *testing.T) {
 }
 
 // An interrupt (the context ended) once forward 3 ended launches no
-// forward after those enqueued, and the chunks launched finish. The loop
-// runs one forward ahead (forward 4 was enqueued when forward 3 ended), on
-// every rank of a sharded run too: requests 0 and 1 are done, 2 and 3
-// never started.
+// forward after those enqueued, and the chunks launched finish. The
+// unsharded loop runs one forward ahead (forward 4 was enqueued when
+// forward 3 ended): requests 0 and 1 are done, 2 and 3 never started. The
+// sharded loop waits for each forward: request 1 has one chunk of two.
 func TestInterruptStopsAfterTheCurrentForward(t *testing.T) {
 	for _, sharded := range []bool{false, true} {
 		cfg := stopConfig(sharded)
@@ -79,6 +79,9 @@ func TestInterruptStopsAfterTheCurrentForward(t *testing.T) {
 			}
 		})
 		forwards, requests := 4, 2
+		if sharded {
+			forwards, requests = 3, 1
+		}
 		assert.Equal(t, 0, mr.Failed, "the chunks launched finish: %s", mr.FirstError)
 		assert.Equal(t, fmt.Sprintf("interrupted before forward %d: context canceled", forwards+1), mr.Aborted)
 		assert.Equal(t, forwards, mr.ForwardsDone)
