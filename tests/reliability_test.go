@@ -179,8 +179,14 @@ type relRoom struct {
 	src, dst []int // per position
 	dropAt   int   // forward index to drop in (-1: never), after layer dropLayer
 	dropLyr  int
-	results  []system.Result
-	returns  []time.Time
+	// ranges, owned and positions are, per chunk, its pages, how many of
+	// them this CP rank sends and their positions: computed once, when the
+	// room is drawn.
+	ranges    []cp.Range
+	owned     []int
+	positions [][]int
+	results   []system.Result
+	returns   []time.Time
 	// registered is when each chunk's registration began: with its
 	// return, the interval the stall probe is asked about.
 	registered []time.Time
@@ -443,6 +449,17 @@ func (r *relEngine) drawRooms(n int) []*relRoom {
 		for x := range rm.dst {
 			rm.dst[x] = rm.window + x
 		}
+		for k, end := range rm.chunks {
+			start := 0
+			if k > 0 {
+				start = rm.chunks[k-1]
+			}
+			rg, err := cp.ChunkRange(start, end, relPageSize, k == len(rm.chunks)-1)
+			require.NoError(r.t, err)
+			owned, pos, err := r.cp.Owned(rm.src[rg.PageStart:rg.PageStart+rg.Pages], rg.PageStart, len(rm.src))
+			require.NoError(r.t, err)
+			rm.ranges, rm.owned, rm.positions = append(rm.ranges, rg), append(rm.owned, len(owned)), append(rm.positions, pos)
+		}
 		r.mu.Lock()
 		for _, p := range rm.peerRefs {
 			if r.pageRoom[p.id] == nil {
@@ -543,8 +560,7 @@ func (r *relEngine) registerForward(sc *relScenario, k int) (writes []testbed.Wr
 			start = rm.chunks[k-1]
 		}
 		last := k == len(rm.chunks)-1
-		rg, err := cp.ChunkRange(start, rm.chunks[k], relPageSize, last)
-		require.NoError(r.t, err)
+		rg := rm.ranges[k]
 		spec := system.ChunkSpec{Room: rm.room, Start: start, End: rm.chunks[k], Last: last,
 			SrcPages: rm.src[rg.PageStart : rg.PageStart+rg.Pages], TotalPages: len(rm.src)}
 		if rm.dummy {
@@ -624,7 +640,7 @@ func (r *relEngine) attribute(sc *relScenario, k int, inFwd []*relRoom, needEven
 		if rm.dropAt == k {
 			continue
 		}
-		owned := r.owned(rm, k)
+		owned := rm.owned[k]
 		for _, ev := range needEvents {
 			kind := ev[strings.Index(ev, ":")+1:]
 			group := strings.HasPrefix(ev, "g")
@@ -687,16 +703,6 @@ func describe(touched map[chunkRef][]string) string {
 	}
 	sort.Strings(out)
 	return strings.Join(out, "; ")
-}
-
-func (r *relEngine) owned(rm *relRoom, k int) int {
-	start := 0
-	if k > 0 {
-		start = rm.chunks[k-1]
-	}
-	rg, _ := cp.ChunkRange(start, rm.chunks[k], relPageSize, k == len(rm.chunks)-1)
-	o, _, _ := r.cp.Owned(rm.src[rg.PageStart:rg.PageStart+rg.Pages], rg.PageStart, len(rm.src))
-	return len(o)
 }
 
 func (r *relEngine) count(kind string) {
@@ -816,12 +822,7 @@ func (r *relEngine) checkLanded(n int) {
 
 // bytesEqual checks chunk i of the room on every real destination.
 func (r *relEngine) bytesEqual(rm *relRoom, i int) bool {
-	start := 0
-	if i > 0 {
-		start = rm.chunks[i-1]
-	}
-	rg, _ := cp.ChunkRange(start, rm.chunks[i], relPageSize, i == len(rm.chunks)-1)
-	_, pos, _ := r.cp.Owned(rm.src[rg.PageStart:rg.PageStart+rg.Pages], rg.PageStart, len(rm.src))
+	pos := rm.positions[i]
 	want := make([]byte, relItemLen)
 	for _, p := range rm.peerRefs {
 		for _, x := range pos {

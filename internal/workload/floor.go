@@ -3,6 +3,8 @@ package workload
 import (
 	"sort"
 	"time"
+
+	"github.com/kvstream/kvstream/cp/reshard"
 )
 
 // The ideal floor (docs/PERFORMANCE.md, "The floor"): for each request, the
@@ -168,4 +170,84 @@ func (c Config) layerTime(tokens int) time.Duration {
 		us = c.LayerUsPerKTok
 	}
 	return time.Duration(float64(tokens) / 1000 * us * float64(time.Microsecond))
+}
+
+// shardedFloors is floors for a sharded run. Every prefill rank has its own
+// link (its NIC: loopback models one per sending node), shared by the
+// batches to all the decode ranks it feeds and served in order as floors
+// does; the decode side's ingress is not modeled (nor is it by loopback).
+// A batch carries, per page the rank owns, route.PageBytes (the real bytes
+// of the heads it sends that decode rank) per buffer of the batch's layers
+// that the route takes (PP: the layers both stages hold). A request's floor
+// is its last landing over all ranks minus the end of its last forward on
+// the latest rank, as its exposed time is measured. ends gives the end of
+// layer l (numbered within the stage) of forward k on the rank (st, r).
+func shardedFloors(cfg Config, g geometry, p *plan, perLayer bool, ends func(st, r, k, l int) time.Duration) []float64 {
+	kinds := g.preReal.Kinds()
+	lastForward := make([]int, cfg.Requests)
+	for k, fw := range p.forwards {
+		for _, pc := range fw {
+			lastForward[pc.room] = k
+		}
+	}
+	pair := reshard.Pairing{Prefill: g.preReal, Decode: g.decReal}
+	lastLand := make([]time.Duration, cfg.Requests)
+	lastEnd := make([]time.Duration, cfg.Requests)
+	for i := 0; i < g.preReal.PP()*g.preReal.TP; i++ {
+		st, r := i/g.preReal.TP, i%g.preReal.TP
+		lo, hi := g.preReal.StageLayers(st)
+		hooks := min(hi, g.hookLayers) - lo
+		groups := (hooks + cfg.GroupSize - 1) / cfg.GroupSize
+		pl, err := reshard.NewPlan(&pair, reshard.Rank{TP: r, Stage: st})
+		if err != nil {
+			panic(err) // validated by shardedGeometry
+		}
+		var routes []*reshard.Route
+		for j := range pl.Routes {
+			if rt := &pl.Routes[j]; !rt.Empty() {
+				routes = append(routes, rt)
+			}
+		}
+		var batches []linkBatch
+		// add queues, for each destination, the batch of the model layers
+		// [a, b) that its route takes.
+		add := func(room int, ready time.Duration, pages, a, b int) {
+			for _, rt := range routes {
+				layers := min(b, rt.LayerHi) - max(a, rt.LayerLo)
+				if n := float64(pages) * float64(max(layers, 0)*kinds) * float64(rt.PageBytes()); n > 0 {
+					batches = append(batches, linkBatch{room: room, ready: ready, bytes: n, order: len(batches)})
+				}
+			}
+		}
+		for k, fw := range p.forwards {
+			end := ends(st, r, k, hi-lo-1)
+			if !perLayer {
+				for _, pc := range fw {
+					add(pc.room, end, pc.owned, lo, hi)
+				}
+				continue
+			}
+			for gi := 0; gi < groups; gi++ {
+				a, b := gi*cfg.GroupSize, min((gi+1)*cfg.GroupSize, hooks)
+				for _, pc := range fw {
+					add(pc.room, ends(st, r, k, b-1), pc.owned, lo+a, lo+b)
+				}
+			}
+			for _, pc := range fw {
+				add(pc.room, end, pc.owned, lo+hooks, hi)
+			}
+		}
+		land := idealLandings(batches, cfg.LinkGbps*1e9/8, cfg.LinkLatency)
+		for j, b := range batches {
+			lastLand[b.room] = max(lastLand[b.room], land[j])
+		}
+		for room := range lastEnd {
+			lastEnd[room] = max(lastEnd[room], ends(st, r, lastForward[room], hi-lo-1))
+		}
+	}
+	out := make([]float64, cfg.Requests)
+	for room := range out {
+		out[room] = msf(max(lastLand[room]-lastEnd[room], 0))
+	}
+	return out
 }

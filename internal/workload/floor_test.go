@@ -15,7 +15,9 @@ func planOf(t *testing.T, cfg Config) (geometry, *plan) {
 	t.Helper()
 	g, err := cfg.validate()
 	require.NoError(t, err)
-	return g, newPlan(cfg, g)
+	p, err := newPlan(cfg, g)
+	require.NoError(t, err)
+	return g, p
 }
 
 // floorsOf returns the per-layer and the monolithic floors (ms) of cfg on
@@ -106,7 +108,8 @@ func shardedFloorsOf(t *testing.T, cfg Config) (perLayer, mono []float64) {
 	g, err := cfg.validate()
 	require.NoError(t, err)
 	require.True(t, g.sharded)
-	p := newPlan(cfg, g)
+	p, err := newPlan(cfg, g)
+	require.NoError(t, err)
 	ideal := idealTimeline(cfg, g, p)
 	ends := func(st, _, k, l int) time.Duration {
 		lo, _ := g.preReal.StageLayers(st)

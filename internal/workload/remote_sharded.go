@@ -145,38 +145,3 @@ func openRemote(remote ShardedPlane, cfg Config, g geometry, p *plan, log *zap.L
 	}
 	return tr, peers, nil
 }
-
-// chunkOutcome gathers the prefill ranks' Finish results of one chunk.
-type chunkOutcome struct {
-	left  int           // ranks still to finish it
-	ok    bool          // every rank's Finish so far succeeded
-	fail  system.Result // the first rank's that did not
-	bytes uint64
-}
-
-func newOutcome(ranks int) *chunkOutcome { return &chunkOutcome{left: ranks, ok: true} }
-
-func (o *chunkOutcome) add(res system.Result, err error) {
-	o.left--
-	o.bytes += res.Stats.Bytes
-	if o.ok && (err != nil || res.Status != system.Succeeded) {
-		o.ok, o.fail = false, res
-		if o.fail.Err == nil {
-			o.fail.Err = err
-		}
-		if o.fail.Status == system.Succeeded {
-			o.fail.Status = system.Failed
-		}
-	}
-}
-
-// result is the chunk's outcome on every prefill rank together: what the
-// decode ranks are told once the last rank's Finish returned.
-func (o *chunkOutcome) result() system.Result {
-	r := system.Result{Status: system.Succeeded}
-	if !o.ok {
-		r = o.fail
-	}
-	r.Stats.Bytes = o.bytes
-	return r
-}

@@ -6,9 +6,12 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cp/reshard"
+	"github.com/kvstream/kvstream/hw/rdma"
+	"github.com/kvstream/kvstream/internal/testbed"
 	"github.com/kvstream/kvstream/system"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
 )
 
 // TestShardGivesTheSimsSides: the decode process sizes and checks its
@@ -45,7 +48,24 @@ func TestShardGivesTheSimsSides(t *testing.T) {
 func TestRunRemoteShardedNeedsAShardedPlane(t *testing.T) {
 	cfg := Defaults()
 	cfg.Preset, cfg.PrefillTP = Presets["llama70b"], 2
-	_, err := RunRemote(context.Background(), cfg, nil, &localPlane{}, true)
+	_, err := RunRemote(context.Background(), cfg, nil, &onePool{}, true)
 	assert.True(t, errors.Is(err, system.ErrBadInput), "%v", err)
-	assert.ErrorContains(t, err, "--prefill-tp 2 --decode-tp 0 (--model llama70b): this decode side (*workload.localPlane) does not shard")
+	assert.ErrorContains(t, err, "--prefill-tp 2 --decode-tp 0 (--model llama70b): this decode side (*workload.onePool) does not shard")
 }
+
+// onePool is a remote decode side with one pool: the sim's own
+// underneath, as another process's unsharded decode side would be.
+type onePool struct{ l *localPlane }
+
+func (o *onePool) Open(_ testbed.Geometry, _ uint64, log *zap.Logger) (rdma.Transport, system.Peer, error) {
+	peers, err := o.l.open(log)
+	if err != nil {
+		return nil, system.Peer{}, err
+	}
+	tr, err := o.l.transport(0)
+	return tr, peers[0], err
+}
+func (o *onePool) OnPeerLost(func(error))      {}
+func (o *onePool) ChunkDone(Notice)            {}
+func (o *onePool) Verify(*testbed.Pool) string { return "" }
+func (o *onePool) Close() error                { o.l.close(); return nil }

@@ -38,7 +38,8 @@ func TestSummarizeByHand(t *testing.T) {
 	cfg.Requests, cfg.PromptTokens = 2, 4096
 	g, err := cfg.validate()
 	require.NoError(t, err)
-	p := newPlan(cfg, g)
+	p, err := newPlan(cfg, g)
+	require.NoError(t, err)
 	require.Len(t, p.forwards, 1)
 
 	ms := func(x float64) time.Duration { return time.Duration(x * float64(time.Millisecond)) }

@@ -57,7 +57,8 @@ func TestPoolsHoldTheResidentRequests(t *testing.T) {
 		g, err := cfg.validate()
 		require.NoError(t, err)
 		assert.Equal(t, 4*(512/100+2), g.resident, "four forwards of up to 7 requests each")
-		p := newPlan(cfg, g)
+		p, err := newPlan(cfg, g)
+		require.NoError(t, err)
 		sizes[requests] = p.pool
 		assert.Equal(t, g.pagesPerRequest*g.resident, p.pool)
 		for r := 0; r < requests; r += 97 {
@@ -114,15 +115,17 @@ func TestReleaseChecksAndClears(t *testing.T) {
 	cfg.Resident = 2
 	g, err := cfg.validate()
 	require.NoError(t, err)
-	p := newPlan(cfg, g)
+	p, err := newPlan(cfg, g)
+	require.NoError(t, err)
 	geom := testbed.MLA(g.layers, uint64(g.itemLen), p.pool)
 	l := &localPlane{cfg: cfg, g: g, p: p}
-	_, _, err = l.Open(geom, cfg.Seed, nil)
+	_, err = l.open(nil)
 	require.NoError(t, err)
-	defer func() { require.NoError(t, l.Close()) }()
+	defer l.close()
 	pool, err := testbed.NewPool(geom)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, pool.Free()) }()
+	l.prefill([]*testbed.Pool{pool})
 
 	// Room 0 landed whole: its release finds nothing.
 	for x := 0; x < g.pagesPerRequest; x++ {
@@ -131,8 +134,8 @@ func TestReleaseChecksAndClears(t *testing.T) {
 			copy(l.decode.Page(b, p.dst(0)[x]), pool.Page(b, p.src(0)[x]))
 		}
 	}
-	l.Release(0, pool)
-	assert.Empty(t, l.released)
+	l.Release(0)
+	assert.Empty(t, l.released.get())
 	for b := 0; b < geom.Buffers(); b++ {
 		assert.Equal(t, make([]byte, g.itemLen), l.decode.Page(b, p.dst(0)[1]), "buffer %d cleared", b)
 	}
@@ -145,8 +148,8 @@ func TestReleaseChecksAndClears(t *testing.T) {
 		}
 	}
 	l.decode.Page(3, p.dst(1)[1])[5] ^= 1
-	l.Release(1, pool)
-	msg := l.Verify(pool)
+	l.Release(1)
+	msg := l.verify(1, 1)
 	assert.Contains(t, msg, "room 1 position 1")
 	assert.Contains(t, msg, "buffer KV3")
 	assert.Contains(t, msg, "when its slot was released")

@@ -36,13 +36,7 @@ func runStopped(t *testing.T, ctx context.Context, cfg Config, after func(k int)
 	require.Len(t, p.forwards, 8, "the schedule this test assumes")
 	k := 0
 	progress := func() { k++; after(k) }
-	var mr *ModeReport
-	var err error
-	if g.sharded {
-		mr, err = runSharded(ctx, cfg, g, p, true, nil, progress, nil)
-	} else {
-		mr, err = runMode(ctx, cfg, g, p, true, nil, progress, &localPlane{cfg: cfg, g: g, p: p})
-	}
+	mr, err := runRig(ctx, cfg, g, p, true, nil, progress, localSide(cfg, g, p))
 	require.NoError(t, err)
 	return mr
 }
