@@ -201,7 +201,7 @@ func (k *rank) session(ctx context.Context, dec string, geom testbed.Geometry) (
 		_ = c.Close(ctx)
 		delete(k.sessions, dec)
 	}
-	m, err := k.res.Resolve(ctx, cluster.RoleDecode, dec)
+	m, err := resolvePatiently(ctx, k.res, dec, resolvePatience)
 	if err != nil {
 		return nil, err
 	}
@@ -215,6 +215,38 @@ func (k *rank) session(ctx context.Context, dec string, geom testbed.Geometry) (
 	k.dials++
 	k.sessions[dec] = c
 	return c, nil
+}
+
+// resolvePatience bounds how long a rank waits for the decode instance it
+// was given to be resolvable again: an etcd pause longer than the member
+// TTL expires every lease, and until the instance registered again the
+// lookup fails (unreachable, then not found) although nothing is wrong
+// with it. A batch fails only when the instance stays away longer, as a
+// killed one does until it is restarted.
+const resolvePatience = 10 * time.Second
+
+// resolvePatiently resolves decode instance dec, trying again, with backoff,
+// while the lookup fails as unreachable or not found, for up to patience.
+func resolvePatiently(ctx context.Context, res *cluster.Resolver, dec string, patience time.Duration) (cluster.Member, error) {
+	deadline := time.Now().Add(patience)
+	wait := 50 * time.Millisecond
+	for {
+		m, err := res.Resolve(ctx, cluster.RoleDecode, dec)
+		if err == nil || !(errors.Is(err, cluster.ErrUnavailable) || errors.Is(err, cluster.ErrNotFound)) {
+			return m, err
+		}
+		if !time.Now().Add(wait).Before(deadline) {
+			return m, errors.Wrapf(err, "decode instance %s: not resolvable for %v", dec, patience)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return m, errors.Wrapf(ctx.Err(), "decode instance %s: waiting for it to resolve (%v)", dec, err)
+		case <-t.C:
+		}
+		wait = min(2*wait, time.Second)
+	}
 }
 
 // run runs one batch into decode instance dec and reports it.
