@@ -122,6 +122,20 @@ func (s *Side) PP() int {
 	return len(s.Stages) - 1
 }
 
+// EvenStages splits layers into pp stages of sizes differing by at most
+// one, as Side.Stages (nil: one stage). More stages than layers leave one
+// empty, which NewPlan names.
+func EvenStages(layers, pp int) []int {
+	if pp <= 1 {
+		return nil
+	}
+	out := make([]int, pp+1)
+	for s := range out {
+		out[s] = s * layers / pp
+	}
+	return out
+}
+
 // StageLayers returns the layers [lo, hi) stage st holds.
 func (s *Side) StageLayers(st int) (lo, hi int) {
 	if len(s.Stages) == 0 {

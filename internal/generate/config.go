@@ -124,18 +124,6 @@ type geometry struct {
 
 func degree(n int) int { return max(1, n) }
 
-// evenStages splits layers into pp near-equal stages (nil: one stage).
-func evenStages(layers, pp int) []int {
-	if pp <= 1 {
-		return nil
-	}
-	out := make([]int, pp+1)
-	for s := range out {
-		out[s] = s * layers / pp
-	}
-	return out
-}
-
 // check validates the configuration before anything is allocated; errors
 // name the flag and the value.
 func (c *Config) check() (geometry, error) {
@@ -180,8 +168,8 @@ func (c *Config) check() (geometry, error) {
 	if degree(c.PrefillPP) > layers || degree(c.DecodePP) > layers {
 		return g, flagError("--prefill-pp %d --decode-pp %d: --model %s has %d layers", c.PrefillPP, c.DecodePP, m.Name, layers)
 	}
-	g.pre = m.Side(degree(c.PrefillTP), evenStages(layers, degree(c.PrefillPP)), c.PageSize, c.PageOrder)
-	g.dec = m.Side(degree(c.DecodeTP), evenStages(layers, degree(c.DecodePP)), c.PageSize, c.PageOrder)
+	g.pre = m.Side(degree(c.PrefillTP), reshard.EvenStages(layers, degree(c.PrefillPP)), c.PageSize, c.PageOrder)
+	g.dec = m.Side(degree(c.DecodeTP), reshard.EvenStages(layers, degree(c.DecodePP)), c.PageSize, c.PageOrder)
 	pairing := fmt.Sprintf("--prefill-tp %d --decode-tp %d --prefill-pp %d --decode-pp %d (--model %s)",
 		degree(c.PrefillTP), degree(c.DecodeTP), degree(c.PrefillPP), degree(c.DecodePP), m.Name)
 	if _, err := reshard.NewPlan(&reshard.Pairing{Prefill: g.pre, Decode: g.dec}, reshard.Rank{}); err != nil {

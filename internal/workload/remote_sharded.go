@@ -66,9 +66,9 @@ func (s Shard) Sides() (pre, dec reshard.Side, err error) {
 		return pre, dec, bad("head dim / %d: the scale must divide %s's head dim %d", s.Scale, s.Model, p.HeadDim)
 	}
 	pre = reshard.Side{Layers: s.Layers, KVHeads: p.KVHeads, HeadDim: p.HeadDim / s.Scale, ElemBytes: p.ElemBytes, MLA: p.MLA,
-		TP: max(1, s.PrefillTP), Stages: evenStages(s.Layers, s.PrefillPP), PageSize: s.PageSize, Order: s.Order}
+		TP: max(1, s.PrefillTP), Stages: reshard.EvenStages(s.Layers, s.PrefillPP), PageSize: s.PageSize, Order: s.Order}
 	dec = pre
-	dec.TP, dec.Stages = max(1, s.DecodeTP), evenStages(s.Layers, s.DecodePP)
+	dec.TP, dec.Stages = max(1, s.DecodeTP), reshard.EvenStages(s.Layers, s.DecodePP)
 	pair := reshard.Pairing{Prefill: pre, Decode: dec}
 	if _, err := reshard.NewPlan(&pair, reshard.Rank{}); err != nil {
 		return pre, dec, badFlag(err, "%s", s)

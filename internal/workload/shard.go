@@ -33,20 +33,6 @@ func (c Config) tpFlags() string {
 	return fmt.Sprintf("--prefill-tp %d --decode-tp %d%s (--model %s)", c.PrefillTP, c.DecodeTP, pp, c.Preset.Name)
 }
 
-// evenStages splits layers into pp stages of sizes differing by at most
-// one (nil: one stage). More stages than layers leave one empty, which the
-// pairing's validation names.
-func evenStages(layers, pp int) []int {
-	if pp <= 1 {
-		return nil
-	}
-	out := make([]int, pp+1)
-	for s := range out {
-		out[s] = s * layers / pp
-	}
-	return out
-}
-
 func badFlag(err error, format string, args ...any) error {
 	return errors.Mark(errors.Wrapf(err, format, args...), system.ErrBadInput)
 }
@@ -67,7 +53,7 @@ func (c Config) shardedGeometry(g *geometry) error {
 	if c.PrefillTP < 0 || c.DecodeTP < 0 || c.PrefillPP < 0 || c.DecodePP < 0 {
 		return errors.Mark(errors.Newf("%s: TP and PP degrees must not be negative", c.tpFlags()), system.ErrBadInput)
 	}
-	pre.Stages, dec.Stages = evenStages(g.layers, c.PrefillPP), evenStages(g.layers, c.DecodePP)
+	pre.Stages, dec.Stages = reshard.EvenStages(g.layers, c.PrefillPP), reshard.EvenStages(g.layers, c.DecodePP)
 	pair := reshard.Pairing{Prefill: pre, Decode: dec}
 	if _, err := reshard.NewPlan(&pair, reshard.Rank{}); err != nil {
 		return badFlag(err, "%s", c.tpFlags())
