@@ -26,12 +26,14 @@ type Block struct {
 const pageSize = 4096
 
 // hugePage is the size of a transparent huge page (x86-64, arm64 with 4 KiB
-// pages). Pools are asked for huge pages (MADV_HUGEPAGE: the kernels we run
-// on default to THP "madvise"): one TLB entry, and one fault of whatever
-// backs the guest's memory, per 2 MiB instead of per 4 KiB. Measured in the
-// sim on a 2-vCPU VM: with 4 KiB pages, 7 of 16 runs copied some buffers at
-// 0.7 GB/s in every forward (5.6 us per 4 KiB page, the cost of a fault
-// below the guest), against 2 of 16 with huge pages (docs/PERFORMANCE.md).
+// pages). Pools are asked for huge pages (MADV_HUGEPAGE: many kernels, this
+// project's VM's among them, default to THP "madvise"): one TLB entry, and
+// one fault, per 2 MiB instead of per 4 KiB. Measured in the sim on a 2-vCPU
+// VM whose kernel runs a DAMON pageout scheme (its passes over memory left
+// idle make the pages fault again) under a hypervisor that traps every
+// fault: with 4 KiB pages, 7 of 16 runs copied some buffers at 0.7 GB/s in
+// every forward (5.6 us per page), against 2 of 16 with huge pages
+// (docs/PERFORMANCE.md).
 const hugePage = 2 << 20
 
 // madvHugepage is MADV_HUGEPAGE, which package syscall does not name.
