@@ -477,7 +477,14 @@ func (c *Client) Notify(ctx context.Context, n Notice) error {
 		if lost := c.Lost(); lost != nil {
 			return lost
 		}
-		return public(errors.Wrapf(err, "room %d chunk [%d, %d): notice", msg.Room, msg.Start, msg.End))
+		err = errors.Wrapf(err, "room %d chunk [%d, %d): notice", msg.Room, msg.Start, msg.End)
+		if errors.Is(err, actor.ErrTimeout) && ctx.Err() == nil {
+			// No answer within the call timeout from a server whose
+			// session is alive: a busy one may still act on the notice,
+			// and its answer to Bye counts it.
+			err = errors.Mark(err, ErrUnreachable)
+		}
+		return public(err)
 	}
 	a, ok := res.(*wire.NoticeAck)
 	switch {

@@ -3,6 +3,7 @@ package decode_test
 import (
 	"context"
 	"errors" // the standard library's: every error of the package answers it
+	"sync"
 	"testing"
 	"time"
 
@@ -437,4 +438,28 @@ func TestPoolOfTransportAllocations(t *testing.T) {
 	_, err = decode.New(node, tr, decode.Config{Buffers: []decode.Buffer{{Name: "KV", Base: a.Desc().Addr, ItemLen: itemLen, Pages: pages, Region: a}}})
 	assert.True(t, errors.Is(err, decode.ErrBadInput), "%v", err)
 	assert.ErrorContains(t, err, "does not hold")
+}
+
+// A notice a busy server answers after the call timeout: the error says no
+// answer came in time (ErrUnreachable), not that the server refused the
+// chunk, and the server still acts on the notice: the room completes.
+func TestNoticeAnsweredLateIsNotARefusal(t *testing.T) {
+	release := make(chan struct{})
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	defer free()
+	r := newRig(t, decode.Config{Verify: func(*decode.Session, decode.Chunk) error { <-release; return nil }})
+	require.NoError(t, r.srv.Expect(1, []int{0, 1, 2, 3}))
+	c, err := decode.Dial(context.Background(), r.node, decode.DialConfig{Decode: r.srv.Addr(), Buffers: prefillLayout(itemLen), PageSize: 4, Name: "p0",
+		CallTimeout: 200 * time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	err = c.Notify(context.Background(), notice(1, 0, 4, 0, true, system.Succeeded, nil))
+	require.Error(t, err, "the server's Verify holds the answer past the call timeout")
+	assert.True(t, errors.Is(err, decode.ErrUnreachable), "%v", err)
+	assert.False(t, errors.Is(err, decode.ErrRefused), "%v", err)
+	assert.False(t, errors.Is(err, decode.ErrChunkFailed), "%v", err)
+	free()
+	_, err = r.srv.Wait(waitCtx(t), 1)
+	assert.NoError(t, err, "the server acted on the notice it answered late")
 }

@@ -48,7 +48,9 @@ var (
 	ErrRefused = errors.New("refused")
 	// ErrUnreachable: (prefill side) nothing listens at the decode
 	// server's address, or it did not answer in time: it may not be up
-	// yet (DialConfig.ConnectTimeout retries).
+	// yet (DialConfig.ConnectTimeout retries). A Notify that gets it from a
+	// live session was not refused: the server may still act on the
+	// notice, and its answer to Bye counts it.
 	ErrUnreachable = errors.New("unreachable")
 	// ErrAuthentication: (prefill side) the two nodes cannot authenticate
 	// each other: TLS on one side only, a certificate of another CA or

@@ -393,7 +393,11 @@ chunks still finish) and exits non-zero. --metrics-addr serves the engine's metr
 			// Bytes equal: every chunk launched succeeded and the decode
 			// process found each it was told of equal (a run cut short
 			// expects its Bye to be answered "not complete").
-			equal := mr.Failed == 0 && plane.Verify(nil) == "" && plane.Lost() == nil && (byeErr == nil || aborted != nil)
+			// A notice a busy decode process answered too late is judged
+			// by its goodbye: every room complete, no chunk failed.
+			late := plane.Unanswered()
+			equal := mr.Failed == 0 && plane.Verify(nil) == "" && plane.Lost() == nil && (byeErr == nil || aborted != nil) &&
+				(late == 0 || aborted == nil && byeErr == nil && summary.Failed == 0)
 			ok := equal && byeErr == nil && (mr.Aborted == "" || drained)
 			var line string
 			if mr.Aborted == "" {
@@ -406,6 +410,9 @@ chunks still finish) and exits non-zero. --metrics-addr serves the engine's metr
 				line = fmt.Sprintf("prefill: %s over %s stopped after %d of %d forwards: %d of %d requests done (%d not started), %d chunks done, %d failed, decode accepted %d chunks, bytes equal: %v, %.3f GB crossed the transport; %s",
 					mode, transport, mr.ForwardsDone, mr.Forwards, mr.RequestsDone, cfg.Requests, mr.NotStarted, mr.ChunksDone, mr.Failed, accepted, equal,
 					float64(mr.BytesMoved)/1e9, mr.Aborted)
+			}
+			if late > 0 {
+				line += fmt.Sprintf("; %d notices not answered within the call timeout (judged by the decode's goodbye)", late)
 			}
 			if lost := plane.Lost(); lost != nil {
 				line += "; decode lost: " + lost.Error()

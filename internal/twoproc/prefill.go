@@ -32,6 +32,10 @@ type Prefill struct {
 	mismatch string
 	notices  int
 	accepted int
+	// unanswered counts notices a live decode process did not answer
+	// within the call timeout (decode.ErrUnreachable): not a verdict on
+	// the bytes; its answer to Bye is (see Unanswered).
+	unanswered int
 }
 
 var (
@@ -161,11 +165,24 @@ func (p *Prefill) ChunkDone(n workload.Notice) {
 		if err == nil {
 			p.accepted++
 		}
-		if err != nil && p.mismatch == "" && c.Lost() == nil {
+		switch {
+		case err == nil || c.Lost() != nil:
+		case errors.Is(err, decode.ErrUnreachable):
+			p.unanswered++
+		case p.mismatch == "":
 			p.mismatch = err.Error()
 		}
 		p.mu.Unlock()
 	}
+}
+
+// Unanswered counts the notices the decode process did not answer in time
+// while its session stayed up. The bytes of those chunks are equal only if
+// its answer to Bye says every room complete and no chunk failed.
+func (p *Prefill) Unanswered() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.unanswered
 }
 
 // Verify returns the decode process's first refusal or mismatch, or "".
