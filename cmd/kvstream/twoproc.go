@@ -393,11 +393,9 @@ chunks still finish) and exits non-zero. --metrics-addr serves the engine's metr
 			// Bytes equal: every chunk launched succeeded and the decode
 			// process found each it was told of equal (a run cut short
 			// expects its Bye to be answered "not complete").
-			// A notice a busy decode process answered too late is judged
-			// by its goodbye: every room complete, no chunk failed.
 			late := plane.Unanswered()
 			equal := mr.Failed == 0 && plane.Verify(nil) == "" && plane.Lost() == nil && (byeErr == nil || aborted != nil) &&
-				(late == 0 || aborted == nil && byeErr == nil && summary.Failed == 0)
+				plane.LateSettled(summary, byeErr, aborted)
 			ok := equal && byeErr == nil && (mr.Aborted == "" || drained)
 			var line string
 			if mr.Aborted == "" {

@@ -185,6 +185,15 @@ func (p *Prefill) Unanswered() int {
 	return p.unanswered
 }
 
+// LateSettled reports whether the notices the decode process answered late
+// (Unanswered) are settled by its goodbye: there were none, or the run was
+// not cut short (aborted nil) and the goodbye's answer (sum, byeErr) says
+// every room complete and no chunk failed. A late answer is no verdict on
+// the bytes; only the goodbye is.
+func (p *Prefill) LateSettled(sum decode.Summary, byeErr, aborted error) bool {
+	return p.Unanswered() == 0 || aborted == nil && byeErr == nil && sum.Failed == 0
+}
+
 // Verify returns the decode process's first refusal or mismatch, or "".
 func (p *Prefill) Verify(*testbed.Pool) string {
 	p.mu.Lock()
