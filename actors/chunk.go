@@ -96,6 +96,12 @@ func (a *chunkActor) stopTimer() {
 // log follows invariant 12: success at DEBUG, failure at WARN with room,
 // chunk and cause; nothing per layer.
 func (a *chunkActor) log(r messages.Result) {
+	// Checked before the fields are built: a success at DEBUG is usually
+	// disabled, and this runs between the last landing and Finish's return.
+	ce := a.env.Log.Check(LogLevel(r), logMessage(r))
+	if ce == nil {
+		return
+	}
 	fields := []zap.Field{
 		zap.Uint64("room", r.Chunk.Room), zap.Int("chunk", r.Chunk.Start),
 		zap.Bool("per_layer", r.PerLayer), zap.String("status", r.Status.String()),
@@ -104,7 +110,7 @@ func (a *chunkActor) log(r messages.Result) {
 	if r.Err != nil {
 		fields = append(fields, zap.Error(r.Err))
 	}
-	a.env.Log.Log(LogLevel(r), logMessage(r), fields...)
+	ce.Write(fields...)
 }
 
 // LogLevel is the level a chunk's end is logged at (invariant 12: quiet

@@ -394,7 +394,7 @@ chunks still finish) and exits non-zero. --metrics-addr serves the engine's metr
 			// process found each it was told of equal (a run cut short
 			// expects its Bye to be answered "not complete").
 			late := plane.Unanswered()
-			equal := mr.Failed == 0 && plane.Verify(nil) == "" && plane.Lost() == nil && (byeErr == nil || aborted != nil) &&
+			equal := mr.Failed == 0 && plane.Verify() == "" && plane.Lost() == nil && (byeErr == nil || aborted != nil) &&
 				plane.LateSettled(summary, byeErr, aborted)
 			ok := equal && byeErr == nil && (mr.Aborted == "" || drained)
 			var line string

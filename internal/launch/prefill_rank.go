@@ -266,8 +266,8 @@ func (k *rank) run(ctx context.Context, batch int, dec string) {
 		e.Error = err.Error()
 	case mr.Failed > 0 || mr.Aborted != "":
 		e.Failed, e.Error = mr.Failed, mr.FirstError+mr.Aborted
-	case plane.Verify(nil) != "":
-		e.Error = plane.Verify(nil)
+	case plane.Verify() != "":
+		e.Error = plane.Verify()
 	default:
 		e.OK = true
 	}

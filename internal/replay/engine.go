@@ -351,7 +351,10 @@ func (r *engineReplay) register(ctx context.Context, rec *trace.Record) error {
 		return errors.Wrapf(err, "%s: replayed Register", rec.Where())
 	}
 	r.inj.watch(*call, reg.Chunk)
-	rg, _ := cp.ChunkRange(spec.Start, spec.End, r.cfg.PageSize, spec.Last)
+	rg, err := cp.ChunkRange(spec.Start, spec.End, r.cfg.PageSize, spec.Last)
+	if err != nil { // the engine accepted it, so it cannot be invalid
+		return errors.NewAssertionErrorWithWrappedErrf(err, "%s: a registered chunk's range", rec.Where())
+	}
 	r.pendingWrites = append(r.pendingWrites, testbed.Write{Room: spec.Room, PageStart: rg.PageStart, SrcPages: rg2src(spec, rg), Tokens: rg.End - rg.Start})
 	r.specs = append(r.specs, spec)
 	return nil
@@ -568,7 +571,10 @@ func (in *injector) fault(b rdmafault.BatchInfo) rdmafault.Fault {
 // checkBytes compares every successful chunk's owned destination pages
 // with the model's bytes.
 func checkBytes(specs []system.ChunkSpec, results map[uint64][]system.Result, decodes map[string]*testbed.Decode, pool *testbed.Pool, c trace.Config, seed uint64) string {
-	rule, _ := cp.ParseRule(c.CPRule)
+	rule, err := cp.ParseRule(c.CPRule)
+	if err != nil {
+		return err.Error()
+	}
 	rank := cp.CP{Size: c.CPSize, Rank: c.CPRank, Rule: rule}
 	ok := map[[2]uint64]bool{}
 	for room, rs := range results {
@@ -583,7 +589,10 @@ func checkBytes(specs []system.ChunkSpec, results map[uint64][]system.Result, de
 		if !ok[[2]uint64{s.Room, uint64(s.Start)}] {
 			continue
 		}
-		rg, _ := cp.ChunkRange(s.Start, s.End, c.PageSize, s.Last)
+		rg, err := cp.ChunkRange(s.Start, s.End, c.PageSize, s.Last)
+		if err != nil {
+			return fmt.Sprintf("room %d chunk %d: %v", s.Room, s.Start, err)
+		}
 		_, pos, err := rank.Owned(rg2src(s, rg), rg.PageStart, s.TotalPages)
 		if err != nil {
 			return err.Error()

@@ -193,7 +193,7 @@ func (p *RankPlane) ChunkDone(n workload.Notice) {
 }
 
 // Verify returns the decode instance's first refusal, or "".
-func (p *RankPlane) Verify(*testbed.Pool) string {
+func (p *RankPlane) Verify() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.mismatch

@@ -79,7 +79,7 @@ func TestGroupBatchesVerified(t *testing.T) {
 					mr, err := workload.RunRemote(ctx, rc, nil, plane, true)
 					require.NoError(t, err)
 					require.Zero(t, mr.Failed)
-					require.Empty(t, plane.Verify(nil))
+					require.Empty(t, plane.Verify())
 				}
 				for range cfg.Requests {
 					select {

@@ -195,7 +195,7 @@ func (p *Prefill) LateSettled(sum decode.Summary, byeErr, aborted error) bool {
 }
 
 // Verify returns the decode process's first refusal or mismatch, or "".
-func (p *Prefill) Verify(*testbed.Pool) string {
+func (p *Prefill) Verify() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.mismatch

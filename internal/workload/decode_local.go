@@ -112,15 +112,14 @@ func (l *localPlane) transport(int) (rdma.Transport, error) {
 		return nil, err
 	}
 	per := l.decode.ItemLen * uint64(l.decode.Pages)
-	l.guard = newLandGuard(l.pre, func(addr uint64) (string, int, int, bool) {
+	l.guard = newLandGuard(l.pre, func(addr uint64) (destPage, bool) {
 		for b, base := range l.decode.Bases {
 			if addr >= base && addr < base+per {
-				pg := int((addr - base) / l.decode.ItemLen)
-				return l.decode.Names[b], pg, pg, true
+				return destPage{buffer: b, page: int((addr - base) / l.decode.ItemLen)}, true
 			}
 		}
-		return "", 0, 0, false
-	})
+		return destPage{}, false
+	}, func(d destPage) string { return l.decode.Names[d.buffer] })
 	return l.guard, nil
 }
 
@@ -278,6 +277,7 @@ type shardedDecode struct {
 	p       *plan
 	fab     *loopback.Fabric
 	pools   []*testbed.Decode
+	regions []region     // every pool's buffers by address (index)
 	guards  []*landGuard // per prefill rank
 	cleanup []func()
 
@@ -434,6 +434,7 @@ func (d *shardedDecode) open(*zap.Logger) (_ []system.Peer, err error) {
 		peer.Sharding = &system.Sharding{Side: d.g.decSide, Rank: reshard.Rank{TP: r, Stage: st}}
 		peers = append(peers, peer)
 	}
+	d.index()
 	return peers, nil
 }
 
@@ -445,22 +446,43 @@ func (d *shardedDecode) transport(ri int) (rdma.Transport, error) {
 		return nil, err
 	}
 	d.cleanup = append(d.cleanup, func() { _ = raw.Close() })
-	gd := newLandGuard(raw, d.locate)
+	gd := newLandGuard(raw, d.locate, d.bufferName)
 	d.guards = append(d.guards, gd)
 	return gd, nil
 }
 
-func (d *shardedDecode) locate(addr uint64) (string, int, int, bool) {
+// region is one decode buffer's pages on one decode rank, for locate.
+type region struct {
+	base, end    uint64
+	rank, buffer int
+	itemLen      uint64
+}
+
+// index sorts every decode buffer of every rank by address, for locate's
+// binary search: the guard locates every write of every batch, so a scan
+// over every buffer per write would sit in front of each landing.
+func (d *shardedDecode) index() {
+	d.regions = d.regions[:0]
 	for r, pool := range d.pools {
 		per := pool.ItemLen * uint64(pool.Pages)
 		for b, base := range pool.Bases {
-			if addr >= base && addr < base+per {
-				pg := int((addr - base) / pool.ItemLen)
-				return fmt.Sprintf("%s of decode rank %d", pool.Names[b], r), pg, pageKey(r, pg), true
-			}
+			d.regions = append(d.regions, region{base: base, end: base + per, rank: r, buffer: b, itemLen: pool.ItemLen})
 		}
 	}
-	return "", 0, 0, false
+	sort.Slice(d.regions, func(i, j int) bool { return d.regions[i].base < d.regions[j].base })
+}
+
+func (d *shardedDecode) locate(addr uint64) (destPage, bool) {
+	i := sort.Search(len(d.regions), func(i int) bool { return d.regions[i].end > addr })
+	if i == len(d.regions) || addr < d.regions[i].base {
+		return destPage{}, false
+	}
+	rg := d.regions[i]
+	return destPage{rank: rg.rank, buffer: rg.buffer, page: int((addr - rg.base) / rg.itemLen)}, true
+}
+
+func (d *shardedDecode) bufferName(p destPage) string {
+	return fmt.Sprintf("%s of decode rank %d", d.pools[p.rank].Names[p.buffer], p.rank)
 }
 
 func (d *shardedDecode) prefill([]*testbed.Pool) {} // the check is against the pattern

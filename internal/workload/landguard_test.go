@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/kvstream/kvstream/hw/rdma"
+	"github.com/kvstream/kvstream/internal/testbed"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -25,15 +26,15 @@ func (e *recordingEndpoint) Post(_ []rdma.Write, done func(error)) error {
 // passes; a SUCCESS with a batch in flight, and a batch posted after the
 // SUCCESS, fail naming room, chunk, position, decode page and buffer.
 func TestLandGuard(t *testing.T) {
-	locate := func(addr uint64) (string, int, int, bool) {
+	locate := func(addr uint64) (destPage, bool) {
 		if addr < 0x1000 || addr >= 0x1000+16*8 {
-			return "", 0, 0, false
+			return destPage{}, false
 		}
-		pg := int(addr-0x1000) / 16
-		return "KV0", pg, pg, true
+		return destPage{page: int(addr-0x1000) / 16}, true
 	}
+	name := func(destPage) string { return "KV0" }
 	newGuard := func() (*landGuard, *recordingEndpoint) {
-		g := newLandGuard(nil, locate)
+		g := newLandGuard(nil, locate, name)
 		ep := &recordingEndpoint{}
 		g.expect(3, 0, 128, []int{0, 1}, []int{5, 6})
 		return g, ep
@@ -78,4 +79,37 @@ func TestBelowBound(t *testing.T) {
 	assert.Empty(t, belowBound(1, 0.199, 0.199))
 	assert.Empty(t, belowBound(1, 0.1985, 0.199)) // within the rounding slack
 	assert.Contains(t, belowBound(2, 0.150, 0.199), "room 2: exposed 0.150 ms is below 0.199 ms")
+}
+
+// locate finds the decode rank, buffer and page of any address inside a
+// decode buffer, at the first and last byte of each, and nothing in the gaps
+// between buffers or past the last; the buffers of the two ranks interleave
+// in the address space, so a search that assumed one rank's buffers are
+// contiguous would misplace them.
+func TestShardedLocate(t *testing.T) {
+	pool := func(bases ...uint64) *testbed.Decode {
+		return &testbed.Decode{Pool: &testbed.Pool{Geometry: testbed.Geometry{ItemLen: 16, Pages: 4, Names: []string{"K", "V"}}, Bases: bases}}
+	}
+	d := &shardedDecode{pools: []*testbed.Decode{pool(0x1000, 0x3000), pool(0x2000, 0x1040)}}
+	d.index()
+	for _, c := range []struct {
+		addr uint64
+		want destPage
+		ok   bool
+	}{
+		{0x0fff, destPage{}, false},
+		{0x1000, destPage{rank: 0, buffer: 0, page: 0}, true},
+		{0x103f, destPage{rank: 0, buffer: 0, page: 3}, true},
+		{0x1040, destPage{rank: 1, buffer: 1, page: 0}, true},
+		{0x107f, destPage{rank: 1, buffer: 1, page: 3}, true},
+		{0x1080, destPage{}, false},
+		{0x2010, destPage{rank: 1, buffer: 0, page: 1}, true},
+		{0x3030, destPage{rank: 0, buffer: 1, page: 3}, true},
+		{0x3040, destPage{}, false},
+	} {
+		got, ok := d.locate(c.addr)
+		assert.Equal(t, c.ok, ok, "%#x", c.addr)
+		assert.Equal(t, c.want, got, "%#x", c.addr)
+	}
+	assert.Equal(t, "V of decode rank 1", d.bufferName(destPage{rank: 1, buffer: 1, page: 2}))
 }

@@ -22,9 +22,9 @@ type DataPlane interface {
 	// chunk order per request, and a request's slot is released only once
 	// its last chunk's call returned.
 	ChunkDone(Notice)
-	// Verify returns the first page the decode side found wrong, or "".
-	// The pool is nil: the decode side checks against its own pattern.
-	Verify(pool *testbed.Pool) string
+	// Verify returns the first page the decode side found wrong, or "";
+	// the decode side checks against its own pattern.
+	Verify() string
 	// Close releases the decode side.
 	Close() error
 }
@@ -128,6 +128,6 @@ func (r *remotePlane) ChunkDone(n Notice)                    { r.dp.ChunkDone(n)
 func (r *remotePlane) Release(int)                           {}
 func (r *remotePlane) OnPeerLost(f func(error))              { r.dp.OnPeerLost(f) }
 func (r *remotePlane) remote() bool                          { return true }
-func (r *remotePlane) verify(int, int) string                { return r.dp.Verify(nil) }
+func (r *remotePlane) verify(int, int) string                { return r.dp.Verify() }
 func (r *remotePlane) violations() []string                  { return nil }
 func (r *remotePlane) close()                                { _ = r.dp.Close() }

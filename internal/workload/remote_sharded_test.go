@@ -65,7 +65,7 @@ func (o *onePool) Open(_ testbed.Geometry, _ uint64, log *zap.Logger) (rdma.Tran
 	tr, err := o.l.transport(0)
 	return tr, peers[0], err
 }
-func (o *onePool) OnPeerLost(func(error))      {}
-func (o *onePool) ChunkDone(Notice)            {}
-func (o *onePool) Verify(*testbed.Pool) string { return "" }
-func (o *onePool) Close() error                { o.l.close(); return nil }
+func (o *onePool) OnPeerLost(func(error)) {}
+func (o *onePool) ChunkDone(Notice)       {}
+func (o *onePool) Verify() string         { return "" }
+func (o *onePool) Close() error           { o.l.close(); return nil }
