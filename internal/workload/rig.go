@@ -214,7 +214,11 @@ func runRig(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool,
 	// PP per-layer ÷ floor 2.7-122 in ten runs (2.1-19 in four waiting for
 	// each forward), and the README's two-process TP 2 -> 4 run exposed
 	// 8.0 s instead of 2.6 s under -race, long enough for a notice to the
-	// decode process to time out. Why is not understood yet.
+	// decode process to time out. With the landing oracle no longer
+	// formatting a string per write, waiting still wins: llama70b TP 2 x
+	// PP 2 -> TP 4 per-layer ÷ floor 1.13-1.85 waiting against 1.41-2.41
+	// one ahead, TP 4 -> 8 1.39-1.90 against 1.34-3.77 (alternating runs,
+	// 2 cores). Why is not understood yet.
 	syncEach := g.sharded
 	t0 := time.Now()
 	launched := 0 // forwards enqueued
