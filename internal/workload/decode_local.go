@@ -277,8 +277,9 @@ type shardedDecode struct {
 	p       *plan
 	fab     *loopback.Fabric
 	pools   []*testbed.Decode
-	regions []region     // every pool's buffers by address (index)
-	guards  []*landGuard // per prefill rank
+	shadows []*testbed.Pool // per decode pool: the chunks' snapshots (see snapshot)
+	regions []region        // every pool's buffers by address (index)
+	guards  []*landGuard    // per prefill rank
 	cleanup []func()
 
 	mu       sync.Mutex
@@ -291,23 +292,28 @@ type shardedDecode struct {
 // Finish, or a read of a source before its kernel ended, shows in it even
 // when the end of the run would pass. Checking it against the pattern costs
 // a hash per (token, head) on every decode rank, so that happens after the
-// run, out of the timed window; the copy is a memcpy per page.
+// run, out of the timed window; the copy is a memcpy per page, into the
+// page's place in a shadow of its decode pool (a page belongs to one room
+// at a time, and a chunk's positions to that chunk). The shadows are
+// allocated and touched before the run: copies into fresh Go heap put a
+// page fault per 4 KiB and the collector's work next to the landings (a
+// run of 8 -> 16 llama70b grew a 400-800 MB heap, and the first and last
+// requests of every run came in 20-120 ms late).
 type snapshot struct {
 	room      int
 	positions []int
-	pages     [][]byte // rank * len(positions) * buffers + i * buffers + b
 }
 
 func (d *shardedDecode) snapshot(room int, positions []int) snapshot {
-	s := snapshot{room: room, positions: positions}
-	for _, pool := range d.pools {
+	dst := d.p.dst(room)
+	for r, pool := range d.pools {
 		for _, x := range positions {
 			for b := 0; b < pool.Buffers(); b++ {
-				s.pages = append(s.pages, append([]byte(nil), pool.Page(b, d.p.dst(room)[x])...))
+				copy(d.shadows[r].Page(b, dst[x]), pool.Page(b, dst[x]))
 			}
 		}
 	}
-	return s
+	return snapshot{room: room, positions: positions}
 }
 
 // check compares room's positions on every decode rank (page gives the
@@ -345,12 +351,8 @@ func (d *shardedDecode) checkSnapshots(room int) string {
 	delete(d.snaps, room)
 	d.mu.Unlock()
 	for _, sn := range snaps {
-		n := len(sn.positions)
-		first := make([]int, len(d.pools)) // the snapshot's index of each rank's first page
-		for rank := 1; rank < len(d.pools); rank++ {
-			first[rank] = first[rank-1] + n*d.pools[rank-1].Buffers()
-		}
-		page := func(rank, i, b int) []byte { return sn.pages[first[rank]+i*d.pools[rank].Buffers()+b] }
+		dst := d.p.dst(sn.room)
+		page := func(rank, i, b int) []byte { return d.shadows[rank].Page(b, dst[sn.positions[i]]) }
 		if msg := d.check(sn.room, sn.positions, nil, "at Finish SUCCESS", page); msg != "" {
 			return msg
 		}
@@ -430,6 +432,12 @@ func (d *shardedDecode) open(*zap.Logger) (_ []system.Peer, err error) {
 		}
 		d.cleanup = append(d.cleanup, func() { _ = pool.Free() })
 		d.pools = append(d.pools, pool)
+		shadow, err := testbed.NewPool(pool.Geometry)
+		if err != nil {
+			return nil, errors.Wrapf(err, "decode PP stage %d TP rank %d: the oracle's snapshot pool", st, r)
+		}
+		d.cleanup = append(d.cleanup, func() { _ = shadow.Free() })
+		d.shadows = append(d.shadows, shadow)
 		peer := pool.Peer(name)
 		peer.Sharding = &system.Sharding{Side: d.g.decSide, Rank: reshard.Rank{TP: r, Stage: st}}
 		peers = append(peers, peer)
