@@ -2,6 +2,7 @@ package testbed
 
 import (
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -29,6 +30,13 @@ type Model struct {
 
 	forwards int
 	stage    []byte // a kernel's results between its Start and its Run
+
+	// spare holds the output page lists of kernels that ran, for the next
+	// launches: a list per kernel per forward (tens of MB over a long
+	// run) would bring the collector, and its stop-the-world pauses, into
+	// the windows where batches land.
+	spareMu sync.Mutex
+	spare   [][][]byte
 }
 
 // Poison is the byte a layer's kernel writes over the head of its output
@@ -114,7 +122,7 @@ func (m *Model) forward(eng *system.Engine, writes []Write, mark bool) (started 
 // (Prepare); at its end it copies them in. Kernels of one stream run one at
 // a time, so one staging buffer serves them all.
 func (m *Model) writeLayer(l int, writes []Write) (start, prepare, run func()) {
-	var pages [][]byte
+	pages := m.pageList()
 	for b, layer := range m.Pool.Layers {
 		if layer != l {
 			continue
@@ -156,8 +164,29 @@ func (m *Model) writeLayer(l int, writes []Write) (start, prepare, run func()) {
 		for i, pg := range pages {
 			copy(pg, m.stage[i*item:(i+1)*item])
 		}
+		m.recycle(pages)
 	}
 	return start, prepare, run
+}
+
+// pageList returns an empty output page list, reused when one is spare.
+func (m *Model) pageList() [][]byte {
+	m.spareMu.Lock()
+	defer m.spareMu.Unlock()
+	if n := len(m.spare); n > 0 {
+		pages := m.spare[n-1]
+		m.spare = m.spare[:n-1]
+		return pages[:0]
+	}
+	return nil
+}
+
+// recycle hands a ran kernel's page list back for a later launch.
+func (m *Model) recycle(pages [][]byte) {
+	clear(pages) // no page outlives its pool through a spare list
+	m.spareMu.Lock()
+	m.spare = append(m.spare, pages)
+	m.spareMu.Unlock()
 }
 
 // PoisonHead is how many leading bytes of each output page a kernel
