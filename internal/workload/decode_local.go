@@ -111,15 +111,8 @@ func (l *localPlane) transport(int) (rdma.Transport, error) {
 	if l.pre, err = l.fab.NewTransport("prefill"); err != nil {
 		return nil, err
 	}
-	per := l.decode.ItemLen * uint64(l.decode.Pages)
-	l.guard = newLandGuard(l.pre, func(addr uint64) (destPage, bool) {
-		for b, base := range l.decode.Bases {
-			if addr >= base && addr < base+per {
-				return destPage{buffer: b, page: int((addr - base) / l.decode.ItemLen)}, true
-			}
-		}
-		return destPage{}, false
-	}, func(d destPage) string { return l.decode.Names[d.buffer] })
+	l.guard = newLandGuard(l.pre, indexPools([]*testbed.Decode{l.decode}).locate,
+		func(d destPage) string { return l.decode.Names[d.buffer] })
 	return l.guard, nil
 }
 
@@ -278,7 +271,7 @@ type shardedDecode struct {
 	fab     *loopback.Fabric
 	pools   []*testbed.Decode
 	shadows []*testbed.Pool // per decode pool: the chunks' snapshots (see snapshot)
-	regions []region        // every pool's buffers by address (index)
+	regions regions         // every pool's buffers by address
 	guards  []*landGuard    // per prefill rank
 	cleanup []func()
 
@@ -442,7 +435,7 @@ func (d *shardedDecode) open(*zap.Logger) (_ []system.Peer, err error) {
 		peer.Sharding = &system.Sharding{Side: d.g.decSide, Rank: reshard.Rank{TP: r, Stage: st}}
 		peers = append(peers, peer)
 	}
-	d.index()
+	d.regions = indexPools(d.pools)
 	return peers, nil
 }
 
@@ -454,7 +447,7 @@ func (d *shardedDecode) transport(ri int) (rdma.Transport, error) {
 		return nil, err
 	}
 	d.cleanup = append(d.cleanup, func() { _ = raw.Close() })
-	gd := newLandGuard(raw, d.locate, d.bufferName)
+	gd := newLandGuard(raw, d.regions.locate, d.bufferName)
 	d.guards = append(d.guards, gd)
 	return gd, nil
 }
@@ -466,26 +459,31 @@ type region struct {
 	itemLen      uint64
 }
 
-// index sorts every decode buffer of every rank by address, for locate's
-// binary search: the guard locates every write of every batch, so a scan
-// over every buffer per write would sit in front of each landing.
-func (d *shardedDecode) index() {
-	d.regions = d.regions[:0]
-	for r, pool := range d.pools {
+// regions is every decode buffer of every rank (pools, by rank) sorted by
+// address, for a binary search: the landing oracle locates every write of
+// every batch on the engine's critical path, so a scan over every buffer
+// per write would sit in front of each landing.
+type regions []region
+
+func indexPools(pools []*testbed.Decode) regions {
+	var rs regions
+	for r, pool := range pools {
 		per := pool.ItemLen * uint64(pool.Pages)
 		for b, base := range pool.Bases {
-			d.regions = append(d.regions, region{base: base, end: base + per, rank: r, buffer: b, itemLen: pool.ItemLen})
+			rs = append(rs, region{base: base, end: base + per, rank: r, buffer: b, itemLen: pool.ItemLen})
 		}
 	}
-	sort.Slice(d.regions, func(i, j int) bool { return d.regions[i].base < d.regions[j].base })
+	sort.Slice(rs, func(i, j int) bool { return rs[i].base < rs[j].base })
+	return rs
 }
 
-func (d *shardedDecode) locate(addr uint64) (destPage, bool) {
-	i := sort.Search(len(d.regions), func(i int) bool { return d.regions[i].end > addr })
-	if i == len(d.regions) || addr < d.regions[i].base {
+// locate returns the decode rank, buffer and page that addr falls in.
+func (rs regions) locate(addr uint64) (destPage, bool) {
+	i := sort.Search(len(rs), func(i int) bool { return rs[i].end > addr })
+	if i == len(rs) || addr < rs[i].base {
 		return destPage{}, false
 	}
-	rg := d.regions[i]
+	rg := rs[i]
 	return destPage{rank: rg.rank, buffer: rg.buffer, page: int((addr - rg.base) / rg.itemLen)}, true
 }
 

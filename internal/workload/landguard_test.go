@@ -91,7 +91,7 @@ func TestShardedLocate(t *testing.T) {
 		return &testbed.Decode{Pool: &testbed.Pool{Geometry: testbed.Geometry{ItemLen: 16, Pages: 4, Names: []string{"K", "V"}}, Bases: bases}}
 	}
 	d := &shardedDecode{pools: []*testbed.Decode{pool(0x1000, 0x3000), pool(0x2000, 0x1040)}}
-	d.index()
+	d.regions = indexPools(d.pools)
 	for _, c := range []struct {
 		addr uint64
 		want destPage
@@ -107,7 +107,7 @@ func TestShardedLocate(t *testing.T) {
 		{0x3030, destPage{rank: 0, buffer: 1, page: 3}, true},
 		{0x3040, destPage{}, false},
 	} {
-		got, ok := d.locate(c.addr)
+		got, ok := d.regions.locate(c.addr)
 		assert.Equal(t, c.ok, ok, "%#x", c.addr)
 		assert.Equal(t, c.want, got, "%#x", c.addr)
 	}
