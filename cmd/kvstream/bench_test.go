@@ -126,3 +126,36 @@ func TestBenchTransportUCXMissing(t *testing.T) {
 	require.Error(t, err, out)
 	assert.Contains(t, err.Error(), `--transport "ucx": this binary has loopback (this binary was built without UCX: go build -tags ucx ./cmd/kvstream`)
 }
+
+func TestBenchHost(t *testing.T) {
+	rep := benchJSON(t, "host", "--duration", "20ms", "--wakes", "20", "--idle", "50us")
+	stalls := rep["stalls"].(map[string]any)
+	require.GreaterOrEqual(t, stalls["duration_ms"].(float64), 20.0)
+	require.InDelta(t, 5.0, stalls["threshold_us"].(float64), 0)
+	wake := rep["wake"].(map[string]any)
+	require.InDelta(t, 20.0, wake["n"].(float64), 0)
+	require.InDelta(t, 50.0, wake["idle_us"].(float64), 0)
+	for _, k := range []string{"send_us", "latency_us"} {
+		d := wake[k].(map[string]any)
+		require.LessOrEqual(t, d["p50"].(float64), d["max"].(float64), k)
+	}
+
+	out, err := runBenchCLI(t, "host", "--duration", "10ms", "--wakes", "5", "--idle", "20us")
+	require.NoError(t, err, out)
+	require.Regexp(t, regexp.MustCompile(`(?m)^stalls: .* of a busy thread's time .*\nwake:   send p50 .* \(5 hand-offs, each after 20 µs idle\)$`), out)
+}
+
+func TestBenchHostBadFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--duration", "0s"}, "--duration 0s: must be positive"},
+		{[]string{"--threshold", "-1us"}, "--threshold -1µs: must be positive"},
+		{[]string{"--wakes", "0"}, "--wakes 0: must be positive"},
+		{[]string{"--idle", "0s"}, "--idle 0s: must be positive"},
+	} {
+		_, err := runBenchCLI(t, append([]string{"host"}, tc.args...)...)
+		require.ErrorContains(t, err, tc.want, tc.args)
+	}
+}
