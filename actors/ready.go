@@ -10,7 +10,7 @@ import (
 // ReadyQueue). Each Work still waits its event on its own goroutine, so
 // that a cancelled chunk's wait ends at once; but the first wait on an
 // event to return queues every Work waiting on that event together, and
-// each submitter continuation then posts the most urgent Work queued, not
+// each submitter, resumed, then posts the most urgent Work queued, not
 // necessarily its own. Without it the Works of one event were posted in
 // the order their wait goroutines happened to wake, and a request with
 // chunks to come could take the link ahead of one whose time to first
@@ -31,7 +31,7 @@ type readyWork struct {
 	begin  time.Time
 	wt     waited
 	queued bool
-	wake   func() // resumes the continuation of the submitter that received it
+	wake   func() // resumes the submitter that received it
 }
 
 func newReadyHub(fifo bool) *readyHub {
@@ -100,7 +100,7 @@ func (h *readyHub) forget(rw *readyWork) {
 }
 
 // take returns the most urgent queued Work, or nil when none is queued
-// (every wake has its Work in the queue, so a woken continuation finds one).
+// (every wake has its Work in the queue, so a resumed submitter finds one).
 func (h *readyHub) take() *readyWork {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -11,14 +11,22 @@ type Traced interface {
 	TraceEffects() []any
 }
 
+// Unrecorded is implemented by an actor's messages to itself that carry
+// nothing to replay: a wake-up whose consequence the actor records itself
+// (a submitter's resume, recorded as the Waited of the Work it posts).
+type Unrecorded interface {
+	Unrecorded()
+}
+
 // Middleware records every user message a Traced actor handles, with the
-// effects its core returned. protoactor's lifecycle messages are left out.
+// effects its core returned. protoactor's lifecycle messages and Unrecorded
+// messages are left out.
 func Middleware(r *Recorder) actor.ReceiverMiddleware {
 	return func(next actor.ReceiverFunc) actor.ReceiverFunc {
 		return func(c actor.ReceiverContext, env *actor.MessageEnvelope) {
 			t, ok := c.Actor().(Traced)
 			switch env.Message.(type) {
-			case *actor.Started, *actor.Stopping, *actor.Stopped, *actor.Restarting, *actor.ReceiveTimeout, *actor.Terminated:
+			case *actor.Started, *actor.Stopping, *actor.Stopped, *actor.Restarting, *actor.ReceiveTimeout, *actor.Terminated, Unrecorded:
 				ok = false
 			}
 			if !ok {
