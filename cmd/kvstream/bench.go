@@ -132,8 +132,9 @@ wake: --wakes times, sleep --idle (so that the other CPUs go idle, as between a 
 then hand a value to a goroutine parked on a channel. Reported: how long the send took (waking an
 idle CPU is paid by the sender) and how long until the receiver ran, as percentiles.
 
-A bare-metal host shows stalls of a few µs, rarely, and sends under a µs; this project's 2-vCPU VM
-about 1 400 stalls per second of ~22 µs (3% of the time) and sends of ~12 µs at p90.`,
+This project's 2-vCPU VM measured 1 400-1 550 stalls per second of ~20 µs (3% of the time) and
+sends of 13-17 µs at p90 (0.3 µs when the other vCPU is busy); the figures of docs/PERFORMANCE.md
+were taken there.`,
 		Example: `  kvstream bench host
   kvstream bench host --duration 5s --wakes 5000 --json`,
 		Args: cobra.NoArgs,
