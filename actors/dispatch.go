@@ -14,9 +14,10 @@ import (
 // mailbox gets a message. At a group boundary the forward thread wakes every
 // active chunk, so that would cost one goroutine start per context on the
 // forward thread; handing the mailbox to a waiting worker is cheaper.
-// Mailboxes scheduled on the chunk actors' instance must never block (chunk
-// actors only compute and send); a full queue falls back to a fresh
-// goroutine rather than stall the forward thread. The submitter pool has an
+// Mailboxes scheduled on the engine's instance (chunk, room and manager
+// actors) must never block: they only compute, send, and answer on
+// buffered channels; a full queue falls back to a fresh goroutine rather
+// than stall the forward thread. The submitter pool has an
 // instance of its own, one worker per submitter. Long-lived workers also
 // keep the stacks they grew: a goroutine started per activation grows its
 // stack again on every deep call.

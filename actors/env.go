@@ -19,7 +19,7 @@ type Env struct {
 	Peers     *Peers
 	Transport rdma.Transport
 	Registry  *Registry
-	// Dispatcher runs the chunk actors.
+	// Dispatcher runs the chunk, room and manager actors.
 	Dispatcher *Dispatcher
 	// Observer sees batches and chunks (Observers{} when nobody listens).
 	Observer Observer

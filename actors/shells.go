@@ -43,11 +43,16 @@ func (a *forwardActor) Receive(ctx actor.Context) {
 	}
 }
 
-// ManagerProps returns the manager actor's props.
+// ManagerProps returns the manager actor's props. The manager and its rooms
+// run on the engine's Dispatcher, as the chunks do: a Finish called once the
+// writes landed crosses manager, room and chunk, and a goroutine started per
+// mailbox activation made that 6.6-10.7 µs at p50 against 5.4-6.7 on the
+// dispatcher's long-lived workers (BenchmarkFinishAfterLanded, 4 alternating
+// rounds).
 func ManagerProps(env *Env) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor {
 		return &managerActor{env: env, core: NewManagerCore(), rooms: map[uint64]*actor.PID{}}
-	}, env.props()...)
+	}, env.props(actor.WithDispatcher(env.Dispatcher))...)
 }
 
 type managerActor struct {
@@ -85,7 +90,7 @@ func (a *managerActor) Receive(ctx actor.Context) {
 func roomProps(env *Env, room uint64) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor {
 		return &roomActor{env: env, core: NewRoomCore(room), room: room, pids: map[messages.Chunk]*actor.PID{}}
-	}, env.props()...)
+	}, env.props(actor.WithDispatcher(env.Dispatcher))...)
 }
 
 type roomActor struct {
