@@ -144,8 +144,8 @@ were taken there.`,
 				return errors.Newf("--duration %v: must be positive", duration)
 			case threshold <= 0:
 				return errors.Newf("--threshold %v: must be positive", threshold)
-			case wakes <= 0:
-				return errors.Newf("--wakes %d: must be positive", wakes)
+			case wakes <= 0 || wakes > hostprobe.MaxWakes:
+				return errors.Newf("--wakes %d: must be 1 to %d", wakes, hostprobe.MaxWakes)
 			case idle <= 0:
 				return errors.Newf("--idle %v: must be positive", idle)
 			}

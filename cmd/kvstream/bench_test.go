@@ -152,7 +152,8 @@ func TestBenchHostBadFlags(t *testing.T) {
 	}{
 		{[]string{"--duration", "0s"}, "--duration 0s: must be positive"},
 		{[]string{"--threshold", "-1us"}, "--threshold -1µs: must be positive"},
-		{[]string{"--wakes", "0"}, "--wakes 0: must be positive"},
+		{[]string{"--wakes", "0"}, "--wakes 0: must be 1 to 1000000"},
+		{[]string{"--wakes", "1000001"}, "--wakes 1000001: must be 1 to 1000000"},
 		{[]string{"--idle", "0s"}, "--idle 0s: must be positive"},
 	} {
 		_, err := runBenchCLI(t, append([]string{"host"}, tc.args...)...)

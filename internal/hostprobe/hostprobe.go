@@ -1,6 +1,7 @@
 package hostprobe
 
 import (
+	"math"
 	"runtime"
 	"sort"
 	"time"
@@ -99,12 +100,15 @@ type Dist struct {
 	Max float64 `json:"max"`
 }
 
+// MaxWakes bounds MeasureWake's hand-offs, which size its sample buffers.
+const MaxWakes = 1_000_000
+
 // MeasureWake times n hand-offs, each after the sender slept for idle (so
 // that the receiver's CPU went idle, as an engine's does between a
 // forward's layers).
 func MeasureWake(n int, idle time.Duration) (Wake, error) {
-	if n <= 0 {
-		return Wake{}, errors.Newf("hostprobe: %d wake-ups: must be positive", n)
+	if n <= 0 || n > MaxWakes {
+		return Wake{}, errors.Newf("hostprobe: %d wake-ups: must be 1 to %d", n, MaxWakes)
 	}
 	if idle <= 0 {
 		return Wake{}, errors.Newf("hostprobe: idle time %v: must be positive", idle)
@@ -130,14 +134,15 @@ func MeasureWake(n int, idle time.Duration) (Wake, error) {
 	return Wake{N: n, IdleUs: us(idle), SendUs: dist(send), LatencyUs: dist(lat)}, nil
 }
 
-// dist returns xs' percentiles (nearest rank); xs is sorted in place.
+// dist returns xs' percentiles (nearest rank, as the sim's report takes
+// them); xs is sorted in place.
 func dist(xs []float64) Dist {
 	if len(xs) == 0 {
 		return Dist{}
 	}
 	sort.Float64s(xs)
 	at := func(p float64) float64 {
-		i := int(p*float64(len(xs))+0.5) - 1
+		i := int(math.Ceil(p*float64(len(xs)))) - 1
 		return xs[min(max(i, 0), len(xs)-1)]
 	}
 	return Dist{P50: at(0.50), P90: at(0.90), P99: at(0.99), Max: xs[len(xs)-1]}

@@ -60,6 +60,9 @@ func TestDist(t *testing.T) {
 	d := dist(xs)
 	require.Equal(t, Dist{P50: 50, P90: 90, P99: 99, Max: 100}, d)
 	require.Equal(t, Dist{P50: 7, P90: 7, P99: 7, Max: 7}, dist([]float64{7}))
+	// Seven samples: the p50 is the 4th, the p90 the 7th (nearest rank:
+	// ceil(0.9 * 7) = 7), as the sim's report takes them.
+	require.Equal(t, Dist{P50: 4, P90: 7, P99: 7, Max: 7}, dist([]float64{7, 6, 5, 4, 3, 2, 1}))
 	require.Equal(t, Dist{}, dist(nil))
 }
 
@@ -70,6 +73,8 @@ func TestMeasureRejectsBadInput(t *testing.T) {
 	require.ErrorContains(t, err, "stall threshold -1µs")
 	_, err = MeasureWake(0, time.Millisecond)
 	require.ErrorContains(t, err, "0 wake-ups")
+	_, err = MeasureWake(MaxWakes+1, time.Millisecond)
+	require.ErrorContains(t, err, "1000001 wake-ups: must be 1 to 1000000")
 	_, err = MeasureWake(3, 0)
 	require.ErrorContains(t, err, "idle time 0s")
 }
