@@ -38,8 +38,10 @@ transports), gives each a region (--pool), connects, imports the destination, an
 writes of --size bytes through rdma.Endpoint.Post, --writes-per-batch writes per batch with up to
 --window batches in flight. A batch counts when its completion reports the bytes visible at the
 destination (UCX: after its flush). The clock runs from the first post to the last completion. A
-warm-up of the same shape (--count writes, at least one window) runs first, untimed: on this
-project's VMs UCX's first run after connecting was measured at half the speed of the next.
+warm-up of the same shape (--count writes, at least one window) runs first, untimed, again and
+again until --warmup-for has passed: on this project's VMs UCX's first run after connecting was
+measured at half the speed of the next, and the machine itself takes a few hundred milliseconds of
+steady copying to reach the speed it keeps.
 
 --pool says where the regions come from: allocated by the transports (rdma.Allocator: UCX's
 ucp_mem_map allocation, which a peer on the same host maps so that a put is one memcpy; hostmem on
@@ -91,6 +93,7 @@ ratios. UCX reads UCX_TLS and its other UCX_* variables from the environment.`,
 	fl.IntVar(&cfg.WritesPerBatch, "writes-per-batch", 1, "writes per posted batch (the engine posts a group's blocks as one batch)")
 	fl.IntVar(&cfg.Slots, "slots", 1, "source and destination slots of --size bytes; write i uses slot i mod slots")
 	fl.IntVar(&cfg.Warmup, "warmup", 0, "untimed writes first (default: --count, at least window × writes-per-batch)")
+	fl.DurationVar(&cfg.WarmupFor, "warmup-for", 500*time.Millisecond, "repeat the untimed warm-up run until this much time has passed (0: one run)")
 	fl.IntVar(&cfg.Repeat, "repeat", 1, "timed runs (alternating with memcpy runs under --memcpy); medians are reported")
 	fl.BoolVar(&cfg.Memcpy, "memcpy", false, "also time a plain memcpy of the same bytes and report the ratio")
 	fl.StringVar(&cfg.Pool, "pool", xferbench.PoolAuto, "regions: allocated (by the transport), registered (hostmem), or auto (allocated when the transport allocates)")

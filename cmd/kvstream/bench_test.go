@@ -72,9 +72,13 @@ func TestBenchTransportLoopbackJSON(t *testing.T) {
 	runs, ok := rep["runs"].([]any)
 	require.True(t, ok)
 	assert.Len(t, runs, 3)
+	// The default warm-up repeats its run for half a second.
+	assert.GreaterOrEqual(t, rep["warmup_seconds"], 0.5)
+	assert.GreaterOrEqual(t, rep["warmup_runs"], float64(1))
 
 	// Without --memcpy the memcpy fields are absent, not zero.
-	rep = benchJSON(t, "transport", "--size", "1M", "--count", "3")
+	rep = benchJSON(t, "transport", "--size", "1M", "--count", "3", "--warmup-for", "0")
+	assert.Equal(t, float64(1), rep["warmup_runs"], "--warmup-for 0: one warm-up run")
 	assert.NotContains(t, rep, "memcpy_bytes_per_second")
 	assert.NotContains(t, rep, "ratio_to_memcpy")
 	assert.Equal(t, float64(1<<20), rep["verified_bytes"])
@@ -103,6 +107,9 @@ func TestBenchBadFlags(t *testing.T) {
 		{[]string{"--repeat", "0"}, "--repeat 0: must be positive"},
 		{[]string{"--warmup", "-1"}, "--warmup -1: must not be negative"},
 		{[]string{"--timeout", "0s"}, "--timeout 0s: must be positive"},
+		{[]string{"--warmup-for", "-1s"}, "--warmup-for -1s: must not be negative"},
+		{[]string{"--warmup-for", "10m"}, "--warmup-for 10m0s: must be shorter than --timeout 5m0s"},
+		{[]string{"--warmup-for", "soon"}, `invalid argument "soon" for "--warmup-for" flag`},
 		{[]string{"--size", "1G", "--count", "20000000000"}, "more bytes than fit in 64 bits"},
 		{[]string{"--size", "1M", "--count", "10000", "--slots", "5000"}, "--slots 5000 × --size 1 MiB = 5000 MiB per region: at most 4 GiB"},
 		{[]string{"--transport", "carrier-pigeon"}, `--transport "carrier-pigeon": this binary has loopback`},

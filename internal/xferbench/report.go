@@ -18,9 +18,12 @@ type Report struct {
 	Slots          int    `json:"slots"`
 	Pool           string `json:"pool"` // "allocated" (by the transports) or "registered" (hostmem)
 	Warmup         int    `json:"warmup"`
-	Repeat         int    `json:"repeat"`
-	CPUs           int    `json:"cpus"`
-	Bytes          uint64 `json:"bytes"` // per run: count × size
+	// WarmupRuns untimed runs of Warmup writes took WarmupSeconds.
+	WarmupRuns    int     `json:"warmup_runs"`
+	WarmupSeconds float64 `json:"warmup_seconds"`
+	Repeat        int     `json:"repeat"`
+	CPUs          int     `json:"cpus"`
+	Bytes         uint64  `json:"bytes"` // per run: count × size
 	// Seconds is the median run's; BytesPerSecond is Bytes over it.
 	Seconds           float64 `json:"seconds"`
 	BytesPerSecond    float64 `json:"bytes_per_second"`

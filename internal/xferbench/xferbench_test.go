@@ -35,6 +35,18 @@ func TestDestinationBytes(t *testing.T) {
 	}
 	assert.Equal(t, uint64(count*size), rep.VerifiedBytes)
 	assert.Equal(t, count, rep.Warmup)
+	assert.Equal(t, 1, rep.WarmupRuns, "WarmupFor zero: one warm-up run")
+}
+
+// TestWarmupFor: the warm-up repeats its run until WarmupFor has passed,
+// and the report says how many runs and how long.
+func TestWarmupFor(t *testing.T) {
+	const wait = 30 * time.Millisecond
+	rep, err := Run(context.Background(), Config{Transport: "loopback", Size: 4096, Count: 8, Slots: 1, Window: 2, WritesPerBatch: 1,
+		Warmup: -1, WarmupFor: wait, Repeat: 1, Memcpy: true, Timeout: time.Minute})
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, rep.WarmupSeconds, wait.Seconds())
+	assert.GreaterOrEqual(t, rep.WarmupRuns, 1)
 }
 
 // TestPools: both pools carry the bytes, auto takes the transport's
@@ -86,6 +98,8 @@ func TestConfigErrors(t *testing.T) {
 		{func(c *Config) { c.Size = 0 }, "--size 0: must be positive"},
 		{func(c *Config) { c.Window = 1 << 20 }, "--window 1048576: at most 65536"},
 		{func(c *Config) { c.Timeout = 0 }, "--timeout 0s: must be positive"},
+		{func(c *Config) { c.WarmupFor = -time.Second }, "--warmup-for -1s: must not be negative"},
+		{func(c *Config) { c.WarmupFor = time.Minute }, "--warmup-for 1m0s: must be shorter than --timeout 1m0s"},
 		{func(c *Config) { c.Transport = "ucx" }, `--transport "ucx": only loopback is built in, and no opener was given for it`},
 		{func(c *Config) { c.Pool = "pinned" }, `--pool "pinned": want auto, allocated or registered`},
 		{func(c *Config) { c.Perftest = true }, `--perftest: ucx_perftest measures UCX; use it with --transport ucx, not "loopback"`},
