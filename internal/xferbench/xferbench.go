@@ -40,9 +40,9 @@ type Config struct {
 	// WarmupFor repeats the untimed run of Warmup writes (and, with
 	// Memcpy, its memcpy twin) until this much time has passed; zero
 	// means one run. On the project's VM the machine itself warms for a
-	// few hundred milliseconds of steady copying: 64 KiB runs of 40 ms
-	// after a single warm-up run went from 30-42 GB/s in the first
-	// rounds to 53-61 GB/s from the sixth on, memcpy from 53-70 to 80.
+	// few hundred milliseconds of steady copying, two vCPUs slower than
+	// one, so that short runs after a single warm-up run measured a cold
+	// transport against a warm memcpy (docs/TRANSPORT-BENCH.md).
 	WarmupFor time.Duration
 	Repeat    int // timed runs
 	Memcpy    bool
