@@ -2,6 +2,7 @@ package workload
 
 import (
 	"context"
+	"sync"
 	"testing"
 
 	"github.com/cockroachdb/errors"
@@ -57,4 +58,27 @@ func TestRegisterError(t *testing.T) {
 		assert.Contains(t, mr.Aborted, "planted loss")
 		assert.Equal(t, 1, mr.ForwardsDone)
 	}
+}
+
+// TestWorkersDrain: drain returns only once every piece handed over was
+// finished, on every rank, and stop then ends the workers.
+func TestWorkersDrain(t *testing.T) {
+	gate := make(chan struct{})
+	var mu sync.Mutex
+	var done []piece
+	ws := newWorkers(2, 3, 4, func(ri int, pc piece) {
+		<-gate
+		mu.Lock()
+		done = append(done, pc)
+		mu.Unlock()
+	}, nil)
+	for r := range 4 {
+		ws.hand(piece{room: r, start: 10 * r})
+	}
+	close(gate)
+	ws.drain()
+	mu.Lock()
+	assert.Len(t, done, 4*3, "every piece on every rank finished before drain returned")
+	mu.Unlock()
+	ws.stop()
 }
