@@ -386,9 +386,7 @@ forwards:
 // returned, the decode side is told how it ended: the sim's own on the
 // worker (it checks the chunk's pages the moment its Finish returned, so a
 // write landing later shows), another process off the worker, through a
-// notifier, which releases the slot only once its last notice was sent. It
-// returns the workers' channels, by slot then rank, and wait, which closes
-// them and waits for every chunk handed over to finish.
+// notifier, which releases the slot only once its last notice was sent.
 func (r *rig) startWorkers(mr *ModeReport, rs *residency, stop *stopper) *workers {
 	g, p, ranks, side, col := r.g, r.p, r.ranks, r.side, r.col
 	var nt *notifier
