@@ -457,17 +457,16 @@ func (r *rig) startWorkers(mr *ModeReport, rs *residency, stop *stopper) *worker
 // workers are the goroutines that call Finish, one per slot and prefill
 // rank.
 type workers struct {
-	resident int
-	slots    [][]chan piece // by slot, then rank
-	pending  sync.WaitGroup // pieces handed over and not finished
-	exited   sync.WaitGroup
-	nt       *notifier
+	slots   [][]chan piece // by slot, then rank
+	pending sync.WaitGroup // pieces handed over and not finished
+	exited  sync.WaitGroup
+	nt      *notifier
 }
 
 // newWorkers starts a worker per slot and rank, each calling finish on the
 // pieces handed to it, in order; depth is how many a worker queues.
 func newWorkers(resident, ranks, depth int, finish func(ri int, pc piece), nt *notifier) *workers {
-	ws := &workers{resident: resident, slots: make([][]chan piece, resident), nt: nt}
+	ws := &workers{slots: make([][]chan piece, resident), nt: nt}
 	for slot := range ws.slots {
 		for ri := range ranks {
 			ch := make(chan piece, depth)
@@ -487,7 +486,7 @@ func newWorkers(resident, ranks, depth int, finish func(ri int, pc piece), nt *n
 
 // hand gives pc to its slot's worker on every rank.
 func (ws *workers) hand(pc piece) {
-	for _, ch := range ws.slots[pc.room%ws.resident] {
+	for _, ch := range ws.slots[pc.room%len(ws.slots)] {
 		ws.pending.Add(1)
 		ch <- pc
 	}
