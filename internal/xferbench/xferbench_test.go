@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -251,4 +252,77 @@ func TestParsePerftest(t *testing.T) {
 	require.ErrorContains(t, err, "not a number")
 	_, err = parsePerftest([]byte("iterations,overall_bw,overall_mr\n20000,1\n"), 64<<10)
 	require.ErrorContains(t, err, "2 figures under 3 headings")
+}
+
+// scriptedEndpoint completes each batch inside Post (as instantEndpoint),
+// with the error errAt gives for the post's number (from 1), or never
+// when hold is set; post number failPost is refused.
+type scriptedEndpoint struct {
+	rdma.Endpoint
+	posts    int
+	failPost int
+	errAt    func(post int) error
+	hold     bool
+}
+
+func (e *scriptedEndpoint) Post(_ []rdma.Write, done func(error)) error {
+	e.posts++
+	if e.posts == e.failPost {
+		return errors.New("refused by the test")
+	}
+	if !e.hold {
+		var err error
+		if e.errAt != nil {
+			err = e.errAt(e.posts)
+		}
+		done(err)
+	}
+	return nil
+}
+
+// TestPutsFailures: a failed completion, a refused post and a context that
+// ends with batches in flight each end the run with an error that says so,
+// and nothing is posted after the failure is known or past the window.
+func TestPutsFailures(t *testing.T) {
+	cfg := Config{Transport: "loopback", Size: 4096, Count: 100, Slots: 1, Window: 4, WritesPerBatch: 1, Repeat: 1, Timeout: time.Minute}
+	rig, err := OpenRig(cfg)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, rig.Close()) }()
+	orig := rig.ep
+	defer func() { rig.ep = orig }()
+	ctx := context.Background()
+
+	ep := &scriptedEndpoint{failPost: 3}
+	rig.ep = ep
+	_, err = rig.Puts(ctx, 100)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "post of writes 2..2: refused by the test")
+	assert.Equal(t, 3, ep.posts, "posted after a refused post")
+
+	// The batches this run leaves in flight never complete: the runs
+	// after it count from where it stopped.
+	ep = &scriptedEndpoint{hold: true}
+	rig.ep = ep
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err = rig.Puts(cctx, 100)
+	require.ErrorIs(t, err, context.Canceled)
+	assert.Contains(t, err.Error(), "4 of 100 writes posted, 4 batches in flight")
+	assert.Equal(t, 4, ep.posts, "posted past the window")
+
+	lost := errors.New("lost by the test")
+	ep = &scriptedEndpoint{errAt: func(post int) error {
+		if post == 5 {
+			return lost
+		}
+		return nil
+	}}
+	rig.ep = ep
+	_, err = rig.Puts(ctx, 100)
+	require.ErrorIs(t, err, lost)
+	assert.Contains(t, err.Error(), "batch completion")
+	assert.Equal(t, 5, ep.posts, "posted after a failed completion")
+
+	_, err = rig.Puts(ctx, 100)
+	require.ErrorIs(t, err, lost, "a rig whose batch failed is not reused")
 }
