@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvstream/kvstream/cluster/etcdproc"
 	"github.com/kvstream/kvstream/internal/launch"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -82,12 +83,15 @@ func TestUCXClusterUp(t *testing.T) {
 	assert.Equal(t, uint64(4*2*125*9), verified)
 }
 
-// faultArgs make batches long enough to be hit mid-transfer.
 // clusterAtATime runs t beside the lighter tests but never beside another
 // cluster (etcd and up to six nodes, each with its engine or pools): two
 // at once on 2 cores starve the nodes past the 3 s finish timeouts of
-// faultArgs, a fault no test planted.
+// faultArgs, a fault no test planted. Without an etcd binary it skips t,
+// as the cluster package's own etcd tests do: `kvstream up` starts etcd.
 func clusterAtATime(t *testing.T) {
+	if _, err := etcdproc.Binary(); err != nil {
+		t.Skipf("cluster tests skipped: %v", err)
+	}
 	t.Parallel()
 	clusters <- struct{}{}
 	t.Cleanup(func() { <-clusters })
@@ -95,6 +99,7 @@ func clusterAtATime(t *testing.T) {
 
 var clusters = make(chan struct{}, 1)
 
+// faultArgs make batches long enough to be hit mid-transfer.
 var faultArgs = []string{"--requests", "2", "--prompt-tokens", "4096", "--chunk-tokens", "512",
 	"--layer-us-per-ktok", "2000", "--finish-timeout", "3s", "--member-ttl", "2s"}
 
