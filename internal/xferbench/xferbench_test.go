@@ -160,16 +160,26 @@ type instantEndpoint struct{ rdma.Endpoint }
 
 func (instantEndpoint) Post(_ []rdma.Write, done func(error)) error { done(nil); return nil }
 
+// rigPostingTo opens a rig for cfg whose posts go to ep instead of the
+// transport; the transport's endpoint is put back before the rig closes.
+func rigPostingTo(t *testing.T, cfg Config, ep rdma.Endpoint) *Rig {
+	t.Helper()
+	rig, err := OpenRig(cfg)
+	require.NoError(t, err)
+	orig := rig.ep
+	rig.ep = ep
+	t.Cleanup(func() {
+		rig.ep = orig
+		require.NoError(t, rig.Close())
+	})
+	return rig
+}
+
 // TestPostLoopAllocatesNothing: the posting loop adds no allocation of
 // its own to what the transport's Post costs.
 func TestPostLoopAllocatesNothing(t *testing.T) {
 	cfg := Config{Transport: "loopback", Size: 4096, Count: 1000, Slots: 7, Window: 8, WritesPerBatch: 3, Repeat: 1, Timeout: time.Minute}
-	rig, err := OpenRig(cfg)
-	require.NoError(t, err)
-	defer func() { require.NoError(t, rig.Close()) }()
-	orig := rig.ep
-	rig.ep = instantEndpoint{}
-	defer func() { rig.ep = orig }()
+	rig := rigPostingTo(t, cfg, instantEndpoint{})
 	ctx := context.Background()
 	allocs := testing.AllocsPerRun(10, func() {
 		if _, err := rig.Puts(ctx, cfg.Count); err != nil {
@@ -285,16 +295,11 @@ func (e *scriptedEndpoint) Post(_ []rdma.Write, done func(error)) error {
 // and nothing is posted after the failure is known or past the window.
 func TestPutsFailures(t *testing.T) {
 	cfg := Config{Transport: "loopback", Size: 4096, Count: 100, Slots: 1, Window: 4, WritesPerBatch: 1, Repeat: 1, Timeout: time.Minute}
-	rig, err := OpenRig(cfg)
-	require.NoError(t, err)
-	defer func() { require.NoError(t, rig.Close()) }()
-	orig := rig.ep
-	defer func() { rig.ep = orig }()
+	ep := &scriptedEndpoint{failPost: 3}
+	rig := rigPostingTo(t, cfg, ep)
 	ctx := context.Background()
 
-	ep := &scriptedEndpoint{failPost: 3}
-	rig.ep = ep
-	_, err = rig.Puts(ctx, 100)
+	_, err := rig.Puts(ctx, 100)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "post of writes 2..2: refused by the test")
 	assert.Equal(t, 3, ep.posts, "posted after a refused post")
