@@ -192,8 +192,10 @@ func (r *Rig) used() int { return r.cfg.Slots * int(r.cfg.Size) }
 func (r *Rig) Puts(ctx context.Context, n int) (time.Duration, error) {
 	size, slots, wpb := r.cfg.Size, r.cfg.Slots, r.cfg.WritesPerBatch
 	window := int64(r.cfg.Window)
-	// Counts are relative to base: the tally outlives a run, and a run
-	// cut short by ctx leaves completions to come.
+	// Counts are relative to base, the count when the run starts: the
+	// tally serves every run of the rig (warm-up, repeats). A run cut short
+	// by ctx leaves batches in flight that would count in the next one,
+	// which is why the caller closes the rig then.
 	base, posted, slot := r.done.Count(), int64(0), 0
 	inflight := func() int64 { return posted - (r.done.Count() - base) }
 	var failed error
