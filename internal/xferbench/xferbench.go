@@ -12,7 +12,8 @@ import (
 )
 
 // Limits that keep a typo from asking for more memory than any host has, and
-// keep the completion channel (window entries) small.
+// the batches in flight (window entries, each a record on the transport's
+// side) and the writes of one batch (the rig's write slice) bounded.
 const (
 	maxSize   = 1 << 30 // one write
 	maxRegion = 4 << 30 // one region: slots × size
