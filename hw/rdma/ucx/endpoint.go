@@ -61,10 +61,50 @@ type batch struct {
 	ws   []C.kvs_write_t
 	done func(error)
 	req  *C.kvs_req_t
+	slot uint32 // the record's index in Transport.slots, for its life
 
 	// Set on the progress goroutine by startGroup.
 	putErr    C.ucs_status_t // the first put of the batch that failed to start
 	followers []*batch       // batches posted before this one and flushed with it
+	live      bool           // started and not reported yet
+}
+
+// A flush's event names its leader by a tag: the record's slot above
+// tagShift, the low bits of the batch's id below. The slot finds the record
+// without a map (a map's insert and delete cost a tenth of the progress
+// goroutine's time at small batches); the id bits tell a record reused
+// since from the batch the event is for.
+const tagShift = 40
+
+func (b *batch) tag() uint64 { return uint64(b.slot)<<tagShift | b.id&(1<<tagShift-1) }
+
+// inFlight returns the started, unreported batch that tag names, or nil
+// (failed by its endpoint's teardown already).
+func (t *Transport) inFlight(tag uint64) *batch {
+	if s := tag >> tagShift; s < uint64(len(t.slots)) {
+		if b := t.slots[s]; b != nil && b.live && b.tag() == tag {
+			return b
+		}
+	}
+	return nil
+}
+
+// setLive marks b started (live) or reported, keeping the count of live
+// batches.
+func (t *Transport) setLive(b *batch, live bool) {
+	if b.live == live {
+		return
+	}
+	b.live = live
+	if live {
+		t.live++
+		for int(b.slot) >= len(t.slots) {
+			t.slots = append(t.slots, nil)
+		}
+		t.slots[b.slot] = b
+	} else {
+		t.live--
+	}
 }
 
 var _ rdma.Endpoint = (*Endpoint)(nil)
@@ -231,6 +271,7 @@ func (e *Endpoint) Post(ws []rdma.Write, done func(error)) error {
 		if b.req == nil {
 			return errors.New("ucx: post: out of memory")
 		}
+		b.slot = uint32(len(t.reqs))
 		t.reqs = append(t.reqs, b.req) // freed by teardown, after the worker
 	}
 	b.ws = b.ws[:0]
@@ -292,7 +333,7 @@ func (t *Transport) startGroup(bs []*batch) {
 	}
 	t.gws, t.gcounts = t.gws[:0], t.gcounts[:0]
 	for _, b := range bs {
-		t.inflight[b.id] = b
+		t.setLive(b, true)
 		t.gws = append(t.gws, b.ws...)
 		t.gcounts = append(t.gcounts, C.uint32_t(len(b.ws)))
 	}
@@ -301,7 +342,7 @@ func (t *Transport) startGroup(bs []*batch) {
 	}
 	t.gerrs = t.gerrs[:len(bs)]
 	leader := bs[len(bs)-1]
-	leader.req.id = C.uint64_t(leader.id)
+	leader.req.id = C.uint64_t(leader.tag())
 	leader.followers = append(leader.followers[:0], bs[:len(bs)-1]...)
 	var ws *C.kvs_write_t
 	if len(t.gws) > 0 {
@@ -323,10 +364,10 @@ func (t *Transport) flushed(leader *batch, st C.ucs_status_t) {
 	clear(leader.followers)
 	leader.followers = leader.followers[:0]
 	for _, b := range group {
-		if t.inflight[b.id] != b {
+		if !b.live {
 			continue
 		}
-		delete(t.inflight, b.id)
+		t.setLive(b, false)
 		var err error
 		switch {
 		case b.putErr != C.UCS_OK:
@@ -415,9 +456,9 @@ func (t *Transport) finishClose(e *Endpoint) {
 		C.kvs_rkey_destroy(r.rkey)
 	}
 	var failed []*batch
-	for id, b := range t.inflight {
-		if b.ep == e {
-			delete(t.inflight, id)
+	for _, b := range t.slots {
+		if b != nil && b.live && b.ep == e {
+			t.setLive(b, false)
 			failed = append(failed, b)
 		}
 	}

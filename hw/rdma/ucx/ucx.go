@@ -116,7 +116,8 @@ type Transport struct {
 	released []*batch
 	eps      map[uint64]*Endpoint
 	nextEp   uint64
-	inflight map[uint64]*batch
+	slots    []*batch      // batch records by slot, once started (see inFlight)
+	live     int           // batches started and not reported yet
 	draining int           // endpoints in epDraining
 	woke     bool          // a done callback ran since the last yield
 	eprecs   []*C.kvs_ep_t // every endpoint record, freed after the worker
@@ -164,7 +165,6 @@ func New(opts Options) (*Transport, error) {
 		stopped:  make(chan struct{}),
 		regions:  map[rdma.LocalKey]*region{},
 		eps:      map[uint64]*Endpoint{},
-		inflight: map[uint64]*batch{},
 		evbuf:    make([]C.kvs_event_t, 256),
 		accesses: map[*access]struct{}{},
 	}
@@ -422,7 +422,7 @@ func (t *Transport) sleep() {
 	t.sleeping = true
 	t.mu.Unlock()
 	timeout := idleNap
-	if len(t.inflight) > 0 || t.draining > 0 || t.opts.NoWakeup {
+	if t.live > 0 || t.draining > 0 || t.opts.NoWakeup {
 		// Not every transport signals the event fd when queued sends can
 		// proceed (shared-memory FIFO space freed by the receiver): with
 		// work outstanding, only nap. Without an event fd, nothing but
@@ -461,7 +461,7 @@ func (t *Transport) pollOnce(buf []C.kvs_event_t) bool {
 func (t *Transport) handle(id uint64, kind int, st C.ucs_status_t) {
 	switch kind {
 	case C.KVS_EV_BATCH:
-		if b := t.inflight[id]; b != nil {
+		if b := t.inFlight(id); b != nil {
 			t.flushed(b, st)
 		} // else already failed by its endpoint's teardown
 	case C.KVS_EV_EP_ERROR:
@@ -528,9 +528,11 @@ func (t *Transport) teardown() {
 	for _, e := range t.eps { // close never completed: abandon
 		t.finishClose(e)
 	}
-	for id, b := range t.inflight { // batches of endpoints closed earlier
-		delete(t.inflight, id)
-		t.complete(b, errors.Mark(errors.Newf("ucx: batch %d: %v", id, reason), rdma.ErrEndpointBroken), false)
+	for _, b := range t.slots { // batches of endpoints closed earlier
+		if b != nil && b.live {
+			t.setLive(b, false)
+			t.complete(b, errors.Mark(errors.Newf("ucx: batch %d: %v", b.id, reason), rdma.ErrEndpointBroken), false)
+		}
 	}
 	t.mu.Lock()
 	regions := t.regions
@@ -548,7 +550,7 @@ func (t *Transport) teardown() {
 	// No UCX callback can refer to these records any more.
 	t.mu.Lock()
 	reqs := t.reqs
-	t.reqs, t.free = nil, nil
+	t.reqs, t.free, t.slots = nil, nil, nil
 	t.mu.Unlock()
 	for _, r := range reqs {
 		C.free(unsafe.Pointer(r))
