@@ -3,6 +3,7 @@ package tests
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -230,11 +231,37 @@ func TestRegisterGuard(t *testing.T) {
 func TestOneDestinationFailsTheChunkClosed(t *testing.T) {
 	g := testbed.MLA(4, 16, 64)
 	var r *rig
-	// Layers of 25 ms: group 0's batches are posted long before group 1's
-	// event completes, so that the failure cannot skip them.
+	// Group 0's batches must be posted before group 1's fails, or the
+	// failure cancels them (the chunk fails closed) and they rightly never
+	// land. Layers of 25 ms used to order them, but a starved process sees
+	// both groups' events complete at once, and the submitters post the
+	// most urgent Work first, not the earliest group. So group 1's event
+	// is recorded (LayerEnd(3), the stream's second event) only once group
+	// 0's two batches were posted: group 1's Works do not exist before.
+	// The wait is bounded, so that an engine that never posts group 0
+	// fails the checks below rather than hangs.
+	var group0 atomic.Int32
+	group0Posted := make(chan struct{})
 	r = newRig(t, rigOpts{geom: g, hooks: 4, group: 2, decodes: 2, layerTime: 25 * time.Millisecond,
+		gpuFaults: func(e sim.EventInfo) sim.Fault {
+			if e.Seq == 2 {
+				select {
+				case <-group0Posted:
+				case <-time.After(5 * time.Second):
+				}
+			}
+			return sim.NoFault
+		},
 		netFaults: func(b rdmafault.BatchInfo) rdmafault.Fault {
-			if b.To == "decode1" && b.Dst >= r.decodes[1].Bases[2] { // group 1: buffers 2-3
+			dest := 0
+			if b.To == "decode1" {
+				dest = 1
+			}
+			if b.Dst < r.decodes[dest].Bases[2] { // group 0: buffers 0-1
+				if group0.Add(1) == 2 {
+					close(group0Posted)
+				}
+			} else if dest == 1 { // group 1: buffers 2-3
 				return rdmafault.Fault{Kind: rdmafault.FailCompletion}
 			}
 			return rdmafault.Fault{Kind: rdmafault.DelayCompletion, Delay: 5 * time.Millisecond}
