@@ -277,10 +277,19 @@ func TestHeartbeatsFindHungPeer(t *testing.T) {
 		if !ok || d.sender == nil {
 			return
 		}
-		if p.send(d.sender, nil, &Pong{Seq: ping.Seq}) == nil && answered.Add(1) == int64(3*cfg.Misses) {
+		// Seq 0 is the round trip below; the monitor's pings count from 1.
+		if p.send(d.sender, nil, &Pong{Seq: ping.Seq}) == nil && ping.Seq > 0 && answered.Add(1) == int64(3*cfg.Misses) {
 			close(healthy)
 		}
 	})
+	// One round trip first, as TestHeartbeatsFindStoppedProcess does: the
+	// node dials the peer (a TLS handshake, tens of ms of CPU under -race)
+	// before the monitor's 200 ms of silence start counting. A monitor
+	// started on a session still connecting declared the healthy peer lost
+	// when a starved process took longer than that to connect.
+	res, err := fx.n.system.Root.RequestFuture(p.pid(HeartbeatActor), &Ping{Seq: 0}, 10*time.Second).Result()
+	require.NoError(t, err)
+	require.Equal(t, uint64(0), res.(*Pong).Seq)
 	lost := make(chan error, 1)
 	m, err := WatchHeartbeats(fx.n.system, p.pid(HeartbeatActor), cfg, func(err error) { lost <- err })
 	require.NoError(t, err)
