@@ -40,7 +40,7 @@ func (t wrappedTransport) Connect(a []byte) (rdma.Endpoint, error) {
 // quiescence, as UCX over TCP or shared memory reports when its drain times
 // out (a stalled peer): Close returns an error marked ErrNotQuiesced, and
 // so do the batches it fails (the rdma.Endpoint contract).
-type unquiesced struct{ closes atomic.Int32 }
+type unquiesced struct{ closes, posts atomic.Int32 }
 
 func (u *unquiesced) wrap(ep rdma.Endpoint) rdma.Endpoint {
 	return &unquiescedEndpoint{Endpoint: ep, t: u}
@@ -53,6 +53,7 @@ type unquiescedEndpoint struct {
 }
 
 func (e *unquiescedEndpoint) Post(ws []rdma.Write, done func(error)) error {
+	defer e.t.posts.Add(1)
 	return e.Endpoint.Post(ws, func(err error) {
 		if err != nil && e.closing.Load() {
 			err = errors.Mark(errors.Wrap(err, "forced closed, may still land"), rdma.ErrNotQuiesced)
@@ -66,6 +67,17 @@ func (e *unquiescedEndpoint) Close() error {
 	e.closing.Store(true)
 	_ = e.Endpoint.Close()
 	return errors.Mark(errors.New("drain timed out; forced closed, writes may still land"), rdma.ErrNotQuiesced)
+}
+
+// posted waits until n batches were posted. The finish timeout starts at
+// Finish, and only batches in flight give its teardown an endpoint to
+// close that cannot quiesce: a starved process used to reach the 250 ms
+// with the forward's batches not posted yet (work 0/2 processed), and the
+// teardown then had nothing to report.
+func (u *unquiesced) posted(t *testing.T, n int32) {
+	t.Helper()
+	require.Eventually(t, func() bool { return u.posts.Load() >= n }, 10*time.Second, time.Millisecond,
+		"the forward's %d batches were never all posted", n)
 }
 
 // decodePage maps a batch's first destination to its page on decode pool 0.
@@ -86,6 +98,7 @@ func TestDropReportsNotQuiesced(t *testing.T) {
 	r.register(chunk{room: 1, end: 8, src: []int{0, 1}, total: 4, infos: oneInfo("d0", []int{0, 1, 2, 3})})
 	r.register(chunk{room: 2, end: 8, src: []int{4, 5}, total: 4, infos: oneInfo("d0", []int{10, 11, 12, 13})})
 	r.forward(testbed.Write{Room: 1, SrcPages: []int{0, 1}, Tokens: 8}, testbed.Write{Room: 2, SrcPages: []int{4, 5}, Tokens: 8})
+	tr.posted(t, 4)
 	_, err := r.eng.Finish(context.Background(), 1)
 	assert.True(t, errors.Is(err, system.ErrNotQuiesced), "Finish: %v", err)
 	err = r.eng.Drop(context.Background(), 2)
@@ -111,6 +124,7 @@ func TestNotQuiescedReachesOtherChunks(t *testing.T) {
 	r.register(chunk{room: 1, end: 8, last: true, src: []int{0, 1}, total: 2, infos: oneInfo("d0", []int{0, 1})})
 	r.register(chunk{room: 2, end: 8, last: true, src: []int{4, 5}, total: 2, infos: oneInfo("d0", []int{10, 11})})
 	r.forward(testbed.Write{Room: 1, SrcPages: []int{0, 1}, Tokens: 8}, testbed.Write{Room: 2, SrcPages: []int{4, 5}, Tokens: 8})
+	tr.posted(t, 4)
 	_, err := r.eng.Finish(context.Background(), 1)
 	require.True(t, errors.Is(err, system.ErrNotQuiesced), "A: %v", err)
 	res, err := r.eng.Finish(context.Background(), 2)
