@@ -12,6 +12,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/remote"
+	"github.com/kvstream/kvstream/internal/stallprobe"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -309,8 +310,8 @@ func TestHeartbeatsFindHungPeer(t *testing.T) {
 	default:
 	}
 
-	probe := startStallProbe()
-	defer probe.close()
+	probe := stallprobe.Start()
+	defer probe.Close()
 	p.stopHang()
 	hung := time.Now()
 	select {
@@ -321,7 +322,7 @@ func TestHeartbeatsFindHungPeer(t *testing.T) {
 		// however long this process was stalled: a starved monitor takes
 		// its ticks, and so declares the loss, that much later.
 		if over := took - (cfg.Bound() + 500*time.Millisecond); over > 0 {
-			st := probe.stalled(hung, hung.Add(took))
+			st := probe.Stalled(hung, hung.Add(took))
 			require.GreaterOrEqual(t, st, over, "declared lost %v after the peer hung (bound %v), later by more than the process was stalled (%v)", took, cfg.Bound(), st)
 		}
 		t.Logf("hung peer declared lost after %v (bound %v): %v", took.Round(time.Millisecond), cfg.Bound(), err)

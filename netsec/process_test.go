@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/kvstream/kvstream/internal/stallprobe"
 	"github.com/stretchr/testify/require"
 )
 
@@ -50,8 +51,8 @@ func TestHeartbeatsFindStoppedProcess(t *testing.T) {
 	require.NoError(t, err)
 	defer m.Stop()
 
-	probe := startStallProbe()
-	defer probe.close()
+	probe := stallprobe.Start()
+	defer probe.Close()
 	require.NoError(t, cmd.Process.Signal(syscall.SIGSTOP))
 	stopped := time.Now()
 	select {
@@ -61,7 +62,7 @@ func TestHeartbeatsFindStoppedProcess(t *testing.T) {
 		// Within the bound plus 500 ms of scheduling, plus however long
 		// this process was stalled (its monitor's ticks came that late).
 		if over := took - (cfg.Bound() + 500*time.Millisecond); over > 0 {
-			st := probe.stalled(stopped, stopped.Add(took))
+			st := probe.Stalled(stopped, stopped.Add(took))
 			require.GreaterOrEqual(t, st, over, "declared lost %v after SIGSTOP (bound %v), later by more than the process was stalled (%v)", took, cfg.Bound(), st)
 		}
 		t.Logf("stopped process declared lost after %v (bound %v)", took.Round(time.Millisecond), cfg.Bound())

@@ -12,6 +12,7 @@ import (
 	"github.com/kvstream/kvstream/cp"
 	"github.com/kvstream/kvstream/hw/cuda/sim"
 	"github.com/kvstream/kvstream/hw/rdma/rdmafault"
+	"github.com/kvstream/kvstream/internal/stallprobe"
 	"github.com/kvstream/kvstream/internal/testbed"
 	"github.com/kvstream/kvstream/system"
 	"github.com/stretchr/testify/assert"
@@ -303,8 +304,8 @@ func TestTimeoutFailsWithinTimeout(t *testing.T) {
 		}})
 	// A starved process cannot fire a timer sooner than it runs again: the
 	// probe says how long it could not run, the reliability suite's rule.
-	probe := startStallProbe()
-	defer probe.close()
+	probe := stallprobe.Start()
+	defer probe.Close()
 	r.register(chunk{room: 1, end: 8, last: true, src: []int{0, 1}, total: 2, infos: oneInfo("d0", []int{0, 1})})
 	r.forward(testbed.Write{Room: 1, SrcPages: []int{0, 1}, Tokens: 8})
 	start := time.Now()
@@ -318,7 +319,7 @@ func TestTimeoutFailsWithinTimeout(t *testing.T) {
 	// Finish returns within its timeout plus 100 ms of scheduling, unless
 	// the process was stalled for at least the overrun.
 	if over := elapsed - (timeout + 100*time.Millisecond); over > 0 {
-		st := probe.stalled(start, start.Add(elapsed))
+		st := probe.Stalled(start, start.Add(elapsed))
 		assert.GreaterOrEqual(t, st, over, "Finish returned %v after its call, past its timeout by more than the process was stalled (%v)", elapsed, st)
 	}
 	// The engine keeps serving: room 2 succeeds, unless its own 300 ms ran
@@ -328,7 +329,7 @@ func TestTimeoutFailsWithinTimeout(t *testing.T) {
 	start = time.Now()
 	res, err = r.eng.Finish(context.Background(), 2)
 	if errors.Is(err, system.ErrTimeout) {
-		if st := probe.stalled(start, time.Now()); st >= timeout/4 {
+		if st := probe.Stalled(start, time.Now()); st >= timeout/4 {
 			t.Logf("room 2 timed out while the process was stalled %v: starvation, not a fault: %v", st, err)
 			return
 		}
