@@ -74,7 +74,10 @@ type batch struct {
 // without a map (a map's insert and delete cost a tenth of the progress
 // goroutine's time at small batches); the id bits tell a record reused
 // since from the batch the event is for.
-const tagShift = 40
+const (
+	tagShift = 40
+	maxSlots = 1 << (64 - tagShift)
+)
 
 func (b *batch) tag() uint64 { return uint64(b.slot)<<tagShift | b.id&(1<<tagShift-1) }
 
@@ -267,6 +270,11 @@ func (e *Endpoint) Post(ws []rdma.Write, done func(error)) error {
 	if n := len(t.free); n > 0 {
 		b, t.free = t.free[n-1], t.free[:n-1]
 	} else {
+		if len(t.reqs) >= maxSlots {
+			// A tag has no room for more: refuse rather than let an
+			// event name the wrong record.
+			return errors.Mark(errors.Newf("ucx: post: %d batch records, the most a flush's tag can name", len(t.reqs)), rdma.ErrEndpointBroken)
+		}
 		b = &batch{req: (*C.kvs_req_t)(C.calloc(1, C.size_t(unsafe.Sizeof(C.kvs_req_t{}))))}
 		if b.req == nil {
 			return errors.New("ucx: post: out of memory")
