@@ -53,13 +53,16 @@ type unquiescedEndpoint struct {
 }
 
 func (e *unquiescedEndpoint) Post(ws []rdma.Write, done func(error)) error {
-	defer e.t.posts.Add(1)
-	return e.Endpoint.Post(ws, func(err error) {
+	err := e.Endpoint.Post(ws, func(err error) {
 		if err != nil && e.closing.Load() {
 			err = errors.Mark(errors.Wrap(err, "forced closed, may still land"), rdma.ErrNotQuiesced)
 		}
 		done(err)
 	})
+	if err == nil {
+		e.t.posts.Add(1)
+	}
+	return err
 }
 
 func (e *unquiescedEndpoint) Close() error {
