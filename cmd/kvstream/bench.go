@@ -27,7 +27,10 @@ func newBench() *cobra.Command {
 // xferbench.Config, which opens non-loopback transports through this
 // binary's registry.
 func newBenchTransport() *cobra.Command {
-	cfg := xferbench.Config{Size: 1 << 20, Open: func(kind, name string) (rdma.Transport, error) { return openTransport(kind, name, "") }}
+	var writes string
+	cfg := xferbench.Config{Size: 1 << 20, Open: func(kind, name string) (rdma.Transport, error) {
+		return openTransport(kind, name, transportOpts{writes: writes})
+	}}
 	var jsonOut bool
 	cmd := &cobra.Command{
 		Use:   "transport",
@@ -73,6 +76,9 @@ ratios. UCX reads UCX_TLS and its other UCX_* variables from the environment.`,
 			case cfg.Warmup < 0:
 				return errors.Newf("--warmup %d: must not be negative", cfg.Warmup)
 			}
+			if err := checkWrites(writes); err != nil {
+				return err
+			}
 			rep, err := xferbench.Run(cmd.Context(), cfg)
 			if err != nil {
 				return err
@@ -99,6 +105,7 @@ ratios. UCX reads UCX_TLS and its other UCX_* variables from the environment.`,
 	fl.StringVar(&cfg.Pool, "pool", xferbench.PoolAuto, "regions: allocated (by the transport), registered (hostmem), or auto (allocated when the transport allocates)")
 	fl.BoolVar(&cfg.Perftest, "perftest", false, "ucx: also run ucx_perftest ucp_put_bw (default and mmap,heap buffers) with the same size and count, and report the ratios")
 	fl.StringVar(&cfg.PerftestPath, "perftest-path", "ucx_perftest", "the ucx_perftest binary --perftest runs")
+	addWritesFlag(fl, &writes)
 	fl.DurationVar(&cfg.Timeout, "timeout", 5*time.Minute, "give up (and fail) when the whole benchmark takes longer")
 	fl.BoolVar(&jsonOut, "json", false, "print the report as one JSON object")
 	return cmd

@@ -110,6 +110,7 @@ func TestBenchBadFlags(t *testing.T) {
 		{[]string{"--warmup-for", "-1s"}, "--warmup-for -1s: must not be negative"},
 		{[]string{"--warmup-for", "10m"}, "--warmup-for 10m0s: must be shorter than --timeout 5m0s"},
 		{[]string{"--warmup-for", "soon"}, `invalid argument "soon" for "--warmup-for" flag`},
+		{[]string{"--ucx-writes", "both"}, `--ucx-writes "both": want messages or rma`},
 		{[]string{"--size", "1G", "--count", "20000000000"}, "more bytes than fit in 64 bits"},
 		{[]string{"--size", "1M", "--count", "10000", "--slots", "5000"}, "--slots 5000 × --size 1 MiB = 5000 MiB per region: at most 4 GiB"},
 		{[]string{"--transport", "carrier-pigeon"}, `--transport "carrier-pigeon": this binary has loopback`},

@@ -61,29 +61,34 @@ func TestUCXForgedTerminatedDuringTransfer(t *testing.T) {
 
 // TestUCXPrefillCutOffWhileWriting: the decode really declares its prefill
 // lost (a test hook cuts it off after two chunks) while the prefill keeps
-// writing. Nothing crashes. Over TCP the prefill's access point is revoked
-// (its UCX worker destroyed): its rooms fail as lost, quiet, and the next
-// prefill is served byte-equal on the same pages. Over shared memory the
+// writing. Nothing crashes. With message writes (the default), over TCP and
+// shared memory alike, the prefill's access point is revoked: its rooms
+// fail as lost, quiet, and the next prefill is served byte-equal on the
+// same pages. With UCX's RMA over shared memory (--ucx-writes rma) the
 // prefill may write the pool itself, which no revocation stops: its rooms
 // are reported not quiesced, their pages are kept out for good, and the
 // next prefill, whose schedule names the same pages, is refused them.
 func TestUCXPrefillCutOffWhileWriting(t *testing.T) {
 	t.Parallel()
-	for _, tls := range []string{"tcp", "sm,self"} {
-		t.Run(strings.ReplaceAll(tls, ",", "+"), func(t *testing.T) {
-			env := []string{"UCX_TLS=" + tls}
-			dec := startCLI(t, append(env, disconnectAfterEnv+"=2"), "decode", "--listen", "127.0.0.1:0", "--sessions", "2", "--wait", "3m")
+	for _, tc := range []struct {
+		tls, writes string
+		direct      bool
+	}{{"tcp", "messages", false}, {"sm,self", "messages", false}, {"sm,self", "rma", true}} {
+		t.Run(strings.ReplaceAll(tc.tls, ",", "+")+"/"+tc.writes, func(t *testing.T) {
+			env := []string{"UCX_TLS=" + tc.tls}
+			writes := []string{"--ucx-writes", tc.writes}
+			dec := startCLI(t, append(env, disconnectAfterEnv+"=2"), append([]string{"decode", "--listen", "127.0.0.1:0", "--sessions", "2", "--wait", "3m"}, writes...)...)
 			addr := dec.waitLine(t, listening, 30*time.Second)[1]
-			pre := startCLI(t, env, append([]string{"prefill", "--decode", addr, "--finish-timeout", "10s"}, streaming...)...)
+			pre := startCLI(t, env, append(append([]string{"prefill", "--decode", addr, "--finish-timeout", "10s"}, writes...), streaming...)...)
 			require.Error(t, pre.wait(t, 3*time.Minute), "the prefill that was cut off cannot succeed")
 			dec.waitLine(t, regexp.MustCompile(`session of .* ended lost: .*cut off by `+disconnectAfterEnv), time.Minute)
 
 			// The same geometry (so the same pool, and the same pages), at
 			// full speed.
-			next := startCLI(t, env, append([]string{"prefill", "--decode", addr}, append(streaming[:len(streaming)-2:len(streaming)-2], "--layer-us-per-ktok", "0")...)...)
+			next := startCLI(t, env, append(append([]string{"prefill", "--decode", addr}, writes...), append(streaming[:len(streaming)-2:len(streaming)-2], "--layer-us-per-ktok", "0")...)...)
 			nextErr := next.wait(t, 3*time.Minute)
 			decErr := dec.wait(t, time.Minute)
-			if tls == "tcp" {
+			if !tc.direct {
 				require.NoError(t, nextErr, "prefill:\n%s\n%s", next.out(), next.errOut())
 				assert.Contains(t, next.out(), "bytes equal: true")
 				assert.NotContains(t, dec.errOut(), "access could not be revoked")

@@ -21,6 +21,7 @@ import (
 // `kvstream prefill`.
 type netFlags struct {
 	listen, advertise, dataAddr string
+	ucxWrites                   string
 	tlsCA, tlsCert, tlsKey      string
 	tlsDir                      string
 	heartbeat, hbInterval       time.Duration
@@ -37,7 +38,7 @@ const defaultHeartbeat = 10 * time.Second
 
 // netGroups are the help's groups of the network flags.
 var netGroups = []flagGroup{
-	{groupTransport, []string{"listen", "advertise", "data-addr", "transport", "heartbeat", "heartbeat-interval"}},
+	{groupTransport, []string{"listen", "advertise", "data-addr", "transport", "ucx-writes", "heartbeat", "heartbeat-interval"}},
 	{groupTLS, []string{"tls-dir", "tls-ca", "tls-cert", "tls-key", "decode-name", "prefill-name"}},
 }
 
@@ -45,12 +46,18 @@ func addNetFlags(fl *pflag.FlagSet, n *netFlags, node, listenDefault string) {
 	fl.StringVar(&n.listen, "listen", listenDefault, "control-plane address (host:port; port 0 picks one); anything but loopback needs TLS")
 	fl.StringVar(&n.advertise, "advertise", "", "the address peers reach this node on (host[:port]); default: the listen address, or a routable address of this host when listening on all interfaces")
 	fl.StringVar(&n.dataAddr, "data-addr", "", "the `IP` the UCX data plane listens on: an interface's own address, which UCX's tcp transport binds (default: the interface of the advertised or listen host)")
+	addWritesFlag(fl, &n.ucxWrites)
 	fl.StringVar(&n.tlsCA, "tls-ca", "", "mutual TLS: the CA certificate every peer's certificate must chain to (PEM `FILE`)")
 	fl.StringVar(&n.tlsCert, "tls-cert", "", "mutual TLS: this node's certificate (PEM `FILE`)")
 	fl.StringVar(&n.tlsKey, "tls-key", "", "mutual TLS: this node's private key (PEM `FILE`)")
 	fl.StringVar(&n.tlsDir, "tls-dir", "", "mutual TLS from the files in `DIR` (kvstream certs DIR writes them): "+netsec.CAFile+", "+node+".pem and "+node+".key")
 	fl.DurationVar(&n.heartbeat, "heartbeat", defaultHeartbeat, "declare a peer lost when it answered no heartbeat for this long (0: off; a hung process is then never declared lost)")
 	fl.DurationVar(&n.hbInterval, "heartbeat-interval", 0, "time between heartbeats (0: a seventh of --heartbeat); the peer is lost after --heartbeat / --heartbeat-interval - 1 unanswered in a row")
+}
+
+// addWritesFlag adds --ucx-writes.
+func addWritesFlag(fl *pflag.FlagSet, v *string) {
+	fl.StringVar(v, "ucx-writes", "messages", "how a UCX peer writes this process's memory: messages (checked and applied by the receiver, revocable on every UCX transport) or rma (UCX puts: RDMA NICs and GPUs, between trusted peers; both sides must agree)")
 }
 
 // heartbeatConfig is the heartbeat pacing the flags ask for: Misses < 0
@@ -87,6 +94,9 @@ func (n *netFlags) check(node string) (*netsec.TLS, error) {
 		if err := checkDataAddr(n.dataAddr); err != nil {
 			return nil, err
 		}
+	}
+	if err := checkWrites(n.ucxWrites); err != nil {
+		return nil, err
 	}
 	if _, err := n.heartbeatConfig(); err != nil {
 		return nil, err
@@ -171,7 +181,7 @@ func (n *netFlags) open(tlsm *netsec.TLS, log *zap.Logger, transport, name strin
 	if err != nil {
 		return nil, err
 	}
-	tr, err := openTransport(transport, name, n.dataHost(node))
+	tr, err := openTransport(transport, name, transportOpts{dataHost: n.dataHost(node), writes: n.ucxWrites})
 	if err != nil {
 		closeWithin("the control plane", node.Close, &err)
 		return nil, err

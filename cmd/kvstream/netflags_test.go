@@ -34,6 +34,8 @@ func TestNetFlagsNameTheFlag(t *testing.T) {
 		{[]string{"decode", "--data-addr", "127.0.0.3"}, "--data-addr 127.0.0.3: the UCX data plane would listen on 127.0.0.1"},
 		{[]string{"decode", "--data-addr", "192.0.2.77"}, "--data-addr 192.0.2.77"},
 		{[]string{"decode", "--max-pool-mib", "0"}, "--max-pool-mib"},
+		{[]string{"decode", "--ucx-writes", "puts"}, `--ucx-writes "puts": want messages or rma`},
+		{[]string{"prefill", "--ucx-writes", "RMA"}, `--ucx-writes "RMA": want messages or rma`},
 		{[]string{"decode", "--tls-ca", "x"}, "--tls-key"},
 		{[]string{"decode", "--tls-dir", dir, "--tls-ca", "x"}, "--tls-dir"},
 		{[]string{"decode", "--tls-dir", filepath.Join(dir, "none")}, "--tls-*"},

@@ -14,17 +14,43 @@ import (
 // transportFactory opens one side of a transport by name. loopback is
 // always built in; ucx registers itself when the binary is built with
 // -tags ucx (it needs cgo and libucx).
-// dataHost is the IP address whose interface a network transport may use
-// ("" for any).
-type transportFactory func(name, dataHost string) (rdma.Transport, error)
+type transportFactory func(name string, o transportOpts) (rdma.Transport, error)
+
+// transportOpts are what the commands' flags say about a transport.
+type transportOpts struct {
+	// dataHost is the IP address whose interface a network transport may
+	// use ("" for any).
+	dataHost string
+	// writes is UCX's write mode (--ucx-writes): "messages" ("" too) or
+	// "rma".
+	writes string
+}
+
+// writeModes are --ucx-writes's choices.
+var writeModes = []string{"messages", "rma"}
+
+// checkWrites checks --ucx-writes ("" is the default, messages).
+func checkWrites(v string) error {
+	if v == "" {
+		return nil
+	}
+	for _, m := range writeModes {
+		if v == m {
+			return nil
+		}
+	}
+	return errors.Newf("--ucx-writes %q: want %s", v, strings.Join(writeModes, " or "))
+}
 
 var transports = map[string]transportFactory{
-	"loopback": func(name, _ string) (rdma.Transport, error) { return loopback.Default().NewTransport(name) },
+	"loopback": func(name string, _ transportOpts) (rdma.Transport, error) {
+		return loopback.Default().NewTransport(name)
+	},
 }
 
 // openTransport opens a transport of the given kind, or says which kinds
 // this binary has.
-func openTransport(kind, name, dataHost string) (rdma.Transport, error) {
+func openTransport(kind, name string, o transportOpts) (rdma.Transport, error) {
 	f, ok := transports[kind]
 	if !ok {
 		var have []string
@@ -38,7 +64,7 @@ func openTransport(kind, name, dataHost string) (rdma.Transport, error) {
 		}
 		return nil, errors.Newf("--transport %q: this binary has %s%s", kind, strings.Join(have, ", "), hint)
 	}
-	return f(name, dataHost)
+	return f(name, o)
 }
 
 // interfaceOf is the network interface that carries ip: the one with that

@@ -5,17 +5,25 @@ package main
 import (
 	"time"
 
+	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/hw/rdma/ucx"
 )
 
 func init() {
-	transports["ucx"] = func(name, dataHost string) (rdma.Transport, error) {
+	transports["ucx"] = func(name string, o transportOpts) (rdma.Transport, error) {
 		// UCX's tcp transport listens on every interface it may use: keep
 		// it on the control plane's (or --data-addr's).
 		opts := ucx.Options{Name: name, CloseDrain: time.Second}
-		if dataHost != "" {
-			devs, err := netDevices(dataHost)
+		if o.writes != "" {
+			w, err := ucx.ParseWriteMode(o.writes)
+			if err != nil {
+				return nil, errors.Wrap(err, "--ucx-writes")
+			}
+			opts.Writes = w
+		}
+		if o.dataHost != "" {
+			devs, err := netDevices(o.dataHost)
 			if err != nil {
 				return nil, err
 			}

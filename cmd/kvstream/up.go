@@ -206,7 +206,7 @@ func crossProcessTransport(kind string) error {
 		return errors.New("--transport loopback does not cross processes: up needs ucx (go build -tags ucx ./cmd/kvstream)")
 	}
 	if _, ok := transports[kind]; !ok {
-		_, err := openTransport(kind, "check", "127.0.0.1") // says which kinds this binary has
+		_, err := openTransport(kind, "check", transportOpts{dataHost: "127.0.0.1"}) // says which kinds this binary has
 		return err
 	}
 	return nil

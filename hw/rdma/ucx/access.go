@@ -11,6 +11,7 @@ import "C"
 import (
 	"strings"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/cockroachdb/errors"
@@ -24,6 +25,7 @@ type access struct {
 	t    *Transport
 	addr []byte
 	w    C.ucp_worker_h // owned by the progress goroutine; nil once destroyed
+	wk   *C.kvs_wk_t    // its message handlers' state, freed with the worker
 
 	once sync.Once
 	err  error // Revoke's answer
@@ -41,7 +43,8 @@ func (t *Transport) OpenPeerAccess() (rdma.PeerAccess, error) {
 	a := &access{t: t}
 	err := t.do(func() error {
 		var w C.ucp_worker_h
-		if st := C.kvs_access_open(t.ctx, &w); st != C.UCS_OK {
+		var wk *C.kvs_wk_t
+		if st := C.kvs_access_open(t.ctx, &w, &wk); st != C.UCS_OK {
 			return errors.Mark(statusErr(st, "ucx: open a peer access point"), rdma.ErrEndpointBroken)
 		}
 		var buf unsafe.Pointer
@@ -52,7 +55,7 @@ func (t *Transport) OpenPeerAccess() (rdma.PeerAccess, error) {
 		}
 		a.addr = C.GoBytes(buf, C.int(n))
 		C.free(buf)
-		a.w = w
+		a.w, a.wk = w, wk
 		t.accesses[a] = struct{}{}
 		return nil
 	})
@@ -97,21 +100,29 @@ func (a *access) RevokeLost() error {
 
 func (a *access) revoke(park bool) error {
 	t := a.t
-	destroy := func() {
+	cut := func() {
 		if a.w == nil {
+			return
+		}
+		if t.opts.Writes == WriteMessages {
+			// The barrier: from here on the worker's handlers apply
+			// nothing and answer every FLUSH with a refusal, so the peer's
+			// batches fail instead of hanging (over shared memory nothing
+			// else would tell it). The worker goes after RevokeLinger.
+			C.kvs_access_revoke(a.wk)
+			t.retiring = append(t.retiring, retiree{a: a, at: time.Now().Add(t.opts.RevokeLinger)})
+			delete(t.accesses, a)
 			return
 		}
 		if park {
 			if st := C.kvs_access_park(t.ctx, a.w); st == C.UCS_OK {
-				a.w = nil
+				a.w, a.wk = nil, nil
 				delete(t.accesses, a)
 				return
 			}
 			// Out of memory for the parked list: destroy, as Revoke.
 		}
-		C.kvs_access_close(t.ctx, a.w)
-		a.w = nil
-		delete(t.accesses, a)
+		a.destroy()
 	}
 	t.mu.Lock()
 	switch {
@@ -119,14 +130,14 @@ func (a *access) revoke(park bool) error {
 		// A done callback: the context lives until the callback returns,
 		// even when Close was called (teardown runs after it).
 		t.mu.Unlock()
-		destroy()
+		cut()
 	case t.closed:
 		// The teardown destroys every worker: wait for it.
 		t.mu.Unlock()
 		<-t.stopped
 	default:
 		ch := make(chan struct{})
-		t.enqueueLocked(item{fn: func() { destroy(); close(ch) }})
+		t.enqueueLocked(item{fn: func() { cut(); close(ch) }})
 		t.mu.Unlock()
 		<-ch
 	}
@@ -134,11 +145,43 @@ func (a *access) revoke(park bool) error {
 		return errors.Mark(errors.Newf("ucx: peer access point revoked, but UCX_TLS=%q may let the peer write this side's memory itself (shared memory it mapped, cross-memory attach), which revoking cannot stop: "+
 			"memory it could write must not be reused or unmapped while this process lives", tlsOrAll(t.tls)), rdma.ErrNotQuiesced)
 	}
-	if park && appliedByNIC(t.tls) {
+	if park && t.opts.Writes == WriteRMA && appliedByNIC(t.tls) {
 		return errors.Mark(errors.Newf("ucx: a lost peer's access point parked, but UCX_TLS=%q may carry its writes on a NIC that applies them without this side's worker (rc, dc): "+
 			"memory it could write must not be reused or unmapped while this process lives", tlsOrAll(t.tls)), rdma.ErrNotQuiesced)
 	}
 	return nil
+}
+
+// destroy destroys the access point's worker, on the progress goroutine.
+func (a *access) destroy() {
+	if a.w == nil {
+		return
+	}
+	C.kvs_access_close(a.t.ctx, a.w)
+	a.w, a.wk = nil, nil
+	delete(a.t.accesses, a)
+}
+
+// retiree is a revoked access point whose worker still answers its peers
+// (with refusals) until at.
+type retiree struct {
+	a  *access
+	at time.Time
+}
+
+// retire destroys the workers of revoked access points whose linger
+// ended; on the progress goroutine.
+func (t *Transport) retire(now time.Time) {
+	keep := t.retiring[:0]
+	for _, r := range t.retiring {
+		if now.Before(r.at) {
+			keep = append(keep, r)
+			continue
+		}
+		r.a.destroy()
+	}
+	clear(t.retiring[len(keep):])
+	t.retiring = keep
 }
 
 // appliedByNIC reports whether a UCX_TLS value may select an RDMA transport

@@ -9,12 +9,67 @@
 // The tests run every check once over UCX_TLS=tcp and once over
 // UCX_TLS=sm,self, setting the variable themselves.
 //
+// # Writes
+//
+// How a peer writes this Transport's memory is Options.Writes, the
+// receiver's choice; its RegionDescs say it, and a sender of either mode
+// follows them.
+//
+// WriteMessages (the default): a write is one or more UCX active messages
+// (ucp_am_send_nbx, eager, at most Options.Fragment bytes each) whose header
+// names the region by its slot and generation in the receiver's table and
+// the destination address. The receiver's handler (shim.c, on its progress
+// goroutine) applies a message only when its region is live and the bytes
+// fall inside it, so a peer writes nothing but the memory this side
+// registered, whatever it sends. After a group's writes the sender sends a
+// FLUSH message; the receiver answers it once every write before it on the
+// connection was handled (one lane per endpoint, delivered in order:
+// UCX_MAX_EAGER_LANES=1), with a refusal when any was refused or the access
+// point was revoked. A batch completes when that answer arrived (checked to
+// come back on the batch's own endpoint) and the endpoint's flush
+// completed the messages locally. A refusal breaks the endpoint. The
+// context has no UCP_FEATURE_RMA, so UCX installs none of its RMA
+// emulation handlers, and a region's key is a kvstream message key (24
+// bytes, beginning with eight zero bytes, which no UCX key does), not a UCX
+// remote key. Host memory only: the receiver applies writes with memcpy.
+//
+// This mode exists because of what UCX's RMA does where the hardware has
+// none. Over tcp and shared-memory FIFOs UCX 1.13 (and 1.18, and its master
+// branch) emulates a put with an active message that the receiver's worker
+// applies to whatever address the header names, unchecked
+// (ucp_put_handler), and answers with a completion message; when that
+// answer cannot be sent (the peer died, its connection reset),
+// ucp_progress_rma_cmpl hands the send error to ucp_request_try_send,
+// which calls ucs_fatal: the receiving process aborts ("ucp_request.inl
+// Fatal: unexpected error: Endpoint timeout"). A prefill killed
+// mid-transfer, or a decode paused while its prefill gave up on it, killed
+// the decode that way. With message writes the receiver's own handlers
+// answer, and a failed answer only means the peer is gone.
+//
+// WriteRMA: a write is a ucp_put_nbx into memory registered with ucp_mem_map
+// (the region's key is UCX's packed remote key), followed by
+// ucp_ep_flush_nbx, which UCP defines as completion at the target. It is
+// the zero-copy path of RDMA NICs (rc, dc) and GPUs (GPUDirect, cuda_ipc,
+// RegisterTyped of device memory). Use it with UCX_TLS restricted to those
+// transports and self, between trusted peers: wherever UCX emulates puts,
+// the abort and the unchecked address above apply, and a peer that maps
+// shared memory or uses cross-memory attach writes this side's memory
+// itself, which no revocation stops (see below).
+//
+// Either mode: batches queued one after the other for one endpoint (up to
+// 64) share one flush (and one FLUSH message), issued after all their
+// writes, so small writes do not pay a flush (over TCP a round trip)
+// apiece.
+//
 // # Mapping to UCP
 //
-// A Transport is one UCP context (UCP_FEATURE_RMA, plus UCP_FEATURE_WAKEUP
-// unless Options.NoWakeup) with one worker; Address is the worker address.
-// Register is ucp_mem_map of the caller's memory plus ucp_rkey_pack, whose
-// bytes are RegionDesc.Key; UCX detects the memory's type. RegisterTyped
+// A Transport is one UCP context (UCP_FEATURE_AM, UCP_FEATURE_RMA in
+// WriteRMA, UCP_FEATURE_WAKEUP unless Options.NoWakeup) with one worker;
+// Address is the worker address. Register is ucp_mem_map of the caller's
+// memory (the sender's zero-copy path needs the handle in either mode),
+// plus in WriteRMA ucp_rkey_pack, whose bytes are RegionDesc.Key, and in
+// WriteMessages an entry in the table of regions messages may land in.
+// UCX detects the memory's type. RegisterTyped
 // (rdma.TypedRegistrar) passes the type in ucp_mem_map's parameters
 // (UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE): CUDA memory then goes to a
 // CUDA-enabled UCX's CUDA domains (cuda_ipc within a host, GPUDirect RDMA on
@@ -22,79 +77,74 @@
 // that the type reaches ucp_mem_map (scripts/gpu-check.sh has the GPU step).
 // Allocate (rdma.Allocator) is ucp_mem_map with UCP_MEM_MAP_ALLOCATE: UCX
 // allocates by UCX_ALLOC_PRIO, shared-memory segments first (sysv, posix)
-// when the context has those transports, and a peer on the same host maps
-// such memory, so that its put is one memcpy; memory from Register is
-// reached through the shared-memory FIFO (or cma) instead, several times
-// slower (docs/TRANSPORT-BENCH.md). Connect is ucp_ep_create by worker address with
-// UCP_ERR_HANDLING_MODE_PEER, so that a lost peer fails the endpoint instead
-// of hanging it. Import is ucp_ep_rkey_unpack. A peer's worker address and
-// packed keys come from the network: Connect and Import check their
+// when the context has those transports; in WriteRMA a peer on the same
+// host maps such memory, so that its put is one memcpy (memory from
+// Register is reached through the shared-memory FIFO, or cma, instead,
+// several times slower: docs/TRANSPORT-BENCH.md). Connect is ucp_ep_create
+// by worker address with UCP_ERR_HANDLING_MODE_PEER, so that a lost peer
+// fails the endpoint instead of hanging it. Import is ucp_ep_rkey_unpack
+// for a UCX key, a table lookup for a message key. A peer's worker address
+// and packed keys come from the network: Connect and Import check their
 // structure first (the address's format version, the key's domain map,
-// memory type and length-prefixed domain keys), since UCX asserts and aborts
-// the process on malformed ones; what the structure carries is UCX's to
-// parse, and trusted to come from an authenticated peer. Post is one ucp_put_nbx per
-// write followed by one ucp_ep_flush_nbx; the batch completes when the flush
-// does, which UCP defines as completion at the target. Batches queued one
-// after the other for one endpoint (up to 64) share one flush, issued after
-// all their puts: the flush completes each of them, and small writes do not
-// pay a flush (over TCP a round trip) apiece. Endpoint.Close drains
-// the endpoint with one more flush (bounded by Options.CloseDrain), then
-// closes it with ucp_ep_close_nbx and UCP_EP_CLOSE_FLAG_FORCE.
+// memory type and length-prefixed domain keys), since UCX asserts and
+// aborts the process on malformed ones; what the structure carries is
+// UCX's to parse, and trusted to come from an authenticated peer.
+// Endpoint.Close drains the endpoint with one more flush, and in
+// WriteMessages waits for the answers to every FLUSH sent on it (bounded by
+// Options.CloseDrain), then closes it with ucp_ep_close_nbx and
+// UCP_EP_CLOSE_FLAG_FORCE.
 //
 // # Per-peer access points
 //
 // The Transport is an rdma.PeerAccessor. OpenPeerAccess creates one more
 // UCP worker on the same context (access.go); its worker address is the
-// access point's Address. Memory registrations and packed remote keys
-// belong to the context, so every region's RegionDesc is valid through any
-// of its workers, those registered later too. The progress goroutine
-// progresses every access point's worker along with its own, and sleeps on
-// all their event fds. Access points only receive: Connect and Import are
-// made on the transport's own worker.
+// access point's Address. Memory registrations, packed remote keys and the
+// table of message regions belong to the context, so every region's
+// RegionDesc is valid through any of its workers, those registered later
+// too. The progress goroutine progresses every access point's worker along
+// with its own, and sleeps on all their event fds. Access points only
+// receive: Connect and Import are made on the transport's own worker.
 //
-// Revoke destroys the access point's worker (ucp_worker_destroy), closing
-// every connection peers made to it. Where the receiver's worker applies
-// what arrives (TCP, and ud, whose puts are messages) the sockets close
-// unread and nothing more is applied; over RDMA NICs (rc, dc) the queue
-// pairs or DC target the peer writes through are destroyed, and the NIC
-// refuses its later writes. Either way the peer's endpoint fails
-// (rdma.ErrEndpointBroken at the sender) and Revoke returns nil.
+// In WriteMessages, Revoke marks the access point's worker revoked, on the
+// progress goroutine where its handlers run: a barrier, on every UCX
+// transport. From then on the worker applies nothing and answers every
+// FLUSH with a refusal, so the peer's batches fail (its endpoint breaks)
+// even over shared memory, where nothing else would tell it; after
+// Options.RevokeLinger the worker is destroyed with its connections, and
+// every resource of the session (sockets, FIFOs, memory) goes with it.
+// RevokeLost does the same. Revoke returns nil.
 //
-// Where the sender writes the receiver's memory itself, destroying a worker
-// cannot stop it: posix and sysv shared memory (a peer maps memory UCX
-// allocated), cma, knem and xpmem (the kernel or a
-// mapping copies into the receiver's pages), cuda_ipc and rocm_ipc (a peer
-// maps device memory). Revoke then still destroys the worker, and returns an
-// error marked rdma.ErrNotQuiesced: the memory that peer could write must
-// not be reused or unmapped while the process lives. Which transports a
-// peer may use is decided from UCX_TLS as the context reads it
-// (Options.Config's "TLS", else the environment), conservatively: unset,
-// "all", a "^..." exclusion list, the aliases "sm", "shm", "mm", "cuda" and
-// any name not known to be safe count as direct; tcp, self, ib, rc*, dc*,
-// ud*, cuda_copy, gdr_copy and rocm_copy do not. Over shared memory a peer
-// whose worker was destroyed is not noticed either (UCX detects a lost peer
-// by its process), so its endpoint hangs until Close, whose drain times
-// out (Options.CloseDrain).
+// In WriteRMA, Revoke destroys the access point's worker
+// (ucp_worker_destroy), closing every connection peers made to it. Where
+// the receiver's worker applies what arrives (TCP, and ud, whose puts are
+// messages) the sockets close unread and nothing more is applied; over RDMA
+// NICs (rc, dc) the queue pairs or DC target the peer writes through are
+// destroyed, and the NIC refuses its later writes. Either way the peer's
+// endpoint fails (rdma.ErrEndpointBroken at the sender) and Revoke returns
+// nil. Where the sender writes the receiver's memory itself, destroying a
+// worker cannot stop it: posix and sysv shared memory (a peer maps memory
+// UCX allocated), cma, knem and xpmem (the kernel or a mapping copies into
+// the receiver's pages), cuda_ipc and rocm_ipc (a peer maps device memory).
+// Revoke then still destroys the worker, and returns an error marked
+// rdma.ErrNotQuiesced: the memory that peer could write must not be reused
+// or unmapped while the process lives. Which transports a peer may use is
+// decided from UCX_TLS as the context reads it (Options.Config's "TLS",
+// else the environment), conservatively: unset, "all", a "^..." exclusion
+// list, the aliases "sm", "shm", "mm", "cuda" and any name not known to be
+// safe count as direct; tcp, self, ib, rc*, dc*, ud*, cuda_copy, gdr_copy
+// and rocm_copy do not. A peer that stopped answering (SIGSTOPped, hung) is
+// cut off with RevokeLost (rdma.LostPeerRevoker) instead: UCX 1.13 aborts
+// the process destroying a worker whose connection setup with such a peer
+// is pending (ucp_request_send_state_ff asserts on the setup's reply
+// message that ucp_ep_purge_lanes hands it; the assertion was removed in
+// 1.14, openucx/ucx 9ccaf31). RevokeLost parks the worker: it leaves the
+// progress and wait sets and is never destroyed (its sockets stay open,
+// unread, until the process exits). Over rc and dc the NIC applies writes
+// without the worker, so RevokeLost answers rdma.ErrNotQuiesced there.
 //
-// Measured here (TestRevokedPeerKeepsWriting, UCX_TLS=tcp): a receiving
-// process revokes with 64 KiB writes in flight, unmaps the memory at once,
-// and survives its peer's further posts and reconnections.
-//
-// A peer that stopped answering (SIGSTOPped, hung) is cut off with
-// RevokeLost (rdma.LostPeerRevoker) instead: UCX 1.13 aborts the process
-// destroying a worker whose connection setup with such a peer is pending
-// (ucp_request_send_state_ff asserts on the setup's reply message that
-// ucp_ep_purge_lanes hands it; the assertion was removed in 1.14,
-// openucx/ucx 9ccaf31). RevokeLost parks the worker: it leaves the progress
-// and wait sets, so nothing that arrives for it is applied (TCP and ud puts
-// are applied when the receiver's worker progresses), and it is never
-// destroyed; its sockets stay open, unread, and Close then leaves the
-// context to the process's exit. The peer's later batches hang rather
-// than fail. Over rc and dc the NIC applies writes without the worker, so
-// RevokeLost answers rdma.ErrNotQuiesced there (and wherever Revoke does).
-// kvstream's decode server calls it for a session lost by its heartbeats
-// (TestUCXHungPrefillIsLost SIGSTOPs the prefill mid-transfer; before it,
-// about 1 run in 2 aborted there).
+// Measured here (TestRevokedPeerKeepsWriting): a receiving process revokes
+// with 64 KiB writes in flight, unmaps the memory at once, and survives its
+// peer's further posts and reconnections.
 //
 // # Threading
 //
@@ -118,9 +168,9 @@
 // fine). They may call Post, and Endpoint.Close, Connect, Import, Register,
 // Deregister or Close, which then run inline.
 //
-// The receiving Transport's progress goroutine matters too: over TCP and
-// shared memory, UCX 1.13 emulates puts into registered memory with active
-// messages that the receiver's worker applies when it is progressed.
+// The receiving Transport's progress goroutine matters too: it applies
+// message writes (and, in WriteRMA over TCP and shared memory, UCX's
+// emulated puts) when it progresses its workers.
 //
 // # Configuration
 //
@@ -163,17 +213,24 @@
 //
 // A forced close cancels only what UCX has not sent yet. Where the sender
 // performs the writes (RDMA NICs) that stops them; where the receiver
-// applies them (UCX's put emulation over TCP and shared memory) bytes
-// already in socket buffers or shared-memory FIFOs still land afterwards
-// (measured here: megabytes over TCP, hundreds of kilobytes over shared
-// memory). That is why Endpoint.Close drains first, and why it returns an
-// error when the drain times out: invariant 10 of docs/ARCHITECTURE.md then does not hold
-// and the caller must not reuse the destination pages on the strength of
-// that Close. Options.CloseDrain < 0 skips the drain, for RDMA NICs.
+// applies them (message writes; UCX's put emulation over TCP and shared
+// memory) bytes already in socket buffers or shared-memory FIFOs still land
+// afterwards (measured here: megabytes over TCP, hundreds of kilobytes over
+// shared memory). That is why Endpoint.Close drains first (in
+// WriteMessages, until the receiver answered every FLUSH), and why it
+// returns an error when the drain times out: invariant 10 of
+// docs/ARCHITECTURE.md then does not hold at the sender, and the caller
+// must not reuse the destination pages on the strength of that Close (the
+// receiver's revocation is what makes them quiet). Options.CloseDrain < 0
+// skips the drain, for RDMA NICs.
 //
-// Over shared memory UCX detects a lost peer through its process, so a peer
-// Transport closed inside a live process is not noticed: its batches hang
-// until Endpoint.Close, whose drain then times out.
+// A receiver killed while a sender waits for its answer is noticed at once
+// over TCP (the connection resets). Over shared memory UCX detects a lost
+// peer through its process only when it sends to it, and its keepalive
+// does not check these endpoints: a sender whose writes all left waits
+// until Endpoint.Close, whose drain then times out (TestPeerKilledWhileAwaited);
+// the decode and prefill notice such a peer by the control plane's
+// heartbeats.
 //
 // Connect checks a worker address's size and format version only: UCX
 // 1.13 parses the rest without its length, up to the address's own "last"

@@ -35,6 +35,11 @@ type Endpoint struct {
 	lstate        epState
 	drainDeadline time.Time
 	closeErr      error
+	// awaiting counts the groups whose FLUSH the peer has not answered:
+	// until it did, their message writes may still be applied, so a
+	// drain waits for them as well as for its flush (drainFlushed).
+	awaiting     int
+	drainFlushed bool
 }
 
 type epState int
@@ -47,10 +52,12 @@ const (
 )
 
 // remote is one imported region: its bounds for validation in Go and its
-// unpacked key.
+// unpacked key, or for a region of a message-mode peer (rkey 0) its slot
+// and generation in that peer's table.
 type remote struct {
 	addr, len uint64
 	rkey      C.uint64_t
+	slot, gen uint32
 }
 
 // batch is one Post on its way through the progress goroutine. Batches and
@@ -67,6 +74,12 @@ type batch struct {
 	putErr    C.ucs_status_t // the first put of the batch that failed to start
 	followers []*batch       // batches posted before this one and flushed with it
 	live      bool           // started and not reported yet
+
+	// A leader whose group had message writes waits for the peer's answer
+	// to its FLUSH (needAck) as well as for its flush: the group reports
+	// once both arrived, or at once when the flush failed.
+	needAck, acked, flushOK bool
+	ackSt                   C.ucs_status_t
 }
 
 // A flush's event names its leader by a tag: the record's slot above
@@ -214,10 +227,22 @@ func (e *Endpoint) Import(d rdma.RegionDesc) (rdma.RemoteKey, error) {
 	if len(d.Key) == 0 || d.Len == 0 || d.Addr+d.Len < d.Addr {
 		return 0, errors.Mark(errors.Newf("ucx: import [%#x, +%d) with a %d-byte key: malformed descriptor", d.Addr, d.Len, len(d.Key)), rdma.ErrInvalidWrite)
 	}
+	t := e.t
+	if slot, gen, ok := parseMessageKey(d.Key); ok {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		if e.err != nil {
+			return 0, errors.Mark(e.err, rdma.ErrEndpointBroken)
+		}
+		e.remotes = append(e.remotes, remote{addr: d.Addr, len: d.Len, slot: slot, gen: gen})
+		return rdma.RemoteKey(len(e.remotes) - 1), nil
+	}
+	if t.opts.Writes != WriteRMA {
+		return 0, errors.Mark(errors.Newf("ucx: import [%#x, +%d): the peer offers a UCX remote key (its memory takes RMA puts), and this transport writes with messages (Options.Writes); start both sides in the same write mode", d.Addr, d.Len), rdma.ErrInvalidWrite)
+	}
 	if err := checkPackedKey(d.Key); err != nil {
 		return 0, errors.Mark(errors.Wrapf(err, "ucx: import [%#x, +%d)", d.Addr, d.Len), rdma.ErrInvalidWrite)
 	}
-	t := e.t
 	var rk rdma.RemoteKey
 	err := t.do(func() error {
 		if e.lstate != epOpen {
@@ -310,6 +335,8 @@ func (e *Endpoint) Post(ws []rdma.Write, done func(error)) error {
 			len:  C.uint64_t(w.Len),
 			rkey: dst.rkey,
 			memh: C.uint64_t(uintptr(unsafe.Pointer(src.memh))),
+			slot: C.uint32_t(dst.slot),
+			gen:  C.uint32_t(dst.gen),
 		})
 	}
 	t.nextBatch++
@@ -356,10 +383,62 @@ func (t *Transport) startGroup(bs []*batch) {
 	if len(t.gws) > 0 {
 		ws = &t.gws[0] // Go memory without Go pointers, used during the call only
 	}
-	C.kvs_post(t.ctx, e.rec, ws, &t.gcounts[0], &t.gerrs[0], C.size_t(len(bs)), leader.req)
+	leader.needAck, leader.acked, leader.flushOK, leader.ackSt = false, false, false, C.UCS_OK
+	if C.kvs_post(t.ctx, e.rec, ws, &t.gcounts[0], &t.gerrs[0], C.size_t(len(bs)), leader.req) != 0 {
+		leader.needAck = true
+		e.awaiting++
+	}
 	t.flushes.Add(1)
 	for i, b := range bs {
 		b.putErr = C.ucs_status_t(t.gerrs[i])
+	}
+}
+
+// flushDone takes a group's flush: it reports the group unless it still
+// waits for the peer's answer to its FLUSH. A failed flush reports at once
+// (no answer is coming from a broken endpoint).
+func (t *Transport) flushDone(leader *batch, st C.ucs_status_t) {
+	if st == C.UCS_OK && leader.needAck && !leader.acked {
+		leader.flushOK = true
+		return
+	}
+	if st == C.UCS_OK {
+		st = leader.ackSt
+	}
+	t.flushed(leader, st)
+}
+
+// ackDone takes the peer's answer to a group's FLUSH: every write before
+// it was applied (UCS_OK), or refused (its access revoked, a region it no
+// longer holds). The group reports once its flush completed too: the
+// record and the messages' headers stay in use until then.
+func (t *Transport) ackDone(leader *batch, st C.ucs_status_t) {
+	e := leader.ep
+	leader.acked, leader.ackSt = true, st
+	e.awaiting--
+	if leader.flushOK {
+		t.flushed(leader, st)
+	}
+	if st != C.UCS_OK {
+		// The peer refuses this endpoint's writes (its access revoked, or
+		// a write it does not take): the endpoint is broken, and nothing
+		// more of it will be applied, so it closes without a drain.
+		reason := errors.Newf("ucx: endpoint %d: the peer refused its writes (access revoked)", e.id)
+		if st != C.UCS_ERR_REJECTED {
+			reason = statusErr(st, "ucx: endpoint %d: the peer refused a write", e.id)
+		}
+		t.startClose(e, reason, true)
+		return
+	}
+	t.maybeDrained(e)
+}
+
+// maybeDrained closes a draining endpoint once its drain's flush completed
+// and the peer answered every FLUSH sent on it: nothing it posted can land
+// any more.
+func (t *Transport) maybeDrained(e *Endpoint) {
+	if e.lstate == epDraining && e.drainFlushed && e.awaiting == 0 {
+		t.startClose(e, nil, true)
 	}
 }
 
@@ -367,6 +446,14 @@ func (t *Transport) startGroup(bs []*batch) {
 // posting order, then the leader. A batch whose endpoint's teardown failed
 // it already is no longer in flight and is skipped.
 func (t *Transport) flushed(leader *batch, st C.ucs_status_t) {
+	// refused: the peer answered the FLUSH with a refusal (whatever the
+	// flush said).
+	refused := leader.needAck && leader.acked && leader.ackSt != C.UCS_OK
+	ackSt := leader.ackSt
+	if leader.needAck && !leader.acked && leader.live {
+		leader.acked = true // no answer is awaited any more
+		leader.ep.awaiting--
+	}
 	group := append(t.gdone[:0], leader.followers...)
 	group = append(group, leader)
 	clear(leader.followers)
@@ -380,6 +467,10 @@ func (t *Transport) flushed(leader *batch, st C.ucs_status_t) {
 		switch {
 		case b.putErr != C.UCS_OK:
 			err = errors.Mark(statusErr(b.putErr, "ucx: batch %d: a put did not start", b.id), rdma.ErrEndpointBroken)
+		case refused && ackSt == C.UCS_ERR_REJECTED:
+			err = errors.Mark(errors.Newf("ucx: batch %d: the peer revoked this side's access to its memory", b.id), rdma.ErrEndpointBroken)
+		case refused:
+			err = errors.Mark(statusErr(ackSt, "ucx: batch %d: the peer refused a write (a region it does not hold)", b.id), rdma.ErrEndpointBroken)
 		case st != C.UCS_OK:
 			err = errors.Mark(statusErr(st, "ucx: batch %d", b.id), rdma.ErrEndpointBroken)
 		}
@@ -461,7 +552,9 @@ func (t *Transport) finishClose(e *Endpoint) {
 	reason := e.err
 	t.mu.Unlock()
 	for _, r := range remotes {
-		C.kvs_rkey_destroy(r.rkey)
+		if r.rkey != 0 { // a message-mode region's has none
+			C.kvs_rkey_destroy(r.rkey)
+		}
 	}
 	var failed []*batch
 	for _, b := range t.slots {

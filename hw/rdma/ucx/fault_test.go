@@ -3,7 +3,6 @@
 package ucx
 
 import (
-	"os"
 	"testing"
 	"time"
 
@@ -19,7 +18,7 @@ import (
 // every completion delayed through the wrapper's own bookkeeping.
 func TestFaultWrapperContract(t *testing.T) {
 	eachFabric(t, func(t *testing.T) {
-		rdmatest.Run(t, rdmatest.Factory{DirectPeerWrites: mayWriteDirectly(os.Getenv("UCX_TLS")), Pair: func(t *testing.T) (rdma.Transport, rdma.Transport) {
+		rdmatest.Run(t, rdmatest.Factory{DirectPeerWrites: directPeerWrites(), Pair: func(t *testing.T) (rdma.Transport, rdma.Transport) {
 			a, b := contractPair(t)
 			return rdmafault.Wrap(a, func(rdmafault.BatchInfo) rdmafault.Fault {
 				return rdmafault.Fault{Kind: rdmafault.DelayCompletion, Delay: time.Millisecond}

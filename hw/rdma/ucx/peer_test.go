@@ -3,9 +3,12 @@
 package ucx
 
 import (
+	"syscall"
+
 	"bufio"
 	"encoding/hex"
 	"fmt"
+	"github.com/cockroachdb/errors"
 	"io"
 	"os"
 	"os/exec"
@@ -58,6 +61,14 @@ func runPeer() int {
 // remotePeer starts a peer process and returns its address and region.
 func remotePeer(tb testing.TB, n int) (addr []byte, desc rdma.RegionDesc) {
 	tb.Helper()
+	addr, desc, _ = remotePeerProc(tb, n)
+	return addr, desc
+}
+
+// remotePeerProc is remotePeer that also returns the process, for tests
+// that stop or kill it.
+func remotePeerProc(tb testing.TB, n int) (addr []byte, desc rdma.RegionDesc, proc *os.Process) {
+	tb.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d", peerEnv, n))
 	cmd.Stderr = os.Stderr
@@ -74,7 +85,7 @@ func remotePeer(tb testing.TB, n int) (addr []byte, desc rdma.RegionDesc) {
 	require.NoError(tb, err)
 	desc.Key, err = hex.DecodeString(k)
 	require.NoError(tb, err)
-	return addr, desc
+	return addr, desc, cmd.Process
 }
 
 // BenchmarkPutRemote is BenchmarkPut with the receiver in its own process,
@@ -336,4 +347,72 @@ func TestRevokedPeerKeepsWriting(t *testing.T) {
 	require.NoError(t, stdin.Close())
 	exited = true
 	require.NoError(t, cmd.Wait(), "the receiving process survived")
+}
+
+// TestPeerKilledWhileAwaited: a receiving process that stops (SIGSTOP)
+// with a batch of this side's in flight, and is then killed: the sender,
+// whose writes all left and which waits for the receiver's answer on an
+// idle connection, still learns of the death. Over TCP the socket's reset
+// fails the batch at once. Over shared memory nothing tells a sender that
+// the process behind a FIFO died (UCX's keepalive does not check these
+// endpoints): the batch stays in flight until the endpoint's Close, whose
+// drain ends within its bound and says writes may still land; the control
+// plane's heartbeats are what notice such a peer (docs/RELIABILITY.md).
+func TestPeerKilledWhileAwaited(t *testing.T) {
+	for _, fab := range fabrics {
+		t.Run(fab.name, func(t *testing.T) {
+			t.Setenv("UCX_TLS", fab.tls)
+			const n = 1 << 20
+			const drain = 200 * time.Millisecond
+			addr, desc, proc := remotePeerProc(t, n)
+			defer proc.Kill() // a stopped child would hold the test's output open
+			from, err := New(Options{Name: "prefill", CloseDrain: drain})
+			require.NoError(t, err)
+			defer from.Close()
+			src, err := hostmem.Alloc(n)
+			require.NoError(t, err)
+			defer src.Free()
+			sreg, err := from.Register(src.Addr, n)
+			require.NoError(t, err)
+			ep, err := from.Connect(addr)
+			require.NoError(t, err)
+			defer ep.Close()
+			rk, err := ep.Import(desc)
+			require.NoError(t, err)
+			w := []rdma.Write{{Src: src.Addr, Dst: desc.Addr, Len: n, Local: sreg.Key(), Remote: rk}}
+			ok := make(chan error, 1)
+			require.NoError(t, ep.Post(w, func(err error) { ok <- err }))
+			require.NoError(t, waitErr(t, ok), "a batch to the live peer")
+
+			require.NoError(t, proc.Signal(syscall.SIGSTOP))
+			done := make(chan error, 1)
+			require.NoError(t, ep.Post(w, func(err error) { done <- err }))
+			select {
+			case err := <-done:
+				t.Fatalf("a batch completed while its receiver was stopped: %v", err)
+			case <-time.After(300 * time.Millisecond):
+			}
+			killed := time.Now()
+			require.NoError(t, proc.Kill())
+			if fab.name == "tcp" {
+				select {
+				case err := <-done:
+					require.Error(t, err)
+					assert.True(t, errors.Is(err, rdma.ErrEndpointBroken), "%v", err)
+					t.Logf("failed %v after the kill: %v", time.Since(killed).Round(time.Millisecond), err)
+				case <-time.After(20 * time.Second):
+					t.Fatal("the batch to a killed receiver did not fail within 20s")
+				}
+				return
+			}
+			start := time.Now()
+			cerr := ep.Close()
+			require.Error(t, cerr, "a drain nobody answers")
+			assert.True(t, errors.Is(cerr, rdma.ErrNotQuiesced), "%v", cerr)
+			assert.Less(t, time.Since(start), drain+10*time.Second, "Close is bounded by its drain and close timeouts")
+			err = waitErr(t, done)
+			require.Error(t, err)
+			assert.True(t, errors.Is(err, rdma.ErrNotQuiesced), "%v", err)
+		})
+	}
 }

@@ -26,8 +26,37 @@ type region struct {
 	key       rdma.LocalKey
 	addr, len uint64
 	memh      C.ucp_mem_h
-	packed    []byte // ucp_rkey_pack output
+	packed    []byte // ucp_rkey_pack output, or in message mode the message key
 	mem       []byte // an allocation's bytes (nil for registered memory)
+	slot      uint32 // message mode: the region's entry in the C table
+	table     bool   // message mode: in the C table (host memory)
+}
+
+// A message key is what a message-mode region gives peers in place of a
+// UCX remote key: the region's slot and generation in this side's table
+// (kvs_region_set). It begins with eight zero bytes, a memory-domain map
+// no UCX key has, then a magic and a version; Import tells the two apart
+// by it.
+const messageKeyLen = 24
+
+var messageKeyMagic = [8]byte{0, 0, 0, 0, 0, 0, 0, 0}
+
+func messageKey(slot, gen uint32) []byte {
+	k := make([]byte, messageKeyLen)
+	copy(k, messageKeyMagic[:])
+	copy(k[8:], "KVSWMSG\x01")
+	binary.LittleEndian.PutUint32(k[16:], slot)
+	binary.LittleEndian.PutUint32(k[20:], gen)
+	return k
+}
+
+// parseMessageKey reads a message key; ok is false for anything else (a
+// UCX remote key, or garbage Import's other checks refuse).
+func parseMessageKey(k []byte) (slot, gen uint32, ok bool) {
+	if len(k) != messageKeyLen || string(k[:8]) != string(messageKeyMagic[:]) || string(k[8:16]) != "KVSWMSG\x01" {
+		return 0, 0, false
+	}
+	return binary.LittleEndian.Uint32(k[16:]), binary.LittleEndian.Uint32(k[20:]), true
 }
 
 // allocation is a region whose memory UCX allocated.
@@ -53,10 +82,12 @@ func ucsMemoryType(mt rdma.MemoryType) (C.int, error) {
 	return 0, errors.Mark(errors.Newf("ucx: memory type %d unknown", mt), rdma.ErrInvalidWrite)
 }
 
-// Register maps [addr, addr+length) with ucp_mem_map and packs its remote
-// key; UCX detects the memory's type (with a CUDA-enabled UCX, device
-// memory too). The memory must be mapped (hostmem, device memory) and must
-// stay mapped and in place until Deregister or Close.
+// Register maps [addr, addr+length) with ucp_mem_map, and gives peers a
+// key to it: in WriteMessages an entry in the table of regions message
+// writes may land in, in WriteRMA UCX's packed remote key. UCX detects the
+// memory's type (with a CUDA-enabled UCX, device memory too). The memory
+// must be mapped (hostmem, device memory) and must stay mapped and in
+// place until Deregister or Close.
 func (t *Transport) Register(addr, length uint64) (rdma.Region, error) {
 	if err := checkRange(addr, length); err != nil {
 		return nil, err
@@ -97,10 +128,11 @@ func (t *Transport) RegisterTyped(addr, length uint64, mt rdma.MemoryType) (rdma
 // Allocate allocates and registers length bytes of host memory in one
 // ucp_mem_map call (UCP_MEM_MAP_ALLOCATE). UCX picks the allocator by
 // UCX_ALLOC_PRIO, shared memory segments first (sysv, posix) when the
-// context has those transports: a peer on the same host then maps the
-// memory and its put is a memcpy, at memory speed, where memory registered
-// by Register is reached through the shared-memory FIFO. The memory is
-// zeroed here (UCX's heap fallback does not zero it).
+// context has those transports: in WriteRMA a peer on the same host then
+// maps the memory and its put is a memcpy, at memory speed, where memory
+// registered by Register is reached through the shared-memory FIFO. In
+// WriteMessages it is a region like Register's, writable by messages only.
+// The memory is zeroed here (UCX's heap fallback does not zero it).
 //
 // Free (or Close) releases it with ucp_mem_unmap. doc.go ("Per-peer access
 // points") says why a peer mapping it is a write Revoke cannot stop.
@@ -141,26 +173,46 @@ func (t *Transport) mapRegion(addr, length uint64, mt C.int, alloc bool) (*regio
 	if alloc {
 		calloc = 1
 	}
+	messages := t.opts.Writes == WriteMessages
+	host := mt == C.UCS_MEMORY_TYPE_HOST || mt == memTypeDetect
+	if messages && !host {
+		// The receiver applies message writes with memcpy on the host.
+		return nil, errors.Mark(errors.Newf("ucx: register [%#x, +%d) as %s memory: message writes land in host memory only; device memory needs Options.Writes WriteRMA (a UCX with the device's transports)", addr, length, memTypeName(mt)), rdma.ErrUnsupported)
+	}
 	err := t.do(func() error {
 		var rkey, at unsafe.Pointer
 		var n C.size_t
-		if st := C.kvs_mem_map(t.ctx, C.uint64_t(addr), C.uint64_t(length), mt, calloc, &r.memh, &at, &rkey, &n); st != C.UCS_OK {
+		prkey := &rkey
+		if messages {
+			prkey = nil // no peer gets a UCX key
+		}
+		if st := C.kvs_mem_map(t.ctx, C.uint64_t(addr), C.uint64_t(length), mt, calloc, &r.memh, &at, prkey, &n); st != C.UCS_OK {
 			if alloc {
 				return errors.Mark(statusErr(st, "ucx: allocate %d bytes", length), rdma.ErrInvalidWrite)
 			}
 			return errors.Mark(statusErr(st, "ucx: register [%#x, +%d)", addr, length), rdma.ErrInvalidWrite)
 		}
-		r.packed = C.GoBytes(rkey, C.int(n))
-		C.ucp_rkey_buffer_release(rkey)
-		if mt != C.UCS_MEMORY_TYPE_HOST && mt != memTypeDetect && len(r.packed) >= 8 && binary.LittleEndian.Uint64(r.packed) == 0 {
+		if alloc {
+			r.addr = uint64(uintptr(at))
+			r.mem = unsafe.Slice((*byte)(at), length)
+		}
+		if messages {
+			var slot, gen C.uint32_t
+			if st := C.kvs_region_set(t.ctx, C.uint64_t(r.addr), C.uint64_t(length), &slot, &gen); st != C.UCS_OK {
+				C.kvs_mem_unmap(t.ctx, r.memh)
+				return errors.Mark(statusErr(st, "ucx: register [%#x, +%d)", r.addr, length), rdma.ErrInvalidWrite)
+			}
+			r.slot, r.table = uint32(slot), true
+			r.packed = messageKey(uint32(slot), uint32(gen))
+		} else {
+			r.packed = C.GoBytes(rkey, C.int(n))
+			C.ucp_rkey_buffer_release(rkey)
+		}
+		if !messages && mt != C.UCS_MEMORY_TYPE_HOST && mt != memTypeDetect && len(r.packed) >= 8 && binary.LittleEndian.Uint64(r.packed) == 0 {
 			// A UCX without support for the type maps it with no memory
 			// domain: no peer could import the key.
 			C.kvs_mem_unmap(t.ctx, r.memh)
 			return errors.Mark(errors.Newf("ucx: register [%#x, +%d) as %s memory: no memory domain of this UCX takes it (built without support for it? ucx_info -d lists cuda_copy and cuda_ipc when it has CUDA)", addr, length, memTypeName(mt)), rdma.ErrUnsupported)
-		}
-		if alloc {
-			r.addr = uint64(uintptr(at))
-			r.mem = unsafe.Slice((*byte)(at), length)
 		}
 		t.mu.Lock()
 		t.nextKey++
@@ -228,11 +280,19 @@ func (r *region) Desc() rdma.RegionDesc {
 func (r *region) Key() rdma.LocalKey { return r.key }
 
 // Deregister unmaps the region (ucp_mem_unmap; an allocation's memory is
-// released with it). Batches posted earlier that read it must have
-// completed. After Close it does nothing.
+// released with it). In WriteMessages it first leaves the table of regions
+// messages may land in, on the progress goroutine: no write lands in it
+// afterwards. Batches posted earlier that read it must have completed.
+// After Close it does nothing.
 func (r *region) Deregister() error {
 	t := r.t
 	unmap := func() error {
+		if r.table {
+			// First out of the table: no message write lands in it from
+			// here on (this runs on the progress goroutine, with the
+			// handlers).
+			C.kvs_region_clear(t.ctx, C.uint32_t(r.slot))
+		}
 		if st := C.kvs_mem_unmap(t.ctx, r.memh); st != C.UCS_OK {
 			return statusErr(st, "ucx: deregister [%#x, +%d)", r.addr, r.len)
 		}

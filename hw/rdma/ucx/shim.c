@@ -12,7 +12,8 @@
 // kvs_push may run inside any UCX call made by the progress goroutine. The lock
 // is uncontended in practice; it is there in case a UCX version ever invokes
 // a handler from its async thread.
-static void kvs_push(kvs_ctx_t *c, uint64_t id, int kind, ucs_status_t status)
+static void kvs_push_aux(kvs_ctx_t *c, uint64_t id, uint64_t aux, int kind,
+                         ucs_status_t status)
 {
     pthread_mutex_lock(&c->lock);
     if (c->nev == c->cap) {
@@ -29,10 +30,16 @@ static void kvs_push(kvs_ctx_t *c, uint64_t id, int kind, ucs_status_t status)
         c->cap = cap;
     }
     c->ev[c->nev].id     = id;
+    c->ev[c->nev].aux    = aux;
     c->ev[c->nev].kind   = kind;
     c->ev[c->nev].status = (int32_t)status;
     c->nev++;
     pthread_mutex_unlock(&c->lock);
+}
+
+static void kvs_push(kvs_ctx_t *c, uint64_t id, int kind, ucs_status_t status)
+{
+    kvs_push_aux(c, id, 0, kind, status);
 }
 
 static void kvs_flush_cb(void *request, ucs_status_t status, void *user_data)
@@ -66,9 +73,185 @@ static void kvs_close_cb(void *request, ucs_status_t status, void *user_data)
     ucp_request_free(request);
 }
 
+// ---- Message writes (doc.go, "Writes") ----
+//
+// The receiver applies a WRITE only after checking it against its own table
+// of regions (c->regs): the region's slot and generation must be live and
+// the bytes must fall inside it. A peer therefore writes nothing but the
+// memory this side registered, whatever addresses it sends, and nothing at
+// all once its worker is revoked. UCX's own put emulation over TCP and
+// shared memory (UCP_FEATURE_RMA without a NIC) applies whatever address a
+// peer names, and aborts the receiving process when it cannot send a put's
+// completion back to a peer that died (ucp_progress_rma_cmpl returns the
+// send error to ucp_request_try_send, which calls ucs_fatal): neither
+// happens here, because a context in message mode has no UCP_FEATURE_RMA
+// and these handlers treat a failed answer as the peer's loss.
+
+static void kvs_ack_done(void *request, ucs_status_t status, void *user_data)
+{
+    (void)status;
+    free(user_data);
+    ucp_request_free(request);
+}
+
+// Answers a FLUSH on the endpoint it came from. A peer that is gone makes
+// the send fail, which only means nobody is waiting for the answer.
+static void kvs_ack(kvs_wk_t *w, ucp_ep_h ep, uint64_t tag, ucs_status_t st)
+{
+    ucp_request_param_t param;
+    ucs_status_ptr_t sp;
+    kvs_am_ack_hdr_t *h = malloc(sizeof(*h)); // read by UCX until sent
+
+    if (h == NULL) {
+        w->acks_lost++;
+        return;
+    }
+    h->tag    = tag;
+    h->status = (int32_t)st;
+    h->pad    = 0;
+    memset(&param, 0, sizeof(param));
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK |
+                         UCP_OP_ATTR_FIELD_USER_DATA;
+    // REPLY: the sender checks that the answer came back on the endpoint
+    // it sent the FLUSH on.
+    param.flags     = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
+    param.cb.send   = kvs_ack_done;
+    param.user_data = h;
+    sp = ucp_am_send_nbx(ep, KVS_AM_ACK, h, sizeof(*h), NULL, 0, &param);
+    if (sp == NULL) {
+        free(h);
+    } else if (UCS_PTR_IS_ERR(sp)) {
+        free(h);
+        w->acks_lost++;
+    }
+}
+
+static ucs_status_t kvs_am_write_cb(void *arg, const void *header,
+                                    size_t header_length, void *data,
+                                    size_t length,
+                                    const ucp_am_recv_param_t *param)
+{
+    kvs_wk_t *w    = arg;
+    kvs_ctx_t *c   = w->ctx;
+    kvs_am_write_hdr_t h;
+    kvs_region_t *r;
+
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+        // Never asked for (writes are sent eager): refuse the data.
+        ucp_am_data_release(w->worker, data);
+        goto refuse;
+    }
+    if (w->revoked || header_length != sizeof(h)) {
+        goto refuse;
+    }
+    memcpy(&h, header, sizeof(h));
+    if (h.slot >= c->nregs) {
+        goto refuse;
+    }
+    r = &c->regs[h.slot];
+    if (!r->live || r->gen != h.gen || h.dst < r->addr || length > r->len ||
+        h.dst - r->addr > r->len - length) {
+        goto refuse;
+    }
+    memcpy((void*)(uintptr_t)h.dst, data, length);
+    w->applied++;
+    return UCS_OK;
+
+refuse:
+    w->refused++;
+    w->nack = 1;
+    return UCS_OK;
+}
+
+static ucs_status_t kvs_am_flush_cb(void *arg, const void *header,
+                                    size_t header_length, void *data,
+                                    size_t length,
+                                    const ucp_am_recv_param_t *param)
+{
+    kvs_wk_t *w = arg;
+    ucs_status_t st;
+    uint64_t tag;
+
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+        ucp_am_data_release(w->worker, data);
+    }
+    (void)length;
+    if (header_length != sizeof(tag) ||
+        !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
+        w->refused++;
+        return UCS_OK;
+    }
+    memcpy(&tag, header, sizeof(tag));
+    // Every write before the FLUSH on this connection was handled already
+    // (one lane per endpoint, in order: UCX_MAX_EAGER_LANES=1).
+    if (w->revoked) {
+        st = UCS_ERR_REJECTED;
+    } else if (w->nack) {
+        st = UCS_ERR_INVALID_ADDR;
+    } else {
+        st = UCS_OK;
+    }
+    w->nack = 0;
+    kvs_ack(w, param->reply_ep, tag, st);
+    return UCS_OK;
+}
+
+static ucs_status_t kvs_am_ack_cb(void *arg, const void *header,
+                                  size_t header_length, void *data,
+                                  size_t length,
+                                  const ucp_am_recv_param_t *param)
+{
+    kvs_wk_t *w = arg;
+    kvs_am_ack_hdr_t h;
+
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+        ucp_am_data_release(w->worker, data);
+    }
+    (void)length;
+    if (header_length != sizeof(h) ||
+        !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
+        return UCS_OK;
+    }
+    memcpy(&h, header, sizeof(h));
+    // Go matches the tag to a batch in flight and aux to its endpoint: an
+    // answer from any other peer completes nothing.
+    kvs_push_aux(w->ctx, h.tag, (uint64_t)(uintptr_t)param->reply_ep,
+                 KVS_EV_ACK, (ucs_status_t)h.status);
+    return UCS_OK;
+}
+
+static ucs_status_t kvs_set_handlers(ucp_worker_h w, kvs_wk_t *wk)
+{
+    static const struct {
+        unsigned id;
+        ucp_am_recv_callback_t cb;
+    } hs[] = {{KVS_AM_WRITE, kvs_am_write_cb},
+              {KVS_AM_FLUSH, kvs_am_flush_cb},
+              {KVS_AM_ACK, kvs_am_ack_cb}};
+    ucp_am_handler_param_t p;
+    ucs_status_t status;
+    size_t i;
+
+    for (i = 0; i < sizeof(hs) / sizeof(hs[0]); i++) {
+        memset(&p, 0, sizeof(p));
+        p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+                       UCP_AM_HANDLER_PARAM_FIELD_CB |
+                       UCP_AM_HANDLER_PARAM_FIELD_ARG;
+        p.id  = hs[i].id;
+        p.cb  = hs[i].cb;
+        p.arg = wk;
+        status = ucp_worker_set_am_recv_handler(w, &p);
+        if (status != UCS_OK) {
+            return status;
+        }
+    }
+    return UCS_OK;
+}
+
 // kvs_worker_new creates a worker of c's context, with its event fd when the
 // context has UCP_FEATURE_WAKEUP.
-static ucs_status_t kvs_worker_new(kvs_ctx_t *c, ucp_worker_h *w, int *efd)
+static ucs_status_t kvs_worker_new(kvs_ctx_t *c, ucp_worker_h *w, int *efd,
+                                   kvs_wk_t *wk)
 {
     ucp_worker_params_t wparams;
     ucs_status_t status;
@@ -82,6 +265,13 @@ static ucs_status_t kvs_worker_new(kvs_ctx_t *c, ucp_worker_h *w, int *efd)
     if (status != UCS_OK) {
         return status;
     }
+    wk->ctx    = c;
+    wk->worker = *w;
+    status = kvs_set_handlers(*w, wk);
+    if (status != UCS_OK) {
+        ucp_worker_destroy(*w);
+        return status;
+    }
     *efd = -1;
     if (c->wakeup) {
         status = ucp_worker_get_efd(*w, efd);
@@ -93,7 +283,8 @@ static ucs_status_t kvs_worker_new(kvs_ctx_t *c, ucp_worker_h *w, int *efd)
 }
 
 ucs_status_t kvs_init(kvs_ctx_t **out, const char **keys, const char **vals,
-                      int nkv, int wakeup, const char *name)
+                      int nkv, int wakeup, int rma, uint64_t frag,
+                      const char *name)
 {
     ucp_config_t *config;
     ucp_params_t params;
@@ -105,7 +296,8 @@ ucs_status_t kvs_init(kvs_ctx_t **out, const char **keys, const char **vals,
     if (c == NULL) {
         return UCS_ERR_NO_MEMORY;
     }
-    c->efd = -1;
+    c->efd  = -1;
+    c->frag = frag;
     pthread_mutex_init(&c->lock, NULL);
 
     // Reads UCX_* from the environment; the caller's overrides come on top.
@@ -123,7 +315,10 @@ ucs_status_t kvs_init(kvs_ctx_t **out, const char **keys, const char **vals,
 
     memset(&params, 0, sizeof(params));
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
-    params.features   = UCP_FEATURE_RMA | (wakeup ? UCP_FEATURE_WAKEUP : 0);
+    // RMA only where asked for: with it UCX installs its put and get
+    // emulation handlers, which apply any address a peer names.
+    params.features   = UCP_FEATURE_AM | (rma ? UCP_FEATURE_RMA : 0) |
+                        (wakeup ? UCP_FEATURE_WAKEUP : 0);
     params.name       = name;
     status = ucp_init(&params, config, &c->context);
     ucp_config_release(config);
@@ -132,7 +327,7 @@ ucs_status_t kvs_init(kvs_ctx_t **out, const char **keys, const char **vals,
     }
 
     c->wakeup = wakeup;
-    status = kvs_worker_new(c, &c->worker, &c->efd);
+    status = kvs_worker_new(c, &c->worker, &c->efd, &c->wk);
     if (status != UCS_OK) {
         goto err_cleanup;
     }
@@ -160,7 +355,9 @@ void kvs_destroy(kvs_ctx_t *c)
         kvs_access_close(c, c->aw[c->naw - 1]);
     }
     free(c->aw);
+    free(c->awk);
     free(c->aefd);
+    free(c->regs);
     free(c->pfd);
     ucp_worker_destroy(c->worker);
     // A parked worker is never destroyed (see kvs_access_park), so the
@@ -199,9 +396,10 @@ ucs_status_t kvs_address(ucp_worker_h w, void **buf, size_t *len)
 // packed remote keys belong to the context, so every region is writable
 // through any of its workers, and destroying the worker closes exactly the
 // connections peers made to it.
-ucs_status_t kvs_access_open(kvs_ctx_t *c, ucp_worker_h *w)
+ucs_status_t kvs_access_open(kvs_ctx_t *c, ucp_worker_h *w, kvs_wk_t **wkp)
 {
     ucs_status_t status;
+    kvs_wk_t *wk;
     int efd;
 
     if (c->naw == c->caw) {
@@ -211,6 +409,11 @@ ucs_status_t kvs_access_open(kvs_ctx_t *c, ucp_worker_h *w)
             return UCS_ERR_NO_MEMORY;
         }
         c->aw = aw;
+        kvs_wk_t **awk = realloc(c->awk, cap * sizeof(*awk));
+        if (awk == NULL) {
+            return UCS_ERR_NO_MEMORY;
+        }
+        c->awk = awk;
         int *aefd = realloc(c->aefd, cap * sizeof(*aefd));
         if (aefd == NULL) {
             return UCS_ERR_NO_MEMORY;
@@ -223,14 +426,30 @@ ucs_status_t kvs_access_open(kvs_ctx_t *c, ucp_worker_h *w)
         c->pfd = pfd;
         c->caw = cap;
     }
-    status = kvs_worker_new(c, w, &efd);
+    wk = calloc(1, sizeof(*wk));
+    if (wk == NULL) {
+        return UCS_ERR_NO_MEMORY;
+    }
+    status = kvs_worker_new(c, w, &efd, wk);
     if (status != UCS_OK) {
+        free(wk);
         return status;
     }
     c->aw[c->naw]   = *w;
+    c->awk[c->naw]  = wk;
     c->aefd[c->naw] = efd;
     c->naw++;
+    *wkp = wk;
     return UCS_OK;
+}
+
+// Cuts the peers of an access point off: its handlers apply nothing more
+// and answer every FLUSH with an error, so a peer's later batches fail.
+// Called on the progress goroutine, where the handlers run, it is a
+// barrier: no message write through it lands afterwards.
+void kvs_access_revoke(kvs_wk_t *wk)
+{
+    wk->revoked = 1;
 }
 
 // Destroys an access point's worker: its endpoints and interfaces go, and
@@ -239,17 +458,21 @@ ucs_status_t kvs_access_open(kvs_ctx_t *c, ucp_worker_h *w)
 // UCX applies nothing more that arrives for it.
 void kvs_access_close(kvs_ctx_t *c, ucp_worker_h w)
 {
+    kvs_wk_t *wk = NULL;
     size_t i;
 
     for (i = 0; i < c->naw; i++) {
         if (c->aw[i] == w) {
+            wk = c->awk[i];
             c->naw--;
             c->aw[i]   = c->aw[c->naw];
+            c->awk[i]  = c->awk[c->naw];
             c->aefd[i] = c->aefd[c->naw];
             break;
         }
     }
     ucp_worker_destroy(w);
+    free(wk); // its handlers cannot run any more
 }
 
 // Parks an access point's worker: it leaves the progress and wait sets, so
@@ -276,14 +499,62 @@ ucs_status_t kvs_access_park(kvs_ctx_t *c, ucp_worker_h w)
     }
     for (i = 0; i < c->naw; i++) {
         if (c->aw[i] == w) {
+            c->awk[i]->revoked = 1;
             c->naw--;
             c->aw[i]   = c->aw[c->naw];
+            c->awk[i]  = c->awk[c->naw]; // the parked one's stays allocated
             c->aefd[i] = c->aefd[c->naw];
             break;
         }
     }
     c->parked[c->nparked++] = w;
     return UCS_OK;
+}
+
+// Adds [addr, +len) to the table of regions message writes may land in,
+// in a free slot (a cleared one gets a new generation).
+ucs_status_t kvs_region_set(kvs_ctx_t *c, uint64_t addr, uint64_t len,
+                            uint32_t *slot, uint32_t *gen)
+{
+    size_t i;
+
+    for (i = 0; i < c->nregs && c->regs[i].live; i++) {
+    }
+    if (i == c->nregs) {
+        if (c->nregs == c->cregs) {
+            size_t cap = c->cregs ? 2 * c->cregs : 16;
+            kvs_region_t *r = realloc(c->regs, cap * sizeof(*r));
+            if (r == NULL) {
+                return UCS_ERR_NO_MEMORY;
+            }
+            c->regs  = r;
+            c->cregs = cap;
+        }
+        memset(&c->regs[c->nregs], 0, sizeof(c->regs[0]));
+        c->nregs++;
+    }
+    c->regs[i].addr = addr;
+    c->regs[i].len  = len;
+    c->regs[i].gen++;
+    c->regs[i].live = 1;
+    *slot           = (uint32_t)i;
+    *gen            = c->regs[i].gen;
+    return UCS_OK;
+}
+
+// Takes a region out of the table: on the progress goroutine, where the
+// handlers run, no message write lands in it afterwards.
+void kvs_region_clear(kvs_ctx_t *c, uint32_t slot)
+{
+    if (slot < c->nregs) {
+        c->regs[slot].live = 0;
+    }
+}
+
+void kvs_req_free(kvs_req_t *r)
+{
+    free(r->hdrs);
+    free(r);
 }
 
 // Fills ucp_mem_map's parameters: the registration of [addr, +len) of
@@ -308,8 +579,8 @@ void kvs_map_params(ucp_mem_map_params_t *p, uint64_t addr, uint64_t len,
     }
 }
 
-// Maps memory (kvs_map_params says what) and packs its remote key. An
-// allocation's address comes back in *addr_out.
+// Maps memory (kvs_map_params says what) and packs its remote key, unless
+// rkey is NULL. An allocation's address comes back in *addr_out.
 ucs_status_t kvs_mem_map(kvs_ctx_t *c, uint64_t addr, uint64_t len, int mt,
                          int alloc, ucp_mem_h *memh, void **addr_out,
                          void **rkey, size_t *rkey_len)
@@ -336,6 +607,9 @@ ucs_status_t kvs_mem_map(kvs_ctx_t *c, uint64_t addr, uint64_t len, int mt,
             return status;
         }
         *addr_out = attr.address;
+    }
+    if (rkey == NULL) {
+        return UCS_OK; // message mode: no peer gets a UCX key to it
     }
     status = ucp_rkey_pack(c->context, *memh, rkey, rkey_len);
     if (status != UCS_OK) {
@@ -425,46 +699,119 @@ void kvs_rkey_destroy(uint64_t rkey)
     ucp_rkey_destroy((ucp_rkey_h)(uintptr_t)rkey);
 }
 
-// Posts the puts of nb batches, one after the other (counts[i] writes for
-// batch i, ws holding them all in order), then one flush whose completion
-// completes them all: ucp_ep_flush_nbx completes only when all earlier RMA
-// on the endpoint is complete at the target, which is the remote
-// visibility that rdma.Endpoint.Post promises, for every batch before it.
-// One flush for the batches that were queued together is what keeps small
-// writes from paying a flush (a round trip over TCP) each. A put that fails
-// to start stops its batch; errs[i] is that batch's first failure (UCS_OK
-// if none), and the flush still runs, so that every batch is reported only
-// once nothing of it is still in flight. r is the flush's record: its
-// KVS_EV_BATCH event carries the flush's status.
-void kvs_post(kvs_ctx_t *c, kvs_ep_t *e, const kvs_write_t *ws,
-              const uint32_t *counts, int32_t *errs, size_t nb, kvs_req_t *r)
+// Posts the writes of nb batches, one after the other (counts[i] writes
+// for batch i, ws holding them all in order), then one flush whose
+// completion completes them all: ucp_ep_flush_nbx completes only when all
+// earlier RMA on the endpoint is complete at the target, which is the
+// remote visibility that rdma.Endpoint.Post promises, for every batch
+// before it. One flush for the batches that were queued together is what
+// keeps small writes from paying a flush (a round trip over TCP) each.
+//
+// A write with rkey 0 is a message write (doc.go, "Writes"): cut into
+// messages of at most c->frag bytes, each a KVS_AM_WRITE whose header names
+// the region's slot and generation in the receiver's table. Then a
+// KVS_AM_FLUSH carrying r's tag asks the receiver to answer (KVS_EV_ACK)
+// once it handled every write before it; the flush then completes the
+// messages locally. Returns 1 when a FLUSH went out (its answer is
+// awaited), else 0.
+//
+// A write that fails to start stops its batch; errs[i] is that batch's
+// first failure (UCS_OK if none), and the flush still runs, so that every
+// batch is reported only once nothing of it is still in flight. r is the
+// flush's record: its KVS_EV_BATCH event carries the flush's status.
+int kvs_post(kvs_ctx_t *c, kvs_ep_t *e, const kvs_write_t *ws,
+             const uint32_t *counts, int32_t *errs, size_t nb, kvs_req_t *r)
 {
     ucp_request_param_t param;
     ucs_status_ptr_t sp;
-    size_t b, i, k = 0;
+    size_t b, i, k = 0, nh = 0, h = 0;
+    uint64_t off, n;
+    int acked = 0, oom = 0;
 
     r->ctx       = c;
     r->first_err = UCS_OK;
-    memset(&param, 0, sizeof(param));
     for (b = 0; b < nb; b++) {
-        errs[b] = UCS_OK;
+        for (i = 0; i < counts[b]; i++, k++) {
+            if (ws[k].rkey == 0 && ws[k].len > 0) {
+                nh += (ws[k].len + c->frag - 1) / c->frag;
+            }
+        }
+    }
+    if (nh > r->chdrs) {
+        kvs_am_write_hdr_t *hd = realloc(r->hdrs, nh * sizeof(*hd));
+        if (hd == NULL) {
+            oom = 1; // nothing starts; the flush below still reports
+        } else {
+            r->hdrs  = hd;
+            r->chdrs = nh;
+        }
+    }
+
+    memset(&param, 0, sizeof(param));
+    for (b = 0, k = 0; b < nb; b++) {
+        errs[b] = oom ? UCS_ERR_NO_MEMORY : UCS_OK;
         for (i = 0; i < counts[b]; i++, k++) {
             if (ws[k].len == 0 || errs[b] != UCS_OK) {
                 continue;
             }
-            // Passing the source's memh spares UCX a registration lookup.
-            param.op_attr_mask = ws[k].memh ? UCP_OP_ATTR_FIELD_MEMH : 0;
-            param.memh         = (ucp_mem_h)(uintptr_t)ws[k].memh;
-            sp = ucp_put_nbx(e->ep, (void*)(uintptr_t)ws[k].src, ws[k].len,
-                             ws[k].dst, (ucp_rkey_h)(uintptr_t)ws[k].rkey,
-                             &param);
-            if (UCS_PTR_IS_ERR(sp)) {
-                errs[b] = UCS_PTR_STATUS(sp);
-            } else if (sp != NULL) {
-                // Completion is tracked by the flush; the request is
-                // released by UCX when it completes.
+            if (ws[k].rkey != 0) {
+                // Passing the source's memh spares UCX a registration
+                // lookup.
+                param.op_attr_mask = ws[k].memh ? UCP_OP_ATTR_FIELD_MEMH : 0;
+                param.memh         = (ucp_mem_h)(uintptr_t)ws[k].memh;
+                sp = ucp_put_nbx(e->ep, (void*)(uintptr_t)ws[k].src,
+                                 ws[k].len, ws[k].dst,
+                                 (ucp_rkey_h)(uintptr_t)ws[k].rkey, &param);
+                if (UCS_PTR_IS_ERR(sp)) {
+                    errs[b] = UCS_PTR_STATUS(sp);
+                } else if (sp != NULL) {
+                    // Completion is tracked by the flush; the request is
+                    // released by UCX when it completes.
+                    ucp_request_free(sp);
+                }
+                continue;
+            }
+            for (off = 0; off < ws[k].len && errs[b] == UCS_OK; off += n) {
+                n = ws[k].len - off;
+                if (n > c->frag) {
+                    n = c->frag;
+                }
+                r->hdrs[h].slot = ws[k].slot;
+                r->hdrs[h].gen  = ws[k].gen;
+                r->hdrs[h].dst  = ws[k].dst + off;
+                param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS |
+                                     (ws[k].memh ? UCP_OP_ATTR_FIELD_MEMH : 0);
+                param.flags        = UCP_AM_SEND_FLAG_EAGER;
+                param.memh         = (ucp_mem_h)(uintptr_t)ws[k].memh;
+                sp = ucp_am_send_nbx(e->ep, KVS_AM_WRITE, &r->hdrs[h],
+                                     sizeof(r->hdrs[h]),
+                                     (void*)(uintptr_t)(ws[k].src + off), n,
+                                     &param);
+                h++;
+                if (UCS_PTR_IS_ERR(sp)) {
+                    errs[b] = UCS_PTR_STATUS(sp);
+                } else if (sp != NULL) {
+                    ucp_request_free(sp);
+                }
+            }
+        }
+    }
+
+    if (h > 0) {
+        memset(&param, 0, sizeof(param));
+        param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+        param.flags        = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
+        r->flush_tag       = r->id;
+        sp = ucp_am_send_nbx(e->ep, KVS_AM_FLUSH, &r->flush_tag,
+                             sizeof(r->flush_tag), NULL, 0, &param);
+        if (UCS_PTR_IS_ERR(sp)) {
+            // No answer will come: the batch fails with the flush.
+            r->first_err = UCS_PTR_STATUS(sp);
+        } else {
+            if (sp != NULL) {
                 ucp_request_free(sp);
             }
+            acked = 1;
         }
     }
 
@@ -474,10 +821,11 @@ void kvs_post(kvs_ctx_t *c, kvs_ep_t *e, const kvs_write_t *ws,
     param.user_data    = r;
     sp = ucp_ep_flush_nbx(e->ep, &param);
     if (sp == NULL) {
-        kvs_push(c, r->id, KVS_EV_BATCH, UCS_OK);
+        kvs_push(c, r->id, KVS_EV_BATCH, r->first_err);
     } else if (UCS_PTR_IS_ERR(sp)) {
         kvs_push(c, r->id, KVS_EV_BATCH, UCS_PTR_STATUS(sp));
     }
+    return acked;
 }
 
 // Progresses the worker until it has nothing more to do (or max_iter

@@ -24,11 +24,40 @@ enum {
     KVS_EV_BATCH     = 1, // a batch's flush completed (status: its outcome)
     KVS_EV_EP_ERROR  = 2, // UCX reported an endpoint failure (peer lost, ...)
     KVS_EV_EP_CLOSED = 3, // an endpoint's close request completed
-    KVS_EV_EP_DRAINED = 4 // the flush started by kvs_ep_drain completed
+    KVS_EV_EP_DRAINED = 4, // the flush started by kvs_ep_drain completed
+    KVS_EV_ACK       = 5  // a peer answered a batch's FLUSH message (aux: the
+                          // ucp_ep_h it came back on; status: its verdict)
 };
+
+// The active messages of the message write path (doc.go, "Writes"): a
+// sender's WRITE carries bytes the receiver applies after checking them
+// against its table of writable regions; FLUSH follows a group's writes and
+// is answered by ACK once every write before it was applied (or refused).
+enum {
+    KVS_AM_WRITE = 0x6b01,
+    KVS_AM_FLUSH = 0x6b02,
+    KVS_AM_ACK   = 0x6b03
+};
+
+// A WRITE's header: which region (its slot and generation in the
+// receiver's table) and where in it. 16 bytes, copied out of the message
+// before use (a header need not be aligned).
+typedef struct {
+    uint32_t slot;
+    uint32_t gen;
+    uint64_t dst;
+} kvs_am_write_hdr_t;
+
+// An ACK's header: the batch tag its FLUSH carried and the verdict.
+typedef struct {
+    uint64_t tag;
+    int32_t  status;
+    uint32_t pad;
+} kvs_am_ack_hdr_t;
 
 typedef struct {
     uint64_t id;
+    uint64_t aux;
     int32_t  kind;
     int32_t  status;
 } kvs_event_t;
@@ -40,18 +69,48 @@ typedef struct {
     uint64_t src;
     uint64_t dst;
     uint64_t len;
-    uint64_t rkey; // ucp_rkey_h
+    uint64_t rkey; // ucp_rkey_h; 0 for a message write
     uint64_t memh; // ucp_mem_h of the source region
+    uint32_t slot; // a message write's region in the receiver's table
+    uint32_t gen;
 } kvs_write_t;
 
+// One region of the receiver's table of memory that message writes may
+// land in (kvs_region_set). A slot is reused with a new generation, so
+// that a write naming a deregistered region is refused, not applied to
+// whatever took its slot.
 typedef struct {
+    uint64_t addr;
+    uint64_t len;
+    uint32_t gen;
+    int      live;
+} kvs_region_t;
+
+typedef struct kvs_ctx kvs_ctx_t;
+
+// What a worker's message handlers need: its context and whether the
+// peers connected to it are cut off. One per worker (the transport's own,
+// and each access point's).
+typedef struct {
+    kvs_ctx_t   *ctx;
+    ucp_worker_h worker;
+    int          revoked;  // set by kvs_access_revoke: apply nothing more
+    int          nack;     // a write was refused since the last FLUSH
+    uint64_t     applied;  // message writes applied (fragments)
+    uint64_t     refused;  // message writes refused (fragments)
+    uint64_t     acks_lost; // ACKs that could not be sent
+} kvs_wk_t;
+
+struct kvs_ctx {
     ucp_context_h   context;
     ucp_worker_h    worker;
+    kvs_wk_t        wk; // the transport's own worker's handler state
     int             efd; // -1 without UCP_FEATURE_WAKEUP
     int             wakeup;
     // Peer access points (kvs_access_open): workers of the same context
     // that only receive; kvs_poll progresses and kvs_wait arms them all.
     ucp_worker_h   *aw;
+    kvs_wk_t      **awk; // their handler states
     int            *aefd;
     size_t          naw, caw;
     struct pollfd  *pfd; // kvs_wait's array, 1 + caw entries
@@ -64,7 +123,13 @@ typedef struct {
     size_t          nev, cap;
     int             oom; // an event could not be queued (see kvs_push)
     unsigned        progressed; // kvs_poll's last progress count
-} kvs_ctx_t;
+    // Message writes: the regions they may land in, and the size a write
+    // is cut into (one message each, so that UCX delivers each without
+    // reassembling it).
+    kvs_region_t   *regs;
+    size_t          nregs, cregs;
+    uint64_t        frag;
+};
 
 // Per-batch record, the user_data of the batch's flush request. Owned by
 // Go's batch; reused only after its own event was drained.
@@ -72,6 +137,12 @@ typedef struct {
     kvs_ctx_t   *ctx;
     uint64_t     id;
     ucs_status_t first_err; // the first put that failed to start, if any
+    // Message writes' headers and the FLUSH's tag: UCX reads a message's
+    // header when it sends it, which may be after kvs_post returned, so
+    // they live here until the batch's flush completed.
+    kvs_am_write_hdr_t *hdrs;
+    size_t              chdrs;
+    uint64_t            flush_tag;
 } kvs_req_t;
 
 // Per-endpoint record, the argument of the error handler and the user_data
@@ -83,13 +154,20 @@ typedef struct {
 } kvs_ep_t;
 
 ucs_status_t kvs_init(kvs_ctx_t **out, const char **keys, const char **vals,
-                      int nkv, int wakeup, const char *name);
+                      int nkv, int wakeup, int rma, uint64_t frag,
+                      const char *name);
 void         kvs_destroy(kvs_ctx_t *c);
 ucs_status_t kvs_address(ucp_worker_h w, void **buf, size_t *len);
 
-ucs_status_t kvs_access_open(kvs_ctx_t *c, ucp_worker_h *w);
+ucs_status_t kvs_access_open(kvs_ctx_t *c, ucp_worker_h *w, kvs_wk_t **wk);
+void         kvs_access_revoke(kvs_wk_t *wk);
 void         kvs_access_close(kvs_ctx_t *c, ucp_worker_h w);
 ucs_status_t kvs_access_park(kvs_ctx_t *c, ucp_worker_h w);
+
+ucs_status_t kvs_region_set(kvs_ctx_t *c, uint64_t addr, uint64_t len,
+                            uint32_t *slot, uint32_t *gen);
+void         kvs_region_clear(kvs_ctx_t *c, uint32_t slot);
+void         kvs_req_free(kvs_req_t *r);
 
 void         kvs_map_params(ucp_mem_map_params_t *p, uint64_t addr,
                             uint64_t len, int mt, int alloc);
@@ -104,7 +182,7 @@ void         kvs_ep_drain(kvs_ctx_t *c, kvs_ep_t *e);
 ucs_status_t kvs_rkey_unpack(kvs_ep_t *e, const void *buf, uint64_t *rkey);
 void         kvs_rkey_destroy(uint64_t rkey);
 
-void         kvs_post(kvs_ctx_t *c, kvs_ep_t *e, const kvs_write_t *ws,
+int          kvs_post(kvs_ctx_t *c, kvs_ep_t *e, const kvs_write_t *ws,
                       const uint32_t *counts, int32_t *errs, size_t nb,
                       kvs_req_t *r);
 unsigned     kvs_poll(kvs_ctx_t *c, kvs_event_t *out, unsigned cap,

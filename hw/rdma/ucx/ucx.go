@@ -10,6 +10,7 @@ package ucx
 import "C"
 
 import (
+	"fmt"
 	"os"
 	"runtime"
 	"sort"
@@ -50,13 +51,87 @@ type Options struct {
 	// to release an endpoint after the drain (invariant 9: never
 	// hang). Zero means 10s.
 	CloseTimeout time.Duration
+	// Writes is how peers write the memory this Transport registers or
+	// allocates (doc.go, "Writes"): WriteMessages (the default) or
+	// WriteRMA. A Transport of either mode writes to a peer of the
+	// message mode; only a WriteRMA Transport writes to one of the RMA
+	// mode.
+	Writes WriteMode
+	// RevokeLinger is how long the worker of an access point revoked in
+	// the message mode keeps answering its peer (every FLUSH with a
+	// refusal, so that its batches fail rather than hang) before it is
+	// destroyed, with its connections. The revocation itself is
+	// immediate. Zero means 2s; negative means destroy at once.
+	RevokeLinger time.Duration
+	// Fragment is the most bytes one message write carries: a longer
+	// write is cut into messages of this size. Zero means
+	// DefaultFragment. It should fit in one eager message of the
+	// transports in use (UCX then delivers it without reassembling it),
+	// and must not exceed MaxFragment.
+	Fragment uint64
 }
+
+// WriteMode says how peers write a Transport's memory.
+type WriteMode int
+
+const (
+	// WriteMessages: a write is a UCX active message that the receiving
+	// Transport applies after checking it against the regions it
+	// registered, on its progress goroutine. A peer writes nothing else,
+	// and nothing at all once its access point is revoked (a barrier, on
+	// every UCX transport); a peer that dies mid-transfer costs the
+	// receiver nothing. The context has no UCP_FEATURE_RMA.
+	WriteMessages WriteMode = iota
+	// WriteRMA: a write is a UCX put (ucp_put_nbx) into memory registered
+	// with ucp_mem_map, the zero-copy path of RDMA NICs and GPUs
+	// (GPUDirect, cuda_ipc). Where UCX has no RMA for the memory (TCP,
+	// shared memory FIFOs) it emulates puts with messages that apply
+	// whatever address the peer names, and it aborts the receiving
+	// process when the peer dies with puts in flight: use it only with
+	// UCX_TLS restricted to RDMA NICs, GPU transports and self, between
+	// trusted peers.
+	WriteRMA
+)
+
+// String names the mode as the commands' flags do.
+func (m WriteMode) String() string {
+	switch m {
+	case WriteMessages:
+		return "messages"
+	case WriteRMA:
+		return "rma"
+	}
+	return fmt.Sprintf("WriteMode(%d)", int(m))
+}
+
+// ParseWriteMode reads "messages" or "rma".
+func ParseWriteMode(s string) (WriteMode, error) {
+	switch s {
+	case "messages":
+		return WriteMessages, nil
+	case "rma":
+		return WriteRMA, nil
+	}
+	return 0, errors.Newf("ucx: write mode %q: want messages or rma", s)
+}
+
+// Fragment bounds.
+const (
+	// DefaultFragment fits one eager message of UCX's tcp transport
+	// (UCX_TCP_RX_SEG_SIZE, 64 KiB, less its headers).
+	DefaultFragment = 60 << 10
+	// MaxFragment bounds Options.Fragment.
+	MaxFragment = 16 << 20
+)
 
 // defaults are applied unless the environment or Options.Config set the
 // variable; doc.go says why. UCX warns about a variable that no transport in
 // use reads, hence the conditions.
 func (o Options) defaults() [][2]string {
-	d := [][2]string{{"RCACHE_ENABLE", "n"}}
+	// One lane for eager messages: a FLUSH is answered only after every
+	// write sent before it on its endpoint, which UCX delivers in order on
+	// one lane (the default in 1.13; pinned here).
+	d := [][2]string{{"RCACHE_ENABLE", "n"}, {"MAX_EAGER_LANES", "1"}}
 	if usesSharedMemory(o.tls()) {
 		d = append(d, [2]string{"MM_ERROR_HANDLING", "y"})
 	}
@@ -129,6 +204,7 @@ type Transport struct {
 	gcounts      []C.uint32_t
 	gerrs        []C.int32_t
 	accesses     map[*access]struct{} // open peer access points
+	retiring     []retiree            // revoked, destroyed after their linger
 
 	// direct: the transports UCX may use let a peer write this side's
 	// memory itself (see mayWriteDirectly); set by New.
@@ -160,6 +236,18 @@ func New(opts Options) (*Transport, error) {
 	if opts.CloseTimeout <= 0 {
 		opts.CloseTimeout = 10 * time.Second
 	}
+	if opts.Writes != WriteMessages && opts.Writes != WriteRMA {
+		return nil, errors.Mark(errors.Newf("ucx: Options.Writes %v unknown (want WriteMessages or WriteRMA)", opts.Writes), rdma.ErrInvalidWrite)
+	}
+	if opts.Fragment == 0 {
+		opts.Fragment = DefaultFragment
+	}
+	if opts.RevokeLinger == 0 {
+		opts.RevokeLinger = 2 * time.Second
+	}
+	if opts.Fragment > MaxFragment {
+		return nil, errors.Mark(errors.Newf("ucx: Options.Fragment %d: at most %d", opts.Fragment, MaxFragment), rdma.ErrInvalidWrite)
+	}
 	t := &Transport{
 		opts:     opts,
 		stopped:  make(chan struct{}),
@@ -169,7 +257,8 @@ func New(opts Options) (*Transport, error) {
 		accesses: map[*access]struct{}{},
 	}
 	t.tls = opts.tls()
-	t.direct = mayWriteDirectly(t.tls)
+	// A peer writes this side's memory itself only through UCX's RMA.
+	t.direct = opts.Writes == WriteRMA && mayWriteDirectly(t.tls)
 	initDone := make(chan error, 1)
 	go t.run(initDone)
 	if err := <-initDone; err != nil {
@@ -225,8 +314,12 @@ func (t *Transport) initContext() error {
 	if t.opts.NoWakeup {
 		wakeup = 0
 	}
+	rma := C.int(0)
+	if t.opts.Writes == WriteRMA {
+		rma = 1
+	}
 	var ctx *C.kvs_ctx_t
-	st := C.kvs_init(&ctx, ckeys, cvals, C.int(len(keys)), wakeup, name)
+	st := C.kvs_init(&ctx, ckeys, cvals, C.int(len(keys)), wakeup, rma, C.uint64_t(t.opts.Fragment), name)
 	if st != C.UCS_OK {
 		return statusErr(st, "ucx: init (config %v=%v)", keys, vals)
 	}
@@ -345,6 +438,9 @@ func (t *Transport) run(initDone chan<- error) {
 		if t.pollOnce(t.evbuf) {
 			busy = true
 		}
+		if len(t.retiring) > 0 {
+			t.retire(time.Now())
+		}
 		if t.stopping {
 			t.teardown()
 			return
@@ -445,7 +541,7 @@ func (t *Transport) pollOnce(buf []C.kvs_event_t) bool {
 	k &^= 0x80000000
 	for i := range int(k) {
 		ev := buf[i]
-		t.handle(uint64(ev.id), int(ev.kind), C.ucs_status_t(ev.status))
+		t.handle(uint64(ev.id), uint64(ev.aux), int(ev.kind), C.ucs_status_t(ev.status))
 	}
 	if oom {
 		// An event was lost: some batch would never complete. Fail
@@ -458,12 +554,19 @@ func (t *Transport) pollOnce(buf []C.kvs_event_t) bool {
 	return n > 0 || k > 0
 }
 
-func (t *Transport) handle(id uint64, kind int, st C.ucs_status_t) {
+func (t *Transport) handle(id, aux uint64, kind int, st C.ucs_status_t) {
 	switch kind {
 	case C.KVS_EV_BATCH:
 		if b := t.inFlight(id); b != nil {
-			t.flushed(b, st)
+			t.flushDone(b, st)
 		} // else already failed by its endpoint's teardown
+	case C.KVS_EV_ACK:
+		// Only the peer the FLUSH went to can answer it: a tag that names
+		// no batch in flight, or an answer that came back on another
+		// endpoint, completes nothing.
+		if b := t.inFlight(id); b != nil && b.needAck && !b.acked && aux == uint64(uintptr(unsafe.Pointer(b.ep.rec.ep))) {
+			t.ackDone(b, st)
+		}
 	case C.KVS_EV_EP_ERROR:
 		// UCX requires a failed endpoint to be closed, and there is
 		// nothing to drain.
@@ -472,7 +575,8 @@ func (t *Transport) handle(id uint64, kind int, st C.ucs_status_t) {
 		}
 	case C.KVS_EV_EP_DRAINED:
 		if e := t.eps[id]; e != nil && e.lstate == epDraining {
-			t.startClose(e, nil, true)
+			e.drainFlushed = true
+			t.maybeDrained(e)
 		}
 	case C.KVS_EV_EP_CLOSED:
 		if e := t.eps[id]; e != nil {
@@ -539,9 +643,13 @@ func (t *Transport) teardown() {
 	t.regions = map[rdma.LocalKey]*region{}
 	t.mu.Unlock()
 	for a := range t.accesses { // kvs_destroy destroys their workers
-		a.w = nil
+		a.w, a.wk = nil, nil
 	}
 	clear(t.accesses)
+	for _, r := range t.retiring {
+		r.a.w, r.a.wk = nil, nil
+	}
+	t.retiring = nil
 	for _, r := range regions {
 		C.kvs_mem_unmap(t.ctx, r.memh)
 	}
@@ -553,7 +661,7 @@ func (t *Transport) teardown() {
 	t.reqs, t.free, t.slots = nil, nil, nil
 	t.mu.Unlock()
 	for _, r := range reqs {
-		C.free(unsafe.Pointer(r))
+		C.kvs_req_free(r)
 	}
 	for _, r := range t.eprecs {
 		C.free(unsafe.Pointer(r))

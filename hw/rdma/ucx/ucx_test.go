@@ -46,22 +46,43 @@ var fabrics = func() []struct{ name, tls string } {
 	return []struct{ name, tls string }{{"tcp", "tcp"}, {"shm", "sm,self"}}
 }()
 
-// eachFabric runs f once per UCX_TLS setting. UCX reads the variable in
-// New, so it is set before the transports are created.
+// testMode is the write mode of the transports the helpers create
+// (newPair, contractPair, newFixture): eachFabric sets it per subtest.
+// Subtests that set UCX_TLS cannot run in parallel, so one variable does.
+var testMode = WriteMessages
+
+// eachFabric runs f once per UCX_TLS setting and write mode. UCX reads the
+// variable in New, so it is set before the transports are created.
 func eachFabric(t *testing.T, f func(t *testing.T)) {
+	eachFabricIn(t, []WriteMode{WriteMessages, WriteRMA}, f)
+}
+
+// eachFabricIn is eachFabric in the given write modes only.
+func eachFabricIn(t *testing.T, modes []WriteMode, f func(t *testing.T)) {
 	for _, fab := range fabrics {
-		t.Run(fab.name, func(t *testing.T) {
-			t.Setenv("UCX_TLS", fab.tls)
-			f(t)
-		})
+		for _, mode := range modes {
+			t.Run(fab.name+"/"+mode.String(), func(t *testing.T) {
+				t.Setenv("UCX_TLS", fab.tls)
+				testMode = mode
+				t.Cleanup(func() { testMode = WriteMessages })
+				f(t)
+			})
+		}
 	}
+}
+
+// directPeerWrites says whether a peer of the current subtest's transports
+// writes their memory itself, which a revocation cannot stop: only over
+// UCX's RMA, where UCX_TLS lets it.
+func directPeerWrites() bool {
+	return testMode == WriteRMA && mayWriteDirectly(os.Getenv("UCX_TLS"))
 }
 
 func newPair(t *testing.T) (rdma.Transport, rdma.Transport) {
 	t.Helper()
-	a, err := New(Options{Name: "prefill"})
+	a, err := New(Options{Name: "prefill", Writes: testMode})
 	require.NoError(t, err)
-	b, err := New(Options{Name: "decode"})
+	b, err := New(Options{Name: "decode", Writes: testMode})
 	if err != nil {
 		_ = a.Close()
 	}
@@ -73,7 +94,7 @@ func TestContract(t *testing.T) {
 	eachFabric(t, func(t *testing.T) {
 		// No SlowPair: UCX has no way to slow a link down. The teardown
 		// property is checked by TestCloseLandsNothingMore instead.
-		rdmatest.Run(t, rdmatest.Factory{Pair: contractPair, DirectPeerWrites: mayWriteDirectly(os.Getenv("UCX_TLS"))})
+		rdmatest.Run(t, rdmatest.Factory{Pair: contractPair, DirectPeerWrites: directPeerWrites()})
 	})
 }
 
@@ -82,9 +103,9 @@ func TestContract(t *testing.T) {
 // doc.go), and its endpoint's Close waits out the drain.
 func contractPair(t *testing.T) (rdma.Transport, rdma.Transport) {
 	t.Helper()
-	a, err := New(Options{Name: "prefill", CloseDrain: time.Second})
+	a, err := New(Options{Name: "prefill", CloseDrain: time.Second, Writes: testMode})
 	require.NoError(t, err)
-	b, err := New(Options{Name: "decode", CloseDrain: time.Second})
+	b, err := New(Options{Name: "decode", CloseDrain: time.Second, Writes: testMode})
 	if err != nil {
 		_ = a.Close()
 	}
@@ -108,6 +129,9 @@ func newFixture(t testing.TB, n int) *fixture {
 
 func newFixtureOpts(t testing.TB, n int, opts Options) *fixture {
 	t.Helper()
+	if opts.Writes == WriteMessages {
+		opts.Writes = testMode
+	}
 	opts.Name = "prefill"
 	from, err := New(opts)
 	require.NoError(t, err)
@@ -471,9 +495,10 @@ func TestConnectRefusesMalformedAddress(t *testing.T) {
 
 // TestImportRefusesMalformedKey: a peer's packed key whose structure is not
 // UCX's (over shared memory UCX asserts on such keys and aborts) is an
-// error; this transport's own keys pass.
+// error; this transport's own keys pass. A transport of the message mode
+// refuses a UCX key outright: it would need UCX's RMA to write with it.
 func TestImportRefusesMalformedKey(t *testing.T) {
-	eachFabric(t, func(t *testing.T) {
+	eachFabricIn(t, []WriteMode{WriteRMA}, func(t *testing.T) {
 		a, b := newPair(t)
 		defer a.Close()
 		defer b.Close()
@@ -503,6 +528,16 @@ func TestImportRefusesMalformedKey(t *testing.T) {
 		}
 		_, err = ep.Import(d)
 		require.NoError(t, err)
+
+		m, err := New(Options{Name: "messages"})
+		require.NoError(t, err)
+		defer m.Close()
+		mep, err := m.Connect(b.Address())
+		require.NoError(t, err)
+		defer mep.Close()
+		_, err = mep.Import(d)
+		require.True(t, errors.Is(err, rdma.ErrInvalidWrite), "%v", err)
+		require.Contains(t, err.Error(), "same write mode")
 	})
 }
 
@@ -545,7 +580,14 @@ func TestMemoryTypeReachesUCX(t *testing.T) {
 	assert.Equal(t, ucsHost, mt)
 	assert.NotZero(t, mask&fieldFlags)
 
-	tr, err := New(Options{})
+	// Message writes land with memcpy: device memory needs RMA.
+	msg, err := New(Options{})
+	require.NoError(t, err)
+	defer msg.Close()
+	_, err = msg.RegisterTyped(0x7000_0000_1000, 4096, rdma.MemoryCUDA)
+	assert.True(t, errors.Is(err, rdma.ErrUnsupported), "CUDA memory in message mode: %v", err)
+
+	tr, err := New(Options{Writes: WriteRMA})
 	require.NoError(t, err)
 	defer tr.Close()
 	_, err = tr.RegisterTyped(0x1000, 4096, rdma.MemoryType(9))
@@ -613,5 +655,57 @@ func TestQueuedBatchesShareAFlush(t *testing.T) {
 		}
 		assert.Equal(t, uint64(1), f.from.flushes.Load()-before, "one flush for the batches queued together")
 		assert.True(t, bytes.Equal(f.src.Bytes, f.dst.Bytes))
+	})
+}
+
+// TestMessageWritesAreChecked: in the message mode the receiver applies a
+// write only inside a region it registered, whatever the sender claims. A
+// sender whose view of a region is forged (its length doubled, here, past
+// the Go-side checks a hostile peer would skip) has the write refused: the
+// batch fails, the endpoint breaks, and not a byte lands, in the region or
+// beyond it. A write to a region the receiver deregistered is refused too,
+// even if another region took its slot.
+func TestMessageWritesAreChecked(t *testing.T) {
+	eachFabricIn(t, []WriteMode{WriteMessages}, func(t *testing.T) {
+		const n = 1 << 16
+		f := newFixture(t, 2*n)
+		fill(f.src.Bytes, 0x5A)
+		// The receiver registered only the first half of its block.
+		half, err := f.to.Register(f.dst.Addr, n)
+		require.NoError(t, err)
+		rk, err := f.ep.Import(half.Desc())
+		require.NoError(t, err)
+		ep := f.ep.(*Endpoint)
+		ep.t.mu.Lock()
+		ep.remotes[rk].len = 2 * n // the forgery
+		ep.t.mu.Unlock()
+		require.NoError(t, f.dreg.Deregister()) // only half stays writable
+		ch := make(chan error, 1)
+		w := rdma.Write{Src: f.src.Addr, Dst: f.dst.Addr + n/2, Len: n, Local: f.sreg.Key(), Remote: rk}
+		require.NoError(t, f.ep.Post([]rdma.Write{w}, func(err error) { ch <- err }))
+		err = waitErr(t, ch)
+		require.Error(t, err, "a write past the receiver's region")
+		assert.True(t, errors.Is(err, rdma.ErrEndpointBroken), "%v", err)
+		assert.Contains(t, err.Error(), "refused")
+		assert.Equal(t, make([]byte, 2*n), f.dst.Bytes, "nothing landed")
+		err = f.ep.Post([]rdma.Write{w}, func(error) {})
+		assert.True(t, errors.Is(err, rdma.ErrEndpointBroken), "the endpoint is broken after a refusal: %v", err)
+
+		// A region deregistered: its key writes nothing, even once
+		// another region took its slot.
+		ep2, err := f.from.Connect(f.to.Address())
+		require.NoError(t, err)
+		defer ep2.Close()
+		rk2, err := ep2.Import(half.Desc())
+		require.NoError(t, err)
+		require.NoError(t, half.Deregister())
+		again, err := f.to.Register(f.dst.Addr, n)
+		require.NoError(t, err)
+		defer again.Deregister()
+		w2 := rdma.Write{Src: f.src.Addr, Dst: f.dst.Addr, Len: 4096, Local: f.sreg.Key(), Remote: rk2}
+		require.NoError(t, ep2.Post([]rdma.Write{w2}, func(err error) { ch <- err }))
+		err = waitErr(t, ch)
+		require.Error(t, err, "a write through a deregistered region's key")
+		assert.Equal(t, make([]byte, 2*n), f.dst.Bytes, "nothing landed")
 	})
 }
