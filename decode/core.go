@@ -97,9 +97,13 @@ type Core struct {
 type sessionState int
 
 const (
-	sessionOpen   sessionState = iota
-	sessionBye                 // said goodbye; ends when its actor leaves or after ByeGrace
-	sessionEnding              // revocation under way
+	sessionOpen sessionState = iota
+	// sessionBye: said goodbye. Its access is revoked first, and its
+	// answer sent once that is confirmed; it ends when its actor leaves or
+	// after ByeGrace, so that a node stopping right after does not tear
+	// the answer down.
+	sessionBye
+	sessionEnding // ends once its access is revoked
 )
 
 // csession is one session's state.
@@ -112,7 +116,12 @@ type csession struct {
 	err     error // why it is not complete
 	lost    error
 	said    bool // said goodbye without stopping early
-	rooms   map[*croom]bool
+	// revoking: its Revoke went out; revoked: the RevokedMsg came back.
+	revoking, revoked bool
+	// bye is the Bye's answer, held until the access is revoked: the
+	// prefill learns its verdict only once nothing it posts can land.
+	bye   *AnswerBye
+	rooms map[*croom]bool
 	// ended are the ids of rooms it reported in that ended and were
 	// forgotten (nobody Expected them), oldest first, at most
 	// MaxRoomsPerSession: a later notice of one is the prefill's mistake,
@@ -1078,13 +1087,13 @@ func (c *Core) lookup(m LookupMsg) {
 func (c *Core) bye(m ByeMsg) {
 	b := m.Bye
 	if b == nil {
-		c.emit(AnswerBye{Summary: &wire.Summary{Code: wire.Code_BAD_INPUT, Error: "bye: empty"}})
+		c.emit(AnswerBye{Reply: m.Reply, Summary: &wire.Summary{Code: wire.Code_BAD_INPUT, Error: "bye: empty"}})
 		return
 	}
 	s, why := c.sessionFor(m.From, b.Session)
 	if s == nil {
 		c.warn("bye refused", "node", m.From.Node, "error", why)
-		c.emit(AnswerBye{Summary: &wire.Summary{Code: wire.Code_REFUSED, Error: "bye: " + why}})
+		c.emit(AnswerBye{Reply: m.Reply, Summary: &wire.Summary{Code: wire.Code_REFUSED, Error: "bye: " + why}})
 		return
 	}
 	aborted := b.Aborted != ""
@@ -1139,16 +1148,18 @@ func (c *Core) bye(m ByeMsg) {
 	if s.err != nil {
 		sum.Code, sum.Error = wire.Code_ROOM_FAILED, s.err.Error()
 	}
-	c.emit(AnswerBye{Summary: sum})
 	for _, r := range incomplete {
-		// The prefill said goodbye after its engine stopped writing: the
-		// pages are quiet.
+		// A prefill says goodbye after its engine stopped writing, but
+		// nothing makes a peer keep its word: the pages go on only once
+		// its access is revoked.
+		r.dirty[s] = true
 		c.failRoom(r, errors.Mark(errors.Newf("room %d: the prefill %s ended its session before the room's last chunk", r.id, s.Prefill), ErrSessionAborted), "aborted")
 		c.settle(r)
 	}
-	// The answer is still on its way: the session ends when the prefill,
-	// having read it, leaves (its actor's Terminated), or after the grace.
-	c.arm(timer{kind: byeTimer, session: s}, c.r.ByeGrace)
+	// The verdict goes out once the access is revoked (revoked), so that
+	// no write the prefill posts after it, or still has in flight, lands.
+	s.bye = &AnswerBye{Reply: m.Reply, Summary: sum}
+	c.revoke(s)
 }
 
 func cmpUint(a, b uint64) int {
@@ -1166,7 +1177,8 @@ func (c *Core) departed(m DepartedMsg) {
 	switch {
 	case s == nil:
 		return
-	case s.state == sessionBye:
+	case s.state == sessionBye && s.bye == nil:
+		// It left having read its answer.
 		c.end(s)
 	case s.state == sessionOpen:
 		// Anyone holding the prefill's certificate (anyone at all, in the
@@ -1257,21 +1269,38 @@ func (c *Core) roomsByID() []*croom {
 	return rs
 }
 
-// end starts a session's end: its access is revoked first.
+// revoke cuts the session's peer off the pool, once; RevokedMsg comes back.
+func (c *Core) revoke(s *csession) {
+	if s.revoking {
+		return
+	}
+	s.revoking = true
+	c.emit(Revoke{Session: s.Token, Lost: s.lost != nil})
+}
+
+// end ends a session: it is over once its access is revoked.
 func (c *Core) end(s *csession) {
 	if s.state == sessionEnding {
 		return
 	}
 	s.state = sessionEnding
 	delete(c.identities, s.key)
-	c.emit(Revoke{Session: s.Token, Lost: s.lost != nil})
-}
-
-func (c *Core) revoked(m RevokedMsg) {
-	s := c.sessions[m.Session]
-	if s == nil || s.state != sessionEnding {
+	if s.revoked {
+		c.finish(s)
 		return
 	}
+	c.revoke(s)
+}
+
+// revoked takes the outcome of a session's revocation: the pages its peer
+// could write go on (or are kept out for good when it is not confirmed),
+// a goodbye is answered, and an ending session is over.
+func (c *Core) revoked(m RevokedMsg) {
+	s := c.sessions[m.Session]
+	if s == nil || !s.revoking || s.revoked {
+		return
+	}
+	s.revoked = true
 	confirmed := m.Err == nil
 	if !confirmed {
 		c.tainted = true
@@ -1304,6 +1333,22 @@ func (c *Core) revoked(m RevokedMsg) {
 	for r := range s.rooms {
 		c.settle(r)
 	}
+	if s.bye != nil {
+		c.emit(*s.bye)
+		s.bye = nil
+	}
+	if s.state == sessionBye {
+		// The answer is on its way: the session ends when the prefill,
+		// having read it, leaves (its actor's Terminated), or after the
+		// grace.
+		c.arm(timer{kind: byeTimer, session: s}, c.r.ByeGrace)
+		return
+	}
+	c.finish(s)
+}
+
+// finish reports the end of a session whose access is revoked.
+func (c *Core) finish(s *csession) {
 	delete(c.sessions, s.Token)
 	delete(c.actors, s.Actor)
 	rep := s.report

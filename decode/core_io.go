@@ -39,10 +39,13 @@ type (
 		From   Origin
 		Notice *wire.ChunkNotice
 	}
-	// ByeMsg is a prefill's goodbye.
+	// ByeMsg is a prefill's goodbye. Reply is the shell's name for its
+	// answer, given back in AnswerBye: the answer may come while another
+	// message is handled.
 	ByeMsg struct {
-		From Origin
-		Bye  *wire.Bye
+		From  Origin
+		Bye   *wire.Bye
+		Reply string
 	}
 	// DepartedMsg says a watched prefill session actor was reported gone (a
 	// Terminated, possibly for a closed connection). It is a suspicion, not
@@ -160,8 +163,13 @@ type (
 		Reason string
 		Text   string
 	}
-	// AnswerBye answers a goodbye with the decode side's verdict.
-	AnswerBye struct{ Summary *wire.Summary }
+	// AnswerBye answers the goodbye Reply names with the decode side's
+	// verdict: at once for a refusal, else once the session's access is
+	// revoked.
+	AnswerBye struct {
+		Reply   string
+		Summary *wire.Summary
+	}
 	// Reply answers a call of this process (Expect, Release, Lookup,
 	// Drain, Close, State). Room is Lookup's room, Ended whether it
 	// ended; Drained whether no session is open any more.

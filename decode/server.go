@@ -91,6 +91,10 @@ type Server struct {
 	timers   map[uint64]*time.Timer
 	reply    chan Reply // the call being answered
 	ctx      actor.Context
+	// byes are the senders of goodbyes whose answers the core holds until
+	// their sessions' access is revoked (AnswerBye.Reply names them).
+	byes    map[string]*actor.PID
+	nextBye uint64
 
 	drained chan struct{} // closed when draining or closed and no session is left
 	stopped chan struct{} // closed when the actor stopped
@@ -177,7 +181,7 @@ func New(node *Node, tr rdma.Transport, cfg Config) (_ *Server, err error) {
 		log = zap.NewNop()
 	}
 	s := &Server{node: node, tr: tr, cfg: cfg, log: log, obs: cfg.Observer, access: map[string]rdma.PeerAccess{},
-		sessions: map[string]*Session{}, waiters: map[uint64][]chan waitResult{}, timers: map[uint64]*time.Timer{}, drained: make(chan struct{}),
+		sessions: map[string]*Session{}, waiters: map[uint64][]chan waitResult{}, timers: map[uint64]*time.Timer{}, byes: map[string]*actor.PID{}, drained: make(chan struct{}),
 		stopped: make(chan struct{}), acceptCh: make(chan struct{})}
 	if s.obs == nil {
 		s.obs = nopObserver{}
@@ -281,7 +285,10 @@ func (s *Server) receive(ctx actor.Context) {
 	case *wire.ChunkNotice:
 		s.drive(NoticeMsg{From: origin(ctx), Notice: m})
 	case *wire.Bye:
-		s.drive(ByeMsg{From: origin(ctx), Bye: m})
+		s.nextBye++
+		id := fmt.Sprint(s.nextBye)
+		s.byes[id] = ctx.Sender()
+		s.drive(ByeMsg{From: origin(ctx), Bye: m, Reply: id})
 	case *actor.Terminated:
 		if m.Who != nil {
 			s.drive(DepartedMsg{Actor: m.Who.Address + "/" + m.Who.Id})
@@ -336,7 +343,12 @@ func (s *Server) perform(e Effect) Msg {
 		if e.Summary.Code == wire.Code_REFUSED || e.Summary.Code == wire.Code_BAD_INPUT {
 			s.obs.Refused("bye", "not_session")
 		}
-		s.ctx.Respond(e.Summary)
+		// The goodbye's sender, which may not be the message being
+		// handled now (the answer waited for a revocation).
+		if to := s.byes[e.Reply]; to != nil {
+			s.ctx.Send(to, e.Summary)
+		}
+		delete(s.byes, e.Reply)
 	case Reply:
 		if s.reply != nil {
 			s.reply <- e
