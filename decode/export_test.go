@@ -1,6 +1,10 @@
 package decode
 
-import "context"
+import (
+	"context"
+
+	"github.com/asynkron/protoactor-go/actor"
+)
 
 // AbandonForTest stops a client's session actor without Bye: to the decode
 // server, the prefill vanished.
@@ -9,4 +13,10 @@ func AbandonForTest(c *Client) error {
 	c.ended = true // our own doing: not a loss of the decode server
 	c.mu.Unlock()
 	return c.node.stopActor(context.Background(), c.self)
+}
+
+// SendToForTest sends msg from the node to an actor at addr, through
+// protoactor remote's connection to that node (opened on first use).
+func SendToForTest(n *Node, addr, id string, msg any) {
+	n.system.Root.Send(actor.NewPID(addr, id), msg)
 }
