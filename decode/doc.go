@@ -75,7 +75,8 @@
 // token and must come from the node that said Hello; it is checked against
 // the pool and the room before it changes anything. Bye carries how many
 // notices the prefill sent and whether it stopped early; its answer is the
-// decode side's verdict. Each side watches the other's session actor, so a
+// decode side's verdict, sent once the session's access to the pool is
+// revoked (nothing the prefill posts afterwards lands). Each side watches the other's session actor, so a
 // vanished peer is reported (ErrPrefillLost, ErrDecodeLost).
 //
 // # Security

@@ -35,8 +35,8 @@ func (s *Session) Rank() int { return s.info.Rank }
 func (s *Session) Metadata() map[string]string { return maps.Clone(s.info.Metadata) }
 
 // Wait returns the session's report once it ended: after the prefill's Bye
-// and its leaving (or Config.ByeGrace), or its loss, and once its access to
-// the pool was revoked. The error says why the session is not complete:
+// (answered once its access to the pool was revoked) and its leaving (or
+// Config.ByeGrace), or after its loss and the revocation of its access. The error says why the session is not complete:
 // ErrSessionAborted, ErrChunkFailed, ErrPrefillLost, ErrClosed; or ctx's
 // error. A session that reported nothing (SessionReport.Empty) has no
 // error and is not complete.

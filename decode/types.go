@@ -141,10 +141,11 @@ type Config struct {
 	OnRoomEnd func(r Room, err error)
 	// MaxSessions bounds the live prefill sessions (default 64).
 	MaxSessions int
-	// ByeGrace bounds how long a session, after answering the prefill's
-	// Bye, waits for the prefill to leave before it reports its end
-	// (default 10 s). The prefill leaving first keeps the answer from being
-	// torn down with a node that stops right after.
+	// ByeGrace bounds how long a session whose Bye was answered waits for
+	// the prefill to leave before it reports its end (default 10 s). The
+	// prefill's access was revoked before the answer; the prefill leaving
+	// first keeps the answer from being torn down with a node that stops
+	// right after.
 	ByeGrace time.Duration
 	// Log receives failures at WARN and sessions at DEBUG (default: none).
 	Log *zap.Logger
