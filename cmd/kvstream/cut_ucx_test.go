@@ -17,8 +17,8 @@ import (
 )
 
 // cutBound is how soon a command must exit after its second signal: far
-// below what it was waiting for (a 10-minute connect timeout), generous
-// for a busy machine.
+// below what it was waiting for (a 10-minute connect timeout, a 9-minute
+// pause of etcd), generous for a busy machine.
 const cutBound = 10 * time.Second
 
 // silentListener accepts TCP connections and never answers on them: a
@@ -95,6 +95,31 @@ func TestUCXPrefillSecondSignalCutsTheConnect(t *testing.T) {
 			require.NoError(t, c.cmd.Process.Signal(second))
 			requireCut(t, c, second, time.Now())
 			assert.Contains(t, c.errOut(), "dial the decode server at "+addr)
+		})
+	}
+}
+
+// TestUCXClusterUpSecondSignalCutsAFaultsPause: `up` waiting out a
+// 9-minute pause-etcd fault (its drain given 5 minutes) drains at its
+// first signal and exits at once at the second, SIGTERM or SIGINT: etcd
+// is resumed, every node is cut and exits by itself, and up says it was
+// cut. It once ignored every signal until the pause ended.
+func TestUCXClusterUpSecondSignalCutsAFaultsPause(t *testing.T) {
+	clusterAtATime(t)
+	for _, second := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
+		t.Run(second.String(), func(t *testing.T) {
+			c := startCLI(t, []string{"UCX_TLS=tcp"}, "up", "--model", "small", "--page-size", "16", "--requests", "1",
+				"--prompt-tokens", "256", "--chunk-tokens", "256", "--prefill-ranks", "1", "--decode", "1", "--batches", "2",
+				"--fault", "pause-etcd", "--fault-batch", "1", "--fault-for", "9m", "--drain-timeout", "5m")
+			c.waitLine(t, regexp.MustCompile(`^up: pause-etcd: etcd frozen for 9m0s`), 2*time.Minute)
+			require.NoError(t, c.cmd.Process.Signal(syscall.SIGTERM))
+			c.waitLine(t, regexp.MustCompile(`^up: draining \(terminated\)`), 30*time.Second)
+			require.NoError(t, c.cmd.Process.Signal(second))
+			requireCut(t, c, second, time.Now())
+			// Each node honours its own cut (a decode instance once
+			// waited for its rank's session past it).
+			assert.NotContains(t, c.errOut(), "after its cut: SIGKILL")
+			assert.Contains(t, c.out(), "into the pause (cut by a second stop ("+second.String()+", after terminated)): etcd resumed", "the report")
 		})
 	}
 }
