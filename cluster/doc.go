@@ -7,7 +7,10 @@
 // Two providers share one interface: etcd (go.etcd.io/etcd/client/v3) for a
 // real cluster, where a member that dies vanishes when its lease expires and a
 // clean Close revokes the lease at once; and an in-process provider for a
-// quick start and unit tests. Open picks one from Config.
+// quick start and unit tests. Open picks one from Config. On etcd a record
+// counts as a member only when its key is attached to the live lease the
+// record names, and a live member puts its record back, at its next
+// keep-alive, when someone else overwrote or deleted it.
 //
 // Discovery is a session-time concern. A Resolver answers repeated lookups
 // from memory and, following a role's watch, picks a live member per

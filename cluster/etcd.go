@@ -21,7 +21,7 @@ import (
 // Etcd is the provider on a real etcd. A member's key lives under a lease
 // that a keep-alive holds for as long as the process lives; the layout is
 //
-//	<prefix>/members/<role>/<id> = JSON of Member, attached to the member's lease
+//	<prefix>/members/<role>/<id> = JSON of record (the Member and its lease), attached to that lease
 type Etcd struct {
 	cfg    Config
 	cli    *clientv3.Client
@@ -179,19 +179,38 @@ func isUnreachable(err error) bool {
 	return false
 }
 
-// decode parses a member record and checks it belongs under key.
-func (p *Etcd) decode(key string, val []byte) (Member, error) {
-	var m Member
-	if err := json.Unmarshal(val, &m); err != nil {
-		return Member{}, errors.Wrapf(err, "record at %q", key)
+// record is the value of a member's key: the member, and the lease it
+// registered under. The key is attached to that same lease; a reader takes
+// the record as a member only when both agree and the lease is alive, so a
+// record rewritten or copied under another lease (a live one included) is
+// not the member's, whoever wrote it.
+type record struct {
+	Member
+	Lease int64 `json:"lease"`
+}
+
+// value is the JSON of m's record under lease.
+func value(m Member, lease clientv3.LeaseID) string {
+	// A record holds only strings and integers: marshalling cannot fail.
+	b, _ := json.Marshal(record{Member: m, Lease: int64(lease)})
+	return string(b)
+}
+
+// decode parses a member record and checks it belongs under key; it also
+// returns the lease the record names (0 if none).
+func (p *Etcd) decode(key string, val []byte) (Member, int64, error) {
+	var rec record
+	if err := json.Unmarshal(val, &rec); err != nil {
+		return Member{}, 0, errors.Wrapf(err, "record at %q", key)
 	}
+	m := rec.Member
 	if err := m.Validate(); err != nil {
-		return Member{}, errors.Wrapf(err, "record at %q", key)
+		return Member{}, 0, errors.Wrapf(err, "record at %q", key)
 	}
 	if want := p.key(m.Role, m.ID); want != key {
-		return Member{}, errors.Newf("record at %q describes %s %q", key, m.Role, m.ID)
+		return Member{}, 0, errors.Newf("record at %q describes %s %q", key, m.Role, m.ID)
 	}
-	return m, nil
+	return m, rec.Lease, nil
 }
 
 // Lookup implements Provider.
@@ -216,7 +235,7 @@ func (p *Etcd) Lookup(ctx context.Context, role Role, id string) (Member, error)
 		return Member{}, errors.Mark(errors.Newf("lookup %s %q: not registered", role, id), ErrNotFound)
 	}
 	kv := resp.Kvs[0]
-	m, err := p.decode(key, kv.Value)
+	m, named, err := p.decode(key, kv.Value)
 	if err != nil {
 		return Member{}, err
 	}
@@ -224,21 +243,25 @@ func (p *Etcd) Lookup(ctx context.Context, role Role, id string) (Member, error)
 	if err != nil {
 		return Member{}, p.callErr(ctx, err, "lookup %s %q: its lease", role, id)
 	}
-	if why := unearned(kv.Lease, live); why != "" {
+	if why := unearned(kv.Lease, named, live); why != "" {
 		p.ignored(key, kv.ModRevision, why)
 		return Member{}, errors.Mark(errors.Newf("lookup %s %q: the record at %q is not a member's: %s", role, id, key, why), ErrNotFound)
 	}
 	return m, nil
 }
 
-// unearned says why a record whose key is attached to lease is not a
-// live member's ("" when it is): a member registers under a lease that
-// its process keeps alive, so a record without one was written by
-// someone else, and one whose lease is gone outlived its member.
-func unearned(lease int64, live map[int64]bool) string {
+// unearned says why a record whose key is attached to lease, and which
+// names the lease named, is not a live member's ("" when it is): a member
+// registers under a lease that its process keeps alive and names it in
+// its record, so a record without a lease, or attached to another lease
+// than the one it names, was written by someone else; one whose lease is
+// gone outlived its member.
+func unearned(lease, named int64, live map[int64]bool) string {
 	switch {
 	case lease == 0:
 		return "it has no lease (members register under one; anyone who can write to etcd can forge a record)"
+	case named != lease:
+		return fmt.Sprintf("it is attached to lease %x but names lease %x (a member's record names the lease it is attached to; this one was rewritten or copied)", lease, named)
 	case !live[lease]:
 		return fmt.Sprintf("its lease %x is gone", lease)
 	}
@@ -330,12 +353,12 @@ func (p *Etcd) list(ctx context.Context, role Role) ([]Member, int64, error) {
 	}
 	out := make([]Member, 0, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
-		m, err := p.decode(string(kv.Key), kv.Value)
+		m, named, err := p.decode(string(kv.Key), kv.Value)
 		if err != nil {
 			p.ignored(string(kv.Key), kv.ModRevision, err.Error())
 			continue
 		}
-		if why := unearned(kv.Lease, live); why != "" {
+		if why := unearned(kv.Lease, named, live); why != "" {
 			p.ignored(string(kv.Key), kv.ModRevision, why)
 			continue
 		}

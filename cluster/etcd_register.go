@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"sync"
 	"time"
@@ -14,13 +13,13 @@ import (
 )
 
 // etcdReg holds one member's key: a keep-alive goroutine renews its lease,
+// puts the member's record back when someone else rewrote or deleted it,
 // and rejoins under a new lease when the old one was lost (etcd unreachable
 // for longer than the TTL, or the lease revoked by someone else).
 type etcdReg struct {
 	p      *Etcd
 	m      Member
 	key    string
-	val    string
 	ctx    context.Context // ends at Close
 	cancel context.CancelFunc
 	exited chan struct{} // the keep-alive goroutine returned
@@ -65,11 +64,7 @@ func (p *Etcd) Register(ctx context.Context, m Member) (Registration, error) {
 	if err := p.checkOpen("register %s %q", m.Role, m.ID); err != nil {
 		return nil, err
 	}
-	val, err := json.Marshal(m)
-	if err != nil {
-		return nil, errors.Wrapf(err, "register %s %q", m.Role, m.ID)
-	}
-	r := &etcdReg{p: p, m: m, key: p.key(m.Role, m.ID), val: string(val), exited: make(chan struct{}), done: make(chan struct{})}
+	r := &etcdReg{p: p, m: m, key: p.key(m.Role, m.ID), exited: make(chan struct{}), done: make(chan struct{})}
 	lease, err := p.acquire(ctx, r)
 	if err != nil {
 		return nil, err
@@ -144,9 +139,10 @@ func (p *Etcd) tryCreate(ctx context.Context, r *etcdReg) (clientv3.LeaseID, *ho
 	if err != nil {
 		return 0, nil, p.callErr(ctx, err, "register %s %q: grant a lease", r.m.Role, r.m.ID)
 	}
+	val := value(r.m, g.ID)
 	resp, err := p.cli.Txn(octx).
 		If(clientv3.Compare(clientv3.CreateRevision(r.key), "=", 0)).
-		Then(clientv3.OpPut(r.key, r.val, clientv3.WithLease(g.ID))).
+		Then(clientv3.OpPut(r.key, val, clientv3.WithLease(g.ID))).
 		Else(clientv3.OpGet(r.key)).
 		Commit()
 	if err == nil && resp.Succeeded {
@@ -164,18 +160,20 @@ func (p *Etcd) tryCreate(ctx context.Context, r *etcdReg) (clientv3.LeaseID, *ho
 	}
 	kv := kvs[0]
 	held := fmt.Sprintf("a record without a parsable member (revision %d)", kv.ModRevision)
-	if m, derr := p.decode(r.key, kv.Value); derr == nil {
+	m, named, derr := p.decode(r.key, kv.Value)
+	if derr == nil {
 		held = fmt.Sprintf("%s %q at %s", m.Role, m.ID, m.Addr)
 	}
 	live, lerr := p.liveLeases(octx, []int64{kv.Lease})
 	if lerr == nil {
-		if why := unearned(kv.Lease, live); why != "" {
+		// A record that does not parse names no lease: no member's.
+		if why := unearned(kv.Lease, named, live); why != "" {
 			// Not a member: take the key over, if it is still that
 			// record.
 			p.ignored(r.key, kv.ModRevision, why)
 			tr, terr := p.cli.Txn(octx).
 				If(clientv3.Compare(clientv3.ModRevision(r.key), "=", kv.ModRevision)).
-				Then(clientv3.OpPut(r.key, r.val, clientv3.WithLease(g.ID))).
+				Then(clientv3.OpPut(r.key, val, clientv3.WithLease(g.ID))).
 				Commit()
 			if terr == nil && tr.Succeeded {
 				p.log.Warn("cluster: registered over a record that was not a member's",
@@ -231,11 +229,12 @@ func (p *Etcd) revoke(lease clientv3.LeaseID) error {
 // isLeaseGone: revoking a lease that already expired is not a failure.
 func isLeaseGone(err error) bool { return errors.Is(err, rpctypes.ErrLeaseNotFound) }
 
-// keep renews the lease until Close. When the keep-alive ends without a
-// Close, etcd expired the lease or did not answer for a whole TTL; keep then
-// renews the same lease if it still exists (etcd restarted within the TTL
-// and renewed it: nobody saw the member leave), and registers the member
-// under a new lease otherwise.
+// keep renews the lease until Close, and at every keep-alive answer (every
+// TTL/3) puts the member's record back if someone else rewrote or deleted
+// it. When the keep-alive ends without a Close, etcd expired the lease or
+// did not answer for a whole TTL; keep then renews the same lease if it
+// still exists (etcd restarted within the TTL and renewed it: nobody saw
+// the member leave), and registers the member under a new lease otherwise.
 func (r *etcdReg) keep(lease clientv3.LeaseID) {
 	defer r.p.wg.Done()
 	defer close(r.exited)
@@ -245,6 +244,7 @@ func (r *etcdReg) keep(lease clientv3.LeaseID) {
 		ch, err := r.p.cli.KeepAlive(r.ctx, lease)
 		if err == nil {
 			for range ch {
+				r.reassert(log, lease)
 			}
 		}
 		if r.ctx.Err() != nil {
@@ -300,6 +300,44 @@ func (r *etcdReg) keep(lease clientv3.LeaseID) {
 		}
 		backoff = 100 * time.Millisecond
 	}
+}
+
+// reassert puts the member's record back under its own lease when the key
+// no longer holds exactly that (deleted, or overwritten without a lease or
+// under another one): etcd detaches a key from its lease when it is
+// overwritten, so the lease lives on while readers, rightly, no longer
+// take the record as a member's, and nothing else would ever write it
+// again. One transaction compares and puts, so a record that is intact
+// costs a read. A put under a lease that just expired fails; the
+// keep-alive's end then registers the member again.
+func (r *etcdReg) reassert(log *zap.Logger, lease clientv3.LeaseID) {
+	val := value(r.m, lease)
+	ctx, cancel := r.p.opCtx(r.ctx)
+	defer cancel()
+	resp, err := r.p.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.Value(r.key), "=", val), clientv3.Compare(clientv3.LeaseValue(r.key), "=", lease)).
+		Else(clientv3.OpPut(r.key, val, clientv3.WithLease(lease), clientv3.WithPrevKV())).
+		Commit()
+	switch {
+	case err != nil:
+		// etcd away or the lease just lost: the keep-alive says so.
+		if r.ctx.Err() == nil {
+			log.Debug("cluster: checking the member's record failed", zap.Int64("lease", int64(lease)), zap.Error(err))
+		}
+		return
+	case resp.Succeeded:
+		return
+	}
+	found := "no record (deleted)"
+	if put := resp.Responses[0].GetResponsePut(); put != nil && put.PrevKv != nil {
+		v := put.PrevKv.Value
+		if len(v) > 256 {
+			v = v[:256]
+		}
+		found = fmt.Sprintf("%q under lease %x", v, put.PrevKv.Lease)
+	}
+	log.Warn("cluster: the member's record was rewritten or deleted by someone else: put it back under its lease",
+		zap.String("key", r.key), zap.Int64("lease", int64(lease)), zap.String("found", found))
 }
 
 // renewOnce reports whether lease still exists (and renews it); false with

@@ -152,9 +152,9 @@ func (w *etcdWatch) consume(wch clientv3.WatchChan, prefix string, rev *int64, l
 			id := strings.TrimPrefix(string(ev.Kv.Key), prefix)
 			switch ev.Type {
 			case clientv3.EventTypePut:
-				m, err := w.p.decode(string(ev.Kv.Key), ev.Kv.Value)
+				m, named, err := w.p.decode(string(ev.Kv.Key), ev.Kv.Value)
 				if err == nil {
-					err = w.earned(ev.Kv.Lease)
+					err = w.earned(ev.Kv.Lease, named)
 				}
 				if err != nil {
 					// A record that no longer parses, or that no live
@@ -192,11 +192,11 @@ func (w *etcdWatch) consume(wch clientv3.WatchChan, prefix string, rev *int64, l
 	return true
 }
 
-// earned checks that a record just put is attached to a live lease (one
-// call per put: members change rarely).
-func (w *etcdWatch) earned(lease int64) error {
-	if lease == 0 {
-		return errors.New(unearned(0, nil))
+// earned checks that a record just put is attached to the lease it names
+// and that the lease is alive (one call per put: members change rarely).
+func (w *etcdWatch) earned(lease, named int64) error {
+	if lease == 0 || named != lease {
+		return errors.New(unearned(lease, named, nil))
 	}
 	ctx, cancel := w.p.opCtx(w.ctx)
 	defer cancel()
@@ -207,7 +207,7 @@ func (w *etcdWatch) earned(lease int64) error {
 		// next listing checks it again).
 		return nil
 	}
-	if why := unearned(lease, live); why != "" {
+	if why := unearned(lease, named, live); why != "" {
 		return errors.New(why)
 	}
 	return nil

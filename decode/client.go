@@ -166,7 +166,7 @@ func Dial(ctx context.Context, node *Node, cfg DialConfig) (_ *Client, err error
 	// known to be there: a watch of an address nobody listens at would
 	// keep a connection retrying until the node closes.
 	c.deadline = time.Now().Add(cfg.ConnectTimeout)
-	if err := c.retry(ctx, c.probe); err != nil {
+	if err := c.retry(ctx, func() error { return c.probe(ctx) }); err != nil {
 		node.unbind(c.bound)
 		return nil, err
 	}
@@ -189,7 +189,7 @@ func Dial(ctx context.Context, node *Node, cfg DialConfig) (_ *Client, err error
 	}
 	var offer *wire.Offer
 	if err := c.retry(ctx, func() (err error) {
-		if err = c.probe(); err == nil {
+		if err = c.probe(ctx); err == nil {
 			offer, err = c.helloOnce(ctx, hello)
 		}
 		return err
@@ -263,6 +263,11 @@ func (c *Client) retry(ctx context.Context, f func() error) error {
 	backoff := firstBackoff
 	for attempt := 1; ; attempt++ {
 		err := f()
+		if err != nil && ctx.Err() != nil {
+			// The caller gave up (a second signal): that is the news,
+			// not the attempt it cut short.
+			return errors.Wrapf(ctx.Err(), "dial the decode server at %s (last: %v)", c.cfg.Decode, err)
+		}
 		if err == nil || !(errors.Is(err, ErrUnreachable) || errors.Is(err, ErrUnavailable)) || time.Until(c.deadline) < backoff {
 			if err != nil && attempt > 1 {
 				err = errors.Wrapf(err, "after %d attempts in %v (DialConfig.ConnectTimeout)", attempt, c.cfg.ConnectTimeout)
@@ -281,10 +286,12 @@ func (c *Client) retry(ctx context.Context, f func() error) error {
 
 // probe checks that the decode node can be talked to (netsec.Probe:
 // something listens, both sides speak the same security, its certificate
-// carries DecodeName), and says what is wrong by class.
-func (c *Client) probe() error {
+// carries DecodeName), and says what is wrong by class. It ends with ctx
+// (a peer that accepts and never completes a TLS handshake would hold it
+// for the whole CallTimeout).
+func (c *Client) probe(ctx context.Context) error {
 	addr := c.cfg.Decode
-	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.CallTimeout)
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
 	defer cancel()
 	err := netsec.Probe(ctx, addr, c.node.tlsm, c.cfg.DecodeName)
 	switch {

@@ -82,8 +82,20 @@ func orDefault(log *slog.Logger) *slog.Logger {
 // and then with authorize (nil accepts every batch that validates): a batch
 // that fails ends the stream with codes.InvalidArgument or
 // codes.PermissionDenied before protoactor reads it, and is logged at WARN
-// on log (nil: slog.Default()) with the peer's name and address.
+// on log (nil: slog.Default()) with the peer's name and address. A stream
+// that ends on a message that cannot be read (not protobuf, a message
+// that does not decode as its type, one over the size limit) is logged
+// at WARN the same way. ServerOptions adds the answer to a request for an
+// actor the node does not serve (see ErrNotServed).
 func StreamGuard(local func() string, authorize Authorize, log *slog.Logger) grpc.StreamServerInterceptor {
+	return streamGuard(local, authorize, nil, log)
+}
+
+// answerer answers a refused request: it tells sender that target did
+// not take it.
+type answerer func(sender, target *actor.PID)
+
+func streamGuard(local func() string, authorize Authorize, answer answerer, log *slog.Logger) grpc.StreamServerInterceptor {
 	log = orDefault(log)
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
 		defer recoverAs(&err, info.FullMethod, log)
@@ -93,12 +105,14 @@ func StreamGuard(local func() string, authorize Authorize, log *slog.Logger) grp
 			}
 			return handler(srv, ss)
 		}
-		g := &guardedStream{ServerStream: ss, local: local, authorize: authorize, log: log}
+		g := &guardedStream{ServerStream: ss, local: local, authorize: authorize, answer: answer, log: log}
 		g.peer, _ = PeerIdentity(ss.Context()) // plaintext loopback: the zero identity
 		if p, ok := peer.FromContext(ss.Context()); ok {
 			g.addr = fmt.Sprint(p.Addr)
 		}
-		return handler(srv, g)
+		err = handler(srv, g)
+		g.unreadable(err)
+		return err
 	}
 }
 
@@ -116,15 +130,58 @@ type guardedStream struct {
 	grpc.ServerStream
 	local     func() string
 	authorize Authorize
+	answer    answerer // nil: a request for an actor not served is refused whole
 	log       *slog.Logger
 	peer      Identity
 	addr      string
+	// refused: the stream ends on a batch refuse logged. Set and read on
+	// the handler's goroutine, the one that calls RecvMsg.
+	refused bool
 }
 
 // refuse logs a refused batch for the operator and ends the stream.
 func (g *guardedStream) refuse(code codes.Code, err error) error {
+	g.refused = true
 	g.log.Warn("netsec: refused a message batch", "peer", g.peer.Name(), "addr", g.addr, "error", err.Error())
 	return status.Error(code, err.Error())
+}
+
+// unreadable logs, at WARN with the peer's name and address, a stream that
+// ended on a message the node could not read: gRPC's failure to decode
+// the frame as a protoactor message (Internal) or to take one over the
+// size limit (ResourceExhausted), or protoactor's failure to decode a
+// message of the batch as its type (its plain error: Unknown). protoactor
+// reports these only to its own logger, which a node keeps quiet; a peer
+// that went away or a node that is closing (Canceled, Unavailable, EOF)
+// is not worth a line.
+func (g *guardedStream) unreadable(err error) {
+	if err == nil || g.refused {
+		return
+	}
+	switch status.Code(err) {
+	case codes.Internal, codes.ResourceExhausted, codes.Unknown:
+		g.log.Warn("netsec: a peer's message could not be read; its stream ended", "peer", g.peer.Name(), "addr", g.addr, "error", err.Error())
+	}
+}
+
+// stray answers a request for an actor the node does not serve, as
+// protoactor answers one for an actor that does not exist: the sender's
+// future fails at once (actor.ErrDeadLetter) rather than at its timeout,
+// which cutting the stream would leave it to (protoactor fails no future
+// when a stream ends). Logged at WARN: a peer that names actors this
+// node does not serve is misconfigured or probing.
+func (g *guardedStream) stray(e *remote.MessageEnvelope, env Envelope, why error) {
+	sender := proto.Clone(env.Sender).(*actor.PID)
+	if e.SenderRequestId > 0 {
+		sender.RequestId = e.SenderRequestId
+	}
+	target := proto.Clone(env.Target).(*actor.PID)
+	if e.TargetRequestId > 0 {
+		target.RequestId = e.TargetRequestId
+	}
+	g.log.Warn("netsec: answered a request for an actor this node does not serve", "peer", g.peer.Name(), "addr", g.addr,
+		"target", target.Id, "type", env.TypeName, "error", why.Error())
+	g.answer(sender, target)
 }
 
 func (g *guardedStream) RecvMsg(m any) error {
@@ -143,11 +200,31 @@ func (g *guardedStream) RecvMsg(m any) error {
 		return g.refuse(codes.InvalidArgument, err)
 	}
 	if g.authorize != nil {
+		kept := make([]*remote.MessageEnvelope, 0, len(b.Envelopes))
+		type stray struct {
+			e   *remote.MessageEnvelope
+			env Envelope
+			why error
+		}
+		var strays []stray
 		for _, e := range b.Envelopes {
-			if err := g.authorize(g.peer, envelopeOf(b, e)); err != nil {
+			env := envelopeOf(b, e)
+			err := g.authorize(g.peer, env)
+			switch {
+			case err == nil:
+				kept = append(kept, e)
+			case g.answer != nil && env.Sender != nil && errors.Is(err, ErrNotServed):
+				strays = append(strays, stray{e, env, err})
+			default:
 				return g.refuse(codes.PermissionDenied, errors.Wrapf(err, "peer %q", g.peer.Name()))
 			}
 		}
+		// Answered only once the whole batch passed: a batch refused
+		// delivers nothing and answers nothing.
+		for _, s := range strays {
+			g.stray(s.e, s.env, s.why)
+		}
+		b.Envelopes = kept
 	}
 	stampPeer(b, g.peer.Name())
 	return nil

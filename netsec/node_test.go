@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/asynkron/protoactor-go/remote"
 	"github.com/kvstream/kvstream/internal/stallprobe"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -186,15 +188,30 @@ func TestRefusesMalformedBatches(t *testing.T) {
 			b.TypeNames[0] = "actor.Watch"
 			b.Envelopes[0].MessageData, _ = proto.Marshal(&actor.Watch{Watcher: actor.NewPID("10.1.2.3:9100", "w")})
 		}), codes.PermissionDenied},
-		"Stop":                        {with(func(b *remote.MessageBatch) { b.TypeNames[0] = "actor.Stop"; b.Envelopes[0].MessageData = nil }), codes.PermissionDenied},
-		"an actor not of the session": {with(func(b *remote.MessageBatch) { b.Targets[0].Id = "EndpointSupervisor" }), codes.PermissionDenied},
+		"Stop": {with(func(b *remote.MessageBatch) { b.TypeNames[0] = "actor.Stop"; b.Envelopes[0].MessageData = nil }), codes.PermissionDenied},
+		// Never answered: the answer would go to a host of the peer's choosing.
+		"a request for an actor not served, from another host": {with(func(b *remote.MessageBatch) {
+			b.Targets[0].Id = "kvstream-not-served"
+			b.Senders[0].Address = "10.1.2.3:9100"
+		}), codes.PermissionDenied},
+		// A request would be answered (TestAnswersARequestForAnActorNotServed).
+		"a message to an actor not of the session": {with(func(b *remote.MessageBatch) {
+			b.Targets[0].Id = "EndpointSupervisor"
+			b.Senders, b.Envelopes[0].Sender = nil, 0
+		}), codes.PermissionDenied},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			_, s := dialStream(t, fx.c.prefill.ClientConfig(), fx.addr)
 			require.NoError(t, s.Send(&remote.RemoteMessage{MessageType: &remote.RemoteMessage_MessageBatch{MessageBatch: tc.batch}}))
-			_, err := s.Recv()
-			require.Equal(t, tc.code, status.Code(err), "%v", err)
+			ended := make(chan error, 1)
+			go func() { _, err := s.Recv(); ended <- err }() // ends at the test's cleanup at the latest
+			select {
+			case err := <-ended:
+				require.Equal(t, tc.code, status.Code(err), "%v", err)
+			case <-time.After(10 * time.Second):
+				t.Fatal("the batch was not refused: the stream is still open")
+			}
 		})
 	}
 	require.Contains(t, guardLog.String(), `level=WARN msg="netsec: refused a message batch" peer=prefill addr=127.0.0.1:`)
@@ -328,5 +345,76 @@ func TestHeartbeatsFindHungPeer(t *testing.T) {
 		t.Logf("hung peer declared lost after %v (bound %v): %v", took.Round(time.Millisecond), cfg.Bound(), err)
 	case <-time.After(10 * time.Second):
 		t.Fatal("hung peer never declared lost")
+	}
+}
+
+// A request of the session's peer for an actor the node does not serve
+// is answered at once with a dead letter (what the peer's future fails
+// with), as one for an actor that does not exist would be, and logged;
+// the stream stays open and the peer's next message is served. The guard
+// once cut the stream, which fails no future: the requester waited out
+// its timeout.
+func TestAnswersARequestForAnActorNotServed(t *testing.T) {
+	answers := make(chan delivery, 4)
+	p := startPeer(t, fx.c.prefill.ServerConfig(), fx.c.prefill.ClientConfig(), fx.addr, func(d delivery) { answers <- d })
+	asked := time.Now()
+	require.NoError(t, p.send(actor.NewPID(fx.addr, "kvstream-not-served"), p.pid("future$7"), &Ping{Seq: 1}))
+	select {
+	case d := <-answers:
+		require.IsType(t, &actor.DeadLetterResponse{}, d.msg)
+		require.Equal(t, "future$7", d.target.Id, "the requester's future")
+		require.Equal(t, "kvstream-not-served", d.msg.(*actor.DeadLetterResponse).Target.GetId())
+		t.Logf("answered %v after the request", time.Since(asked).Round(time.Millisecond))
+	case <-time.After(10 * time.Second):
+		t.Fatal("no answer to a request for an actor the node does not serve")
+	}
+	require.NoError(t, p.send(fx.heartbeat, p.pid("session"), &Ping{Seq: 2}))
+	select {
+	case d := <-answers:
+		pong, ok := d.msg.(*Pong)
+		require.True(t, ok, "the same stream still serves: got %T", d.msg)
+		require.Equal(t, uint64(2), pong.Seq)
+	case <-time.After(10 * time.Second):
+		t.Fatal("no Pong after the answered request: the stream was cut")
+	}
+	require.Contains(t, guardLog.String(), `level=WARN msg="netsec: answered a request for an actor this node does not serve" peer=prefill addr=127.0.0.1:`)
+}
+
+// rawCodec sends bytes as they are, whatever protobuf would make of them.
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) ([]byte, error)      { return v.([]byte), nil }
+func (rawCodec) Unmarshal(data []byte, v any) error { *(v.(*[]byte)) = data; return nil }
+func (rawCodec) Name() string                       { return "proto" }
+
+// A message the node cannot read ends its stream and is logged at WARN
+// with the peer's name and address: bytes that are no protoactor message,
+// and a batch whose message does not decode as its type. protoactor
+// reported both only to its own (quiet) logger.
+func TestLogsUnreadableMessages(t *testing.T) {
+	garbage := batchOf(fx.heartbeat, nil, &Ping{Seq: 1})
+	garbage.GetMessageBatch().Envelopes[0].MessageData = []byte{0xff, 0xff, 0xff}
+	wire, err := proto.Marshal(garbage)
+	require.NoError(t, err)
+	for name, frame := range map[string][]byte{
+		"not a protoactor message":      {0xff, 0xff, 0xff, 0xff},
+		"a message that does not parse": wire,
+	} {
+		t.Run(name, func(t *testing.T) {
+			before := strings.Count(guardLog.String(), "netsec: a peer's message could not be read")
+			conn := dial(t, fx.c.prefill.ClientConfig(), fx.addr)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			s, err := conn.NewStream(ctx, &grpc.StreamDesc{StreamName: "Receive", ServerStreams: true, ClientStreams: true},
+				"/remote.Remoting/Receive", grpc.ForceCodec(rawCodec{}))
+			require.NoError(t, err)
+			require.NoError(t, s.SendMsg(frame))
+			var got []byte
+			require.Error(t, s.RecvMsg(&got), "the stream ends")
+			require.Eventually(t, func() bool {
+				return strings.Count(guardLog.String(), "netsec: a peer's message could not be read") > before
+			}, 10*time.Second, 10*time.Millisecond)
+			require.Regexp(t, `level=WARN msg="netsec: a peer's message could not be read; its stream ended" peer=prefill addr=127\.0\.0\.1:\d+`, guardLog.String())
+		})
 	}
 }

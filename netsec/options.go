@@ -81,6 +81,9 @@ type Options struct {
 // ServerOptions are the gRPC server options of a node whose actor system is
 // system: TLS credentials when o.TLS is set, the limits, and the guards
 // (UnaryGuard, StreamGuard checking targets against the system's address).
+// A request o.Authorize refuses as ErrNotServed is answered through system
+// with a DeadLetterResponse, as protoactor answers a request for an actor
+// that does not exist.
 func ServerOptions(system *actor.ActorSystem, o Options) ([]grpc.ServerOption, error) {
 	l, err := o.Limits.withDefaults()
 	if err != nil {
@@ -93,7 +96,9 @@ func ServerOptions(system *actor.ActorSystem, o Options) ([]grpc.ServerOption, e
 		grpc.MaxHeaderListSize(l.MaxHeaderListSize),
 		grpc.ConnectionTimeout(l.HandshakeTimeout),
 		grpc.ChainUnaryInterceptor(UnaryGuard(o.Log)),
-		grpc.ChainStreamInterceptor(StreamGuard(system.Address, o.Authorize, o.Log)),
+		grpc.ChainStreamInterceptor(streamGuard(system.Address, o.Authorize, func(sender, target *actor.PID) {
+			system.Root.Send(sender, &actor.DeadLetterResponse{Target: target})
+		}, o.Log)),
 	}
 	if o.TLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(o.TLS.ServerConfig())))

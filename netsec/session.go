@@ -141,6 +141,15 @@ func (p *SessionPolicy) Unbind(name string) {
 	delete(p.peers, name)
 }
 
+// ErrNotServed marks an Authorize refusal whose only fault is its target:
+// an actor the node does not serve to peers, named by a peer otherwise
+// allowed to deliver. StreamGuard (as ServerOptions wires it) answers such
+// a request (an envelope with a sender) as protoactor answers one to an
+// actor that does not exist, with a DeadLetterResponse that fails the
+// sender's future at once, and delivers the rest of the batch; anything
+// else it refuses is refused whole, the stream cut.
+var ErrNotServed = errors.New("actor not served to peers")
+
 // refusedTypes are protoactor's messages that make a target stop or answer
 // on a peer's behalf; the session protocol needs none of them.
 var refusedTypes = map[string]bool{"actor.Stop": true, "actor.PoisonPill": true, "actor.Touch": true}
@@ -156,16 +165,19 @@ func (p *SessionPolicy) Authorize(peer Identity, e Envelope) error {
 	if bound {
 		return errors.Newf("%q is not the peer of any session of this node", peer.Name())
 	}
-	if err := p.AuthorizeLocal(e); err != nil {
+	// The sender first: a refusal marked ErrNotServed is answered, and an
+	// answer may go only to a host the peer's certificate names.
+	if err := CheckSender(peer, e); err != nil {
 		return err
 	}
-	return CheckSender(peer, e)
+	return p.AuthorizeLocal(e)
 }
 
 // AuthorizeLocal applies the rules that need no identity: only the allowed
-// actors and this node's futures, never Stop, PoisonPill or Touch. It is
-// what a plaintext (loopback, development) node can still enforce, where
-// peers have no names to bind a session to.
+// actors and this node's futures (any other target is refused, marked
+// ErrNotServed), never Stop, PoisonPill or Touch. It is what a plaintext
+// (loopback, development) node can still enforce, where peers have no
+// names to bind a session to.
 func (p *SessionPolicy) AuthorizeLocal(e Envelope) error {
 	if refusedTypes[e.TypeName] {
 		return errors.Newf("%s from a peer refused", e.TypeName)
@@ -174,7 +186,7 @@ func (p *SessionPolicy) AuthorizeLocal(e Envelope) error {
 	allowed := p.allowed[e.Target.Id] || p.isOpen(e.Target.Id)
 	p.mu.Unlock()
 	if !allowed && !strings.HasPrefix(e.Target.Id, "future$") {
-		return errors.Newf("actor %q does not accept messages from peers", e.Target.Id)
+		return errors.Mark(errors.Newf("actor %q does not accept messages from peers", e.Target.Id), ErrNotServed)
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/cockroachdb/errors"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
 )
@@ -77,6 +78,10 @@ func TestSessionPolicyLocalRules(t *testing.T) {
 	}
 	require.NoError(t, p.AuthorizeLocal(to("decode", "kvstream.wire.Hello")))
 	require.NoError(t, p.AuthorizeLocal(to("future$3", "kvstream.wire.Offer")))
-	require.ErrorContains(t, p.AuthorizeLocal(to("EndpointSupervisor", "actor.Watch")), `"EndpointSupervisor"`)
-	require.ErrorContains(t, p.AuthorizeLocal(to("decode", "actor.Stop")), "actor.Stop")
+	err := p.AuthorizeLocal(to("EndpointSupervisor", "actor.Watch"))
+	require.ErrorContains(t, err, `"EndpointSupervisor"`)
+	require.True(t, errors.Is(err, ErrNotServed), "an actor not served: the guard may answer a request for it")
+	err = p.AuthorizeLocal(to("decode", "actor.Stop"))
+	require.ErrorContains(t, err, "actor.Stop")
+	require.False(t, errors.Is(err, ErrNotServed), "a refused type is refused, never answered")
 }

@@ -207,6 +207,13 @@ func TestSimBadFlags(t *testing.T) {
 		{[]string{"sim", "--requests", "8", "--prompt-tokens", "1024", "--chunk-tokens", "4096", "--resident", "4"}, "--resident 4: a forward of --chunk-tokens 4096 touches up to 5 requests of --prompt-tokens 1024, which must be resident together"},
 		{[]string{"sim", "--link-gbps", "NaN"}, "--link-gbps NaN: must be a finite number"},
 		{[]string{"sim", "--link-gbps", "+Inf"}, "--link-gbps +Inf: must be a finite number"},
+		// The link's time for the run is beyond a duration's range: it
+		// once wrapped, and the run reported 0.46 ms of transfer.
+		{[]string{"sim", "--link-gbps", "1e-15"}, "--link-gbps 1e-15: must be above 4.05998e-09 Gb/s for this run: its 4680843264 bytes on one link"},
+		{[]string{"sim", "--link-gbps", "4e-09"}, "--link-gbps 4e-09: must be above 4.05998e-09 Gb/s"},
+		{[]string{"sim", "--layer-us-per-ktok", "1e6", "--prompt-tokens", "16000000", "--chunk-tokens", "16000000", "--page-size", "65536", "--layers", "4096", "--requests", "1", "--time-scale", "0.001"},
+			"--layer-us-per-ktok 1e+06: must be below 140703 for this run"},
+		{[]string{"generate", "--link-gbps", "1e-15"}, "--link-gbps 1e-15: must be above 1.36424e-12 Gb/s for this run"},
 		{[]string{"sim", "--time-scale", "1e-300"}, "--time-scale 1e-300: must be within [0.001, 1000]"},
 		{[]string{"sim", "--time-scale", "1e-9"}, "--time-scale 1e-09: must be within [0.001, 1000]"},
 		{[]string{"sim", "--link-latency-us", "NaN"}, "--link-latency-us NaN: must be within [0, 1e+06]"},
@@ -220,6 +227,23 @@ func TestSimBadFlags(t *testing.T) {
 	var after runtime.MemStats
 	runtime.ReadMemStats(&after)
 	assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(64<<20), "refusals allocate nothing from the values they refuse")
+}
+
+// TestSimSlowLinkWithinTheBound: 0.001 Gb/s is far within the bound of
+// --link-gbps, and a run at it models its transfer: 165888 bytes (16
+// tokens of 9 layers of 1152 bytes) take 1.33 s on the link, and the
+// exposed time is at least that, never the wrapped few microseconds.
+func TestSimSlowLinkWithinTheBound(t *testing.T) {
+	out, err := run(t, "sim", "--model", "small", "--requests", "1", "--prompt-tokens", "16", "--chunk-tokens", "16",
+		"--page-size", "16", "--group", "4", "--no-progress", "--json", "--link-gbps", "0.001")
+	require.NoError(t, err, out)
+	var rep map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
+	for _, mode := range []string{"per_layer", "monolithic"} {
+		m, ok := rep[mode].(map[string]any)
+		require.True(t, ok, "%s missing", mode)
+		assert.GreaterOrEqual(t, m["exposed_ms"], 1327.0, "%s: the modeled 1.327 s on the link", mode)
+	}
 }
 
 // TestSimRecordToAFullDevice: a trace that cannot be written is the run's

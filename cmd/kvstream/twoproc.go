@@ -11,6 +11,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/decode"
+	"github.com/kvstream/kvstream/internal/service"
 	"github.com/kvstream/kvstream/internal/tinylm"
 	"github.com/kvstream/kvstream/internal/twoproc"
 	"github.com/kvstream/kvstream/internal/workload"
@@ -21,11 +22,15 @@ import (
 
 // closeWithin runs a Close that takes a context, bounded for a command
 // that is exiting, and adds its error to *err: a failed Close fails the
-// command.
+// command. A command cut by a second signal (service.Cut) does not wait
+// for it: the close goes on in the background until the process exits.
 func closeWithin(what string, close func(context.Context) error, err *error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(service.Cut(), 20*time.Second)
 	defer cancel()
 	if cerr := close(ctx); cerr != nil {
+		if service.Cut().Err() != nil {
+			cerr = errors.Newf("abandoned: %v", context.Cause(service.Cut()))
+		}
 		*err = errors.CombineErrors(*err, errors.Wrapf(cerr, "close %s", what))
 	}
 }
@@ -354,7 +359,7 @@ chunks still finish) and exits non-zero. --metrics-addr serves the engine's metr
 				fmt.Fprintf(errOut, "prefill: %s: draining: no new request starts, those started finish (--drain-timeout %v; a second signal stops after the current forward)\n", sig.Reason(), of.drain)
 				select {
 				case <-sig.Hard().Done():
-					cut(errors.New("a second signal"))
+					cut(context.Cause(sig.Hard()))
 				case <-time.After(of.drain):
 					cut(errors.Newf("--drain-timeout %v passed", of.drain))
 				case <-ran:
@@ -367,6 +372,10 @@ chunks still finish) and exits non-zero. --metrics-addr serves the engine's metr
 					byeCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 					_, _ = plane.End(byeCtx, err)
 					cancel()
+				}
+				if ctx.Err() != nil {
+					// Cut before the run began (while connecting): say so.
+					return errors.Wrapf(err, "prefill: %v", context.Cause(ctx))
 				}
 				return err
 			}

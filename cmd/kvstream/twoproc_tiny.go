@@ -147,6 +147,10 @@ func runTinyPrefill(cmd *cobra.Command, f *simFlags, t *tinyFlags, nf *netFlags,
 	plane.OnPeerLost(func(error) { go func() { _ = tr.Close() }() })
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// The first signal cuts the run (a short one, not a service); from
+	// then on the default handling is back, so a second ends the process
+	// at once, whatever still waits.
+	context.AfterFunc(ctx, stop)
 	rep, err := generate.RunRemote(ctx, cfg, requests, plane, !monolithic, log)
 	if err != nil {
 		if plane.Lost() == nil {

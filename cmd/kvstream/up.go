@@ -54,14 +54,17 @@ failed_chunks, nodes, batches and rows) and exits non-zero unless every batch co
 
 SIGTERM or Ctrl-C drains: no batch starts, the batches in flight finish within --drain-timeout, the
 ranks say goodbye to the decode instances, which deregister and drain in turn; up prints its report
-(with "drained") and exits 0 when no batch in flight was lost. A second signal cuts the drain short.
+(with "drained") and exits 0 when no batch in flight was lost. A second signal cuts at once, whatever
+up waits for (a batch, a node's drain, a --fault's pause): every node gets its second stop (killed
+if it has not exited 3 s later), etcd is resumed if paused, and up prints its report and exits
+non-zero, saying it was cut.
 With --metrics-addr, up serves /metrics, /healthz and /readyz, and so does every node it starts (on
 port 0 of the same host; their addresses are in the report's rows).
 
 --fault injects one failure at the first forward of batch --fault-batch: kill-decode (SIGKILL its
 decode instance, then restart it under the same id), kill-prefill (SIGKILL the last rank; no batch
-is started after it), pause-etcd (freeze etcd for --fault-for; a lookup during the pause must fail
-with etcd unavailable, and one after it succeed).
+is started after it), pause-etcd (freeze etcd for --fault-for, at most 10m; a lookup during the
+pause must fail with etcd unavailable, and one after it succeed).
 
 The modeled-link flags of kvstream sim (--link-gbps, --link-latency-us, --time-scale) do not apply:
 the ranks' link is real.`,
@@ -76,7 +79,7 @@ the ranks' link is real.`,
 	fl.StringVar(&f.transport, "transport", "ucx", "data transport between the processes")
 	fl.StringVar(&f.fault, "fault", "", "inject a failure: kill-decode, kill-prefill or pause-etcd")
 	fl.IntVar(&f.faultBatch, "fault-batch", 1, "the batch whose first forward triggers --fault")
-	fl.DurationVar(&f.faultFor, "fault-for", 3*time.Second, "how long pause-etcd freezes etcd")
+	fl.DurationVar(&f.faultFor, "fault-for", 3*time.Second, "how long pause-etcd freezes etcd (at most 10m)")
 	fl.DurationVar(&f.roomTimeout, "room-timeout", 2*time.Minute, "a decode instance fails a room not complete this long after its first notice")
 	fl.BoolVar(&f.jsonOut, "json", false, "print the report as one JSON object")
 	fl.BoolVar(&f.sim.verbose, "verbose", false, "log at DEBUG")
@@ -173,7 +176,12 @@ func runUp(cmd *cobra.Command, f *upFlags) error {
 	sd := newShutdown()
 	defer sd.Stop()
 	rep, err := launch.Up(sd.Context(), sd.Hard(), lc)
+	// A run cut by a second signal fails, saying so, whatever it lost.
+	cut := sd.Hard().Err() != nil
 	if err != nil {
+		if cut {
+			return errors.Wrapf(err, "up: %v", context.Cause(sd.Hard()))
+		}
 		return err
 	}
 	out := cmd.OutOrStdout()
@@ -189,6 +197,8 @@ func runUp(cmd *cobra.Command, f *upFlags) error {
 	switch {
 	case !rep.BytesEqual:
 		return errors.New("up: bytes differ on a decode instance")
+	case cut:
+		return errors.Newf("up: %v: every node was cut, the report says what was lost", context.Cause(sd.Hard()))
 	case rep.Drain != nil && rep.Drain.Lost > 0:
 		return errors.Newf("up: the drain lost %d of the %d batches in flight", rep.Drain.Lost, rep.Drain.InFlight)
 	case rep.Drain != nil:

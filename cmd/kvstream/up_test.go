@@ -22,6 +22,7 @@ func TestUpRefusesBadFlags(t *testing.T) {
 		{[]string{"--fault", "pause-etcd", "--etcd", "http://127.0.0.1:2379"}, "needs the etcd up starts"},
 		{[]string{"--cp", "2"}, "not up's"},
 		{[]string{"--batches", "2", "--fault", "kill-decode", "--fault-batch", "2"}, "--fault-batch 2"},
+		{[]string{"--fault", "pause-etcd", "--fault-for", "1000000h"}, "--fault-for 1000000h0m0s: want 0 to 10m0s"},
 		{[]string{"--link-gbps", "100"}, "--link-gbps: up does not take it (the ranks' link is real)"},
 		{[]string{"--time-scale", "2"}, "--time-scale: up does not take it"},
 		{[]string{"--heartbeat", "1s", "--heartbeat-interval", "900ms", "--transport", "ucx"}, "--heartbeat-interval"},

@@ -7,6 +7,7 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cp"
 	"github.com/kvstream/kvstream/cp/reshard"
+	"github.com/kvstream/kvstream/hw/rdma/loopback"
 	"github.com/kvstream/kvstream/internal/tinylm"
 	"github.com/kvstream/kvstream/system"
 )
@@ -187,11 +188,37 @@ func (c *Config) check() (geometry, error) {
 		}
 	}
 	g.promptPages = (c.PromptTokens + c.PageSize - 1) / c.PageSize
+	if minGbps, bytes := c.minLinkGbps(&g); c.LinkGbps <= minGbps {
+		return g, flagError("--link-gbps %v: must be above %.6g Gb/s for this run: its %.0f bytes on one link would take longer than a duration holds (time.Duration's range, about 292 years)",
+			c.LinkGbps, minGbps, bytes)
+	}
 	g.reqPages = (c.PromptTokens + c.NewTokens + c.PageSize - 1) / c.PageSize
 	// Room for the request and, spread among them, as many free pages, so
 	// that the page tables are scattered.
 	g.poolPages = 2 * g.reqPages
 	return g, c.checkPlant(&g)
+}
+
+// MaxModeledNs is the longest duration, in nanoseconds, that a run may
+// model: time.Duration's range (see loopback.Options.LinkTime), less a
+// relative 1e-9 for the rounding of the float arithmetic that computes the
+// same times by other expressions (the link's, the floor's).
+const MaxModeledNs = float64(loopback.MaxModeled) * (1 - 1e-9)
+
+// localRequests is the most requests a local run transfers (a planted run's
+// two, on the same pages).
+const localRequests = 2
+
+// minLinkGbps is the bound on --link-gbps: at it, every byte a local run
+// sends (every prompt page of its requests, to every decode rank, at their
+// real size), on one link, plus the link latency, takes MaxModeledNs, the
+// longest a batch's time on the link or the floor's last landing may be
+// (bits over Gb/s is nanoseconds). A slower rate wrapped those times. It
+// returns the bytes too, for the error.
+func (c *Config) minLinkGbps(g *geometry) (gbps, bytes float64) {
+	perPage := float64(g.pre.Layers*g.pre.Kinds()) * max(float64(g.pre.TP)*float64(g.pre.ItemLen()), float64(g.dec.TP)*float64(g.dec.ItemLen()))
+	bytes = perPage * float64(g.promptPages) * localRequests
+	return 8 * bytes / (MaxModeledNs - float64(c.LinkLatency)), bytes
 }
 
 // checkPlant refuses a plant the configuration cannot show.

@@ -79,8 +79,9 @@ func (s Spec) RoomPrompt(m *tinylm.Model, room uint64) []int {
 type Decode interface {
 	// Open opens the session: the prefill pool's layout and the run's
 	// spec go to the decode process; it returns the transport the prefill
-	// engines write with and the decode pool as their peer.
-	Open(geom testbed.Geometry, spec Spec) (rdma.Transport, system.Peer, error)
+	// engines write with and the decode pool as their peer. It returns
+	// when ctx (the run's) ends.
+	Open(ctx context.Context, geom testbed.Geometry, spec Spec) (rdma.Transport, system.Peer, error)
 	// Notify tells the decode process that every prefill rank's Finish
 	// returned for chunk spec (registered as spec on every rank), res
 	// their results merged. Its error is the decode process's refusal or
@@ -214,7 +215,7 @@ func RunRemote(ctx context.Context, cfg Config, requests int, dec Decode, perLay
 		reqs[i] = request{room: room, prompt: spec.RoomPrompt(m, room), dst: dst[i*g.reqPages : (i+1)*g.reqPages]}
 	}
 
-	tr, peer, err := dec.Open(geometryOf(&g.pre, 0, g.poolPages), spec)
+	tr, peer, err := dec.Open(ctx, geometryOf(&g.pre, 0, g.poolPages), spec)
 	if err != nil {
 		return nil, err
 	}

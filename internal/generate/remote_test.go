@@ -36,7 +36,7 @@ type notice struct {
 	res  system.Result
 }
 
-func (f *fakeDecode) Open(geom testbed.Geometry, spec Spec) (rdma.Transport, system.Peer, error) {
+func (f *fakeDecode) Open(_ context.Context, geom testbed.Geometry, spec Spec) (rdma.Transport, system.Peer, error) {
 	dtr, err := f.fab.NewTransport("decode")
 	require.NoError(f.t, err)
 	f.t.Cleanup(func() { _ = dtr.Close() })

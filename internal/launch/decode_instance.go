@@ -132,8 +132,9 @@ func RunDecodeInstance(accept, hard context.Context, cfg DecodeInstanceConfig) (
 				defer sessions.Done()
 				defer m.sessions.Dec()
 				// Ends when the rank said goodbye and left, or was
-				// lost, or at the server's Close at the latest.
-				_, _ = ss.Wait(context.Background())
+				// lost, or at the server's Close at the latest; or at
+				// a cut, which does not wait for that Close.
+				_, _ = ss.Wait(hard)
 			})
 		}
 	})

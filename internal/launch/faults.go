@@ -46,6 +46,12 @@ type lister interface {
 	List(ctx context.Context, role cluster.Role) ([]cluster.Member, error)
 }
 
+// MaxFaultFor bounds --fault-for: a pause-etcd fault long enough to
+// outlast every lease and timeout of a run (the longest is a batch's
+// 2×finish timeout + 2 minutes), short enough that a mistyped duration
+// (1000000h) cannot freeze a run's etcd for good.
+const MaxFaultFor = 10 * time.Minute
+
 // injector injects one fault and records what it saw in notes.
 type injector struct {
 	fault Fault
@@ -55,6 +61,8 @@ type injector struct {
 	lastRank string
 	kill     func(id string) (pid int, err error)
 	struck   func(at time.Time) // tells the book when the fault struck
+	// say prints a status line (nil: none).
+	say func(format string, args ...any)
 
 	running sync.WaitGroup // a pause in progress
 
@@ -115,8 +123,11 @@ func (f *injector) restart(id string, stopping bool) bool {
 // pauseEtcd freezes etcd for f.pause while batch b is in flight, checks a
 // lookup during the pause (unavailable) and after it (answers), and waits
 // (up to 30 s) for the decode instances, whose leases may have run out,
-// to be listed again by the followed membership (members).
-func (f *injector) pauseEtcd(etcd pauser, prov lister, members func() int, decodes, b int) {
+// to be listed again by the followed membership (members). Every wait of
+// it ends with ctx (the run's drain ending, or a second signal): etcd is
+// then resumed at once, so that the nodes can deregister and etcd stop,
+// and the checks after the pause are skipped.
+func (f *injector) pauseEtcd(ctx context.Context, etcd pauser, prov lister, members func() int, decodes, b int) {
 	f.mu.Lock()
 	f.faulted = true
 	f.mu.Unlock()
@@ -125,39 +136,64 @@ func (f *injector) pauseEtcd(etcd pauser, prov lister, members func() int, decod
 		f.note("pause-etcd: %v", err)
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	_, err := prov.List(ctx, cluster.RoleDecode)
+	paused := time.Now()
+	if f.say != nil {
+		f.say("pause-etcd: etcd frozen for %v during batch %d", f.pause, b)
+	}
+	lctx, cancel := context.WithTimeout(ctx, time.Second)
+	_, err := prov.List(lctx, cluster.RoleDecode)
 	cancel()
 	f.note("pause-etcd: etcd frozen for %v during batch %d; a lookup during the pause: %v (unavailable: %v)",
 		f.pause, b, err, errors.Is(err, cluster.ErrUnavailable))
-	time.Sleep(f.pause) // the fault's duration, not a synchronisation
+	// The fault's duration, not a synchronisation; the run's end cuts it.
+	t := time.NewTimer(max(f.pause-time.Since(paused), 0))
+	defer t.Stop()
+	var cut error
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		cut = context.Cause(ctx)
+	}
 	if err := etcd.Resume(); err != nil {
 		f.note("pause-etcd: resume: %v", err)
 		return
 	}
+	if cut != nil {
+		f.note("pause-etcd: cut short %v into the pause (%v): etcd resumed", time.Since(paused).Round(time.Millisecond), cut)
+		return
+	}
 	resumed := time.Now()
-	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
-	_, err = prov.List(ctx, cluster.RoleDecode)
+	lctx, cancel = context.WithTimeout(ctx, 10*time.Second)
+	_, err = prov.List(lctx, cluster.RoleDecode)
 	cancel()
 	f.note("pause-etcd: resumed; a lookup after it: error %v", err)
+	poll := time.NewTicker(20 * time.Millisecond) // a poll of the followed (in-memory) membership
+	defer poll.Stop()
 	for time.Since(resumed) < 30*time.Second {
 		if members() == decodes {
 			f.note("pause-etcd: all %d decode instances listed again %d ms after the resume", decodes, time.Since(resumed).Milliseconds())
 			return
 		}
-		time.Sleep(20 * time.Millisecond) // a poll of the followed (in-memory) membership
+		select {
+		case <-poll.C:
+		case <-ctx.Done():
+			f.note("pause-etcd: cut while waiting for the decode instances to be listed again (%v)", context.Cause(ctx))
+			return
+		}
 	}
 	f.note("pause-etcd: the decode instances were not all listed again 30 s after the resume")
 }
 
-// goPauseEtcd runs pauseEtcd in the background; wait waits for it.
-func (f *injector) goPauseEtcd(etcd pauser, prov lister, members func() int, decodes, b int) {
+// goPauseEtcd runs pauseEtcd in the background, until ctx ends at the
+// latest; wait waits for it.
+func (f *injector) goPauseEtcd(ctx context.Context, etcd pauser, prov lister, members func() int, decodes, b int) {
 	f.running.Add(1)
 	go func() {
 		defer f.running.Done()
-		f.pauseEtcd(etcd, prov, members, decodes, b)
+		f.pauseEtcd(ctx, etcd, prov, members, decodes, b)
 	}()
 }
 
-// wait returns once a pause-etcd fault in progress ended.
+// wait returns once a pause-etcd fault in progress ended: at its end, or
+// at once when the context goPauseEtcd was given ended.
 func (f *injector) wait() { f.running.Wait() }

@@ -105,7 +105,7 @@ func TestInjectorPausesEtcd(t *testing.T) {
 	var k killRecorder
 	e := &fakeEtcd{}
 	f := &injector{fault: PauseEtcd, batch: 1, pause: 30 * time.Millisecond, kill: k.kill, struck: k.at}
-	f.goPauseEtcd(e, e, func() int { return 2 }, 2, 1)
+	f.goPauseEtcd(context.Background(), e, e, func() int { return 2 }, 2, 1)
 	f.wait()
 	assert.Equal(t, []string{"pause", "resume"}, e.calls)
 	notes := strings.Join(f.Notes(), "\n")
@@ -114,4 +114,47 @@ func TestInjectorPausesEtcd(t *testing.T) {
 	assert.Contains(t, notes, "all 2 decode instances listed again")
 	assert.Len(t, k.struck, 1)
 	assert.Empty(t, k.killed)
+}
+
+// TestInjectorPauseEndsWithItsContext: a pause of etcd ends when the run's
+// context does (its drain ended, or a second signal), not when its
+// duration runs out: etcd is resumed at once and the note says why. A
+// pause once slept its whole --fault-for, however many signals came.
+func TestInjectorPauseEndsWithItsContext(t *testing.T) {
+	var k killRecorder
+	e := &fakeEtcd{}
+	paused := make(chan struct{})
+	f := &injector{fault: PauseEtcd, batch: 1, pause: MaxFaultFor, kill: k.kill, struck: k.at,
+		say: func(string, ...any) { close(paused) }}
+	ctx, cut := context.WithCancelCause(context.Background())
+	f.goPauseEtcd(ctx, e, e, func() int { return 2 }, 2, 1)
+	<-paused
+	cut(errors.New("cut by a second stop (interrupt, after terminated)"))
+	ended := make(chan struct{})
+	go func() { f.wait(); close(ended) }()
+	select {
+	case <-ended:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the pause did not end with its context (it lasts %v)", MaxFaultFor)
+	}
+	e.mu.Lock()
+	assert.Equal(t, []string{"pause", "resume"}, e.calls, "etcd resumed")
+	e.mu.Unlock()
+	assert.Contains(t, strings.Join(f.Notes(), "\n"), "into the pause (cut by a second stop (interrupt, after terminated)): etcd resumed")
+}
+
+// TestConfigBoundsFaultFor: --fault-for is refused above MaxFaultFor (and
+// below zero), naming the flag, the value and the bound; the bound itself
+// is accepted.
+func TestConfigBoundsFaultFor(t *testing.T) {
+	cfg := func(d time.Duration) *Config {
+		return &Config{Exe: "/bin/true", Ranks: 1, Decodes: 1, Requests: 1, Fault: PauseEtcd, FaultBatch: 1, FaultFor: d}
+	}
+	require.NoError(t, cfg(MaxFaultFor).Check())
+	require.NoError(t, cfg(0).Check())
+	for _, d := range []time.Duration{MaxFaultFor + time.Nanosecond, 1000000 * time.Hour, -time.Second} {
+		err := cfg(d).Check()
+		require.Error(t, err, d)
+		assert.Contains(t, err.Error(), "--fault-for "+d.String()+": want 0 to 10m0s", d)
+	}
 }

@@ -256,7 +256,7 @@ func (k *rank) run(ctx context.Context, batch int, dec string) {
 	cfg.Progress = func(done, total int) {
 		k.out.Emit(Event{Event: EventForward, ID: k.id, Batch: batch, Rank: k.cfg.CP.Rank, Decode: dec})
 	}
-	plane := twoproc.NewRankPlane(func(g testbed.Geometry) (*decode.Client, error) { return k.session(ctx, dec, g) }, k.tr, batch, cfg.PromptTokens)
+	plane := twoproc.NewRankPlane(func(ctx context.Context, g testbed.Geometry) (*decode.Client, error) { return k.session(ctx, dec, g) }, k.tr, batch, cfg.PromptTokens)
 	start := time.Now()
 	e := Event{Event: EventBatch, ID: k.id, Batch: batch, Rank: k.cfg.CP.Rank, Decode: dec}
 	mr, err := workload.RunRemote(ctx, cfg, k.log, plane, true)

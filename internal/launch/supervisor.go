@@ -71,7 +71,9 @@ type Supervisor struct {
 
 	mu       sync.Mutex
 	children map[string]*child
-	stopping atomic.Bool
+	stopping atomic.Bool // Stop or Cut began: no process starts
+	stopped  atomic.Bool // Stop began
+	cutters  sync.WaitGroup
 }
 
 // child is one node's process and what it announced.
@@ -276,7 +278,8 @@ func (s *Supervisor) Stopping() bool { return s.stopping.Load() }
 // process exited. A second Stop does nothing.
 func (s *Supervisor) Stop(grace time.Duration) {
 	s.runMu.Lock()
-	already := s.stopping.Swap(true)
+	s.stopping.Store(true)
+	already := s.stopped.Swap(true)
 	s.runMu.Unlock()
 	if already {
 		return
@@ -318,6 +321,46 @@ func (s *Supervisor) Stop(grace time.Duration) {
 	}
 	end(ranks, func(c *child) { c.mu.Lock(); _ = c.stdin.Close(); c.mu.Unlock() })
 	end(decodes, func(c *child) { c.mu.Lock(); _ = c.cmd.Process.Signal(syscall.SIGTERM); c.mu.Unlock() })
+}
+
+// Cut ends every node at once, as a second signal ends a command: each
+// running node gets the end of its stdin and a SIGTERM, its two stops
+// whatever it was told before (the second cuts its drain short), and
+// SIGKILL if it has not exited within grace. It may run beside Stop, which
+// it hurries; no process starts after it. It returns at once; the exits
+// come on Events, and Close waits for them.
+func (s *Supervisor) Cut(grace time.Duration) {
+	s.runMu.Lock()
+	s.stopping.Store(true)
+	s.runMu.Unlock()
+	s.mu.Lock()
+	cs := make([]*child, 0, len(s.children))
+	for _, c := range s.children {
+		cs = append(cs, c)
+	}
+	s.mu.Unlock()
+	for _, c := range cs {
+		c.mu.Lock()
+		if c.cmd == nil || c.gone {
+			c.mu.Unlock()
+			continue
+		}
+		_ = c.stdin.Close()
+		_ = c.cmd.Process.Signal(syscall.SIGTERM)
+		exited, p, id := c.exited, c.cmd.Process, c.spec.ID
+		c.mu.Unlock()
+		s.cutters.Go(func() {
+			t := time.NewTimer(grace)
+			defer t.Stop()
+			select {
+			case <-exited:
+			case <-t.C:
+				// A node that does not honour its own second stop.
+				fmt.Fprintf(s.stderr, "%s: not exited %v after its cut: SIGKILL\n", id, grace)
+				_ = p.Kill()
+			}
+		})
+	}
 }
 
 // Stderrs is what the nodes wrote on stderr (the last 256 KiB of each),
@@ -390,5 +433,6 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 func (s *Supervisor) Close() {
 	s.Stop(0)
 	s.readers.Wait()
+	s.cutters.Wait()
 	s.closeOnce.Do(func() { close(s.events) })
 }

@@ -139,3 +139,26 @@ func TestSupervisorStopKillsTheStubborn(t *testing.T) {
 	assert.True(t, s.State("g0-r0").Gone)
 	s.Close()
 }
+
+// TestSupervisorCutHurriesStop: a cut (up's second signal) ends every node
+// at once, also while Stop waits out a long grace for a node's drain: the
+// node gets its second stop, and SIGKILL if it ignores it.
+func TestSupervisorCutHurriesStop(t *testing.T) {
+	s := NewSupervisor("/bin/sh", nil, nil)
+	// Ignores its stdin's end and SIGTERM: only the kill ends it.
+	require.NoError(t, s.Start(ChildSpec{ID: "decode-0", Role: cluster.RoleDecode, Args: []string{"-c", "trap '' TERM; exec sleep 600 </dev/null"}}))
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		s.Stop(10 * time.Minute)
+	}()
+	s.Cut(100 * time.Millisecond)
+	select {
+	case <-stopped:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Stop still waits for the node's 10-minute grace after a cut")
+	}
+	assert.True(t, s.State("decode-0").Gone)
+	require.Error(t, s.Restart("decode-0"), "no restart once cut")
+	s.Close()
+}

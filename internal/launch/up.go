@@ -24,6 +24,11 @@ import (
 // Group is the CP group Up launches.
 const Group = "g0"
 
+// CutGrace is how long a node cut by Up's second signal (Supervisor.Cut)
+// may take to exit before it is killed: a cut node skips its drain and
+// ends its sessions, which takes well under a second on a quiet machine.
+const CutGrace = 3 * time.Second
+
 // Config is what Up runs.
 type Config struct {
 	// Exe is the kvstream binary the nodes run (decode-instance,
@@ -93,6 +98,8 @@ func (c *Config) Check() error {
 		return errors.Newf("--requests %d: want 1 or more", c.Requests)
 	case c.Fault == PauseEtcd && len(c.Etcd) > 0:
 		return errors.New("--fault pause-etcd needs the etcd up starts (no --etcd)")
+	case c.FaultFor < 0 || c.FaultFor > MaxFaultFor:
+		return errors.Newf("--fault-for %v: want 0 to %v (launch.MaxFaultFor)", c.FaultFor, MaxFaultFor)
 	}
 	if c.Batches == 0 {
 		c.Batches = 2 * c.Decodes
@@ -149,9 +156,10 @@ func (u *up) status(format string, args ...any) {
 // routes the batches (router) and reports.
 //
 // accept ending is the drain: no batch starts after it, the batches in
-// flight may finish within Config.DrainTimeout (hard ending cuts that
-// short), then the nodes are stopped, ranks first. The report's Drain says
-// what the drain lost.
+// flight may finish within Config.DrainTimeout, then the nodes are
+// stopped, ranks first. The report's Drain says what the drain lost. hard
+// ending (a second signal) cuts every node at once (Supervisor.Cut) and
+// every wait of Up's, an injected pause of etcd's included.
 func Up(accept, hard context.Context, cfg Config) (rep *Report, err error) {
 	if err := cfg.Check(); err != nil {
 		return nil, err
@@ -198,7 +206,15 @@ func Up(accept, hard context.Context, cfg Config) (rep *Report, err error) {
 
 	u.sup = NewSupervisor(cfg.Exe, cfg.Env, cfg.Stderr)
 	u.inj = &injector{fault: cfg.Fault, batch: cfg.FaultBatch, pause: cfg.FaultFor, kill: u.sup.Kill, struck: u.book.faulted,
-		lastRank: fmt.Sprintf("%s-r%d", Group, cfg.Ranks-1)}
+		lastRank: fmt.Sprintf("%s-r%d", Group, cfg.Ranks-1), say: u.status}
+	// hard ending (a second signal) cuts every node at once, whatever Up
+	// is waiting for then: the cluster coming up, a batch, a node's drain.
+	signalled := hard // the caller's: Up derives a shorter one for the drain below
+	stopCut := context.AfterFunc(signalled, func() {
+		u.status("%v: cutting every node now", context.Cause(signalled))
+		u.sup.Cut(CutGrace)
+	})
+	defer stopCut()
 	dispatched := make(chan struct{})
 	go func() {
 		defer close(dispatched)
@@ -278,7 +294,7 @@ func Up(accept, hard context.Context, cfg Config) (rep *Report, err error) {
 		start: func(b int, dec string) *batch {
 			bt := u.startBatch(b, dec)
 			if cfg.Fault == PauseEtcd && b == cfg.FaultBatch {
-				u.inj.goPauseEtcd(etcd, prov, func() int { ms, _ := u.res.Members(cluster.RoleDecode); return len(ms) }, cfg.Decodes, b)
+				u.inj.goPauseEtcd(hard, etcd, prov, func() int { ms, _ := u.res.Members(cluster.RoleDecode); return len(ms) }, cfg.Decodes, b)
 			}
 			return bt
 		},

@@ -132,6 +132,8 @@ func TestShutdownStages(t *testing.T) {
 	s.Trigger("stdin closed")
 	<-s.Hard().Done()
 	assert.Equal(t, "terminated", s.Reason())
+	assert.EqualError(t, context.Cause(s.Hard()), "cut by a second stop (stdin closed, after terminated)")
+	assert.EqualError(t, context.Cause(Cut()), "cut by a second stop (stdin closed, after terminated)", "the process's cut")
 }
 
 func TestInFlight(t *testing.T) {

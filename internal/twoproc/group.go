@@ -108,7 +108,7 @@ func LayoutOf(geom testbed.Geometry) []system.Buffer {
 // the rank's session with the instance, dialling it (with the batch's
 // geometry) only the first time.
 type RankPlane struct {
-	session      func(testbed.Geometry) (*decode.Client, error)
+	session      func(context.Context, testbed.Geometry) (*decode.Client, error)
 	tr           rdma.Transport
 	batch        int
 	promptTokens int
@@ -132,13 +132,13 @@ var _ workload.DataPlane = (*RankPlane)(nil)
 
 // NewRankPlane runs batch over the session that session returns; data
 // goes over tr.
-func NewRankPlane(session func(testbed.Geometry) (*decode.Client, error), tr rdma.Transport, batch, promptTokens int) *RankPlane {
+func NewRankPlane(session func(context.Context, testbed.Geometry) (*decode.Client, error), tr rdma.Transport, batch, promptTokens int) *RankPlane {
 	return &RankPlane{session: session, tr: tr, batch: batch, promptTokens: promptTokens}
 }
 
-// Open returns the session's peer.
-func (p *RankPlane) Open(geom testbed.Geometry, _ uint64, _ *zap.Logger) (rdma.Transport, system.Peer, error) {
-	c, err := p.session(geom)
+// Open returns the session's peer; opening the session ends with ctx.
+func (p *RankPlane) Open(ctx context.Context, geom testbed.Geometry, _ uint64, _ *zap.Logger) (rdma.Transport, system.Peer, error) {
+	c, err := p.session(ctx, geom)
 	if err != nil {
 		return nil, system.Peer{}, err
 	}

@@ -64,7 +64,7 @@ func TestGroupBatchesVerified(t *testing.T) {
 			}
 			for b := range batches {
 				for r := range ranks {
-					session := func(g testbed.Geometry) (*decode.Client, error) {
+					session := func(ctx context.Context, g testbed.Geometry) (*decode.Client, error) {
 						var err error
 						if clients[r] == nil {
 							dials[r]++

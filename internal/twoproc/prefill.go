@@ -51,11 +51,12 @@ func NewPrefill(node *decode.Node, dial decode.DialConfig, tr rdma.Transport, pr
 	return &Prefill{node: node, dial: dial, tr: tr, promptTokens: promptTokens}
 }
 
-// Open dials the decode process with the pool's layout and returns its peer.
-func (p *Prefill) Open(geom testbed.Geometry, seed uint64, log *zap.Logger) (rdma.Transport, system.Peer, error) {
+// Open dials the decode process with the pool's layout and returns its
+// peer; the dial ends with ctx.
+func (p *Prefill) Open(ctx context.Context, geom testbed.Geometry, seed uint64, log *zap.Logger) (rdma.Transport, system.Peer, error) {
 	cfg := p.dial
 	cfg.Buffers, cfg.Metadata, cfg.Log = LayoutOf(geom), map[string]string{SeedKey: strconv.FormatUint(seed, 10)}, log
-	c, err := p.open(cfg)
+	c, err := p.open(ctx, cfg)
 	if err != nil {
 		return nil, system.Peer{}, err
 	}
@@ -67,13 +68,13 @@ func (p *Prefill) Open(geom testbed.Geometry, seed uint64, log *zap.Logger) (rdm
 // names the difference there): each Hello describes the rank's pool as
 // the pairing gives it, and carries the pairing (ShardKey) for the decode
 // process to check against its own flags.
-func (p *Prefill) OpenSharded(shard workload.Shard, ranks []workload.DecodeRank, seed uint64, log *zap.Logger) (rdma.Transport, []system.Peer, error) {
+func (p *Prefill) OpenSharded(ctx context.Context, shard workload.Shard, ranks []workload.DecodeRank, seed uint64, log *zap.Logger) (rdma.Transport, []system.Peer, error) {
 	var peers []system.Peer
 	for _, r := range ranks {
 		cfg := p.dial
 		cfg.Server, cfg.Buffers, cfg.Log = RankServer(r.Rank), LayoutOf(r.Geometry), log
 		cfg.Metadata = map[string]string{SeedKey: strconv.FormatUint(seed, 10), ShardKey: FormatShard(shard)}
-		c, err := p.open(cfg)
+		c, err := p.open(ctx, cfg)
 		if err != nil {
 			return nil, nil, errors.Wrapf(err, "decode PP stage %d TP rank %d", r.Rank.Stage, r.Rank.TP)
 		}
@@ -86,8 +87,11 @@ func (p *Prefill) OpenSharded(shard workload.Shard, ranks []workload.DecodeRank,
 }
 
 // open dials one session and keeps it, with the loss hooks set so far.
-func (p *Prefill) open(cfg decode.DialConfig) (*decode.Client, error) {
-	c, err := decode.Dial(context.Background(), p.node, cfg)
+// The dial ends with ctx: a decode process that never answers keeps a
+// dial waiting for as long as DialConfig.ConnectTimeout allows, which a
+// second signal must cut.
+func (p *Prefill) open(ctx context.Context, cfg decode.DialConfig) (*decode.Client, error) {
+	c, err := decode.Dial(ctx, p.node, cfg)
 	if err != nil {
 		return nil, err
 	}

@@ -260,7 +260,7 @@ func TestShardedRunEndsWithAFailedSession(t *testing.T) {
 	require.NoError(t, err)
 	p := NewPrefill(node, decode.DialConfig{Decode: node.Addr(), PageSize: 16}, decTr, 64)
 	ranks := []workload.DecodeRank{{Geometry: workload.RankGeometry(&dec, 0, 8)}, {Rank: reshard.Rank{TP: 1}, Geometry: workload.RankGeometry(&dec, 0, 8)}}
-	_, _, err = p.OpenSharded(pairing, ranks, 1, nil)
+	_, _, err = p.OpenSharded(context.Background(), pairing, ranks, 1, nil)
 	require.NoError(t, err)
 	// One chunk that failed, then the prefill stops early.
 	p.ChunkDone(workload.Notice{Room: 1, Start: 0, End: 16, Status: system.Failed, Err: errors.New("timeout"), Positions: []int{0}, DstPages: []int{0}})

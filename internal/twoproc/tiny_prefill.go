@@ -30,11 +30,12 @@ func NewTinyPrefill(node *decode.Node, dial decode.DialConfig, tr rdma.Transport
 }
 
 // Open dials the decode process with the prefill pool's layout and the
-// run's spec, and returns the transport and the decode pool's peer.
-func (p *TinyPrefill) Open(geom testbed.Geometry, spec generate.Spec) (rdma.Transport, system.Peer, error) {
+// run's spec, and returns the transport and the decode pool's peer; the
+// dial ends with ctx.
+func (p *TinyPrefill) Open(ctx context.Context, geom testbed.Geometry, spec generate.Spec) (rdma.Transport, system.Peer, error) {
 	cfg := p.dial
 	cfg.Buffers, cfg.Metadata, cfg.Log = LayoutOf(geom), map[string]string{TinyKey: FormatTiny(spec)}, p.log
-	c, err := p.open(cfg)
+	c, err := p.open(ctx, cfg)
 	if err != nil {
 		return nil, system.Peer{}, err
 	}

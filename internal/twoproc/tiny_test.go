@@ -220,7 +220,7 @@ func TestTinyHelloRefused(t *testing.T) {
 	// The prefill checks its own bounds first; a forged Hello is the
 	// decode's to refuse.
 	side := cfg.Model.Side(1, nil, cfg.PageSize, reshard.HeadMajor)
-	_, _, err = p.Open(testbed.KV(side.Layers, side.ItemLen(), 64), generate.Spec{Model: "tiny-gqa", Seed: 1, Requests: 1, PromptTokens: 42, NewTokens: 999, PageSize: 4})
+	_, _, err = p.Open(context.Background(), testbed.KV(side.Layers, side.ItemLen(), 64), generate.Spec{Model: "tiny-gqa", Seed: 1, Requests: 1, PromptTokens: 42, NewTokens: 999, PageSize: 4})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "new-tokens 999: must be within [1, 256]")
 	assert.True(t, errors.Is(err, decode.ErrBadInput), "%v", err)
@@ -254,7 +254,7 @@ func TestTinyRoomsForgottenWithTheirSession(t *testing.T) {
 	spec := generate.Spec{Model: "tiny-gqa", Seed: 3, Requests: 1, PromptTokens: 42, NewTokens: 6, PageSize: 4, Order: reshard.HeadMajor}
 	open := func(name string) (*TinyPrefill, system.Peer) {
 		p := NewTinyPrefill(node, decode.DialConfig{Decode: d.Server.Addr(), PageSize: cfg.PageSize, Name: name}, preTr, nil)
-		_, peer, err := p.Open(geom, spec)
+		_, peer, err := p.Open(context.Background(), geom, spec)
 		require.NoError(t, err)
 		return p, peer
 	}

@@ -5,7 +5,18 @@ import (
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/hw/rdma/loopback"
 )
+
+// MaxModeledNs is the longest duration, in nanoseconds, that a run may
+// model: time.Duration's range (about 292 years; the link and the virtual
+// GPU hold a longer one at that, see loopback.Options.LinkTime), less a
+// relative 1e-9 for the rounding of the models' float arithmetic, which
+// compute the same times by other expressions than checkModeledTime.
+const MaxModeledNs = float64(loopback.MaxModeled) * (1 - 1e-9)
+
+// durationRange is MaxModeledNs in words, for errors.
+const durationRange = "time.Duration's range, about 292 years"
 
 // Upper bounds of a sim run, checked before anything is sized from the
 // flags. Each is far above a realistic run and low enough that what the sim
@@ -103,6 +114,83 @@ func (c Config) checkBounds() error {
 			return errors.Newf("--requests %d x --prompt-tokens %d: %d pages of %d tokens, above the bound of %d pages per run",
 				c.Requests, c.PromptTokens, int64(pages)*int64(c.Requests), c.PageSize, MaxPagesPerRun)
 		}
+	}
+	return nil
+}
+
+// modeledSpan is what bounds every duration a run models: its compute
+// (every token of every request through every layer at the compute
+// model's rate, back to back: a layer's kernel over t tokens takes
+// t × us/1000 µs, t × us ns), the bytes it sends (every page of every
+// request, to every decode rank, at their real size: a batch, a chunk, or
+// the whole run on one link, as the ideal floor puts them, takes at most
+// their time over the link) and the link latency. A kernel, a batch, a
+// floor's instant and each of them as wall time are no longer than that
+// span (as wall time: over --time-scale).
+type modeledSpan struct {
+	tokens, layers float64 // the compute: tokens through layers
+	usPerKTok      float64
+	bytes          float64 // every byte sent, real size
+}
+
+func (c Config) modeledSpan(g geometry) modeledSpan {
+	us := c.Preset.LayerUsPerKTok
+	if c.LayerUsPerKTok > 0 {
+		us = c.LayerUsPerKTok
+	}
+	perPage := float64(g.pageBytes) * float64(g.buffers)
+	if g.sharded {
+		// Whichever side holds more: a replicated MLA latent goes to every
+		// decode TP rank.
+		pre, dec := g.preReal, g.decReal
+		perPage = max(float64(pre.TP)*float64(pre.ItemLen()), float64(dec.TP)*float64(dec.ItemLen())) * float64(g.buffers)
+	}
+	return modeledSpan{
+		tokens: float64(c.Requests) * float64(c.PromptTokens), layers: float64(g.layers), usPerKTok: us,
+		bytes: perPage * float64(g.pagesPerRequest) * float64(c.Requests),
+	}
+}
+
+// modeledBudget is the longest modeled span a run may have: MaxModeledNs,
+// as wall time too (modeled time over --time-scale), so less when time
+// runs slower than the model.
+func (c Config) modeledBudget() float64 { return MaxModeledNs * min(c.TimeScale, 1) }
+
+// maxLayerUsPerKTok is the bound on --layer-us-per-ktok for c: at it, c's
+// compute and link latency alone fill the longest span a run may model
+// (see checkModeledTime).
+func (c Config) maxLayerUsPerKTok(s modeledSpan) float64 {
+	return (c.modeledBudget() - float64(c.LinkLatency)) / (s.layers * s.tokens)
+}
+
+// minLinkGbps is the bound on --link-gbps for c: at it, every byte the run
+// sends, on one link after its compute and latency, takes the longest
+// span a run may model (bits over Gb/s is nanoseconds).
+func (c Config) minLinkGbps(s modeledSpan) float64 {
+	compute := s.layers * s.tokens * s.usPerKTok
+	return 8 * s.bytes / (c.modeledBudget() - compute - float64(c.LinkLatency))
+}
+
+// checkModeledTime refuses a run that would model a duration beyond what a
+// time.Duration holds: the model's conversion wrapped it (kvstream sim
+// --link-gbps 1e-15 reported 0.46 ms of transfer for hours of modeled
+// time). The run's modeled span (see modeledSpan) must stay under
+// MaxModeledNs, as wall time too; the bound each error gives is exact for
+// that span: --layer-us-per-ktok (the compute alone), then --link-gbps
+// (what the compute leaves to the link). --time-scale and
+// --link-latency-us are bounded on their own (checkBounds) and enter both.
+func (c Config) checkModeledTime(g geometry) error {
+	s := c.modeledSpan(g)
+	if s.tokens == 0 || s.layers == 0 {
+		return nil
+	}
+	if maxUs := c.maxLayerUsPerKTok(s); s.usPerKTok >= maxUs {
+		return errors.Newf("--layer-us-per-ktok %v: must be below %.6g for this run: %.0f tokens through %.0f layers would model more compute than a duration holds (%s) at --time-scale %v",
+			s.usPerKTok, maxUs, s.tokens, s.layers, durationRange, c.TimeScale)
+	}
+	if minGbps := c.minLinkGbps(s); c.LinkGbps <= minGbps {
+		return errors.Newf("--link-gbps %v: must be above %.6g Gb/s for this run: its %.0f bytes on one link, after its modeled compute, would take longer than a duration holds (%s) at --time-scale %v",
+			c.LinkGbps, minGbps, s.bytes, durationRange, c.TimeScale)
 	}
 	return nil
 }

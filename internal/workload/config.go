@@ -233,7 +233,10 @@ func (c Config) validate() (geometry, error) {
 		return g, err
 	}
 	if c.sharded() {
-		return g, c.shardedGeometry(&g)
+		if err := c.shardedGeometry(&g); err != nil {
+			return g, err
+		}
+		return g, c.checkModeledTime(g)
 	}
 	g.scale = c.Scale
 	if g.scale == 0 {
@@ -253,7 +256,7 @@ func (c Config) validate() (geometry, error) {
 		return g, errors.Newf("--resident %d x --prompt-tokens %d: each KV pool would take %d MiB (%d pages of %d buffers at %d bytes), above the bound of %d MiB",
 			g.resident, c.PromptTokens, pool>>20, int64(g.pagesPerRequest)*int64(g.resident), g.buffers, g.itemLen, MaxPoolBytes>>20)
 	}
-	return g, nil
+	return g, c.checkModeledTime(g)
 }
 
 // residentRequests is Resident, or its default, checked: a forward touches

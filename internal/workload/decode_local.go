@@ -2,6 +2,7 @@ package workload
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"sort"
 	"sync"
@@ -90,7 +91,7 @@ func clearPages(pools []*testbed.Decode, pages []int) {
 	}
 }
 
-func (l *localPlane) open(*zap.Logger) (_ []system.Peer, err error) {
+func (l *localPlane) open(context.Context, *zap.Logger) (_ []system.Peer, err error) {
 	defer func() {
 		if err != nil {
 			l.close()
@@ -403,7 +404,7 @@ func (d *shardedDecode) verify(from, to int) string {
 	return msg
 }
 
-func (d *shardedDecode) open(*zap.Logger) (_ []system.Peer, err error) {
+func (d *shardedDecode) open(context.Context, *zap.Logger) (_ []system.Peer, err error) {
 	defer func() {
 		if err != nil {
 			d.close()

@@ -1,6 +1,8 @@
 package workload
 
 import (
+	"context"
+
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/internal/testbed"
@@ -12,8 +14,10 @@ import (
 // prefill side's transport and receives, and checks, the KV.
 type DataPlane interface {
 	// Open readies a decode pool of geom (the model's bytes are seeded by
-	// seed) and returns the prefill transport and the decode peer.
-	Open(geom testbed.Geometry, seed uint64, log *zap.Logger) (rdma.Transport, system.Peer, error)
+	// seed) and returns the prefill transport and the decode peer. It
+	// returns when ctx (the run's) ends: connecting to another process
+	// may wait for it.
+	Open(ctx context.Context, geom testbed.Geometry, seed uint64, log *zap.Logger) (rdma.Transport, system.Peer, error)
 	// OnPeerLost sets what to do when the decode side is lost: the run
 	// fails the work to it at once instead of at the finish timeout.
 	OnPeerLost(func(error))
@@ -57,8 +61,9 @@ func notice(p *plan, pc piece, res system.Result) Notice {
 // Prefill ranks are numbered stage-major, as the rig builds them.
 type decodeSide interface {
 	// open readies the decode side and returns the peers every prefill
-	// engine adds (one per decode rank).
-	open(log *zap.Logger) ([]system.Peer, error)
+	// engine adds (one per decode rank); a remote side's connect ends
+	// with ctx.
+	open(ctx context.Context, log *zap.Logger) ([]system.Peer, error)
 	// transport is prefill rank ri's transport, as its engine sees it.
 	transport(ri int) (rdma.Transport, error)
 	// prefill gives the side the prefill pools (by rank) before any chunk
@@ -105,17 +110,17 @@ type remotePlane struct {
 	tr  rdma.Transport
 }
 
-func (r *remotePlane) open(log *zap.Logger) ([]system.Peer, error) {
+func (r *remotePlane) open(ctx context.Context, log *zap.Logger) ([]system.Peer, error) {
 	if r.g.sharded {
 		sp, ok := r.dp.(ShardedPlane)
 		if !ok {
 			return nil, errors.AssertionFailedf("a sharded run with a decode side (%T) that does not shard", r.dp)
 		}
-		tr, peers, err := openRemote(sp, r.cfg, r.g, r.p, log)
+		tr, peers, err := openRemote(ctx, sp, r.cfg, r.g, r.p, log)
 		r.tr = tr
 		return peers, err
 	}
-	tr, peer, err := r.dp.Open(prefillGeometry(r.cfg, r.g, 0, r.p.pool), r.cfg.Seed, log)
+	tr, peer, err := r.dp.Open(ctx, prefillGeometry(r.cfg, r.g, 0, r.p.pool), r.cfg.Seed, log)
 	r.tr = tr
 	return []system.Peer{peer}, err
 }

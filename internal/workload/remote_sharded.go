@@ -1,6 +1,7 @@
 package workload
 
 import (
+	"context"
 	"fmt"
 	"strings"
 
@@ -120,20 +121,21 @@ type ShardedPlane interface {
 	// OpenSharded readies every decode rank of ranks (stage-major) for the
 	// pairing shard, the model's bytes seeded by seed. It returns the
 	// transport every prefill rank sends over and one peer per rank, in
-	// the same order; the run gives each its Sharding.
-	OpenSharded(shard Shard, ranks []DecodeRank, seed uint64, log *zap.Logger) (rdma.Transport, []system.Peer, error)
+	// the same order; the run gives each its Sharding. It returns when ctx
+	// (the run's) ends.
+	OpenSharded(ctx context.Context, shard Shard, ranks []DecodeRank, seed uint64, log *zap.Logger) (rdma.Transport, []system.Peer, error)
 }
 
 // openRemote opens the decode side of a two-process sharded run: the
 // decode ranks' peers, each with its sharding, and the transport every
 // prefill rank shares.
-func openRemote(remote ShardedPlane, cfg Config, g geometry, p *plan, log *zap.Logger) (rdma.Transport, []system.Peer, error) {
+func openRemote(ctx context.Context, remote ShardedPlane, cfg Config, g geometry, p *plan, log *zap.Logger) (rdma.Transport, []system.Peer, error) {
 	var ranks []DecodeRank
 	for i := 0; i < g.decSide.PP()*g.decSide.TP; i++ {
 		st, d := i/g.decSide.TP, i%g.decSide.TP
 		ranks = append(ranks, DecodeRank{Rank: reshard.Rank{TP: d, Stage: st}, Geometry: geometryOf(&g.decSide, st, p.pool)})
 	}
-	tr, peers, err := remote.OpenSharded(shardOf(cfg, g), ranks, cfg.Seed, log)
+	tr, peers, err := remote.OpenSharded(ctx, shardOf(cfg, g), ranks, cfg.Seed, log)
 	if err != nil {
 		return nil, nil, err
 	}

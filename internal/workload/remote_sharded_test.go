@@ -57,8 +57,8 @@ func TestRunRemoteShardedNeedsAShardedPlane(t *testing.T) {
 // underneath, as another process's unsharded decode side would be.
 type onePool struct{ l *localPlane }
 
-func (o *onePool) Open(_ testbed.Geometry, _ uint64, log *zap.Logger) (rdma.Transport, system.Peer, error) {
-	peers, err := o.l.open(log)
+func (o *onePool) Open(ctx context.Context, _ testbed.Geometry, _ uint64, log *zap.Logger) (rdma.Transport, system.Peer, error) {
+	peers, err := o.l.open(ctx, log)
 	if err != nil {
 		return nil, system.Peer{}, err
 	}

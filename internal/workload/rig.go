@@ -147,7 +147,7 @@ func (r *rig) addRanks(perLayer bool, log *zap.Logger, gpu *sim.GPU) error {
 func runRig(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool, log *zap.Logger, progress func(), side decodeSide) (_ *ModeReport, err error) {
 	rg := &rig{cfg: cfg, g: g, p: p, side: side, col: newCollector()}
 	col := rg.col
-	if rg.peers, err = side.open(log); err != nil {
+	if rg.peers, err = side.open(ctx, log); err != nil {
 		return nil, err
 	}
 	gpu := sim.New(sim.Options{TimeScale: cfg.TimeScale, OnSpan: col.span, Precise: true})

@@ -119,7 +119,7 @@ func TestReleaseChecksAndClears(t *testing.T) {
 	require.NoError(t, err)
 	geom := testbed.MLA(g.layers, uint64(g.itemLen), p.pool)
 	l := &localPlane{cfg: cfg, g: g, p: p}
-	_, err = l.open(nil)
+	_, err = l.open(context.Background(), nil)
 	require.NoError(t, err)
 	defer l.close()
 	pool, err := testbed.NewPool(geom)

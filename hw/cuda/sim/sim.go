@@ -102,6 +102,24 @@ func New(opts Options) *GPU {
 // TimeScale returns modeled seconds per wall second.
 func (g *GPU) TimeScale() float64 { return g.opts.TimeScale }
 
+// MaxModeled is the longest wall time a kernel can take: time.Duration's
+// range, about 292 years.
+const MaxModeled = clock.MaxDuration
+
+// WallTime is the wall time a kernel of modeled duration d takes under
+// these options (d over TimeScale), and whether it fits within MaxModeled.
+// A stream computes every kernel's end this way; one that does not fit
+// is held at MaxModeled rather than wrapped into a negative time (a kernel
+// done before it began), so a caller that sizes runs must refuse such a
+// duration or time scale up front, as kvstream sim does.
+func (o Options) WallTime(d time.Duration) (time.Duration, bool) {
+	scale := o.TimeScale
+	if scale <= 0 {
+		scale = 1
+	}
+	return clock.Duration(float64(d) / scale)
+}
+
 // NewStream starts a stream. Close the GPU (or the stream) to stop it.
 func (g *GPU) NewStream(name string) *Stream {
 	s := &Stream{gpu: g, name: name, wake: make(chan struct{}, 1), quit: make(chan struct{}), stopped: make(chan struct{})}
@@ -326,7 +344,8 @@ func (s *Stream) run(o op, busyUntil *time.Time, lead *leads, scale float64) boo
 	if o.launched.After(start) {
 		start = o.launched
 	}
-	end := start.Add(time.Duration(float64(o.kernel.Duration) / scale))
+	wall, _ := clock.Duration(float64(o.kernel.Duration) / scale) // held at its longest (see WallTime)
+	end := start.Add(wall)
 	// Start's work happens inside the modeled interval; the results
 	// (Run) at its end, then the events after it: at the modeled
 	// instant, or later by what Start overran. Run begins early by

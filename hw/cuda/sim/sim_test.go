@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"math"
 	"runtime"
 	"sync"
 	"testing"
@@ -237,4 +238,30 @@ func TestKernelStepsRunInOrder(t *testing.T) {
 	require.NoError(t, s.Synchronize(context.Background()))
 	assert.Equal(t, []string{"start", "prepare", "run"}, steps)
 	assert.Equal(t, 42, published)
+}
+
+// TestKernelBeyondTheRangeIsHeld: a kernel whose wall time is beyond
+// time.Duration's range (a long modeled one at a slow time scale) is held
+// at the longest time, so it is still running when its event is waited
+// on; the conversion once wrapped its end into the past, and it completed
+// at once.
+func TestKernelBeyondTheRangeIsHeld(t *testing.T) {
+	opts := Options{TimeScale: 1e-3}
+	long := time.Duration(math.MaxInt64 / 2)
+	w, ok := opts.WallTime(long)
+	require.False(t, ok, "%v over a time scale of 1e-3 does not fit", long)
+	require.Equal(t, MaxModeled, w)
+	w, ok = opts.WallTime(time.Millisecond)
+	require.True(t, ok)
+	require.Equal(t, time.Second, w)
+
+	g := New(opts)
+	defer g.Close()
+	s := g.NewStream("s")
+	require.NoError(t, s.Launch(Kernel{Name: "long", Duration: long}))
+	ev, err := s.Record()
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, ev.Wait(ctx), context.DeadlineExceeded, "the kernel of 146 years at 1e-3 still runs")
 }

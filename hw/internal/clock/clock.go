@@ -5,6 +5,7 @@
 package clock
 
 import (
+	"math"
 	"runtime"
 	"time"
 )
@@ -61,4 +62,26 @@ func SleepUntilOr(deadline time.Time, precise bool, stop <-chan struct{}) bool {
 		SleepUntil(deadline, true)
 	}
 	return true
+}
+
+// MaxDuration is the longest duration a model can stamp: time.Duration's
+// range, about 292 years.
+const MaxDuration = time.Duration(math.MaxInt64)
+
+// Duration converts a modeled length in nanoseconds, as the models compute
+// it (a float: bytes over a rate, a duration over a time scale), to a
+// time.Duration, and says whether it fits. One that does not is
+// MaxDuration, never the wrapped value Go's conversion gives (on amd64 the
+// most negative duration, which stamps a batch or a kernel as done before
+// it began). NaN does not fit either, and is 0.
+func Duration(ns float64) (time.Duration, bool) {
+	switch {
+	case math.IsNaN(ns):
+		return 0, false
+	case ns >= 0x1p63: // float64(math.MaxInt64) rounds up to 2^63, which does not fit
+		return MaxDuration, false
+	case ns < -0x1p63:
+		return -MaxDuration, false
+	}
+	return time.Duration(ns), true
 }

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/hw/internal/clock"
 )
 
 // Options model the fabric.
@@ -84,6 +85,36 @@ type BatchSpan struct {
 	// Copy is the emulator's own cost: the real memcpy into the
 	// destination, done ahead of Due where the link's time allows.
 	Copy time.Duration
+}
+
+// MaxModeled is the longest time the link can model for a batch, in
+// modeled or in wall time: time.Duration's range, about 292 years.
+const MaxModeled = clock.MaxDuration
+
+// LinkTime is how long a link under these options is busy with n real
+// bytes (one batch of them, or every byte of a run back to back): its
+// modeled time (n × ByteScale bytes over Bandwidth) and its wall time (the
+// modeled one over TimeScale), and whether both fit within MaxModeled. The
+// link computes every batch's time this way; one that does not fit is
+// held at MaxModeled rather than wrapped into a negative or small time
+// (a batch done before it was posted), so a caller that sizes runs must
+// refuse such a rate up front, as kvstream sim and generate do. An
+// unlimited link (Bandwidth 0) takes no time.
+func (o Options) LinkTime(n uint64) (modeled, wall time.Duration, ok bool) {
+	if o.Bandwidth <= 0 {
+		return 0, 0, true
+	}
+	byteScale, timeScale := o.ByteScale, o.TimeScale
+	if byteScale <= 0 {
+		byteScale = 1
+	}
+	if timeScale <= 0 {
+		timeScale = 1
+	}
+	ns := float64(n) * byteScale / o.Bandwidth * float64(time.Second)
+	modeled, okM := clock.Duration(ns)
+	wall, okW := clock.Duration(ns / timeScale)
+	return modeled, wall, okM && okW
 }
 
 // Fabric connects the transports of one process.

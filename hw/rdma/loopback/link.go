@@ -167,11 +167,10 @@ func recycle(b *batch) {
 // it lands at once (nothing modeled delays it).
 func (l *link) schedule(b *batch, slow Slowdown) (now bool) {
 	opts := l.opts
-	var busy time.Duration
-	if opts.Bandwidth > 0 {
-		busy = time.Duration(float64(b.info.Bytes) * opts.ByteScale / opts.Bandwidth * float64(time.Second))
+	busy, _, _ := opts.LinkTime(b.info.Bytes)
+	if slow.Hold > 0 {
+		busy = min(busy, MaxModeled-slow.Hold) + slow.Hold // held at MaxModeled, as LinkTime holds it
 	}
-	busy += slow.Hold
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	// Stamped under the link's lock, so that stamps and busyUntil move

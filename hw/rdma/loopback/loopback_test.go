@@ -666,3 +666,33 @@ func TestCloseFailsQueuedCompletions(t *testing.T) {
 	case <-time.After(20 * time.Millisecond):
 	}
 }
+
+// TestLinkTimeHoldsWhatOverflows: a batch whose time on the link is beyond
+// time.Duration's range (4 KiB at 1e-15 Gb/s: 1e9 years) is held at the
+// longest time the link models, and lands that far in the future; the
+// conversion once wrapped it into a negative time, so the batch landed at
+// once and a run reported 0.46 ms of transfer. Within the range, LinkTime
+// is the modeled bytes over the rate, and that over the time scale.
+func TestLinkTimeHoldsWhatOverflows(t *testing.T) {
+	modeled, wall, ok := Options{Bandwidth: 1e9, ByteScale: 3, TimeScale: 2}.LinkTime(1e9)
+	require.True(t, ok)
+	require.Equal(t, 3*time.Second, modeled)
+	require.Equal(t, 1500*time.Millisecond, wall)
+
+	opts := Options{Bandwidth: 1e-15 * 1e9 / 8, ByteScale: 1, TimeScale: 1}
+	modeled, wall, ok = opts.LinkTime(4096)
+	require.False(t, ok)
+	require.Equal(t, MaxModeled, modeled)
+	require.Equal(t, MaxModeled, wall)
+	var l link
+	l.init(&opts)
+	b := &batch{info: BatchInfo{Bytes: 4096}}
+	require.False(t, l.schedule(b, Slowdown{}), "a batch of 1e9 years does not land at once")
+	require.Equal(t, MaxModeled+opts.Latency, b.landAt.Sub(b.posted), "held at the longest time")
+
+	// A slowdown on top of a held time holds too.
+	b = &batch{info: BatchInfo{Bytes: 4096}}
+	l.busyUntil = time.Time{}
+	require.False(t, l.schedule(b, Slowdown{Hold: time.Second}))
+	require.True(t, b.landAt.After(b.posted))
+}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/hw/hostmem"
+	"github.com/kvstream/kvstream/hw/internal/clock"
 	"github.com/kvstream/kvstream/hw/rdma"
 )
 
@@ -198,6 +199,9 @@ func (t *Transport) forget(e *Endpoint) {
 	}
 }
 
+// scaled is d of modeled time as wall time; beyond time.Duration's range
+// it is held at the range's end (see Options.LinkTime).
 func scaled(d time.Duration, scale float64) time.Duration {
-	return time.Duration(float64(d) / scale)
+	w, _ := clock.Duration(float64(d) / scale)
+	return w
 }
