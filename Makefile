@@ -7,7 +7,7 @@ GO ?= go
 export GOTOOLCHAIN ?= go1.27.3
 PKGS := ./...
 
-.PHONY: all build test vet fmt bench run fuzz test-ucx proto vulncheck
+.PHONY: all build test vet fmt bench run fuzz test-ucx test-ucx-1.18 proto vulncheck
 
 all: build
 
@@ -45,6 +45,11 @@ test-ucx:
 	else \
 		echo "ucx tests skipped: libucx not installed (apt-get install libucx-dev ucx-utils)"; \
 	fi
+
+# The UCX transport's tests against Debian 13's UCX 1.18.1 in a chroot
+# (root and the Debian mirror; skipped, saying so, without them).
+test-ucx-1.18:
+	scripts/ucx-1.18.sh
 
 # The main job: a realistic prefill→decode workload, per layer vs monolithic.
 run:
