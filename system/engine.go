@@ -2,7 +2,6 @@ package system
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -14,9 +13,7 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/actors"
 	"github.com/kvstream/kvstream/hw/cuda"
-	"github.com/kvstream/kvstream/hw/cuda/sim"
 	"github.com/kvstream/kvstream/hw/rdma"
-	"github.com/kvstream/kvstream/hw/rdma/loopback"
 	"github.com/kvstream/kvstream/plan"
 	"github.com/kvstream/kvstream/trace"
 	"go.uber.org/zap"
@@ -43,7 +40,7 @@ type Engine struct {
 	transport    rdma.Transport
 	ownStream    interface{ Close() error } // a stream the engine created (WithGPU)
 	regions      []rdma.Region
-	ownGPU       *sim.GPU
+	releaseHW    func() // what WithHardware's stream needs to release it
 	ownTransport bool
 
 	obs      observers
@@ -128,20 +125,23 @@ func (e *Engine) openHardware(o *options) error {
 		e.stream, e.ownStream = s, s
 	}
 	switch {
-	case e.stream == nil && !o.simulated:
-		return badInput("no compute stream: pass WithStream or WithGPU (or WithSimulatedHardware for a virtual GPU)")
-	case o.transport == nil && !o.simulated:
-		return badInput("no transport: pass WithTransport (or WithSimulatedHardware for the in-process loopback fabric)")
+	case e.stream == nil && o.hardware == nil:
+		return badInput("no compute stream: pass WithStream or WithGPU (or WithHardware(simulated.Hardware()) for a virtual GPU)")
+	case o.transport == nil && o.hardware == nil:
+		return badInput("no transport: pass WithTransport (or WithHardware(simulated.Hardware()) for the in-process loopback fabric)")
 	}
 	if e.stream == nil {
-		e.ownGPU = sim.New(sim.Options{})
-		e.stream = e.ownGPU.NewStream("compute")
+		s, release, err := o.hardware.Stream()
+		if err != nil {
+			return errors.Wrap(err, "WithHardware: the compute stream")
+		}
+		e.stream, e.releaseHW = s, release
 	}
 	e.transport = o.transport
 	if e.transport == nil {
-		tr, err := loopback.Default().NewTransport(fmt.Sprintf("prefill-%d", engines.Add(1)))
+		tr, err := o.hardware.Transport()
 		if err != nil {
-			return err
+			return errors.Wrap(err, "WithHardware: the transport")
 		}
 		e.transport, e.ownTransport = tr, true
 	}
@@ -190,8 +190,6 @@ func (e *Engine) spawnActors() (err error) {
 	e.env.Manager = e.manager
 	return err
 }
-
-var engines atomic.Uint64
 
 func defaultLogger() *zap.Logger {
 	enc := zap.NewProductionEncoderConfig()
@@ -313,8 +311,9 @@ func (e *Engine) release() {
 	if e.ownTransport {
 		_ = e.transport.Close()
 	}
-	if e.ownGPU != nil {
-		e.ownGPU.Close()
+	if e.releaseHW != nil {
+		e.releaseHW()
+		e.releaseHW = nil
 	}
 	if e.ownStream != nil {
 		_ = e.ownStream.Close()

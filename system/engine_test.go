@@ -50,7 +50,7 @@ func newEngine(t testing.TB, env map[string]string) *Engine {
 		return out
 	}
 	e, err := New(Config{Buffers: MLABuffers(bases(src), itemLen, pages), HookLayers: 3, PageSize: 4},
-		WithTransport(pre), WithSimulatedHardware(), WithLogger(zap.NewNop()), WithGetenv(func(k string) string { return env[k] }))
+		WithTransport(pre), withSimulated(), WithLogger(zap.NewNop()), WithGetenv(func(k string) string { return env[k] }))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = e.Close() })
 	peer := Peer{ID: "d", Address: dec.Address()}
@@ -213,7 +213,7 @@ func TestConfigDefaultsAndEnvironment(t *testing.T) {
 		assert.True(t, errors.Is(err, ErrBadInput))
 		assert.Contains(t, err.Error(), name+`="`+val+`"`)
 	}
-	_, err = New(Config{HookLayers: 2, PageSize: 4, Buffers: []Buffer{{Name: "KV0", Base: 1, ItemLen: 0, Pages: 4}}}, WithSimulatedHardware(), WithLogger(zap.NewNop()))
+	_, err = New(Config{HookLayers: 2, PageSize: 4, Buffers: []Buffer{{Name: "KV0", Base: 1, ItemLen: 0, Pages: 4}}}, withSimulated(), WithLogger(zap.NewNop()))
 	require.Error(t, err)
 	assert.ErrorContains(t, err, "buffer 0 (KV0): item length 0")
 }
@@ -244,7 +244,7 @@ func TestTraceFromEnvironment(t *testing.T) {
 
 	off := newEngine(t, nil)
 	require.ErrorContains(t, off.DumpTrace(&now), "tracing is off")
-	_, err = New(Config{HookLayers: 1, PageSize: 1, Buffers: MLABuffers([]uint64{1}, 8, 1)}, WithSimulatedHardware(),
+	_, err = New(Config{HookLayers: 1, PageSize: 1, Buffers: MLABuffers([]uint64{1}, 8, 1)}, withSimulated(),
 		WithGetenv(func(k string) string {
 			if k == EnvTrace {
 				return "/nonexistent/dir/trace"
@@ -334,13 +334,13 @@ func TestNoSilentSimulatedHardware(t *testing.T) {
 	defer tr.Close()
 	_, err = New(cfg, WithTransport(tr), WithLogger(zap.NewNop()))
 	assert.True(t, errors.Is(err, ErrBadInput), "%v", err)
-	assert.ErrorContains(t, err, "no compute stream: pass WithStream or WithGPU (or WithSimulatedHardware for a virtual GPU)")
+	assert.ErrorContains(t, err, "no compute stream: pass WithStream or WithGPU (or WithHardware(simulated.Hardware()) for a virtual GPU)")
 	gpu := sim.New(sim.Options{})
 	defer gpu.Close()
 	_, err = New(cfg, WithStream(gpu.NewStream("s")), WithLogger(zap.NewNop()))
-	assert.ErrorContains(t, err, "no transport: pass WithTransport (or WithSimulatedHardware for the in-process loopback fabric)")
+	assert.ErrorContains(t, err, "no transport: pass WithTransport (or WithHardware(simulated.Hardware()) for the in-process loopback fabric)")
 
-	e, err := New(cfg, WithSimulatedHardware(), WithLogger(zap.NewNop()))
+	e, err := New(cfg, withSimulated(), WithLogger(zap.NewNop()))
 	require.NoError(t, err)
 	assert.NotNil(t, e.Stream())
 	assert.NotNil(t, e.Transport())

@@ -35,7 +35,7 @@ func TestBuffersRegisterWithTheirMemoryType(t *testing.T) {
 	defer src.Free()
 	bufs := MLABuffers([]uint64{src.Addr, src.Addr + itemLen*pages}, itemLen, pages)
 	bufs[1].Memory = rdma.MemoryCUDA
-	e, err := New(Config{Buffers: bufs, HookLayers: 2, PageSize: 4}, WithTransport(tr), WithSimulatedHardware(), WithLogger(zap.NewNop()))
+	e, err := New(Config{Buffers: bufs, HookLayers: 2, PageSize: 4}, WithTransport(tr), withSimulated(), WithLogger(zap.NewNop()))
 	require.NoError(t, err)
 	require.NoError(t, e.Close())
 	require.Equal(t, []rdma.MemoryType{rdma.MemoryHost, rdma.MemoryCUDA}, tr.types)

@@ -62,7 +62,7 @@ func newMetricsEngine(t testing.TB, reg prometheus.Registerer, rig metricsRig) *
 	}
 	e, err := New(Config{Buffers: MLABuffers(bases(src), itemLen, pages), HookLayers: 3, PageSize: 4,
 		GroupSize: rig.group, FinishTimeout: rig.timeout, SingleDestinationPerLayer: rig.single},
-		WithTransport(tr), WithSimulatedHardware(), WithLogger(rig.log), WithGetenv(func(k string) string { return rig.env[k] }),
+		WithTransport(tr), withSimulated(), WithLogger(rig.log), WithGetenv(func(k string) string { return rig.env[k] }),
 		WithMetrics(reg))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = e.Close() })

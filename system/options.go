@@ -23,7 +23,7 @@ type options struct {
 	log       *zap.Logger
 	stream    cuda.Stream
 	transport rdma.Transport
-	simulated bool
+	hardware  Hardware
 	getenv    func(string) string
 }
 
@@ -32,8 +32,7 @@ type options struct {
 func WithLogger(l *zap.Logger) Option { return func(o *options) { o.log = l } }
 
 // WithStream sets the compute stream events are recorded on. A production
-// engine needs it (or WithGPU); see WithSimulatedHardware for the virtual
-// GPU.
+// engine needs it (or WithGPU); see WithHardware for the virtual GPU.
 func WithStream(s cuda.Stream) Option { return func(o *options) { o.stream = s } }
 
 // WithGPU records the engine's events on a new stream of a real GPU (see
@@ -50,19 +49,27 @@ func WithGPU(dev *driver.Device, err error) Option {
 }
 
 // WithTransport sets the transport the KV moves over (UCX in production).
-// A production engine needs it; see WithSimulatedHardware for the
-// in-process loopback.
+// A production engine needs it; see WithHardware for the in-process
+// loopback.
 func WithTransport(t rdma.Transport) Option { return func(o *options) { o.transport = t } }
 
-// WithSimulatedHardware lets the engine fill in, with simulated hardware,
-// what the other options left out: a virtual GPU's compute stream (owned by
-// the engine, see Engine.Stream) for a missing WithStream/WithGPU, and a
-// node of loopback.Default(), the process's in-memory fabric, for a missing
-// WithTransport. Simulated hardware moves bytes between buffers of this
-// process only: it is for simulations, tests and examples, and never a
+// Hardware makes what an engine's other options left out, for that engine
+// alone: it closes both when it closes.
+type Hardware interface {
+	// Stream returns a compute stream and what releases it.
+	Stream() (cuda.Stream, func(), error)
+	// Transport returns a transport.
+	Transport() (rdma.Transport, error)
+}
+
+// WithHardware lets the engine fill in, from h, what the other options
+// left out: a compute stream for a missing WithStream/WithGPU, a transport
+// for a missing WithTransport. Package system/simulated's Hardware is the
+// virtual GPU and the in-process loopback, for simulations, tests and
+// examples: an option a production binary need not import, and never a
 // silent default. Without it, New refuses to start without a stream and a
 // transport.
-func WithSimulatedHardware() Option { return func(o *options) { o.simulated = true } }
+func WithHardware(h Hardware) Option { return func(o *options) { o.hardware = h } }
 
 // WithObserver adds an observer (metrics, traces, reports).
 func WithObserver(o Observer) Option {

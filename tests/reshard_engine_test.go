@@ -16,6 +16,7 @@ import (
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
 	"github.com/kvstream/kvstream/internal/testbed"
 	"github.com/kvstream/kvstream/system"
+	"github.com/kvstream/kvstream/system/simulated"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
@@ -377,7 +378,7 @@ func TestAddPeerRefusesImpossiblePairings(t *testing.T) {
 	require.NoError(t, err)
 	defer pool.Free()
 	eng, err := system.New(system.Config{Buffers: pool.EngineBuffers(), HookLayers: 2, PageSize: 4,
-		Sharding: &system.Sharding{Side: side}}, system.WithTransport(pre), system.WithSimulatedHardware(), system.WithLogger(zap.NewNop()))
+		Sharding: &system.Sharding{Side: side}}, system.WithTransport(pre), system.WithHardware(simulated.Hardware()), system.WithLogger(zap.NewNop()))
 	require.NoError(t, err)
 	defer eng.Close()
 	for _, tc := range []struct {
@@ -429,7 +430,7 @@ func TestNewRefusesBuffersThatDoNotMatchTheSharding(t *testing.T) {
 			s := side
 			cfg := system.Config{Buffers: pool.EngineBuffers(), HookLayers: 2, PageSize: 4, Sharding: &system.Sharding{Side: s}}
 			tc.edit(&cfg)
-			_, err := system.New(cfg, system.WithSimulatedHardware(), system.WithLogger(zap.NewNop()))
+			_, err := system.New(cfg, system.WithHardware(simulated.Hardware()), system.WithLogger(zap.NewNop()))
 			require.Error(t, err)
 			assert.True(t, errors.Is(err, system.ErrBadInput), "%v", err)
 			assert.Contains(t, err.Error(), tc.want)
