@@ -39,8 +39,8 @@ test: vet
 
 test-ucx:
 	@if pkg-config --exists ucx 2>/dev/null; then \
-		$(GO) vet -tags ucx ./hw/rdma/ucx/ ./cmd/kvstream/ ./internal/xferbench/ && \
-		$(GO) test -race -count=1 -timeout 5m -tags ucx ./hw/rdma/ucx/ ./internal/xferbench/ && \
+		$(GO) vet -tags ucx ./hw/rdma/ucx/ ./cmd/kvstream/ ./lab/xferbench/ && \
+		$(GO) test -race -count=1 -timeout 5m -tags ucx ./hw/rdma/ucx/ ./lab/xferbench/ && \
 		$(GO) test -race -count=1 -timeout 6m -parallel 3 -tags ucx -run 'TwoProcess|AcrossProcesses|PeerKilled|UCX|Perftest|Readme|ClaimPattern' ./cmd/kvstream/; \
 	else \
 		echo "ucx tests skipped: libucx not installed (apt-get install libucx-dev ucx-utils)"; \
@@ -66,7 +66,7 @@ bench:
 # failed CI with no crasher written. A count has no deadline to race.
 FUZZTIME ?= 50000x
 fuzz:
-	@for pkg in ./cp ./cp/reshard ./system ./trace ./internal/replay ./netsec ./decode ./internal/twoproc; do \
+	@for pkg in ./cp ./cp/reshard ./system ./trace ./lab/replay ./netsec ./decode ./lab/simsession; do \
 		for t in $$($(GO) test -list '^Fuzz' $$pkg | grep ^Fuzz); do \
 			echo "fuzz $$pkg $$t"; $(GO) test $$pkg -run='^$$' -fuzz="^$$t$$" -fuzztime=$(FUZZTIME) || exit 1; \
 		done; \

@@ -13,7 +13,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/remote"
-	"github.com/kvstream/kvstream/internal/stallprobe"
+	"github.com/kvstream/kvstream/lab/stallprobe"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"

@@ -52,7 +52,7 @@ func startNode(o Options) (*node, error) {
 
 // stop stops the endpoint actors (outgoing connections) and then the gRPC
 // server rather than calling Shutdown(true), which races with connection
-// goroutines (see internal/twoproc's node.stop).
+// goroutines (see lab/simsession's node.stop).
 func (n *node) stop() {
 	for _, id := range []string{"EndpointSupervisor", "activator"} {
 		if _, ok := n.system.ProcessRegistry.GetLocal(id); ok {

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
-	"github.com/kvstream/kvstream/internal/stallprobe"
+	"github.com/kvstream/kvstream/lab/stallprobe"
 	"github.com/stretchr/testify/require"
 )
 

@@ -13,7 +13,7 @@ import (
 	"github.com/kvstream/kvstream/cp"
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
-	"github.com/kvstream/kvstream/internal/testbed"
+	"github.com/kvstream/kvstream/lab/testbed"
 	"github.com/kvstream/kvstream/plan"
 	"github.com/kvstream/kvstream/system"
 	"github.com/stretchr/testify/require"

@@ -76,7 +76,7 @@ var testUpward = map[[2]string]string{
 	// The engine's end-to-end run on the C stand-in libcuda must run in the
 	// driver's own test binary: TestCFakeLibcuda re-runs that binary with
 	// the fake library first on LD_LIBRARY_PATH.
-	{"hw/cuda/driver", "internal/gpucheck"}: "re-run under the fake libcuda",
+	{"hw/cuda/driver", "lab/gpucheck"}: "re-run under the fake libcuda",
 }
 
 // goPackages lists every package of the module with its imports of ours
@@ -168,15 +168,35 @@ func TestLayersPointDown(t *testing.T) {
 			t.Errorf("decode links %s: a decode-only program must not carry the prefill engine", dep)
 		}
 	}
-	// Above the façade, only the replay (which drives the functional cores
-	// themselves) reaches below it: everything else uses system's names.
+	// The lab (what runs, measures and demonstrates the product: lab/, the
+	// CLI, the cross-package tests, the examples) is never imported by the
+	// product, nor linked by it through another package.
 	for pkg, imps := range nonTest {
-		if !strings.HasPrefix(pkg, "internal/") || pkg == "internal/replay" {
+		if isLab(pkg) {
+			continue
+		}
+		for _, imp := range imps {
+			if isLab(imp) {
+				t.Errorf("%s imports %s: the product never imports the lab", pkg, imp)
+			}
+		}
+	}
+	// A production engine links no simulated hardware: system/simulated
+	// is the option that selects it.
+	for _, dep := range goDeps(t, root, "./system") {
+		if dep == "hw/cuda/sim" || dep == "hw/rdma/loopback" || isLab(dep) {
+			t.Errorf("system links %s: the virtual GPU and the loopback live in system/simulated", dep)
+		}
+	}
+	// Above the façade, only the replay (which drives the functional cores
+	// themselves) reaches below it: the rest of the lab uses system's names.
+	for pkg, imps := range nonTest {
+		if !strings.HasPrefix(pkg, "lab/") || pkg == "lab/replay" {
 			continue
 		}
 		for _, imp := range imps {
 			if imp == "actors" || imp == "messages" || imp == "plan" {
-				t.Errorf("%s imports %s: internal packages above the engine use the façade (system)", pkg, imp)
+				t.Errorf("%s imports %s: lab packages above the engine use the façade (system)", pkg, imp)
 			}
 		}
 	}
@@ -191,6 +211,12 @@ func TestLayersPointDown(t *testing.T) {
 			}
 		}
 	}
+}
+
+// isLab reports whether a package is the lab's: what runs, measures,
+// demonstrates or tests the product, never part of it.
+func isLab(pkg string) bool {
+	return strings.HasPrefix(pkg, "lab/") || strings.HasPrefix(pkg, "cmd/") || pkg == "tests" || strings.HasPrefix(pkg, "examples/")
 }
 
 // nonTestImports lists each package's imports of ours from its non-test

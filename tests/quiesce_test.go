@@ -11,7 +11,7 @@ import (
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
 	"github.com/kvstream/kvstream/hw/rdma/rdmafault"
-	"github.com/kvstream/kvstream/internal/testbed"
+	"github.com/kvstream/kvstream/lab/testbed"
 	"github.com/kvstream/kvstream/system"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"

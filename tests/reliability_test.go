@@ -19,8 +19,8 @@ import (
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
 	"github.com/kvstream/kvstream/hw/rdma/rdmafault"
-	"github.com/kvstream/kvstream/internal/stallprobe"
-	"github.com/kvstream/kvstream/internal/testbed"
+	"github.com/kvstream/kvstream/lab/stallprobe"
+	"github.com/kvstream/kvstream/lab/testbed"
 	"github.com/kvstream/kvstream/messages"
 	"github.com/kvstream/kvstream/system"
 	"github.com/stretchr/testify/require"
@@ -932,5 +932,5 @@ func TestReliabilityOracleOnStarvation(t *testing.T) {
 	require.Equal(t, unexplainedFailure, explainFailure(false, false, true, starvedShare-time.Millisecond))
 	require.Equal(t, starvedTimeout, explainFailure(false, false, true, starvedShare))
 	require.Equal(t, unexplainedFailure, explainFailure(false, false, false, time.Hour), "starvation excuses no other error")
-	// The probe's own arithmetic and a real stop: internal/stallprobe.
+	// The probe's own arithmetic and a real stop: lab/stallprobe.
 }

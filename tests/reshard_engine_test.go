@@ -14,7 +14,7 @@ import (
 	"github.com/kvstream/kvstream/cp/reshard/reshardtest"
 	"github.com/kvstream/kvstream/hw/cuda/sim"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
-	"github.com/kvstream/kvstream/internal/testbed"
+	"github.com/kvstream/kvstream/lab/testbed"
 	"github.com/kvstream/kvstream/system"
 	"github.com/kvstream/kvstream/system/simulated"
 	"github.com/stretchr/testify/assert"

@@ -12,7 +12,7 @@ import (
 	"github.com/kvstream/kvstream/hw/cuda"
 	"github.com/kvstream/kvstream/hw/cuda/sim"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
-	"github.com/kvstream/kvstream/internal/testbed"
+	"github.com/kvstream/kvstream/lab/testbed"
 	"github.com/kvstream/kvstream/system"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"

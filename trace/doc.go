@@ -16,7 +16,7 @@
 // against the header (Config.CheckRecord) before a replay sizes anything
 // from it; docs/TRACES.md lists the bounds.
 //
-// Replaying a trace (package internal/replay, above the engine: it drives
+// Replaying a trace (package lab/replay, above the engine: it drives
 // the cores and a whole engine, so it cannot live below actors as this
 // package does) feeds its external inputs to fresh functional cores and
 // checks that every internal message and every effect matches the

@@ -7,8 +7,8 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/hw/rdma"
-	"github.com/kvstream/kvstream/internal/hostprobe"
-	"github.com/kvstream/kvstream/internal/xferbench"
+	"github.com/kvstream/kvstream/lab/hostprobe"
+	"github.com/kvstream/kvstream/lab/xferbench"
 	"github.com/spf13/cobra"
 )
 

@@ -16,7 +16,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/kvstream/kvstream/decode"
-	"github.com/kvstream/kvstream/internal/metricsdoc"
+	"github.com/kvstream/kvstream/lab/metricsdoc"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )

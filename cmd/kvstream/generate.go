@@ -10,8 +10,8 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cp"
-	"github.com/kvstream/kvstream/internal/generate"
-	"github.com/kvstream/kvstream/internal/tinylm"
+	"github.com/kvstream/kvstream/lab/generate"
+	"github.com/kvstream/kvstream/lab/tinylm"
 	"github.com/kvstream/kvstream/system"
 	"github.com/spf13/cobra"
 )

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvstream/kvstream/internal/metricsdoc"
+	"github.com/kvstream/kvstream/lab/metricsdoc"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )

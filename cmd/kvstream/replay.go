@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	"github.com/cockroachdb/errors"
-	"github.com/kvstream/kvstream/internal/replay"
+	"github.com/kvstream/kvstream/lab/replay"
 	"github.com/kvstream/kvstream/trace"
 	"github.com/spf13/cobra"
 )

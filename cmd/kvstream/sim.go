@@ -15,8 +15,8 @@ import (
 	"github.com/kvstream/kvstream/cp"
 	"github.com/kvstream/kvstream/cp/reshard"
 	"github.com/kvstream/kvstream/hw/cuda/driver"
-	"github.com/kvstream/kvstream/internal/gpucheck"
-	"github.com/kvstream/kvstream/internal/workload"
+	"github.com/kvstream/kvstream/lab/gpucheck"
+	"github.com/kvstream/kvstream/lab/workload"
 	"github.com/kvstream/kvstream/system"
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
@@ -161,7 +161,7 @@ func (f *simFlags) config() (workload.Config, error) {
 
 func runSim(cmd *cobra.Command, f *simFlags) (err error) {
 	if f.gpu != "" {
-		// The GPU run is a fixed check workload (internal/gpucheck): say so
+		// The GPU run is a fixed check workload (lab/gpucheck): say so
 		// rather than ignore a workload flag the user thought applied.
 		var unused []string
 		cmd.Flags().Visit(func(fl *pflag.Flag) {
@@ -284,7 +284,7 @@ func writeFile(path string, write func(io.Writer) error) error {
 	return fh.Close()
 }
 
-// runGPU runs the engine end to end on a real GPU (internal/gpucheck).
+// runGPU runs the engine end to end on a real GPU (lab/gpucheck).
 func runGPU(cmd *cobra.Command, spec string) error {
 	n, err := strconv.Atoi(strings.TrimPrefix(spec, "cuda:"))
 	if !strings.HasPrefix(spec, "cuda:") || err != nil || n < 0 {

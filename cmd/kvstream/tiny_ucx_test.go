@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvstream/kvstream/internal/tinylm"
+	"github.com/kvstream/kvstream/lab/tinylm"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )

@@ -11,10 +11,10 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/decode"
-	"github.com/kvstream/kvstream/internal/service"
-	"github.com/kvstream/kvstream/internal/tinylm"
-	"github.com/kvstream/kvstream/internal/twoproc"
-	"github.com/kvstream/kvstream/internal/workload"
+	"github.com/kvstream/kvstream/lab/service"
+	"github.com/kvstream/kvstream/lab/tinylm"
+	"github.com/kvstream/kvstream/lab/simsession"
+	"github.com/kvstream/kvstream/lab/workload"
 	"github.com/kvstream/kvstream/system"
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
@@ -43,7 +43,7 @@ func closeTransport(tr interface{ Close() error }, err *error) {
 }
 
 // disconnectAfterEnv is the test hook that makes kvstream decode cut its
-// prefill off after that many verified chunks (twoproc.Decode's
+// prefill off after that many verified chunks (simsession.Decode's
 // DisconnectAfter).
 const disconnectAfterEnv = "KVSTREAM_TEST_DISCONNECT_AFTER"
 
@@ -141,20 +141,20 @@ says what each plane trusts.`,
 			defer pl.close(&err)
 			node, tr := pl.node, pl.tr
 			var d interface {
-				Serve(context.Context, twoproc.ServeConfig) twoproc.DecodeSummary
+				Serve(context.Context, simsession.ServeConfig) simsession.DecodeSummary
 				Servers() []*decode.Server
 				Close(context.Context) error
 			}
 			ranks := ""
 			if sharded {
-				sd, err := twoproc.StartShardedDecode(node, tr, workload.Shard{Model: model, PrefillTP: shard.PrefillTP, DecodeTP: shard.DecodeTP,
-					PrefillPP: shard.PrefillPP, DecodePP: shard.DecodePP, Order: order}, maxPool<<20, prefills, log, twoproc.WithObserver(metrics))
+				sd, err := simsession.StartShardedDecode(node, tr, workload.Shard{Model: model, PrefillTP: shard.PrefillTP, DecodeTP: shard.DecodeTP,
+					PrefillPP: shard.PrefillPP, DecodePP: shard.DecodePP, Order: order}, maxPool<<20, prefills, log, simsession.WithObserver(metrics))
 				if err != nil {
 					return err
 				}
 				d, ranks = sd, fmt.Sprintf(", %d decode ranks (--decode-tp %d x --decode-pp %d)", sd.Ranks(), max(1, shard.DecodeTP), max(1, shard.DecodePP))
 			} else {
-				sd, err := twoproc.StartDecode(node, tr, maxPool<<20, prefills, log, twoproc.WithObserver(metrics))
+				sd, err := simsession.StartDecode(node, tr, maxPool<<20, prefills, log, simsession.WithObserver(metrics))
 				if err != nil {
 					return err
 				}
@@ -204,9 +204,9 @@ says what each plane trusts.`,
 				ctx, cancel = context.WithTimeout(ctx, wait)
 				defer cancel()
 			}
-			s := d.Serve(ctx, twoproc.ServeConfig{Runs: sessions, DrainTimeout: of.drain, Hard: sig.Hard(),
-				OnSession: func(e twoproc.SessionEnd) { fmt.Fprintln(out, e) },
-				OnRoom:    func(r twoproc.RoomCheck) { fmt.Fprintln(out, r) }})
+			s := d.Serve(ctx, simsession.ServeConfig{Runs: sessions, DrainTimeout: of.drain, Hard: sig.Hard(),
+				OnSession: func(e simsession.SessionEnd) { fmt.Fprintln(out, e) },
+				OnRoom:    func(r simsession.RoomCheck) { fmt.Fprintln(out, r) }})
 			ops.SetDraining()
 			fmt.Fprintln(out, s)
 			switch {
@@ -327,7 +327,7 @@ chunks still finish) and exits non-zero. --metrics-addr serves the engine's metr
 			}
 			defer pl.close(&err)
 			node, tr := pl.node, pl.tr
-			plane := twoproc.NewPrefill(node, decode.DialConfig{Decode: decodeAddr, DecodeName: decodeName, PageSize: cfg.PageSize, ConnectTimeout: connect}, tr, cfg.PromptTokens)
+			plane := simsession.NewPrefill(node, decode.DialConfig{Decode: decodeAddr, DecodeName: decodeName, PageSize: cfg.PageSize, ConnectTimeout: connect}, tr, cfg.PromptTokens)
 			// The decode process is this transport's only peer: once it is
 			// lost (its connection, or its heartbeats: a hung process keeps
 			// its connections open and completes nothing), closing the

@@ -12,9 +12,9 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cp"
 	"github.com/kvstream/kvstream/decode"
-	"github.com/kvstream/kvstream/internal/generate"
-	"github.com/kvstream/kvstream/internal/tinylm"
-	"github.com/kvstream/kvstream/internal/twoproc"
+	"github.com/kvstream/kvstream/lab/generate"
+	"github.com/kvstream/kvstream/lab/tinylm"
+	"github.com/kvstream/kvstream/lab/simsession"
 	"github.com/kvstream/kvstream/system"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -141,7 +141,7 @@ func runTinyPrefill(cmd *cobra.Command, f *simFlags, t *tinyFlags, nf *netFlags,
 	}
 	defer pl.close(&err)
 	tr := pl.tr
-	plane := twoproc.NewTinyPrefill(pl.node, decode.DialConfig{Decode: decodeAddr, DecodeName: decodeName, PageSize: cfg.PageSize, ConnectTimeout: connect}, tr, log)
+	plane := simsession.NewTinyPrefill(pl.node, decode.DialConfig{Decode: decodeAddr, DecodeName: decodeName, PageSize: cfg.PageSize, ConnectTimeout: connect}, tr, log)
 	// As for the sim: a lost decode process fails the chunks in flight at
 	// once.
 	plane.OnPeerLost(func(error) { go func() { _ = tr.Close() }() })

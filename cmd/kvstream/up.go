@@ -10,8 +10,8 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cluster"
-	"github.com/kvstream/kvstream/internal/launch"
-	"github.com/kvstream/kvstream/internal/workload"
+	"github.com/kvstream/kvstream/lab/launch"
+	"github.com/kvstream/kvstream/lab/workload"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/kvstream/kvstream/cluster/etcdproc"
-	"github.com/kvstream/kvstream/internal/launch"
+	"github.com/kvstream/kvstream/lab/launch"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )

@@ -5,13 +5,13 @@ import (
 	"testing"
 
 	"github.com/kvstream/kvstream/hw/cuda/driver"
-	"github.com/kvstream/kvstream/internal/gpucheck"
+	"github.com/kvstream/kvstream/lab/gpucheck"
 	"github.com/stretchr/testify/require"
 )
 
 // TestGPUEngineEndToEnd runs the engine with the prefill pool in device
 // memory, kernels and events on a real stream, and every destination byte
-// checked (see internal/gpucheck). It skips without a GPU; TestCFakeLibcuda
+// checked (see lab/gpucheck). It skips without a GPU; TestCFakeLibcuda
 // runs it against the C stand-in libcuda.
 func TestGPUEngineEndToEnd(t *testing.T) {
 	dev, err := driver.Open(0)
