@@ -72,6 +72,9 @@ func (a *chunkActor) perform(ctx actor.Context, e Effect) {
 		ctx.Send(ctx.Self(), &messages.TornDown{Err: err})
 	case AnswerFinish:
 		e.To <- e.Result // buffered by the caller
+	case Stray:
+		a.env.Log.Warn("chunk ignored a "+e.What+" that answers no work it sent (a transport or submitter reporting twice?)",
+			zap.Uint64("room", a.job.ID().Room), zap.Int("chunk", a.job.ID().Start), zap.Int("group", e.Seq), zap.Int("destination", e.Dest))
 	case ChunkEnded:
 		a.stopTimer()
 		a.job.closeGate()

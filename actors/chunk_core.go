@@ -46,6 +46,12 @@ type ChunkCore struct {
 
 	enqueued, processed int // Work sent / answered by a submitter
 	posted, completed   int // batches posted / completed
+	// work holds, per (seq, destination) of the Work sent, whether it was
+	// sent, answered (Submitted) and completed (BatchDone): a Submitted or
+	// BatchDone that answers nothing sent, or answers it twice, is ignored
+	// (Stats.Strays) rather than counted as progress, so that no stray
+	// completion can make the chunk complete before its batches landed.
+	work []uint8
 
 	err       error
 	finishing bool
@@ -102,6 +108,15 @@ func (c *ChunkCore) Counts() (enqueued, processed, posted, completed int) {
 func (c *ChunkCore) Step(msg any) []Effect {
 	c.out = c.out[:0]
 	if c.done {
+		// A chunk that answered still checks what reaches it late: a
+		// submitter's or a transport's report of its work is accepted
+		// once, a stray one is said.
+		switch m := msg.(type) {
+		case *messages.Submitted:
+			c.mark(m.Seq, m.Dest, workAnswered, "Submitted")
+		case *messages.BatchDone:
+			c.mark(m.Seq, m.Dest, workDone, "BatchDone")
+		}
 		return c.out
 	}
 	switch m := msg.(type) {
@@ -213,8 +228,40 @@ func (c *ChunkCore) sendRest(ev messages.Event, evErr error, which string) {
 	}
 }
 
+// States of a Work in ChunkCore.work.
+const (
+	workSent uint8 = 1 << iota
+	workAnswered
+	workDone
+)
+
+// workIndex is the slot of (seq, dest) in c.work, or -1 outside it.
+func (c *ChunkCore) workIndex(seq, dest int) int {
+	if seq < messages.Rest || seq >= len(c.accepted) || dest < 0 || dest >= c.dests {
+		return -1
+	}
+	return (seq-messages.Rest)*c.dests + dest
+}
+
+// mark marks the Work (seq, dest) with flag, and reports whether it was
+// sent and not marked so before.
+func (c *ChunkCore) mark(seq, dest int, flag uint8, what string) bool {
+	i := c.workIndex(seq, dest)
+	if i < 0 || c.work == nil || c.work[i]&workSent == 0 || c.work[i]&flag != 0 {
+		c.stats.Strays++
+		c.out = append(c.out, Stray{Seq: seq, Dest: dest, What: what})
+		return false
+	}
+	c.work[i] |= flag
+	return true
+}
+
 func (c *ChunkCore) submit(w messages.Work) {
 	w.Chunk = c.id
+	if c.work == nil {
+		c.work = make([]uint8, (len(c.accepted)-messages.Rest)*c.dests)
+	}
+	c.work[c.workIndex(w.Seq, w.Dest)] |= workSent
 	c.enqueued++
 	c.out = append(c.out, Submit{Work: w})
 }
@@ -249,6 +296,16 @@ func (c *ChunkCore) drop(m *messages.Drop) {
 }
 
 func (c *ChunkCore) submitted(m *messages.Submitted) {
+	if !c.mark(m.Seq, m.Dest, workAnswered, "Submitted") {
+		return
+	}
+	if i := c.workIndex(m.Seq, m.Dest); !m.Posted && c.work[i]&workDone != 0 {
+		// A completion came for this Work, whose batch was never posted:
+		// it answered nothing, and counted for nothing.
+		c.completed--
+		c.stats.Strays++
+		c.out = append(c.out, Stray{Seq: m.Seq, Dest: m.Dest, What: "BatchDone"})
+	}
 	c.processed++
 	if m.Err != nil {
 		c.fail(errors.Wrapf(m.Err, "room %d chunk %d %s", c.id.Room, c.id.Start, part(m.Seq, m.Dest)))
@@ -282,6 +339,9 @@ func (c *ChunkCore) submitted(m *messages.Submitted) {
 }
 
 func (c *ChunkCore) batchDone(m *messages.BatchDone) {
+	if !c.mark(m.Seq, m.Dest, workDone, "BatchDone") {
+		return
+	}
 	c.completed++
 	if m.At.Round(0).After(c.stats.LastDone) {
 		c.stats.LastDone = m.At.Round(0)

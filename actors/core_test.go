@@ -346,7 +346,8 @@ func TestChunkTimeoutTearsDownThenFails(t *testing.T) {
 	assert.True(t, errors.Is(r.Err, ErrTimeout))
 	assert.False(t, errors.Is(r.Err, rdma.ErrNotQuiesced))
 	assert.ErrorContains(t, r.Err, "batches 0/1 completed")
-	assert.Empty(t, c.Step(&messages.BatchDone{Seq: 0}), "a done chunk ignores late messages")
+	assert.Equal(t, []Effect{Stray{Seq: 0, Dest: 0, What: "BatchDone"}}, c.Step(&messages.BatchDone{Seq: 0}),
+		"a done chunk ignores late messages, and says one that answers nothing (a second completion)")
 
 	c = start()
 	c.Step(&messages.Timeout{})

@@ -720,6 +720,8 @@ func (w *world) effect(e Effect) string {
 		return fmt.Sprintf("Restart (endpoint to %s: %s)", e.Peer, e.Cause)
 	case Escalate:
 		return fmt.Sprintf("Escalate (%s)", e.Cause) + classes(e.Cause)
+	case Stray:
+		return fmt.Sprintf("Stray %s seq=%d dest=%d", e.What, e.Seq, e.Dest)
 	}
 	return fmt.Sprintf("%T (not printable yet)", e)
 }

@@ -119,6 +119,14 @@ type Teardown struct{}
 // ChunkEnded tells the room that the chunk is over.
 type ChunkEnded struct{ Result messages.Result }
 
+// Stray says the chunk ignored a Submitted or BatchDone that answered no
+// Work it sent, or one already answered: a transport or submitter that
+// reported twice, which the shell logs at WARN. It counts as no progress.
+type Stray struct {
+	Seq, Dest int
+	What      string // "Submitted" or "BatchDone"
+}
+
 // AnswerFinish answers Finish: the chunk's result, or (from the manager or
 // the room) why there is no chunk to finish.
 type AnswerFinish struct {
@@ -169,6 +177,7 @@ func (StopChunk) effect()      {}
 func (AnswerDrop) effect()     {}
 func (Idle) effect()           {}
 func (Submit) effect()         {}
+func (Stray) effect()          {}
 func (StartTimer) effect()     {}
 func (CancelWork) effect()     {}
 func (Teardown) effect()       {}

@@ -83,6 +83,9 @@ type Stats struct {
 	Batches int    // batches posted
 	Groups  int    // groups accepted from the chunk's forward
 	Ignored int    // GroupReady messages ignored (duplicates, other forwards)
+	// Strays are Submitted and BatchDone messages ignored: they answered
+	// no Work the chunk sent, or one already answered.
+	Strays int
 	// FirstPost and LastDone bracket the chunk's writes (zero if none).
 	FirstPost, LastDone time.Time
 	// ForwardEnd is when the chunk's forward ended (zero if it never did).

@@ -143,6 +143,57 @@ type Dest struct {
 // Empty reports whether the plan sends nothing.
 func (p *Plan) Empty() bool { return p.Owned == 0 || len(p.Dests) == 0 }
 
+// Digest is a 64-bit FNV-1a hash of what the plan decides: its range, mode,
+// pages owned, and per destination the peer, its runs and which buffers
+// its route takes. A trace records it with each registration, so that a
+// replay that rebuilds the plan from the recorded pages and peers knows it
+// rebuilt the same one.
+func (p *Plan) Digest() uint64 {
+	h := uint64(14695981039346656037)
+	mix := func(v uint64) {
+		for range 8 {
+			h ^= v & 0xff
+			h *= 1099511628211
+			v >>= 8
+		}
+	}
+	str := func(s string) {
+		mix(uint64(len(s)))
+		for i := 0; i < len(s); i++ {
+			h ^= uint64(s[i])
+			h *= 1099511628211
+		}
+	}
+	mix(uint64(p.Range.Start))
+	mix(uint64(p.Range.End))
+	mix(uint64(p.Range.PageStart))
+	mix(uint64(p.Range.Pages))
+	if p.Range.Last {
+		mix(1)
+	} else {
+		mix(0)
+	}
+	mix(uint64(p.Mode))
+	mix(uint64(p.Owned))
+	mix(uint64(len(p.Dests)))
+	for _, d := range p.Dests {
+		mix(uint64(d.Info))
+		str(d.Peer)
+		mix(uint64(len(d.Runs)))
+		for _, r := range d.Runs {
+			mix(uint64(r.Src))
+			mix(uint64(r.Dst))
+			mix(uint64(r.Len))
+		}
+		if d.Route != nil {
+			for _, b := range d.Route.DstBuffers {
+				mix(uint64(int64(b)))
+			}
+		}
+	}
+	return h
+}
+
 // Bytes is what the plan sends in total.
 func (p *Plan) Bytes(l *Layout) uint64 {
 	var whole, n uint64

@@ -9,6 +9,7 @@ import (
 	"github.com/kvstream/kvstream/cp"
 	"github.com/kvstream/kvstream/messages"
 	"github.com/kvstream/kvstream/plan"
+	"github.com/kvstream/kvstream/trace"
 )
 
 // AddPeer adds a decode session. Without Peer.Sharding its buffers must
@@ -70,7 +71,10 @@ func (e *Engine) Register(ctx context.Context, spec ChunkSpec) (reg Registration
 	defer func() { err = public(err) }()
 	e.closeMu.RLock()
 	defer e.closeMu.RUnlock()
-	defer func() { e.traceRegister(&spec, reg, err) }()
+	var slot trace.Slot
+	var begun bool
+	var built *plan.Plan
+	defer func() { e.traceRegister(&spec, reg, err, slot, begun, built) }()
 	if e.closed {
 		e.obs.Refused("closed")
 		return Registration{}, closedError("Register")
@@ -103,6 +107,8 @@ func (e *Engine) Register(ctx context.Context, spec ChunkSpec) (reg Registration
 		return Registration{}, err
 	}
 	p.Chunk = messages.Chunk{ChunkKey: key, Serial: e.nextSerial.Add(1)}
+	slot, begun = e.traceBeginRegister(&spec, p.Chunk)
+	built = p
 	job := actors.NewJob(p)
 	reply := make(chan messages.Added, 1)
 	e.system.Root.Send(e.manager, &messages.AddChunk{

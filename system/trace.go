@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/messages"
+	"github.com/kvstream/kvstream/plan"
 	"github.com/kvstream/kvstream/trace"
 )
 
@@ -50,6 +52,10 @@ func (e *Engine) traceConfig() trace.Config {
 	for _, b := range e.cfg.Buffers {
 		c.Buffers = append(c.Buffers, trace.Buffer{Name: b.Name, Layer: b.Layer, ItemLen: b.ItemLen, Pages: b.Pages})
 	}
+	if sh := e.cfg.Sharding; sh != nil {
+		c.Sharding = &trace.Sharding{Side: sh.Side, Rank: sh.Rank}
+		c.Replicas = int(e.cfg.Replicas)
+	}
 	return c
 }
 
@@ -62,22 +68,48 @@ func (e *Engine) DumpTrace(w io.Writer) error {
 	return e.trace.Dump(w)
 }
 
-func (e *Engine) traceRegister(spec *ChunkSpec, reg Registration, err error) {
-	if e.trace == nil {
-		return
-	}
+// registerCall is a registration as a trace records it.
+func registerCall(spec *ChunkSpec, chunk messages.Chunk) *trace.RegisterCall {
 	c := &trace.RegisterCall{Room: spec.Room, Start: spec.Start, End: spec.End, Last: spec.Last, SrcPages: spec.SrcPages,
-		TotalPages: spec.TotalPages, PerLayer: reg.Mode == PerLayer, Existing: reg.Existing}
-	if reg.Chunk.Serial != 0 {
-		c.Chunk = trace.ChunkID(reg.Chunk)
+		TotalPages: spec.TotalPages}
+	if chunk.Serial != 0 {
+		c.Chunk = trace.ChunkID(chunk)
 	}
 	for _, in := range spec.Infos {
 		c.Infos = append(c.Infos, trace.InfoCall{Peer: in.Peer, DstPages: in.DstPages, Dummy: in.Dummy})
 	}
-	if err != nil {
-		c.Err = err.Error()
+	return c
+}
+
+// traceBeginRegister records a registration before its chunk is added: a
+// replay builds the chunk's plan from it when the manager's AddChunk comes.
+// Its outcome is the record's effect (traceRegister).
+func (e *Engine) traceBeginRegister(spec *ChunkSpec, chunk messages.Chunk) (trace.Slot, bool) {
+	if e.trace == nil {
+		return trace.Slot{}, false
 	}
-	e.trace.Add(trace.Engine, "engine", "", c, nil)
+	return e.trace.Begin(trace.Engine, "engine", "", registerCall(spec, chunk)), true
+}
+
+// traceRegister records a registration's outcome: as the effect of the
+// record traceBeginRegister began, or as a record of its own for one that
+// added no chunk (refused, or found registered).
+func (e *Engine) traceRegister(spec *ChunkSpec, reg Registration, err error, slot trace.Slot, begun bool, p *plan.Plan) {
+	if e.trace == nil {
+		return
+	}
+	out := trace.Registered{PerLayer: reg.Mode == PerLayer, Existing: reg.Existing}
+	if p != nil {
+		out.Plan = p.Digest()
+	}
+	if err != nil {
+		out.Err = err.Error()
+	}
+	effects := trace.Effects([]any{out})
+	if !begun {
+		slot = e.trace.Begin(trace.Engine, "engine", "", registerCall(spec, reg.Chunk))
+	}
+	e.trace.Finish(slot, effects)
 }
 
 func (e *Engine) traceAddPeer(p *Peer, err error) {
@@ -85,6 +117,9 @@ func (e *Engine) traceAddPeer(p *Peer, err error) {
 		return
 	}
 	c := &trace.AddPeerCall{ID: p.ID}
+	if p.Sharding != nil {
+		c.Sharding = &trace.Sharding{Side: p.Sharding.Side, Rank: p.Sharding.Rank}
+	}
 	for _, b := range p.Buffers {
 		c.ItemLen = append(c.ItemLen, b.ItemLen)
 		if b.ItemLen > 0 {

@@ -5,8 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -17,10 +20,12 @@ import (
 	"github.com/kvstream/kvstream/hw/rdma/rdmafault"
 	"github.com/kvstream/kvstream/lab/replay"
 	"github.com/kvstream/kvstream/lab/testbed"
+	"github.com/kvstream/kvstream/lab/workload"
 	"github.com/kvstream/kvstream/system"
 	"github.com/kvstream/kvstream/trace"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
 )
 
 // traceScenario is one scenario of the commit log, recorded as a trace in
@@ -366,6 +371,15 @@ func mutate(tr *trace.Trace, edit func(recs []trace.Record) []trace.Record) *tra
 	return &trace.Trace{Header: tr.Header, Records: edit(recs)}
 }
 
+// renumber numbers records one after the other, as a recorder does in the
+// order actors begin handling messages.
+func renumber(recs []trace.Record) []trace.Record {
+	for i := range recs {
+		recs[i].Seq = uint64(i + 1)
+	}
+	return recs
+}
+
 func indexOf(recs []trace.Record, from int, match func(trace.Record) bool) int {
 	for i := from; i < len(recs); i++ {
 		if match(recs[i]) {
@@ -375,59 +389,250 @@ func indexOf(recs []trace.Record, from int, match func(trace.Record) bool) int {
 	return -1
 }
 
-// TestTraceMutationsAreCaught: a replay cannot be vacuous. Dropping a
-// LayerEnd (the forward's Boundary) or duplicating a GroupReady is a
-// divergence; swapping two Finish calls of different rooms is not (the
-// documented outcome: the same statuses, since each room's FIFO is its own).
-func TestTraceMutationsAreCaught(t *testing.T) {
-	s := traceScenarios[1] // later_forwards_refire: several rooms, forwards, finishes
-	tr, err := trace.Read(bytes.NewReader(s.record(t)))
-	require.NoError(t, err)
-	base, err := replay.Cores(tr.Stream())
-	require.NoError(t, err)
-	require.Nil(t, base.Divergence)
-
-	dropBoundary := mutate(tr, func(recs []trace.Record) []trace.Record {
-		i := indexOf(recs, 0, func(r trace.Record) bool { return r.Actor == trace.Forward && r.Type == "Boundary" })
-		require.GreaterOrEqual(t, i, 0)
-		return append(recs[:i], recs[i+1:]...)
-	})
-	out, err := replay.Cores(dropBoundary.Stream())
-	require.NoError(t, err)
-	require.NotNil(t, out.Divergence, "a dropped LayerEnd must be caught")
-	assert.Equal(t, "GroupReady", out.Divergence.Type)
-
-	dupGroup := mutate(tr, func(recs []trace.Record) []trace.Record {
-		i := indexOf(recs, 0, func(r trace.Record) bool { return r.Actor == trace.Chunk && r.Type == "GroupReady" })
-		require.GreaterOrEqual(t, i, 0)
-		return append(recs[:i+1], append([]trace.Record{recs[i]}, recs[i+1:]...)...)
-	})
-	out, err = replay.Cores(dupGroup.Stream())
-	require.NoError(t, err)
-	require.NotNil(t, out.Divergence, "a duplicated GroupReady must be caught")
-	assert.Equal(t, "GroupReady", out.Divergence.Type)
-
-	swapFinish := mutate(tr, func(recs []trace.Record) []trace.Record {
-		i := indexOf(recs, 0, func(r trace.Record) bool { return r.Actor == trace.Manager && r.Type == "Finish" })
-		j := indexOf(recs, i+1, func(r trace.Record) bool { return r.Actor == trace.Manager && r.Type == "Finish" })
-		require.Greater(t, j, i)
-		recs[i], recs[j] = recs[j], recs[i]
-		return recs
-	})
-	out, err = replay.Cores(swapFinish.Stream())
-	require.NoError(t, err)
-	if out.Divergence == nil {
-		assert.Equal(t, base.Statuses, out.Statuses, "swapped finishes of different rooms: same statuses")
+// TestTraceEveryMutationIsCaught: a replay cannot be vacuous. Recorded
+// traces (the scenarios of the commit log, and a sim run) are mutated in
+// every way: each record deleted, each record duplicated, adjacent records
+// of different actors swapped, a record's number shifted, and one field of
+// each kind of record changed (every field of its message and its first
+// effect). Every mutation is a divergence, or an error reading the record,
+// that names the mutated record, but the mutations listed in allowedNoOps,
+// each with the reason it changes nothing a replay can know.
+func TestTraceEveryMutationIsCaught(t *testing.T) {
+	traces := map[string]*trace.Trace{}
+	for _, name := range []string{"later_forwards_refire", "chunked_fifo_late_chunk", "submit_failure", "two_destinations_per_layer"} {
+		raw, err := os.ReadFile(filepath.Join(traceDir, name+".jsonl"))
+		require.NoError(t, err)
+		tr, err := trace.Read(bytes.NewReader(raw))
+		require.NoError(t, err)
+		traces[name] = tr
 	}
+	traces["sim"] = simTrace(t)
+	for name, tr := range traces {
+		t.Run(name, func(t *testing.T) {
+			base, err := replay.Cores(tr.Stream())
+			require.NoError(t, err)
+			require.Nil(t, base.Divergence, "%s", base)
+			caught, allowed := 0, 0
+			for _, m := range mutations(tr) {
+				out, err := replay.Cores(m.tr.Stream())
+				var said string
+				switch {
+				case err != nil:
+					said = err.Error()
+				case out.Divergence != nil:
+					said = out.Divergence.String()
+				}
+				if _, ok := allowedNoOps[m.field]; ok && said == "" {
+					allowed++
+					continue
+				}
+				if !assert.NotEmpty(t, said, "%s: replayed clean", m.what) {
+					continue
+				}
+				_, later := namedLater[m.field]
+				if _, noOp := allowedNoOps[m.field]; !later && !noOp {
+					assert.True(t, namesRecord(said, m.seq), "%s: the divergence does not name record %d:\n%s", m.what, m.seq, said)
+				}
+				caught++
+			}
+			t.Logf("%d records: %d mutations caught, %d allowed no-ops", len(tr.Records), caught, allowed)
+		})
+	}
+}
 
-	// A truncated or garbled trace is an error that names the line.
-	b, _ := json.Marshal(tr.Header)
-	_, err = trace.Read(strings.NewReader(string(b) + "\n" + `{"seq":1,"actor":"chunk"` + "\n"))
-	require.ErrorContains(t, err, "trace line 2")
-	_, err = trace.Read(strings.NewReader(`{"kvstream_trace":99}` + "\n"))
-	require.ErrorContains(t, err, "format version 99")
-	_, err = trace.Read(strings.NewReader(string(b) + "\n" + `{"seq":1,"type":"Finish"}` + "\n"))
-	require.ErrorContains(t, err, "trace line 2: record without actor or type")
+// namedLater are the fields whose change is a divergence where the chunk
+// reports them, which may be a later record than the changed one.
+var namedLater = map[string]string{
+	"Submitted.Bytes":     "counted in the chunk's statistics, reported in its finish answer",
+	"Submitted.Blocks":    "as Submitted.Bytes",
+	"Submitted.WaitStart": "the event wait's time, reported in the chunk's statistics",
+	"Submitted.WaitEnd":   "as Submitted.WaitStart",
+	"Submitted.PostedAt":  "the post's time, reported in the chunk's statistics",
+	"Submitted.Posted":    "whether a batch was posted shows where its completion arrives, and in the statistics",
+	"BatchDone.Seq":       "a completion is the transport's word: one that names another batch in flight is caught when that batch's own completion comes (a stray)",
+	"BatchDone.Dest":      "as BatchDone.Seq",
+}
+
+// allowedNoOps are the fields whose change a replay may not notice, and
+// why (where it does, it may name the record that reports them). A change
+// of any other field is a divergence that names the changed record.
+var allowedNoOps = map[string]string{
+	"Waited.Seq":       "a submitter's Waited notes what the hardware did; its outcome reaches the chunk as the Submitted the replay checks",
+	"Waited.Dest":      "as Waited.Seq",
+	"Waited.Err":       "as Waited.Seq",
+	"Waited.Chunk":     "as Waited.Seq",
+	"RegisterCall.End": "a chunk's end is floored to its page unless it is the last chunk: an end within the same page registers the same chunk with the same plan",
+	"t_ns":             "a record's time is when it was handled, which no decision depends on",
+	"sender":           "the sending actor is what protoactor reported for a request, a label: the replay knows the real sender from the effects",
+	// The pool's size bounds the pages a plan may name and changes no
+	// decision of the engine's cores while every named page is inside it.
+	"AddPeerCall.Pages": "a larger or smaller decode pool holding every page the plans name changes no plan",
+	// Finish and Drop carry the caller's timeout; the cores' outcomes do
+	// not depend on it (the timer it arms fires as a recorded Timeout).
+	"Finish.Timeout": "the finish timeout is armed as a timer, whose firing is its own recorded message",
+	"Drop.Timeout":   "as Finish.Timeout",
+	// Times the façade stamps for the report decide nothing.
+	"Begin.At": "a forward's start time is for reports",
+	"End.At":   "a forward's end time is for reports",
+	// A completion's time is reported in the chunk's statistics (a
+	// divergence where it reports them), and decides nothing once the
+	// chunk ended.
+	"BatchDone.At": "a completion's time is for reports",
+}
+
+// namesRecord says whether a replay's message names record seq: as the
+// record it stopped at, or as the one missing or out of order.
+func namesRecord(said string, seq uint64) bool {
+	n := strconv.FormatUint(seq, 10)
+	for _, p := range []string{"record " + n + " ", "record " + n + ")", "record " + n + ":", "record " + n + ",", "records " + n + " ", "(seq " + n + ")", "seq " + n + "\n", "record " + n + "\n"} {
+		if strings.Contains(said+"\n", p) {
+			return true
+		}
+	}
+	return false
+}
+
+type mutation struct {
+	what  string
+	field string // for field changes: Type.Field, or t_ns, sender
+	seq   uint64 // the record it must name
+	tr    *trace.Trace
+}
+
+// mutations lists every mutation of tr.
+func mutations(tr *trace.Trace) []mutation {
+	var out []mutation
+	recs := tr.Records
+	edit := func(what, field string, seq uint64, f func([]trace.Record) []trace.Record) {
+		cp := make([]trace.Record, len(recs))
+		for i := range recs {
+			cp[i] = recs[i]
+			cp[i].Effects = slices.Clone(recs[i].Effects)
+		}
+		out = append(out, mutation{what: what, field: field, seq: seq, tr: &trace.Trace{Header: tr.Header, Records: f(cp)}})
+	}
+	for i := range recs {
+		r := recs[i]
+		edit(fmt.Sprintf("record %d (%s %s) deleted", r.Seq, r.Actor, r.Type), "", r.Seq, func(c []trace.Record) []trace.Record {
+			return append(c[:i:i], c[i+1:]...)
+		})
+		edit(fmt.Sprintf("record %d (%s %s) duplicated", r.Seq, r.Actor, r.Type), "", r.Seq, func(c []trace.Record) []trace.Record {
+			return append(c[:i+1:i+1], append([]trace.Record{c[i]}, c[i+1:]...)...)
+		})
+		if i+1 < len(recs) && recs[i+1].Actor != r.Actor {
+			edit(fmt.Sprintf("records %d (%s %s) and %d (%s %s) swapped", r.Seq, r.Actor, r.Type, recs[i+1].Seq, recs[i+1].Actor, recs[i+1].Type), "", recs[i+1].Seq, func(c []trace.Record) []trace.Record {
+				c[i], c[i+1] = c[i+1], c[i]
+				return c
+			})
+		}
+		edit(fmt.Sprintf("record %d (%s %s) renumbered %d", r.Seq, r.Actor, r.Type, r.Seq+1000), "", r.Seq+1000, func(c []trace.Record) []trace.Record {
+			c[i].Seq += 1000
+			return c
+		})
+	}
+	// One field of each kind of record.
+	seen := map[string]bool{}
+	for i := range recs {
+		r := recs[i]
+		kind := r.Actor + "/" + r.Type
+		if seen[kind] {
+			continue
+		}
+		seen[kind] = true
+		edit(fmt.Sprintf("record %d (%s %s): t_ns changed", r.Seq, r.Actor, r.Type), "t_ns", r.Seq, func(c []trace.Record) []trace.Record {
+			c[i].T += 12345
+			return c
+		})
+		if r.Sender != "" {
+			edit(fmt.Sprintf("record %d (%s %s): sender changed", r.Seq, r.Actor, r.Type), "sender", r.Seq, func(c []trace.Record) []trace.Record {
+				c[i].Sender += "x"
+				return c
+			})
+		}
+		edit(fmt.Sprintf("record %d (%s %s): id changed", r.Seq, r.Actor, r.Type), "id", r.Seq, func(c []trace.Record) []trace.Record {
+			c[i].ID += "9"
+			return c
+		})
+		if m, ok := r.Msg.(map[string]any); ok {
+			for _, k := range slices.Sorted(maps.Keys(m)) {
+				changed, ok := changeValue(m[k])
+				if !ok {
+					continue
+				}
+				edit(fmt.Sprintf("record %d (%s %s): msg field %s changed", r.Seq, r.Actor, r.Type, k), r.Type+"."+k, r.Seq, func(c []trace.Record) []trace.Record {
+					nm := maps.Clone(m)
+					nm[k] = changed
+					c[i].Msg = nm
+					return c
+				})
+			}
+		}
+		if len(r.Effects) > 0 {
+			edit(fmt.Sprintf("record %d (%s %s): first effect changed", r.Seq, r.Actor, r.Type), "", r.Seq, func(c []trace.Record) []trace.Record {
+				c[i].Effects[0] = strings.Replace(c[i].Effects[0], ":", ":1", 1)
+				return c
+			})
+		}
+	}
+	return out
+}
+
+// changeValue returns a different value of the same JSON kind.
+func changeValue(v any) (any, bool) {
+	switch v := v.(type) {
+	case json.Number:
+		n, err := v.Int64()
+		if err != nil {
+			return nil, false
+		}
+		return json.Number(strconv.FormatInt(n+1, 10)), true
+	case float64:
+		return v + 1, true
+	case string:
+		if id, err := trace.ParseChunkID(v); err == nil {
+			id.Serial++
+			return trace.ChunkID(id), true
+		}
+		return v + "x", true
+	case bool:
+		return !v, true
+	case []any:
+		if len(v) == 0 {
+			return []any{json.Number("1")}, true
+		}
+		c := slices.Clone(v)
+		if x, ok := changeValue(c[0]); ok {
+			c[0] = x
+			return c, true
+		}
+		return c[:len(c)-1], true
+	case map[string]any:
+		for _, k := range slices.Sorted(maps.Keys(v)) {
+			if x, ok := changeValue(v[k]); ok {
+				c := maps.Clone(v)
+				c[k] = x
+				return c, true
+			}
+		}
+	case nil:
+		return "x", true
+	}
+	return nil, false
+}
+
+// simTrace records a small sim run's per-layer trace.
+func simTrace(t *testing.T) *trace.Trace {
+	t.Helper()
+	var buf bytes.Buffer
+	cfg := workload.Defaults()
+	cfg.Preset = workload.Presets["small"]
+	cfg.Requests, cfg.PromptTokens, cfg.ChunkTokens, cfg.PageSize, cfg.GroupSize = 2, 256, 128, 16, 4
+	cfg.Record = &buf
+	_, err := workload.Run(context.Background(), cfg, zap.NewNop())
+	require.NoError(t, err)
+	tr, err := trace.Read(&buf)
+	require.NoError(t, err)
+	return tr
 }
 
 // TestTraceDivergencePrintsExcerpts: a divergence on a record carrying a
@@ -473,10 +678,12 @@ func TestTraceLateMessageToAStoppedChunk(t *testing.T) {
 	require.Positive(t, late, "the chunk handles a Submitted after it ended")
 	require.Greater(t, done, late, "the recording has it before the room's ChunkDone")
 	at := done // where the late record lands: just after ChunkDone, once it is removed from before
+	// As a recording with that timing numbers them: in the order the
+	// actors began handling the messages.
 	moved := mutate(tr, func(recs []trace.Record) []trace.Record {
 		l := recs[late]
 		recs = append(recs[:late], recs[late+1:]...)
-		return append(recs[:at], append([]trace.Record{l}, recs[at:]...)...)
+		return renumber(append(recs[:at], append([]trace.Record{l}, recs[at:]...)...))
 	})
 	require.Equal(t, "ChunkDone", moved.Records[at-1].Type)
 	require.Equal(t, "Submitted", moved.Records[at].Type)

@@ -3,11 +3,13 @@ package trace
 import (
 	"encoding/json"
 	"strconv"
+	"strings"
 	"time"
 	"unicode/utf8"
 
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cp"
+	"github.com/kvstream/kvstream/cp/reshard"
 	"github.com/kvstream/kvstream/messages"
 )
 
@@ -162,7 +164,23 @@ func (c *Config) Validate() error {
 			return headerErr("%s (%s): the buffers' item_len × pages reach %d bytes, above the bound of %d", name, b.Name, pool, uint64(MaxPoolBytes))
 		}
 	}
+	if c.Sharding != nil {
+		if err := c.Sharding.check("prefill"); err != nil {
+			return errors.Wrap(err, "trace header: sharding")
+		}
+	}
+	if c.Replicas < 0 || c.Replicas > int(reshard.FirstReplica) {
+		return headerErr("replicas %d: want %d (spread) or %d (first)", c.Replicas, reshard.SpreadReplicas, reshard.FirstReplica)
+	}
 	return nil
+}
+
+// check validates a recorded side and rank with cp/reshard's own bounds.
+func (s *Sharding) check(side string) error {
+	if err := s.Side.Validate(side); err != nil {
+		return err
+	}
+	return s.Side.ValidateRank(side, s.Rank)
 }
 
 // checkName bounds a name's length (it is printed) and refuses invalid
@@ -281,6 +299,9 @@ func (c *Config) decodeCall(rec *Record) (any, error) {
 		if err := remarshal(rec.Msg, &call); err != nil {
 			return nil, errors.Wrap(err, "RegisterCall")
 		}
+		if err := registered(rec.Effects, &call); err != nil {
+			return nil, errors.Wrap(err, "RegisterCall")
+		}
 		return &call, errors.Wrap(c.checkRegister(&call), "RegisterCall")
 	case "AddPeerCall":
 		var call AddPeerCall
@@ -290,6 +311,25 @@ func (c *Config) decodeCall(rec *Record) (any, error) {
 		return &call, errors.Wrap(checkAddPeer(&call), "AddPeerCall")
 	}
 	return nil, nil // other engine records are not re-issued
+}
+
+// registered reads a RegisterCall record's outcome, its one Registered
+// effect, into the call; none means the call did not return (the trace was
+// taken while it was under way).
+func registered(effects []string, call *RegisterCall) error {
+	if len(effects) == 0 {
+		return nil
+	}
+	name, body, ok := strings.Cut(effects[0], " ")
+	if len(effects) != 1 || !ok || name != "Registered" {
+		return errors.Newf("outcome %s: want one Registered effect", Excerpt(strings.Join(effects, "; "), 128))
+	}
+	var out Registered
+	if err := json.Unmarshal([]byte(body), &out); err != nil {
+		return errors.Wrap(err, "its Registered effect")
+	}
+	call.PerLayer, call.Existing, call.Err, call.Plan = out.PerLayer, out.Existing, out.Err, out.Plan
+	return nil
 }
 
 func (c *Config) checkRegister(call *RegisterCall) error {
@@ -334,6 +374,11 @@ func checkPages(field string, list []int, pages int) error {
 func checkAddPeer(call *AddPeerCall) error {
 	if err := checkName("ID", call.ID); err != nil {
 		return err
+	}
+	if call.Sharding != nil {
+		if err := call.Sharding.check("decode"); err != nil {
+			return errors.Wrap(err, "Sharding")
+		}
 	}
 	if len(call.ItemLen) > MaxBuffers || len(call.Pages) > MaxBuffers {
 		return errors.Newf("%d item lengths and %d page counts: above the bound of %d buffers", len(call.ItemLen), len(call.Pages), MaxBuffers)
@@ -383,4 +428,17 @@ func Excerpt(s string, n int) string {
 		cut--
 	}
 	return s[:cut] + "… (" + strconv.Itoa(len(s)) + " bytes)"
+}
+
+// Remarshal decodes a recorded message (JSON as read) into a typed value,
+// as the replays do with façade calls and submitters' Waited records.
+func Remarshal(from, to any) error { return remarshal(from, to) }
+
+// Unmarshal decodes one recorded effect's JSON as the reader decodes
+// records (numbers kept exact), so that it compares equal to a record's
+// message.
+func Unmarshal(s string, v any) error {
+	dec := json.NewDecoder(strings.NewReader(s))
+	dec.UseNumber()
+	return dec.Decode(v)
 }

@@ -1,5 +1,7 @@
 package trace
 
+import "github.com/kvstream/kvstream/cp/reshard"
+
 // Façade calls have no actor message of their own but a replay through the
 // engine needs them: they are recorded as these messages of actor Engine.
 
@@ -11,11 +13,26 @@ type RegisterCall struct {
 	SrcPages   []int
 	TotalPages int
 	Infos      []InfoCall
-	// Outcome: the mode chosen, the chunk, whether it existed, or the error.
+	// Chunk is the chunk the call registered or found ("" when refused).
+	Chunk string
+	// The outcome, recorded as the record's effect (a Registered line)
+	// since the record is begun before the engine's manager answers:
+	// DecodeCall fills these from it.
+	PerLayer bool   `json:"-" trace:"-"`
+	Existing bool   `json:"-" trace:"-"`
+	Err      string `json:"-" trace:"-"`
+	Plan     uint64 `json:"-" trace:"-"`
+}
+
+// Registered is a registration's outcome, the effect of its RegisterCall
+// record: the mode chosen and whether the chunk existed, or the error.
+type Registered struct {
 	PerLayer bool
-	Chunk    string
 	Existing bool
 	Err      string
+	// Plan is the digest of the plan the registration built (plan.Plan's
+	// Digest), 0 when it built none.
+	Plan uint64 `json:",omitempty"`
 }
 
 // InfoCall is one decode destination of a registration.
@@ -31,7 +48,17 @@ type AddPeerCall struct {
 	ID      string
 	ItemLen []uint64
 	Pages   []int
-	Err     string
+	// Sharding is the peer's side and rank when it reshards (nil: it
+	// receives the buffers one for one).
+	Sharding *Sharding `json:",omitempty"`
+	Err      string
+}
+
+// Sharding is one side's sharding of the model (plan.Sharding): the side
+// and its rank.
+type Sharding struct {
+	Side reshard.Side
+	Rank reshard.Rank
 }
 
 // Waited is a submitter's ReenterAfter continuation: the event wait of one

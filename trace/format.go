@@ -9,8 +9,10 @@ import (
 	"github.com/cockroachdb/errors"
 )
 
-// Version is the trace format version this code writes and reads.
-const Version = 1
+// Version is the trace format version this code writes and reads. Version
+// 2 records a registration before the chunk it creates (its outcome as
+// the record's effect), and the engine's and its peers' sharding.
+const Version = 2
 
 // Header is a trace's first line.
 type Header struct {
@@ -41,6 +43,10 @@ type Config struct {
 	// rule: per-layer only for rooms with one real destination).
 	SingleDestination bool     `json:"single_destination,omitempty"`
 	Buffers           []Buffer `json:"buffers"`
+	// Sharding is the prefill rank's sharding (Config.Sharding) and
+	// Replicas its replica rule (reshard.ReplicaRule), when it reshards.
+	Sharding *Sharding `json:"sharding,omitempty"`
+	Replicas int       `json:"replicas,omitempty"`
 }
 
 // Buffer is one prefill buffer's geometry (addresses are left out).

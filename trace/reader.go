@@ -53,6 +53,9 @@ func NewReader(r io.Reader) (*Reader, error) {
 	if err := trailing(dec); err != nil {
 		return nil, errors.Wrapf(err, "trace line %d: header", rd.line)
 	}
+	if rd.header.Format == 1 {
+		return nil, errors.Newf("trace line %d: format version 1: recorded by an older kvstream, before registrations were recorded ahead of their chunks; this kvstream reads version %d (replay it with the kvstream that recorded it)", rd.line, Version)
+	}
 	if rd.header.Format != Version {
 		return nil, errors.Newf("trace line %d: format version %d, this kvstream reads version %d", rd.line, rd.header.Format, Version)
 	}

@@ -271,7 +271,7 @@ func FuzzReadTrace(f *testing.F) {
 	f.Add([]byte(testHeader + "\n" + `{"seq":1,"actor":"manager","id":"manager","type":"AddChunk","msg":{"Chunk":"1:0-8#1","Dests":1,"Owned":2}}` + "\n"))
 	f.Add([]byte(testHeader + "\n" + `{"seq":2,"actor":"engine","id":"engine","type":"RegisterCall","msg":{"Room":1,"End":8,"SrcPages":[0,1],"Infos":[{"Peer":"d0","DstPages":[3,4]}]}}` + "\n"))
 	f.Add([]byte(testHeader + "\n" + `{"seq":3,"actor":"forward","id":"forward","type":"Boundary","msg":{"Group":1,"Event":"ev:1"}}` + "\n"))
-	f.Add([]byte(`{"kvstream_trace":1,"config":{"hook_layers":1000000000}}`))
+	f.Add([]byte(`{"kvstream_trace":2,"config":{"hook_layers":1000000000}}`))
 	f.Add([]byte("# nothing\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		rd, err := NewReader(bytes.NewReader(data))

@@ -87,8 +87,10 @@ func TestRingKeepsTheLastRecords(t *testing.T) {
 }
 
 func TestReadErrorsNameTheLine(t *testing.T) {
-	_, err := Read(strings.NewReader("# comment\n\n" + `{"kvstream_trace":2}` + "\n"))
-	assert.ErrorContains(t, err, "trace line 3: format version 2")
+	_, err := Read(strings.NewReader("# comment\n\n" + `{"kvstream_trace":3}` + "\n"))
+	assert.ErrorContains(t, err, "trace line 3: format version 3")
+	_, err = Read(strings.NewReader(`{"kvstream_trace":1}` + "\n"))
+	assert.ErrorContains(t, err, "trace line 1: format version 1: recorded by an older kvstream")
 	_, err = Read(strings.NewReader(testHeader + "\n" + "not json\n"))
 	assert.ErrorContains(t, err, "trace line 2")
 	_, err = Read(strings.NewReader("# only comments\n"))

@@ -10,6 +10,7 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/actors"
 	"github.com/kvstream/kvstream/cp"
+	"github.com/kvstream/kvstream/cp/reshard"
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/messages"
 	"github.com/kvstream/kvstream/plan"
@@ -86,6 +87,12 @@ type Summary struct {
 	Results []ChunkResult
 	// Skipped counts records about actors whose beginning the ring dropped.
 	Skipped int
+	// Registrations counts the recorded Register calls.
+	Registrations int
+	// InFlight counts the messages the replayed actors sent that the trace
+	// never shows handled: in mailboxes when the engine stopped its actors,
+	// or when the trace was taken.
+	InFlight int
 }
 
 // ChunkResult is one chunk's outcome in a replay.
@@ -101,9 +108,14 @@ type Outcome struct {
 	Divergence *Divergence
 }
 
+// inbox holds the messages the replayed actors sent one actor and it has
+// not handled yet, in the order they were sent, each with its sender (the
+// record whose effects sent it).
 type inbox struct {
-	lines []string
-	msgs  []any
+	lines   []string
+	msgs    []any
+	senders []string
+	sentBy  []uint64 // the sending record's seq
 }
 
 type replayer struct {
@@ -116,11 +128,39 @@ type replayer struct {
 	chunks  map[string]*actors.ChunkCore
 	inboxes map[string]*inbox // "kind/id"; submitters share "submitter/*"
 	seen    map[string]bool
-	// stopped are the chunks their room stopped. The actor stops
-	// asynchronously, so it may still handle what was in its mailbox
-	// (a submitter's late Submitted); its core had ended and answers
-	// nothing.
-	stopped map[string]bool
+	// stopped are the chunks their room stopped, with their ended cores.
+	// The actor stops asynchronously, so it may still handle what was in
+	// its mailbox (a submitter's late Submitted): its core answers nothing,
+	// but says a report that answers no work of its.
+	stopped map[string]*actors.ChunkCore
+	// worked counts the Work submitters handled whose wait has not ended
+	// (no Waited yet), by chunk, group and destination.
+	worked map[workKey]int
+	// lastSeq is the previous record's number: records come numbered one
+	// after the other.
+	lastSeq uint64
+	// peers are the decode peers the recorded AddPeer calls added, and
+	// registered the plans the recorded registrations built, by chunk,
+	// until the manager's AddChunk for it: a replay builds each chunk's
+	// plan from its registration, as the engine does, and checks the
+	// AddChunk against it.
+	peers      map[string]*plan.Peer
+	peerSeqs   []string // "id at record n", for divergences
+	registered map[string]registration
+	plans      map[string]*plan.Plan // AddChunk handled, until SpawnChunk
+}
+
+// workKey names one Work: its chunk, group (or Rest) and destination.
+type workKey struct {
+	chunk     string
+	seq, dest int
+}
+
+// registration is a recorded registration awaiting its AddChunk.
+type registration struct {
+	seq  uint64
+	line int
+	plan *plan.Plan
 }
 
 // Cores replays a trace through fresh functional cores, one record at a
@@ -135,10 +175,17 @@ func Cores(s trace.Stream) (*Outcome, error) {
 	}
 	r := &replayer{header: h, layout: l, out: &Outcome{Summary: Summary{Statuses: map[string]int{}}},
 		manager: actors.NewManagerCore(), forward: actors.NewForwardCore(),
-		rooms: map[uint64]*actors.RoomCore{}, chunks: map[string]*actors.ChunkCore{}, inboxes: map[string]*inbox{}, seen: map[string]bool{}, stopped: map[string]bool{}}
+		rooms: map[uint64]*actors.RoomCore{}, chunks: map[string]*actors.ChunkCore{}, inboxes: map[string]*inbox{}, seen: map[string]bool{}, stopped: map[string]*actors.ChunkCore{}, worked: map[workKey]int{},
+		peers: map[string]*plan.Peer{}, registered: map[string]registration{}, plans: map[string]*plan.Plan{}}
+	if h.Dropped > 0 {
+		// The ring overwrote the first records: the trace starts at
+		// Dropped+1.
+		r.lastSeq = h.Dropped
+	}
 	for {
 		rec, err := s.Next()
 		if err == io.EOF {
+			r.out.Divergence = r.atEnd()
 			return r.out, nil
 		}
 		if err != nil {
@@ -173,7 +220,26 @@ func Layout(c trace.Config) (*plan.Layout, error) {
 		bufs[i] = plan.Buffer{Name: b.Name, Base: uint64(i+1) << 32, ItemLen: b.ItemLen, Pages: b.Pages, Layer: b.Layer}
 	}
 	l, err := plan.NewLayout(bufs, keys, c.HookLayers, c.GroupSize, c.PageSize, cp.CP{Size: c.CPSize, Rank: c.CPRank, Rule: rule})
-	return l, errors.Wrap(err, "trace header")
+	if err != nil {
+		return nil, errors.Wrap(err, "trace header")
+	}
+	if sh := c.Sharding; sh != nil {
+		if err := l.SetSharding(&plan.Sharding{Side: sh.Side, Rank: sh.Rank}, reshard.ReplicaRule(c.Replicas)); err != nil {
+			return nil, errors.Wrap(err, "trace header: sharding")
+		}
+	}
+	return l, nil
+}
+
+// Policy is the per-layer policy a trace's engine ran under.
+func Policy(c trace.Config) cp.Policy {
+	switch {
+	case !c.PerLayer:
+		return cp.NoPerLayer
+	case c.SingleDestination:
+		return cp.SingleDestination
+	}
+	return cp.EveryDestination
 }
 
 // external says whether an actor kind receives a message type from outside
@@ -185,8 +251,10 @@ func external(kind, typ string) bool {
 	case trace.Forward:
 		return typ == "Begin" || typ == "Boundary" || typ == "End"
 	case trace.Chunk:
+		// A Submitted is sent by a submitter's resume, recorded as its
+		// Waited (whose effect it is): internal.
 		switch typ {
-		case "Submitted", "BatchDone", "Timeout", "TornDown", "Cancel":
+		case "BatchDone", "Timeout", "TornDown", "Cancel":
 			return true
 		}
 	case trace.Submitter:
@@ -198,14 +266,37 @@ func external(kind, typ string) bool {
 func key(kind, id string) string { return kind + "/" + id }
 
 func (r *replayer) step(rec *trace.Record) (*Divergence, error) {
-	if rec.Actor == trace.Engine {
-		return nil, nil
-	}
-	if rec.Actor == trace.Submitter && rec.Type == "Waited" {
-		return nil, nil // what the hardware did; its Submitted reaches the chunk as its own record
-	}
 	div := func(reason string, recorded, replayed []string) *Divergence {
 		return &Divergence{Seq: rec.Seq, Line: rec.Line, Actor: rec.Actor, ID: rec.ID, Type: rec.Type, Reason: reason, Recorded: recorded, Replayed: replayed}
+	}
+	// Records are numbered as actors begin handling messages, one after
+	// the other: a gap is a record missing, a number out of order one
+	// moved, repeated or renumbered.
+	switch want := r.lastSeq + 1; {
+	case rec.Seq == want:
+	case rec.Seq > want:
+		return div(fmt.Sprintf("record %d follows record %d: %s missing", rec.Seq, r.lastSeq, missing(want, rec.Seq-1)), []string{fmt.Sprintf("seq %d", want)}, []string{fmt.Sprintf("seq %d", rec.Seq)}), nil
+	default:
+		return div(fmt.Sprintf("record %d follows record %d: records are numbered one after the other (repeated, moved or renumbered)", rec.Seq, r.lastSeq), []string{fmt.Sprintf("seq %d", want)}, []string{fmt.Sprintf("seq %d", rec.Seq)}), nil
+	}
+	r.lastSeq = rec.Seq
+	// One engine, one manager, one forward actor: their ids are fixed.
+	switch rec.Actor {
+	case trace.Engine, trace.Manager, trace.Forward:
+		if rec.ID != rec.Actor {
+			return div(fmt.Sprintf("actor %s is named %q, not %q", rec.Actor, trace.Excerpt(rec.ID, 64), rec.Actor), []string{rec.ID}, []string{rec.Actor}), nil
+		}
+	}
+	if rec.Actor == trace.Engine {
+		return r.call(rec)
+	}
+	if rec.Actor == trace.Submitter {
+		if n, err := strconv.Atoi(rec.ID); err != nil || n < 0 || n >= r.header.Config.Submitters {
+			return div(fmt.Sprintf("submitter %q: want one of the header's %d submitters", trace.Excerpt(rec.ID, 64), r.header.Config.Submitters), []string{rec.ID}, nil), nil
+		}
+	}
+	if rec.Actor == trace.Submitter && rec.Type == "Waited" {
+		return r.waited(rec)
 	}
 	var msg any
 	if external(rec.Actor, rec.Type) {
@@ -214,6 +305,11 @@ func (r *replayer) step(rec *trace.Record) (*Divergence, error) {
 			return nil, errors.Wrapf(err, "%s", rec.Where())
 		}
 		msg = m
+		if add, ok := m.(*messages.AddChunk); ok {
+			if d := r.addChunk(rec, add); d != nil {
+				return d, nil
+			}
+		}
 	} else {
 		k := key(rec.Actor, rec.ID)
 		if rec.Actor == trace.Submitter {
@@ -230,6 +326,17 @@ func (r *replayer) step(rec *trace.Record) (*Divergence, error) {
 				}
 			}
 		}
+		// A mailbox delivers one sender's messages in the order it sent
+		// them (the submitters' router spreads Work over several
+		// mailboxes, so theirs is not checked).
+		if found > 0 && rec.Actor != trace.Submitter {
+			for i := range found {
+				if box.senders[i] == box.senders[found] {
+					return div(fmt.Sprintf("handled before a message its sender (%s, record %d) sent it earlier: a mailbox keeps its sender's order", box.senders[i], box.sentBy[i]),
+						[]string{want}, box.lines[:found+1]), nil
+				}
+			}
+		}
 		if found < 0 {
 			if r.header.Dropped > 0 && !r.seen[k] {
 				r.out.Skipped++ // its beginning was overwritten in the ring
@@ -237,7 +344,9 @@ func (r *replayer) step(rec *trace.Record) (*Divergence, error) {
 			}
 			var pending []string
 			if box != nil {
-				pending = box.lines
+				for i, l := range box.lines {
+					pending = append(pending, fmt.Sprintf("%s (sent by %s, record %d)", l, box.senders[i], box.sentBy[i]))
+				}
 			}
 			return div("the recording shows this message handled, but the replayed actors never sent it (replayed lines: what they sent this actor and it has not handled)",
 				[]string{want}, pending), nil
@@ -245,10 +354,17 @@ func (r *replayer) step(rec *trace.Record) (*Divergence, error) {
 		msg = box.msgs[found]
 		box.lines = append(box.lines[:found:found], box.lines[found+1:]...)
 		box.msgs = append(box.msgs[:found:found], box.msgs[found+1:]...)
+		box.senders = append(box.senders[:found:found], box.senders[found+1:]...)
+		box.sentBy = append(box.sentBy[:found:found], box.sentBy[found+1:]...)
 	}
 	r.out.Replayed++
 	if rec.Actor == trace.Submitter {
-		return nil, nil // a submitter has no core; the Work matched
+		// A submitter has no core; the Work matched. Its wait's end is
+		// its Waited record.
+		if w, ok := msg.(*trace.Work); ok {
+			r.worked[workKey{trace.ChunkID(w.Chunk), w.Seq, w.Dest}]++
+		}
+		return nil, nil
 	}
 	effs, d := r.feed(rec, msg)
 	if d != nil {
@@ -260,6 +376,217 @@ func (r *replayer) step(rec *trace.Record) (*Divergence, error) {
 	}
 	r.route(rec, effs)
 	return nil, nil
+}
+
+// waited takes a submitter's Waited: the wait of a Work it handled ended,
+// and its effect, the Submitted it sent the chunk, is delivered to the
+// chunk's inbox like any message an actor sent.
+func (r *replayer) waited(rec *trace.Record) (*Divergence, error) {
+	div := func(reason string, recorded, replayed []string) *Divergence {
+		return &Divergence{Seq: rec.Seq, Line: rec.Line, Actor: rec.Actor, ID: rec.ID, Type: rec.Type, Reason: reason, Recorded: recorded, Replayed: replayed}
+	}
+	var w trace.Waited
+	if err := trace.Remarshal(rec.Msg, &w); err != nil {
+		return nil, errors.Wrapf(err, "%s", rec.Where())
+	}
+	k := workKey{w.Chunk, w.Seq, w.Dest}
+	if r.worked[k] == 0 {
+		if r.header.Dropped > 0 {
+			r.out.Skipped++
+			return nil, nil
+		}
+		return div(fmt.Sprintf("a wait ended for chunk %s group %d destination %d, whose Work no submitter handled", trace.Excerpt(w.Chunk, 64), w.Seq, w.Dest), []string{trace.Canonical(rec.Msg)}, nil), nil
+	}
+	r.worked[k]--
+	if len(rec.Effects) != 1 {
+		return div("a Waited sends its chunk exactly one Submitted", rec.Effects, nil), nil
+	}
+	name, body, _ := strings.Cut(rec.Effects[0], " ")
+	var fields any
+	if name != "Submitted" || trace.Unmarshal(body, &fields) != nil {
+		return div("a Waited's effect is the Submitted it sent its chunk", rec.Effects, nil), nil
+	}
+	sub := trace.Record{Seq: rec.Seq, Line: rec.Line, Actor: trace.Chunk, ID: w.Chunk, Type: "Submitted", Msg: fields}
+	msg, err := trace.Decode(&sub)
+	if err != nil {
+		return nil, errors.Wrapf(err, "%s", rec.Where())
+	}
+	if s := msg.(*messages.Submitted); s.Seq != w.Seq || s.Dest != w.Dest {
+		return div(fmt.Sprintf("the Waited is for group %d destination %d; the Submitted it sent names group %d destination %d", w.Seq, w.Dest, s.Seq, s.Dest), rec.Effects, nil), nil
+	}
+	r.deliver(key(trace.Chunk, w.Chunk), key(rec.Actor, rec.ID), rec.Seq, "Submitted "+trace.Canonical(fields), msg)
+	r.out.Replayed++
+	return nil, nil
+}
+
+// deliver puts a message an actor sent into its receiver's inbox.
+func (r *replayer) deliver(to, from string, seq uint64, line string, msg any) {
+	r.seen[to] = true
+	b := r.inboxes[to]
+	if b == nil {
+		b = &inbox{}
+		r.inboxes[to] = b
+	}
+	b.lines = append(b.lines, line)
+	b.msgs = append(b.msgs, msg)
+	b.senders = append(b.senders, from)
+	b.sentBy = append(b.sentBy, seq)
+}
+
+// missing names the records from..to.
+func missing(from, to uint64) string {
+	if from == to {
+		return fmt.Sprintf("record %d is", from)
+	}
+	return fmt.Sprintf("records %d to %d are", from, to)
+}
+
+// call takes a façade call's record: the peers AddPeer added, and the plan
+// each registration built, which the manager's AddChunk for its chunk must
+// carry and its chunk core is given.
+func (r *replayer) call(rec *trace.Record) (*Divergence, error) {
+	div := func(reason string, recorded, replayed []string) *Divergence {
+		return &Divergence{Seq: rec.Seq, Line: rec.Line, Actor: rec.Actor, ID: rec.ID, Type: rec.Type, Reason: reason, Recorded: recorded, Replayed: replayed}
+	}
+	c, err := r.header.Config.DecodeCall(rec)
+	if err != nil {
+		return nil, err
+	}
+	switch call := c.(type) {
+	case *trace.AddPeerCall:
+		r.peerSeqs = append(r.peerSeqs, fmt.Sprintf("%s at record %d", call.ID, rec.Seq))
+		if call.Err != "" {
+			r.peerSeqs[len(r.peerSeqs)-1] += " (refused)"
+			return nil, nil
+		}
+		p, err := plan.ResolvePeer(r.layout, recordedPeer(call))
+		if err != nil {
+			return div("the recorded AddPeer succeeded; the replayed layout refuses the peer", []string{"AddPeer " + call.ID + ": ok"}, []string{err.Error()}), nil
+		}
+		r.peers[call.ID] = p
+	case *trace.RegisterCall:
+		r.out.Registrations++
+		if call.Chunk == "" || call.Existing || call.Err != "" {
+			return nil, nil // no chunk added for it
+		}
+		chunk, err := trace.ParseChunkID(call.Chunk)
+		if err != nil {
+			return nil, errors.Wrapf(err, "%s", rec.Where())
+		}
+		p, err := plan.BuildPlan(r.layout, r.peer, specOf(call), Policy(r.header.Config))
+		if err != nil {
+			return div("the recorded registration added a chunk; the replayed plan refuses it (its pages or peers differ from what the engine had: "+r.peerRecords()+")",
+				[]string{"Register " + call.Chunk + ": ok"}, []string{err.Error()}), nil
+		}
+		if len(rec.Effects) > 0 && (call.PerLayer != (p.Mode == cp.PerLayer) || call.Plan != p.Digest()) {
+			return div("the replayed plan differs from the one the recorded registration built (its pages, peers or mode)", rec.Effects,
+				[]string{fmt.Sprintf("per layer %v (%s), plan %d", p.Mode == cp.PerLayer, p.Reason, p.Digest())}), nil
+		}
+		if k := chunk.ChunkKey; k.Room != call.Room || k.Start != call.Start {
+			return div(fmt.Sprintf("the registration names chunk %s but registers room %d from token %d", call.Chunk, call.Room, call.Start), []string{call.Chunk}, nil), nil
+		}
+		p.Chunk = chunk
+		r.registered[call.Chunk] = registration{seq: rec.Seq, line: rec.Line, plan: p}
+	}
+	return nil, nil
+}
+
+// peerRecords lists the peers the recorded AddPeer calls named, with their
+// records.
+func (r *replayer) peerRecords() string {
+	if len(r.peerSeqs) == 0 {
+		return "no peer was added"
+	}
+	return "peers added: " + strings.Join(r.peerSeqs, ", ")
+}
+
+func (r *replayer) peer(id string) (*plan.Peer, bool) {
+	p, ok := r.peers[id]
+	return p, ok
+}
+
+// recordedPeer is a peer of the recorded geometry; its addresses and keys
+// are stand-ins (a plan needs their sizes, not their values).
+func recordedPeer(call *trace.AddPeerCall) plan.Peer {
+	p := plan.Peer{ID: call.ID, Address: []byte(call.ID)}
+	for i, pages := range call.Pages {
+		var item uint64
+		if i < len(call.ItemLen) {
+			item = call.ItemLen[i]
+		}
+		p.Buffers = append(p.Buffers, plan.PeerBuffer{Region: rdma.RegionDesc{Addr: uint64(i+1) << 40, Len: item * uint64(pages), Key: []byte{1}}, ItemLen: item})
+	}
+	if call.Sharding != nil {
+		p.Sharding = &plan.Sharding{Side: call.Sharding.Side, Rank: call.Sharding.Rank}
+	}
+	return p
+}
+
+// specOf is a recorded registration as the engine received it.
+func specOf(call *trace.RegisterCall) *plan.ChunkSpec {
+	s := &plan.ChunkSpec{Room: call.Room, Start: call.Start, End: call.End, Last: call.Last, SrcPages: call.SrcPages, TotalPages: call.TotalPages}
+	for _, in := range call.Infos {
+		s.Infos = append(s.Infos, plan.DecodeInfo{Peer: in.Peer, DstPages: in.DstPages, Dummy: in.Dummy})
+	}
+	return s
+}
+
+// addChunk checks the manager's AddChunk against the plan its recorded
+// registration built.
+func (r *replayer) addChunk(rec *trace.Record, m *messages.AddChunk) *Divergence {
+	id := trace.ChunkID(m.Chunk)
+	got := fmt.Sprintf("AddChunk %s: per layer %v, %d pages owned, %d destinations", id, m.PerLayer, m.Owned, m.Dests)
+	reg, ok := r.registered[id]
+	if !ok {
+		reason := "the manager added a chunk no recorded registration built (its RegisterCall is missing)"
+		for other, o := range r.registered {
+			if c, err := trace.ParseChunkID(other); err == nil && c.Room == m.Chunk.Room && c.Start == m.Chunk.Start {
+				reason = fmt.Sprintf("the manager added chunk %s; the registration at record %d built chunk %s", id, o.seq, other)
+			}
+		}
+		return &Divergence{Seq: rec.Seq, Line: rec.Line, Actor: rec.Actor, ID: rec.ID, Type: rec.Type, Reason: reason, Recorded: []string{got}}
+	}
+	delete(r.registered, id)
+	p := reg.plan
+	want := fmt.Sprintf("AddChunk %s: per layer %v, %d pages owned, %d destinations", id, p.Mode == cp.PerLayer, p.Owned, len(p.Dests))
+	if got != want {
+		return &Divergence{Seq: rec.Seq, Line: rec.Line, Actor: rec.Actor, ID: rec.ID, Type: rec.Type,
+			Reason: fmt.Sprintf("the chunk differs from the plan of its registration (record %d)", reg.seq), Recorded: []string{got}, Replayed: []string{want}}
+	}
+	r.plans[id] = p
+	return nil
+}
+
+// atEnd checks what the trace left: as many records as its header says
+// (a record missing at the end leaves no gap), and every chunk a
+// registration built added. Messages sent and not handled are counted: an
+// engine stops its actors at Close with messages in their mailboxes, and a
+// trace taken while it runs has messages in flight; one handled out of its
+// sender's order was caught when it was.
+func (r *replayer) atEnd() *Divergence {
+	for _, b := range r.inboxes {
+		r.out.InFlight += len(b.lines)
+	}
+	if h := r.header; h.Records > 0 && r.out.Records != h.Records {
+		reason := fmt.Sprintf("the header says the trace holds %d records; it holds %d, the last being record %d", h.Records, r.out.Records, r.lastSeq)
+		if last := h.Dropped + uint64(h.Records); r.out.Records < h.Records && last > r.lastSeq {
+			reason += ": " + missing(r.lastSeq+1, last) + " missing"
+		}
+		return &Divergence{Seq: r.lastSeq, Actor: trace.Engine, ID: "trace", Reason: reason}
+	}
+	var first *registration
+	var id string
+	for k, reg := range r.registered {
+		if first == nil || reg.seq < first.seq {
+			reg := reg
+			first, id = &reg, k
+		}
+	}
+	if first != nil {
+		return &Divergence{Seq: first.seq, Line: first.line, Actor: trace.Engine, ID: "engine", Type: "RegisterCall",
+			Reason: fmt.Sprintf("at the end of the trace: the registration of chunk %s built a chunk the manager never added (its AddChunk record is missing)", id)}
+	}
+	return nil
 }
 
 // feed steps the core of the record's actor.
@@ -279,8 +606,8 @@ func (r *replayer) feed(rec *trace.Record, msg any) ([]any, *Divergence) {
 		effs = core.Step(msg)
 	case trace.Chunk:
 		core := r.chunks[rec.ID]
-		if core == nil && r.stopped[rec.ID] {
-			return nil, nil // an ended core's effects: none
+		if core == nil {
+			core = r.stopped[rec.ID] // ended: it still checks late reports
 		}
 		if core == nil {
 			return nil, &Divergence{Seq: rec.Seq, Line: rec.Line, Actor: rec.Actor, ID: rec.ID, Type: rec.Type, Reason: "no such chunk in the replay"}
@@ -298,16 +625,9 @@ func (r *replayer) feed(rec *trace.Record, msg any) ([]any, *Divergence) {
 
 // route delivers effects the way the actor shells do.
 func (r *replayer) route(rec *trace.Record, effs []any) {
+	from := key(rec.Actor, rec.ID)
 	send := func(kind, id string, msg any) {
-		k := key(kind, id)
-		r.seen[k] = true
-		b := r.inboxes[k]
-		if b == nil {
-			b = &inbox{}
-			r.inboxes[k] = b
-		}
-		b.lines = append(b.lines, trace.TypeName(msg)+" "+trace.Canonical(trace.Encode(msg)))
-		b.msgs = append(b.msgs, msg)
+		r.deliver(key(kind, id), from, rec.Seq, trace.TypeName(msg)+" "+trace.Canonical(trace.Encode(msg)), msg)
 	}
 	for _, e := range effs {
 		switch e := e.(type) {
@@ -321,11 +641,15 @@ func (r *replayer) route(rec *trace.Record, effs []any) {
 			delete(r.rooms, e.Room)
 		case actors.SpawnChunk:
 			id := trace.ChunkID(e.Add.Chunk)
-			plan := &plan.Plan{Chunk: e.Add.Chunk, Owned: e.Add.Owned, Dests: make([]plan.Dest, e.Add.Dests)}
-			if e.Add.PerLayer {
-				plan.Mode = cp.PerLayer
+			p := r.plans[id] // addChunk checked it against the AddChunk
+			delete(r.plans, id)
+			if p == nil {
+				p = &plan.Plan{Chunk: e.Add.Chunk, Owned: e.Add.Owned, Dests: make([]plan.Dest, e.Add.Dests)}
+				if e.Add.PerLayer {
+					p.Mode = cp.PerLayer
+				}
 			}
-			r.chunks[id] = actors.NewChunkCore(r.layout, plan)
+			r.chunks[id] = actors.NewChunkCore(r.layout, p)
 			r.out.Chunks++
 			r.seen[key(trace.Chunk, id)] = true
 			send(trace.Forward, "forward", &messages.Pending{Chunk: e.Add.Chunk})
@@ -333,8 +657,9 @@ func (r *replayer) route(rec *trace.Record, effs []any) {
 			send(trace.Chunk, trace.ChunkID(e.To), e.Msg)
 		case actors.StopChunk:
 			send(trace.Forward, "forward", &messages.Forget{Chunk: e.Chunk})
-			delete(r.chunks, trace.ChunkID(e.Chunk))
-			r.stopped[trace.ChunkID(e.Chunk)] = true
+			id := trace.ChunkID(e.Chunk)
+			r.stopped[id] = r.chunks[id]
+			delete(r.chunks, id)
 		case actors.Idle:
 			room, _ := strconv.ParseUint(rec.ID, 10, 64)
 			send(trace.Manager, "manager", &messages.RoomIdle{Room: room, Seen: e.Seen})
