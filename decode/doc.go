@@ -54,7 +54,7 @@
 // request to its last one, before Wait reports it complete. A report from
 // a rank that owns none of the chunk's pages, a failed report, a rank
 // whose session is lost while the room may still need it, or
-// Group.RoomTimeout fails it. GroupRoom is that decision, with no I/O.
+// Config.RoomTimeout fails it.
 //
 // # Several pools in one process
 //

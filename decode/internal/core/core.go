@@ -1,4 +1,4 @@
-package decode
+package core
 
 import (
 	"fmt"
@@ -275,13 +275,21 @@ func (c *Core) state() State {
 
 // --- Hello ---
 
+// ProtocolVersion is the control protocol version this package speaks
+// (messages/wire: Hello.version, Offer.version).
+const ProtocolVersion = uint32(wire.Version_VERSION_CURRENT)
+
 // Bounds on a Hello's fields, which are logged and kept for the session.
 const (
-	maxNameLen      = 256
+	// MaxNameLen bounds a name a peer sends: the prefill's, its session
+	// actor's, a buffer's, the decode's peer id.
+	MaxNameLen      = 256
 	maxMetadata     = 64
 	maxMetadataText = 4096
-	// maxPageSize bounds Hello.page_size: tokens per page.
-	maxPageSize = 1 << 20
+	// MaxPageSize bounds Hello.page_size: tokens per page.
+	MaxPageSize = 1 << 20
+	// MaxBuffers bounds a Hello's layout before anything is sized by it.
+	MaxBuffers = 1 << 16
 )
 
 func (c *Core) refuseHello(code wire.Code, reason string, format string, args ...any) {
@@ -302,8 +310,8 @@ func (c *Core) hello(m HelloMsg) {
 		return
 	}
 	name := h.Prefill
-	if len(name) > maxNameLen {
-		name = name[:maxNameLen]
+	if len(name) > MaxNameLen {
+		name = name[:MaxNameLen]
 	}
 	switch {
 	case h.Version != ProtocolVersion:
@@ -367,8 +375,8 @@ func (c *Core) hello(m HelloMsg) {
 	}
 	pageSize := int(h.PageSize)
 	switch {
-	case pageSize < 1 || pageSize > maxPageSize:
-		c.refuseHello(wire.Code_BAD_INPUT, "geometry", "hello from %q: page size %d tokens (want 1 to %d)", name, h.PageSize, maxPageSize)
+	case pageSize < 1 || pageSize > MaxPageSize:
+		c.refuseHello(wire.Code_BAD_INPUT, "geometry", "hello from %q: page size %d tokens (want 1 to %d)", name, h.PageSize, MaxPageSize)
 		return
 	case c.r.Group != nil && pageSize != c.r.Group.PageSize:
 		c.refuseHello(wire.Code_BAD_INPUT, "geometry", "hello from %q: page size %d tokens, the CP group's is %d (Group.PageSize)", name, pageSize, c.r.Group.PageSize)
@@ -399,8 +407,8 @@ func rankText(g *Group, rank int) string {
 // checkHello checks what of a Hello needs no pool: names, metadata, the
 // buffers' count and item lengths.
 func checkHello(m *wire.Hello) error {
-	if len(m.Prefill) > maxNameLen || len(m.SessionId) > maxNameLen || len(m.SessionAddress) > maxNameLen {
-		return errors.Newf("prefill name, session id or address longer than %d bytes", maxNameLen)
+	if len(m.Prefill) > MaxNameLen || len(m.SessionId) > MaxNameLen || len(m.SessionAddress) > MaxNameLen {
+		return errors.Newf("prefill name, session id or address longer than %d bytes", MaxNameLen)
 	}
 	if len(m.Metadata) > maxMetadata {
 		return errors.Newf("%d metadata entries: at most %d", len(m.Metadata), maxMetadata)
@@ -410,15 +418,15 @@ func checkHello(m *wire.Hello) error {
 			return errors.Newf("metadata entry %.32q: more than %d bytes", k, maxMetadataText)
 		}
 	}
-	if len(m.Buffers) == 0 || len(m.Buffers) > maxBuffers {
-		return errors.Newf("%d buffers (want 1 to %d)", len(m.Buffers), maxBuffers)
+	if len(m.Buffers) == 0 || len(m.Buffers) > MaxBuffers {
+		return errors.Newf("%d buffers (want 1 to %d)", len(m.Buffers), MaxBuffers)
 	}
 	for i, b := range m.Buffers {
 		switch {
 		case b == nil:
 			return errors.Newf("buffer %d: missing", i)
-		case len(b.Name) > maxNameLen:
-			return errors.Newf("buffer %d: name longer than %d bytes", i, maxNameLen)
+		case len(b.Name) > MaxNameLen:
+			return errors.Newf("buffer %d: name longer than %d bytes", i, MaxNameLen)
 		case b.ItemLen == 0:
 			return errors.Newf("buffer %d (%.64s): zero item length", i, b.Name)
 		}
@@ -475,7 +483,7 @@ func (c *Core) sized(m SizedMsg) {
 	}
 	name := p.hello.Hello.Prefill
 	if m.Err == nil {
-		m.Err = checkPool(m.Buffers)
+		m.Err = CheckPool(m.Buffers)
 	}
 	if m.Err != nil {
 		c.failHello(wire.Code_BAD_INPUT, "geometry", "hello from %q: sizing the decode pool: %v", name, m.Err)
@@ -490,7 +498,7 @@ func (c *Core) sized(m SizedMsg) {
 // session's access point.
 func (c *Core) matched(p *pending) {
 	name := p.hello.Hello.Prefill
-	if err := matchLayout(c.pool, p.layout); err != nil {
+	if err := MatchLayout(c.pool, p.layout); err != nil {
 		c.failHello(wire.Code_BAD_INPUT, "geometry", "hello from %q: %v", name, err)
 		return
 	}
@@ -539,10 +547,10 @@ func layoutBytes(layout []PrefillBuffer, limit uint64) error {
 	return nil
 }
 
-// checkPool checks a pool's geometry (addresses are the shell's).
-func checkPool(bufs []Buffer) error {
-	if len(bufs) == 0 || len(bufs) > maxBuffers {
-		return errors.Newf("decode pool of %d buffers: want 1 to %d", len(bufs), maxBuffers)
+// CheckPool checks a pool's geometry (addresses are the shell's).
+func CheckPool(bufs []Buffer) error {
+	if len(bufs) == 0 || len(bufs) > MaxBuffers {
+		return errors.Newf("decode pool of %d buffers: want 1 to %d", len(bufs), MaxBuffers)
 	}
 	for i, b := range bufs {
 		switch {
@@ -557,8 +565,8 @@ func checkPool(bufs []Buffer) error {
 	return nil
 }
 
-// matchLayout checks a prefill layout against the pool, buffer by buffer.
-func matchLayout(pool []Buffer, layout []PrefillBuffer) error {
+// MatchLayout checks a prefill layout against the pool, buffer by buffer.
+func MatchLayout(pool []Buffer, layout []PrefillBuffer) error {
 	if len(layout) != len(pool) {
 		return errors.Newf("%d prefill buffers, the decode pool has %d", len(layout), len(pool))
 	}
@@ -1001,29 +1009,29 @@ func (c *Core) expect(m ExpectMsg) {
 	reply := func(err error) { c.emit(Reply{Err: err}) }
 	switch {
 	case c.closed:
-		reply(closedError("Expect"))
+		reply(ClosedError("Expect"))
 		return
 	case c.pool == nil:
-		reply(badInput("room %d: the decode pool is not sized yet", m.Room))
+		reply(BadInput("room %d: the decode pool is not sized yet", m.Room))
 		return
 	case len(m.Pages) == 0:
-		reply(badInput("room %d: no pages", m.Room))
+		reply(BadInput("room %d: no pages", m.Room))
 		return
-	case len(m.From) > maxNameLen:
-		reply(badInput("room %d: prefill identity of %d bytes (at most %d)", m.Room, len(m.From), maxNameLen))
+	case len(m.From) > MaxNameLen:
+		reply(BadInput("room %d: prefill identity of %d bytes (at most %d)", m.Room, len(m.From), MaxNameLen))
 		return
 	case c.rooms[m.Room] != nil:
-		reply(badInput("room %d is already expected: Release it first", m.Room))
+		reply(BadInput("room %d is already expected: Release it first", m.Room))
 		return
 	}
 	seen := make(map[int]int, len(m.Pages))
 	for i, p := range m.Pages {
 		if p < 0 || p >= c.pages {
-			reply(badInput("room %d: page %d at index %d is outside the pool of %d pages", m.Room, p, i, c.pages))
+			reply(BadInput("room %d: page %d at index %d is outside the pool of %d pages", m.Room, p, i, c.pages))
 			return
 		}
 		if j, dup := seen[p]; dup {
-			reply(badInput("room %d: page %d at index %d duplicates index %d", m.Room, p, i, j))
+			reply(BadInput("room %d: page %d at index %d duplicates index %d", m.Room, p, i, j))
 			return
 		}
 		if err := c.pageFree(p); err != nil {
@@ -1043,7 +1051,7 @@ func (c *Core) expect(m ExpectMsg) {
 func (c *Core) release(m ReleaseMsg) {
 	r := c.rooms[m.Room]
 	if r == nil {
-		c.emit(Reply{Err: badInput("room %d is unknown", m.Room)})
+		c.emit(Reply{Err: BadInput("room %d is unknown", m.Room)})
 		return
 	}
 	if !r.ended() {
@@ -1076,7 +1084,7 @@ func (c *Core) release(m ReleaseMsg) {
 func (c *Core) lookup(m LookupMsg) {
 	r := c.rooms[m.Room]
 	if r == nil {
-		c.emit(Reply{Err: badInput("room %d is unknown: Expect it first", m.Room)})
+		c.emit(Reply{Err: BadInput("room %d is unknown: Expect it first", m.Room)})
 		return
 	}
 	c.emit(Reply{Room: r.snapshot(), Err: r.err, Ended: r.complete || r.err != nil})
@@ -1195,7 +1203,7 @@ func (c *Core) disconnect(m DisconnectMsg) {
 		}
 	}
 	if len(ss) == 0 {
-		c.emit(Reply{Err: badInput("no session of prefill %q", m.Identity)})
+		c.emit(Reply{Err: BadInput("no session of prefill %q", m.Identity)})
 		return
 	}
 	slices.SortFunc(ss, func(a, b *csession) int { return cmpString(a.Token, b.Token) })

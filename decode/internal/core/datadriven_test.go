@@ -1,4 +1,4 @@
-package decode
+package core
 
 import (
 	"fmt"
@@ -19,7 +19,7 @@ import (
 // decode core as messages and the effects they produce (testdata/README.md
 // lists the commands). Regenerate with
 //
-//	go test ./decode -run TestCoreDataDriven -rewrite
+//	go test ./decode/internal/core -run TestCoreDataDriven -rewrite
 //
 // and read the diff: a changed line is a changed decision.
 func TestCoreDataDriven(t *testing.T) {
