@@ -106,7 +106,7 @@ func (w *ddWorld) run(t *testing.T, d *datadriven.TestData) string {
 	case "state":
 		st := w.core.state()
 		return fmt.Sprintf("sessions=%d rooms=%d pooled=%v draining=%v closed=%v quarantined=%d tainted=%v held=%d lingering=%d",
-			st.Sessions, st.Rooms, st.Pooled, st.Draining, st.Closed, st.Quarantined, st.Tainted, len(w.core.owner), len(w.core.lingering))
+			st.Sessions, st.Rooms, st.Pooled, st.Draining, st.Closed, st.Quarantined, st.Tainted, len(w.core.ledger.owner), len(w.core.ledger.lingering))
 	}
 	d.Fatalf(t, "unknown command %q", d.Cmd)
 	return ""

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"cmp"
 	"slices"
 	"strconv"
 
@@ -69,7 +70,7 @@ func (v Verdict) String() string {
 
 // GroupRoom decides, from the ranks' reports alone, whether a room written
 // by a CP group is complete, failed or still waiting. It does no I/O and
-// holds no lock: the server calls it from its actor, and tests drive it
+// holds no lock: the core calls it for every room, and tests drive it
 // with tables. The zero value is not usable: NewGroupRoom.
 type GroupRoom struct {
 	g          Group
@@ -278,7 +279,7 @@ func (r *GroupRoom) tiled() bool {
 		return false
 	}
 	sorted := slices.Clone(r.chunks)
-	slices.SortFunc(sorted, func(a, b *groupChunk) int { return a.rng.Start - b.rng.Start })
+	slices.SortFunc(sorted, func(a, b *groupChunk) int { return cmp.Compare(a.rng.Start, b.rng.Start) })
 	next := 0
 	for _, ch := range sorted {
 		if ch.rng.Start != next {
@@ -307,7 +308,7 @@ func (r *GroupRoom) Missing(rank int) bool {
 // Lost fails the room when it still needs rank: the rank's session went
 // away (cause says how; the error is marked ErrPrefillLost). It returns the
 // verdict after. Whether the rank's writes stopped is not the room's to
-// say: the Server marks its error ErrNotQuiesced unless the rank's access
+// say: the core marks its error ErrNotQuiesced unless the rank's access
 // was revoked.
 func (r *GroupRoom) Lost(rank int, cause error) Verdict {
 	if r.Owes(rank) {
