@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -496,10 +497,8 @@ func (s *Server) opened(info core.SessionInfo) {
 
 // actorPID parses "address/id" (the core's form of a session actor).
 func actorPID(s string) *actor.PID {
-	for i := len(s) - 1; i >= 0; i-- {
-		if s[i] == '/' {
-			return actor.NewPID(s[:i], s[i+1:])
-		}
+	if i := strings.LastIndexByte(s, '/'); i >= 0 {
+		return actor.NewPID(s[:i], s[i+1:])
 	}
 	return nil
 }
