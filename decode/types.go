@@ -142,11 +142,11 @@ type Config struct {
 }
 
 // Chunk is one chunk notice the prefill sent for a room, once its bytes
-// landed: Room; Start and End, its tokens [Start, End) of the request;
-// Last, whether it is the room's last chunk; Status, what its Finish (or
-// Drop) returned, with Err, the prefill's error text when it did not
-// succeed, and NotQuiesced, when the prefill could not guarantee that the
-// failed chunk's writes stopped; Bytes; Positions, the request positions
+// landed: Room; Start and End, its tokens [Start, End) of the request; Last,
+// whether it is the room's last chunk; Status (a ChunkStatus), what its
+// Finish (or Drop) returned, with Err, the prefill's error text when it did
+// not succeed, and NotQuiesced, when the prefill could not guarantee that
+// the failed chunk's writes stopped; Bytes; Positions, the request positions
 // (pages of the request) it wrote, and DstPages their decode pages, in the
 // same order.
 type Chunk = core.Chunk
