@@ -70,7 +70,8 @@ func TestDialSaysWhy(t *testing.T) {
 // TestDialSaysWhyWithTLS: with mutual TLS, a decode certificate without
 // the expected name is an authentication failure before anything is said.
 // (A prefill the decode does not serve hears its refusal with its reason:
-// decode/testdata/refusals.txt, and across processes in cmd/kvstream.)
+// decode/internal/core/testdata/refusals.txt, and across processes in
+// cmd/kvstream.)
 func TestDialSaysWhyWithTLS(t *testing.T) {
 	dir := t.TempDir()
 	files, err := netsec.GenerateDevCerts(dir, []string{"decode"}, []string{"127.0.0.1"})

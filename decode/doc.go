@@ -5,6 +5,10 @@
 // pool); this package is the control plane beside it (protoactor-go remote,
 // the versioned protobuf messages of messages/wire).
 //
+// The snippets below are compiled by this package's tests (doc_test.go);
+// Example runs both sides in one process, and ExampleServer_Wait shows a
+// room that must not be decoded.
+//
 // # Decode side
 //
 //	tlsm, err := netsec.LoadTLS(netsec.Files{CA: ca, Cert: cert, Key: key})
@@ -15,7 +19,7 @@
 //	err = srv.Expect(room, pages)
 //	r, err := srv.Wait(ctx, room) // the chunks the prefill reported, once their bytes landed
 //	// err == nil: every chunk succeeded, the last one included: decode r's pages.
-//	srv.Release(room)             // when the pages are free again
+//	err = srv.Release(room) // when the pages are free again
 //
 // Wait never reports a room complete unless the prefill reported its last
 // chunk successful, after its Finish returned (every byte landed), with every
@@ -36,13 +40,13 @@
 // # Prefill side
 //
 //	node, err := decode.ListenConfig(decode.NodeConfig{Listen: "10.0.0.1:0", TLS: tlsm, Log: log})
-//	c, err := decode.Dial(ctx, node, decode.DialConfig{Decode: "10.0.0.2:9100", Buffers: cfg.Buffers})
-//	err = c.Attach(eng)           // Engine.AddPeer, and Engine.PeerLost when the decode server goes
+//	c, err := decode.Dial(ctx, node, decode.DialConfig{Decode: "10.0.0.2:9100", Buffers: cfg.Buffers, PageSize: cfg.PageSize})
+//	err = c.Attach(eng) // Engine.AddPeer, and Engine.PeerLost when the decode server goes
 //	// per chunk, after eng.Finish(ctx, room) returned res for the chunk registered as spec:
-//	n, err := c.NoticeFor(eng.Config(), spec, res) // the absolute positions sent, their decode pages
+//	n, err := c.NoticeFor(spec, res) // the absolute positions sent, their decode pages
 //	err = c.Notify(ctx, n)
 //	// at the end, after eng.Close (nothing writes any more):
-//	sum, err := c.Bye(ctx, nil)   // or the reason the prefill stopped early
+//	sum, err := c.Bye(ctx, nil) // or the reason the prefill stopped early
 //
 // # A context-parallel group
 //
@@ -54,7 +58,7 @@
 // request to its last one, before Wait reports it complete. A report from
 // a rank that owns none of the chunk's pages, a failed report, a rank
 // whose session is lost while the room may still need it, or
-// Group.RoomTimeout fails it. GroupRoom is that decision, with no I/O.
+// Config.RoomTimeout fails it.
 //
 // # Several pools in one process
 //

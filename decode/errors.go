@@ -3,6 +3,7 @@ package decode
 import (
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cp"
+	"github.com/kvstream/kvstream/decode/internal/core"
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/internal/stderrs"
 )
@@ -25,23 +26,23 @@ var (
 	// The prefill sends a failed chunk's notice only after its writes
 	// stopped (its Finish or Drop quiesced), so the pages may be reused
 	// unless the error is also marked ErrNotQuiesced.
-	ErrChunkFailed = errors.New("chunk failed")
+	ErrChunkFailed = core.ErrChunkFailed
 	// ErrPrefillLost: the prefill's process or connection went away before
 	// the room completed. Also marked ErrNotQuiesced: writes it posted may
 	// still be in flight.
-	ErrPrefillLost = errors.New("prefill lost")
+	ErrPrefillLost = core.ErrPrefillLost
 	// ErrDecodeLost: (prefill side) the decode server went away.
 	ErrDecodeLost = errors.New("decode server lost")
 	// ErrSessionAborted: the prefill ended its session (Bye) before the room
 	// completed, or said it stopped early: the session is not complete.
-	ErrSessionAborted = errors.New("session aborted")
+	ErrSessionAborted = core.ErrSessionAborted
 	// ErrNotQuiesced: writes into the room's pages may still land; do not
 	// reuse those pages for another room. It is the prefill engine's
 	// (system.ErrNotQuiesced) and the transport's (rdma.ErrNotQuiesced).
 	ErrNotQuiesced = rdma.ErrNotQuiesced
 	// ErrClosed: the server, client or node was closed. Also marked
 	// ErrBadInput when a call came after Close.
-	ErrClosed = errors.New("closed")
+	ErrClosed = core.ErrClosed
 	// ErrRefused: the decode server refused a message: not a prefill it
 	// serves, not the sender's session, the session already ended, a room
 	// of another prefill.
@@ -64,13 +65,10 @@ var (
 )
 
 // badInput is an error of a caller's value: it names the value.
-func badInput(format string, args ...any) error {
-	return errors.Mark(errors.Newf(format, args...), ErrBadInput)
-}
+func badInput(format string, args ...any) error { return core.BadInput(format, args...) }
 
 // public is how every exported function returns its error.
 func public(err error) error { return stderrs.Public(err) }
 
-func closedError(call string) error {
-	return errors.Mark(errors.Mark(errors.Newf("%s after Close", call), ErrClosed), ErrBadInput)
-}
+// closedError is the error of a call after Close.
+func closedError(call string) error { return core.ClosedError(call) }

@@ -2,6 +2,7 @@ package decode_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 
@@ -78,6 +79,8 @@ func Example() {
 	room, err := srv.Wait(ctx, 1)
 	check(err)
 	fmt.Printf("room %d: complete %v, %d chunk, %d bytes\n", room.ID, room.Complete, len(room.Chunks), room.Chunks[0].Bytes)
+	// ... decode the room's pages, then give them back:
+	check(srv.Release(1))
 
 	check(eng.Close())
 	sum, err := sess.Bye(ctx, nil)
@@ -86,6 +89,75 @@ func Example() {
 	// Output:
 	// room 1: complete true, 1 chunk, 1024 bytes
 	// session: 1 chunks, 0 failed
+}
+
+// A room whose Wait fails must not be decoded, and the error's class says
+// whether its pages may go to another room. Here the prefill gave up on
+// the room's chunk (its Finish's context was cancelled before the forward
+// ran): Finish returned once no write of the chunk could land, so the
+// room failed and its pages are quiet.
+func ExampleServer_Wait() {
+	const layers, itemLen, pages = 2, 256, 8
+	ctx := context.Background()
+	fabric := loopback.NewFabric(loopback.Options{})
+	node, err := decode.Listen("127.0.0.1:0", nil)
+	check(err)
+	defer node.Close(ctx)
+
+	decodeTr, err := fabric.NewTransport("decode")
+	check(err)
+	defer decodeTr.Close()
+	dpool, err := hostmem.Alloc(layers * itemLen * pages)
+	check(err)
+	defer dpool.Free()
+	srv, err := decode.New(node, decodeTr, decode.Config{Buffers: []decode.Buffer{
+		{Name: "KV0", Base: dpool.Addr, ItemLen: itemLen, Pages: pages},
+		{Name: "KV1", Base: dpool.Addr + itemLen*pages, ItemLen: itemLen, Pages: pages},
+	}})
+	check(err)
+	defer srv.Close(ctx)
+	dst := []int{5, 2}
+	check(srv.Expect(1, dst))
+
+	prefillTr, err := fabric.NewTransport("prefill")
+	check(err)
+	defer prefillTr.Close()
+	ppool, err := hostmem.Alloc(layers * itemLen * pages)
+	check(err)
+	defer ppool.Free()
+	gpu := sim.New(sim.Options{})
+	defer gpu.Close()
+	cfg := system.Config{Buffers: system.MLABuffers([]uint64{ppool.Addr, ppool.Addr + itemLen*pages}, itemLen, pages),
+		HookLayers: layers, PageSize: 16}
+	eng, err := system.New(cfg, system.WithStream(gpu.NewStream("compute")), system.WithTransport(prefillTr))
+	check(err)
+	sess, err := decode.Dial(ctx, node, decode.DialConfig{Decode: srv.Addr(), Buffers: cfg.Buffers, PageSize: cfg.PageSize})
+	check(err)
+	check(sess.Attach(eng))
+
+	spec := system.ChunkSpec{Room: 1, Start: 0, End: 32, Last: true, SrcPages: []int{0, 1}, TotalPages: 2,
+		Infos: []system.DecodeInfo{{Peer: sess.Peer().ID, DstPages: dst}}}
+	_, err = eng.Register(ctx, spec)
+	check(err)
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	res, err := eng.Finish(cancelled, 1)
+	fmt.Printf("finish: %v, not quiesced %v\n", res.Status, errors.Is(err, system.ErrNotQuiesced))
+	notice, err := sess.NoticeFor(spec, res)
+	check(err)
+	check(sess.Notify(ctx, notice))
+
+	_, err = srv.Wait(ctx, 1)
+	fmt.Printf("wait: chunk failed %v, not quiesced %v\n", errors.Is(err, decode.ErrChunkFailed), errors.Is(err, decode.ErrNotQuiesced))
+	check(srv.Release(1)) // its pages may go to another room
+
+	check(eng.Close())
+	_, err = sess.Bye(ctx, nil)
+	fmt.Printf("bye: chunk failed %v\n", errors.Is(err, decode.ErrChunkFailed))
+	// Output:
+	// finish: FAILED, not quiesced false
+	// wait: chunk failed true, not quiesced false
+	// bye: chunk failed true
 }
 
 func check(err error) {

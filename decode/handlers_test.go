@@ -10,13 +10,6 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-func TestLayoutBytes(t *testing.T) {
-	require.NoError(t, layoutBytes([]PrefillBuffer{{ItemLen: 1 << 10, Pages: 1 << 10}}, 1<<20))
-	require.Error(t, layoutBytes([]PrefillBuffer{{ItemLen: 1 << 10, Pages: 1<<10 + 1}}, 1<<20))
-	require.Error(t, layoutBytes([]PrefillBuffer{{ItemLen: 1 << 63, Pages: 2}}, 1<<64-1))
-	require.Error(t, layoutBytes([]PrefillBuffer{{ItemLen: 1 << 63, Pages: 1}, {ItemLen: 1 << 63, Pages: 1}}, 1<<64-1))
-}
-
 // TestAdvertised: a node on all interfaces advertises a routable address
 // (never [::]); an explicit one is used as given, with the listen port.
 func TestAdvertised(t *testing.T) {

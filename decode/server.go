@@ -6,11 +6,13 @@ import (
 	"encoding/hex"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/decode/internal/core"
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/messages/wire"
 	"github.com/kvstream/kvstream/netsec"
@@ -54,23 +56,31 @@ const (
 	DefaultRevokeTimeout      = 10 * time.Second
 	// DefaultMaxPoolBytes bounds a pool sized by Config.Size: 64 GiB.
 	DefaultMaxPoolBytes = 64 << 30
-	// maxBuffers bounds a Hello's layout before anything is sized by it.
-	maxBuffers = 1 << 16
 )
 
 // ProtocolVersion is the control protocol version this package speaks
 // (messages/wire: Hello.version, Offer.version).
-const ProtocolVersion = uint32(wire.Version_VERSION_CURRENT)
+const ProtocolVersion = core.ProtocolVersion
+
+// The bounds the core holds a Hello to, which the calls of this package
+// check too.
+const (
+	maxBuffers  = core.MaxBuffers
+	maxPageSize = core.MaxPageSize
+	maxNameLen  = core.MaxNameLen
+)
 
 // Server is the decode side of kvstream: it owns the registration of the
 // decode pool with the transport, answers prefill sessions on its Node, and
 // tells the serving stack per room when the KV landed (Wait) or why it
 // will not.
 //
-// It is a shell around a Core: one actor delivers every message (from the
-// network, from the heartbeats, timers and revocations, and the serving
-// stack's calls) to the core, one at a time, and performs the effects the
-// core returns. No lock guards the core: only the actor touches it.
+// It is a shell around the decode core (package decode/internal/core,
+// which decides and does no I/O): one actor delivers every message (from
+// the network, from the heartbeats, timers and revocations, and the
+// serving stack's calls) to the core, one at a time, and performs the
+// effects the core returns. No lock guards the core: only the actor
+// touches it.
 type Server struct {
 	node *Node
 	tr   rdma.Transport
@@ -80,7 +90,7 @@ type Server struct {
 	obs  Observer
 
 	// Owned by the actor.
-	core     *Core
+	core     *core.Core
 	bufs     []Buffer
 	regions  []rdma.Region // the pool's, one per buffer
 	owned    []bool        // regions this server registered (and deregisters)
@@ -89,7 +99,7 @@ type Server struct {
 	sessions map[string]*Session
 	waiters  map[uint64][]chan waitResult
 	timers   map[uint64]*time.Timer
-	reply    chan Reply // the call being answered
+	reply    chan core.Reply // the call being answered
 	ctx      actor.Context
 	// byes are the senders of goodbyes whose answers the core holds until
 	// their sessions' access is revoked (AnswerBye.Reply names them).
@@ -112,8 +122,8 @@ type waitResult struct {
 
 // call is a request of this process to the actor.
 type call struct {
-	msg   Msg
-	reply chan Reply
+	msg   core.Msg
+	reply chan core.Reply
 }
 
 // run asks the actor to run f (state it owns, read from outside).
@@ -147,7 +157,7 @@ func New(node *Node, tr rdma.Transport, cfg Config) (_ *Server, err error) {
 		return nil, badInput("PageSize %d: want 0 (the first session's) to %d", cfg.PageSize, maxPageSize)
 	}
 	if cfg.Group != nil {
-		if err := cfg.Group.validate(); err != nil {
+		if err := core.CheckGroup(*cfg.Group); err != nil {
 			return nil, err
 		}
 		if cfg.PageSize != 0 && cfg.PageSize != cfg.Group.PageSize {
@@ -198,7 +208,7 @@ func New(node *Node, tr rdma.Transport, cfg Config) (_ *Server, err error) {
 		g := *group
 		group = &g
 	}
-	s.core = NewCore(Rules{MaxSessions: cfg.MaxSessions, MaxRoomsPerSession: cfg.MaxRoomsPerSession, Prefills: slices.Clone(cfg.Prefills),
+	s.core = core.NewCore(core.Rules{MaxSessions: cfg.MaxSessions, MaxRoomsPerSession: cfg.MaxRoomsPerSession, Prefills: slices.Clone(cfg.Prefills),
 		TLS: node.tls, Group: group, PageSize: cfg.PageSize, RoomTimeout: cfg.RoomTimeout, ByeGrace: cfg.ByeGrace,
 		AcceptUnknownRooms: cfg.AcceptUnknownRooms, Admit: cfg.Admit != nil, Verify: cfg.Verify != nil,
 		Size: len(cfg.Buffers) == 0, MaxPoolBytes: cfg.MaxPoolBytes}, pool)
@@ -216,7 +226,7 @@ func New(node *Node, tr rdma.Transport, cfg Config) (_ *Server, err error) {
 // register validates the pool and registers it. On error nothing stays
 // registered.
 func (s *Server) register(bufs []Buffer) error {
-	if err := checkPool(bufs); err != nil {
+	if err := core.CheckPool(bufs); err != nil {
 		return errors.Mark(err, ErrBadInput)
 	}
 	var regions []rdma.Region
@@ -281,23 +291,23 @@ func (s *Server) receive(ctx actor.Context) {
 	defer func() { s.ctx = nil }()
 	switch m := ctx.Message().(type) {
 	case *wire.Hello:
-		s.drive(HelloMsg{From: origin(ctx), Hello: m, Token: newToken()})
+		s.drive(core.HelloMsg{From: origin(ctx), Hello: m, Token: newToken()})
 	case *wire.ChunkNotice:
-		s.drive(NoticeMsg{From: origin(ctx), Notice: m})
+		s.drive(core.NoticeMsg{From: origin(ctx), Notice: m})
 	case *wire.Bye:
 		s.nextBye++
 		id := fmt.Sprint(s.nextBye)
 		s.byes[id] = ctx.Sender()
-		s.drive(ByeMsg{From: origin(ctx), Bye: m, Reply: id})
+		s.drive(core.ByeMsg{From: origin(ctx), Bye: m, Reply: id})
 	case *actor.Terminated:
 		if m.Who != nil {
-			s.drive(DepartedMsg{Actor: m.Who.Address + "/" + m.Who.Id})
+			s.drive(core.DepartedMsg{Actor: m.Who.Address + "/" + m.Who.Id})
 		}
-	case TimerMsg:
+	case core.TimerMsg:
 		delete(s.timers, m.ID)
 		s.drive(m)
-	case PeerLostMsg, RevokedMsg:
-		s.drive(m.(Msg))
+	case core.PeerLostMsg, core.RevokedMsg:
+		s.drive(m.(core.Msg))
 	case call:
 		s.reply = m.reply
 		s.drive(m.msg)
@@ -311,8 +321,8 @@ func (s *Server) receive(ctx actor.Context) {
 }
 
 // origin is who sent the message being handled.
-func origin(ctx actor.Context) Origin {
-	o := Origin{Peer: netsec.PeerName(ctx)}
+func origin(ctx actor.Context) core.Origin {
+	o := core.Origin{Peer: netsec.PeerName(ctx)}
 	if sender := ctx.Sender(); sender != nil {
 		o.Node = sender.Address
 	}
@@ -321,7 +331,7 @@ func origin(ctx actor.Context) Origin {
 
 // drive steps the core and performs its effects; a Call's result is
 // stepped in at once.
-func (s *Server) drive(m Msg) {
+func (s *Server) drive(m core.Msg) {
 	for _, e := range s.core.Step(m) {
 		if next := s.perform(e); next != nil {
 			s.drive(next)
@@ -330,16 +340,16 @@ func (s *Server) drive(m Msg) {
 }
 
 // perform does one effect; for a Call it returns the result to step.
-func (s *Server) perform(e Effect) Msg {
+func (s *Server) perform(e core.Effect) core.Msg {
 	switch e := e.(type) {
-	case AnswerHello:
+	case core.AnswerHello:
 		s.answerHello(e)
-	case AnswerNotice:
+	case core.AnswerNotice:
 		if e.Reason != "" {
 			s.obs.Refused("notice", e.Reason)
 		}
 		s.ctx.Respond(&wire.NoticeAck{Code: e.Code, Error: e.Text})
-	case AnswerBye:
+	case core.AnswerBye:
 		if e.Summary.Code == wire.Code_REFUSED || e.Summary.Code == wire.Code_BAD_INPUT {
 			s.obs.Refused("bye", "not_session")
 		}
@@ -349,18 +359,18 @@ func (s *Server) perform(e Effect) Msg {
 			s.ctx.Send(to, e.Summary)
 		}
 		delete(s.byes, e.Reply)
-	case Reply:
+	case core.Reply:
 		if s.reply != nil {
 			s.reply <- e
 		}
-	case CallAdmit:
-		return AdmittedMsg{Err: guard("Config.Admit", func() error { return s.cfg.Admit(e.Prefill, e.Metadata) })}
-	case CallSize:
+	case core.CallAdmit:
+		return core.AdmittedMsg{Err: guard("Config.Admit", func() error { return s.cfg.Admit(e.Prefill, e.Metadata) })}
+	case core.CallSize:
 		var bufs []Buffer
 		err := guard("Config.Size", func() (err error) { bufs, err = s.cfg.Size(e.Layout); return err })
 		if err == nil {
-			if err = checkPool(bufs); err == nil {
-				err = matchLayout(bufs, e.Layout) // before anything is registered
+			if err = core.CheckPool(bufs); err == nil {
+				err = core.MatchLayout(bufs, e.Layout) // before anything is registered
 			}
 		}
 		if err == nil {
@@ -371,31 +381,31 @@ func (s *Server) perform(e Effect) Msg {
 		} else if bufs != nil && s.cfg.Free != nil {
 			s.cfg.Free(bufs) // registered nothing: no peer ever saw it
 		}
-		return SizedMsg{Buffers: bufs, Err: err}
-	case CallOpenAccess:
+		return core.SizedMsg{Buffers: bufs, Err: err}
+	case core.CallOpenAccess:
 		pa, ok := s.tr.(rdma.PeerAccessor)
 		if !ok {
-			return AccessMsg{Address: s.tr.Address()}
+			return core.AccessMsg{Address: s.tr.Address()}
 		}
 		a, err := pa.OpenPeerAccess()
 		if errors.Is(err, rdma.ErrUnsupported) {
-			return AccessMsg{Address: s.tr.Address()} // a wrapper of a transport without access points
+			return core.AccessMsg{Address: s.tr.Address()} // a wrapper of a transport without access points
 		}
 		if err != nil {
-			return AccessMsg{Err: err}
+			return core.AccessMsg{Err: err}
 		}
 		s.access[e.Session] = a
-		return AccessMsg{Address: a.Address(), Revocable: true}
-	case CallVerify:
+		return core.AccessMsg{Address: a.Address(), Revocable: true}
+	case core.CallVerify:
 		ss := s.sessions[e.Session]
-		return VerifiedMsg{Err: guard("Config.Verify", func() error { return s.cfg.Verify(ss, e.Chunk) })}
-	case SessionOpened:
+		return core.VerifiedMsg{Err: guard("Config.Verify", func() error { return s.cfg.Verify(ss, e.Chunk) })}
+	case core.SessionOpened:
 		s.opened(e.Session)
-	case Revoke:
+	case core.Revoke:
 		s.revoke(e.Session, e.Lost)
-	case SessionEnded:
+	case core.SessionEnded:
 		s.ended(e)
-	case RoomEnded:
+	case core.RoomEnded:
 		s.obs.RoomEnded(e.Outcome)
 		for _, w := range s.waiters[e.Room.ID] {
 			w <- waitResult{room: e.Room, err: e.Err}
@@ -404,27 +414,27 @@ func (s *Server) perform(e Effect) Msg {
 		if f := s.cfg.OnRoomEnd; f != nil {
 			go f(e.Room, public(e.Err))
 		}
-	case ArmTimer:
+	case core.ArmTimer:
 		pid, root := s.pid, s.node.system.Root
-		s.timers[e.ID] = time.AfterFunc(e.After, func() { root.Send(pid, TimerMsg{ID: e.ID}) })
-	case ReleasePool:
+		s.timers[e.ID] = time.AfterFunc(e.After, func() { root.Send(pid, core.TimerMsg{ID: e.ID}) })
+	case core.ReleasePool:
 		bufs := s.bufs
 		s.deregister()
 		if s.sized && s.cfg.Free != nil {
 			s.cfg.Free(bufs)
 		}
 		s.sized = false
-	case Verified:
+	case core.Verified:
 		s.obs.Verified(e.Bytes)
-	case Quarantined:
+	case core.Quarantined:
 		s.obs.Quarantined(e.Pages)
-	case Drained:
+	case core.Drained:
 		select {
 		case <-s.drained:
 		default:
 			close(s.drained)
 		}
-	case Log:
+	case core.Log:
 		s.logEffect(e)
 	}
 	return nil
@@ -441,7 +451,7 @@ func guard(what string, f func() error) (err error) {
 	return f()
 }
 
-func (s *Server) answerHello(e AnswerHello) {
+func (s *Server) answerHello(e core.AnswerHello) {
 	offer := &wire.Offer{Version: ProtocolVersion, Code: e.Code, Error: e.Text}
 	if e.Code != wire.Code_OK {
 		s.obs.Refused("hello", e.Reason)
@@ -459,7 +469,7 @@ func (s *Server) answerHello(e AnswerHello) {
 // opened watches a new session: its actor (a Terminated is a suspicion the
 // core weighs), its node's heartbeats (the evidence of a loss), and binds
 // its peer on the node.
-func (s *Server) opened(info SessionInfo) {
+func (s *Server) opened(info core.SessionInfo) {
 	ss := &Session{info: info, done: make(chan struct{})}
 	ss.report.Prefill = info.Prefill
 	s.sessions[info.Token] = ss
@@ -471,7 +481,7 @@ func (s *Server) opened(info SessionInfo) {
 	}
 	root, pid, token := s.node.system.Root, s.pid, info.Token
 	hb, err := s.node.watchPeer(info.Node, "kvstream-decode-hb-"+token[:min(16, len(token))], func(err error) {
-		root.Send(pid, PeerLostMsg{Session: token, Cause: err})
+		root.Send(pid, core.PeerLostMsg{Session: token, Cause: err})
 	})
 	if err != nil {
 		s.log.Warn("prefill session without heartbeats: a lost prefill is noticed only by its rooms' timeouts",
@@ -487,10 +497,8 @@ func (s *Server) opened(info SessionInfo) {
 
 // actorPID parses "address/id" (the core's form of a session actor).
 func actorPID(s string) *actor.PID {
-	for i := len(s) - 1; i >= 0; i-- {
-		if s[i] == '/' {
-			return actor.NewPID(s[:i], s[i+1:])
-		}
+	if i := strings.LastIndexByte(s, '/'); i >= 0 {
+		return actor.NewPID(s[:i], s[i+1:])
 	}
 	return nil
 }
@@ -509,7 +517,7 @@ func (s *Server) revoke(token string, lost bool) {
 		go hb.stop() // not on the actor: stop waits for the monitor
 	}
 	if a == nil {
-		root.Send(pid, RevokedMsg{Session: token, Err: errors.Mark(errors.Newf("the %s transport cannot cut one peer off (no rdma.PeerAccessor)", s.tr.Name()), ErrNotQuiesced)})
+		root.Send(pid, core.RevokedMsg{Session: token, Err: errors.Mark(errors.Newf("the %s transport cannot cut one peer off (no rdma.PeerAccessor)", s.tr.Name()), ErrNotQuiesced)})
 		return
 	}
 	limit := s.cfg.RevokeTimeout
@@ -528,11 +536,11 @@ func (s *Server) revoke(token string, lost bool) {
 		case <-time.After(limit):
 			err = errors.Mark(errors.Newf("revoking the access point took more than %v (Config.RevokeTimeout)", limit), ErrNotQuiesced)
 		}
-		root.Send(pid, RevokedMsg{Session: token, Err: err})
+		root.Send(pid, core.RevokedMsg{Session: token, Err: err})
 	}()
 }
 
-func (s *Server) ended(e SessionEnded) {
+func (s *Server) ended(e core.SessionEnded) {
 	s.obs.SessionEnded(e.Outcome)
 	ss := s.sessions[e.Session]
 	if ss == nil {
@@ -548,14 +556,14 @@ func (s *Server) ended(e SessionEnded) {
 	ss.finish(e.Report, public(e.Err))
 }
 
-func (s *Server) logEffect(e Log) {
+func (s *Server) logEffect(e core.Log) {
 	fields := make([]zap.Field, 0, len(e.Fields)/2+1)
 	fields = append(fields, zap.String("server", s.cfg.Name))
 	for i := 0; i+1 < len(e.Fields); i += 2 {
 		k, _ := e.Fields[i].(string)
 		fields = append(fields, zap.Any(k, e.Fields[i+1]))
 	}
-	if e.Level == Warn {
+	if e.Level == core.Warn {
 		s.log.Warn(e.Msg, fields...)
 	} else {
 		s.log.Debug(e.Msg, fields...)
@@ -563,14 +571,14 @@ func (s *Server) logEffect(e Log) {
 }
 
 // do sends a call to the actor and waits for its reply.
-func (s *Server) do(m Msg) (Reply, error) {
-	reply := make(chan Reply, 1)
+func (s *Server) do(m core.Msg) (core.Reply, error) {
+	reply := make(chan core.Reply, 1)
 	s.node.system.Root.Send(s.pid, call{msg: m, reply: reply})
 	select {
 	case r := <-reply:
 		return r, nil
 	case <-s.stopped:
-		return Reply{}, closedError(fmt.Sprintf("%T", m))
+		return core.Reply{}, closedError(fmt.Sprintf("%T", m))
 	}
 }
 
@@ -630,7 +638,7 @@ func (s *Server) Expect(id uint64, pages []int) error {
 // Dial gives): notices from any other session are refused, so no other
 // holder of a certificate of the deployment can report the room first.
 func (s *Server) ExpectFrom(id uint64, pages []int, prefill string) error {
-	r, err := s.do(ExpectMsg{Room: id, Pages: slices.Clone(pages), From: prefill})
+	r, err := s.do(core.ExpectMsg{Room: id, Pages: slices.Clone(pages), From: prefill})
 	if err == nil {
 		err = r.Err
 	}
@@ -646,10 +654,10 @@ func (s *Server) ExpectFrom(id uint64, pages []int, prefill string) error {
 // or created by a notice and forgotten) is an error marked ErrBadInput.
 func (s *Server) Wait(ctx context.Context, id uint64) (Room, error) {
 	ch := make(chan waitResult, 1)
-	var r Reply
+	var r core.Reply
 	var err error
 	if ierr := s.inActor(func() {
-		r = s.core.Step(LookupMsg{Room: id})[0].(Reply)
+		r = s.core.Step(core.LookupMsg{Room: id})[0].(core.Reply)
 		if r.Err == nil && !r.Ended {
 			s.waiters[id] = append(s.waiters[id], ch)
 		}
@@ -680,7 +688,7 @@ func (s *Server) Wait(ctx context.Context, id uint64) (Room, error) {
 // stopped its writes, or its session ended with its access revoked. An
 // unknown room is an error marked ErrBadInput.
 func (s *Server) Release(id uint64) error {
-	r, err := s.do(ReleaseMsg{Room: id})
+	r, err := s.do(core.ReleaseMsg{Room: id})
 	if err == nil {
 		err = r.Err
 	}
@@ -694,7 +702,7 @@ func (s *Server) Release(id uint64) error {
 // be). An operator evicts a misbehaving prefill with it. No session of
 // that identity is an error marked ErrBadInput.
 func (s *Server) Disconnect(identity string, why error) error {
-	r, err := s.do(DisconnectMsg{Identity: identity, Cause: why})
+	r, err := s.do(core.DisconnectMsg{Identity: identity, Cause: why})
 	if err == nil {
 		err = r.Err
 	}
@@ -704,7 +712,7 @@ func (s *Server) Disconnect(identity string, why error) error {
 // State is what the server holds now (sessions, rooms, the pool): for
 // readiness checks and logs.
 func (s *Server) State() (State, error) {
-	r, err := s.do(StateMsg{})
+	r, err := s.do(core.StateMsg{})
 	return r.State, public(err)
 }
 
@@ -739,7 +747,7 @@ func (s *Server) Accept(ctx context.Context) (*Session, error) {
 // returns once every open session ended, or when ctx ends. Rooms in flight
 // go on; the serving stack Waits for them as before.
 func (s *Server) Drain(ctx context.Context) error {
-	if _, err := s.do(DrainMsg{}); err != nil {
+	if _, err := s.do(core.DrainMsg{}); err != nil {
 		return public(err)
 	}
 	select {
@@ -766,7 +774,7 @@ func (s *Server) Close(ctx context.Context) error {
 	close(s.acceptCh)
 	s.acceptMu.Unlock()
 	var err error
-	if _, derr := s.do(CloseMsg{}); derr != nil {
+	if _, derr := s.do(core.CloseMsg{}); derr != nil {
 		err = derr
 	}
 	if err == nil {
@@ -778,7 +786,7 @@ func (s *Server) Close(ctx context.Context) error {
 	}
 	var st State
 	if err == nil {
-		r, derr := s.do(StateMsg{})
+		r, derr := s.do(core.StateMsg{})
 		st, err = r.State, derr
 	}
 	if err == nil && st.Pooled {

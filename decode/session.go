@@ -5,12 +5,13 @@ import (
 	"maps"
 
 	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/decode/internal/core"
 )
 
 // Session is one prefill's session with a Server, from its Hello to its
 // Bye (or its loss), as the serving stack sees it.
 type Session struct {
-	info SessionInfo
+	info core.SessionInfo
 	// heartbeat watches the prefill's node; the server's actor owns it.
 	heartbeat *heartbeat
 

@@ -3,7 +3,7 @@ package decode
 import (
 	"time"
 
-	"github.com/kvstream/kvstream/hw/rdma"
+	"github.com/kvstream/kvstream/decode/internal/core"
 	"github.com/kvstream/kvstream/messages"
 	"go.uber.org/zap"
 )
@@ -13,34 +13,24 @@ import (
 type ChunkStatus = messages.Status
 
 // Buffer is one KV tensor of the decode pool, in memory that never moves
-// (pinned host memory or device memory the transport can register). The
-// pool has one Buffer per prefill buffer, in the prefill's order (the order
-// of the engine's Config.Buffers on the prefill side), each with the same
-// ItemLen; Pages may differ from the prefill's.
-type Buffer struct {
-	Name    string // for logs and errors
-	Base    uint64 // address of page 0
-	ItemLen uint64 // bytes of ONE page of this buffer
-	Pages   int    // capacity in pages
-	// Memory is the kind of memory the buffer lives in (host by default):
-	// the server registers device memory as such (rdma.RegisterMemory).
-	Memory rdma.MemoryType
-	// Region, if set, is the buffer's registration already: memory the
-	// transport allocated (rdma.Allocator; registering it again would lose
-	// what it is for, as UCX's shared-memory fast path). The server offers
-	// it as is and never deregisters it: its owner frees it once the
-	// server released the pool (Config.Free, Close).
-	Region rdma.Region
-}
+// (pinned host memory or device memory the transport can register): Name
+// (for logs and errors), Base (the address of page 0), ItemLen (the bytes
+// of one page of this buffer), Pages (its capacity in pages); Memory, the
+// kind of memory it lives in (host by default: the server registers device
+// memory as such, rdma.RegisterMemory); Region, if set, its registration
+// already, memory the transport allocated (rdma.Allocator), which the
+// server offers as is and never deregisters: its owner frees it once the
+// server released the pool (Config.Free, Close). The pool has one Buffer
+// per prefill buffer, in the prefill's order (the order of the engine's
+// Config.Buffers on the prefill side), each with the same ItemLen; Pages
+// may differ from the prefill's.
+type Buffer = core.Buffer
 
-// PrefillBuffer is one prefill buffer as a Hello describes it: what the
-// decode pool's buffer of the same index must match.
-type PrefillBuffer struct {
-	Name    string
-	Layer   int
-	ItemLen uint64
-	Pages   uint64 // the prefill buffer's capacity; a pool sized by Config.Size may use it
-}
+// PrefillBuffer is one prefill buffer as a Hello describes it (Name,
+// Layer, ItemLen, and Pages, the prefill buffer's capacity, which a pool
+// sized by Config.Size may use): what the decode pool's buffer of the same
+// index must match.
+type PrefillBuffer = core.PrefillBuffer
 
 // Config configures a Server.
 type Config struct {
@@ -115,8 +105,8 @@ type Config struct {
 	// group's ranks, one prefill session each (the rank in the session's
 	// metadata, RankKey): a room completes only when every rank owning
 	// pages of each of its chunks reported it successful with exactly its
-	// pages and Verify accepted them (GroupRoom decides). Without it a
-	// room is a group of one: the one session that reports it.
+	// pages and Verify accepted them. Without it a room is a group of
+	// one: the one session that reports it.
 	Group *Group
 	// RoomTimeout, if positive, fails a room not complete this long after
 	// it was Expected or its first notice arrived: a rank that never
@@ -151,50 +141,39 @@ type Config struct {
 	Log *zap.Logger
 }
 
-// Chunk is one chunk notice the prefill sent for a room: the status its
-// Finish (or Drop) returned, once its bytes landed.
-type Chunk struct {
-	Room       uint64
-	Start, End int  // tokens [Start, End) of the request
-	Last       bool // the room's last chunk
-	Status     ChunkStatus
-	// Err is the prefill's error text for a chunk that did not succeed.
-	Err string
-	// NotQuiesced: the prefill could not guarantee that the failed chunk's
-	// writes stopped.
-	NotQuiesced bool
-	Bytes       uint64
-	// Positions are the request positions (pages of the request) the chunk
-	// wrote, DstPages their decode pages, in the same order.
-	Positions, DstPages []int
-}
+// Chunk is one chunk notice the prefill sent for a room, once its bytes
+// landed: Room; Start and End, its tokens [Start, End) of the request; Last,
+// whether it is the room's last chunk; Status (a ChunkStatus), what its
+// Finish (or Drop) returned, with Err, the prefill's error text when it did
+// not succeed, and NotQuiesced, when the prefill could not guarantee that
+// the failed chunk's writes stopped; Bytes; Positions, the request positions
+// (pages of the request) it wrote, and DstPages their decode pages, in the
+// same order.
+type Chunk = core.Chunk
 
-// Room is what Wait reports: the room's pages (as Expected; nil for a room
-// created by AcceptUnknownRooms) and the chunks the prefill reported, in
-// order.
-type Room struct {
-	ID       uint64
-	Pages    []int
-	Chunks   []Chunk
-	Complete bool // the last chunk succeeded, and every chunk before it
-}
+// Room is what Wait reports: ID; Pages, the room's pages as Expected (nil
+// for a room created by AcceptUnknownRooms); Chunks, the chunks the prefill
+// reported, in order; Complete, whether the last chunk succeeded, and every
+// chunk before it.
+type Room = core.Room
 
-// SessionReport is how a prefill session ended.
-type SessionReport struct {
-	Prefill string // the prefill's name
-	// Chunks counts the notices accepted; Failed those not successful,
-	// refused or rejected by Verify.
-	Chunks, Failed int
-	// Rooms counts the rooms the session completed.
-	Rooms int
-	// Complete: the prefill said goodbye having sent all it meant to,
-	// every notice it sent arrived and succeeded, every room it started
-	// completed, and it reported at least one chunk.
-	Complete bool
-	// Empty: the session reported nothing (a Hello and a goodbye): it
-	// completed nothing and verified nothing.
-	Empty bool
-}
+// SessionReport is how a prefill session ended (Session.Wait): Prefill,
+// the prefill's name; Chunks, the notices accepted, and Failed, those not
+// successful, refused or rejected by Verify; Rooms, the rooms the session
+// completed; Complete, whether the prefill said goodbye having sent all it
+// meant to, every notice it sent arrived and succeeded, every room it
+// started completed, and it reported at least one chunk; Empty, whether it
+// reported nothing (a Hello and a goodbye): it completed nothing and
+// verified nothing.
+type SessionReport = core.SessionReport
+
+// State is what a Server holds now (Server.State), for readiness checks
+// and metrics: Sessions, the open sessions; Rooms, the rooms not released;
+// Pooled, whether the pool is registered; Draining, Closed; Quarantined,
+// the pages kept out of rooms for good; Tainted, whether a prefill's
+// access could not be confirmed revoked (the pool is then never
+// released).
+type State = core.State
 
 // Notice is what a prefill tells the decode server about one chunk, after
 // its Finish (or Drop) returned: Result as returned, whether it was the

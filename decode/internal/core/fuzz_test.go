@@ -1,4 +1,4 @@
-package decode
+package core
 
 import (
 	"fmt"
@@ -11,55 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
 )
-
-// check verifies what must hold of a core between any two messages: every
-// page held is held by one live or lingering room that lists it, no held
-// page is in quarantine, identities name open sessions, no session lives
-// without a pool, an ended room has exactly one outcome.
-func (c *Core) check() error {
-	for p, r := range c.owner {
-		switch {
-		case c.rooms[r.id] != r && !c.lingering[r]:
-			return errors.Newf("page %d held by room %d, which is neither live nor lingering", p, r.id)
-		case c.quarantine[p]:
-			return errors.Newf("page %d both held (room %d) and quarantined", p, r.id)
-		case p < 0 || p >= c.pages:
-			return errors.Newf("page %d held outside the pool of %d pages", p, c.pages)
-		}
-	}
-	rooms := map[*croom]bool{}
-	for id, r := range c.rooms {
-		if r.id != id || r.released {
-			return errors.Newf("room %d listed under %d (released %v)", r.id, id, r.released)
-		}
-		rooms[r] = true
-	}
-	for r := range c.lingering {
-		if !r.released {
-			return errors.Newf("lingering room %d not released", r.id)
-		}
-		rooms[r] = true
-	}
-	for r := range rooms {
-		if r.complete && (r.err != nil || r.pendingErr != nil) {
-			return errors.Newf("room %d both complete and failed", r.id)
-		}
-		for _, p := range r.held {
-			if c.owner[p] != r {
-				return errors.Newf("room %d lists page %d, held by another", r.id, p)
-			}
-		}
-	}
-	for key, s := range c.identities {
-		if c.sessions[s.Token] != s || s.state != sessionOpen || s.key != key {
-			return errors.Newf("identity %q names session %s in state %d", key, s.Token, s.state)
-		}
-	}
-	if c.pool == nil && len(c.sessions) > 0 {
-		return errors.Newf("%d sessions without a pool", len(c.sessions))
-	}
-	return nil
-}
 
 // fuzzWorld drives a core from fuzz bytes, answering its Calls from the
 // same bytes.
@@ -120,7 +71,7 @@ func (w *fuzzWorld) step(t *testing.T, m Msg) {
 			w.step(t, res)
 		}
 	}
-	w.tainted = w.tainted || w.core.tainted
+	w.tainted = w.tainted || w.core.ledger.tainted
 	require.NoError(t, w.core.check(), "after %T", m)
 }
 

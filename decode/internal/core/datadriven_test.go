@@ -1,4 +1,4 @@
-package decode
+package core
 
 import (
 	"fmt"
@@ -19,7 +19,7 @@ import (
 // decode core as messages and the effects they produce (testdata/README.md
 // lists the commands). Regenerate with
 //
-//	go test ./decode -run TestCoreDataDriven -rewrite
+//	go test ./decode/internal/core -run TestCoreDataDriven -rewrite
 //
 // and read the diff: a changed line is a changed decision.
 func TestCoreDataDriven(t *testing.T) {
@@ -106,7 +106,7 @@ func (w *ddWorld) run(t *testing.T, d *datadriven.TestData) string {
 	case "state":
 		st := w.core.state()
 		return fmt.Sprintf("sessions=%d rooms=%d pooled=%v draining=%v closed=%v quarantined=%d tainted=%v held=%d lingering=%d",
-			st.Sessions, st.Rooms, st.Pooled, st.Draining, st.Closed, st.Quarantined, st.Tainted, len(w.core.owner), len(w.core.lingering))
+			st.Sessions, st.Rooms, st.Pooled, st.Draining, st.Closed, st.Quarantined, st.Tainted, len(w.core.ledger.owner), len(w.core.ledger.lingering))
 	}
 	d.Fatalf(t, "unknown command %q", d.Cmd)
 	return ""

@@ -1,11 +1,11 @@
-package decode
+package core
 
 import (
 	"errors"
 	"testing"
 
 	"github.com/kvstream/kvstream/cp"
-	"github.com/kvstream/kvstream/system"
+	"github.com/kvstream/kvstream/messages"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -21,9 +21,9 @@ type rep struct {
 }
 
 func (r rep) chunk() Chunk {
-	c := Chunk{Room: 7, Start: r.start, End: r.end, Last: r.end == 100, Status: system.Succeeded, Positions: r.pos, DstPages: r.pos}
+	c := Chunk{Room: 7, Start: r.start, End: r.end, Last: r.end == 100, Status: messages.Succeeded, Positions: r.pos, DstPages: r.pos}
 	if r.failed {
-		c.Status, c.Err = system.Failed, "link down"
+		c.Status, c.Err = messages.Failed, "link down"
 	}
 	return c
 }
@@ -127,9 +127,9 @@ func TestGroupRoomDecides(t *testing.T) {
 func TestGroupRoomEndsOnce(t *testing.T) {
 	r, err := NewGroupRoom(Group{Size: 1, PageSize: 16}, 1, 0)
 	require.NoError(t, err)
-	c := Chunk{Start: 0, End: 20, Last: true, Status: system.Succeeded, Positions: []int{0, 1}}
+	c := Chunk{Start: 0, End: 20, Last: true, Status: messages.Succeeded, Positions: []int{0, 1}}
 	assert.Equal(t, Complete, r.Report(0, c))
-	assert.Equal(t, Complete, r.Report(0, Chunk{Start: 0, End: 20, Last: true, Status: system.Failed}))
+	assert.Equal(t, Complete, r.Report(0, Chunk{Start: 0, End: 20, Last: true, Status: messages.Failed}))
 	assert.Equal(t, Complete, r.Lost(0, ErrPrefillLost))
 	assert.False(t, r.Owes(0))
 }
@@ -152,7 +152,7 @@ func BenchmarkGroupRoom(b *testing.B) {
 	}
 	for ch := range chunks {
 		for rank := range size {
-			c := Chunk{Start: ch * per * page, End: (ch + 1) * per * page, Last: ch == chunks-1, Status: system.Succeeded}
+			c := Chunk{Start: ch * per * page, End: (ch + 1) * per * page, Last: ch == chunks-1, Status: messages.Succeeded}
 			for p := ch * per; p < (ch+1)*per; p++ {
 				if p%size == rank {
 					c.Positions = append(c.Positions, p)

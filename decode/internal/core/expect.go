@@ -1,0 +1,98 @@
+package core
+
+import (
+	"maps"
+	"slices"
+
+	"github.com/cockroachdb/errors"
+)
+
+// The serving stack's calls per room: Expect, Release, and Lookup (the
+// first half of Wait).
+
+// expect declares a room on pages that are free, or says why not; nothing
+// changes on error.
+func (c *Core) expect(m ExpectMsg) {
+	reply := func(err error) { c.emit(Reply{Err: err}) }
+	switch {
+	case c.closed:
+		reply(ClosedError("Expect"))
+		return
+	case !c.ledger.sized():
+		reply(BadInput("room %d: the decode pool is not sized yet", m.Room))
+		return
+	case len(m.Pages) == 0:
+		reply(BadInput("room %d: no pages", m.Room))
+		return
+	case len(m.From) > MaxNameLen:
+		reply(BadInput("room %d: prefill identity of %d bytes (at most %d)", m.Room, len(m.From), MaxNameLen))
+		return
+	case c.rooms[m.Room] != nil:
+		reply(BadInput("room %d is already expected: Release it first", m.Room))
+		return
+	}
+	seen := make(map[int]int, len(m.Pages))
+	for i, p := range m.Pages {
+		if p < 0 || p >= c.ledger.pages {
+			reply(BadInput("room %d: page %d at index %d is outside the pool of %d pages", m.Room, p, i, c.ledger.pages))
+			return
+		}
+		if j, dup := seen[p]; dup {
+			reply(BadInput("room %d: page %d at index %d duplicates index %d", m.Room, p, i, j))
+			return
+		}
+		if err := c.ledger.free(p); err != nil {
+			reply(errors.Mark(errors.Wrapf(err, "room %d: page at index %d", m.Room, i), ErrBadInput))
+			return
+		}
+		seen[p] = i
+	}
+	r := c.newRoom(m.Room, slices.Clone(m.Pages), m.From)
+	c.ledger.hold(r, m.Pages...)
+	reply(nil)
+}
+
+// release forgets a room; one in progress fails, and its pages linger
+// until whoever may still write them stopped.
+func (c *Core) release(m ReleaseMsg) {
+	r := c.rooms[m.Room]
+	if r == nil {
+		c.emit(Reply{Err: BadInput("room %d is unknown", m.Room)})
+		return
+	}
+	if !r.ended() {
+		c.failRoom(r, errors.Mark(errors.Mark(errors.Newf("room %d released while in progress", r.id), ErrBadInput), ErrChunkFailed), "released")
+		// Whoever writes it may still: its reporters, the sessions of the
+		// identity it was Expected from, or, with neither (or in a group,
+		// whose ranks all write), every open one.
+		writers := maps.Clone(r.reporters)
+		for s := range c.sessions.all() {
+			if s.state == sessionEnding {
+				continue
+			}
+			if c.r.Group != nil || r.from != "" && s.Identity == r.from || r.from == "" && len(r.reporters) == 0 {
+				writers[s] = true
+			}
+		}
+		for s := range writers {
+			if s.state != sessionEnding {
+				r.dirty[s] = true
+			}
+		}
+	}
+	delete(c.rooms, r.id)
+	r.released = true
+	c.ledger.linger(r)
+	c.emit(Reply{})
+	c.settle(r)
+}
+
+// lookup answers the room now, and whether it ended.
+func (c *Core) lookup(m LookupMsg) {
+	r := c.rooms[m.Room]
+	if r == nil {
+		c.emit(Reply{Err: BadInput("room %d is unknown: Expect it first", m.Room)})
+		return
+	}
+	c.emit(Reply{Room: r.snapshot(), Err: r.err, Ended: r.complete || r.err != nil})
+}

@@ -1,0 +1,318 @@
+package core
+
+import (
+	"cmp"
+	"slices"
+	"strconv"
+
+	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/cp"
+	"github.com/kvstream/kvstream/messages"
+)
+
+// RankKey is the session metadata key (DialConfig.Metadata) that carries a
+// prefill session's CP rank when the server serves a CP group
+// (Config.Group): every notice of the session is that rank's report.
+const RankKey = "kvstream-cp-rank"
+
+// Group says that every room is written by the ranks of one
+// context-parallel group, each over its own prefill session: a chunk is
+// complete only when every rank that owns at least one of its pages
+// reported it successful and its pages landed.
+type Group struct {
+	Size     int     // ranks in the group (1 to MaxGroupSize)
+	Rule     cp.Rule // how the ranks split a request's pages
+	PageSize int     // tokens per page: maps a chunk's tokens to its pages
+}
+
+// MaxGroupSize bounds Group.Size: a group's ranks are tracked per chunk.
+const MaxGroupSize = 1024
+
+// CheckGroup says why g cannot be a Server's group (an error marked
+// ErrBadInput), or nil.
+func CheckGroup(g Group) error {
+	switch {
+	case g.Size < 1 || g.Size > MaxGroupSize:
+		return BadInput("Group.Size %d: want 1 to %d", g.Size, MaxGroupSize)
+	case g.PageSize < 1:
+		return BadInput("Group.PageSize %d: must be positive", g.PageSize)
+	}
+	return errors.Wrap((cp.CP{Size: g.Size, Rule: g.Rule}).Validate(), "Group")
+}
+
+// Verdict is a group room's state.
+type Verdict int
+
+const (
+	// Waiting: no rank failed, and some chunk or some rank's report is
+	// still missing.
+	Waiting Verdict = iota
+	// Complete: the chunks tile the request up to its last chunk, and
+	// every chunk was reported successful by exactly the ranks owning its
+	// pages, each with exactly its pages.
+	Complete
+	// Failed: a rank failed a chunk, a rank reported what it does not own,
+	// or a rank the room needs was lost.
+	Failed
+)
+
+func (v Verdict) String() string {
+	switch v {
+	case Waiting:
+		return "waiting"
+	case Complete:
+		return "complete"
+	case Failed:
+		return "failed"
+	}
+	return "Verdict(" + strconv.Itoa(int(v)) + ")"
+}
+
+// GroupRoom decides, from the ranks' reports alone, whether a room written
+// by a CP group is complete, failed or still waiting. It does no I/O and
+// holds no lock: the core calls it for every room, and tests drive it
+// with tables. The zero value is not usable: NewGroupRoom.
+type GroupRoom struct {
+	g          Group
+	room       uint64
+	totalPages int // 0 until known: Expected, or from the last chunk
+	chunks     []*groupChunk
+	last       *groupChunk
+	err        error
+	complete   bool
+}
+
+type groupChunk struct {
+	rng     cp.Range
+	reports map[int][]int // rank -> positions it reported, successful ones only
+	// owned[rank] are the positions rank owns, once the rule can say:
+	// computed once per chunk, not per report.
+	owned [][]int
+}
+
+// NewGroupRoom starts a room of group g; totalPages is the request's page
+// count when the room was Expected (0 when only its last chunk will say).
+func NewGroupRoom(g Group, room uint64, totalPages int) (*GroupRoom, error) {
+	if err := CheckGroup(g); err != nil {
+		return nil, public(err)
+	}
+	if totalPages < 0 {
+		return nil, public(BadInput("room %d: %d pages", room, totalPages))
+	}
+	return newGroupRoom(g, room, totalPages), nil
+}
+
+// newGroupRoom is NewGroupRoom for a Group already validated.
+func newGroupRoom(g Group, room uint64, totalPages int) *GroupRoom {
+	return &GroupRoom{g: g, room: room, totalPages: totalPages}
+}
+
+// Verdict is the room's state; Err says why it failed.
+func (r *GroupRoom) Verdict() Verdict {
+	switch {
+	case r.err != nil:
+		return Failed
+	case r.complete:
+		return Complete
+	}
+	return Waiting
+}
+
+// Err is why the room failed (marked ErrChunkFailed or ErrPrefillLost), or
+// nil.
+func (r *GroupRoom) Err() error { return public(r.err) }
+
+func (r *GroupRoom) fail(err error) Verdict {
+	if r.err == nil && !r.complete {
+		r.err = err
+	}
+	return r.Verdict()
+}
+
+// Report records rank's notice of chunk c (status, positions, last) and
+// returns the room's verdict after it. A report after the room ended
+// changes nothing.
+func (r *GroupRoom) Report(rank int, c Chunk) Verdict {
+	if r.Verdict() != Waiting {
+		return r.Verdict()
+	}
+	where := func(format string, args ...any) error {
+		return errors.Mark(errors.Newf("room %d chunk [%d, %d) rank %d: %s", r.room, c.Start, c.End, rank, errors.Newf(format, args...)), ErrChunkFailed)
+	}
+	if rank < 0 || rank >= r.g.Size {
+		return r.fail(where("no such rank in a group of %d", r.g.Size))
+	}
+	if c.Status != messages.Succeeded {
+		err := where("%s on the prefill: %s", c.Status, c.Err)
+		if c.NotQuiesced {
+			err = errors.Mark(err, ErrNotQuiesced)
+		}
+		return r.fail(err)
+	}
+	rng, err := cp.ChunkRange(c.Start, c.End, r.g.PageSize, c.Last)
+	if err != nil {
+		return r.fail(where("%v", err))
+	}
+	ch, err := r.chunk(rng)
+	if err != nil {
+		return r.fail(where("%v", err))
+	}
+	if _, dup := ch.reports[rank]; dup {
+		return r.fail(where("reported twice"))
+	}
+	if c.Last {
+		total := (rng.End + r.g.PageSize - 1) / r.g.PageSize
+		if r.totalPages != 0 && r.totalPages != total {
+			return r.fail(where("the last chunk ends at page %d, the room has %d pages", total, r.totalPages))
+		}
+		r.totalPages = total
+	}
+	// The owner rule lists a rank's positions in order; a rank may report
+	// them in any.
+	ch.reports[rank] = slices.Sorted(slices.Values(c.Positions))
+	return r.decide()
+}
+
+// chunk finds or adds the chunk of rng; a range that overlaps another
+// chunk's without being it is an error, as is a second last chunk.
+func (r *GroupRoom) chunk(rng cp.Range) (*groupChunk, error) {
+	for _, ch := range r.chunks {
+		if ch.rng.Start == rng.Start && ch.rng.End == rng.End {
+			if ch.rng.Last != rng.Last {
+				return nil, errors.Newf("another rank reported this chunk with last = %v", ch.rng.Last)
+			}
+			return ch, nil
+		}
+		if rng.Start < ch.rng.End && ch.rng.Start < rng.End {
+			return nil, errors.Newf("overlaps chunk [%d, %d) another rank reported", ch.rng.Start, ch.rng.End)
+		}
+	}
+	if rng.Last && r.last != nil {
+		return nil, errors.Newf("a second last chunk (the first is [%d, %d))", r.last.rng.Start, r.last.rng.End)
+	}
+	ch := &groupChunk{rng: rng, reports: map[int][]int{}}
+	r.chunks = append(r.chunks, ch)
+	if rng.Last {
+		r.last = ch
+	}
+	return ch, nil
+}
+
+// owned returns the positions of chunk ch that rank owns, once the rule
+// can say (the contiguous rule needs the request's page count, which does
+// not change once known).
+func (r *GroupRoom) owned(ch *groupChunk, rank int) ([]int, bool) {
+	if r.g.Rule == cp.Contiguous && r.totalPages == 0 {
+		return nil, false
+	}
+	if ch.owned == nil {
+		src := make([]int, ch.rng.Pages) // only the positions matter
+		ch.owned = make([][]int, r.g.Size)
+		for k := range r.g.Size {
+			_, pos, err := (cp.CP{Size: r.g.Size, Rank: k, Rule: r.g.Rule}).Owned(src, ch.rng.PageStart, r.totalPages)
+			if err != nil {
+				ch.owned = nil
+				return nil, false
+			}
+			ch.owned[k] = pos
+		}
+	}
+	return ch.owned[rank], true
+}
+
+// decide checks every report it can against the owner rule and completes
+// the room when nothing is missing.
+func (r *GroupRoom) decide() Verdict {
+	missing := r.last == nil
+	for _, ch := range r.chunks {
+		for rank := range r.g.Size {
+			want, known := r.owned(ch, rank)
+			if !known {
+				missing = true
+				continue
+			}
+			got, reported := ch.reports[rank]
+			switch {
+			case reported && len(want) == 0:
+				return r.fail(errors.Mark(errors.Newf("room %d chunk [%d, %d): rank %d reported it, but owns none of its pages", r.room, ch.rng.Start, ch.rng.End, rank), ErrChunkFailed))
+			case reported && !slices.Equal(got, want):
+				return r.fail(errors.Mark(errors.Newf("room %d chunk [%d, %d): rank %d reported positions %v, it owns %v", r.room, ch.rng.Start, ch.rng.End, rank, got, want), ErrChunkFailed))
+			case !reported && len(want) > 0:
+				missing = true
+			}
+		}
+	}
+	if missing {
+		return Waiting
+	}
+	if !r.tiled() {
+		return Waiting // a chunk in between is still to come
+	}
+	r.complete = true
+	return Complete
+}
+
+// Owes reports whether the room still needs a report from rank: a chunk
+// it owns pages of that it has not reported, or a chunk not yet seen.
+func (r *GroupRoom) Owes(rank int) bool {
+	if r.Verdict() != Waiting {
+		return false
+	}
+	if r.last == nil {
+		return true
+	}
+	for _, ch := range r.chunks {
+		want, known := r.owned(ch, rank)
+		if _, reported := ch.reports[rank]; !reported && (!known || len(want) > 0) {
+			return true
+		}
+	}
+	// A chunk between those seen may still come, and rank may own pages of
+	// it.
+	return !r.tiled()
+}
+
+// tiled reports whether the chunks seen cover the request from token 0 to
+// the last chunk's end without a gap.
+func (r *GroupRoom) tiled() bool {
+	if r.last == nil {
+		return false
+	}
+	sorted := slices.Clone(r.chunks)
+	slices.SortFunc(sorted, func(a, b *groupChunk) int { return cmp.Compare(a.rng.Start, b.rng.Start) })
+	next := 0
+	for _, ch := range sorted {
+		if ch.rng.Start != next {
+			return false
+		}
+		next = ch.rng.End
+	}
+	return true
+}
+
+// Missing reports whether a chunk already seen has pages of rank that
+// rank has not reported: what a rank that said goodbye can no longer send.
+func (r *GroupRoom) Missing(rank int) bool {
+	if r.Verdict() != Waiting {
+		return false
+	}
+	for _, ch := range r.chunks {
+		want, known := r.owned(ch, rank)
+		if _, reported := ch.reports[rank]; known && !reported && len(want) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// Lost fails the room when it still needs rank: the rank's session went
+// away (cause says how; the error is marked ErrPrefillLost). It returns the
+// verdict after. Whether the rank's writes stopped is not the room's to
+// say: the core marks its error ErrNotQuiesced unless the rank's access
+// was revoked.
+func (r *GroupRoom) Lost(rank int, cause error) Verdict {
+	if r.Owes(rank) {
+		return r.fail(errors.Mark(errors.Wrapf(cause, "room %d: rank %d lost", r.room, rank), ErrPrefillLost))
+	}
+	return r.Verdict()
+}

@@ -1,0 +1,104 @@
+package core
+
+import (
+	"cmp"
+	"maps"
+	"slices"
+
+	"github.com/cockroachdb/errors"
+)
+
+// A room's life in the core: created by Expect or by a first notice,
+// failed (held back while lost writers are being revoked), and settled
+// once it is over and its pages are quiet.
+
+// newRoom lists a room, Expected (pages) or created by a notice (nil): its
+// timer is armed, and in a group a rank lost and not back fails it at once.
+func (c *Core) newRoom(id uint64, pages []int, from string) *croom {
+	r := &croom{id: id, expected: pages != nil, pages: pages, from: from, reporters: map[*csession]bool{},
+		awaiting: map[*csession]bool{}, dirty: map[*csession]bool{}}
+	if !r.expected {
+		r.learned = map[int]int{}
+	}
+	c.rooms[id] = r
+	if c.r.RoomTimeout > 0 {
+		r.timer = c.arm(timer{kind: roomTimer, room: r}, c.r.RoomTimeout)
+	}
+	if g := c.r.Group; g != nil {
+		r.group = newGroupRoom(*g, id, len(pages))
+		// A rank lost and not back cannot report the room's chunks.
+		for _, rank := range slices.Sorted(maps.Keys(c.sessions.lostRanks)) {
+			if r.group.Lost(rank, c.sessions.lostRanks[rank]) == Failed {
+				c.failRoom(r, errors.Mark(r.group.err, ErrPrefillLost), "lost")
+				break
+			}
+		}
+	}
+	return r
+}
+
+// failRoom decides the room failed. While lost sessions it waits for are
+// being revoked the failure is held; it is published once they answered.
+func (c *Core) failRoom(r *croom, err error, outcome string) {
+	if r.ended() {
+		return
+	}
+	if len(r.awaiting) > 0 {
+		r.pendingErr = err
+		return
+	}
+	c.publishFailure(r, err, outcome)
+}
+
+// publishFailure tells the serving stack a room failed, and marks it not
+// quiesced when a writer's access could not be revoked.
+func (c *Core) publishFailure(r *croom, err error, outcome string) {
+	if r.poisoned && !errors.Is(err, ErrNotQuiesced) {
+		err = errors.Mark(errors.Wrap(err, "its prefill's access could not be revoked"), ErrNotQuiesced)
+	}
+	r.err, r.pendingErr = err, nil
+	if outcome != "released" && outcome != "closed" { // not the prefill's doing
+		for s := range r.reporters {
+			if s.err == nil {
+				s.err = err // a room it reported in did not complete
+			}
+		}
+	}
+	c.emit(RoomEnded{Room: r.snapshot(), Err: err, Outcome: outcome})
+	c.warn("room failed", "room", r.id, "outcome", outcome, "error", err.Error())
+}
+
+// settle forgets what of a room is over: a released room (or one nobody
+// Expected) whose pages are quiet frees them; one that can never be quiet
+// (a revocation not confirmed) puts them in quarantine.
+func (c *Core) settle(r *croom) {
+	done := r.released || !r.expected && (r.complete || r.err != nil)
+	if !done || len(r.dirty) > 0 || len(r.awaiting) > 0 || r.pendingErr != nil {
+		return
+	}
+	if n := c.ledger.settle(r); n > 0 {
+		c.emit(Quarantined{Pages: n})
+		c.warn("pages kept out for good: a prefill that may still write them could not be cut off", "room", r.id, "pages", n)
+	}
+	if c.rooms[r.id] == r {
+		delete(c.rooms, r.id)
+	}
+	for s := range r.reporters {
+		delete(s.rooms, r)
+		if !r.expected && !r.released {
+			if len(s.ended) >= c.r.MaxRoomsPerSession {
+				s.ended = s.ended[1:]
+			}
+			s.ended = append(s.ended, r.id)
+		}
+	}
+	c.maybeReleasePool()
+}
+
+// roomsByID lists the rooms in id order (effects come out in a stable
+// order).
+func (c *Core) roomsByID() []*croom {
+	return slices.SortedFunc(maps.Values(c.rooms), byID)
+}
+
+func byID(a, b *croom) int { return cmp.Compare(a.id, b.id) }
