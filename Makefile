@@ -66,7 +66,7 @@ bench:
 # failed CI with no crasher written. A count has no deadline to race.
 FUZZTIME ?= 50000x
 fuzz:
-	@for pkg in ./cp ./cp/reshard ./system ./trace ./lab/replay ./netsec ./decode ./lab/simsession; do \
+	@for pkg in ./cp ./cp/reshard ./system ./trace ./lab/replay ./netsec ./decode ./decode/internal/core ./lab/simsession; do \
 		for t in $$($(GO) test -list '^Fuzz' $$pkg | grep ^Fuzz); do \
 			echo "fuzz $$pkg $$t"; $(GO) test $$pkg -run='^$$' -fuzz="^$$t$$" -fuzztime=$(FUZZTIME) || exit 1; \
 		done; \
