@@ -35,6 +35,8 @@ type Env struct {
 	Restarts atomic.Int64
 	// Queued counts Work sent to submitters and not yet answered.
 	Queued atomic.Int64
+	// InFlight counts the bytes of batches posted and not yet completed.
+	InFlight atomic.Int64
 }
 
 func (e *Env) send(to *actor.PID, msg any) { e.System.Root.Send(to, msg) }

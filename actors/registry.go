@@ -71,6 +71,13 @@ func (r *Registry) Rooms() []uint64 {
 	return out
 }
 
+// RoomCount returns the number of rooms with a live chunk context.
+func (r *Registry) RoomCount() int {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return len(r.rooms)
+}
+
 // Live returns the number of live chunk contexts.
 func (r *Registry) Live() int {
 	r.mu.RLock()

@@ -316,7 +316,10 @@ func (s *submitter) post(w *Work, dest *plan.Dest, rec *Batch, res *messages.Sub
 	s.build(w.Buffers, dest, c)
 	rec.Bytes, rec.Blocks, rec.Posted = bytesOf(s.writes), len(s.writes), time.Now()
 	replyTo, root, obs, b := w.ReplyTo, s.env.System.Root, s.env.Observer, *rec
+	inflight := &s.env.InFlight
+	bytes := int64(rec.Bytes)
 	done := func(err error) {
+		inflight.Add(-bytes)
 		c.completed()
 		b := b // the closure is per batch; each call completes a copy
 		b.Done, b.Err = time.Now(), err
@@ -324,10 +327,12 @@ func (s *submitter) post(w *Work, dest *plan.Dest, rec *Batch, res *messages.Sub
 		root.Send(replyTo, &messages.BatchDone{Seq: b.Seq, Dest: b.Dest, Err: err, At: b.Done})
 	}
 	c.inflight.Add(1)
+	inflight.Add(bytes)
 	posted, err := w.Job.post(c.ep, s.writes, done)
 	res.PostedAt = rec.Posted
 	if !posted {
 		c.inflight.Add(-1) // done will never run
+		inflight.Add(-bytes)
 	}
 	return &PostEnded{Posted: posted, Err: err, Writes: len(s.writes)}
 }

@@ -31,6 +31,8 @@ const (
 	MetricTimeouts             = "kvstream_timeouts_total"
 	MetricSubmitterRestarts    = "kvstream_submitter_restarts_total"
 	MetricActiveContexts       = "kvstream_active_contexts"
+	MetricRoomsInFlight        = "kvstream_rooms_in_flight"
+	MetricBytesInFlight        = "kvstream_bytes_in_flight"
 	MetricSubmitQueueDepth     = "kvstream_submit_queue_depth"
 	MetricHealthy              = "kvstream_healthy"
 )
@@ -395,7 +397,7 @@ func (m *metricsObserver) Finished(f FinishRecord) {
 // a metric name once: engines that share a registry share the gauges, which
 // sum over those still open.
 type engineGauges struct {
-	live, queued, healthy *prometheus.Desc
+	live, rooms, bytes, queued, healthy *prometheus.Desc
 
 	mu      sync.Mutex
 	engines []*Engine
@@ -405,6 +407,10 @@ func newEngineGauges() *engineGauges {
 	return &engineGauges{
 		live: prometheus.NewDesc(MetricActiveContexts,
 			"Chunk contexts registered and not yet ended.", nil, nil),
+		rooms: prometheus.NewDesc(MetricRoomsInFlight,
+			"Rooms with a chunk context registered and not yet ended.", nil, nil),
+		bytes: prometheus.NewDesc(MetricBytesInFlight,
+			"Bytes of batches posted and not yet completed.", nil, nil),
 		queued: prometheus.NewDesc(MetricSubmitQueueDepth,
 			"Work items sent to submitters and not yet answered.", nil, nil),
 		healthy: prometheus.NewDesc(MetricHealthy,
@@ -438,6 +444,8 @@ func (g *engineGauges) open() []*Engine {
 // Describe implements prometheus.Collector.
 func (g *engineGauges) Describe(ch chan<- *prometheus.Desc) {
 	ch <- g.live
+	ch <- g.rooms
+	ch <- g.bytes
 	ch <- g.queued
 	ch <- g.healthy
 }
@@ -451,11 +459,13 @@ func (g *engineGauges) Collect(ch chan<- prometheus.Metric) {
 		g.mu.Unlock()
 		return
 	}
-	var live, queued float64
+	var live, rooms, bytes, queued float64
 	healthy := 1.0
 	for _, e := range engines {
 		s := e.Stats()
 		live += float64(s.Live)
+		rooms += float64(s.Rooms)
+		bytes += float64(s.BytesInFlight)
 		queued += float64(s.Queued)
 		if s.Unhealthy != nil {
 			healthy = 0
@@ -463,6 +473,8 @@ func (g *engineGauges) Collect(ch chan<- prometheus.Metric) {
 	}
 	g.mu.Unlock()
 	ch <- prometheus.MustNewConstMetric(g.live, prometheus.GaugeValue, live)
+	ch <- prometheus.MustNewConstMetric(g.rooms, prometheus.GaugeValue, rooms)
+	ch <- prometheus.MustNewConstMetric(g.bytes, prometheus.GaugeValue, bytes)
 	ch <- prometheus.MustNewConstMetric(g.queued, prometheus.GaugeValue, queued)
 	ch <- prometheus.MustNewConstMetric(g.healthy, prometheus.GaugeValue, healthy)
 }

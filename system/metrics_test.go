@@ -217,6 +217,40 @@ func TestMetricsCountAKnownWorkload(t *testing.T) {
 	assert.Equal(t, 6.0, counter(t, reg, MetricBatches, "result", "ok"), "counters outlive the engine")
 }
 
+// TestGaugesOfWorkInFlight: the rooms and the bytes in flight, each
+// against a case computed by hand: two rooms registered, their batches
+// posted and their completions held (lost), then dropped.
+func TestGaugesOfWorkInFlight(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	e := newMetricsEngine(t, reg, metricsRig{group: 2, timeout: 2 * time.Second, faults: func(rdmafault.BatchInfo) rdmafault.Fault {
+		return rdmafault.Fault{Kind: rdmafault.LoseCompletion}
+	}})
+	ctx := context.Background()
+	assert.Equal(t, 0.0, gauge(t, reg, MetricRoomsInFlight))
+	assert.Equal(t, 0.0, gauge(t, reg, MetricBytesInFlight))
+	for _, room := range []uint64{1, 2} {
+		_, err := e.Register(ctx, roomSpec(room))
+		require.NoError(t, err)
+	}
+	assert.Equal(t, 2.0, gauge(t, reg, MetricRoomsInFlight))
+	fw, err := e.BeginForward()
+	require.NoError(t, err)
+	for l := range 3 {
+		require.NoError(t, fw.LayerEnd(l))
+	}
+	require.NoError(t, fw.End())
+	// Every batch is posted (3 per room: groups {0,1} and {2}, and the
+	// rest) and none completes: 2 rooms x 4 buffers x 4 pages x 32 bytes.
+	want := 2 * 4 * 4 * float64(itemLen)
+	require.Eventually(t, func() bool { return gauge(t, reg, MetricBytesInFlight) == want }, 10*time.Second, time.Millisecond,
+		"bytes in flight: %v, want %v", gauge(t, reg, MetricBytesInFlight), want)
+	for _, room := range []uint64{1, 2} {
+		_ = e.Drop(ctx, room) // the teardown fails the lost batches
+	}
+	assert.Equal(t, 0.0, gauge(t, reg, MetricRoomsInFlight), "dropped rooms are not in flight")
+	assert.Equal(t, 0.0, gauge(t, reg, MetricBytesInFlight), "the teardown failed the batches in flight")
+}
+
 // A completion that fails and a completion that never comes: both chunks
 // FAILED, the second one by its timeout.
 func TestMetricsCountFailuresAndTimeouts(t *testing.T) {

@@ -107,6 +107,10 @@ func (os observers) Finished(f FinishRecord) {
 type Stats struct {
 	// Live is the number of chunk contexts registered and not yet ended.
 	Live int
+	// Rooms is the number of rooms with a live chunk context.
+	Rooms int
+	// BytesInFlight is the bytes of batches posted and not yet completed.
+	BytesInFlight int64
 	// Queued is the number of work items sent to submitters and not yet
 	// answered (the submitters' queue depth).
 	Queued int64
@@ -119,5 +123,6 @@ type Stats struct {
 
 // Stats returns the engine's state.
 func (e *Engine) Stats() Stats {
-	return Stats{Live: e.env.Registry.Live(), Queued: e.env.Queued.Load(), Restarts: e.env.Restarts.Load(), Unhealthy: e.Healthy()}
+	return Stats{Live: e.env.Registry.Live(), Rooms: e.env.Registry.RoomCount(), BytesInFlight: e.env.InFlight.Load(),
+		Queued: e.env.Queued.Load(), Restarts: e.env.Restarts.Load(), Unhealthy: e.Healthy()}
 }
