@@ -1,6 +1,8 @@
 package decode
 
 import (
+	"sync"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -56,14 +58,80 @@ func (nopObserver) Refused(string, string) {}
 func (nopObserver) Verified(uint64)        {}
 func (nopObserver) Quarantined(int)        {}
 
+// StateObserver is an Observer that also wants the server's State after
+// each message its actor handled (gauges). server names the Server among
+// those that share the observer: its node's address and its name.
+type StateObserver interface {
+	Observer
+	ServerState(server string, s State)
+}
+
 // Metrics is an Observer that counts into Prometheus (docs/OBSERVABILITY.md
-// lists them): every label value is present from the start, at 0.
+// lists them): every label value is present from the start, at 0. Its
+// gauges sum the servers that share it.
 type Metrics struct {
 	sessions    *prometheus.CounterVec
 	rooms       *prometheus.CounterVec
 	refused     *prometheus.CounterVec
 	verified    prometheus.Counter
 	quarantined prometheus.Counter
+	gauges      *serverGauges
+}
+
+// serverGauges is the collector of the gauges: one collector over the
+// servers' last States rather than gauges set one by one, so that servers
+// sharing a registry sum and a closed server leaves them.
+type serverGauges struct {
+	descs [len(gaugeNames)]*prometheus.Desc
+
+	mu     sync.Mutex
+	states map[string]State
+}
+
+var gaugeNames = [...][2]string{
+	{"kvstream_decode_sessions_open", "Prefill sessions open (said Hello, not yet ended)."},
+	{"kvstream_decode_rooms_in_flight", "Rooms neither released nor ended (complete or failed)."},
+	{"kvstream_decode_pages_held", "Decode pages rooms hold (a page of every buffer each)."},
+	{"kvstream_decode_pages_awaiting_revocation", "Decode pages held by rooms that are over (ended or released) while a prefill that may still write them is being cut off."},
+	{"kvstream_decode_pages_kept_out", "Decode pages kept out of every room for good: a prefill that may still write them could not be cut off."},
+	{"kvstream_decode_pool_bytes", "Bytes of the decode pool registered with the transport (0 while none is)."},
+	{"kvstream_decode_draining", "Decode servers draining: taking no new session while the open ones end."},
+}
+
+func newServerGauges() *serverGauges {
+	g := &serverGauges{states: map[string]State{}}
+	for i, n := range gaugeNames {
+		g.descs[i] = prometheus.NewDesc(n[0], n[1], nil, nil)
+	}
+	return g
+}
+
+// Describe implements prometheus.Collector.
+func (g *serverGauges) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range g.descs {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (g *serverGauges) Collect(ch chan<- prometheus.Metric) {
+	g.mu.Lock()
+	var v [len(gaugeNames)]float64
+	for _, s := range g.states {
+		v[0] += float64(s.Sessions)
+		v[1] += float64(s.RoomsInFlight)
+		v[2] += float64(s.PagesHeld)
+		v[3] += float64(s.PagesAwaitingRevocation)
+		v[4] += float64(s.Quarantined)
+		v[5] += float64(s.PoolBytes)
+		if s.Draining {
+			v[6]++
+		}
+	}
+	g.mu.Unlock()
+	for i, d := range g.descs {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v[i])
+	}
 }
 
 // NewMetrics registers the decode server's metrics with reg (nil: they
@@ -80,6 +148,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Bytes of chunks whose pages passed the decode side's verification."}),
 		quarantined: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvstream_decode_quarantined_pages_total",
 			Help: "Decode pages kept out of every room for good: a prefill that may still write them could not be cut off."}),
+		gauges: newServerGauges(),
 	}
 	for _, o := range SessionOutcomes {
 		m.sessions.WithLabelValues(o)
@@ -92,7 +161,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			m.refused.WithLabelValues(msg, r)
 		}
 	}
-	for _, c := range []prometheus.Collector{m.sessions, m.rooms, m.refused, m.verified, m.quarantined} {
+	for _, c := range []prometheus.Collector{m.sessions, m.rooms, m.refused, m.verified, m.quarantined, m.gauges} {
 		if reg == nil {
 			break
 		}
@@ -117,3 +186,15 @@ func (m *Metrics) Verified(bytes uint64) { m.verified.Add(float64(bytes)) }
 
 // Quarantined implements Observer.
 func (m *Metrics) Quarantined(pages int) { m.quarantined.Add(float64(pages)) }
+
+// ServerState implements StateObserver: the gauges' view of one server. A
+// closed server's state leaves them.
+func (m *Metrics) ServerState(server string, s State) {
+	m.gauges.mu.Lock()
+	defer m.gauges.mu.Unlock()
+	if s.Closed && s.Sessions == 0 && !s.Pooled {
+		delete(m.gauges.states, server)
+		return
+	}
+	m.gauges.states[server] = s
+}

@@ -87,6 +87,7 @@ type Server struct {
 	cfg  Config
 	log  *zap.Logger
 	pid  *actor.PID
+	key  string // node address / actor name, set before the actor starts (pid is not)
 	obs  Observer
 
 	// Owned by the actor.
@@ -190,7 +191,7 @@ func New(node *Node, tr rdma.Transport, cfg Config) (_ *Server, err error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	s := &Server{node: node, tr: tr, cfg: cfg, log: log, obs: cfg.Observer, access: map[string]rdma.PeerAccess{},
+	s := &Server{node: node, tr: tr, cfg: cfg, log: log, obs: cfg.Observer, key: node.Addr() + "/" + name, access: map[string]rdma.PeerAccess{},
 		sessions: map[string]*Session{}, waiters: map[uint64][]chan waitResult{}, timers: map[uint64]*time.Timer{}, byes: map[string]*actor.PID{}, drained: make(chan struct{}),
 		stopped: make(chan struct{}), acceptCh: make(chan struct{})}
 	if s.obs == nil {
@@ -317,6 +318,9 @@ func (s *Server) receive(ctx actor.Context) {
 		close(m.done)
 	case *actor.Stopped:
 		close(s.stopped)
+	}
+	if so, ok := s.obs.(StateObserver); ok && s.core != nil {
+		so.ServerState(s.key, s.core.State())
 	}
 }
 

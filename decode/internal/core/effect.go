@@ -170,11 +170,17 @@ type SessionInfo struct {
 
 // State is what the core holds now: for readiness and metrics.
 type State struct {
-	Sessions    int  // open sessions
-	Rooms       int  // rooms not released
-	Pooled      bool // the pool is registered
-	Draining    bool
-	Closed      bool
-	Quarantined int  // pages kept out for good
-	Tainted     bool // a revocation was not confirmed: the pool is never released
+	Sessions      int  // open sessions
+	Rooms         int  // rooms not released
+	RoomsInFlight int  // rooms neither released nor ended
+	Pooled        bool // the pool is registered
+	PoolBytes     uint64
+	PagesHeld     int // pages rooms hold (a page of every buffer each)
+	// PagesAwaitingRevocation are pages held by rooms that are over (ended
+	// or released) while a prefill that may write them is being cut off.
+	PagesAwaitingRevocation int
+	Draining                bool
+	Closed                  bool
+	Quarantined             int  // pages kept out for good
+	Tainted                 bool // a revocation was not confirmed: the pool is never released
 }
