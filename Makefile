@@ -7,7 +7,7 @@ GO ?= go
 export GOTOOLCHAIN ?= go1.27.3
 PKGS := ./...
 
-.PHONY: all build test vet fmt bench run fuzz test-ucx test-ucx-1.18 proto vulncheck
+.PHONY: all build test vet fmt bench run fuzz test-ucx test-ucx-1.18 test-alerts proto vulncheck
 
 all: build
 
@@ -30,12 +30,18 @@ proto:
 # its summary line is printed; the UCX transport's tests run when libucx is
 # installed (pkg-config ucx), and say so when not. The command's UCX tests
 # start processes that mostly wait (heartbeats, drains, etcd): they run three
-# at a time.
+# at a time. The alert rules' tests run when promtool is installed.
 test: vet
 	$(GO) test -race -count=1 -timeout 8m -skip '^TestReliability$$' $(PKGS)
 	set -o pipefail; $(GO) test -race -count=1 -timeout 4m -run '^TestReliability$$' -v ./tests \
 		| grep -E '^(reliability:|--- FAIL|FAIL|ok|panic)|reliability_test.go'
 	@$(MAKE) --no-print-directory test-ucx
+	@$(MAKE) --no-print-directory test-alerts
+
+# deploy/prometheus's alert rules: promtool's unit tests, and planted
+# mistakes they must catch (skipped, saying so, without promtool).
+test-alerts:
+	scripts/alert-rules.sh
 
 test-ucx:
 	@if pkg-config --exists ucx 2>/dev/null; then \
