@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"image/png"
 	"io"
 	"net/http"
@@ -11,12 +12,14 @@ import (
 	"regexp"
 	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/lab/simsession"
 	"github.com/kvstream/kvstream/system"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -27,15 +30,35 @@ import (
 // tests can start real separate processes (prefill and decode).
 const cliMainEnv = "KVSTREAM_TEST_CLI_MAIN"
 
+// disconnectAfterEnv, in the environment of a test binary run as the
+// command (cliMainEnv), sets kvstream decode's DisconnectAfter hook
+// (seams): the test binary reads it, the production binary has no such
+// variable.
+const disconnectAfterEnv = "KVSTREAM_TEST_DISCONNECT_AFTER"
+
 func TestMain(m *testing.M) {
 	if os.Getenv(cliMainEnv) == "1" {
-		main()
-		os.Exit(0)
+		os.Exit(execute(newRootWith(childSeams()), os.Stderr))
 	}
 	// protoactor's dead-letter throttle (a message for an actor that just
 	// stopped, as when both ends of a session stop) ends one second later
 	// on its own.
 	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/asynkron/protoactor-go/actor.NewThrottle.func1.1"))
+}
+
+// childSeams are the hooks the test that started this process as the
+// command asked for.
+func childSeams() seams {
+	var s seams
+	if v := os.Getenv(disconnectAfterEnv); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			fmt.Fprintf(os.Stderr, "%s=%q: want a positive count of chunks\n", disconnectAfterEnv, v)
+			os.Exit(2)
+		}
+		s.decode = func(c *simsession.DecodeProcessConfig) { c.DisconnectAfter = n }
+	}
+	return s
 }
 
 func run(t *testing.T, args ...string) (string, error) {
