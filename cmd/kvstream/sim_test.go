@@ -98,6 +98,17 @@ func TestSimJSONTraceAndPlot(t *testing.T) {
 		assert.Positive(t, v, k)
 	}
 	assert.Equal(t, false, rep["scaled_overheads"])
+	verdict, ok := rep["verdict"].(map[string]any)
+	require.True(t, ok, "verdict missing")
+	assert.Equal(t, true, verdict["bytes_equal"])
+	assert.Contains(t, verdict, "stalled_ms")
+	for mode, target := range map[string]float64{"per_layer": 1.5, "monolithic": 1.25} {
+		m, ok := verdict[mode].(map[string]any)
+		require.True(t, ok, "verdict.%s missing", mode)
+		assert.Equal(t, target, m["target"], mode)
+		assert.Equal(t, rep[mode].(map[string]any)["ratio_to_floor"], m["ratio_to_floor"], mode)
+		assert.Equal(t, m["ratio_to_floor"].(float64) <= target, m["ok"], mode)
+	}
 	for _, mode := range []string{"per_layer", "monolithic"} {
 		m := rep[mode].(map[string]any)
 		for _, k := range []string{"floor_ms", "ratio_to_floor", "effective_gbyte_per_s", "bytes_modeled", "bytes_moved"} {
@@ -199,6 +210,11 @@ func TestSimText(t *testing.T) {
 	assert.Contains(t, out, "bytes_equal: true")
 	assert.Contains(t, out, "exposed transfer: monolithic / per-layer")
 	assert.Contains(t, out, "CP 1/2 contiguous")
+	// The verdict ends the report: each mode against its target, the
+	// bytes, and, if the machine kept the run from the CPU, a note.
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	assert.Regexp(t, `^verdict: per-layer \d+\.\d\d× floor \(target ≤ 1\.5\) (ok|over target), monolithic \d+\.\d\d× \(≤ 1\.25\) (ok|over target), bytes equal: true`+
+		`(; the machine was loaded: this process could not run for [\d.]+ ms in total \(stall probe\); figures may be high)?$`, lines[len(lines)-1])
 }
 
 func TestSimBadFlags(t *testing.T) {
