@@ -21,8 +21,9 @@ type Env struct {
 	Registry  *Registry
 	// Dispatcher runs the chunk, room and manager actors.
 	Dispatcher *Dispatcher
-	// Observer sees batches and chunks (Observers{} when nobody listens).
-	Observer Observer
+	// Observer sees batches, chunks and restarts (the façade's fan-out to
+	// its observers, empty when nobody listens).
+	Observer DataPlaneObserver
 	// Trace, if set, records what the actors handle (see package trace);
 	// nil when tracing is off, and then nothing is installed.
 	Trace *trace.Recorder

@@ -7,10 +7,13 @@ import (
 	"github.com/kvstream/kvstream/messages"
 )
 
-// Observer sees what the engine does: metrics, traces and reports are built
-// on it. Its methods are called from engine goroutines, concurrently, never
-// from the forward thread; they must be quick and must not block.
-type Observer interface {
+// DataPlaneObserver sees what the engine's data plane does: each posted
+// batch, each chunk context's end, each submitter restart. It is the part
+// of system.Observer (on which metrics, traces and reports are built) that
+// the actors call. Its methods are called from engine goroutines,
+// concurrently, never from the forward thread; they must be quick and must
+// not block.
+type DataPlaneObserver interface {
 	// Batch is called once per posted batch, when it completed or failed.
 	Batch(Batch)
 	// Chunk is called once per chunk context, when it ended.
@@ -46,28 +49,4 @@ func eventDone(ev messages.Event) time.Time {
 		}
 	}
 	return time.Time{}
-}
-
-// Observers fans out to several observers.
-type Observers []Observer
-
-// Batch implements Observer.
-func (os Observers) Batch(b Batch) {
-	for _, o := range os {
-		o.Batch(b)
-	}
-}
-
-// Chunk implements Observer.
-func (os Observers) Chunk(r messages.Result) {
-	for _, o := range os {
-		o.Chunk(r)
-	}
-}
-
-// Restarted implements Observer.
-func (os Observers) Restarted(reason string) {
-	for _, o := range os {
-		o.Restarted(reason)
-	}
 }

@@ -12,7 +12,7 @@ import (
 // callers of Register and Finish, never from LayerEnd; they must be quick
 // and must not block. Embed NopObserver to implement only some methods.
 type Observer interface {
-	actors.Observer
+	actors.DataPlaneObserver
 	// Registered is called for every registration that created a context
 	// (re-registrations of an active chunk are not reported).
 	Registered(Registration)

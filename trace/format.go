@@ -41,16 +41,18 @@ type Config struct {
 	PerLayer      bool   `json:"per_layer"`
 	// SingleDestination is Config.SingleDestinationPerLayer (the reference
 	// rule: per-layer only for rooms with one real destination).
-	SingleDestination bool     `json:"single_destination,omitempty"`
-	Buffers           []Buffer `json:"buffers"`
+	SingleDestination bool            `json:"single_destination,omitempty"`
+	Buffers           []PrefillBuffer `json:"buffers"`
 	// Sharding is the prefill rank's sharding (Config.Sharding) and
 	// Replicas its replica rule (reshard.ReplicaRule), when it reshards.
 	Sharding *Sharding `json:"sharding,omitempty"`
 	Replicas int       `json:"replicas,omitempty"`
 }
 
-// Buffer is one prefill buffer's geometry (addresses are left out).
-type Buffer struct {
+// PrefillBuffer is one prefill buffer's geometry (addresses are left
+// out): what decode.PrefillBuffer also describes, the same fields but for
+// the type of Pages.
+type PrefillBuffer struct {
 	Name    string `json:"name"`
 	Layer   int    `json:"layer"`
 	ItemLen uint64 `json:"item_len"`

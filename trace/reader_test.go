@@ -18,7 +18,7 @@ import (
 // pages of 16 bytes per buffer.
 func testConfig() Config {
 	return Config{HookLayers: 4, GroupSize: 2, PageSize: 4, CPSize: 1, CPRule: "shared", Submitters: 2, FinishTimeout: 1e9,
-		PerLayer: true, Buffers: []Buffer{{Name: "KV0", Layer: 0, ItemLen: 16, Pages: 64}, {Name: "KV1", Layer: 1, ItemLen: 16, Pages: 64},
+		PerLayer: true, Buffers: []PrefillBuffer{{Name: "KV0", Layer: 0, ItemLen: 16, Pages: 64}, {Name: "KV1", Layer: 1, ItemLen: 16, Pages: 64},
 			{Name: "KV2", Layer: 2, ItemLen: 16, Pages: 64}, {Name: "KV3", Layer: 3, ItemLen: 16, Pages: 64}}}
 }
 
@@ -36,17 +36,17 @@ var testHeader = headerLine(testConfig())
 // file could hand over is refused before anything is sized from it, and
 // the error names the field, its value and the bound.
 func TestHeaderBoundsNameTheField(t *testing.T) {
-	manyBuffers := make([]Buffer, MaxBuffers+1)
+	manyBuffers := make([]PrefillBuffer, MaxBuffers+1)
 	for i := range manyBuffers {
-		manyBuffers[i] = Buffer{Name: "B", ItemLen: 1, Pages: 1}
+		manyBuffers[i] = PrefillBuffer{Name: "B", ItemLen: 1, Pages: 1}
 	}
 	// Each buffer within the item and page bounds, the pool past its
 	// bound; 4096 buffers of 2^52 bytes would sum to 2^64, which wraps to 0
 	// if the sum were not checked as it goes.
-	twoPools := []Buffer{{Name: "A", ItemLen: 1 << 20, Pages: 1 << 22}, {Name: "B", ItemLen: 1 << 20, Pages: 1 << 22}}
-	wraps := make([]Buffer, 4096)
+	twoPools := []PrefillBuffer{{Name: "A", ItemLen: 1 << 20, Pages: 1 << 22}, {Name: "B", ItemLen: 1 << 20, Pages: 1 << 22}}
+	wraps := make([]PrefillBuffer, 4096)
 	for i := range wraps {
-		wraps[i] = Buffer{Name: "W", ItemLen: MaxItemLen, Pages: MaxPages}
+		wraps[i] = PrefillBuffer{Name: "W", ItemLen: MaxItemLen, Pages: MaxPages}
 	}
 	for _, c := range []struct {
 		edit func(*Config)

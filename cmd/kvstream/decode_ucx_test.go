@@ -81,7 +81,7 @@ func TestUCXPrefillCutOffWhileWriting(t *testing.T) {
 			addr := dec.waitLine(t, listening, 30*time.Second)[1]
 			pre := startCLI(t, env, append(append([]string{"prefill", "--decode", addr, "--finish-timeout", "10s"}, writes...), streaming...)...)
 			require.Error(t, pre.wait(t, 3*time.Minute), "the prefill that was cut off cannot succeed")
-			dec.waitLine(t, regexp.MustCompile(`session of .* ended lost: .*cut off by `+disconnectAfterEnv), time.Minute)
+			dec.waitLine(t, regexp.MustCompile(`session of .* ended lost: .*cut off by a test hook \(DisconnectAfter 2\)`), time.Minute)
 
 			// The same geometry (so the same pool, and the same pages), at
 			// full speed.

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"os"
 	"os/signal"
 	"strings"
@@ -120,15 +119,8 @@ func runGenerate(cmd *cobra.Command, f *generateFlags) error {
 	if err != nil {
 		return err
 	}
-	out := cmd.OutOrStdout()
-	if f.jsonOut {
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(rep); err != nil {
-			return err
-		}
-	} else {
-		rep.Text(out)
+	if err := printReport(cmd.OutOrStdout(), f.jsonOut, rep); err != nil {
+		return err
 	}
 	switch {
 	case !rep.BytesEqual && !rep.TokensEqual:

@@ -11,6 +11,7 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/decode"
 	"github.com/kvstream/kvstream/hw/rdma"
+	"github.com/kvstream/kvstream/lab/service"
 	"github.com/kvstream/kvstream/netsec"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -183,7 +184,7 @@ func (n *netFlags) open(tlsm *netsec.TLS, log *zap.Logger, transport, name strin
 	}
 	tr, err := openTransport(transport, name, transportOpts{dataHost: n.dataHost(node), writes: n.ucxWrites})
 	if err != nil {
-		closeWithin("the control plane", node.Close, &err)
+		service.CloseWithin("the control plane", node.Close, &err)
 		return nil, err
 	}
 	return &planes{node: node, tr: tr}, nil
@@ -192,8 +193,10 @@ func (n *netFlags) open(tlsm *netsec.TLS, log *zap.Logger, transport, name strin
 // close closes the data plane, then the control plane, and adds their
 // errors to *err: a failed Close fails the command.
 func (p *planes) close(err *error) {
-	closeTransport(p.tr, err)
-	closeWithin("the control plane", p.node.Close, err)
+	if cerr := p.tr.Close(); cerr != nil {
+		*err = errors.CombineErrors(*err, errors.Wrap(cerr, "close the transport"))
+	}
+	service.CloseWithin("the control plane", p.node.Close, err)
 }
 
 // dataHost is the host whose interface the data plane uses: --data-addr,

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"image/png"
 	"io"
 	"net/http"
@@ -11,12 +12,14 @@ import (
 	"regexp"
 	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/lab/simsession"
 	"github.com/kvstream/kvstream/system"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -27,15 +30,35 @@ import (
 // tests can start real separate processes (prefill and decode).
 const cliMainEnv = "KVSTREAM_TEST_CLI_MAIN"
 
+// disconnectAfterEnv, in the environment of a test binary run as the
+// command (cliMainEnv), sets kvstream decode's DisconnectAfter hook
+// (seams): the test binary reads it, the production binary has no such
+// variable.
+const disconnectAfterEnv = "KVSTREAM_TEST_DISCONNECT_AFTER"
+
 func TestMain(m *testing.M) {
 	if os.Getenv(cliMainEnv) == "1" {
-		main()
-		os.Exit(0)
+		os.Exit(execute(newRootWith(childSeams()), os.Stderr))
 	}
 	// protoactor's dead-letter throttle (a message for an actor that just
 	// stopped, as when both ends of a session stop) ends one second later
 	// on its own.
 	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/asynkron/protoactor-go/actor.NewThrottle.func1.1"))
+}
+
+// childSeams are the hooks the test that started this process as the
+// command asked for.
+func childSeams() seams {
+	var s seams
+	if v := os.Getenv(disconnectAfterEnv); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			fmt.Fprintf(os.Stderr, "%s=%q: want a positive count of chunks\n", disconnectAfterEnv, v)
+			os.Exit(2)
+		}
+		s.decode = func(c *simsession.DecodeProcessConfig) { c.DisconnectAfter = n }
+	}
+	return s
 }
 
 func run(t *testing.T, args ...string) (string, error) {
@@ -75,6 +98,17 @@ func TestSimJSONTraceAndPlot(t *testing.T) {
 		assert.Positive(t, v, k)
 	}
 	assert.Equal(t, false, rep["scaled_overheads"])
+	verdict, ok := rep["verdict"].(map[string]any)
+	require.True(t, ok, "verdict missing")
+	assert.Equal(t, true, verdict["bytes_equal"])
+	assert.Contains(t, verdict, "stalled_ms")
+	for mode, target := range map[string]float64{"per_layer": 1.5, "monolithic": 1.25} {
+		m, ok := verdict[mode].(map[string]any)
+		require.True(t, ok, "verdict.%s missing", mode)
+		assert.Equal(t, target, m["target"], mode)
+		assert.Equal(t, rep[mode].(map[string]any)["ratio_to_floor"], m["ratio_to_floor"], mode)
+		assert.Equal(t, m["ratio_to_floor"].(float64) <= target, m["ok"], mode)
+	}
 	for _, mode := range []string{"per_layer", "monolithic"} {
 		m := rep[mode].(map[string]any)
 		for _, k := range []string{"floor_ms", "ratio_to_floor", "effective_gbyte_per_s", "bytes_modeled", "bytes_moved"} {
@@ -176,6 +210,11 @@ func TestSimText(t *testing.T) {
 	assert.Contains(t, out, "bytes_equal: true")
 	assert.Contains(t, out, "exposed transfer: monolithic / per-layer")
 	assert.Contains(t, out, "CP 1/2 contiguous")
+	// The verdict ends the report: each mode against its target, the
+	// bytes, and, if the machine kept the run from the CPU, a note.
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	assert.Regexp(t, `^verdict: per-layer \d+\.\d\d× floor \(target ≤ 1\.5\) (ok|over target), monolithic \d+\.\d\d× \(≤ 1\.25\) (ok|over target), bytes equal: true`+
+		`(; the machine was loaded: this process could not run for [\d.]+ ms in total \(stall probe\); figures may be high)?$`, lines[len(lines)-1])
 }
 
 func TestSimBadFlags(t *testing.T) {

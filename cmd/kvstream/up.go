@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"net"
 	"os"
 	"strings"
@@ -184,15 +183,8 @@ func runUp(cmd *cobra.Command, f *upFlags) error {
 		}
 		return err
 	}
-	out := cmd.OutOrStdout()
-	if f.jsonOut {
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(rep); err != nil {
-			return err
-		}
-	} else {
-		rep.Text(out)
+	if err := printReport(cmd.OutOrStdout(), f.jsonOut, rep); err != nil {
+		return err
 	}
 	switch {
 	case !rep.BytesEqual:

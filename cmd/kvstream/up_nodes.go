@@ -1,190 +1,24 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"crypto/tls"
 	"fmt"
-	"io"
-	"path/filepath"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/cockroachdb/errors"
-	"github.com/kvstream/kvstream/cluster"
-	"github.com/kvstream/kvstream/cluster/etcdproc"
 	"github.com/kvstream/kvstream/cp"
 	"github.com/kvstream/kvstream/decode"
 	"github.com/kvstream/kvstream/lab/launch"
-	"github.com/kvstream/kvstream/lab/service"
 	"github.com/kvstream/kvstream/lab/workload"
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
-	"go.uber.org/zap"
 )
 
-// clusterFlags are a node's discovery flags: where etcd is, and how to
-// reach it as operators run it (client TLS).
-type clusterFlags struct {
-	etcd, prefix              string
-	ttl                       time.Duration
-	etcdCA, etcdCert, etcdKey string
-	etcdTLSDir                string
-}
+// The cluster's nodes, which kvstream up starts: their flags over the
+// node programs of lab/launch.
 
-// Files of --etcd-tls-dir: the CA, the client's certificate and key (and,
-// for the etcd kvstream up starts itself, etcd's own). `kvstream certs DIR
-// --nodes etcd,etcd-client` writes them.
-const (
-	etcdClientName = "etcd-client"
-	etcdServerName = "etcd"
-)
-
-func (f *clusterFlags) add(fl *pflag.FlagSet, launcher bool) {
-	etcdHelp := "etcd client `URLs`, comma-separated (https://10.0.0.5:2379)"
-	if launcher {
-		etcdHelp += "; empty: up starts one (with client TLS when --etcd-tls-dir also holds etcd.pem and etcd.key)"
-	}
-	fl.StringVar(&f.etcd, "etcd", "", etcdHelp)
-	fl.StringVar(&f.etcdTLSDir, "etcd-tls-dir", "", "etcd client TLS from the files in `DIR`: "+netsecCA+", "+etcdClientName+".pem and "+etcdClientName+".key (kvstream certs DIR --nodes etcd,etcd-client writes them)")
-	fl.StringVar(&f.etcdCA, "etcd-ca", "", "etcd client TLS: the CA that signed etcd's certificate (PEM `FILE`)")
-	fl.StringVar(&f.etcdCert, "etcd-cert", "", "etcd client TLS: this node's client certificate (PEM `FILE`), for etcd's --client-cert-auth")
-	fl.StringVar(&f.etcdKey, "etcd-key", "", "etcd client TLS: this node's client key (PEM `FILE`)")
-	if !launcher {
-		fl.StringVar(&f.prefix, "cluster-prefix", cluster.DefaultPrefix, "root of this cluster's keys in etcd")
-		fl.DurationVar(&f.ttl, "member-ttl", 0, "how long a member that stopped keeping alive stays visible (0: cluster.DefaultTTL)")
-	}
-}
-
-// netsecCA is the CA file name of a TLS directory.
-const netsecCA = "ca.pem"
-
-// files are the etcd client TLS files the flags name.
-func (f *clusterFlags) files() (cluster.TLSFiles, error) {
-	files := cluster.TLSFiles{CA: f.etcdCA, Cert: f.etcdCert, Key: f.etcdKey}
-	switch {
-	case f.etcdTLSDir != "" && files.Given():
-		return files, errors.New("--etcd-tls-dir and --etcd-ca/--etcd-cert/--etcd-key: give one or the other")
-	case f.etcdTLSDir != "":
-		files = cluster.TLSFiles{CA: filepath.Join(f.etcdTLSDir, netsecCA), Cert: filepath.Join(f.etcdTLSDir, etcdClientName+".pem"),
-			Key: filepath.Join(f.etcdTLSDir, etcdClientName+".key")}
-	}
-	return files, nil
-}
-
-// tls is the etcd client TLS (nil without TLS flags) and, for a launcher
-// that starts etcd itself (own), etcd's server TLS from --etcd-tls-dir.
-func (f *clusterFlags) tls(own bool) (*tls.Config, *etcdproc.TLS, error) {
-	files, err := f.files()
-	if err != nil || !files.Given() {
-		return nil, nil, err
-	}
-	c, err := files.Config()
-	if err != nil {
-		return nil, nil, errors.Wrap(err, "--etcd-*")
-	}
-	if !own {
-		return c, nil, nil
-	}
-	if f.etcdTLSDir == "" {
-		return nil, nil, errors.New("the etcd up starts serves TLS from --etcd-tls-dir (etcd.pem, etcd.key besides the client's); --etcd-ca/--etcd-cert/--etcd-key are for an --etcd of yours")
-	}
-	return c, &etcdproc.TLS{CertFile: filepath.Join(f.etcdTLSDir, etcdServerName+".pem"), KeyFile: filepath.Join(f.etcdTLSDir, etcdServerName+".key"),
-		CAFile: files.CA, ClientCertFile: files.Cert, ClientKeyFile: files.Key}, nil
-}
-
-// endpoints are --etcd's URLs (nil when empty).
-func (f *clusterFlags) endpoints() []string {
-	if f.etcd == "" {
-		return nil
-	}
-	return strings.Split(f.etcd, ",")
-}
-
-// args are the etcd TLS flags to pass on to the nodes.
-func (f *clusterFlags) args() []string {
-	var out []string
-	for _, a := range [][2]string{{"etcd-tls-dir", f.etcdTLSDir}, {"etcd-ca", f.etcdCA}, {"etcd-cert", f.etcdCert}, {"etcd-key", f.etcdKey}} {
-		if a[1] != "" {
-			out = append(out, "--"+a[0], a[1])
-		}
-	}
-	return out
-}
-
-// open connects to etcd.
-func (f *clusterFlags) open(log *zap.Logger) (cluster.Provider, error) {
-	if f.etcd == "" {
-		return nil, errors.New("--etcd is required: a node finds its peers on etcd (kvstream up starts one)")
-	}
-	tlsc, _, err := f.tls(false)
-	if err != nil {
-		return nil, err
-	}
-	p, err := cluster.Open(cluster.Config{Endpoints: f.endpoints(), Prefix: f.prefix, TTL: f.ttl, TLS: tlsc, Logger: log})
-	return p, errors.Wrap(err, "--etcd")
-}
-
-// opsFlags are a long-running command's operations flags.
-type opsFlags struct {
-	addr  string
-	drain time.Duration
-}
-
-func (o *opsFlags) add(fl *pflag.FlagSet) {
-	fl.StringVar(&o.addr, "metrics-addr", "", "serve /metrics, /healthz and /readyz at `HOST:PORT` (port 0 picks one; empty: none)")
-	fl.DurationVar(&o.drain, "drain-timeout", service.DefaultDrainTimeout, "on SIGTERM, how long the work in flight may take to finish before it is cut (a second signal cuts at once)")
-}
-
-// start serves the operations endpoint (nothing without --metrics-addr)
-// and says where on stderr.
-func (o *opsFlags) start(cmd *cobra.Command, log *zap.Logger) (*service.Ops, error) {
-	if o.drain <= 0 {
-		return nil, errors.Newf("--drain-timeout %v: must be positive", o.drain)
-	}
-	ops, err := service.Start(service.Config{Addr: o.addr, Log: log})
-	if err != nil {
-		return nil, err
-	}
-	if ops.Addr() != "" {
-		fmt.Fprintf(cmd.ErrOrStderr(), "kvstream: serving metrics at http://%s/metrics (also /healthz, /readyz)\n", ops.Addr())
-	}
-	return ops, nil
-}
-
-// newShutdown starts the signal handling of a long-running command.
-func newShutdown() *service.Shutdown { return service.OnSignals() }
-
-// commandLines reads r's lines until it ends; then the node drains (a
-// supervisor that closes a node's stdin ends it). With discard, the lines
-// are read and dropped (a node that takes no commands), and the channel
-// is nil.
-func commandLines(r io.Reader, sd *service.Shutdown, discard bool) <-chan string {
-	var lines chan string
-	if !discard {
-		lines = make(chan string)
-	}
-	go func() {
-		if lines != nil {
-			defer close(lines)
-		}
-		sc := bufio.NewScanner(r)
-		for sc.Scan() {
-			if lines == nil {
-				continue
-			}
-			select {
-			case lines <- sc.Text():
-			case <-sd.Hard().Done():
-				return
-			}
-		}
-		sd.Trigger("stdin closed")
-	}()
-	return lines
-}
-
+// newDecodeInstance is `kvstream decode-instance`: its flags over
+// launch.RunDecodeInstance.
 func newDecodeInstance() *cobra.Command {
 	var cf clusterFlags
 	var nf netFlags
@@ -239,7 +73,7 @@ with client TLS takes --etcd-tls-dir or --etcd-ca/--etcd-cert/--etcd-key.`,
 			defer pl.close(&err)
 			sd := newShutdown()
 			defer sd.Stop()
-			commandLines(cmd.InOrStdin(), sd, true)
+			launch.DrainAtEOF(cmd.InOrStdin(), sd)
 			return launch.RunDecodeInstance(sd.Context(), sd.Hard(), launch.DecodeInstanceConfig{
 				ID: id, Node: pl.node, Transport: pl.tr, Provider: prov,
 				Group: decode.Group{Size: size, Rule: r, PageSize: pageSize}, RoomTimeout: roomTimeout,
@@ -267,6 +101,8 @@ with client TLS takes --etcd-tls-dir or --etcd-ca/--etcd-cert/--etcd-key.`,
 	return cmd
 }
 
+// newPrefillRank is `kvstream prefill-rank`: its flags over
+// launch.RunPrefillRank.
 func newPrefillRank() *cobra.Command {
 	f := &simFlags{cfg: workload.Defaults()}
 	var cf clusterFlags
@@ -326,7 +162,7 @@ link is real.`,
 			defer sd.Stop()
 			return launch.RunPrefillRank(sd.Context(), sd.Hard(), launch.PrefillRankConfig{
 				Workload: cfg, Group: group, DecodeName: decodeName, Node: pl.node, Transport: pl.tr, Provider: prov,
-				Commands: commandLines(cmd.InOrStdin(), sd, false), DrainTimeout: of.drain, Ops: ops, Out: cmd.OutOrStdout(), Log: log,
+				Commands: launch.ReadCommands(cmd.InOrStdin(), sd), DrainTimeout: of.drain, Ops: ops, Out: cmd.OutOrStdout(), Log: log,
 			})
 		},
 	}

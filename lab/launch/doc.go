@@ -7,6 +7,7 @@
 //
 //   - protocol.go: the node protocol, JSON-line events on a node's stdout
 //     and "run BATCH DECODE" commands on its stdin;
+//   - stdin.go: a node's stdin, its commands and, at its end, its drain;
 //   - supervisor.go: the node processes (start, restart under the same
 //     id, kill, the orderly stop: ranks first, then decode instances);
 //   - batches.go: the bookkeeping of batches (which rank and room

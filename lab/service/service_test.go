@@ -225,3 +225,26 @@ func TestDrainAbandoned(t *testing.T) {
 	assert.Less(t, time.Since(start), time.Minute)
 	assert.True(t, rep.Lost())
 }
+
+// CloseWithin adds a failed close to the command's error, naming what
+// failed, and leaves a clean one out. Once the process was cut (Cut: other
+// tests here cut it) a failed close is said to be abandoned.
+func TestCloseWithin(t *testing.T) {
+	busy := "close the server: still busy"
+	if Cut().Err() != nil {
+		busy = "close the server: abandoned: " + context.Cause(Cut()).Error()
+	}
+	var err error
+	CloseWithin("the server", func(ctx context.Context) error {
+		_, bounded := ctx.Deadline()
+		assert.True(t, bounded, "a close on the way out is bounded")
+		return nil
+	}, &err)
+	require.NoError(t, err)
+	CloseWithin("the server", func(context.Context) error { return errors.New("still busy") }, &err)
+	require.EqualError(t, err, busy)
+	first := errors.New("the run failed")
+	err = first
+	CloseWithin("the server", func(context.Context) error { return errors.New("still busy") }, &err)
+	require.ErrorIs(t, err, first, "the command's own error comes first")
+}

@@ -28,7 +28,7 @@ type Decode struct {
 	// DisconnectAfter, if positive, cuts a prefill off (Server.Disconnect)
 	// once it reported that many verified chunks: a test hook for a decode
 	// that really declared a prefill lost while it still writes
-	// (KVSTREAM_TEST_DISCONNECT_AFTER in kvstream decode).
+	// (DecodeProcessConfig.DisconnectAfter).
 	DisconnectAfter int
 	chunks          int
 
@@ -164,7 +164,7 @@ func (d *Decode) verify(ss *decode.Session, c decode.Chunk) error {
 	if d.chunks++; d.DisconnectAfter > 0 && d.chunks == d.DisconnectAfter {
 		// Not on the server's actor, which runs this.
 		go func() {
-			_ = d.Server.Disconnect(ss.Identity(), errors.New("cut off by KVSTREAM_TEST_DISCONNECT_AFTER"))
+			_ = d.Server.Disconnect(ss.Identity(), errors.Newf("cut off by a test hook (DisconnectAfter %d)", d.DisconnectAfter))
 		}()
 	}
 	return err

@@ -1,5 +1,7 @@
-// Package simsession is what is sim-specific in `kvstream decode` and
-// `kvstream prefill`: the decode side sizes its pool from the prefill's
+// Package simsession is `kvstream decode` and `kvstream prefill`: their
+// programs (RunDecodeProcess, RunPrefillProcess, RunTinyPrefillProcess;
+// the commands are their flags and a call), and what is sim-specific in
+// them: the decode side sizes its pool from the prefill's
 // layout and checks every page a successful chunk wrote against the sim
 // model's pattern; the prefill side is a workload.DataPlane over a
 // decode.Client. For a tiny model (lab/tinylm, session metadata

@@ -2,13 +2,9 @@ package simsession
 
 import (
 	"fmt"
-	"strconv"
-	"strings"
 
-	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cp/reshard"
 	"github.com/kvstream/kvstream/lab/workload"
-	"github.com/kvstream/kvstream/system"
 )
 
 // ShardKey is the session metadata key of a sharded run's pairing
@@ -20,9 +16,6 @@ const ShardKey = "kvstream-sim-shard"
 // maxShardText bounds the pairing's text before it is parsed: its fields
 // are a few short numbers and a model name.
 const maxShardText = 512
-
-// The pairing's fields, in FormatShard's order.
-var shardFields = []string{"model", "layers", "prefill-tp", "prefill-pp", "decode-tp", "decode-pp", "page-size", "page-order", "scale"}
 
 // FormatShard spells a pairing for ShardKey: space-separated name=value
 // fields, every one of them, in a fixed order.
@@ -37,70 +30,12 @@ func FormatShard(s workload.Shard) string {
 // marked system.ErrBadInput and name the field.
 func ParseShard(text string) (workload.Shard, error) {
 	var s workload.Shard
-	bad := func(format string, args ...any) error {
-		return errors.Mark(errors.Newf("%s %.64q: "+format, append([]any{ShardKey, text}, args...)...), system.ErrBadInput)
-	}
-	if len(text) > maxShardText {
-		return s, bad("longer than %d bytes", maxShardText)
-	}
-	seen := map[string]bool{}
-	for _, f := range strings.Fields(text) {
-		name, value, ok := strings.Cut(f, "=")
-		if !ok {
-			return s, bad("field %.32q is not name=value", f)
-		}
-		if seen[name] {
-			return s, bad("field %.32q given twice", name)
-		}
-		seen[name] = true
-		var n *int
-		switch name {
-		case "model":
-			s.Model = value
-			continue
-		case "page-order":
-			switch value {
-			case reshard.HeadMajor.String():
-				s.Order = reshard.HeadMajor
-			case reshard.TokenMajor.String():
-				s.Order = reshard.TokenMajor
-			default:
-				return s, bad("page-order %.32q: want %s or %s", value, reshard.HeadMajor, reshard.TokenMajor)
-			}
-			continue
-		case "layers":
-			n = &s.Layers
-		case "prefill-tp":
-			n = &s.PrefillTP
-		case "prefill-pp":
-			n = &s.PrefillPP
-		case "decode-tp":
-			n = &s.DecodeTP
-		case "decode-pp":
-			n = &s.DecodePP
-		case "page-size":
-			n = &s.PageSize
-		case "scale":
-			n = &s.Scale
-		default:
-			return s, bad("unknown field %.32q", name)
-		}
-		v, err := strconv.ParseInt(value, 10, 32)
-		if err != nil || v < 0 {
-			return s, bad("%s %.32q: want a number from 0 to %d", name, value, int32(1<<31-1))
-		}
-		*n = int(v)
-	}
-	if len(seen) != len(shardFields) {
-		var missing []string
-		for _, f := range shardFields {
-			if !seen[f] {
-				missing = append(missing, f)
-			}
-		}
-		return s, bad("missing %s", strings.Join(missing, ", "))
-	}
-	return s, nil
+	err := parseFields(ShardKey, text, maxShardText, []field{
+		textField("model", &s.Model), intField("layers", &s.Layers), intField("prefill-tp", &s.PrefillTP), intField("prefill-pp", &s.PrefillPP),
+		intField("decode-tp", &s.DecodeTP), intField("decode-pp", &s.DecodePP), intField("page-size", &s.PageSize), orderField(&s.Order),
+		intField("scale", &s.Scale),
+	})
+	return s, err
 }
 
 // disagree names the first flag on which the prefill's pairing differs

@@ -28,9 +28,6 @@ const maxTinyText = 512
 // process keeps at once (each room's until its last chunk).
 const maxTinyRooms = 256
 
-// The spec's fields, in FormatTiny's order.
-var tinyFields = []string{"model", "seed", "requests", "prompt-tokens", "new-tokens", "page-size", "page-order"}
-
 // FormatTiny spells a spec for TinyKey: space-separated name=value fields,
 // every one of them, in a fixed order.
 func FormatTiny(s generate.Spec) string {
@@ -45,72 +42,22 @@ func FormatTiny(s generate.Spec) string {
 // field.
 func ParseTiny(text string) (generate.Spec, error) {
 	var s generate.Spec
-	bad := func(format string, args ...any) error {
-		return errors.Mark(errors.Newf("%s %.64q: "+format, append([]any{TinyKey, text}, args...)...), system.ErrBadInput)
-	}
-	if len(text) > maxTinyText {
-		return s, bad("longer than %d bytes", maxTinyText)
-	}
-	seen := map[string]bool{}
-	for _, f := range strings.Fields(text) {
-		name, value, ok := strings.Cut(f, "=")
-		if !ok {
-			return s, bad("field %.32q is not name=value", f)
+	seed := field{"seed", func(v string) error {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return errors.Newf("seed %.32q: want a number from 0 to %d", v, uint64(math.MaxUint64))
 		}
-		if seen[name] {
-			return s, bad("field %.32q given twice", name)
-		}
-		seen[name] = true
-		var n *int
-		switch name {
-		case "model":
-			s.Model = value
-			continue
-		case "seed":
-			v, err := strconv.ParseUint(value, 10, 64)
-			if err != nil {
-				return s, bad("seed %.32q: want a number from 0 to %d", value, uint64(math.MaxUint64))
-			}
-			s.Seed = v
-			continue
-		case "page-order":
-			switch value {
-			case reshard.HeadMajor.String():
-				s.Order = reshard.HeadMajor
-			case reshard.TokenMajor.String():
-				s.Order = reshard.TokenMajor
-			default:
-				return s, bad("page-order %.32q: want %s or %s", value, reshard.HeadMajor, reshard.TokenMajor)
-			}
-			continue
-		case "requests":
-			n = &s.Requests
-		case "prompt-tokens":
-			n = &s.PromptTokens
-		case "new-tokens":
-			n = &s.NewTokens
-		case "page-size":
-			n = &s.PageSize
-		default:
-			return s, bad("unknown field %.32q", name)
-		}
-		v, err := strconv.ParseInt(value, 10, 32)
-		if err != nil || v < 0 {
-			return s, bad("%s %.32q: want a number from 0 to %d", name, value, int32(math.MaxInt32))
-		}
-		*n = int(v)
-	}
-	if len(seen) != len(tinyFields) {
-		var missing []string
-		for _, f := range tinyFields {
-			if !seen[f] {
-				missing = append(missing, f)
-			}
-		}
-		return s, bad("missing %s", strings.Join(missing, ", "))
+		s.Seed = n
+		return nil
+	}}
+	if err := parseFields(TinyKey, text, maxTinyText, []field{
+		textField("model", &s.Model), seed, intField("requests", &s.Requests), intField("prompt-tokens", &s.PromptTokens),
+		intField("new-tokens", &s.NewTokens), intField("page-size", &s.PageSize), orderField(&s.Order),
+	}); err != nil {
+		return s, err
 	}
 	if err := s.Check(); err != nil {
-		return s, bad("%v", err)
+		return s, errors.Mark(errors.Newf("%s %.64q: %v", TinyKey, text, err), system.ErrBadInput)
 	}
 	return s, nil
 }

@@ -77,6 +77,9 @@ type Report struct {
 	PerLayer   *ModeReport `json:"per_layer"`
 	Monolithic *ModeReport `json:"monolithic"`
 	Note       string      `json:"note"`
+	// Verdict is the run against the project's targets; its line ends
+	// the text.
+	Verdict *Verdict `json:"verdict"`
 }
 
 // ModeReport is one mode's figures.
@@ -545,5 +548,8 @@ func (r *Report) Text(w io.Writer) {
 	}
 	for _, f := range r.OracleFailures {
 		fmt.Fprintf(w, "oracle: %s\n", f)
+	}
+	if r.Verdict != nil {
+		fmt.Fprintln(w, r.Verdict)
 	}
 }

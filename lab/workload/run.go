@@ -3,10 +3,12 @@ package workload
 import (
 	"context"
 	"math/rand/v2"
+	"time"
 
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cp"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
+	"github.com/kvstream/kvstream/lab/stallprobe"
 	"github.com/kvstream/kvstream/lab/testbed"
 	"github.com/kvstream/kvstream/system"
 	"go.uber.org/zap"
@@ -39,6 +41,11 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (*Report, error) {
 	loopback.Prewarm(uint64(g.itemLen)*uint64(chunkPages)*uint64(g.buffers), 2*cfg.Submitters)
 	total := 2 * len(plan.forwards)
 	done := 0
+	// How long the machine kept this process from running during the
+	// runs: the verdict's evidence that figures may be high.
+	probe := stallprobe.Start()
+	defer probe.Close()
+	from := time.Now()
 	for _, perLayer := range []bool{true, false} {
 		progress := func() {
 			done++
@@ -64,6 +71,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (*Report, error) {
 		}
 	}
 	rep.finish()
+	rep.Verdict = newVerdict(rep, probe.Stalled(from, time.Now()))
 	return rep, nil
 }
 

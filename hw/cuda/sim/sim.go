@@ -28,11 +28,11 @@ import (
 	"context"
 	"runtime"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/hw/cuda"
+	"github.com/kvstream/kvstream/hw/cuda/internal/standin"
 	"github.com/kvstream/kvstream/hw/internal/clock"
 )
 
@@ -122,7 +122,7 @@ func (o Options) WallTime(d time.Duration) (time.Duration, bool) {
 
 // NewStream starts a stream. Close the GPU (or the stream) to stop it.
 func (g *GPU) NewStream(name string) *Stream {
-	s := &Stream{gpu: g, name: name, wake: make(chan struct{}, 1), quit: make(chan struct{}), stopped: make(chan struct{})}
+	s := &Stream{gpu: g, name: name, q: standin.NewQueue[op](), quit: make(chan struct{}), stopped: make(chan struct{})}
 	g.mu.Lock()
 	g.streams = append(g.streams, s)
 	g.mu.Unlock()
@@ -179,13 +179,9 @@ type op struct {
 type Stream struct {
 	gpu  *GPU
 	name string
+	// q is stopped by Close, once.
+	q *standin.Queue[op]
 
-	mu     sync.Mutex
-	queue  []op
-	closed bool
-	seq    uint64
-
-	wake    chan struct{}
 	quit    chan struct{} // closed by Close: modeled sleeps end early
 	stopped chan struct{}
 }
@@ -197,24 +193,22 @@ func (s *Stream) Name() string { return s.name }
 
 // Launch enqueues a kernel; it returns at once.
 func (s *Stream) Launch(k Kernel) error {
-	return s.push(op{kernel: k, launched: time.Now()})
+	return s.q.Push(op{kernel: k, launched: time.Now()})
 }
 
 // Record enqueues an event; it completes when every kernel launched before it
 // has run.
 func (s *Stream) Record() (cuda.Event, error) {
-	s.mu.Lock()
-	s.seq++
-	seq := s.seq
-	s.mu.Unlock()
-	ev := &Event{done: make(chan struct{}), stream: s.name, seq: seq}
+	seq := s.q.NextSeq()
+	ev := &Event{}
+	ev.Init("sim", s.name, seq)
 	if f := s.gpu.opts.Faults; f != nil {
 		ev.fault = f(EventInfo{Stream: s.name, Seq: seq})
 		if ev.fault == RecordError {
 			return nil, errors.Mark(errors.Newf("sim: record event %d on stream %s", seq, s.name), ErrInjected)
 		}
 	}
-	if err := s.push(op{event: ev, launched: time.Now()}); err != nil {
+	if err := s.q.Push(op{event: ev, launched: time.Now()}); err != nil {
 		return nil, err
 	}
 	return ev, nil
@@ -231,36 +225,10 @@ func (s *Stream) Synchronize(ctx context.Context) error {
 
 // Close stops the stream. Work not yet run is dropped and its events fail.
 func (s *Stream) Close() {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		<-s.stopped
-		return
+	if s.q.Stop(errors.Mark(errors.Newf("sim: stream %s is closed", s.name), cuda.ErrDeviceLost)) {
+		close(s.quit) // a modeled sleep under way ends now
 	}
-	s.closed = true
-	s.mu.Unlock()
-	close(s.quit) // a modeled sleep under way ends now
-	s.signal()
 	<-s.stopped
-}
-
-func (s *Stream) push(o op) error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return errors.Mark(errors.Newf("sim: stream %s is closed", s.name), cuda.ErrDeviceLost)
-	}
-	s.queue = append(s.queue, o)
-	s.mu.Unlock()
-	s.signal()
-	return nil
-}
-
-func (s *Stream) signal() {
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
 }
 
 func (s *Stream) loop() {
@@ -270,29 +238,25 @@ func (s *Stream) loop() {
 	var lead leads
 	var batch []op
 	for {
-		s.mu.Lock()
-		batch, s.queue = s.queue, batch[:0]
-		closed := s.closed
-		s.mu.Unlock()
-		if closed {
-			for _, o := range append(batch, s.drain()...) {
+		var closed error
+		batch, closed = s.q.Take(batch)
+		if closed != nil {
+			for _, o := range append(batch, s.q.Drain()...) {
 				if o.event != nil {
-					o.event.fail(errors.Mark(errors.Newf("sim: stream %s closed before event %d", s.name, o.event.seq), cuda.ErrDeviceLost))
+					o.event.Fail(errors.Mark(errors.Newf("sim: stream %s closed before event %d", s.name, o.event.Seq()), cuda.ErrDeviceLost))
 				}
 			}
 			return
 		}
 		if len(batch) == 0 {
-			<-s.wake
+			s.q.Wait()
 			continue
 		}
 		for i, o := range batch {
 			if !s.run(o, &busyUntil, &lead, scale) {
 				// Closed mid-kernel: what was not run yet fails with the
 				// rest of the queue.
-				s.mu.Lock()
-				s.queue = append(append([]op(nil), batch[i+1:]...), s.queue...)
-				s.mu.Unlock()
+				s.q.PushFront(batch[i+1:])
 				break
 			}
 		}
@@ -389,32 +353,18 @@ func (s *Stream) run(o op, busyUntil *time.Time, lead *leads, scale float64) boo
 	return true
 }
 
-func (s *Stream) drain() []op {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	q := s.queue
-	s.queue = nil
-	return q
-}
-
-// Event is a simulated CUDA event.
+// Event is a simulated CUDA event. Its device timestamp (CompletedAt,
+// cuda.Timed) is the modeled instant the stream passed it (a wall-clock
+// instant; the end of the kernel before it).
 type Event struct {
-	stream string
-	seq    uint64
-	fault  Fault
-	done   chan struct{}
-	once   sync.Once
-	err    atomic.Pointer[error]
-	at     time.Time // device timestamp; written before done closes
+	standin.Event
+	fault Fault
 }
 
 var (
 	_ cuda.Event = (*Event)(nil)
 	_ cuda.Timed = (*Event)(nil)
 )
-
-// Seq returns the event's sequence number on its stream (1-based).
-func (e *Event) Seq() uint64 { return e.seq }
 
 // reach completes the event at the device instant at; it reports whether
 // the event completed (a faulty one may not).
@@ -423,59 +373,9 @@ func (e *Event) reach(at time.Time) bool {
 	case NeverComplete:
 		return false
 	case WaitError:
-		e.fail(errors.Mark(errors.Newf("sim: event %d on stream %s: injected wait error", e.seq, e.stream), ErrInjected))
+		e.Fail(errors.Mark(errors.Newf("sim: event %d on stream %s: injected wait error", e.Seq(), e.Stream()), ErrInjected))
 		return true
 	}
-	e.once.Do(func() {
-		e.at = at
-		close(e.done)
-	})
+	e.Reach(at)
 	return true
-}
-
-// CompletedAt implements cuda.Timed: the modeled instant the stream passed
-// the event (a wall-clock instant; the end of the kernel before it).
-func (e *Event) CompletedAt() (time.Time, bool) {
-	select {
-	case <-e.done:
-		if e.err.Load() != nil {
-			return time.Time{}, false
-		}
-		return e.at, true
-	default:
-		return time.Time{}, false
-	}
-}
-
-func (e *Event) fail(err error) {
-	e.once.Do(func() {
-		e.err.Store(&err)
-		close(e.done)
-	})
-}
-
-// Query reports whether the stream passed the event.
-func (e *Event) Query() (bool, error) {
-	select {
-	case <-e.done:
-		if p := e.err.Load(); p != nil {
-			return false, *p
-		}
-		return true, nil
-	default:
-		return false, nil
-	}
-}
-
-// Wait blocks until the event completed or ctx ended.
-func (e *Event) Wait(ctx context.Context) error {
-	select {
-	case <-e.done:
-		if p := e.err.Load(); p != nil {
-			return *p
-		}
-		return nil
-	case <-ctx.Done():
-		return errors.Wrapf(ctx.Err(), "sim: wait for event %d on stream %s", e.seq, e.stream)
-	}
 }

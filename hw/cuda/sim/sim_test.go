@@ -98,13 +98,7 @@ func TestCloseFailsPendingEvents(t *testing.T) {
 	require.NoError(t, err)
 	go func() {
 		// Let the kernel end only once Close marked the stream closed.
-		for {
-			s.mu.Lock()
-			closed := s.closed
-			s.mu.Unlock()
-			if closed {
-				break
-			}
+		for s.q.Err() == nil {
 			runtime.Gosched()
 		}
 		close(block)

@@ -1,20 +1,15 @@
 package main
 
 import (
-	"context"
-	"fmt"
-	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cp"
 	"github.com/kvstream/kvstream/decode"
 	"github.com/kvstream/kvstream/lab/generate"
-	"github.com/kvstream/kvstream/lab/tinylm"
 	"github.com/kvstream/kvstream/lab/simsession"
+	"github.com/kvstream/kvstream/lab/tinylm"
 	"github.com/kvstream/kvstream/system"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -109,8 +104,8 @@ func (t *tinyFlags) config(cmd *cobra.Command, f *simFlags) (generate.Config, in
 	return cfg, requests, nil
 }
 
-// runTinyPrefill is kvstream prefill for a tiny model: generate.RunRemote
-// over a session whose decode process checks every room's tokens.
+// runTinyPrefill is kvstream prefill for a tiny model: its flags over
+// simsession.RunTinyPrefillProcess.
 func runTinyPrefill(cmd *cobra.Command, f *simFlags, t *tinyFlags, nf *netFlags, decodeAddr, decodeName, transport string,
 	connect time.Duration, monolithic bool) (err error) {
 	cfg, requests, err := t.config(cmd, f)
@@ -140,38 +135,8 @@ func runTinyPrefill(cmd *cobra.Command, f *simFlags, t *tinyFlags, nf *netFlags,
 		return err
 	}
 	defer pl.close(&err)
-	tr := pl.tr
-	plane := simsession.NewTinyPrefill(pl.node, decode.DialConfig{Decode: decodeAddr, DecodeName: decodeName, PageSize: cfg.PageSize, ConnectTimeout: connect}, tr, log)
-	// As for the sim: a lost decode process fails the chunks in flight at
-	// once.
-	plane.OnPeerLost(func(error) { go func() { _ = tr.Close() }() })
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	// The first signal cuts the run (a short one, not a service); from
-	// then on the default handling is back, so a second ends the process
-	// at once, whatever still waits.
-	context.AfterFunc(ctx, stop)
-	rep, err := generate.RunRemote(ctx, cfg, requests, plane, !monolithic, log)
-	if err != nil {
-		if plane.Lost() == nil {
-			byeCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			_, _ = plane.End(byeCtx, err)
-			cancel()
-		}
-		return err
-	}
-	byeCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	_, byeErr := plane.End(byeCtx, nil)
-	cancel()
-	out := cmd.OutOrStdout()
-	rep.Text(out, transport)
-	if lost := plane.Lost(); lost != nil {
-		fmt.Fprintln(out, "prefill: decode lost:", lost)
-	} else if byeErr != nil {
-		fmt.Fprintln(out, "prefill: decode:", byeErr)
-	}
-	if !rep.TokensEqual || byeErr != nil {
-		return errors.New("prefill: not every room's tokens were decoded equal to the model's by the decode process")
-	}
-	return nil
+	return simsession.RunTinyPrefillProcess(simsession.TinyPrefillProcessConfig{
+		Generate: cfg, Requests: requests, Dial: decode.DialConfig{Decode: decodeAddr, DecodeName: decodeName, ConnectTimeout: connect},
+		Node: pl.node, Transport: pl.tr, TransportName: transport, Monolithic: monolithic, Out: cmd.OutOrStdout(), Log: log,
+	})
 }
