@@ -22,13 +22,14 @@ const module = "github.com/kvstream/kvstream"
 // the top of the stack.
 type docRow struct {
 	pkg     string
+	lab     bool // its side column says "lab" (else "product")
 	imports []string
 	above   bool // "anything above": any package listed before it
 }
 
 // readPackageTable parses the "## Packages" table: rows whose first cell is
-// a `package` and whose last cell lists `imports`, "nothing", or "anything
-// above".
+// a `package`, whose second says its side (product or lab) and whose last
+// lists `imports`, "nothing", or "anything above".
 func readPackageTable(t *testing.T, path string) []docRow {
 	t.Helper()
 	f, err := os.Open(path)
@@ -48,11 +49,18 @@ func readPackageTable(t *testing.T, path string) []docRow {
 			continue
 		}
 		cells := strings.Split(strings.Trim(line, "|"), "|")
-		require.GreaterOrEqual(t, len(cells), 3, "package table row %q", line)
+		require.GreaterOrEqual(t, len(cells), 4, "package table row %q", line)
 		pkg := tick.FindStringSubmatch(cells[0])
 		require.NotNil(t, pkg, "package table row %q names no package", line)
 		last := strings.TrimSpace(cells[len(cells)-1])
 		r := docRow{pkg: pkg[1]}
+		switch side := strings.TrimSpace(cells[1]); side {
+		case "lab":
+			r.lab = true
+		case "product":
+		default:
+			t.Fatalf("package table row %q: side %q is neither product nor lab", line, side)
+		}
 		switch last {
 		case "nothing":
 		case "anything above":
@@ -138,6 +146,9 @@ func TestLayersPointDown(t *testing.T) {
 		}
 	}
 	for _, r := range rows {
+		if r.lab != isLab(r.pkg) {
+			t.Errorf("docs/ARCHITECTURE.md says %s is on the %s side; it lives on the other", r.pkg, map[bool]string{true: "lab", false: "product"}[r.lab])
+		}
 		imps, ok := all[r.pkg]
 		if !ok {
 			t.Errorf("docs/ARCHITECTURE.md lists %s, which does not exist", r.pkg)
