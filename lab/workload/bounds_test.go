@@ -99,3 +99,9 @@ func TestModeledTimeBounds(t *testing.T) {
 		refused(t, c, "--link-gbps 1e-15: must be above")
 	})
 }
+
+func TestBelowBound(t *testing.T) {
+	assert.Empty(t, belowBound(1, 0.199, 0.199))
+	assert.Empty(t, belowBound(1, 0.1985, 0.199)) // within the rounding slack
+	assert.Contains(t, belowBound(2, 0.150, 0.199), "room 2: exposed 0.150 ms is below 0.199 ms")
+}

@@ -142,7 +142,7 @@ type Config struct {
 	// or embedder can set it.
 	plant func([]system.Buffer)
 	// plantTransport, also test-only, wraps the prefill transport as the
-	// engine sees it, above the transport oracle (landGuard): a wrapper
+	// engine sees it, above the transport oracle (lab/landguard): a wrapper
 	// that reports a batch complete before it landed, or drops a write,
 	// plays an engine with that bug.
 	plantTransport func(rdma.Transport) rdma.Transport

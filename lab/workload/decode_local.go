@@ -11,6 +11,7 @@ import (
 	"github.com/kvstream/kvstream/cp/reshard"
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
+	"github.com/kvstream/kvstream/lab/landguard"
 	"github.com/kvstream/kvstream/lab/testbed"
 	"github.com/kvstream/kvstream/system"
 	"go.uber.org/zap"
@@ -18,7 +19,7 @@ import (
 
 // The sim's own decode sides: decode pools in this process, reached over a
 // loopback fabric whose links model the configured rate, each prefill
-// rank's transport wrapped in the transport oracle (landGuard). They are
+// rank's transport wrapped in the transport oracle (lab/landguard). They are
 // oracles: every byte a run lands is checked, at Finish and when its
 // request is released or the run ends, and a difference names room,
 // position, decode page and buffer.
@@ -43,14 +44,15 @@ func newFabric(cfg Config, g geometry) *loopback.Fabric {
 // localPlane is the decode side of an unsharded sim run: one decode pool,
 // whole pages, the model's pattern testbed.Fill.
 type localPlane struct {
-	cfg    Config
-	g      geometry
-	p      *plan
-	fab    *loopback.Fabric
-	pre    *loopback.Transport
-	dec    *loopback.Transport
-	decode *testbed.Decode
-	guard  *landGuard // the prefill transport as the engine sees it
+	cfg     Config
+	g       geometry
+	p       *plan
+	fab     *loopback.Fabric
+	pre     *loopback.Transport
+	dec     *loopback.Transport
+	decode  *testbed.Decode
+	guard   *landguard.Oracle // the transport oracle
+	wrapped *landguard.Guard  // the prefill transport as the engine sees it
 
 	prefillPool *testbed.Pool // set by prefill before the first chunk
 
@@ -112,9 +114,9 @@ func (l *localPlane) transport(int) (rdma.Transport, error) {
 	if l.pre, err = l.fab.NewTransport("prefill"); err != nil {
 		return nil, err
 	}
-	l.guard = newLandGuard(l.pre, indexPools([]*testbed.Decode{l.decode}).locate,
-		func(d destPage) string { return l.decode.Names[d.buffer] })
-	return l.guard, nil
+	l.guard = landguard.New(landguard.NewPools([]*testbed.Decode{l.decode}, nil))
+	l.wrapped = l.guard.Wrap(l.pre)
+	return l.wrapped, nil
 }
 
 func (l *localPlane) prefill(pools []*testbed.Pool) { l.prefillPool = pools[0] }
@@ -126,16 +128,16 @@ func (l *localPlane) expect(_ int, pc piece) {
 	for i, x := range pc.positions {
 		dst[i] = l.p.dst(pc.room)[x]
 	}
-	l.guard.expect(pc.room, pc.start, pc.end, pc.positions, dst)
+	l.wrapped.Expect(pc.room, pc.start, pc.end, pc.positions, dst)
 }
 
-func (l *localPlane) landed(_ int, pc piece) { l.guard.finished(pc.room, pc.start) }
+func (l *localPlane) landed(_ int, pc piece) { l.wrapped.Finished(pc.room, pc.start) }
 
 func (l *localPlane) violations() []string {
 	if l.guard == nil {
 		return nil
 	}
-	return l.guard.violations()
+	return l.guard.Violations()
 }
 
 // ChunkDone checks a chunk's destination pages the moment its Finish
@@ -271,9 +273,9 @@ type shardedDecode struct {
 	p       *plan
 	fab     *loopback.Fabric
 	pools   []*testbed.Decode
-	shadows []*testbed.Pool // per decode pool: the chunks' snapshots (see snapshot)
-	regions regions         // every pool's buffers by address
-	guards  []*landGuard    // per prefill rank
+	shadows []*testbed.Pool    // per decode pool: the chunks' snapshots (see snapshot)
+	guard   *landguard.Oracle  // over every pool
+	guards  []*landguard.Guard // per prefill rank
 	cleanup []func()
 
 	mu       sync.Mutex
@@ -436,7 +438,7 @@ func (d *shardedDecode) open(context.Context, *zap.Logger) (_ []system.Peer, err
 		peer.Sharding = &system.Sharding{Side: d.g.decSide, Rank: reshard.Rank{TP: r, Stage: st}}
 		peers = append(peers, peer)
 	}
-	d.regions = indexPools(d.pools)
+	d.guard = landguard.New(landguard.NewPools(d.pools, nil))
 	return peers, nil
 }
 
@@ -448,48 +450,9 @@ func (d *shardedDecode) transport(ri int) (rdma.Transport, error) {
 		return nil, err
 	}
 	d.cleanup = append(d.cleanup, func() { _ = raw.Close() })
-	gd := newLandGuard(raw, d.regions.locate, d.bufferName)
+	gd := d.guard.Wrap(raw)
 	d.guards = append(d.guards, gd)
 	return gd, nil
-}
-
-// region is one decode buffer's pages on one decode rank, for locate.
-type region struct {
-	base, end    uint64
-	rank, buffer int
-	itemLen      uint64
-}
-
-// regions is every decode buffer of every rank (pools, by rank) sorted by
-// address, for a binary search: the landing oracle locates every write of
-// every batch on the engine's critical path, so a scan over every buffer
-// per write would sit in front of each landing.
-type regions []region
-
-func indexPools(pools []*testbed.Decode) regions {
-	var rs regions
-	for r, pool := range pools {
-		per := pool.ItemLen * uint64(pool.Pages)
-		for b, base := range pool.Bases {
-			rs = append(rs, region{base: base, end: base + per, rank: r, buffer: b, itemLen: pool.ItemLen})
-		}
-	}
-	sort.Slice(rs, func(i, j int) bool { return rs[i].base < rs[j].base })
-	return rs
-}
-
-// locate returns the decode rank, buffer and page that addr falls in.
-func (rs regions) locate(addr uint64) (destPage, bool) {
-	i := sort.Search(len(rs), func(i int) bool { return rs[i].end > addr })
-	if i == len(rs) || addr < rs[i].base {
-		return destPage{}, false
-	}
-	rg := rs[i]
-	return destPage{rank: rg.rank, buffer: rg.buffer, page: int((addr - rg.base) / rg.itemLen)}, true
-}
-
-func (d *shardedDecode) bufferName(p destPage) string {
-	return fmt.Sprintf("%s of decode rank %d", d.pools[p.rank].Names[p.buffer], p.rank)
 }
 
 func (d *shardedDecode) prefill([]*testbed.Pool) {} // the check is against the pattern
@@ -500,13 +463,13 @@ func (d *shardedDecode) expect(ri int, pc piece) {
 	keys := make([]int, 0, len(pc.positions)*len(d.pools))
 	for _, x := range pc.positions {
 		for r := range d.pools {
-			keys = append(keys, pageKey(r, d.p.dst(pc.room)[x]))
+			keys = append(keys, landguard.PageKey(r, d.p.dst(pc.room)[x]))
 		}
 	}
-	d.guards[ri].expect(pc.room, pc.start, pc.end, pc.positions, keys)
+	d.guards[ri].Expect(pc.room, pc.start, pc.end, pc.positions, keys)
 }
 
-func (d *shardedDecode) landed(ri int, pc piece) { d.guards[ri].finished(pc.room, pc.start) }
+func (d *shardedDecode) landed(ri int, pc piece) { d.guards[ri].Finished(pc.room, pc.start) }
 
 // ChunkDone snapshots a chunk that succeeded on every prefill rank; the
 // snapshot is checked when its request is released or the run ends.
@@ -521,13 +484,10 @@ func (d *shardedDecode) ChunkDone(n Notice) {
 }
 
 func (d *shardedDecode) violations() []string {
-	var out []string
-	for ri, gd := range d.guards {
-		for _, v := range gd.violations() {
-			out = append(out, fmt.Sprintf("prefill rank %d: %s", ri, v))
-		}
+	if d.guard == nil {
+		return nil
 	}
-	return out
+	return d.guard.Violations()
 }
 
 func (d *shardedDecode) close() {

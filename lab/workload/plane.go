@@ -92,7 +92,7 @@ type decodeSide interface {
 	// verify is the run's byte verdict once every chunk ended: the first
 	// difference found, or "". Requests [from, to) still hold their slots.
 	verify(from, to int) string
-	// violations are what the transport oracle (landGuard) caught.
+	// violations are what the transport oracle (lab/landguard) caught.
 	violations() []string
 	// close releases the decode side, after the engines and the GPU.
 	close()
