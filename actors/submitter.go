@@ -81,9 +81,9 @@ func SpawnSubmitters(env *Env, cfg PoolConfig) (routerPID, supervisor *actor.PID
 	// The submitters run on workers of their own, one per submitter, not on
 	// a goroutine started per mailbox activation (protoactor's default): a
 	// post goes deep into the transport, and a fresh goroutine's stack
-	// grew on the way at every post, ~10 µs of copying on the batch's
-	// critical path on this project's VMs (a Go trace showed it inside
-	// the call into the transport's Post). With one worker per submitter a
+	// would grow (be copied) on the way at every post, on the batch's
+	// critical path; a long-lived worker's stack has grown once. With one
+	// worker per submitter a
 	// submitter that blocks (a first connect, an endpoint's close) holds
 	// only its own: no more mailboxes than workers can be running.
 	disp := NewDispatcher(cfg.Submitters)

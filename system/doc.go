@@ -2,14 +2,21 @@
 // embeds on its prefill side.
 //
 //	eng, err := system.New(cfg, system.WithStream(computeStream), system.WithTransport(tr))
-//	eng.AddPeer(decodePeer)                      // once per decode session
-//	mode, err := eng.Register(ctx, chunk)         // scheduler, before the forward
-//	fw, err := eng.BeginForward()                 // forward loop
-//	fw.LayerEnd(l)                                // after each layer's KV write is enqueued
-//	fw.End()                                      // after the last kernel is enqueued
-//	res, err := eng.Finish(ctx, room)             // transfer path: front chunk's status
-//	eng.Drop(ctx, room)                           // abort: quiesce before pages are reused
-//	eng.Close()
+//	err = eng.AddPeer(decodePeer)        // once per decode session (decode.Client.Attach calls it)
+//	reg, err := eng.Register(ctx, chunk) // scheduler, before the forward; reg.Mode: how the room is sent
+//	fw, err := eng.BeginForward()        // forward loop
+//	err = fw.LayerEnd(l)                 // after each layer's KV write is enqueued
+//	err = fw.End()                       // after the last kernel is enqueued
+//	res, err := eng.Finish(ctx, room)    // transfer path: the front chunk's status, once its bytes landed
+//	err = eng.Drop(ctx, room)            // abort: quiesce before pages are reused
+//	err = eng.Close()
+//
+// A production engine records its events on the GPU's compute stream
+// (WithStream, or WithGPU) and moves the KV over UCX (WithTransport);
+// system.WithHardware(simulated.Hardware()) gives it a virtual GPU and the
+// in-process loopback fabric instead (package system/simulated), for
+// simulations, tests and examples. Example is the whole flow, runnable; a
+// test compiles the outline above (doc_test.go), so that it stays the API's.
 //
 // The engine chooses per-layer streaming or the monolithic post-forward send
 // per room (invariant 8 of docs/ARCHITECTURE.md, where the invariants and

@@ -10,8 +10,8 @@ import (
 const (
 	// DefaultBatchOverhead is a batch's host cost (event detection, block
 	// building, the post) that GroupModel charges before it reaches the
-	// link: the engine's measured detect and post phases at p50 are 5-40
-	// µs (docs/PERFORMANCE.md), rounded up.
+	// link: an upper bound on the engine's detect and post phases, which
+	// are tens of microseconds at p50 (docs/PERFORMANCE.md).
 	DefaultBatchOverhead = 50 * time.Microsecond
 	// DefaultMaxBatches bounds the batches per forward a chosen group size
 	// may cost (groups plus the hookless buffers' batch), per destination.

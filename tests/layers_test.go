@@ -85,6 +85,10 @@ var testUpward = map[[2]string]string{
 	// driver's own test binary: TestCFakeLibcuda re-runs that binary with
 	// the fake library first on LD_LIBRARY_PATH.
 	{"hw/cuda/driver", "lab/gpucheck"}: "re-run under the fake libcuda",
+	// system's examples (package system_test) run on simulated hardware, as
+	// a user's program does: system.WithHardware(simulated.Hardware()).
+	// simulated imports system, so it sits above it.
+	{"system", "system/simulated"}: "the examples' hardware",
 }
 
 // goPackages lists every package of the module with its imports of ours

@@ -1,8 +1,11 @@
-// Command embed is the smallest complete use of kvstream, written only
-// against public packages so that it can be copied out of the module: a
-// prefill engine on simulated hardware (a virtual GPU and the in-process
+// Command embed is the smallest complete use of kvstream's prefill engine,
+// written only against public packages so that it can be copied out of the
+// module: an engine on simulated hardware (a virtual GPU and the in-process
 // loopback fabric) streams one request's KV, layer group by layer group,
 // into a decode pool, and checks every byte.
+//
+// README.md shows the heart of main, from system.New to Finish: a test
+// (TestReadmeSnippet) keeps the README's Go block an excerpt of this file.
 package main
 
 import (
@@ -17,82 +20,45 @@ import (
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
 	"github.com/kvstream/kvstream/system"
+	"github.com/kvstream/kvstream/system/simulated"
 )
 
 const layers, itemLen, pages = 8, 1152, 64 // an MLA-like pool: one buffer per layer, 64 pages each
 
 func main() {
-	// The prefill pool: one KV tensor per layer, in memory that never moves.
-	prefill, err := hostmem.Alloc(layers * itemLen * pages)
-	check(err)
+	ctx := context.Background()
+	prefill := newPool() // the prefill pool: one KV tensor per layer, in memory that never moves
 	defer prefill.Free()
-	bufs := make([]system.Buffer, layers)
-	for l := range bufs {
-		bufs[l] = system.Buffer{Name: fmt.Sprintf("KV%d", l), Base: prefill.Addr + uint64(l*itemLen*pages),
-			ItemLen: itemLen, Pages: pages, Layer: l}
-	}
+	decode, peer, closeDecode := decodePool() // the decode pool, and the Peer that describes it
+	defer closeDecode()
 
-	// The decode pool, registered with the decode side's transport: what a
-	// decode server describes to the prefill as a Peer.
-	decodeTr, err := loopback.Default().NewTransport("decode")
+	eng, err := system.New(system.Config{
+		Buffers:    system.MLABuffers(bases(prefill), itemLen, pages), // one KV tensor per layer
+		HookLayers: layers, GroupSize: 4, PageSize: 16,                // two groups of 4 layers
+	}, system.WithHardware(simulated.Hardware())) // production: system.WithGPU(...), system.WithTransport(ucx)
 	check(err)
-	defer decodeTr.Close()
-	decode, err := hostmem.Alloc(layers * itemLen * pages)
-	check(err)
-	defer decode.Free()
-	peer := system.Peer{ID: "decode-0", Address: decodeTr.Address()}
-	for l := 0; l < layers; l++ {
-		r, err := decodeTr.Register(decode.Addr+uint64(l*itemLen*pages), itemLen*pages)
-		check(err)
-		defer func(r rdma.Region) { _ = r.Deregister() }(r)
-		peer.Buffers = append(peer.Buffers, system.PeerBuffer{Region: r.Desc(), ItemLen: itemLen})
-	}
+	defer eng.Close()
+	check(eng.AddPeer(peer)) // a decode server's session does this for you: decode.Client.Attach
 
-	// The prefill engine, on a virtual GPU's compute stream and its own
-	// node of the loopback fabric. In production these are a real stream
-	// (system.WithGPU) and a real transport (UCX): the engine refuses to
-	// start without them unless told to simulate.
-	gpu := sim.New(sim.Options{})
-	defer gpu.Close()
-	stream := gpu.NewStream("compute")
-	prefillTr, err := loopback.Default().NewTransport("prefill")
-	check(err)
-	defer prefillTr.Close()
-	eng, err := system.New(system.Config{Buffers: bufs, HookLayers: layers, GroupSize: 4, PageSize: 16},
-		system.WithStream(stream), system.WithTransport(prefillTr))
-	check(err)
-	check(eng.AddPeer(peer))
-
-	// The scheduler registers the chunk before its forward: 128 tokens on
-	// prefill pages 0..7, going to decode pages 20..27.
+	// Scheduler, before the forward that writes tokens [0, 128) of room 1:
 	src, dst := []int{0, 1, 2, 3, 4, 5, 6, 7}, []int{20, 21, 22, 23, 24, 25, 26, 27}
-	reg, err := eng.Register(context.Background(), system.ChunkSpec{Room: 1, Start: 0, End: 128, Last: true,
-		SrcPages: src, TotalPages: 8, Infos: []system.DecodeInfo{{Peer: "decode-0", DstPages: dst}}})
-	check(err)
+	reg, err := eng.Register(ctx, system.ChunkSpec{Room: 1, Start: 0, End: 128, Last: true,
+		SrcPages: src, TotalPages: 8, Infos: []system.DecodeInfo{{Peer: "decode", DstPages: dst}}})
+	check(err) // reg.Mode: PerLayer with a real destination, Monolithic when all are dummies
 
-	// The forward loop: one kernel per layer writes that layer's KV on the
-	// GPU, then LayerEnd tells the engine (O(1); an event per group).
-	fw, err := eng.BeginForward()
+	fw, err := eng.BeginForward() // forward loop: LayerEnd after each layer's KV write (O(1); an event per group)
 	check(err)
-	start := time.Now()
-	for l := 0; l < layers; l++ {
-		check(stream.Launch(sim.Kernel{Name: fmt.Sprintf("L%d", l), Duration: 2 * time.Millisecond, Run: func() {
-			for pos, p := range src {
-				copy(page(prefill, l, p), kv(l, pos))
-			}
-		}}))
+	for l := range layers {
+		launchLayer(eng, prefill, l, src) // the layer's kernel: writes its KV into the prefill pages
 		check(fw.LayerEnd(l))
 	}
 	check(fw.End())
 
-	// The transfer path: Finish returns once every byte landed.
-	res, err := eng.Finish(context.Background(), 1)
+	res, err := eng.Finish(ctx, 1) // transfer path: the chunk's status once its bytes landed, or FAILED in time
 	check(err)
-	fmt.Printf("room 1: %s, mode %s, %d bytes in %d batches, finished %v after the forward was enqueued\n",
-		res.Status, reg.Mode, res.Stats.Bytes, res.Stats.Batches, time.Since(start).Round(time.Millisecond))
-	check(eng.Close())
+	fmt.Printf("room 1: %s, %s, %d bytes in %d batches\n", res.Status, reg.Mode, res.Stats.Bytes, res.Stats.Batches)
 
-	for l := 0; l < layers; l++ {
+	for l := range layers {
 		for pos, p := range dst {
 			if !bytes.Equal(kv(l, pos), page(decode, l, p)) {
 				log.Fatalf("layer %d position %d (decode page %d): bytes differ", l, pos, p)
@@ -100,6 +66,60 @@ func main() {
 		}
 	}
 	fmt.Println("bytes_equal: true")
+}
+
+// launchLayer enqueues layer l's kernel on the engine's compute stream (the
+// virtual GPU's, whose kernels run Go code and take a modeled 2 ms): it
+// writes the layer's KV of every position into its prefill page. In a
+// serving stack this is the model's attention kernel on the GPU.
+func launchLayer(eng *system.Engine, pool *hostmem.Block, l int, src []int) {
+	gpu := eng.Stream().(*sim.Stream)
+	check(gpu.Launch(sim.Kernel{Name: fmt.Sprintf("L%d", l), Duration: 2 * time.Millisecond, Run: func() {
+		for pos, p := range src {
+			copy(page(pool, l, p), kv(l, pos))
+		}
+	}}))
+}
+
+// decodePool registers a decode pool with a node of the fabric that
+// simulated.Hardware's transports join (loopback.Default()) and returns the
+// Peer that describes it to the prefill engine: what a decode server's
+// session gives the engine, here by hand. "decode" is the ID a decode server
+// gives its pool by default.
+func decodePool() (*hostmem.Block, system.Peer, func()) {
+	tr, err := loopback.Default().NewTransport("decode")
+	check(err)
+	pool := newPool()
+	peer := system.Peer{ID: "decode", Address: tr.Address()}
+	var regions []rdma.Region
+	for _, base := range bases(pool) {
+		r, err := tr.Register(base, itemLen*pages)
+		check(err)
+		regions = append(regions, r)
+		peer.Buffers = append(peer.Buffers, system.PeerBuffer{Region: r.Desc(), ItemLen: itemLen})
+	}
+	return pool, peer, func() {
+		for _, r := range regions {
+			_ = r.Deregister()
+		}
+		_ = tr.Close()
+		_ = pool.Free()
+	}
+}
+
+func newPool() *hostmem.Block {
+	b, err := hostmem.Alloc(layers * itemLen * pages)
+	check(err)
+	return b
+}
+
+// bases are a pool's buffers' addresses, layer by layer.
+func bases(pool *hostmem.Block) []uint64 {
+	out := make([]uint64, layers)
+	for l := range out {
+		out[l] = pool.Addr + uint64(l*itemLen*pages)
+	}
+	return out
 }
 
 // page is one page of one layer's buffer in a pool.

@@ -26,14 +26,13 @@ type Block struct {
 const pageSize = 4096
 
 // hugePage is the size of a transparent huge page (x86-64, arm64 with 4 KiB
-// pages). Pools are asked for huge pages (MADV_HUGEPAGE: many kernels, this
-// project's VM's among them, default to THP "madvise"): one TLB entry, and
-// one fault, per 2 MiB instead of per 4 KiB. Measured in the sim on a 2-vCPU
-// VM whose kernel runs a DAMON pageout scheme (its passes over memory left
-// idle make the pages fault again) under a hypervisor that traps every
-// fault: with 4 KiB pages, 7 of 16 runs copied some buffers at 0.7 GB/s in
-// every forward (5.6 us per page), against 2 of 16 with huge pages
-// (docs/PERFORMANCE.md).
+// pages). Pools are asked for huge pages (MADV_HUGEPAGE: many kernels
+// default to THP "madvise"): one TLB entry, and one fault, per 2 MiB instead
+// of per 4 KiB. That matters where faults are dear: under a hypervisor that
+// traps every guest fault, and with a kernel that makes idle memory fault
+// again (a DAMON pageout scheme), a copy into a pool of small pages can run
+// at a fraction of memory speed, in the middle of a transfer
+// (docs/PERFORMANCE.md, "The machine").
 const hugePage = 2 << 20
 
 // madvHugepage is MADV_HUGEPAGE, which package syscall does not name.
@@ -69,8 +68,9 @@ func Alloc(n int) (*Block, error) {
 	}
 	// Touch every page: MAP_POPULATE asks the guest kernel, but under a
 	// hypervisor that backs guest memory lazily the first write to each page
-	// still traps (measured here: memcpy into fresh pages at 0.6 GB/s, 16+
-	// GB/s once touched). Registered memory is resident on a real NIC too.
+	// still traps, and a copy into fresh pages runs an order of magnitude
+	// slower than into touched ones. Registered memory is resident on a
+	// real NIC too.
 	for i := 0; i < len(mem); i += pageSize {
 		mem[i] = 0
 	}
