@@ -70,7 +70,7 @@ timeline. Models: ` + strings.Join(tinylm.PresetNames(), ", ") + `.`,
 
 func plantNames() []string {
 	var out []string
-	for p := generate.NoPlant; p <= generate.PlantHooklessNotSent; p++ {
+	for _, p := range generate.Plants() {
 		out = append(out, p.String())
 	}
 	return out
@@ -94,14 +94,8 @@ func (f *generateFlags) config() (generate.Config, error) {
 		return cfg, errors.Mark(errors.Newf("--link-latency-us %v: must be within [0, 1e6]", f.linkLatencyUs), system.ErrBadInput)
 	}
 	cfg.LinkLatency = time.Duration(f.linkLatencyUs * float64(time.Microsecond))
-	found := false
-	for p := generate.NoPlant; p <= generate.PlantHooklessNotSent; p++ {
-		if p.String() == f.plant {
-			cfg.Plant, found = p, true
-		}
-	}
-	if !found {
-		return cfg, errors.Mark(errors.Newf("--plant %q: want one of %s", f.plant, strings.Join(plantNames(), ", ")), system.ErrBadInput)
+	if cfg.Plant, err = generate.ParsePlant(f.plant); err != nil {
+		return cfg, err
 	}
 	return cfg, nil
 }
@@ -129,6 +123,8 @@ func runGenerate(cmd *cobra.Command, f *generateFlags) error {
 		return errors.New("tokens differ")
 	case !rep.BytesEqual:
 		return errors.New("bytes differ")
+	case !rep.TransportOK:
+		return errors.New("the transport oracle caught what the bytes do not show (the transport: lines)")
 	}
 	return nil
 }

@@ -92,14 +92,8 @@ func (t *tinyFlags) config(cmd *cobra.Command, f *simFlags) (generate.Config, in
 	if cfg.PageOrder, err = parsePageOrder(f.pageOrder); err != nil {
 		return cfg, 0, err
 	}
-	found := false
-	for p := generate.NoPlant; p <= generate.PlantHooklessNotSent; p++ {
-		if p.String() == t.plant {
-			cfg.Plant, found = p, true
-		}
-	}
-	if !found {
-		return cfg, 0, errors.Mark(errors.Newf("--plant %q: want one of %s", t.plant, strings.Join(plantNames(), ", ")), system.ErrBadInput)
+	if cfg.Plant, err = generate.ParsePlant(t.plant); err != nil {
+		return cfg, 0, err
 	}
 	return cfg, requests, nil
 }

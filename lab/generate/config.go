@@ -2,6 +2,7 @@ package generate
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -45,11 +46,42 @@ const (
 	// (TP 1 and PP 1 on both sides: a sharded engine checks that its
 	// buffers cover its layers).
 	PlantHooklessNotSent
+	// PlantTPReplicasSend configures every prefill TP rank's engine as TP
+	// rank 0 of its stage: where the TP ranks hold the same KV (the MLA
+	// latent, replicated), each then takes itself for the replica that
+	// sends, and every destination byte arrives once per replica. The
+	// bytes and tokens are right; only the bytes posted against what the
+	// decode pages hold (lab/landguard's ledger) show it. Needs --prefill-tp
+	// 2 or more over ranks that hold the same heads.
+	PlantTPReplicasSend
 )
 
 var plantNames = map[Plant]string{
 	NoPlant: "none", PlantChunkPositions: "chunk-positions", PlantRoPEOffset: "rope-offset",
 	PlantHeadsSwapped: "heads-swapped", PlantStalePage: "stale-page", PlantHooklessNotSent: "hookless-not-sent",
+	PlantTPReplicasSend: "tp-replicas-send",
+}
+
+// Plants lists every plant, NoPlant first.
+func Plants() []Plant {
+	out := make([]Plant, 0, len(plantNames))
+	for p := NoPlant; p <= PlantTPReplicasSend; p++ {
+		out = append(out, p)
+	}
+	return out
+}
+
+// ParsePlant reads a plant by its name (Plant.String), naming the choices
+// otherwise (an error marked system.ErrBadInput).
+func ParsePlant(name string) (Plant, error) {
+	names := make([]string, 0, len(plantNames))
+	for _, p := range Plants() {
+		if p.String() == name {
+			return p, nil
+		}
+		names = append(names, p.String())
+	}
+	return 0, errors.Mark(errors.Newf("--plant %q: want one of %s", name, strings.Join(names, ", ")), system.ErrBadInput)
 }
 
 func (p Plant) String() string {
@@ -248,6 +280,14 @@ func (c *Config) checkPlant(g *geometry) error {
 		}
 		if g.pre.TP != 1 || g.dec.TP != 1 || g.pre.PP() != 1 || g.dec.PP() != 1 {
 			return flagError("plant %s needs TP 1 and PP 1 on both sides", c.Plant)
+		}
+	case PlantTPReplicasSend:
+		if g.pre.TP < 2 {
+			return flagError("plant %s needs --prefill-tp 2 or more", c.Plant)
+		}
+		lo0, hi0 := g.pre.RankHeads(0)
+		if lo1, hi1 := g.pre.RankHeads(1); lo0 != lo1 || hi0 != hi1 {
+			return flagError("plant %s: prefill TP ranks 0 and 1 hold different heads (--model %s at TP %d): they are no replicas", c.Plant, c.Model.Name, g.pre.TP)
 		}
 	default:
 		return flagError("plant %d: unknown", int(c.Plant))

@@ -42,6 +42,8 @@ func requireEqual(t *testing.T, rep *Report) {
 	rep.Text(&b)
 	require.True(t, rep.BytesEqual, b.String())
 	require.True(t, rep.TokensEqual, b.String())
+	require.True(t, rep.TransportOK, b.String())
+	assert.Empty(t, rep.PerLayer.Transport)
 	assert.Equal(t, rep.ModelTokens, rep.Tokens, b.String())
 	assert.Equal(t, rep.ModelTokens, rep.ReferenceTokens, b.String())
 	assert.Len(t, rep.Tokens, rep.NewTokens)
@@ -136,6 +138,33 @@ func TestPlantedBugsChangeTokens(t *testing.T) {
 	}
 }
 
+// TestPlantTPReplicasSend: every TP replica of the MLA latent sends (the
+// audit's planted bug). Bytes and tokens are right, so only the ledger of
+// the transport oracle shows it: twice the bytes posted, on every chunk
+// (the ledger's arithmetic is checked by hand in lab/landguard).
+func TestPlantTPReplicasSend(t *testing.T) {
+	cfg := small("tiny-mla")
+	cfg.PrefillTP = 2
+	honest := run(t, cfg)
+	requireEqual(t, honest)
+
+	cfg.Plant = PlantTPReplicasSend
+	rep := run(t, cfg)
+	var b strings.Builder
+	rep.Text(&b)
+	assert.True(t, rep.BytesEqual, b.String())
+	assert.True(t, rep.TokensEqual, b.String())
+	assert.False(t, rep.TransportOK, b.String())
+	assert.False(t, rep.OK())
+	assert.Equal(t, 2*honest.PerLayer.Bytes, rep.PerLayer.Bytes)
+	require.Len(t, rep.PerLayer.Transport, 3, "one violation per chunk (40 tokens in chunks of 16)")
+	for _, v := range rep.PerLayer.Transport {
+		assert.Contains(t, v, "decode rank 0")
+		assert.Contains(t, v, "every byte 2 times")
+	}
+	assert.Contains(t, b.String(), "transport_ok: false")
+}
+
 // TestPlantsAreRefusedWhereTheyShowNothing: a plant the configuration
 // cannot exhibit is an error, never a silent pass.
 func TestPlantsAreRefusedWhereTheyShowNothing(t *testing.T) {
@@ -149,6 +178,8 @@ func TestPlantsAreRefusedWhereTheyShowNothing(t *testing.T) {
 		{PlantHeadsSwapped, func(c *Config) { c.Model = tinylm.Presets["tiny-mla"]; c.DecodeTP = 2 }, "hold the same heads"},
 		{PlantHooklessNotSent, func(c *Config) {}, "has no layer without a hook"},
 		{PlantHooklessNotSent, func(c *Config) { c.Model = tinylm.Presets["tiny-mla"]; c.DecodeTP = 2 }, "needs TP 1 and PP 1"},
+		{PlantTPReplicasSend, func(c *Config) { c.Model = tinylm.Presets["tiny-mla"] }, "needs --prefill-tp 2"},
+		{PlantTPReplicasSend, func(c *Config) { c.PrefillTP = 2 }, "hold different heads"},
 	} {
 		cfg := small("tiny-gqa")
 		cfg.Plant = tc.plant

@@ -14,6 +14,7 @@ import (
 	"github.com/kvstream/kvstream/hw/cuda/cpu"
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
+	"github.com/kvstream/kvstream/lab/landguard"
 	"github.com/kvstream/kvstream/lab/testbed"
 	"github.com/kvstream/kvstream/lab/tinylm"
 	"github.com/kvstream/kvstream/system"
@@ -42,12 +43,14 @@ type rank struct {
 	pool      *testbed.Pool
 	routes    []*reshard.Route // to every decode rank it feeds (for the floor)
 	work      chan chunkJob
+	guard     *landguard.Guard // its transport as its engine sees it (nil to another process)
 }
 
-// chunkJob is a chunk a rank's transfer worker finishes.
+// chunkJob is a chunk a rank's transfer worker finishes: start is the
+// range's start the engine registered.
 type chunkJob struct {
-	req, k int
-	room   uint64
+	req, k, start int
+	room          uint64
 }
 
 // finish is one Finish's outcome.
@@ -71,6 +74,7 @@ type modeRun struct {
 	ref        *tinylm.Generation // decoded collocated on the prefill's pools (when asked)
 	bytesEqual bool
 	mismatch   string
+	transport  []string // what the transport oracle caught
 	exposed    time.Duration
 	floor      time.Duration
 	fwdEnd     time.Time // the end of the request's last forward on the streams
@@ -206,6 +210,7 @@ func (r *rig) newPrefill(ctx context.Context, transport func(name string) (rdma.
 				if err != nil {
 					return nil, errors.Wrapf(err, "prefill CP rank %d PP stage %d TP rank %d", c, st, tp)
 				}
+				rk.guard, _ = tr.(*landguard.Guard) // a local run's: the oracle's
 				p.ranks = append(p.ranks, rk)
 				byPlace[[3]int{c, st, tp}] = rk
 			}
@@ -228,7 +233,11 @@ func (r *rig) newPrefill(ctx context.Context, transport func(name string) (rdma.
 			defer p.wg.Done()
 			for j := range rk.work {
 				res, err := rk.eng.Finish(ctx, j.room)
-				p.finishes <- finish{rank: i, req: j.req, k: j.k, res: res, err: err, ret: time.Now()}
+				ret := time.Now()
+				if err == nil && res.Status == system.Succeeded && rk.guard != nil {
+					rk.guard.Finished(int(j.room), j.start)
+				}
+				p.finishes <- finish{rank: i, req: j.req, k: j.k, res: res, err: err, ret: ret}
 			}
 		}()
 	}
@@ -299,15 +308,23 @@ func (r *rig) runMode(ctx context.Context, perLayer, reference bool, reqs []requ
 	if cfg.Plant == PlantHeadsSwapped {
 		peers[0].Sharding.Rank, peers[1].Sharding.Rank = peers[1].Sharding.Rank, peers[0].Sharding.Rank
 	}
+	var flat []*testbed.Decode // by peer: stage-major
+	for _, ps := range decPools {
+		flat = append(flat, ps...)
+	}
+	oracle := landguard.New(landguard.NewPools(flat, func(d landguard.Dest) string {
+		return fmt.Sprintf("%s of decode PP stage %d TP rank %d", flat[d.Rank].Names[d.Buffer], d.Rank/g.dec.TP, d.Rank%g.dec.TP)
+	}))
 
-	// The prefill side, each rank on its own link of the fabric.
+	// The prefill side, each rank on its own link of the fabric, below
+	// the transport oracle.
 	transport := func(name string) (rdma.Transport, error) {
 		tr, err := fab.NewTransport(name)
 		if err != nil {
 			return nil, err
 		}
 		cleanup = append(cleanup, func() { _ = tr.Close() })
-		return tr, nil
+		return oracle.Wrap(tr), nil
 	}
 	p, err := r.newPrefill(ctx, transport, peers, perLayer, &cleanup)
 	if err != nil {
@@ -372,6 +389,7 @@ func (r *rig) runMode(ctx context.Context, perLayer, reference bool, reqs []requ
 	// pages), then tokens.
 	mr.mismatch = r.checkBytes(p.ranks, decPools)
 	mr.bytesEqual = mr.mismatch == ""
+	mr.transport = oracle.Violations()
 	pools := make([][]tinylm.Pool, len(decPools))
 	for st, ps := range decPools {
 		for _, p := range ps {
@@ -422,6 +440,9 @@ func (r *rig) newRank(tr rdma.Transport, stream *cpu.Stream, peers []system.Peer
 		Buffers: pool.EngineBuffers(), HookLayers: min(hi, g.hooks) - lo, GroupSize: cfg.GroupSize, PageSize: cfg.PageSize,
 		CP: cp.CP{Size: cfg.CP, Rank: c, Rule: cfg.CPRule}, Submitters: cfg.Submitters, FinishTimeout: cfg.FinishTimeout,
 		DisablePerLayer: !perLayer, Sharding: &system.Sharding{Side: g.pre, Rank: reshard.Rank{TP: tp, Stage: st}},
+	}
+	if cfg.Plant == PlantTPReplicasSend {
+		ecfg.Sharding.Rank.TP = 0 // every replica takes itself for the one that sends
 	}
 	if cfg.Plant == PlantHooklessNotSent {
 		// The serving stack registers only the buffers of hooked layers,
@@ -474,8 +495,12 @@ func (r *rig) newRank(tr rdma.Transport, stream *cpu.Stream, peers []system.Peer
 func (p *prefill) forward(ctx context.Context, ri, k int, rq request, head bool) (*tinylm.Step, error) {
 	r := p.r
 	cfg, g, ch := &r.cfg, &r.g, r.chunks[k]
+	spec := r.spec(rq, k, p.peers)
 	for _, rk := range p.ranks {
-		spec := r.spec(rq, k, p.peers)
+		if rk.guard != nil {
+			positions, keys := r.expected(rq, k, len(p.peers))
+			rk.guard.Expect(int(rq.room), spec.Start, spec.End, positions, keys)
+		}
 		if _, err := rk.eng.Register(ctx, spec); err != nil {
 			return nil, errors.Wrapf(err, "request %d chunk %d: register on CP rank %d PP stage %d TP rank %d", ri, k, rk.c, rk.st, rk.tp)
 		}
@@ -533,7 +558,7 @@ func (p *prefill) forward(ctx context.Context, ri, k int, rq request, head bool)
 			}
 		}
 		for _, rk := range stage {
-			rk.work <- chunkJob{req: ri, k: k, room: rq.room}
+			rk.work <- chunkJob{req: ri, k: k, start: spec.Start, room: rq.room}
 		}
 		if st == len(p.streams)-1 && head && k == len(r.chunks)-1 {
 			step = new(tinylm.Step)
@@ -577,6 +602,20 @@ func (r *rig) spec(rq request, k int, peers []string) system.ChunkSpec {
 		spec.Infos = append(spec.Infos, system.DecodeInfo{Peer: peer, DstPages: dst})
 	}
 	return spec
+}
+
+// expected is what chunk k of rq must write, whatever a plant registers:
+// its request positions and, for each, its decode page on each of the
+// decode ranks (landguard keys, position-major).
+func (r *rig) expected(rq request, k, ranks int) (positions, keys []int) {
+	rng := r.chunks[k].rng
+	for pos := rng.PageStart; pos < rng.PageStart+rng.Pages; pos++ {
+		positions = append(positions, pos)
+		for d := range ranks {
+			keys = append(keys, landguard.PageKey(d, rq.dst[pos]))
+		}
+	}
+	return positions, keys
 }
 
 // stalePlantRoom is the room of the request PlantStalePage plants in (the

@@ -27,6 +27,10 @@ type ModeReport struct {
 	// prefill's; Mismatch names the first that is not.
 	BytesEqual bool   `json:"bytes_equal"`
 	Mismatch   string `json:"mismatch,omitempty"`
+	// Transport is what the transport oracle caught (lab/landguard): a
+	// SUCCESS before the chunk's bytes landed, a batch after it, a chunk
+	// whose bytes posted are not what its decode pages hold, once.
+	Transport []string `json:"transport_violations,omitempty"`
 	// ForwardMs is the request's prefill on the CPU streams, its first
 	// kernel's start to its last kernel's end.
 	ForwardMs float64 `json:"forward_ms"`
@@ -82,6 +86,8 @@ type Report struct {
 	MinTop1Margin float64 `json:"min_top1_margin"`
 	// BytesEqual: every mode's bytes are equal.
 	BytesEqual bool `json:"bytes_equal"`
+	// TransportOK: the transport oracle caught nothing in any mode.
+	TransportOK bool `json:"transport_ok"`
 
 	PerLayer   *ModeReport `json:"per_layer"`
 	Monolithic *ModeReport `json:"monolithic,omitempty"`
@@ -123,7 +129,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (*Report, error) {
 	rep := &Report{Model: cfg.Model.Name, PromptTokens: cfg.PromptTokens, NewTokens: cfg.NewTokens, ChunkTokens: cfg.ChunkTokens,
 		PageSize: cfg.PageSize, Group: cfg.GroupSize, CP: cfg.CP, PrefillTP: g.pre.TP, DecodeTP: g.dec.TP,
 		PrefillPP: g.pre.PP(), DecodePP: g.dec.PP(), PageOrder: cfg.PageOrder.String(), LinkGbps: cfg.LinkGbps,
-		LogitTolerance: tinylm.LogitTolerance, ModelTokens: model.Tokens(), ModelFirstToken: modelFirst.Token, BytesEqual: true, TokensEqual: true}
+		LogitTolerance: tinylm.LogitTolerance, ModelTokens: model.Tokens(), ModelFirstToken: modelFirst.Token, BytesEqual: true, TokensEqual: true, TransportOK: true}
 	if cfg.Plant != NoPlant {
 		rep.Plant = cfg.Plant.String()
 	}
@@ -149,7 +155,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (*Report, error) {
 		}
 		cmp := tinylm.Compare(&mr.gen, ref)
 		mrep := &ModeReport{Tokens: mr.gen.Tokens(), TokensEqual: cmp.Equal && cmp.MaxLogitDiff <= tinylm.LogitTolerance,
-			FirstDiff: cmp.FirstDiff, MaxLogitDiff: cmp.MaxLogitDiff, BytesEqual: mr.bytesEqual, Mismatch: mr.mismatch,
+			FirstDiff: cmp.FirstDiff, MaxLogitDiff: cmp.MaxLogitDiff, BytesEqual: mr.bytesEqual, Mismatch: mr.mismatch, Transport: mr.transport,
 			ForwardMs: ms(mr.forward), ExposedMs: ms(mr.exposed), FloorMs: ms(mr.floor), Phases: mr.phases, Bytes: mr.bytes, Batches: mr.batches}
 		if mr.floor > 0 {
 			mrep.RatioToFloor = float64(mr.exposed) / float64(mr.floor)
@@ -158,6 +164,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (*Report, error) {
 		rep.MaxLogitDiff = max(rep.MaxLogitDiff, cmp.MaxLogitDiff)
 		rep.TokensEqual = rep.TokensEqual && mrep.TokensEqual
 		rep.BytesEqual = rep.BytesEqual && mr.bytesEqual
+		rep.TransportOK = rep.TransportOK && len(mr.transport) == 0
 		if perLayer {
 			rep.PerLayer, rep.Tokens = mrep, mrep.Tokens
 		} else {
@@ -172,8 +179,9 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (*Report, error) {
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// OK reports whether tokens and bytes are equal.
-func (r *Report) OK() bool { return r.TokensEqual && r.BytesEqual }
+// OK reports whether tokens and bytes are equal and the transport oracle
+// caught nothing.
+func (r *Report) OK() bool { return r.TokensEqual && r.BytesEqual && r.TransportOK }
 
 // Text writes the report for people.
 func (r *Report) Text(w io.Writer) {
@@ -216,7 +224,20 @@ func (r *Report) Text(w io.Writer) {
 			fmt.Fprintf(w, "bytes differ: %s\n", m.Mismatch)
 		}
 	}
+	for _, m := range []*ModeReport{r.PerLayer, r.Monolithic} {
+		if m == nil {
+			continue
+		}
+		for i, v := range m.Transport {
+			if i == 3 {
+				fmt.Fprintf(w, "transport: ... and %d more\n", len(m.Transport)-i)
+				break
+			}
+			fmt.Fprintf(w, "transport: %s\n", v)
+		}
+	}
 	fmt.Fprintf(w, "bytes_equal: %v\n", r.BytesEqual)
+	fmt.Fprintf(w, "transport_ok: %v\n", r.TransportOK)
 	fmt.Fprintf(w, "tokens_equal: %v\n", r.TokensEqual)
 }
 

@@ -2,6 +2,7 @@ package workload
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -215,6 +216,14 @@ func TestOracleCatchesPlantedBugs(t *testing.T) {
 		{"a skipped page", func(c *Config) {
 			c.plantTransport = func(tr rdma.Transport) rdma.Transport { return &lyingTransport{Transport: tr, edit: skipFirstPage} }
 		}, []string{"bytes", "per-layer: room 0", "decode page", "buffer KV0", "at Finish SUCCESS", "zeros (never written)"}},
+		// Every write posted twice: the right bytes in the right places,
+		// so the byte check passes; the ledger counts twice the bytes the
+		// pages hold.
+		{"every byte twice", func(c *Config) {
+			c.plantTransport = func(tr rdma.Transport) rdma.Transport {
+				return &lyingTransport{Transport: tr, edit: func(ws []rdma.Write) []rdma.Write { return append(slices.Clip(ws), ws...) }}
+			}
+		}, []string{"oracle", "per-layer: room 0 chunk 0-1024 decode rank 0", "bytes landed", "every byte 2 times"}},
 		// KV7 moved into group 0 is read at layer 3's end, three kernels
 		// (600 ms) before its own starts: the prefill pool's stale bytes.
 		{"stale bytes", func(c *Config) {
