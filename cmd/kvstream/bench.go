@@ -142,9 +142,7 @@ wake: --wakes times, sleep --idle (so that the other CPUs go idle, as between a 
 then hand a value to a goroutine parked on a channel. Reported: how long the send took (waking an
 idle CPU is paid by the sender) and how long until the receiver ran, as percentiles.
 
-This project's 2-vCPU VM measured 1 400-1 550 stalls per second of ~20 µs (3% of the time) and
-sends of 13-17 µs at p90 (0.3 µs when the other vCPU is busy); the figures of docs/PERFORMANCE.md
-were taken there.`,
+docs/PERFORMANCE.md ("The machine") gives what it measured on the machine its figures were taken on.`,
 		Example: `  kvstream bench host
   kvstream bench host --duration 5s --wakes 5000 --json`,
 		Args: cobra.NoArgs,

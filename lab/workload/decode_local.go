@@ -292,9 +292,8 @@ type shardedDecode struct {
 // page's place in a shadow of its decode pool (a page belongs to one room
 // at a time, and a chunk's positions to that chunk). The shadows are
 // allocated and touched before the run: copies into fresh Go heap put a
-// page fault per 4 KiB and the collector's work next to the landings (a
-// run of 8 -> 16 llama70b grew a 400-800 MB heap, and the first and last
-// requests of every run came in 20-120 ms late).
+// page fault per 4 KiB and the collector's work next to the landings, and
+// a large sharded run's heap grows by hundreds of MB.
 type snapshot struct {
 	room      int
 	positions []int

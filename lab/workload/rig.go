@@ -210,15 +210,12 @@ func runRig(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool,
 	//
 	// A sharded run instead waits for every rank's forward to end before it
 	// enqueues the next, and hands a forward's chunks over then. Run one
-	// ahead, sharded runs came out worse and the two-process one flaky:
-	// PP per-layer ÷ floor 2.7-122 in ten runs (2.1-19 in four waiting for
-	// each forward), and the README's two-process TP 2 -> 4 run exposed
-	// 8.0 s instead of 2.6 s under -race, long enough for a notice to the
-	// decode process to time out. With the landing oracle no longer
-	// formatting a string per write, waiting still wins: llama70b TP 2 x
-	// PP 2 -> TP 4 per-layer ÷ floor 1.13-1.85 waiting against 1.41-2.41
-	// one ahead, TP 4 -> 8 1.39-1.90 against 1.34-3.77 (alternating runs,
-	// 2 cores). Why is not understood yet.
+	// ahead, sharded runs came out with higher and far more variable
+	// per-layer ratios to the floor, and the two-process sharded run
+	// exposed enough more under -race for a notice to the decode process to
+	// time out. Which contention causes it is not known: this is a measured
+	// choice, to measure again (kvstream sim with --prefill-tp and
+	// --decode-tp, both ways) when the forward loop changes.
 	syncEach := g.sharded
 	t0 := time.Now()
 	launched := 0 // forwards enqueued
@@ -336,10 +333,9 @@ forwards:
 	}
 	// Every chunk handed over is finished before the run's own
 	// bookkeeping below: after the last forward it would otherwise run
-	// (~0.1 ms: the streams' synchronize, the forward ends, the workers'
-	// exits) while the last chunks' batches land, on the vCPU the link
-	// needs, and the last request's exposed time would carry it (a traced
-	// large-preset run: its MTP batch landed 101 µs late behind it).
+	// (the streams' synchronize, the forward ends, the workers' exits)
+	// while the last chunks' batches land, on the CPU the link needs, and
+	// the last request's exposed time would carry it.
 	// Each Finish is bounded, also when the loop stopped early.
 	ws.drain()
 	if loopErr == nil {

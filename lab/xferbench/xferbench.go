@@ -40,10 +40,10 @@ type Config struct {
 	Warmup         int // writes; negative means max(Count, one window)
 	// WarmupFor repeats the untimed run of Warmup writes (and, with
 	// Memcpy, its memcpy twin) until this much time has passed; zero
-	// means one run. On the project's VM the machine itself warms for a
-	// few hundred milliseconds of steady copying, two vCPUs slower than
-	// one, so that short runs after a single warm-up run measured a cold
-	// transport against a warm memcpy (docs/TRANSPORT-BENCH.md).
+	// means one run. A virtual machine may take a few hundred
+	// milliseconds of steady copying to reach the speed it keeps; short
+	// runs after a single warm-up would then compare a cold transport
+	// with a warm memcpy.
 	WarmupFor time.Duration
 	Repeat    int // timed runs
 	Memcpy    bool
@@ -131,8 +131,8 @@ func (c *Config) validate() error {
 	if c.Warmup < 0 {
 		// A whole untimed run: connection setup, protocol selection,
 		// UCX's internal pools and the pages of both regions settle before
-		// the clock starts. One window was not enough (the first timed run
-		// over shared memory came out at 2.4 GB/s, the next ones at 6).
+		// the clock starts; a warm-up of one window leaves the first timed
+		// run slower than the next.
 		c.Warmup = max(c.Count, c.Window*c.WritesPerBatch)
 	}
 	return nil
