@@ -261,9 +261,10 @@ func TestScenarioTracesRead(t *testing.T) {
 	}
 }
 
-// FuzzReadTrace: whatever the bytes, reading a trace never panics, and
-// every error names the line (or says there is no header); what it returns
-// passes the checks a replay relies on.
+// FuzzReadTrace: whatever the bytes, reading a trace (an engine's or a
+// decode server's) never panics, and every error names the line (or says
+// there is no header); what it returns passes the checks a replay relies
+// on.
 func FuzzReadTrace(f *testing.F) {
 	if raw, err := os.ReadFile(filepath.Join("..", "tests", "testdata", "traces", "partial_last_group.jsonl")); err == nil {
 		f.Add(raw)
@@ -272,6 +273,16 @@ func FuzzReadTrace(f *testing.F) {
 	f.Add([]byte(testHeader + "\n" + `{"seq":2,"actor":"engine","id":"engine","type":"RegisterCall","msg":{"Room":1,"End":8,"SrcPages":[0,1],"Infos":[{"Peer":"d0","DstPages":[3,4]}]}}` + "\n"))
 	f.Add([]byte(testHeader + "\n" + `{"seq":3,"actor":"forward","id":"forward","type":"Boundary","msg":{"Group":1,"Event":"ev:1"}}` + "\n"))
 	f.Add([]byte(`{"kvstream_trace":2,"config":{"hook_layers":1000000000}}`))
+	// Decode traces: their header's side and configuration, and records
+	// the reader checks for their names only.
+	if raw, err := os.ReadFile(filepath.Join("..", "decode", "testdata", "traces", "lost_prefill.jsonl")); err == nil {
+		f.Add(raw)
+	}
+	f.Add([]byte(testDecodeHeader + "\n" + `{"seq":1,"actor":"decode","id":"kvstream-decode","type":"ExpectMsg","msg":{"Room":1,"Pages":[0,1]},"effects":["Reply {}"]}` + "\n"))
+	f.Add([]byte(`{"kvstream_trace":2,"side":"decode","decode":{"server":"s","max_sessions":1,"max_rooms_per_session":1,"max_pool_bytes":1,"group":{"size":2000}}}`))
+	f.Add([]byte(`{"kvstream_trace":2,"side":"decode","decode":{"server":"s","max_sessions":1,"max_rooms_per_session":1,"max_pool_bytes":1,"pool":[{"name":"K","item_len":64,"pages":4}]}}` + "\n" +
+		`{"seq":1,"actor":"decode","id":"s","type":"TimerMsg","msg":{"ID":1}}`))
+	f.Add([]byte(`{"kvstream_trace":2,"side":"elsewhere","config":{}}`))
 	f.Add([]byte("# nothing\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		rd, err := NewReader(bytes.NewReader(data))
@@ -282,7 +293,7 @@ func FuzzReadTrace(f *testing.F) {
 			return
 		}
 		h := rd.Header()
-		require.NoError(t, h.Config.Validate())
+		require.NoError(t, h.Validate())
 		for {
 			rec, err := rd.Next()
 			if err == io.EOF {
@@ -295,7 +306,7 @@ func FuzzReadTrace(f *testing.F) {
 				return
 			}
 			require.Positive(t, rec.Line)
-			require.NoError(t, h.Config.CheckRecord(&rec))
+			require.NoError(t, h.CheckRecord(&rec))
 		}
 	})
 }
