@@ -105,6 +105,7 @@ func (r *Recorder) Snapshot() *Trace {
 		t.Records = append(t.Records, r.ring[r.next:]...)
 	}
 	t.Records = append(t.Records, r.ring[:r.next]...)
+	t.Header.Records = len(t.Records)
 	return t
 }
 
