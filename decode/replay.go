@@ -100,7 +100,7 @@ type pendingCall struct {
 	line   string // the Call, as recorded
 }
 
-// callResults names the message that answers each Call.
+// callResult names the message that answers a Call effect.
 func callResult(e core.Effect) (string, bool) {
 	switch e.(type) {
 	case core.CallAdmit:
@@ -115,18 +115,6 @@ func callResult(e core.Effect) (string, bool) {
 	return "", false
 }
 
-// external says whether a message type comes from outside the core and
-// its shell's own bookkeeping: the network, the heartbeats, the serving
-// stack. The others answer an effect of the core: a Call's result, a
-// revocation's outcome, a timer.
-func external(typ string) bool {
-	switch typ {
-	case "AdmittedMsg", "SizedMsg", "AccessMsg", "VerifiedMsg", "RevokedMsg", "TimerMsg":
-		return false
-	}
-	return true
-}
-
 // replayer is a decode trace's replay: a fresh core and what the recorded
 // effects promise to come back (Call results, revocations' outcomes,
 // timers).
@@ -135,7 +123,7 @@ type replayer struct {
 	core  *core.Core
 	out   *ReplayOutcome
 	last  uint64
-	calls []pendingCall // a stack: the last Call returned is answered first
+	calls []pendingCall // a stack: its top is the Call the next record answers
 	// revokes are the Revokes whose outcome did not come yet, by session:
 	// the records that asked.
 	revokes map[string][]uint64
@@ -159,10 +147,11 @@ type replayer struct {
 //   - records are numbered one after the other, and there are as many as
 //     the header says;
 //   - a Call's result (AdmittedMsg, SizedMsg, AccessMsg, VerifiedMsg) is
-//     the record right after the Call's, as the shell steps it in at once
-//     (the last Call returned first, when a result's own effects hold one),
-//     and there is no result without its Call; the trace does not end with
-//     a Call unanswered;
+//     the next record, as the shell steps it in at once while it performs
+//     the effects in order (depth first: a result's own Calls are answered
+//     before the next Call of the record that asked for it), and there is
+//     no result without its Call; the trace does not end with a Call
+//     unanswered;
 //   - a RevokedMsg comes after a Revoke of its session, one per Revoke;
 //   - a TimerMsg comes after the ArmTimer of its id, at most once;
 //   - a PeerLostMsg names a session the core opened, and a DepartedMsg a
@@ -173,9 +162,9 @@ type replayer struct {
 // results of the Calls and revocations (the shell's, which a replay
 // cannot redo). The first mismatch ends the replay: the outcome's
 // Divergence names the record, its line, and both sides. A stream error
-// (a line the reader refuses, a message that does not decode, a header
-// that is not a decode server's or whose ring dropped records) is an error
-// naming the line.
+// (a line the reader refuses, a message that does not decode) is an error
+// naming the line; a header that is not a decode server's, or whose ring
+// dropped records, is an error naming the header.
 func Replay(s trace.Stream) (*ReplayOutcome, error) {
 	h := s.Header()
 	if err := h.Validate(); err != nil {

@@ -273,7 +273,7 @@ func TestDecodeTraceRecordedNowReplays(t *testing.T) {
 			tr, err := trace.Read(bytes.NewReader(w.Bytes()))
 			require.NoError(t, err)
 			assert.Equal(t, trace.SideDecode, tr.Header.Side)
-			assert.Equal(t, "0.1.0", tr.Header.EngineVersion)
+			assert.Equal(t, system.Version, tr.Header.EngineVersion, "kvstream's version, as the engine writes it")
 		})
 	}
 }
