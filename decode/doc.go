@@ -96,6 +96,18 @@
 // other node's heartbeats (NodeConfig.Heartbeat), so a hung peer is lost
 // within a bound. docs/SECURITY.md has the threat model.
 //
+// # Message traces
+//
+// To investigate a deployment, a Server records a message trace: with
+// Config.TracePath (or Config.Trace, or the environment variable the
+// prefill engine reads too, KVSTREAM_TRACE=path, which writes path.decode)
+// it keeps every message its core takes, with the effects the core
+// returned, in a bounded ring written at Close (DumpTrace writes it any
+// time). Replay (what kvstream replay runs for such a trace) feeds the
+// messages to a fresh core and reports the first record whose effects
+// differ, or that the trace does not account for (docs/TRACES.md, "Decode
+// traces"). Without tracing the Server records nothing.
+//
 // Close methods take a context; every wait in this package is bounded by
 // one.
 package decode

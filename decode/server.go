@@ -5,6 +5,8 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -17,6 +19,7 @@ import (
 	"github.com/kvstream/kvstream/messages/wire"
 	"github.com/kvstream/kvstream/netsec"
 	"github.com/kvstream/kvstream/plan"
+	"github.com/kvstream/kvstream/trace"
 	"go.uber.org/zap"
 )
 
@@ -106,6 +109,12 @@ type Server struct {
 	// their sessions' access is revoked (AnswerBye.Reply names them).
 	byes    map[string]*actor.PID
 	nextBye uint64
+
+	// The message trace, when recording (trace.go): nil otherwise.
+	rec       *trace.Recorder
+	traceID   string    // the records' id: the actor's name
+	traceTo   io.Writer // written at Close
+	traceFile *os.File  // opened for TracePath or EnvTrace, closed at Close
 
 	drained chan struct{} // closed when draining or closed and no session is left
 	stopped chan struct{} // closed when the actor stopped
@@ -209,16 +218,22 @@ func New(node *Node, tr rdma.Transport, cfg Config) (_ *Server, err error) {
 		g := *group
 		group = &g
 	}
-	s.core = core.NewCore(core.Rules{MaxSessions: cfg.MaxSessions, MaxRoomsPerSession: cfg.MaxRoomsPerSession, Prefills: slices.Clone(cfg.Prefills),
+	rules := core.Rules{MaxSessions: cfg.MaxSessions, MaxRoomsPerSession: cfg.MaxRoomsPerSession, Prefills: slices.Clone(cfg.Prefills),
 		TLS: node.tls, Group: group, PageSize: cfg.PageSize, RoomTimeout: cfg.RoomTimeout, ByeGrace: cfg.ByeGrace,
 		AcceptUnknownRooms: cfg.AcceptUnknownRooms, Admit: cfg.Admit != nil, Verify: cfg.Verify != nil,
-		Size: len(cfg.Buffers) == 0, MaxPoolBytes: cfg.MaxPoolBytes}, pool)
+		Size: len(cfg.Buffers) == 0, MaxPoolBytes: cfg.MaxPoolBytes}
+	s.core = core.NewCore(rules, pool)
+	if err := s.startTrace(cfg, name, rules, pool, os.Getenv); err != nil {
+		s.deregister()
+		return nil, err
+	}
 	// Open: a Hello from any authenticated peer reaches the core, which
 	// answers it, a refusal included.
 	node.policy.Open(name)
 	props := actor.PropsFromFunc(s.receive, actor.WithReceiverMiddleware(recoverMiddleware(log)))
 	if s.pid, err = node.system.Root.SpawnNamed(props, name); err != nil {
 		s.deregister()
+		s.dropTrace()
 		return nil, errors.Wrapf(err, "spawn %s on node %s (Servers that share a node need distinct Config.Names)", name, node.Addr())
 	}
 	return s, nil
@@ -336,7 +351,7 @@ func origin(ctx actor.Context) core.Origin {
 // drive steps the core and performs its effects; a Call's result is
 // stepped in at once.
 func (s *Server) drive(m core.Msg) {
-	for _, e := range s.core.Step(m) {
+	for _, e := range s.step(m) {
 		if next := s.perform(e); next != nil {
 			s.drive(next)
 		}
@@ -661,7 +676,7 @@ func (s *Server) Wait(ctx context.Context, id uint64) (Room, error) {
 	var r core.Reply
 	var err error
 	if ierr := s.inActor(func() {
-		r = s.core.Step(core.LookupMsg{Room: id})[0].(core.Reply)
+		r = s.step(core.LookupMsg{Room: id})[0].(core.Reply)
 		if r.Err == nil && !r.Ended {
 			s.waiters[id] = append(s.waiters[id], ch)
 		}
@@ -805,6 +820,10 @@ func (s *Server) Close(ctx context.Context) error {
 	})
 	if serr := s.node.stopActor(ctx, s.pid); serr != nil && err == nil {
 		err = serr
+	}
+	// Once the actor stopped: every message it took is in the trace.
+	if terr := s.closeTrace(); terr != nil && err == nil {
+		err = terr
 	}
 	return public(err)
 }

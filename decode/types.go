@@ -1,6 +1,7 @@
 package decode
 
 import (
+	"io"
 	"time"
 
 	"github.com/kvstream/kvstream/decode/internal/core"
@@ -139,6 +140,26 @@ type Config struct {
 	ByeGrace time.Duration
 	// Log receives failures at WARN and sessions at DEBUG (default: none).
 	Log *zap.Logger
+	// TracePath, when set, records the Server's message trace: every
+	// message its core takes (from the network, the heartbeats, timers,
+	// revocations, the serving stack's calls, and the results of its
+	// Calls) with the effects the core returned, in a bounded ring of
+	// TraceCapacity records, written to this file at Close (DumpTrace
+	// writes it any time). kvstream replay replays it (docs/TRACES.md,
+	// "Decode traces"). A Server with a Name writes to the path with
+	// "-Name" appended, and a path another Server of this process already
+	// writes gets ".2", ".3", ... appended: no two Servers share a file.
+	// Without TracePath and Trace, EnvTrace (KVSTREAM_TRACE=path) turns
+	// recording on, to path plus TraceSuffix. Recording costs an encoding
+	// per message on the Server's actor: turn it on to investigate. A file
+	// that cannot be created is an error of New marked ErrBadInput.
+	TracePath string
+	// Trace, when set, receives the message trace at Close instead of a
+	// file (set TracePath or Trace, not both).
+	Trace io.Writer
+	// TraceCapacity bounds the records a trace keeps, the last ones
+	// (default trace.DefaultCapacity): a long run cannot fill a disk.
+	TraceCapacity int
 }
 
 // Chunk is one chunk notice the prefill sent for a room, once its bytes

@@ -50,7 +50,7 @@ func (e *Engine) traceConfig() trace.Config {
 		CPSize: e.cfg.CP.Size, CPRank: e.cfg.CP.Rank, CPRule: e.cfg.CP.Rule.String(), Submitters: e.cfg.Submitters,
 		FinishTimeout: int64(e.cfg.FinishTimeout), PerLayer: !e.cfg.DisablePerLayer, SingleDestination: e.cfg.SingleDestinationPerLayer}
 	for _, b := range e.cfg.Buffers {
-		c.Buffers = append(c.Buffers, trace.PrefillBuffer{Name: b.Name, Layer: b.Layer, ItemLen: b.ItemLen, Pages: b.Pages})
+		c.Buffers = append(c.Buffers, trace.BufferGeometry{Name: b.Name, Layer: b.Layer, ItemLen: b.ItemLen, Pages: b.Pages})
 	}
 	if sh := e.cfg.Sharding; sh != nil {
 		c.Sharding = &trace.Sharding{Side: sh.Side, Rank: sh.Rank}

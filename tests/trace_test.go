@@ -3,13 +3,9 @@ package tests
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
-	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -23,6 +19,7 @@ import (
 	"github.com/kvstream/kvstream/lab/workload"
 	"github.com/kvstream/kvstream/system"
 	"github.com/kvstream/kvstream/trace"
+	"github.com/kvstream/kvstream/trace/tracetest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
@@ -413,8 +410,8 @@ func TestTraceEveryMutationIsCaught(t *testing.T) {
 			require.NoError(t, err)
 			require.Nil(t, base.Divergence, "%s", base)
 			caught, allowed := 0, 0
-			for _, m := range mutations(tr) {
-				out, err := replay.Cores(m.tr.Stream())
+			for _, m := range tracetest.Mutations(tr, tracetest.DifferentActors) {
+				out, err := replay.Cores(m.Trace.Stream())
 				var said string
 				switch {
 				case err != nil:
@@ -422,16 +419,16 @@ func TestTraceEveryMutationIsCaught(t *testing.T) {
 				case out.Divergence != nil:
 					said = out.Divergence.String()
 				}
-				if _, ok := allowedNoOps[m.field]; ok && said == "" {
+				if _, ok := allowedNoOps[m.Field]; ok && said == "" {
 					allowed++
 					continue
 				}
-				if !assert.NotEmpty(t, said, "%s: replayed clean", m.what) {
+				if !assert.NotEmpty(t, said, "%s: replayed clean", m.What) {
 					continue
 				}
-				_, later := namedLater[m.field]
-				if _, noOp := allowedNoOps[m.field]; !later && !noOp {
-					assert.True(t, namesRecord(said, m.seq), "%s: the divergence does not name record %d:\n%s", m.what, m.seq, said)
+				_, later := namedLater[m.Field]
+				if _, noOp := allowedNoOps[m.Field]; !later && !noOp {
+					assert.True(t, tracetest.NamesRecord(said, m.Seq), "%s: the divergence does not name record %d:\n%s", m.What, m.Seq, said)
 				}
 				caught++
 			}
@@ -478,146 +475,6 @@ var allowedNoOps = map[string]string{
 	// divergence where it reports them), and decides nothing once the
 	// chunk ended.
 	"BatchDone.At": "a completion's time is for reports",
-}
-
-// namesRecord says whether a replay's message names record seq: as the
-// record it stopped at, or as the one missing or out of order.
-func namesRecord(said string, seq uint64) bool {
-	n := strconv.FormatUint(seq, 10)
-	for _, p := range []string{"record " + n + " ", "record " + n + ")", "record " + n + ":", "record " + n + ",", "records " + n + " ", "(seq " + n + ")", "seq " + n + "\n", "record " + n + "\n"} {
-		if strings.Contains(said+"\n", p) {
-			return true
-		}
-	}
-	return false
-}
-
-type mutation struct {
-	what  string
-	field string // for field changes: Type.Field, or t_ns, sender
-	seq   uint64 // the record it must name
-	tr    *trace.Trace
-}
-
-// mutations lists every mutation of tr.
-func mutations(tr *trace.Trace) []mutation {
-	var out []mutation
-	recs := tr.Records
-	edit := func(what, field string, seq uint64, f func([]trace.Record) []trace.Record) {
-		cp := make([]trace.Record, len(recs))
-		for i := range recs {
-			cp[i] = recs[i]
-			cp[i].Effects = slices.Clone(recs[i].Effects)
-		}
-		out = append(out, mutation{what: what, field: field, seq: seq, tr: &trace.Trace{Header: tr.Header, Records: f(cp)}})
-	}
-	for i := range recs {
-		r := recs[i]
-		edit(fmt.Sprintf("record %d (%s %s) deleted", r.Seq, r.Actor, r.Type), "", r.Seq, func(c []trace.Record) []trace.Record {
-			return append(c[:i:i], c[i+1:]...)
-		})
-		edit(fmt.Sprintf("record %d (%s %s) duplicated", r.Seq, r.Actor, r.Type), "", r.Seq, func(c []trace.Record) []trace.Record {
-			return append(c[:i+1:i+1], append([]trace.Record{c[i]}, c[i+1:]...)...)
-		})
-		if i+1 < len(recs) && recs[i+1].Actor != r.Actor {
-			edit(fmt.Sprintf("records %d (%s %s) and %d (%s %s) swapped", r.Seq, r.Actor, r.Type, recs[i+1].Seq, recs[i+1].Actor, recs[i+1].Type), "", recs[i+1].Seq, func(c []trace.Record) []trace.Record {
-				c[i], c[i+1] = c[i+1], c[i]
-				return c
-			})
-		}
-		edit(fmt.Sprintf("record %d (%s %s) renumbered %d", r.Seq, r.Actor, r.Type, r.Seq+1000), "", r.Seq+1000, func(c []trace.Record) []trace.Record {
-			c[i].Seq += 1000
-			return c
-		})
-	}
-	// One field of each kind of record.
-	seen := map[string]bool{}
-	for i := range recs {
-		r := recs[i]
-		kind := r.Actor + "/" + r.Type
-		if seen[kind] {
-			continue
-		}
-		seen[kind] = true
-		edit(fmt.Sprintf("record %d (%s %s): t_ns changed", r.Seq, r.Actor, r.Type), "t_ns", r.Seq, func(c []trace.Record) []trace.Record {
-			c[i].T += 12345
-			return c
-		})
-		if r.Sender != "" {
-			edit(fmt.Sprintf("record %d (%s %s): sender changed", r.Seq, r.Actor, r.Type), "sender", r.Seq, func(c []trace.Record) []trace.Record {
-				c[i].Sender += "x"
-				return c
-			})
-		}
-		edit(fmt.Sprintf("record %d (%s %s): id changed", r.Seq, r.Actor, r.Type), "id", r.Seq, func(c []trace.Record) []trace.Record {
-			c[i].ID += "9"
-			return c
-		})
-		if m, ok := r.Msg.(map[string]any); ok {
-			for _, k := range slices.Sorted(maps.Keys(m)) {
-				changed, ok := changeValue(m[k])
-				if !ok {
-					continue
-				}
-				edit(fmt.Sprintf("record %d (%s %s): msg field %s changed", r.Seq, r.Actor, r.Type, k), r.Type+"."+k, r.Seq, func(c []trace.Record) []trace.Record {
-					nm := maps.Clone(m)
-					nm[k] = changed
-					c[i].Msg = nm
-					return c
-				})
-			}
-		}
-		if len(r.Effects) > 0 {
-			edit(fmt.Sprintf("record %d (%s %s): first effect changed", r.Seq, r.Actor, r.Type), "", r.Seq, func(c []trace.Record) []trace.Record {
-				c[i].Effects[0] = strings.Replace(c[i].Effects[0], ":", ":1", 1)
-				return c
-			})
-		}
-	}
-	return out
-}
-
-// changeValue returns a different value of the same JSON kind.
-func changeValue(v any) (any, bool) {
-	switch v := v.(type) {
-	case json.Number:
-		n, err := v.Int64()
-		if err != nil {
-			return nil, false
-		}
-		return json.Number(strconv.FormatInt(n+1, 10)), true
-	case float64:
-		return v + 1, true
-	case string:
-		if id, err := trace.ParseChunkID(v); err == nil {
-			id.Serial++
-			return trace.ChunkID(id), true
-		}
-		return v + "x", true
-	case bool:
-		return !v, true
-	case []any:
-		if len(v) == 0 {
-			return []any{json.Number("1")}, true
-		}
-		c := slices.Clone(v)
-		if x, ok := changeValue(c[0]); ok {
-			c[0] = x
-			return c, true
-		}
-		return c[:len(c)-1], true
-	case map[string]any:
-		for _, k := range slices.Sorted(maps.Keys(v)) {
-			if x, ok := changeValue(v[k]); ok {
-				c := maps.Clone(v)
-				c[k] = x
-				return c, true
-			}
-		}
-	case nil:
-		return "x", true
-	}
-	return nil, false
 }
 
 // simTrace records a small sim run's per-layer trace.

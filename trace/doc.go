@@ -10,10 +10,16 @@
 // disk; the ring is written out on demand and when the engine closes. When
 // tracing is off the middleware is not installed at all: no cost.
 //
+// A decode server (package decode) records its own traces through the same
+// recorder and format: its header says so (Header.Side, SideDecode) and
+// carries the rules its core ran under (DecodeConfig) instead of an
+// engine's configuration; its records are the messages its core took,
+// encoded by package decode, with the effects the core returned.
+//
 // A trace is read as a stream (NewReader, then Next): one line at a
 // time, each within a bound derived from the header's geometry, the header
-// validated against explicit bounds (Config.Validate) and every record
-// against the header (Config.CheckRecord) before a replay sizes anything
+// validated against explicit bounds (Header.Validate) and every record
+// against the header (Header.CheckRecord) before a replay sizes anything
 // from it; docs/TRACES.md lists the bounds.
 //
 // Replaying a trace (package lab/replay, above the engine: it drives

@@ -20,8 +20,14 @@ type Header struct {
 	Format        int    `json:"kvstream_trace"`
 	EngineVersion string `json:"engine_version"`
 	// StartedUnixNano is when recording started; record times are relative.
-	StartedUnixNano int64  `json:"started_unix_ns"`
-	Config          Config `json:"config"`
+	StartedUnixNano int64 `json:"started_unix_ns"`
+	// Side is who recorded the trace: none for an engine (the prefill
+	// side), SideDecode for a decode server.
+	Side string `json:"side,omitempty"`
+	// Config is an engine's configuration (none in a decode trace).
+	Config Config `json:"config,omitzero"`
+	// Decode is a decode server's configuration (side "decode" only).
+	Decode *DecodeConfig `json:"decode,omitempty"`
 	// Records is how many records follow; Dropped how many the bounded ring
 	// overwrote before the trace was written (0: the trace is complete).
 	Records int    `json:"records"`
@@ -41,18 +47,18 @@ type Config struct {
 	PerLayer      bool   `json:"per_layer"`
 	// SingleDestination is Config.SingleDestinationPerLayer (the reference
 	// rule: per-layer only for rooms with one real destination).
-	SingleDestination bool            `json:"single_destination,omitempty"`
-	Buffers           []PrefillBuffer `json:"buffers"`
+	SingleDestination bool             `json:"single_destination,omitempty"`
+	Buffers           []BufferGeometry `json:"buffers"`
 	// Sharding is the prefill rank's sharding (Config.Sharding) and
 	// Replicas its replica rule (reshard.ReplicaRule), when it reshards.
 	Sharding *Sharding `json:"sharding,omitempty"`
 	Replicas int       `json:"replicas,omitempty"`
 }
 
-// PrefillBuffer is one prefill buffer's geometry (addresses are left
-// out): what decode.PrefillBuffer also describes, the same fields but for
+// BufferGeometry is one prefill buffer's geometry (addresses are left
+// out): what decode.BufferGeometry also describes, the same fields but for
 // the type of Pages.
-type PrefillBuffer struct {
+type BufferGeometry struct {
 	Name    string `json:"name"`
 	Layer   int    `json:"layer"`
 	ItemLen uint64 `json:"item_len"`
@@ -139,15 +145,15 @@ func (s *sliceStream) Next() (Record, error) {
 		return Record{}, io.EOF
 	}
 	if !s.validated {
-		// CheckRecord relies on a validated geometry.
-		if err := s.t.Header.Config.Validate(); err != nil {
+		// CheckRecord relies on a validated header.
+		if err := s.t.Header.Validate(); err != nil {
 			return Record{}, err
 		}
 		s.validated = true
 	}
 	rec := s.t.Records[s.i]
 	s.i++
-	if err := s.t.Header.Config.CheckRecord(&rec); err != nil {
+	if err := s.t.Header.CheckRecord(&rec); err != nil {
 		return Record{}, errors.Wrapf(err, "record %d of %d (seq %d)", s.i, len(s.t.Records), rec.Seq)
 	}
 	return rec, nil

@@ -11,7 +11,7 @@ import (
 
 // Stream is a trace read one record at a time: its header, then its
 // records in order, each checked against the header's geometry
-// (Config.CheckRecord) before it is returned. Next returns io.EOF after
+// (Header.CheckRecord) before it is returned. Next returns io.EOF after
 // the last record.
 type Stream interface {
 	Header() Header
@@ -24,7 +24,7 @@ const readBuffer = 64 << 10
 
 // Reader reads a trace as a stream: it holds one line at a time, at most
 // the line bound (MaxHeaderLine for the header, then the header's
-// Config.LineBound), so a trace of any length or a hostile line takes
+// LineBound), so a trace of any length or a hostile line takes
 // bounded memory. Blank lines and lines starting with '#' are comments.
 type Reader struct {
 	br     *bufio.Reader
@@ -36,7 +36,8 @@ type Reader struct {
 }
 
 // NewReader reads and validates a trace's header: the format version, then
-// every bound of Config.Validate. Nothing is read beyond the header line.
+// every bound of Header.Validate (an engine's Config.Validate, or a decode
+// server's DecodeConfig.Validate). Nothing is read beyond the header line.
 func NewReader(r io.Reader) (*Reader, error) {
 	rd := &Reader{br: bufio.NewReaderSize(r, readBuffer), bound: MaxHeaderLine}
 	text, err := rd.nextLine()
@@ -62,13 +63,13 @@ func NewReader(r io.Reader) (*Reader, error) {
 	if rd.header.Records < 0 {
 		return nil, errors.Newf("trace line %d: trace header: records %d: negative", rd.line, rd.header.Records)
 	}
-	if err := rd.header.Config.Validate(); err != nil {
+	if err := rd.header.Validate(); err != nil {
 		return nil, errors.Wrapf(err, "trace line %d", rd.line)
 	}
 	if err := checkName("engine_version", rd.header.EngineVersion); err != nil {
 		return nil, errors.Wrapf(err, "trace line %d: trace header", rd.line)
 	}
-	rd.bound = rd.header.Config.LineBound()
+	rd.bound = rd.header.LineBound()
 	return rd, nil
 }
 
@@ -109,11 +110,15 @@ func (r *Reader) next() (Record, error) {
 	if rec.Actor == "" || rec.Type == "" {
 		return Record{}, errors.Newf("trace line %d: record without actor or type", r.line)
 	}
-	if err := r.header.Config.CheckRecord(&rec); err != nil {
+	if err := r.header.CheckRecord(&rec); err != nil {
 		return Record{}, errors.Wrapf(err, "trace line %d (record %d, %s %s)", r.line, rec.Seq, rec.Actor, rec.Type)
 	}
-	for i, e := range rec.Effects {
-		rec.Effects[i] = currentEffect(e)
+	if r.header.Side == "" {
+		// The renames are the engine's: a decode core's effects have names
+		// of their own (its Reply is not an engine's).
+		for i, e := range rec.Effects {
+			rec.Effects[i] = currentEffect(e)
+		}
 	}
 	return rec, nil
 }

@@ -18,7 +18,7 @@ import (
 // pages of 16 bytes per buffer.
 func testConfig() Config {
 	return Config{HookLayers: 4, GroupSize: 2, PageSize: 4, CPSize: 1, CPRule: "shared", Submitters: 2, FinishTimeout: 1e9,
-		PerLayer: true, Buffers: []PrefillBuffer{{Name: "KV0", Layer: 0, ItemLen: 16, Pages: 64}, {Name: "KV1", Layer: 1, ItemLen: 16, Pages: 64},
+		PerLayer: true, Buffers: []BufferGeometry{{Name: "KV0", Layer: 0, ItemLen: 16, Pages: 64}, {Name: "KV1", Layer: 1, ItemLen: 16, Pages: 64},
 			{Name: "KV2", Layer: 2, ItemLen: 16, Pages: 64}, {Name: "KV3", Layer: 3, ItemLen: 16, Pages: 64}}}
 }
 
@@ -36,17 +36,17 @@ var testHeader = headerLine(testConfig())
 // file could hand over is refused before anything is sized from it, and
 // the error names the field, its value and the bound.
 func TestHeaderBoundsNameTheField(t *testing.T) {
-	manyBuffers := make([]PrefillBuffer, MaxBuffers+1)
+	manyBuffers := make([]BufferGeometry, MaxBuffers+1)
 	for i := range manyBuffers {
-		manyBuffers[i] = PrefillBuffer{Name: "B", ItemLen: 1, Pages: 1}
+		manyBuffers[i] = BufferGeometry{Name: "B", ItemLen: 1, Pages: 1}
 	}
 	// Each buffer within the item and page bounds, the pool past its
 	// bound; 4096 buffers of 2^52 bytes would sum to 2^64, which wraps to 0
 	// if the sum were not checked as it goes.
-	twoPools := []PrefillBuffer{{Name: "A", ItemLen: 1 << 20, Pages: 1 << 22}, {Name: "B", ItemLen: 1 << 20, Pages: 1 << 22}}
-	wraps := make([]PrefillBuffer, 4096)
+	twoPools := []BufferGeometry{{Name: "A", ItemLen: 1 << 20, Pages: 1 << 22}, {Name: "B", ItemLen: 1 << 20, Pages: 1 << 22}}
+	wraps := make([]BufferGeometry, 4096)
 	for i := range wraps {
-		wraps[i] = PrefillBuffer{Name: "W", ItemLen: MaxItemLen, Pages: MaxPages}
+		wraps[i] = BufferGeometry{Name: "W", ItemLen: MaxItemLen, Pages: MaxPages}
 	}
 	for _, c := range []struct {
 		edit func(*Config)
@@ -261,9 +261,10 @@ func TestScenarioTracesRead(t *testing.T) {
 	}
 }
 
-// FuzzReadTrace: whatever the bytes, reading a trace never panics, and
-// every error names the line (or says there is no header); what it returns
-// passes the checks a replay relies on.
+// FuzzReadTrace: whatever the bytes, reading a trace (an engine's or a
+// decode server's) never panics, and every error names the line (or says
+// there is no header); what it returns passes the checks a replay relies
+// on.
 func FuzzReadTrace(f *testing.F) {
 	if raw, err := os.ReadFile(filepath.Join("..", "tests", "testdata", "traces", "partial_last_group.jsonl")); err == nil {
 		f.Add(raw)
@@ -272,6 +273,16 @@ func FuzzReadTrace(f *testing.F) {
 	f.Add([]byte(testHeader + "\n" + `{"seq":2,"actor":"engine","id":"engine","type":"RegisterCall","msg":{"Room":1,"End":8,"SrcPages":[0,1],"Infos":[{"Peer":"d0","DstPages":[3,4]}]}}` + "\n"))
 	f.Add([]byte(testHeader + "\n" + `{"seq":3,"actor":"forward","id":"forward","type":"Boundary","msg":{"Group":1,"Event":"ev:1"}}` + "\n"))
 	f.Add([]byte(`{"kvstream_trace":2,"config":{"hook_layers":1000000000}}`))
+	// Decode traces: their header's side and configuration, and records
+	// the reader checks for their names only.
+	if raw, err := os.ReadFile(filepath.Join("..", "decode", "testdata", "traces", "lost_prefill.jsonl")); err == nil {
+		f.Add(raw)
+	}
+	f.Add([]byte(testDecodeHeader + "\n" + `{"seq":1,"actor":"decode","id":"kvstream-decode","type":"ExpectMsg","msg":{"Room":1,"Pages":[0,1]},"effects":["Reply {}"]}` + "\n"))
+	f.Add([]byte(`{"kvstream_trace":2,"side":"decode","decode":{"server":"s","max_sessions":1,"max_rooms_per_session":1,"max_pool_bytes":1,"group":{"size":2000}}}`))
+	f.Add([]byte(`{"kvstream_trace":2,"side":"decode","decode":{"server":"s","max_sessions":1,"max_rooms_per_session":1,"max_pool_bytes":1,"pool":[{"name":"K","item_len":64,"pages":4}]}}` + "\n" +
+		`{"seq":1,"actor":"decode","id":"s","type":"TimerMsg","msg":{"ID":1}}`))
+	f.Add([]byte(`{"kvstream_trace":2,"side":"elsewhere","config":{}}`))
 	f.Add([]byte("# nothing\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		rd, err := NewReader(bytes.NewReader(data))
@@ -282,7 +293,7 @@ func FuzzReadTrace(f *testing.F) {
 			return
 		}
 		h := rd.Header()
-		require.NoError(t, h.Config.Validate())
+		require.NoError(t, h.Validate())
 		for {
 			rec, err := rd.Next()
 			if err == io.EOF {
@@ -295,7 +306,7 @@ func FuzzReadTrace(f *testing.F) {
 				return
 			}
 			require.Positive(t, rec.Line)
-			require.NoError(t, h.Config.CheckRecord(&rec))
+			require.NoError(t, h.CheckRecord(&rec))
 		}
 	})
 }

@@ -54,7 +54,19 @@ type Slot struct {
 // record always comes after the sender's, even when the receiver runs on
 // the sender's goroutine (the forward actor's synchronized dispatcher).
 func (r *Recorder) Begin(kind, id, sender string, msg any) Slot {
-	rec := Record{T: int64(time.Since(r.start)), Actor: kind, ID: id, Sender: sender, Type: TypeName(msg), Msg: Encode(msg)}
+	return r.begin(Record{Actor: kind, ID: id, Sender: sender, Type: TypeName(msg), Msg: Encode(msg)})
+}
+
+// AddEncoded records that actor (kind, id) handled a message of type typ,
+// which the caller encoded itself (msg is JSON-able data), and returned
+// effects: for a vocabulary that encodes its own messages (package
+// decode's core, whose messages decode back exactly).
+func (r *Recorder) AddEncoded(kind, id, typ string, msg any, effects []string) {
+	r.Finish(r.begin(Record{Actor: kind, ID: id, Type: typ, Msg: msg}), effects)
+}
+
+func (r *Recorder) begin(rec Record) Slot {
+	rec.T = int64(time.Since(r.start))
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.seq++
@@ -93,6 +105,7 @@ func (r *Recorder) Snapshot() *Trace {
 		t.Records = append(t.Records, r.ring[r.next:]...)
 	}
 	t.Records = append(t.Records, r.ring[:r.next]...)
+	t.Header.Records = len(t.Records)
 	return t
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/kvstream/kvstream/actors"
 	"github.com/kvstream/kvstream/cp"
 	"github.com/kvstream/kvstream/cp/reshard"
+	"github.com/kvstream/kvstream/decode"
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/messages"
 	"github.com/kvstream/kvstream/plan"
@@ -105,6 +106,10 @@ type ChunkResult struct {
 // Outcome is a core replay's result.
 type Outcome struct {
 	Summary
+	// Decode is what a decode server's replay decided (DecodeCore), nil
+	// for an engine's trace; Summary then holds its records, messages
+	// replayed and revocations in flight only.
+	Decode     *decode.ReplayOutcome
 	Divergence *Divergence
 }
 
@@ -167,8 +172,13 @@ type registration struct {
 // time: it holds the replayed actors' state, never the trace. The header
 // is validated before anything is allocated from it, and every record
 // comes checked against it (trace.Stream); stream errors end the replay.
+// A decode server's trace (header side "decode") is replayed through a
+// decode core (DecodeCore).
 func Cores(s trace.Stream) (*Outcome, error) {
 	h := s.Header()
+	if h.Side == trace.SideDecode {
+		return DecodeCore(s)
+	}
 	l, err := Layout(h.Config)
 	if err != nil {
 		return nil, err
@@ -701,13 +711,12 @@ func equal(a, b []string) bool {
 
 // String summarizes an outcome in a few lines.
 func (o *Outcome) String() string {
-	var b strings.Builder
-	var st []string
-	for k, v := range o.Statuses {
-		st = append(st, fmt.Sprintf("%s %d", k, v))
+	if o.Decode != nil {
+		return o.decodeString()
 	}
-	sort.Strings(st)
-	fmt.Fprintf(&b, "%d records: %d rooms, %d chunks, %d forwards; chunk statuses: %s", o.Records, o.Rooms, o.Chunks, o.Forwards, strings.Join(st, ", "))
+	var b strings.Builder
+	st := sortedCounts(o.Statuses)
+	fmt.Fprintf(&b, "%d records: %d rooms, %d chunks, %d forwards; chunk statuses: %s", o.Records, o.Rooms, o.Chunks, o.Forwards, st)
 	if o.Skipped > 0 {
 		fmt.Fprintf(&b, "\n%d records skipped: the trace's ring dropped their actors' beginnings", o.Skipped)
 	}
@@ -717,4 +726,14 @@ func (o *Outcome) String() string {
 		fmt.Fprintf(&b, "\nreplayed %d messages, no divergence", o.Replayed)
 	}
 	return b.String()
+}
+
+// sortedCounts lists counts by name: "a 1, b 2".
+func sortedCounts(m map[string]int) string {
+	var st []string
+	for k, v := range m {
+		st = append(st, fmt.Sprintf("%s %d", k, v))
+	}
+	sort.Strings(st)
+	return strings.Join(st, ", ")
 }

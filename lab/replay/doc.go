@@ -10,6 +10,13 @@
 // LayerEnd, duplicating a GroupReady or reordering the calls that change
 // what cores decide shows up as a divergence.
 //
+// A decode server's trace (package decode records one; its header's side
+// is "decode") is replayed through a fresh decode core instead
+// (DecodeCore, which Cores calls for such a trace): decode.Replay feeds it
+// every recorded message and checks every effect and that the trace
+// accounts for every message (a Call's result right after the Call, one
+// outcome per revocation, a timer at most once after it was armed).
+//
 // Engine replays the trace's façade calls through a real engine on the
 // simulated GPU and loopback transport and compares the final chunk
 // statuses with the recorded ones, and every successful chunk's

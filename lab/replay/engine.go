@@ -59,6 +59,9 @@ func Engine(ctx context.Context, open func() (trace.Stream, error)) (*EngineOutc
 	if err != nil {
 		return nil, err
 	}
+	if s.Header().Side == trace.SideDecode {
+		return nil, errors.New("a decode server's trace: its replay is the decode core's (Cores, kvstream replay without --engine); an engine replay re-issues an engine's calls")
+	}
 	sv, err := surveyTrace(s)
 	if err != nil {
 		return nil, err

@@ -30,7 +30,7 @@ func scenarioTrace(t *testing.T, name string) *trace.Trace {
 
 func TestEngineGeometry(t *testing.T) {
 	c := trace.Config{HookLayers: 2, GroupSize: 1, PageSize: 4, CPSize: 1, CPRule: "shared", Submitters: 1,
-		Buffers: []trace.PrefillBuffer{{Name: "KV0", Layer: 0, ItemLen: 16, Pages: 8}, {Name: "KV1", Layer: 1, ItemLen: 16, Pages: 12}}}
+		Buffers: []trace.BufferGeometry{{Name: "KV0", Layer: 0, ItemLen: 16, Pages: 8}, {Name: "KV1", Layer: 1, ItemLen: 16, Pages: 12}}}
 	g, err := engineGeometry(c)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"KV0", "KV1"}, g.Names)
@@ -39,7 +39,7 @@ func TestEngineGeometry(t *testing.T) {
 	assert.Equal(t, 12, g.Pages, "the largest buffer's pages")
 
 	mixed := c
-	mixed.Buffers = []trace.PrefillBuffer{c.Buffers[0], {Name: "KV1", Layer: 1, ItemLen: 32, Pages: 12}}
+	mixed.Buffers = []trace.BufferGeometry{c.Buffers[0], {Name: "KV1", Layer: 1, ItemLen: 32, Pages: 12}}
 	_, err = engineGeometry(mixed)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "buffer KV1 has 32, not 16")
@@ -102,7 +102,7 @@ func TestEngineReplayErrorReleasesEverything(t *testing.T) {
 func TestEngineReplayRefusesPoolsAboveTheBound(t *testing.T) {
 	tr := scenarioTrace(t, "partial_last_group")
 	big := *tr
-	big.Header.Config.Buffers = append([]trace.PrefillBuffer(nil), tr.Header.Config.Buffers...)
+	big.Header.Config.Buffers = append([]trace.BufferGeometry(nil), tr.Header.Config.Buffers...)
 	for i := range big.Header.Config.Buffers {
 		big.Header.Config.Buffers[i].Pages = 1 << 24 // 16 Mi pages × 16 bytes × 10 buffers: 2.5 GiB
 		big.Header.Config.Buffers[i].ItemLen = 32    // 5 GiB

@@ -65,6 +65,7 @@ type Core struct {
 	rooms     map[uint64]*croom // not released
 	timers    map[uint64]timer  // armed, not yet fired
 	nextTimer uint64
+	nextRoom  uint64 // numbers rooms in the order they were created
 	pending   *pending
 	draining  bool
 	closed    bool

@@ -2,6 +2,7 @@ package core
 
 import (
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -42,6 +43,8 @@ func (w *fuzzWorld) take() []byte {
 }
 
 func (w *fuzzWorld) step(t *testing.T, m Msg) {
+	// Every message a trace would record decodes back to itself.
+	require.True(t, sameValue(reflect.ValueOf(m), reflect.ValueOf(roundTrip(t, m))), "%T does not survive a trace", m)
 	effs := w.core.Step(m)
 	for _, e := range effs {
 		switch e := e.(type) {

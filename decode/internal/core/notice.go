@@ -126,7 +126,7 @@ func (c *Core) openRooms(s *csession) int {
 // failure that quiesced) means the session writes it no more.
 func (c *Core) lateNotice(s *csession, n *wire.ChunkNotice, ch Chunk, err error) bool {
 	late := false
-	for r := range c.ledger.lingering {
+	for _, r := range sortedRooms(c.ledger.lingering) {
 		if r.id != n.Room || !r.reporters[s] && !r.dirty[s] {
 			continue
 		}

@@ -1,7 +1,6 @@
 package core
 
 import (
-	"maps"
 	"slices"
 
 	"github.com/cockroachdb/errors"
@@ -55,7 +54,7 @@ func (c *Core) revoked(m RevokedMsg) {
 		}
 	}
 	// The live rooms in id order, then the lingering ones.
-	for _, r := range slices.AppendSeq(c.roomsByID(), maps.Keys(c.ledger.lingering)) {
+	for _, r := range slices.Concat(c.roomsByID(), sortedRooms(c.ledger.lingering)) {
 		if !r.dirty[s] && !r.awaiting[s] {
 			continue
 		}
@@ -69,7 +68,7 @@ func (c *Core) revoked(m RevokedMsg) {
 		}
 		c.settle(r)
 	}
-	for r := range s.rooms {
+	for _, r := range sortedRooms(s.rooms) {
 		c.settle(r)
 	}
 	if s.bye != nil {

@@ -5,6 +5,7 @@ import "slices"
 // croom is one room's state.
 type croom struct {
 	id        uint64
+	born      uint64 // the core's count of rooms when it was created: rooms of one id in order
 	expected  bool
 	pages     []int       // Expected pages; nil when learned from notices
 	learned   map[int]int // position -> page, for a room nobody Expected

@@ -15,7 +15,8 @@ import (
 // newRoom lists a room, Expected (pages) or created by a notice (nil): its
 // timer is armed, and in a group a rank lost and not back fails it at once.
 func (c *Core) newRoom(id uint64, pages []int, from string) *croom {
-	r := &croom{id: id, expected: pages != nil, pages: pages, from: from, reporters: map[*csession]bool{},
+	c.nextRoom++
+	r := &croom{id: id, born: c.nextRoom, expected: pages != nil, pages: pages, from: from, reporters: map[*csession]bool{},
 		awaiting: map[*csession]bool{}, dirty: map[*csession]bool{}}
 	if !r.expected {
 		r.learned = map[int]int{}
@@ -101,4 +102,12 @@ func (c *Core) roomsByID() []*croom {
 	return slices.SortedFunc(maps.Values(c.rooms), byID)
 }
 
-func byID(a, b *croom) int { return cmp.Compare(a.id, b.id) }
+// sortedRooms lists a set of rooms (the lingering ones, a session's) by id,
+// rooms of one id in the order they were created: the effects they
+// produce come out in the same order whenever the same messages are
+// stepped in, so that a replay returns what the recording did.
+func sortedRooms(set map[*croom]bool) []*croom {
+	return slices.SortedFunc(maps.Keys(set), byID)
+}
+
+func byID(a, b *croom) int { return cmp.Or(cmp.Compare(a.id, b.id), cmp.Compare(a.born, b.born)) }
