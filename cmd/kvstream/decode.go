@@ -26,6 +26,7 @@ func newDecode(s seams) *cobra.Command {
 	var sessions int
 	var maxPool uint64
 	var verbose bool
+	var record string
 	var shard workload.Config // its TP and PP degrees only
 	var model, pageOrder string
 	cmd := &cobra.Command{
@@ -103,7 +104,7 @@ says what each plane trusts.`,
 			}
 			defer pl.close(&err)
 			cfg := simsession.DecodeProcessConfig{Node: pl.node, Transport: pl.tr, TransportName: transport, MaxPoolBytes: maxPool << 20,
-				Prefills: prefills, Sessions: sessions, Wait: wait, DrainTimeout: of.drain, Ops: ops, Out: cmd.OutOrStdout(), Log: log}
+				Prefills: prefills, Sessions: sessions, Wait: wait, DrainTimeout: of.drain, TracePath: record, Ops: ops, Out: cmd.OutOrStdout(), Log: log}
 			if sharded {
 				cfg.Shard = &workload.Shard{Model: model, PrefillTP: shard.PrefillTP, DecodeTP: shard.DecodeTP,
 					PrefillPP: shard.PrefillPP, DecodePP: shard.DecodePP, Order: order}
@@ -125,9 +126,10 @@ says what each plane trusts.`,
 	fl.StringVar(&model, "model", workload.Defaults().Preset.Name, "sharded: the prefill's model preset: "+strings.Join(workload.PresetNames(), ", "))
 	addShardFlags(fl, &shard, &pageOrder)
 	fl.BoolVar(&verbose, "verbose", false, "log at DEBUG")
+	fl.StringVar(&record, "record", "", "write each server's message trace to this file when it stops (sharded: FILE-<server name>; replay it with kvstream replay)")
 	groupFlags(cmd, slices.Concat(netGroups, []flagGroup{
 		{groupModel, []string{"model", "prefill-tp", "decode-tp", "prefill-pp", "decode-pp", "page-order", "max-pool-mib"}},
-		{groupRun, []string{"sessions", "wait", "verbose"}},
+		{groupRun, []string{"sessions", "wait", "verbose", "record"}},
 		{groupOps, []string{"metrics-addr", "drain-timeout"}}})...)
 	return cmd
 }

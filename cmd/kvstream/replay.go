@@ -23,6 +23,10 @@ that every message an actor sent and every effect a core returned matches the re
 a summary (rooms, chunks, forwards, statuses) and either "replayed N messages, no divergence" or
 the first divergence with both sides; it exits 1 on a divergence.
 
+A decode server's trace (KVSTREAM_TRACE=path writes path.decode, decode.Config.TracePath, kvstream
+decode --record) is replayed through a fresh decode core the same way: every effect, every Call
+answered by the next record, one outcome per revocation, each timer fired at most once.
+
 With --engine it also replays the trace's calls through a real engine on the simulated GPU and the
 loopback transport and compares the chunk statuses and the destination bytes.`,
 		Args: cobra.ExactArgs(1),
@@ -51,8 +55,7 @@ loopback transport and compares the chunk statuses and the destination bytes.`,
 				return errors.Wrap(err, args[0])
 			}
 			w := cmd.OutOrStdout()
-			fmt.Fprintf(w, "%s (kvstream %s, %d hook layers, group %d, %d buffers)\n", args[0], h.EngineVersion,
-				h.Config.HookLayers, h.Config.GroupSize, len(h.Config.Buffers))
+			fmt.Fprintf(w, "%s (%s)\n", args[0], replay.Describe(h))
 			fmt.Fprintln(w, out)
 			if out.Divergence != nil {
 				return errors.New("the replay diverged from the recording")

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -96,13 +97,15 @@ func (c *cli) errOut() string { c.mu.Lock(); defer c.mu.Unlock(); return c.stder
 var listening = regexp.MustCompile(`decode: listening on (\S+)`)
 
 // TestTwoProcess runs decode and prefill as two processes on 127.0.0.1 with
-// the KV over UCX: TCP, and shared memory.
+// the KV over UCX: TCP, and shared memory. The decode records its server's
+// message trace, which kvstream replay then replays without a divergence.
 func TestTwoProcess(t *testing.T) {
 	t.Parallel()
 	for _, tls := range []string{"tcp", "sm,self"} {
 		t.Run(strings.ReplaceAll(tls, ",", "+"), func(t *testing.T) {
 			env := []string{"UCX_TLS=" + tls}
-			dec := startCLI(t, env, "decode", "--listen", "127.0.0.1:0", "--sessions", "1", "--wait", "2m")
+			record := filepath.Join(t.TempDir(), "decode.trace")
+			dec := startCLI(t, env, "decode", "--listen", "127.0.0.1:0", "--sessions", "1", "--wait", "2m", "--record", record)
 			addr := dec.waitLine(t, listening, 30*time.Second)[1]
 			pre := startCLI(t, env, "prefill", "--decode", addr, "--model", "small", "--requests", "3",
 				"--prompt-tokens", "2000", "--chunk-tokens", "1024", "--page-size", "16", "--group", "4")
@@ -114,6 +117,12 @@ func TestTwoProcess(t *testing.T) {
 			assert.Contains(t, pre.out(), "decode accepted 8 chunks")
 			assert.Contains(t, pre.out(), "bytes equal: true")
 			assert.Regexp(t, `decode: served 1 sessions \(1 complete\): 8 chunks \(0 not successful\), 3 rooms complete, 3375 pages verified, bytes equal: true`, dec.out())
+
+			rp := startCLI(t, nil, "replay", record)
+			require.NoError(t, rp.wait(t, time.Minute), "replay:\n%s\n%s", rp.out(), rp.errOut())
+			assert.Contains(t, rp.out(), "decode server")
+			assert.Regexp(t, `1 sessions \(ended: complete 1\), 3 rooms ended \(complete 3\)`, rp.out())
+			assert.Contains(t, rp.out(), "no divergence")
 		})
 	}
 }

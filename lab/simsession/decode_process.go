@@ -37,6 +37,10 @@ type DecodeProcessConfig struct {
 	Sessions     int
 	Wait         time.Duration
 	DrainTimeout time.Duration
+	// TracePath, if set, has every server record its message trace there
+	// (decode.Config.TracePath: a sharded decode's servers each to the
+	// path and "-" and its name), written when the process stops.
+	TracePath string
 	// Ops gets the servers' metrics (decode.NewMetrics) and readiness;
 	// Out the process's lines: where it listens, each session's end, each
 	// tiny model's room check and the summary. Log gets the rest.
@@ -72,14 +76,18 @@ func RunDecodeProcess(cfg DecodeProcessConfig) (err error) {
 	}
 	var d decodeProcess
 	ranks := ""
+	opts := []Option{WithObserver(metrics)}
+	if cfg.TracePath != "" {
+		opts = append(opts, func(c *decode.Config) { c.TracePath = cfg.TracePath })
+	}
 	if s := cfg.Shard; s != nil {
-		sd, err := StartShardedDecode(cfg.Node, cfg.Transport, *s, cfg.MaxPoolBytes, cfg.Prefills, cfg.Log, WithObserver(metrics))
+		sd, err := StartShardedDecode(cfg.Node, cfg.Transport, *s, cfg.MaxPoolBytes, cfg.Prefills, cfg.Log, opts...)
 		if err != nil {
 			return err
 		}
 		d, ranks = sd, fmt.Sprintf(", %d decode ranks (--decode-tp %d x --decode-pp %d)", sd.Ranks(), max(1, s.DecodeTP), max(1, s.DecodePP))
 	} else {
-		sd, err := StartDecode(cfg.Node, cfg.Transport, cfg.MaxPoolBytes, cfg.Prefills, cfg.Log, WithObserver(metrics))
+		sd, err := StartDecode(cfg.Node, cfg.Transport, cfg.MaxPoolBytes, cfg.Prefills, cfg.Log, opts...)
 		if err != nil {
 			return err
 		}
