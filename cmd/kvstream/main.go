@@ -25,6 +25,6 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newSim(), newGenerate(), newReplay(), newPrefill(), newDecode(), newBench(), newCerts(), newUp(), newDecodeInstance(), newPrefillRank())
+	root.AddCommand(newSim(), newGenerate(), newReplay(), newPrefill(), newDecode(), newBench(), newCerts(), newUp(), newDecodeInstance(), newPrefillRank(), newSoak())
 	return root
 }
