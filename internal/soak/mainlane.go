@@ -187,9 +187,7 @@ func (s *soak) stop(r *run, rng *rand.Rand) {
 	outcome, _ := s.dec.endOf(r.name)
 	switch {
 	case !ended:
-		if s.dec.crashedWhy() == "" {
-			s.misbehaved("the decode did not end the session of %s, stopped %v after it opened, within %v", r.name, at.Round(time.Millisecond), s.lostBound())
-		}
+		s.misbehaved("the decode did not end the session of %s, stopped %v after it opened, within %v", r.name, at.Round(time.Millisecond), s.lostBound())
 		r.c.kill()
 		r.injected = true
 		return
@@ -268,8 +266,13 @@ func (s *soak) judgeRun(k Kind, r *run) {
 	}
 }
 
-// legit counts a legitimate run that failed (corrupt: its bytes).
+// legit counts a legitimate run that failed (corrupt: its bytes), unless
+// the decode crashed: then the crash is the failure.
 func (s *soak) legit(k Kind, r *run, how, why string) {
+	if s.dec.crashedWhy() != "" {
+		r.say("failed after the decode's crash: %s", why)
+		return
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if how == "corrupt" {
@@ -290,6 +293,7 @@ func (s *soak) awaitEnd(r *run) {
 	}
 	if !s.dec.waitFor(s.endBound(), nil, func() bool { return len(s.dec.openLocked(false)) == 0 }) {
 		if s.dec.crashedWhy() != "" {
+			r.say("the decode crashed")
 			return
 		}
 		open := s.dec.openSessions(false)

@@ -40,7 +40,7 @@ func (s *soak) sideLane(stop <-chan struct{}, done chan<- struct{}, rng *rand.Ra
 	defer close(done)
 	pick := newPicker(rng, SideKinds, s.cfg.Mix)
 	after := 0
-	for n := 1; s.dec.crashedWhy() == ""; n++ {
+	for n := 1; s.ctx.Err() == nil; n++ {
 		select {
 		case <-stop:
 			if pick.done() || after >= sideTriesAfterStop {
@@ -88,9 +88,7 @@ func (s *soak) dialConfig(name string) decode.DialConfig {
 // awaitSideEnd waits until the decode ended name's session.
 func (s *soak) awaitSideEnd(name, what string) (string, bool) {
 	if !s.dec.waitFor(s.endBound(), nil, func() bool { return s.dec.outcome[name] != "" && s.dec.open[name] == 0 }) {
-		if s.dec.crashedWhy() == "" {
-			s.misbehaved("%s: the decode did not end the session of %s within %v", what, name, s.endBound())
-		}
+		s.misbehaved("%s: the decode did not end the session of %s within %v", what, name, s.endBound())
 		return "", false
 	}
 	o, _ := s.dec.endOf(name)
@@ -120,6 +118,7 @@ func (s *soak) vanish(n int) bool {
 	case <-open:
 	case <-c.done:
 	case <-t.C:
+	case <-s.ctx.Done():
 	}
 	select {
 	case <-open:
@@ -141,7 +140,7 @@ func (s *soak) refused(n int) bool {
 	name := sideName(Refused, n)
 	cfg := s.dialConfig(name)
 	cfg.Metadata[twoproc.ShardKey] = "soak: a sharded prefill this decode process was not started for"
-	ctx, cancel := context.WithTimeout(context.Background(), dialBound)
+	ctx, cancel := context.WithTimeout(s.ctx, dialBound)
 	defer cancel()
 	c, err := decode.Dial(ctx, s.node, cfg)
 	switch {
@@ -234,7 +233,7 @@ const reconnectEvery = 500 * time.Millisecond
 // answers Bye, so every later post must fail.
 func (s *soak) byeWriter(n int, rng *rand.Rand) bool {
 	name := sideName(ByeWriter, n)
-	ctx, cancel := context.WithTimeout(context.Background(), dialBound)
+	ctx, cancel := context.WithTimeout(s.ctx, dialBound)
 	defer cancel()
 	c, err := decode.Dial(ctx, s.node, s.dialConfig(name))
 	if err != nil {

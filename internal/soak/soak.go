@@ -17,6 +17,9 @@ import (
 // soak is one run: the decode under test, the side lane's node and
 // transport, the report being filled.
 type soak struct {
+	// ctx ends with Run's, or when the decode crashed: the side lane's
+	// calls stop waiting then.
+	ctx   context.Context
 	cfg   Config
 	geom  testbed.Geometry
 	pages [][]int // each request's decode pages by position
@@ -91,6 +94,16 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		return Report{}, err
 	}
 	defer s.dec.kill()
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-s.dec.crashed:
+			cancel()
+		case <-sctx.Done():
+		}
+	}()
+	s.ctx = sctx
 	fmt.Fprintf(cfg.Log, "soak: decode pid %d listening on %s, metrics at %s; UCX_TLS=%s\n", s.dec.cmd.Process.Pid, s.dec.addr, s.dec.metrics, s.rep.UCXTLS)
 
 	stopSampling := make(chan struct{})
@@ -254,7 +267,13 @@ func (s *soak) figures(rss, fds, goroutines *float64, which string) bool {
 }
 
 // misbehaved counts a fault not answered as it must be, and notes why.
+// Once the decode crashed, or the soak was stopped, nothing is: what fails
+// then is the crash's or the stop's doing.
 func (s *soak) misbehaved(format string, args ...any) {
+	if s.ctx.Err() != nil || s.dec.crashedWhy() != "" {
+		fmt.Fprintf(s.cfg.Log, "soak: after the decode's crash or the soak's stop: %s\n", fmt.Sprintf(format, args...))
+		return
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.rep.Misbehaved++
