@@ -48,8 +48,9 @@ type Report struct {
 	// ByeWriter is what the bye-writers' writes did.
 	ByeWriter ByeWriterStats `json:"bye_writer"`
 	// DecodeSessions counts the decode's sessions by outcome, as its
-	// /metrics said before it was stopped; QuarantinedPages the pages it
-	// keeps out for good (a prefill's access it could not confirm revoked).
+	// /metrics said at the end figures (after a crash: at the last sample);
+	// QuarantinedPages the pages it keeps out for good (a prefill's access
+	// it could not confirm revoked).
 	DecodeSessions   map[string]int `json:"decode_sessions"`
 	QuarantinedPages int            `json:"decode_quarantined_pages"`
 	// DecodeExit is how the decode process ended after SIGTERM, and its
@@ -188,9 +189,11 @@ func (r Report) Text() string {
 			r.RSSMiB.Start, r.RSSMiB.Peak, r.RSSMiB.End, r.RSSMiB.Growth(), r.Bounds.RSSGrowthMiB,
 			r.FDs.Start, r.FDs.Peak, r.FDs.End, r.FDs.Growth(), r.Bounds.FDGrowth,
 			r.Goroutines.Start, r.Goroutines.Peak, r.Goroutines.End, r.Goroutines.Growth(), r.Bounds.GoroutineGrowth, r.Samples)
+	} else if r.StartFigures {
+		fmt.Fprintf(&b, "  decode RSS MiB %.1f -> peak %.1f; open files %.0f -> %.0f; goroutines %.0f -> %.0f; no end figures; %d samples\n",
+			r.RSSMiB.Start, r.RSSMiB.Peak, r.FDs.Start, r.FDs.Peak, r.Goroutines.Start, r.Goroutines.Peak, r.Samples)
 	} else {
-		fmt.Fprintf(&b, "  decode figures: start taken %v, end taken %v (RSS MiB %.1f, peak %.1f; open files %.0f, peak %.0f; goroutines %.0f, peak %.0f at the start); %d samples\n",
-			r.StartFigures, r.EndFigures, r.RSSMiB.Start, r.RSSMiB.Peak, r.FDs.Start, r.FDs.Peak, r.Goroutines.Start, r.Goroutines.Peak, r.Samples)
+		fmt.Fprintf(&b, "  decode: no start figures\n")
 	}
 	for _, n := range r.Notes {
 		fmt.Fprintf(&b, "  note: %s\n", n)

@@ -109,7 +109,8 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	stopSampling := make(chan struct{})
 	sampled := make(chan struct{})
 	go s.sampler(stopSampling, sampled)
-	defer func() { close(stopSampling); <-sampled }()
+	stopSampler := sync.OnceFunc(func() { close(stopSampling); <-sampled })
+	defer stopSampler()
 
 	mainRng := rand.New(rand.NewPCG(cfg.Seed, 0x6d61696e))
 	// The warm-up: a clean run (the decode's first session allocates a
@@ -163,6 +164,7 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		s.rep.FDs.Peak = max(s.rep.FDs.Peak, s.rep.FDs.End)
 		s.rep.Goroutines.Peak = max(s.rep.Goroutines.Peak, s.rep.Goroutines.End)
 		s.mu.Unlock()
+		stopSampler()
 		exit := s.dec.stop()
 		s.mu.Lock()
 		s.rep.DecodeExit = exit
@@ -220,6 +222,11 @@ func (s *soak) sampler(stop <-chan struct{}, done chan<- struct{}) {
 			continue
 		}
 		s.mu.Lock()
+		if f.metricsWereRead {
+			// The decode's own counts as last seen: all there is of them
+			// after a crash.
+			s.rep.DecodeSessions, s.rep.QuarantinedPages = f.sessions, f.quarantinedPages
+		}
 		if s.measuring {
 			s.rep.Samples++
 			s.rep.RSSMiB.Peak = max(s.rep.RSSMiB.Peak, f.rssMiB)
