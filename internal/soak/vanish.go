@@ -22,10 +22,12 @@ type VanishConfig struct {
 	Decode, Name string
 	// Workload and Seed give the layout and seed the legitimate prefills
 	// say Hello with, so that the decode's pool takes the session.
-	Workload  Workload
-	Seed      uint64
+	Workload Workload
+	Seed     uint64
+	// Heartbeat is its node's loss bound (the soak's --heartbeat).
 	Heartbeat time.Duration
-	Log       *zap.Logger
+	// Log logs its control plane (default: nothing).
+	Log *zap.Logger
 }
 
 // RunVanish opens a session with the decode, prints VanishLine to out and
