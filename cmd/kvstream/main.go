@@ -47,6 +47,6 @@ func newRootWith(s seams) *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newSim(), newGenerate(), newReplay(), newPrefill(), newDecode(s), newBench(), newCerts(), newUp(), newDecodeInstance(), newPrefillRank())
+	root.AddCommand(newSim(), newGenerate(), newReplay(), newPrefill(), newDecode(s), newBench(), newCerts(), newUp(), newDecodeInstance(), newPrefillRank(), newSoak())
 	return root
 }

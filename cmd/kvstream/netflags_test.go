@@ -12,7 +12,8 @@ import (
 )
 
 // TestNetFlagsNameTheFlag: every bad control or data plane flag of decode
-// and prefill is an error that names it, before anything is started.
+// and prefill, and every bad flag of soak, is an error that names it,
+// before anything is started.
 func TestNetFlagsNameTheFlag(t *testing.T) {
 	dir := t.TempDir()
 	for _, tc := range []struct {
@@ -45,6 +46,15 @@ func TestNetFlagsNameTheFlag(t *testing.T) {
 		{[]string{"prefill", "--decode-name", ""}, "--decode-name"},
 		{[]string{"prefill", "--listen", "10.1.2.3:0"}, "10.1.2.3:0"},
 		{[]string{"certs", dir, "--nodes", "ca"}, "ca"},
+		{[]string{"soak", "--mix", "clean=1,crash=1"}, `--mix "clean=1,crash=1": unknown kind "crash": want clean, kill, stop, pause-decode, vanish, refused or bye-writer`},
+		{[]string{"soak", "--mix", "vanish=1"}, "--mix"},
+		{[]string{"soak", "--for", "0s"}, "--for 0s"},
+		{[]string{"soak", "--episodes", "-1"}, "--episodes -1"},
+		{[]string{"soak", "--heartbeat", "10ms"}, "--heartbeat 10ms: want 500ms to 1m0s"},
+		{[]string{"soak", "--max-fd-growth", "-1"}, "--max-fd-growth -1"},
+		{[]string{"soak", "--scale", "0"}, "--scale 0"},
+		{[]string{"soak", "--chunk-tokens", "8"}, "--chunk-tokens 8"},
+		{[]string{"soak", "vanish", "--decode", "nohostport", "--name", "x"}, "--decode"},
 	} {
 		root := newRoot()
 		root.SetArgs(tc.args)

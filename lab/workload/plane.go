@@ -136,3 +136,27 @@ func (r *remotePlane) remote() bool                          { return true }
 func (r *remotePlane) verify(int, int) string                { return r.dp.Verify() }
 func (r *remotePlane) violations() []string                  { return nil }
 func (r *remotePlane) close()                                { _ = r.dp.Close() }
+
+// RemoteLayout is what an unsharded RunRemote of c writes into its decode
+// side: the prefill pool's geometry, as DataPlane.Open describes it (the
+// pool a decode process sizes from that Hello), and each request's decode
+// pages by position (request r's position x lands on page Pages[r][x]).
+// Requests beyond the resident ones take a finished one's pages. A
+// sharded c has no single pool: an error.
+func (c Config) RemoteLayout() (geom testbed.Geometry, pages [][]int, err error) {
+	g, err := c.validate()
+	if err != nil {
+		return geom, nil, err
+	}
+	if g.sharded {
+		return geom, nil, errors.Newf("%s: a sharded run has one pool per decode rank", c.tpFlags())
+	}
+	p, err := newPlan(c, g)
+	if err != nil {
+		return geom, nil, err
+	}
+	for r := range c.Requests {
+		pages = append(pages, append([]int(nil), p.dst(r)...))
+	}
+	return prefillGeometry(c, g, 0, p.pool), pages, nil
+}
