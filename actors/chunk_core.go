@@ -274,6 +274,10 @@ func (c *ChunkCore) finish(m *messages.Finish) {
 	// The caller giving up ends the wait too (ErrCancelled): the shell
 	// watches its context with the timer.
 	c.out = append(c.out, StartTimer{After: m.Timeout - TeardownReserve(m.Timeout), Caller: m.Ctx})
+	if m.Abandoned != nil {
+		c.fail(errors.Mark(errors.Wrap(m.Abandoned, "finish abandoned by its caller"), ErrCancelled))
+		return
+	}
 	if !c.bound {
 		// No forward ever bound this chunk: the caller finishing it vouches
 		// that its KV is written, and m.Event (recorded at Finish on the

@@ -415,6 +415,9 @@ func (w *world) finishMsg(t *testing.T, d *datadriven.TestData, room uint64) *me
 	if d.HasArg("caller") {
 		f.Ctx = context.Background()
 	}
+	if d.HasArg("abandoned") {
+		f.Abandoned = context.Canceled
+	}
 	return f
 }
 

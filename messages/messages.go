@@ -194,11 +194,14 @@ type Finish struct {
 	Room    uint64
 	Timeout time.Duration
 	// Ctx is the caller's context: if it is cancelled the chunk fails (and
-	// still quiesces before it answers).
-	Ctx      context.Context
-	Event    Event
-	EventErr error
-	Reply    chan<- Result
+	// still quiesces before it answers). Abandoned is its error when it was
+	// done already at the call: the chunk then fails at once and posts
+	// nothing more, rather than racing its landings with the cancellation.
+	Ctx       context.Context
+	Abandoned error `trace:"omitempty"`
+	Event     Event
+	EventErr  error
+	Reply     chan<- Result
 }
 
 // Drop aborts every queued chunk of a room; Reply receives their results

@@ -179,7 +179,9 @@ const finishGrace = 5 * time.Second
 // chunk dropped while Finish waited returns status Dropped and ErrDropped; a
 // room with no chunk to finish (unknown, or all finished or dropped) returns
 // ErrNoChunk, also ErrBadInput. If ctx is cancelled the
-// chunk fails (and still quiesces before Finish returns).
+// chunk fails (and still quiesces before Finish returns); if it was done
+// already when Finish was called, the chunk fails at once and posts nothing
+// more (what it posted before still lands or is torn down first).
 func (e *Engine) Finish(ctx context.Context, room uint64) (Result, error) {
 	e.closeMu.RLock()
 	defer e.closeMu.RUnlock()
@@ -190,7 +192,7 @@ func (e *Engine) Finish(ctx context.Context, room uint64) (Result, error) {
 	call := time.Now()
 	ev, evErr := e.stream.Record()
 	reply := make(chan Result, 1)
-	e.system.Root.Send(e.manager, &messages.Finish{Room: room, Timeout: timeout, Ctx: ctx, Event: ev, EventErr: evErr, Reply: reply})
+	e.system.Root.Send(e.manager, &messages.Finish{Room: room, Timeout: timeout, Ctx: ctx, Abandoned: ctx.Err(), Event: ev, EventErr: evErr, Reply: reply})
 	select {
 	case r := <-reply:
 		if r.Chunk.Serial != 0 { // a chunk answered (not an unknown room)

@@ -145,7 +145,7 @@ func Decode(rec *Record) (any, error) {
 			Reply: make(chan messages.Added, 1)}
 	case "Finish":
 		msg = &messages.Finish{Room: uint64(num("Room")), Timeout: time.Duration(num("Timeout")), Event: fl.event("Event"),
-			EventErr: fl.err("EventErr"), Reply: make(chan messages.Result, 1)}
+			EventErr: fl.err("EventErr"), Abandoned: fl.err("Abandoned"), Reply: make(chan messages.Result, 1)}
 	case "Drop":
 		msg = &messages.Drop{Room: uint64(num("Room")), Timeout: time.Duration(num("Timeout")), Reply: make(chan []messages.Result, 1)}
 	case "Begin":

@@ -17,7 +17,9 @@ import (
 // keeps one name), a value with a TraceName method that name (a chunk's job:
 // its chunk), an error its text, times Unix nanoseconds; PIDs, props,
 // channels and contexts are left out (they are addresses, not meaning), and so
-// are fields tagged trace:"-" (measurements that decide nothing).
+// are fields tagged trace:"-" (measurements that decide nothing) and, when
+// zero, fields tagged trace:"omitempty" (a field added later: recordings
+// made before it read the same).
 func Encode(v any) any {
 	return encodeValue(reflect.ValueOf(v))
 }
@@ -92,7 +94,8 @@ func encodeValue(v reflect.Value) any {
 		out := make(map[string]any, t.NumField())
 		for i := 0; i < t.NumField(); i++ {
 			f := t.Field(i)
-			if !f.IsExported() || skipped(f.Type) || f.Tag.Get("trace") == "-" {
+			if !f.IsExported() || skipped(f.Type) || f.Tag.Get("trace") == "-" ||
+				f.Tag.Get("trace") == "omitempty" && v.Field(i).IsZero() {
 				continue
 			}
 			if f.Anonymous && f.Type.Kind() == reflect.Struct {

@@ -31,7 +31,10 @@ func TestEncodeKeepsMeaningDropsAddresses(t *testing.T) {
 	ev := Event("ev:1")
 	m := &messages.Finish{Room: 3, Timeout: time.Second, Event: ev, EventErr: errors.New("boom"), Reply: make(chan messages.Result)}
 	got := Canonical(Encode(m))
-	assert.Equal(t, `{"Event":"ev:1","EventErr":"boom","Room":3,"Timeout":1000000000}`, got)
+	assert.Equal(t, `{"Event":"ev:1","EventErr":"boom","Room":3,"Timeout":1000000000}`, got,
+		"Abandoned, tagged trace:\"omitempty\", is left out when nil: traces recorded before it read the same")
+	m.Abandoned = errors.New("context canceled")
+	assert.Equal(t, `{"Abandoned":"context canceled","Event":"ev:1","EventErr":"boom","Room":3,"Timeout":1000000000}`, Canonical(Encode(m)))
 	r := messages.Result{Status: messages.Dropped}
 	assert.Contains(t, Canonical(Encode(r)), `"Status":"DROPPED"`, "statuses read as words")
 }
@@ -42,6 +45,7 @@ func TestDecodeRoundTripsExternalMessages(t *testing.T) {
 	for _, m := range []any{
 		&messages.AddChunk{Chunk: c, PerLayer: true, Owned: 3, Dests: 1},
 		&messages.Finish{Room: 2, Timeout: time.Second, Event: Event("ev:9")},
+		&messages.Finish{Room: 2, Timeout: time.Second, Event: Event("ev:9"), Abandoned: errors.New("context canceled")},
 		&messages.Drop{Room: 2, Timeout: time.Second},
 		&messages.Begin{Forward: 4, At: at},
 		&messages.Boundary{Forward: 4, Group: 1, Event: Event("ev:2")},
