@@ -6,6 +6,7 @@ import (
 	"syscall"
 
 	"bufio"
+	"bytes"
 	"encoding/hex"
 	"fmt"
 	"github.com/cockroachdb/errors"
@@ -385,6 +386,9 @@ func TestPeerKilledWhileAwaited(t *testing.T) {
 			require.NoError(t, waitErr(t, ok), "a batch to the live peer")
 
 			require.NoError(t, proc.Signal(syscall.SIGSTOP))
+			// kill(2) returns once the signal is queued: the receiver may
+			// still run, and answer a batch, until the kernel stops it.
+			waitStopped(t, proc.Pid)
 			done := make(chan error, 1)
 			require.NoError(t, ep.Post(w, func(err error) { done <- err }))
 			select {
@@ -414,5 +418,24 @@ func TestPeerKilledWhileAwaited(t *testing.T) {
 			require.Error(t, err)
 			assert.True(t, errors.Is(err, rdma.ErrNotQuiesced), "%v", err)
 		})
+	}
+}
+
+// waitStopped waits until process pid is stopped (state T in
+// /proc/PID/stat), within a bound.
+func waitStopped(t *testing.T, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		require.NoError(t, err)
+		// The state follows the command name, which is in parentheses.
+		if i := bytes.LastIndexByte(stat, ')'); i >= 0 && i+2 < len(stat) && stat[i+2] == 'T' {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("process %d not stopped 10s after SIGSTOP: %s", pid, stat)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
