@@ -507,6 +507,10 @@ func (s *Server) opened(info core.SessionInfo) {
 			zap.String("prefill", info.Prefill), zap.String("error", err.Error()))
 	}
 	ss.heartbeat = hb
+	// Lifecycle lines at INFO (never per room or layer): an operator sees
+	// who is served without turning DEBUG on.
+	s.log.Info("decode session opened", zap.String("server", s.key), zap.String("prefill", info.Prefill),
+		zap.String("node", info.Node), zap.Int("rank", info.Rank))
 	s.acceptMu.Lock()
 	s.accepted = append(s.accepted, ss)
 	close(s.acceptCh)
@@ -566,6 +570,8 @@ func (s *Server) ended(e core.SessionEnded) {
 		return
 	}
 	delete(s.sessions, e.Session)
+	s.log.Info("decode session ended", zap.String("server", s.key), zap.String("prefill", ss.info.Prefill),
+		zap.String("outcome", e.Outcome), zap.Int("open", len(s.sessions)))
 	if pid := actorPID(ss.info.Actor); pid != nil && s.ctx != nil {
 		s.ctx.Unwatch(pid)
 	}
@@ -577,7 +583,7 @@ func (s *Server) ended(e core.SessionEnded) {
 
 func (s *Server) logEffect(e core.Log) {
 	fields := make([]zap.Field, 0, len(e.Fields)/2+1)
-	fields = append(fields, zap.String("server", s.cfg.Name))
+	fields = append(fields, zap.String("server", s.key))
 	for i := 0; i+1 < len(e.Fields); i += 2 {
 		k, _ := e.Fields[i].(string)
 		fields = append(fields, zap.Any(k, e.Fields[i+1]))
@@ -769,10 +775,13 @@ func (s *Server) Drain(ctx context.Context) error {
 	if _, err := s.do(core.DrainMsg{}); err != nil {
 		return public(err)
 	}
+	s.log.Info("decode server draining: no new session", zap.String("server", s.key))
 	select {
 	case <-s.drained:
+		s.log.Info("decode server drained: no session left", zap.String("server", s.key))
 		return nil
 	case <-ctx.Done():
+		s.log.Warn("decode server drain cut: sessions still open", zap.String("server", s.key), zap.Error(ctx.Err()))
 		return public(errors.Wrap(ctx.Err(), "drain the decode server"))
 	}
 }

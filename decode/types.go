@@ -138,7 +138,9 @@ type Config struct {
 	// first keeps the answer from being torn down with a node that stops
 	// right after.
 	ByeGrace time.Duration
-	// Log receives failures at WARN and sessions at DEBUG (default: none).
+	// Log receives failures at WARN, a line per session opened and ended
+	// and per drain started and ended at INFO (never per room), the rest at
+	// DEBUG (default: none).
 	Log *zap.Logger
 	// TracePath, when set, records the Server's message trace: every
 	// message its core takes (from the network, the heartbeats, timers,

@@ -186,7 +186,7 @@ func (d Drain) Run(hard context.Context) DrainReport {
 		d.Ops.SetDraining()
 	}
 	rep.InFlight = count()
-	log.Debug("drain: begins", zap.String("reason", d.Reason), zap.Int("in_flight", rep.InFlight), zap.Duration("timeout", d.Timeout))
+	log.Info("drain: begins", zap.String("reason", d.Reason), zap.Int("in_flight", rep.InFlight), zap.Duration("timeout", d.Timeout))
 	ctx, cancel := context.WithTimeout(hard, d.Timeout)
 	defer cancel()
 	if d.Stop != nil {
@@ -220,7 +220,7 @@ func (d Drain) Run(hard context.Context) DrainReport {
 	if rep.Lost() {
 		log.Warn("drain: work in flight lost", zap.String("report", rep.String()))
 	} else {
-		log.Debug("drain: done", zap.String("report", rep.String()))
+		log.Info("drain: done", zap.String("report", rep.String()))
 	}
 	return rep
 }

@@ -15,6 +15,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -159,6 +161,7 @@ func TestInFlight(t *testing.T) {
 func TestDrainFinishesInFlight(t *testing.T) {
 	ops, err := Start(Config{})
 	require.NoError(t, err)
+	obs, logs := observer.New(zap.InfoLevel)
 	var f InFlight
 	f.Add()
 	var steps []string
@@ -173,8 +176,15 @@ func TestDrainFinishesInFlight(t *testing.T) {
 		InFlight: f.Count,
 		Wait:     func(ctx context.Context) error { steps = append(steps, "wait"); return f.Wait(ctx) },
 		Goodbye:  func(context.Context) error { steps = append(steps, "goodbye"); return nil },
+		Log:      zap.New(obs),
 	}.Run(context.Background())
 	assert.Equal(t, []string{"stop", "wait", "goodbye"}, steps)
+	// An operator sees the drain start and end at INFO.
+	var lines []string
+	for _, e := range logs.All() {
+		lines = append(lines, e.Level.String()+" "+e.Message)
+	}
+	assert.Equal(t, []string{"info drain: begins", "info drain: done"}, lines)
 	assert.Equal(t, 1, rep.InFlight)
 	assert.Zero(t, rep.Left)
 	assert.False(t, rep.Lost(), "%s", rep)

@@ -1,0 +1,55 @@
+package decode_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/kvstream/kvstream/decode"
+)
+
+// TestLifecycleLogsAtInfo: at INFO a server says when a session opens and
+// ends and when a drain starts and ends, each line naming the server
+// (node address and actor), and nothing else is logged at INFO for a
+// session that streamed a room.
+func TestLifecycleLogsAtInfo(t *testing.T) {
+	obs, logs := observer.New(zap.InfoLevel)
+	r := newRig(t, decode.Config{Log: zap.New(obs)})
+	require.NoError(t, r.srv.Expect(7, []int{4, 5}))
+	c := r.dial(t)
+	require.NoError(t, c.Notify(waitCtx(t), notice(7, 0, 2, 4, true, 0, nil)))
+	_, err := r.srv.Wait(waitCtx(t), 7)
+	require.NoError(t, err)
+	_, err = r.srv.Accept(waitCtx(t))
+	require.NoError(t, err)
+
+	drained := make(chan error, 1)
+	go func() { drained <- r.srv.Drain(context.Background()) }()
+	_, err = c.Bye(waitCtx(t), nil)
+	require.NoError(t, err)
+	require.NoError(t, <-drained)
+
+	var msgs []string
+	server := r.node.Addr() + "/" + decode.ServerActor
+	for _, e := range logs.All() {
+		require.Equal(t, zapcore.InfoLevel, e.Level, "%s", e.Message)
+		assert.Equal(t, server, e.ContextMap()["server"], "%s", e.Message)
+		msgs = append(msgs, e.Message)
+	}
+	// The drain's first line and the session's end race (Bye is sent
+	// while Drain is being asked); the session opened first and the drain
+	// ended last.
+	require.Len(t, msgs, 4)
+	assert.ElementsMatch(t, []string{"decode session opened", "decode server draining: no new session", "decode session ended",
+		"decode server drained: no session left"}, msgs)
+	assert.Equal(t, "decode session opened", msgs[0])
+	assert.Equal(t, "decode server drained: no session left", msgs[3])
+	ended := logs.FilterMessage("decode session ended").All()
+	require.Len(t, ended, 1)
+	assert.Equal(t, "p0", ended[0].ContextMap()["prefill"])
+}
