@@ -123,11 +123,36 @@ func KVBuffers(kBases, vBases []uint64, itemLen uint64, pages int) []Buffer {
 	return out
 }
 
+// CheckEnv validates the environment variables the engine reads
+// (EnvGroupSize, EnvSubmitters, EnvFinishTimeout, EnvPerLayer) as New
+// does: a malformed one is an error marked ErrBadInput that names it and
+// its value. A command calls it before any work, so that a bad variable
+// fails it at once even where its flags set the knob the variable
+// overrides.
+func CheckEnv() error { return checkEnv(os.Getenv) }
+
+func checkEnv(getenv func(string) string) error {
+	for _, name := range []string{EnvGroupSize, EnvSubmitters} {
+		if _, err := envInt(getenv, name, 1); err != nil {
+			return err
+		}
+	}
+	if _, err := envDuration(getenv, EnvFinishTimeout, DefaultFinishTimeout); err != nil {
+		return err
+	}
+	_, err := envBool(getenv, EnvPerLayer, true)
+	return err
+}
+
 // withDefaults fills zero fields from the environment, then the defaults. A
-// malformed variable is an error that names it and its value.
+// malformed variable is an error that names it and its value, whether or
+// not a field overrides it (checkEnv).
 func (c Config) withDefaults(getenv func(string) string) (Config, error) {
 	if getenv == nil {
 		getenv = os.Getenv
+	}
+	if err := checkEnv(getenv); err != nil {
+		return c, err
 	}
 	if c.CP.Size == 0 {
 		c.CP.Size = 1

@@ -203,19 +203,30 @@ func TestConfigDefaultsAndEnvironment(t *testing.T) {
 	assert.Equal(t, 16, explicit.GroupSize, "an explicit field wins over the environment")
 
 	for name, val := range map[string]string{EnvGroupSize: "eight", EnvSubmitters: "0", EnvFinishTimeout: "soon", EnvPerLayer: "maybe"} {
-		_, err := Config{HookLayers: 1}.withDefaults(func(k string) string {
+		getenv := func(k string) string {
 			if k == name {
 				return val
 			}
 			return ""
-		})
+		}
+		_, err := Config{HookLayers: 1}.withDefaults(getenv)
 		require.Error(t, err, name)
 		assert.True(t, errors.Is(err, ErrBadInput))
 		assert.Contains(t, err.Error(), name+`="`+val+`"`)
+		// Malformed is malformed where a field sets the knob too, and
+		// CheckEnv (what the commands call at start) says the same.
+		_, err = Config{HookLayers: 1, GroupSize: 2, Submitters: 2, FinishTimeout: time.Second, DisablePerLayer: true}.withDefaults(getenv)
+		assert.ErrorContains(t, err, name+`="`+val+`"`)
+		err = checkEnv(getenv)
+		assert.True(t, errors.Is(err, ErrBadInput))
+		assert.ErrorContains(t, err, name+`="`+val+`"`)
 	}
+	require.NoError(t, checkEnv(func(string) string { return "" }))
 	_, err = New(Config{HookLayers: 2, PageSize: 4, Buffers: []Buffer{{Name: "KV0", Base: 1, ItemLen: 0, Pages: 4}}}, withSimulated(), WithLogger(zap.NewNop()))
 	require.Error(t, err)
 	assert.ErrorContains(t, err, "buffer 0 (KV0): item length 0")
+	t.Setenv(EnvFinishTimeout, "-5")
+	assert.ErrorContains(t, CheckEnv(), EnvFinishTimeout+`="-5": want a positive duration`)
 }
 
 // KVSTREAM_TRACE=path turns recording on without a code change: the trace

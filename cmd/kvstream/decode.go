@@ -91,7 +91,7 @@ says what each plane trusts.`,
 			if len(prefills) > 0 && tlsm == nil {
 				return errors.Newf("--prefill-name %v: names are certificates' (give --tls-dir or --tls-ca/--tls-cert/--tls-key)", prefills)
 			}
-			log := cliLogger(verbose)
+			log := cliLogger(cmd, verbose)
 			defer log.Sync() //nolint:errcheck
 			ops, err := of.start(cmd, log)
 			if err != nil {

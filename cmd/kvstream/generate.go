@@ -105,7 +105,7 @@ func runGenerate(cmd *cobra.Command, f *generateFlags) error {
 	if err != nil {
 		return err
 	}
-	log := cliLogger(f.verbose)
+	log := cliLogger(cmd, f.verbose)
 	defer log.Sync() //nolint:errcheck
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/tls"
 	"fmt"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cluster"
 	"github.com/kvstream/kvstream/cluster/etcdproc"
+	"github.com/kvstream/kvstream/lab/buildinfo"
 	"github.com/kvstream/kvstream/lab/service"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -138,6 +140,9 @@ func (o *opsFlags) start(cmd *cobra.Command, log *zap.Logger) (*service.Ops, err
 	ops, err := service.Start(service.Config{Addr: o.addr, Log: log})
 	if err != nil {
 		return nil, err
+	}
+	if err := ops.Registry().Register(buildinfo.Read().Collector()); err != nil {
+		return nil, errors.CombineErrors(errors.Wrap(err, "register kvstream_build_info"), ops.Close(context.Background()))
 	}
 	if ops.Addr() != "" {
 		fmt.Fprintf(cmd.ErrOrStderr(), "kvstream: serving metrics at http://%s/metrics (also /healthz, /readyz)\n", ops.Addr())

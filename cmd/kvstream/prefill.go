@@ -91,7 +91,7 @@ chunks still finish) and exits non-zero. --metrics-addr serves the engine's metr
 			if err != nil {
 				return err
 			}
-			log := cliLogger(f.verbose)
+			log := cliLogger(cmd, f.verbose)
 			defer log.Sync() //nolint:errcheck
 			ops, err := of.start(cmd, log)
 			if err != nil {

@@ -122,7 +122,7 @@ func runTinyPrefill(cmd *cobra.Command, f *simFlags, t *tinyFlags, nf *netFlags,
 	if err != nil {
 		return err
 	}
-	log := cliLogger(f.verbose)
+	log := cliLogger(cmd, f.verbose)
 	defer log.Sync() //nolint:errcheck
 	pl, err := nf.open(tlsm, log, transport, "prefill")
 	if err != nil {

@@ -18,8 +18,6 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 	"golang.org/x/term"
 )
 
@@ -82,11 +80,7 @@ func runSim(cmd *cobra.Command, f *simFlags) (err error) {
 			cfg.PrefillTP, cfg.DecodeTP), system.ErrBadInput)
 	}
 
-	level := zap.WarnLevel
-	if f.verbose {
-		level = zap.DebugLevel
-	}
-	log := zap.New(zapcore.NewCore(zapcore.NewConsoleEncoder(zap.NewDevelopmentEncoderConfig()), zapcore.Lock(os.Stderr), level))
+	log := cliLogger(cmd, f.verbose)
 	defer log.Sync() //nolint:errcheck
 
 	var bar *progressbar.ProgressBar

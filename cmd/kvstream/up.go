@@ -151,13 +151,14 @@ func runUp(cmd *cobra.Command, f *upFlags) error {
 	if err := crossProcessTransport(f.transport); err != nil {
 		return err
 	}
-	log := cliLogger(f.sim.verbose)
+	log := cliLogger(cmd, f.sim.verbose)
 	defer log.Sync() //nolint:errcheck
 	nodeArgs := []string{"--heartbeat", f.hb.heartbeat.String(), "--heartbeat-interval", f.hb.hbInterval.String(),
 		"--drain-timeout", f.ops.drain.String()}
 	if f.sim.verbose {
 		nodeArgs = append(nodeArgs, "--verbose")
 	}
+	nodeArgs = append(nodeArgs, logArgs(cmd)...)
 	if f.ops.addr != "" {
 		host, _, err := net.SplitHostPort(f.ops.addr)
 		if err != nil {

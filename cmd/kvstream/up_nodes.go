@@ -50,7 +50,7 @@ with client TLS takes --etcd-tls-dir or --etcd-ca/--etcd-cert/--etcd-key.`,
 			if err != nil {
 				return errors.Wrap(err, "--cp-rule")
 			}
-			log := cliLogger(verbose)
+			log := cliLogger(cmd, verbose)
 			defer log.Sync() //nolint:errcheck
 			prov, err := cf.open(log)
 			if err != nil {
@@ -137,7 +137,7 @@ link is real.`,
 			if err != nil {
 				return err
 			}
-			log := cliLogger(f.verbose)
+			log := cliLogger(cmd, f.verbose)
 			defer log.Sync() //nolint:errcheck
 			prov, err := cf.open(log)
 			if err != nil {
