@@ -270,7 +270,7 @@ func (c *Client) retry(ctx context.Context, f func() error) error {
 		}
 		if err == nil || !(errors.Is(err, ErrUnreachable) || errors.Is(err, ErrUnavailable)) || time.Until(c.deadline) < backoff {
 			if err != nil && attempt > 1 {
-				err = errors.Wrapf(err, "after %d attempts in %v (DialConfig.ConnectTimeout)", attempt, c.cfg.ConnectTimeout)
+				err = errors.Wrapf(err, "after %d attempts in %v (the connect timeout)", attempt, c.cfg.ConnectTimeout)
 			}
 			return err
 		}

@@ -2,6 +2,7 @@ package decode_test
 
 import (
 	"context"
+	"net"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -52,4 +53,21 @@ func TestLifecycleLogsAtInfo(t *testing.T) {
 	ended := logs.FilterMessage("decode session ended").All()
 	require.Len(t, ended, 1)
 	assert.Equal(t, "p0", ended[0].ContextMap()["prefill"])
+}
+
+// TestListenIPv6: a node listens on an IPv6 address given as [host]:port,
+// and says so in the same form.
+func TestListenIPv6(t *testing.T) {
+	l, err := net.Listen("tcp", "[::1]:0")
+	if err != nil {
+		t.Skipf("no IPv6 loopback here: %v", err)
+	}
+	require.NoError(t, l.Close())
+	node, err := decode.Listen("[::1]:0", nil)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, node.Close(context.Background())) }()
+	host, port, err := net.SplitHostPort(node.Addr())
+	require.NoError(t, err, node.Addr())
+	assert.Equal(t, "::1", host)
+	assert.NotEqual(t, "0", port)
 }

@@ -154,7 +154,13 @@ func ListenConfig(cfg NodeConfig) (_ *Node, err error) {
 	if advertise != "" {
 		opts = append(opts, remote.WithAdvertisedHost(advertise))
 	}
-	rc := remote.Configure(host, port, opts...)
+	// protoactor joins host and port with a bare colon: an IPv6 host needs
+	// its brackets ("[::1]"), or the listen fails with "too many colons".
+	rcHost := host
+	if strings.Contains(host, ":") {
+		rcHost = "[" + host + "]"
+	}
+	rc := remote.Configure(rcHost, port, opts...)
 	// protoactor retries a connection it cannot open 5 times, 2 s apart,
 	// holding the endpoint writer (and a node's Close, which stops it) for
 	// 10 s on a peer that is gone. One attempt: the failure becomes an

@@ -25,6 +25,10 @@ var (
 	// the other's CA, or the peer's certificate does not carry the
 	// expected name. Not worth retrying.
 	ErrAuthentication = errors.New("authentication failed")
+	// ErrNotControlPlane: something listens at the address but speaks
+	// another protocol (an HTTP server, such as a node's metrics port).
+	// Not worth retrying: the address is wrong.
+	ErrNotControlPlane = errors.New("not a control-plane server")
 )
 
 // probeRead is how long a probe waits, after a TLS handshake, for the
@@ -72,6 +76,8 @@ func Probe(ctx context.Context, addr string, t *TLS, name string) error {
 		switch {
 		case verr != nil:
 			return errors.Mark(errors.Wrapf(verr, "the server at %s", addr), ErrAuthentication)
+		case answeredHTTP(err):
+			return notControlPlane(addr)
 		case isNotTLS(err):
 			return errors.Mark(errors.Newf("the server at %s does not speak TLS, and this node does (start both with TLS, or both in the clear on loopback)", addr), ErrAuthentication)
 		case ctx.Err() != nil:
@@ -96,6 +102,9 @@ func probeClear(conn net.Conn, addr string) error {
 	_ = conn.SetDeadline(time.Now().Add(probeRead))
 	tc := tls.Client(conn, &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}) //nolint:gosec // a probe: nothing is sent over it
 	err := tc.Handshake()
+	if answeredHTTP(err) {
+		return notControlPlane(addr)
+	}
 	if err == nil || strings.Contains(err.Error(), "remote error") {
 		return errors.Mark(errors.Newf("the server at %s speaks TLS, and this node runs in the clear (give it the deployment's certificates)", addr), ErrAuthentication)
 	}
@@ -104,6 +113,17 @@ func probeClear(conn net.Conn, addr string) error {
 
 // isNotTLS reports whether a handshake failed because the server answered
 // with something that is not TLS, or hung up on the ClientHello.
+// answeredHTTP reports whether a TLS handshake failed because the server
+// answered in HTTP/1 (an HTTP server answers the ClientHello with a 400).
+func answeredHTTP(err error) bool {
+	var rh tls.RecordHeaderError
+	return errors.As(err, &rh) && string(rh.RecordHeader[:]) == "HTTP/"
+}
+
+func notControlPlane(addr string) error {
+	return errors.Mark(errors.Newf("%s answered HTTP, not the control plane: is it a metrics port (--metrics-addr)? Give the control-plane address (--listen, or --advertise)", addr), ErrNotControlPlane)
+}
+
 func isNotTLS(err error) bool {
 	var rh tls.RecordHeaderError
 	return errors.As(err, &rh) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)

@@ -5,7 +5,10 @@ import (
 	"crypto/tls"
 	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -105,5 +108,15 @@ func TestProbeSaysWhy(t *testing.T) {
 		})
 	}
 	require.NoError(t, Probe(ctx(), good, prefillTLS, "decode"), "the right peer")
+	// A metrics port (an HTTP server) is told apart, in the clear and with
+	// TLS alike.
+	metrics := httptest.NewServer(http.NotFoundHandler())
+	defer metrics.Close()
+	maddr := strings.TrimPrefix(metrics.URL, "http://")
+	for _, c := range []*TLS{nil, prefillTLS} {
+		err := Probe(ctx(), maddr, c, "decode")
+		require.True(t, errors.Is(err, ErrNotControlPlane), "%v", err)
+		require.ErrorContains(t, err, maddr+" answered HTTP, not the control plane: is it a metrics port (--metrics-addr)?")
+	}
 	require.NoError(t, Probe(ctx(), clear, nil, ""), "plaintext on both sides")
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -18,6 +19,22 @@ func newBench() *cobra.Command {
 		Use:   "bench",
 		Short: "Measure kvstream's data path",
 		Long:  "bench measures parts of kvstream's data path in isolation (`kvstream bench transport`), and the\nmachine under it (`kvstream bench host`).",
+		Args:  cobra.ArbitraryArgs,
+		// Without a subcommand it prints its help; with one it does not
+		// have, it fails naming it and the choices (cobra alone would
+		// print the help and exit 0).
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return cmd.Help()
+			}
+			var names []string
+			for _, c := range cmd.Commands() {
+				if c.IsAvailableCommand() {
+					names = append(names, c.Name())
+				}
+			}
+			return errors.Newf("bench %q: no such benchmark: want %s", args[0], strings.Join(names, " or "))
+		},
 	}
 	cmd.AddCommand(newBenchTransport(), newBenchHost())
 	return cmd

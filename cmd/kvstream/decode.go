@@ -88,6 +88,11 @@ says what each plane trusts.`,
 			if err != nil {
 				return err
 			}
+			// Its prefills are other processes: refused before serving, not
+			// served where none can reach it.
+			if err := refuseLoopback("decode", transport); err != nil {
+				return err
+			}
 			if len(prefills) > 0 && tlsm == nil {
 				return errors.Newf("--prefill-name %v: names are certificates' (give --tls-dir or --tls-ca/--tls-cert/--tls-key)", prefills)
 			}
@@ -117,7 +122,7 @@ says what each plane trusts.`,
 	}
 	fl := cmd.Flags()
 	addNetFlags(fl, &nf, "decode", "127.0.0.1:9100")
-	fl.StringVar(&transport, "transport", "ucx", "data transport: ucx (loopback does not cross processes)")
+	fl.StringVar(&transport, "transport", "ucx", "data transport: ucx")
 	fl.StringSliceVar(&prefills, "prefill-name", nil, "with TLS: the certificate names of the prefills served (default: any of the CA)")
 	fl.IntVar(&sessions, "sessions", 0, "stop after this many prefill sessions that did something (0: serve until SIGTERM or SIGINT)")
 	fl.DurationVar(&wait, "wait", 0, "stop serving (and drain) after this long (0: no limit)")

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -131,6 +132,10 @@ func TestUCXPrefillSaysWhy(t *testing.T) {
 		t.Logf("%q after %v", want, time.Since(start).Round(time.Millisecond))
 	}
 	fails("nothing listening at", "--decode", free(), "--connect-timeout", "0")
+	fails("within --connect-timeout 300ms", "--decode", free(), "--connect-timeout", "300ms")
+	metrics := httptest.NewServer(http.NotFoundHandler())
+	defer metrics.Close()
+	fails("answered HTTP, not the control plane: is it a metrics port (--metrics-addr)?", "--decode", strings.TrimPrefix(metrics.URL, "http://"))
 
 	dec := startCLI(t, env, "decode", "--listen", "127.0.0.1:0", "--tls-dir", dir, "--prefill-name", "prefill", "--sessions", "1", "--wait", "3m")
 	addr := dec.waitLine(t, listening, 30*time.Second)[1]
@@ -252,4 +257,22 @@ func httpGet(url string) (int, error) {
 	}
 	res.Body.Close()
 	return res.StatusCode, nil
+}
+
+// TestUCXIPv6: a decode and a prefill on IPv6 loopback addresses ([::1]:P
+// wherever an address is taken) serve a session byte-equal.
+func TestUCXIPv6(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "[::1]:0")
+	if err != nil {
+		t.Skipf("no IPv6 loopback here: %v", err)
+	}
+	require.NoError(t, l.Close())
+	env := []string{"UCX_TLS=tcp"}
+	dec := startCLI(t, env, "decode", "--listen", "[::1]:0", "--sessions", "1", "--wait", "3m", "--metrics-addr", "[::1]:0")
+	addr := dec.waitLine(t, listening, 30*time.Second)[1]
+	require.True(t, strings.HasPrefix(addr, "[::1]:"), addr)
+	pre := startCLI(t, env, "prefill", "--decode", addr, "--listen", "[::1]:0", "--model", "small", "--requests", "1",
+		"--prompt-tokens", "512", "--chunk-tokens", "512", "--page-size", "16", "--no-progress")
+	requireServedOnce(t, dec, pre)
 }

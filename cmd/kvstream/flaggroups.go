@@ -92,3 +92,17 @@ func refuseIgnored(cmd *cobra.Command) error {
 	})
 	return err
 }
+
+// oneArg takes exactly one positional argument, the usage's name (FILE,
+// DIR); a missing or extra one is refused naming it and what it is.
+func oneArg(name, what string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		switch {
+		case len(args) == 0:
+			return errors.Newf("%s: missing %s: %s (usage: %s)", cmd.Name(), name, what, cmd.UseLine())
+		case len(args) > 1:
+			return errors.Newf("%s: one %s (%s), got %d arguments: %q", cmd.Name(), name, what, len(args), args)
+		}
+		return nil
+	}
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -104,18 +105,34 @@ func (n *netFlags) check(node string) (*netsec.TLS, error) {
 	}
 	files := netsec.Files{CA: n.tlsCA, Cert: n.tlsCert, Key: n.tlsKey}
 	given := files.CA != "" || files.Cert != "" || files.Key != ""
+	// Each file's error names the flag that gave it.
+	caFlag, certFlag, keyFlag := "--tls-ca", "--tls-cert", "--tls-key"
 	switch {
 	case n.tlsDir != "" && given:
 		return nil, errors.New("--tls-dir and --tls-ca/--tls-cert/--tls-key: give one or the other")
 	case n.tlsDir != "":
 		files = netsec.Files{CA: filepath.Join(n.tlsDir, netsec.CAFile), Cert: filepath.Join(n.tlsDir, node+".pem"), Key: filepath.Join(n.tlsDir, node+".key")}
+		caFlag, certFlag, keyFlag = "--tls-dir", "--tls-dir", "--tls-dir"
 	case given && (files.CA == "" || files.Cert == "" || files.Key == ""):
 		return nil, errors.Newf("--tls-ca %q, --tls-cert %q, --tls-key %q: give all three", files.CA, files.Cert, files.Key)
 	case !given:
 		return nil, nil
 	}
+	for _, f := range []struct{ flag, path string }{{caFlag, files.CA}, {certFlag, files.Cert}, {keyFlag, files.Key}} {
+		if _, err := os.Stat(f.path); err != nil {
+			return nil, errors.Wrapf(err, "%s: %s", f.flag, f.path)
+		}
+	}
 	tlsm, err := netsec.LoadTLS(files)
-	return tlsm, errors.Wrap(err, "--tls-*")
+	switch {
+	case err == nil:
+		return tlsm, nil
+	case strings.Contains(err.Error(), "CA file"):
+		return nil, errors.Wrapf(err, "%s %s", caFlag, files.CA)
+	case caFlag == "--tls-dir":
+		return nil, errors.Wrapf(err, "--tls-dir %s", n.tlsDir)
+	}
+	return nil, errors.Wrapf(err, "--tls-cert %s, --tls-key %s", files.Cert, files.Key)
 }
 
 // checkDataAddr checks --data-addr: an IP address that is the address
@@ -219,7 +236,7 @@ func newCerts() *cobra.Command {
 127.0.0.1, ::1, localhost and the --hosts (the addresses peers dial: what each node advertises). It
 never overwrites a file. ` + netsec.CAKeyFile + ` signs anything: keep it off the nodes; use your own CA in
 production.`,
-		Args: cobra.ExactArgs(1),
+		Args: oneArg("DIR", "the directory to write the certificates into"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			files, err := netsec.GenerateDevCerts(args[0], nodes, hosts)
 			if err != nil {

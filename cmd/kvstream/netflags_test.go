@@ -2,6 +2,7 @@ package main
 
 import (
 	"net"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -16,6 +17,11 @@ import (
 // before anything is started.
 func TestNetFlagsNameTheFlag(t *testing.T) {
 	dir := t.TempDir()
+	garbage := filepath.Join(dir, "garbage.pem")
+	require.NoError(t, os.WriteFile(garbage, []byte("not PEM"), 0o600))
+	certs, err := netsec.GenerateDevCerts(filepath.Join(dir, "certs"), []string{"decode"}, nil)
+	require.NoError(t, err)
+	ca := certs["decode"].CA
 	for _, tc := range []struct {
 		args []string
 		flag string
@@ -39,7 +45,11 @@ func TestNetFlagsNameTheFlag(t *testing.T) {
 		{[]string{"prefill", "--ucx-writes", "RMA"}, `--ucx-writes "RMA": want messages or rma`},
 		{[]string{"decode", "--tls-ca", "x"}, "--tls-key"},
 		{[]string{"decode", "--tls-dir", dir, "--tls-ca", "x"}, "--tls-dir"},
-		{[]string{"decode", "--tls-dir", filepath.Join(dir, "none")}, "--tls-*"},
+		{[]string{"decode", "--tls-dir", filepath.Join(dir, "none")}, "--tls-dir: " + filepath.Join(dir, "none", "ca.pem") + ": stat "},
+		{[]string{"decode", "--tls-ca", filepath.Join(dir, "no-ca.pem"), "--tls-cert", "c", "--tls-key", "k"}, "--tls-ca: " + filepath.Join(dir, "no-ca.pem")},
+		{[]string{"prefill", "--tls-ca", garbage, "--tls-cert", garbage, "--tls-key", "k"}, "--tls-key: k"},
+		{[]string{"prefill", "--tls-ca", garbage, "--tls-cert", garbage, "--tls-key", garbage}, "--tls-ca " + garbage + ": tls: CA file " + garbage + " holds no PEM certificate"},
+		{[]string{"prefill", "--tls-ca", ca, "--tls-cert", garbage, "--tls-key", garbage}, "--tls-cert " + garbage + ", --tls-key " + garbage + ": tls: certificate"},
 		{[]string{"decode", "--prefill-name", "prefill"}, "--prefill-name"},
 		{[]string{"prefill", "--decode", "0.0.0.0:9100"}, "--decode"},
 		{[]string{"prefill", "--decode", "nohostport"}, "--decode"},

@@ -107,10 +107,29 @@ func (f *clusterFlags) args() []string {
 	return out
 }
 
+// maxMemberTTL bounds --member-ttl: a member killed stays listed this long.
+const maxMemberTTL = time.Hour
+
+// checkMemberTTL refuses a --member-ttl etcd would not keep as given: it
+// counts a lease's TTL in whole seconds (a shorter one was raised to 1 s
+// in silence). zeroOK: 0 means cluster.DefaultTTL.
+func checkMemberTTL(d time.Duration, zeroOK bool) error {
+	if d == 0 && zeroOK {
+		return nil
+	}
+	if d < time.Second || d > maxMemberTTL || d%time.Second != 0 {
+		return errors.Newf("--member-ttl %v: want whole seconds from 1s to %v (etcd counts a lease's TTL in seconds)", d, maxMemberTTL)
+	}
+	return nil
+}
+
 // open connects to etcd.
 func (f *clusterFlags) open(log *zap.Logger) (cluster.Provider, error) {
 	if f.etcd == "" {
 		return nil, errors.New("--etcd is required: a node finds its peers on etcd (kvstream up starts one)")
+	}
+	if err := checkMemberTTL(f.ttl, true); err != nil {
+		return nil, err
 	}
 	tlsc, _, err := f.tls(false)
 	if err != nil {

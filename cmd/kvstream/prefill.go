@@ -91,6 +91,9 @@ chunks still finish) and exits non-zero. --metrics-addr serves the engine's metr
 			if err != nil {
 				return err
 			}
+			if err := refuseLoopback("prefill", transport); err != nil {
+				return err
+			}
 			log := cliLogger(cmd, f.verbose)
 			defer log.Sync() //nolint:errcheck
 			ops, err := of.start(cmd, log)

@@ -122,6 +122,9 @@ func runTinyPrefill(cmd *cobra.Command, f *simFlags, t *tinyFlags, nf *netFlags,
 	if err != nil {
 		return err
 	}
+	if err := refuseLoopback("prefill", transport); err != nil {
+		return err
+	}
 	log := cliLogger(cmd, f.verbose)
 	defer log.Sync() //nolint:errcheck
 	pl, err := nf.open(tlsm, log, transport, "prefill")

@@ -29,7 +29,7 @@ answered by the next record, one outcome per revocation, each timer fired at mos
 
 With --engine it also replays the trace's calls through a real engine on the simulated GPU and the
 loopback transport and compares the chunk statuses and the destination bytes.`,
-		Args: cobra.ExactArgs(1),
+		Args: oneArg("FILE", "the trace file to replay"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			f, err := os.Open(args[0])
 			if err != nil {

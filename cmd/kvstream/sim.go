@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -71,6 +73,13 @@ func runSim(cmd *cobra.Command, f *simFlags) (err error) {
 	cfg, err := f.config()
 	if err != nil {
 		return err
+	}
+	// The files are written after the run: a directory that is not there
+	// fails now, not after the whole run.
+	for _, out := range []struct{ flag, path string }{{"--trace-out", f.traceOut}, {"--plot", f.plotOut}, {"--record", f.record}} {
+		if err := checkOutputDir(out.flag, out.path); err != nil {
+			return err
+		}
 	}
 	cfg.Timeline = f.traceOut != "" || f.plotOut != ""
 	if cfg.Timeline && (cfg.PrefillTP > 0 || cfg.DecodeTP > 0 || cfg.PrefillPP > 0 || cfg.DecodePP > 0) {
@@ -148,6 +157,25 @@ func runSim(cmd *cobra.Command, f *simFlags) (err error) {
 	}
 	if len(rep.OracleFailures) > 0 {
 		return errors.Newf("the transfer oracle failed: %s", strings.Join(rep.OracleFailures, "; "))
+	}
+	return nil
+}
+
+// checkOutputDir refuses an output file (flag's value path) whose
+// directory does not exist or is not a directory ("" is no file).
+func checkOutputDir(flag, path string) error {
+	if path == "" {
+		return nil
+	}
+	dir := filepath.Dir(path)
+	st, err := os.Stat(dir)
+	switch {
+	case err != nil && errors.Is(err, fs.ErrNotExist):
+		return errors.Newf("%s %q: directory %q does not exist", flag, path, dir)
+	case err != nil:
+		return errors.Wrapf(err, "%s %q", flag, path)
+	case !st.IsDir():
+		return errors.Newf("%s %q: %q is not a directory", flag, path, dir)
 	}
 	return nil
 }

@@ -139,6 +139,9 @@ func runUp(cmd *cobra.Command, f *upFlags) error {
 	if err := lc.Check(); err != nil {
 		return err
 	}
+	if err := checkMemberTTL(f.memberTTL, false); err != nil {
+		return err
+	}
 	if _, err := f.hb.heartbeatConfig(); err != nil {
 		return err
 	}
@@ -148,7 +151,7 @@ func runUp(cmd *cobra.Command, f *upFlags) error {
 	if lc.EtcdTLS, lc.EtcdServer, err = f.cluster.tls(len(lc.Etcd) == 0); err != nil {
 		return err
 	}
-	if err := crossProcessTransport(f.transport); err != nil {
+	if err := crossProcessTransport("up", f.transport); err != nil {
 		return err
 	}
 	log := cliLogger(cmd, f.sim.verbose)
@@ -203,14 +206,24 @@ func runUp(cmd *cobra.Command, f *upFlags) error {
 }
 
 // crossProcessTransport says before anything starts whether this binary
-// has a transport that crosses processes by that name.
-func crossProcessTransport(kind string) error {
-	if kind == "loopback" {
-		return errors.New("--transport loopback does not cross processes: up needs ucx (go build -tags ucx ./cmd/kvstream)")
+// has a transport that crosses processes by that name (cmd: the command
+// that needs one).
+func crossProcessTransport(cmd, kind string) error {
+	if err := refuseLoopback(cmd, kind); err != nil {
+		return err
 	}
 	if _, ok := transports[kind]; !ok {
 		_, err := openTransport(kind, "check", transportOpts{dataHost: "127.0.0.1"}) // says which kinds this binary has
 		return err
+	}
+	return nil
+}
+
+// refuseLoopback refuses the loopback transport to a command whose peers
+// are other processes, which it cannot reach.
+func refuseLoopback(cmd, kind string) error {
+	if kind == "loopback" {
+		return errors.Newf("--transport loopback does not cross processes: %s needs ucx (go build -tags ucx ./cmd/kvstream)", cmd)
 	}
 	return nil
 }

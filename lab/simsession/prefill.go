@@ -93,6 +93,10 @@ func (p *Prefill) OpenSharded(ctx context.Context, shard workload.Shard, ranks [
 func (p *Prefill) open(ctx context.Context, cfg decode.DialConfig) (*decode.Client, error) {
 	c, err := decode.Dial(ctx, p.node, cfg)
 	if err != nil {
+		if ctx.Err() == nil && (errors.Is(err, decode.ErrUnreachable) || errors.Is(err, decode.ErrUnavailable)) {
+			// What gave up is the command's flag.
+			return nil, errors.Wrapf(err, "no decode process at %s within --connect-timeout %v", cfg.Decode, cfg.ConnectTimeout)
+		}
 		return nil, err
 	}
 	p.mu.Lock()
