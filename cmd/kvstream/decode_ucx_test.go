@@ -276,3 +276,38 @@ func TestUCXIPv6(t *testing.T) {
 		"--prompt-tokens", "512", "--chunk-tokens", "512", "--page-size", "16", "--no-progress")
 	requireServedOnce(t, dec, pre)
 }
+
+// TestUCXDrainCutSummaries: a decode whose drain cuts a busy prefill
+// (SIGTERM with --drain-timeout 1s) leaves both processes with summaries
+// that tell the truth and exit statuses that agree with them: the prefill
+// never says "bytes equal: false" when no byte differed; cut, it says
+// after how many forwards and that not every chunk was compared, and
+// exits non-zero; the decode exits non-zero exactly when it says its
+// drain cut sessions.
+func TestUCXDrainCutSummaries(t *testing.T) {
+	t.Parallel()
+	env := []string{"UCX_TLS=tcp"}
+	dec := startCLI(t, env, "decode", "--listen", "127.0.0.1:0", "--drain-timeout", "1s")
+	addr := dec.waitLine(t, listening, 30*time.Second)[1]
+	pre := startCLI(t, env, "prefill", "--decode", addr, "--model", "small", "--requests", "64", "--prompt-tokens", "8192",
+		"--chunk-tokens", "1024", "--page-size", "16", "--layer-us-per-ktok", "20000")
+	pre.waitLine(t, regexp.MustCompile(`prefill: forward 2/\d+ done`), time.Minute)
+	require.NoError(t, dec.cmd.Process.Signal(syscall.SIGTERM))
+	decErr := dec.wait(t, time.Minute)
+	preErr := pre.wait(t, 2*time.Minute)
+
+	summary := regexp.MustCompile(`(?m)^prefill: per-layer over ucx.*$`).FindString(pre.out())
+	require.NotEmpty(t, summary, "prefill:\n%s\n%s", pre.out(), pre.errOut())
+	assert.NotContains(t, summary, "bytes equal: false", "no byte differed")
+	if preErr != nil {
+		assert.Regexp(t, `stopped after \d+ of 512 forwards: \d+ of 64 requests done`, summary)
+		assert.Contains(t, summary, "bytes equal: not compared for every chunk (none compared differed)")
+	} else {
+		assert.Contains(t, summary, "bytes equal: true")
+	}
+	if decErr != nil {
+		assert.Contains(t, dec.out(), "cut by the drain timeout")
+	} else {
+		assert.NotContains(t, dec.out(), "cut by the drain timeout")
+	}
+}

@@ -197,6 +197,9 @@ func runUp(cmd *cobra.Command, f *upFlags) error {
 		return errors.Newf("up: %v: every node was cut, the report says what was lost", context.Cause(sd.Hard()))
 	case rep.Drain != nil && rep.Drain.Lost > 0:
 		return errors.Newf("up: the drain lost %d of the %d batches in flight", rep.Drain.Lost, rep.Drain.InFlight)
+	case rep.Drain != nil && rep.FailedBatches() > 0 && fault == launch.NoFault:
+		// The summary says so too: the exit status and it agree.
+		return errors.Newf("up: %d batches failed before the drain", rep.FailedBatches())
 	case rep.Drain != nil:
 		return nil // asked to stop, and lost nothing in flight
 	case !rep.Complete && fault == launch.NoFault:

@@ -64,6 +64,36 @@ type DrainRow struct {
 	NotStarted int `json:"not_started"`
 }
 
+// FailedBatches counts the batches run that did not complete.
+func (r *Report) FailedBatches() int {
+	n := 0
+	for _, b := range r.Batches {
+		if !b.Complete {
+			n++
+		}
+	}
+	return n
+}
+
+// Outcome says how the run ended, for the summary line: "complete: true"
+// when every batch planned ran and completed; a drain that lost nothing
+// says so rather than "complete: false" (the batches it kept from
+// starting were not lost); otherwise "complete: false" and, after a
+// drain, what it lost.
+func (r *Report) Outcome() string {
+	switch d := r.Drain; {
+	case r.Complete:
+		return "complete: true"
+	case d != nil && d.Lost == 0 && r.FailedBatches() == 0:
+		return fmt.Sprintf("drained, nothing lost (%d not started)", d.NotStarted)
+	case d != nil && d.Lost == 0:
+		return fmt.Sprintf("complete: false (%d batches failed before the drain, which lost nothing)", r.FailedBatches())
+	case d != nil:
+		return fmt.Sprintf("complete: false (the drain lost %d of the %d batches in flight)", d.Lost, d.InFlight)
+	}
+	return "complete: false"
+}
+
 // Text prints the report: a line per batch, the notes, a summary line and
 // a row per node.
 func (r *Report) Text(w io.Writer) {
@@ -90,8 +120,8 @@ func (r *Report) Text(w io.Writer) {
 	if d := r.Drain; d != nil {
 		fmt.Fprintf(w, "up: drained (%s): %d batches in flight, %d lost, %d not started, %.2f s\n", d.Reason, d.InFlight, d.Lost, d.NotStarted, d.Seconds)
 	}
-	fmt.Fprintf(w, "up: %d prefill ranks x %d decode instances over %s (etcd %s): %d batches, complete: %v, bytes equal: %v, %d chunks failed, %.1f MB in %.2f s, aggregate %.3f GB/s\n",
-		r.PrefillRanks, r.DecodeInstances, r.Transport, r.Etcd, len(r.Batches), r.Complete, r.BytesEqual, r.FailedChunks,
+	fmt.Fprintf(w, "up: %d prefill ranks x %d decode instances over %s (etcd %s): %d batches, %s, bytes equal: %v, %d chunks failed, %.1f MB in %.2f s, aggregate %.3f GB/s\n",
+		r.PrefillRanks, r.DecodeInstances, r.Transport, r.Etcd, len(r.Batches), r.Outcome(), r.BytesEqual, r.FailedChunks,
 		float64(r.Bytes)/1e6, r.Seconds, r.AggregateGBps)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "node\trole\taddress\trooms ok\trooms failed\tpages verified\tbatches\tfailed chunks\tsessions\tetcd calls\tdrained\t")

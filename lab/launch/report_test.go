@@ -28,9 +28,29 @@ up: batch 1 on decode-0: complete false, rooms 0 complete 2 failed, ranks ok 0/2
 up: kill-decode: SIGKILL decode-0 (pid 9) at the first forward of batch 1
 up: batch 2 and later not started: draining
 up: drained (terminated): 1 batches in flight, 0 lost, 2 not started, 0.50 s
-up: 2 prefill ranks x 1 decode instances over ucx (etcd http://127.0.0.1:1): 2 batches, complete: false, bytes equal: true, 4 chunks failed, 3.0 MB in 2.00 s, aggregate 0.002 GB/s
+up: 2 prefill ranks x 1 decode instances over ucx (etcd http://127.0.0.1:1): 2 batches, complete: false (1 batches failed before the drain, which lost nothing), bytes equal: true, 4 chunks failed, 3.0 MB in 2.00 s, aggregate 0.002 GB/s
 node      role    address      rooms ok  rooms failed  pages verified  batches  failed chunks  sessions  etcd calls  drained  
 decode-0  decode  127.0.0.1:5  2         0             2250            0        0              0         0           true     
 `
 	assert.Equal(t, want, b.String())
+}
+
+// TestReportOutcome: the summary says how the run ended, and a drain that
+// lost nothing says it drained instead of "complete: false".
+func TestReportOutcome(t *testing.T) {
+	ok := BatchRow{Complete: true}
+	for _, tc := range []struct {
+		name string
+		r    Report
+		want string
+	}{
+		{"every batch", Report{Complete: true, Batches: []BatchRow{ok, ok}}, "complete: true"},
+		{"drained, nothing lost", Report{Batches: []BatchRow{ok}, Drain: &DrainRow{InFlight: 1, NotStarted: 3}}, "drained, nothing lost (3 not started)"},
+		{"drained after a failure", Report{Batches: []BatchRow{ok, {}}, Drain: &DrainRow{NotStarted: 2}},
+			"complete: false (1 batches failed before the drain, which lost nothing)"},
+		{"the drain lost", Report{Batches: []BatchRow{ok, {}}, Drain: &DrainRow{InFlight: 2, Lost: 1}}, "complete: false (the drain lost 1 of the 2 batches in flight)"},
+		{"a failure", Report{Batches: []BatchRow{ok, {}}}, "complete: false"},
+	} {
+		assert.Equal(t, tc.want, tc.r.Outcome(), tc.name)
+	}
 }

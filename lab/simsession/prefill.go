@@ -29,7 +29,8 @@ type Prefill struct {
 	mu       sync.Mutex
 	clients  []*decode.Client // one per decode rank (one unsharded)
 	onLost   []func(error)
-	mismatch string
+	mismatch string // the decode's first rejection of a chunk (ErrChunkFailed)
+	refused  string // its first refusal of a notice for another reason
 	notices  int
 	accepted int
 	// unanswered counts notices a live decode process did not answer
@@ -177,8 +178,14 @@ func (p *Prefill) ChunkDone(n workload.Notice) {
 		case err == nil || c.Lost() != nil:
 		case errors.Is(err, decode.ErrUnreachable):
 			p.unanswered++
-		case p.mismatch == "":
-			p.mismatch = err.Error()
+		case errors.Is(err, decode.ErrChunkFailed):
+			if p.mismatch == "" {
+				p.mismatch = err.Error()
+			}
+		case p.refused == "":
+			// Refused without a look at the bytes (the session ended, the
+			// decode is closing): no verdict on them.
+			p.refused = err.Error()
 		}
 		p.mu.Unlock()
 	}
@@ -202,11 +209,21 @@ func (p *Prefill) LateSettled(sum decode.Summary, byeErr, aborted error) bool {
 	return p.Unanswered() == 0 || aborted == nil && byeErr == nil && sum.Failed == 0
 }
 
-// Verify returns the decode process's first refusal or mismatch, or "".
+// Verify returns the decode process's first rejection of a chunk it was
+// told of (its bytes differ, or the chunk failed its room), or "".
 func (p *Prefill) Verify() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.mismatch
+}
+
+// Refused returns the decode process's first refusal of a notice for
+// another reason than the chunk (the session ended, the server is
+// closing), or "": the chunk's bytes were not compared.
+func (p *Prefill) Refused() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.refused
 }
 
 // Close keeps the sessions open: End says goodbye with the run's outcome.

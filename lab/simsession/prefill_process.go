@@ -129,26 +129,57 @@ func RunPrefillProcess(cfg PrefillProcessConfig) error {
 	// Bytes equal: every chunk launched succeeded and the decode
 	// process found each it was told of equal (a run cut short
 	// expects its Bye to be answered "not complete").
-	equal := mr.Failed == 0 && plane.Verify() == "" && plane.Lost() == nil && (byeErr == nil || aborted != nil) &&
+	equal := mr.Failed == 0 && plane.Verify() == "" && plane.Refused() == "" && plane.Lost() == nil && (byeErr == nil || aborted != nil) &&
 		plane.LateSettled(summary, byeErr, aborted)
 	ok := equal && byeErr == nil && (mr.Aborted == "" || drained)
-	fmt.Fprintln(out, prefillSummary(cfg, mr, plane, max(summary.Chunks, plane.Accepted()), equal, byeErr))
+	v := bytesVerdict{equal: equal, differ: plane.Verify()}
+	fmt.Fprintln(out, prefillSummary(cfg, mr, plane, max(summary.Chunks, plane.Accepted()), v, byeErr))
 	if !ok {
 		if mr.FirstError != "" {
 			fmt.Fprintln(out, "prefill: first failure:", mr.FirstError)
 		}
-		if equal {
+		// The error says what the summary says.
+		switch {
+		case equal:
 			return errors.Newf("prefill: stopped before every request it started finished (%v)", context.Cause(ctx))
+		case v.differ != "":
+			return errors.Newf("prefill: the decode process refused or found different a chunk: %s", v.differ)
+		case plane.Refused() != "":
+			return errors.Newf("prefill: the decode process refused chunk notices without comparing their bytes: %s", plane.Refused())
+		case plane.Lost() != nil:
+			return errors.Newf("prefill: the decode process was lost after %d of %d forwards; the chunks it was not told of were not compared", mr.ForwardsDone, mr.Forwards)
+		case mr.Failed > 0:
+			return errors.Newf("prefill: %d chunks failed", mr.Failed)
 		}
-		return errors.New("prefill: not every chunk succeeded with every byte equal")
+		return errors.New("prefill: the decode process did not report every chunk complete")
 	}
 	return nil
+}
+
+// bytesVerdict is what a prefill can say of the bytes: equal (every chunk
+// succeeded and the decode process found each equal), differ (the decode
+// process's first refusal or mismatch of a chunk it was told of), or
+// neither: no byte was found different, but not every chunk was compared
+// (it failed, the run was cut, the decode process was lost).
+type bytesVerdict struct {
+	equal  bool
+	differ string
+}
+
+func (v bytesVerdict) String() string {
+	switch {
+	case v.equal:
+		return "bytes equal: true"
+	case v.differ != "":
+		return "bytes equal: false"
+	}
+	return "bytes equal: not compared for every chunk (none compared differed)"
 }
 
 // prefillSummary is a prefill process's line: what it sent and what the
 // decode process accepted, and, for a run that stopped early, what it did
 // before it stopped.
-func prefillSummary(cfg PrefillProcessConfig, mr *workload.ModeReport, plane *Prefill, accepted int, equal bool, byeErr error) string {
+func prefillSummary(cfg PrefillProcessConfig, mr *workload.ModeReport, plane *Prefill, accepted int, bytes bytesVerdict, byeErr error) string {
 	wl := cfg.Workload
 	mode := "per-layer"
 	if cfg.Monolithic {
@@ -160,14 +191,14 @@ func prefillSummary(cfg PrefillProcessConfig, mr *workload.ModeReport, plane *Pr
 	}
 	var line string
 	if mr.Aborted == "" {
-		line = fmt.Sprintf("prefill: %s over %s, %d requests, %d chunks failed, decode accepted %d chunks, bytes equal: %v, exposed transfer mean %.2f ms, %.1f batches and %.0f writes per forward, %.3f GB crossed the transport at %.2f GB/s",
-			mode, cfg.TransportName, mr.RequestsDone, mr.Failed, accepted, equal, mr.ExposedMs,
+		line = fmt.Sprintf("prefill: %s over %s, %d requests, %d chunks failed, decode accepted %d chunks, %v, exposed transfer mean %.2f ms, %.1f batches and %.0f writes per forward, %.3f GB crossed the transport at %.2f GB/s",
+			mode, cfg.TransportName, mr.RequestsDone, mr.Failed, accepted, bytes, mr.ExposedMs,
 			mr.SubmitsPerForward, mr.BlocksPerForward, float64(mr.BytesMoved)/1e9, mr.MovedGBytePerS)
 	} else {
 		// What it did before it stopped: no exposed figures (they
 		// compare whole runs with their floor).
-		line = fmt.Sprintf("prefill: %s over %s stopped after %d of %d forwards: %d of %d requests done (%d not started), %d chunks done, %d failed, decode accepted %d chunks, bytes equal: %v, %.3f GB crossed the transport; %s",
-			mode, cfg.TransportName, mr.ForwardsDone, mr.Forwards, mr.RequestsDone, wl.Requests, mr.NotStarted, mr.ChunksDone, mr.Failed, accepted, equal,
+		line = fmt.Sprintf("prefill: %s over %s stopped after %d of %d forwards: %d of %d requests done (%d not started), %d chunks done, %d failed, decode accepted %d chunks, %v, %.3f GB crossed the transport; %s",
+			mode, cfg.TransportName, mr.ForwardsDone, mr.Forwards, mr.RequestsDone, wl.Requests, mr.NotStarted, mr.ChunksDone, mr.Failed, accepted, bytes,
 			float64(mr.BytesMoved)/1e9, mr.Aborted)
 	}
 	if late := plane.Unanswered(); late > 0 {
@@ -175,6 +206,9 @@ func prefillSummary(cfg PrefillProcessConfig, mr *workload.ModeReport, plane *Pr
 	}
 	if lost := plane.Lost(); lost != nil {
 		line += "; decode lost: " + lost.Error()
+	}
+	if r := plane.Refused(); r != "" {
+		line += "; decode refused a notice: " + r
 	}
 	if byeErr != nil && plane.Lost() == nil {
 		line += "; decode: " + byeErr.Error()
