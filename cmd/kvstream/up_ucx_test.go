@@ -4,6 +4,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"path/filepath"
@@ -190,6 +191,8 @@ func TestUCXClusterUpDrains(t *testing.T) {
 	assert.Equal(t, "terminated", rep.Drain.Reason)
 	assert.Zero(t, rep.Drain.Lost)
 	assert.Positive(t, rep.Drain.NotStarted)
+	assert.Equal(t, fmt.Sprintf("drained, nothing lost (%d not started)", rep.Drain.NotStarted), rep.Outcome(),
+		"the text summary says it drained, not complete: false")
 	assert.True(t, rep.BytesEqual)
 	for _, b := range rep.Batches {
 		assert.True(t, b.Complete, "batch %d: %s", b.Batch, b.Error)
