@@ -93,7 +93,7 @@ func (s *Server) startTrace(cfg Config, actor string, rules core.Rules, pool []B
 			return errors.Mark(errors.Wrapf(err, "%s: the trace file", field), ErrBadInput)
 		}
 		s.traceTo, s.traceFile = f, f
-		s.log.Info("decode server records its message trace, written at Close", zap.String("server", cfg.Name), zap.String("path", p))
+		s.log.Info("decode server records its message trace, written at Close", zap.String("server", s.key), zap.String("path", p))
 	}
 	if s.traceTo == nil {
 		return nil

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -14,6 +15,8 @@ import (
 // the process exits non-zero.
 func TestCommandsNameWhatIsWrong(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "no-such-dir")
+	garbage := filepath.Join(t.TempDir(), "garbage.pem")
+	require.NoError(t, os.WriteFile(garbage, []byte("not PEM"), 0o600))
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -29,6 +32,10 @@ func TestCommandsNameWhatIsWrong(t *testing.T) {
 		{[]string{"up", "--member-ttl", "2500ms"}, "--member-ttl 2.5s: want whole seconds"},
 		{[]string{"decode-instance", "--etcd", "http://127.0.0.1:1", "--member-ttl", "500ms"}, "--member-ttl 500ms: want whole seconds"},
 		{[]string{"prefill-rank", "--etcd", "http://127.0.0.1:1", "--member-ttl", "2h"}, "--member-ttl 2h0m0s: want whole seconds from 1s to 1h0m0s"},
+		{[]string{"up", "--etcd", "http://127.0.0.1:1", "--etcd-ca", filepath.Join(missing, "ca.pem")}, "--etcd-ca: " + filepath.Join(missing, "ca.pem") + ": stat"},
+		{[]string{"up", "--etcd", "http://127.0.0.1:1", "--etcd-ca", garbage}, "--etcd-ca " + garbage + ": etcd TLS: CA file " + garbage + " holds no PEM certificate"},
+		{[]string{"decode-instance", "--etcd", "http://127.0.0.1:1", "--etcd-tls-dir", missing}, "--etcd-tls-dir: " + filepath.Join(missing, "ca.pem")},
+		{[]string{"prefill-rank", "--etcd", "http://127.0.0.1:1", "--etcd-cert", garbage, "--etcd-key", garbage}, "--etcd-cert " + garbage + ", --etcd-key " + garbage + ": etcd TLS: certificate"},
 		{append(append([]string{}, quick...), "--plot", filepath.Join(missing, "t.png")),
 			`--plot "` + filepath.Join(missing, "t.png") + `": directory "` + missing + `" does not exist`},
 		{append(append([]string{}, quick...), "--trace-out", filepath.Join(missing, "t.json")), `--trace-out "` + filepath.Join(missing, "t.json") + `": directory`},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -74,9 +75,31 @@ func (f *clusterFlags) tls(own bool) (*tls.Config, *etcdproc.TLS, error) {
 	if err != nil || !files.Given() {
 		return nil, nil, err
 	}
+	// Each file's error names the flag that gave it.
+	flags := map[string]string{files.CA: "--etcd-ca", files.Cert: "--etcd-cert", files.Key: "--etcd-key"}
+	if f.etcdTLSDir != "" {
+		flags = map[string]string{files.CA: "--etcd-tls-dir", files.Cert: "--etcd-tls-dir", files.Key: "--etcd-tls-dir"}
+	}
+	if (files.Cert == "") != (files.Key == "") {
+		return nil, nil, errors.Newf("--etcd-cert %q, --etcd-key %q: they go together", files.Cert, files.Key)
+	}
+	for _, path := range []string{files.CA, files.Cert, files.Key} {
+		if path == "" {
+			continue
+		}
+		if _, err := os.Stat(path); err != nil {
+			return nil, nil, errors.Wrapf(err, "%s: %s", flags[path], path)
+		}
+	}
 	c, err := files.Config()
-	if err != nil {
-		return nil, nil, errors.Wrap(err, "--etcd-*")
+	switch {
+	case err == nil:
+	case f.etcdTLSDir != "":
+		return nil, nil, errors.Wrapf(err, "--etcd-tls-dir %s", f.etcdTLSDir)
+	case strings.Contains(err.Error(), "CA file"):
+		return nil, nil, errors.Wrapf(err, "--etcd-ca %s", files.CA)
+	default:
+		return nil, nil, errors.Wrapf(err, "--etcd-cert %s, --etcd-key %s", files.Cert, files.Key)
 	}
 	if !own {
 		return c, nil, nil
