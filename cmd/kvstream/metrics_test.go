@@ -2,15 +2,19 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"testing"
 	"time"
 
+	"github.com/kvstream/kvstream/lab/buildinfo"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
 )
 
 func metricsCommand(t *testing.T, args ...string) (*metricsFlags, *bytes.Buffer) {
@@ -113,4 +117,22 @@ func TestMetricsOffAndBadAddress(t *testing.T) {
 		require.NotNil(t, stop, "stop may be deferred before err is checked")
 		stop()
 	}
+}
+
+// TestOpsEndpointServesBuildInfo: the operations endpoint of every
+// long-running command (decode, prefill, up and its nodes) serves
+// kvstream_build_info, whose labels say which build runs.
+func TestOpsEndpointServesBuildInfo(t *testing.T) {
+	cmd := &cobra.Command{Use: "x"}
+	var errOut bytes.Buffer
+	cmd.SetErr(&errOut)
+	of := opsFlags{addr: "127.0.0.1:0", drain: time.Second}
+	ops, err := of.start(cmd, zap.NewNop())
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, ops.Close(context.Background())) }()
+	body, err := scrape(ops.Addr())
+	require.NoError(t, err)
+	in := buildinfo.Read()
+	assert.Contains(t, body, fmt.Sprintf(`kvstream_build_info{commit=%q,goversion=%q,protocol="%d",ucx=`, in.Commit, in.GoVersion, in.Protocol))
+	assert.Contains(t, body, fmt.Sprintf(`version=%q} 1`, in.Version))
 }
