@@ -175,8 +175,12 @@ func TestUCXDecodeServesMetrics(t *testing.T) {
 	require.NoError(t, err)
 	env := []string{"UCX_TLS=tcp"}
 	dec := startCLI(t, env, "decode", "--listen", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0")
-	ops := dec.waitLine(t, regexp.MustCompile(`serving metrics at http://(\S+)/metrics`), 30*time.Second)[1]
+	// Each line is waited for on its own stream: lines of stdout and
+	// stderr reach the lines channel in either order.
 	addr := dec.waitLine(t, listening, 30*time.Second)[1]
+	serving := regexp.MustCompile(`serving metrics at http://(\S+)/metrics`)
+	require.Eventually(t, func() bool { return serving.MatchString(dec.errOut()) }, 30*time.Second, 10*time.Millisecond, "stderr: %s", dec.errOut())
+	ops := serving.FindStringSubmatch(dec.errOut())[1]
 	ready, err := httpGet("http://" + ops + "/readyz")
 	require.NoError(t, err)
 	assert.Equal(t, 200, ready, "ready: taking sessions")

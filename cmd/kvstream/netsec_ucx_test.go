@@ -154,8 +154,12 @@ func TestUCXHungPrefillIsLost(t *testing.T) {
 	env := []string{"UCX_TLS=tcp"}
 	dec := startCLI(t, env, "decode", "--listen", "127.0.0.1:0", "--sessions", "1", "--wait", "2m", "--heartbeat", "2s",
 		"--metrics-addr", "127.0.0.1:0")
-	ops := dec.waitLine(t, regexp.MustCompile(`serving metrics at http://(\S+)/metrics`), 30*time.Second)[1]
+	// Each line is waited for on its own stream: lines of stdout and
+	// stderr reach the lines channel in either order.
 	addr := dec.waitLine(t, listening, 30*time.Second)[1]
+	serving := regexp.MustCompile(`serving metrics at http://(\S+)/metrics`)
+	require.Eventually(t, func() bool { return serving.MatchString(dec.errOut()) }, 30*time.Second, 10*time.Millisecond, "stderr: %s", dec.errOut())
+	ops := serving.FindStringSubmatch(dec.errOut())[1]
 	pre := startCLI(t, env, "prefill", "--decode", addr, "--model", "small", "--requests", "8",
 		"--prompt-tokens", "8192", "--chunk-tokens", "1024", "--page-size", "16", "--layer-us-per-ktok", "5000")
 	// Stopped once the decode verified a chunk: a session that did
