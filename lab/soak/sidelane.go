@@ -14,8 +14,8 @@ import (
 	"github.com/kvstream/kvstream/decode"
 	"github.com/kvstream/kvstream/hw/hostmem"
 	"github.com/kvstream/kvstream/hw/rdma"
-	"github.com/kvstream/kvstream/lab/testbed"
 	"github.com/kvstream/kvstream/lab/simsession"
+	"github.com/kvstream/kvstream/lab/testbed"
 )
 
 // Bounds of the side lane.
