@@ -14,7 +14,10 @@ all: build
 build:
 	$(GO) build $(PKGS)
 
+# vet also refuses a file gofmt would change (the file is named).
 vet:
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
+	if [ -n "$$unformatted" ]; then echo "gofmt would change: $$unformatted (make fmt)"; exit 1; fi
 	$(GO) vet $(PKGS)
 
 fmt:
