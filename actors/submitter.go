@@ -328,7 +328,7 @@ func (s *submitter) post(w *Work, dest *plan.Dest, rec *Batch, res *messages.Sub
 	}
 	c.inflight.Add(1)
 	inflight.Add(bytes)
-	posted, err := w.Job.post(c.ep, s.writes, done)
+	posted, err := w.Job.post(w.Seq, w.Dest, c.ep, s.writes, done)
 	res.PostedAt = rec.Posted
 	if !posted {
 		c.inflight.Add(-1) // done will never run
