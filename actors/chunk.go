@@ -96,8 +96,16 @@ func (a *chunkActor) resend(ctx actor.Context, e Resend) {
 	self, root, env, job := ctx.Self(), a.env.System.Root, a.env, a.job
 	ep := job.brokenEndpoint(e.Seq, e.Dest)
 	peer := job.Plan.Dests[e.Dest].Peer
+	if ce := env.Log.Check(zap.DebugLevel, "re-sending a broken batch"); ce != nil {
+		ce.Write(zap.Uint64("room", job.ID().Room), zap.Int("chunk", job.ID().Start), zap.Int("group", e.Seq), zap.Int("destination", e.Dest), zap.Error(e.Cause))
+	}
 	go func() {
 		err := quiesce(ep)
+		if err == nil && e.After > 0 {
+			// Bounded by the core (ResendBackoff), far below any finish
+			// timeout; a timeout or Drop meanwhile waits for Quiesced.
+			time.Sleep(e.After)
+		}
 		if err == nil {
 			err = env.Peers.Lost(peer)
 		}
@@ -147,6 +155,9 @@ func (a *chunkActor) log(r messages.Result) {
 		zap.Uint64("room", r.Chunk.Room), zap.Int("chunk", r.Chunk.Start),
 		zap.Bool("per_layer", r.PerLayer), zap.String("status", r.Status.String()),
 		zap.Uint64("bytes", r.Stats.Bytes), zap.Int("batches", r.Stats.Batches), zap.Int("groups", r.Stats.Groups),
+	}
+	if r.Stats.Resent > 0 {
+		fields = append(fields, zap.Int("resent", r.Stats.Resent))
 	}
 	if r.Err != nil {
 		fields = append(fields, zap.Error(r.Err))

@@ -24,6 +24,23 @@ var ErrCancelled = errors.New("cancelled")
 // breaks every batch fails the chunk instead of looping until its timeout.
 const ResendLimit = 3
 
+// ResendBackoff is how long the second re-send of a Work waits after the
+// quiescence, and a quarter of what the third waits; the first goes at
+// once. A connection that broke once is usually a transient fault, and a
+// fresh one works at once; one that breaks again right away often meets
+// the same fault still clearing (UCX over TCP refuses fresh connections for
+// a moment after a reset), and waiting keeps the resend limit for faults
+// that last.
+const ResendBackoff = 25 * time.Millisecond
+
+// resendWait is how long re-send n (from 1) waits.
+func resendWait(n int) time.Duration {
+	if n <= 1 {
+		return 0
+	}
+	return ResendBackoff << (2 * (n - 2))
+}
+
 // ErrResendLimit marks a chunk failed because one of its Works broke more
 // than ResendLimit times.
 var ErrResendLimit = errors.New("resend limit reached")
@@ -344,7 +361,7 @@ func (c *ChunkCore) submitted(m *messages.Submitted) {
 	}
 	c.posted++
 	if i := c.workIndex(m.Seq, m.Dest); c.work[i]&workBroken != 0 {
-		defer c.resume(m.Seq, m.Dest)
+		defer c.resume(m.Seq, m.Dest, nil)
 	}
 	c.stats.Bytes += m.Bytes
 	c.stats.Blocks += m.Blocks
@@ -385,7 +402,7 @@ func (c *ChunkCore) batchDone(m *messages.BatchDone) {
 			c.work[i] |= workBroken // resumed when its Submitted comes
 			return
 		}
-		c.resume(m.Seq, m.Dest)
+		c.resume(m.Seq, m.Dest, m.Err)
 		return
 	}
 	c.fail(errors.Wrapf(m.Err, "room %d chunk %d %s: batch failed", c.id.Room, c.id.Start, part(m.Seq, m.Dest)))
@@ -404,7 +421,7 @@ func (c *ChunkCore) resumable(err error) bool {
 // resume asks the shell to quiesce the endpoint the Work (seq, dest)'s
 // broken batch went on; Quiesced answers, and the Work is re-sent then. A
 // Work that broke ResendLimit times already fails the chunk.
-func (c *ChunkCore) resume(seq, dest int) {
+func (c *ChunkCore) resume(seq, dest int, cause error) {
 	if c.err != nil || c.dropping || c.tearing {
 		return
 	}
@@ -419,7 +436,7 @@ func (c *ChunkCore) resume(seq, dest int) {
 	}
 	c.resent[i]++
 	c.quiescing++
-	c.out = append(c.out, Resend{Seq: seq, Dest: dest})
+	c.out = append(c.out, Resend{Seq: seq, Dest: dest, After: resendWait(int(c.resent[i])), Cause: cause})
 }
 
 // quiesced re-sends the Work whose broken endpoint is now quiet, unless

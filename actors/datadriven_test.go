@@ -711,6 +711,9 @@ func (w *world) effect(e Effect) string {
 	case Teardown:
 		return "Teardown"
 	case Resend:
+		if e.After > 0 {
+			return fmt.Sprintf("Resend %s after=%s", part(e.Seq, e.Dest), e.After)
+		}
 		return fmt.Sprintf("Resend %s", part(e.Seq, e.Dest))
 	case ChunkEnded:
 		return fmt.Sprintf("ChunkEnded %s, logged at %s", w.result(e.Result), LogLevel(e.Result))
