@@ -1,8 +1,8 @@
 // Package rdmafault injects faults into any rdma.Transport, the way pebble's
 // vfs/errorfs wraps any file system: Wrap returns a transport whose
 // endpoints ask a decision function, per posted batch, whether the batch
-// fails to post, loses or delays its completion, fails, or finds its peer
-// gone. The transport underneath (loopback, UCX) stays as it is, so the same
+// fails to post, loses or delays its completion, fails, finds its peer
+// gone, or breaks its connection half-way. The transport underneath (loopback, UCX) stays as it is, so the same
 // reliability tests run over either.
 //
 // What the wrapper keeps of the rdma contract: done runs exactly once, never
