@@ -397,7 +397,7 @@ func (c *ChunkCore) batchDone(m *messages.BatchDone) {
 	if m.Err == nil {
 		return
 	}
-	if c.resumable(m.Err) {
+	if m.Broken && c.err == nil && !c.dropping && !c.tearing {
 		if i := c.workIndex(m.Seq, m.Dest); c.work[i]&workAnswered == 0 {
 			c.work[i] |= workBroken // resumed when its Submitted comes
 			return
@@ -408,14 +408,13 @@ func (c *ChunkCore) batchDone(m *messages.BatchDone) {
 	c.fail(errors.Wrapf(m.Err, "room %d chunk %d %s: batch failed", c.id.Room, c.id.Start, part(m.Seq, m.Dest)))
 }
 
-// resumable says whether a batch that failed with err can be re-sent on a
-// fresh endpoint: its endpoint broke, and neither its peer is lost nor did
-// a teardown leave writes that may still land. Everything else fails the
-// chunk closed, as does any failure once the chunk failed, timed out or was
-// dropped.
-func (c *ChunkCore) resumable(err error) bool {
-	return errors.Is(err, rdma.ErrEndpointBroken) && !errors.Is(err, rdma.ErrNotQuiesced) && !errors.Is(err, ErrPeerLost) &&
-		c.err == nil && !c.dropping && !c.tearing
+// BrokenEndpoint says whether a batch that failed with err may be re-sent
+// on a fresh endpoint (BatchDone.Broken): its endpoint broke, and neither
+// is its peer lost nor did a teardown leave writes that may still land.
+// The chunk re-sends such a batch unless it failed, timed out or was
+// dropped; every other failure fails it closed.
+func BrokenEndpoint(err error) bool {
+	return errors.Is(err, rdma.ErrEndpointBroken) && !errors.Is(err, rdma.ErrNotQuiesced) && !errors.Is(err, ErrPeerLost)
 }
 
 // resume asks the shell to quiesce the endpoint the Work (seq, dest)'s

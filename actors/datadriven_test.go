@@ -400,7 +400,8 @@ func (w *world) chunkMsg(t *testing.T, d *datadriven.TestData, c *ddChunk, kind 
 		}
 		return m
 	case "batch-done":
-		return &messages.BatchDone{Seq: intArg(t, d, "seq", 0), Dest: intArg(t, d, "dest", 0), Err: errArg(t, d, "fail")}
+		err := errArg(t, d, "fail")
+		return &messages.BatchDone{Seq: intArg(t, d, "seq", 0), Dest: intArg(t, d, "dest", 0), Err: err, Broken: BrokenEndpoint(err)}
 	case "cancel":
 		return &messages.Cancel{Reason: context.Canceled}
 	case "timeout":
@@ -505,6 +506,7 @@ func (w *world) serve(t *testing.T, d *datadriven.TestData) string {
 			m := &messages.BatchDone{Seq: work.Seq, Dest: work.Dest}
 			if hit(work, failBatch) {
 				m.Err = errArg(t, d, "fail")
+				m.Broken = BrokenEndpoint(m.Err)
 			}
 			fmt.Fprintf(&b, "%s\n", message(m))
 			w.stepChunk(&b, "  ", c, m, false)

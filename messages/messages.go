@@ -286,6 +286,12 @@ type BatchDone struct {
 	Dest int
 	Err  error
 	At   time.Time
+	// Broken says that Err is the batch's endpoint breaking (marked
+	// rdma.ErrEndpointBroken, neither rdma.ErrNotQuiesced nor a lost
+	// peer): a fresh endpoint may succeed. Set by the submitter, where the
+	// error's classes are known; a recorded trace keeps it, and only the
+	// error's text.
+	Broken bool `trace:"omitempty"`
 }
 
 // ChunkDone tells a room that one of its chunks ended.

@@ -158,7 +158,7 @@ func Decode(rec *Record) (any, error) {
 		msg = &messages.Submitted{Seq: int(num("Seq")), Dest: int(num("Dest")), Posted: fl.bool("Posted"), Err: fl.err("Err"),
 			Bytes: uint64(num("Bytes")), Blocks: int(num("Blocks")), WaitStart: tm("WaitStart"), WaitEnd: tm("WaitEnd"), PostedAt: tm("PostedAt")}
 	case "BatchDone":
-		msg = &messages.BatchDone{Seq: int(num("Seq")), Dest: int(num("Dest")), Err: fl.err("Err"), At: tm("At")}
+		msg = &messages.BatchDone{Seq: int(num("Seq")), Dest: int(num("Dest")), Err: fl.err("Err"), At: tm("At"), Broken: fl.bool("Broken")}
 	case "Timeout":
 		msg = &messages.Timeout{}
 	case "TornDown":
