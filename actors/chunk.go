@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/messages"
 	"github.com/kvstream/kvstream/trace"
 	"go.uber.org/zap"
@@ -70,6 +72,8 @@ func (a *chunkActor) perform(ctx actor.Context, e Effect) {
 				zap.Uint64("room", a.job.ID().Room), zap.Int("chunk", a.job.ID().Start), zap.Int("endpoints", len(eps)), zap.Error(err))
 		}
 		ctx.Send(ctx.Self(), &messages.TornDown{Err: err})
+	case Resend:
+		a.resend(ctx, e)
 	case AnswerFinish:
 		e.To <- e.Result // buffered by the caller
 	case Stray:
@@ -83,6 +87,48 @@ func (a *chunkActor) perform(ctx actor.Context, e Effect) {
 		a.log(e.Result)
 		ctx.Send(ctx.Parent(), &messages.ChunkDone{Result: e.Result})
 	}
+}
+
+// resend quiesces the endpoint a broken batch went on, off the chunk's
+// mailbox (a UCX close may drain for up to its bound), and reports
+// Quiesced. The chunk answers nothing before it hears back.
+func (a *chunkActor) resend(ctx actor.Context, e Resend) {
+	self, root, env, job := ctx.Self(), a.env.System.Root, a.env, a.job
+	ep := job.brokenEndpoint(e.Seq, e.Dest)
+	peer := job.Plan.Dests[e.Dest].Peer
+	if ce := env.Log.Check(zap.DebugLevel, "re-sending a broken batch"); ce != nil {
+		ce.Write(zap.Uint64("room", job.ID().Room), zap.Int("chunk", job.ID().Start), zap.Int("group", e.Seq), zap.Int("destination", e.Dest), zap.Error(e.Cause))
+	}
+	go func() {
+		err := quiesce(ep)
+		if err == nil && e.After > 0 {
+			// Bounded by the core (ResendBackoff), far below any finish
+			// timeout; a timeout or Drop meanwhile waits for Quiesced.
+			time.Sleep(e.After)
+		}
+		if err == nil {
+			err = env.Peers.Lost(peer)
+		}
+		if err != nil {
+			env.Log.Warn("cannot resume a broken batch", zap.Uint64("room", job.ID().Room), zap.Int("chunk", job.ID().Start),
+				zap.Int("group", e.Seq), zap.Int("destination", e.Dest), zap.Error(err))
+		}
+		root.Send(self, &messages.Quiesced{Seq: e.Seq, Dest: e.Dest, Err: err})
+	}()
+}
+
+// quiesce closes ep, on which a batch broke, and says whether the
+// transport confirmed that nothing posted on it can land any more.
+func quiesce(ep rdma.Endpoint) error {
+	if ep == nil {
+		return errors.Mark(errors.New("the broken batch's endpoint is unknown, so its quiescence cannot be confirmed"), rdma.ErrNotQuiesced)
+	}
+	if err := ep.Close(); errors.Is(err, rdma.ErrNotQuiesced) {
+		return errors.Wrap(err, "quiesce the broken endpoint")
+	}
+	// Any other Close error still ends the endpoint's writes: the contract
+	// lets only ErrNotQuiesced say otherwise.
+	return nil
 }
 
 func (a *chunkActor) stopTimer() {
@@ -109,6 +155,9 @@ func (a *chunkActor) log(r messages.Result) {
 		zap.Uint64("room", r.Chunk.Room), zap.Int("chunk", r.Chunk.Start),
 		zap.Bool("per_layer", r.PerLayer), zap.String("status", r.Status.String()),
 		zap.Uint64("bytes", r.Stats.Bytes), zap.Int("batches", r.Stats.Batches), zap.Int("groups", r.Stats.Groups),
+	}
+	if r.Stats.Resent > 0 {
+		fields = append(fields, zap.Int("resent", r.Stats.Resent))
 	}
 	if r.Err != nil {
 		fields = append(fields, zap.Error(r.Err))

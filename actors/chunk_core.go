@@ -18,6 +18,33 @@ var ErrTimeout = errors.New("timeout")
 // ErrCancelled marks a chunk failed because its Finish caller gave up.
 var ErrCancelled = errors.New("cancelled")
 
+// ResendLimit is how many times a chunk re-sends one Work (a group, or the
+// rest, to one destination) whose batch broke: a transient fault (a reset
+// connection, a queue pair in error) costs a resend, a destination that
+// breaks every batch fails the chunk instead of looping until its timeout.
+const ResendLimit = 3
+
+// ResendBackoff is how long the second re-send of a Work waits after the
+// quiescence, and a quarter of what the third waits; the first goes at
+// once. A connection that broke once is usually a transient fault, and a
+// fresh one works at once; one that breaks again right away often meets
+// the same fault still clearing (UCX over TCP refuses fresh connections for
+// a moment after a reset), and waiting keeps the resend limit for faults
+// that last.
+const ResendBackoff = 25 * time.Millisecond
+
+// resendWait is how long re-send n (from 1) waits.
+func resendWait(n int) time.Duration {
+	if n <= 1 {
+		return 0
+	}
+	return ResendBackoff << (2 * (n - 2))
+}
+
+// ErrResendLimit marks a chunk failed because one of its Works broke more
+// than ResendLimit times.
+var ErrResendLimit = errors.New("resend limit reached")
+
 // TeardownReserve is how much of a finish timeout a chunk keeps for tearing
 // down what is still in flight at its deadline: it gives up at timeout
 // minus this, so that the teardown (immediate on loopback, a bounded drain
@@ -52,6 +79,14 @@ type ChunkCore struct {
 	// (Stats.Strays) rather than counted as progress, so that no stray
 	// completion can make the chunk complete before its batches landed.
 	work []uint8
+	// resent counts, per Work slot, its re-sends after a broken batch;
+	// quiescing the Resend effects not yet answered by Quiesced: the chunk
+	// answers only once none is pending, so that nothing of a broken
+	// endpoint lands after it answered.
+	resent    []uint8
+	quiescing int
+	restBufs  []int // the rest's buffers, for a re-send
+	torn      bool  // TornDown came while a quiescence was pending
 
 	err       error
 	finishing bool
@@ -140,6 +175,8 @@ func (c *ChunkCore) Step(msg any) []Effect {
 		c.timeout()
 	case *messages.TornDown:
 		c.tornDown(m)
+	case *messages.Quiesced:
+		c.quiesced(m)
 	}
 	c.settle()
 	return c.out
@@ -221,6 +258,7 @@ func (c *ChunkCore) sendRest(ev messages.Event, evErr error, which string) {
 		c.fail(errors.Wrapf(evErr, "room %d chunk %d: record %s event", c.id.Room, c.id.Start, which))
 		return
 	}
+	c.restBufs = bufs
 	for d := 0; d < c.dests; d++ {
 		if c.sends(d, bufs) {
 			c.submit(messages.Work{Seq: messages.Rest, Dest: d, Buffers: bufs, Event: ev})
@@ -233,6 +271,9 @@ const (
 	workSent uint8 = 1 << iota
 	workAnswered
 	workDone
+	// workBroken: its batch completed with a resumable error before its
+	// Submitted came; the resume waits for the Submitted.
+	workBroken
 )
 
 // workIndex is the slot of (seq, dest) in c.work, or -1 outside it.
@@ -319,6 +360,9 @@ func (c *ChunkCore) submitted(m *messages.Submitted) {
 		return
 	}
 	c.posted++
+	if i := c.workIndex(m.Seq, m.Dest); c.work[i]&workBroken != 0 {
+		defer c.resume(m.Seq, m.Dest, nil)
+	}
 	c.stats.Bytes += m.Bytes
 	c.stats.Blocks += m.Blocks
 	c.stats.Batches++
@@ -350,9 +394,80 @@ func (c *ChunkCore) batchDone(m *messages.BatchDone) {
 	if m.At.Round(0).After(c.stats.LastDone) {
 		c.stats.LastDone = m.At.Round(0)
 	}
-	if m.Err != nil {
-		c.fail(errors.Wrapf(m.Err, "room %d chunk %d %s: batch failed", c.id.Room, c.id.Start, part(m.Seq, m.Dest)))
+	if m.Err == nil {
+		return
 	}
+	if m.Broken && c.err == nil && !c.dropping && !c.tearing {
+		if i := c.workIndex(m.Seq, m.Dest); c.work[i]&workAnswered == 0 {
+			c.work[i] |= workBroken // resumed when its Submitted comes
+			return
+		}
+		c.resume(m.Seq, m.Dest, m.Err)
+		return
+	}
+	c.fail(errors.Wrapf(m.Err, "room %d chunk %d %s: batch failed", c.id.Room, c.id.Start, part(m.Seq, m.Dest)))
+}
+
+// BrokenEndpoint says whether a batch that failed with err may be re-sent
+// on a fresh endpoint (BatchDone.Broken): its endpoint broke, and neither
+// is its peer lost nor did a teardown leave writes that may still land.
+// The chunk re-sends such a batch unless it failed, timed out or was
+// dropped; every other failure fails it closed.
+func BrokenEndpoint(err error) bool {
+	return errors.Is(err, rdma.ErrEndpointBroken) && !errors.Is(err, rdma.ErrNotQuiesced) && !errors.Is(err, ErrPeerLost)
+}
+
+// resume asks the shell to quiesce the endpoint the Work (seq, dest)'s
+// broken batch went on; Quiesced answers, and the Work is re-sent then. A
+// Work that broke ResendLimit times already fails the chunk.
+func (c *ChunkCore) resume(seq, dest int, cause error) {
+	if c.err != nil || c.dropping || c.tearing {
+		return
+	}
+	i := c.workIndex(seq, dest)
+	if c.resent == nil {
+		c.resent = make([]uint8, len(c.work))
+	}
+	if int(c.resent[i]) >= ResendLimit {
+		c.fail(errors.Mark(errors.Mark(errors.Newf("room %d chunk %d %s: its batch broke %d times (resend limit %d)",
+			c.id.Room, c.id.Start, part(seq, dest), c.resent[i]+1, ResendLimit), rdma.ErrEndpointBroken), ErrResendLimit))
+		return
+	}
+	c.resent[i]++
+	c.quiescing++
+	c.out = append(c.out, Resend{Seq: seq, Dest: dest, After: resendWait(int(c.resent[i])), Cause: cause})
+}
+
+// quiesced re-sends the Work whose broken endpoint is now quiet, unless
+// the quiescence failed (the chunk fails closed) or the chunk no longer
+// sends (it failed, timed out or was dropped meanwhile).
+func (c *ChunkCore) quiesced(m *messages.Quiesced) {
+	i := c.workIndex(m.Seq, m.Dest)
+	if c.quiescing == 0 || i < 0 || c.resent == nil || c.resent[i] == 0 {
+		c.stats.Strays++
+		c.out = append(c.out, Stray{Seq: m.Seq, Dest: m.Dest, What: "Quiesced"})
+		return
+	}
+	c.quiescing--
+	if m.Err != nil {
+		c.fail(errors.Wrapf(m.Err, "room %d chunk %d %s: resume", c.id.Room, c.id.Start, part(m.Seq, m.Dest)))
+	}
+	if c.tearing {
+		if c.torn && c.quiescing == 0 {
+			c.answer()
+		}
+		return
+	}
+	if c.err != nil || c.dropping {
+		return
+	}
+	bufs := c.restBufs
+	if m.Seq != messages.Rest {
+		bufs = c.layout.GroupBuffers(m.Seq)
+	}
+	c.work[i] = 0
+	c.stats.Resent++
+	c.submit(messages.Work{Seq: m.Seq, Dest: m.Dest, Buffers: bufs, Event: messages.Passed})
 }
 
 func (c *ChunkCore) fail(err error) {
@@ -383,6 +498,12 @@ func (c *ChunkCore) tornDown(m *messages.TornDown) {
 	if m.Err != nil {
 		c.err = errors.WithSecondaryError(errors.Mark(c.err, rdma.ErrNotQuiesced), m.Err)
 	}
+	if c.quiescing > 0 {
+		// A broken endpoint is still being quiesced: its writes may land
+		// until that Close returns.
+		c.torn = true
+		return
+	}
 	c.answer()
 }
 
@@ -396,7 +517,7 @@ func (c *ChunkCore) settle() {
 	if c.finishing && c.err == nil && !c.empty && c.bound && !c.ended {
 		return
 	}
-	if c.processed < c.enqueued || c.completed < c.posted {
+	if c.processed < c.enqueued || c.completed < c.posted || c.quiescing > 0 {
 		return
 	}
 	c.answer()

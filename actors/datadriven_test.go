@@ -64,6 +64,8 @@ type ddChunk struct {
 	// owed is the Work the chunk submitted that no Submitted answered yet;
 	// flying the batches posted and not completed: what serve answers.
 	owed, flying []messages.Work
+	// early is the batches whose BatchDone came before their Submitted.
+	early []messages.Work
 }
 
 // ddEvent is an event named for the reader: f1.g0 is forward 1's group 0.
@@ -398,13 +400,16 @@ func (w *world) chunkMsg(t *testing.T, d *datadriven.TestData, c *ddChunk, kind 
 		}
 		return m
 	case "batch-done":
-		return &messages.BatchDone{Seq: intArg(t, d, "seq", 0), Dest: intArg(t, d, "dest", 0), Err: errArg(t, d, "fail")}
+		err := errArg(t, d, "fail")
+		return &messages.BatchDone{Seq: intArg(t, d, "seq", 0), Dest: intArg(t, d, "dest", 0), Err: err, Broken: BrokenEndpoint(err)}
 	case "cancel":
 		return &messages.Cancel{Reason: context.Canceled}
 	case "timeout":
 		return &messages.Timeout{}
 	case "torn-down":
 		return &messages.TornDown{Err: errArg(t, d, "fail")}
+	case "quiesced":
+		return &messages.Quiesced{Seq: intArg(t, d, "seq", 0), Dest: intArg(t, d, "dest", 0), Err: errArg(t, d, "fail")}
 	}
 	d.Fatalf(t, "unknown chunk message %q", kind)
 	return nil
@@ -434,11 +439,16 @@ func (w *world) stepChunk(b *strings.Builder, indent string, c *ddChunk, msg any
 	switch m := msg.(type) {
 	case *messages.Submitted:
 		c.owed = without1(c.owed, m.Seq, m.Dest)
-		if m.Posted {
-			c.flying = append(c.flying, messages.Work{Seq: m.Seq, Dest: m.Dest})
+		if n := len(c.early); m.Posted {
+			if c.early = without1(c.early, m.Seq, m.Dest); len(c.early) == n {
+				c.flying = append(c.flying, messages.Work{Seq: m.Seq, Dest: m.Dest})
+			}
 		}
 	case *messages.BatchDone:
-		c.flying = without1(c.flying, m.Seq, m.Dest)
+		n := len(c.flying)
+		if c.flying = without1(c.flying, m.Seq, m.Dest); len(c.flying) == n {
+			c.early = append(c.early, messages.Work{Seq: m.Seq, Dest: m.Dest})
+		}
 	}
 	effs := c.core.Step(msg)
 	if len(effs) == 0 && noEffect {
@@ -496,6 +506,7 @@ func (w *world) serve(t *testing.T, d *datadriven.TestData) string {
 			m := &messages.BatchDone{Seq: work.Seq, Dest: work.Dest}
 			if hit(work, failBatch) {
 				m.Err = errArg(t, d, "fail")
+				m.Broken = BrokenEndpoint(m.Err)
 			}
 			fmt.Fprintf(&b, "%s\n", message(m))
 			w.stepChunk(&b, "  ", c, m, false)
@@ -701,13 +712,22 @@ func (w *world) effect(e Effect) string {
 		return "CancelWork"
 	case Teardown:
 		return "Teardown"
+	case Resend:
+		if e.After > 0 {
+			return fmt.Sprintf("Resend %s after=%s", part(e.Seq, e.Dest), e.After)
+		}
+		return fmt.Sprintf("Resend %s", part(e.Seq, e.Dest))
 	case ChunkEnded:
 		return fmt.Sprintf("ChunkEnded %s, logged at %s", w.result(e.Result), LogLevel(e.Result))
 	case AnswerFinish:
 		s := "AnswerFinish " + w.result(e.Result)
 		if e.Result.Chunk.Serial != 0 {
 			st := e.Result.Stats
-			s += fmt.Sprintf(" (groups=%d batches=%d bytes=%d ignored=%d)", st.Groups, st.Batches, st.Bytes, st.Ignored)
+			s += fmt.Sprintf(" (groups=%d batches=%d bytes=%d ignored=%d", st.Groups, st.Batches, st.Bytes, st.Ignored)
+			if st.Resent > 0 {
+				s += fmt.Sprintf(" resent=%d", st.Resent)
+			}
+			s += ")"
 		}
 		return s
 	case PostBatch:
@@ -756,7 +776,7 @@ func classes(err error) string {
 	}{
 		{"bad input", ErrBadInput}, {"timeout", ErrTimeout}, {"cancelled", ErrCancelled},
 		{"event wait", ErrEventWait}, {"device lost", cuda.ErrDeviceLost}, {"peer lost", ErrPeerLost},
-		{"endpoint broken", rdma.ErrEndpointBroken}, {"not quiesced", rdma.ErrNotQuiesced},
+		{"endpoint broken", rdma.ErrEndpointBroken}, {"not quiesced", rdma.ErrNotQuiesced}, {"resend limit", ErrResendLimit},
 	} {
 		if errors.Is(err, c.mark) {
 			cs = append(cs, c.name)

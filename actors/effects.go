@@ -116,6 +116,18 @@ type CancelWork struct{}
 // (invariant 10). The shell delivers TornDown when it is done.
 type Teardown struct{}
 
+// Resend asks the chunk shell to quiesce the endpoint on which the Work
+// (Seq, Dest)'s batch broke (Close it: when Close returns without
+// rdma.ErrNotQuiesced nothing of it can land any more), to wait After, to
+// check that the destination's peer is not lost, then to deliver
+// Quiesced; the core re-sends the Work on a fresh endpoint when it comes
+// back clean.
+type Resend struct {
+	Seq, Dest int
+	After     time.Duration
+	Cause     error // how the batch broke, for the log
+}
+
 // ChunkEnded tells the room that the chunk is over.
 type ChunkEnded struct{ Result messages.Result }
 
@@ -181,6 +193,7 @@ func (Stray) effect()          {}
 func (StartTimer) effect()     {}
 func (CancelWork) effect()     {}
 func (Teardown) effect()       {}
+func (Resend) effect()         {}
 func (ChunkEnded) effect()     {}
 func (AnswerFinish) effect()   {}
 func (PostBatch) effect()      {}

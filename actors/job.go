@@ -39,6 +39,9 @@ type Job struct {
 	mu       sync.Mutex
 	closed   bool
 	inflight map[rdma.Endpoint]int
+	// last is the endpoint each Work (seq, dest) was last posted on: where
+	// a batch that broke must be quiesced before the Work is re-sent.
+	last map[[2]int]rdma.Endpoint
 }
 
 // NewJob returns the job of plan.
@@ -63,7 +66,7 @@ func (j *Job) Release() { j.cancel() }
 // post posts ws on ep unless the gate is closed; posted reports whether a
 // batch is now in flight. done runs when it completes (never inside post,
 // by the transport contract, so holding the gate across Post is safe).
-func (j *Job) post(ep rdma.Endpoint, ws []rdma.Write, done func(error)) (posted bool, err error) {
+func (j *Job) post(seq, dest int, ep rdma.Endpoint, ws []rdma.Write, done func(error)) (posted bool, err error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.closed {
@@ -81,7 +84,19 @@ func (j *Job) post(ep rdma.Endpoint, ws []rdma.Write, done func(error)) (posted 
 		return false, err
 	}
 	j.inflight[ep]++
+	if j.last == nil {
+		j.last = map[[2]int]rdma.Endpoint{}
+	}
+	j.last[[2]int{seq, dest}] = ep
 	return true, nil
+}
+
+// brokenEndpoint returns the endpoint the Work (seq, dest) was last posted
+// on, or nil.
+func (j *Job) brokenEndpoint(seq, dest int) rdma.Endpoint {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.last[[2]int{seq, dest}]
 }
 
 // closeGate stops new posts and wakes event waits.

@@ -324,11 +324,11 @@ func (s *submitter) post(w *Work, dest *plan.Dest, rec *Batch, res *messages.Sub
 		b := b // the closure is per batch; each call completes a copy
 		b.Done, b.Err = time.Now(), err
 		obs.Batch(b)
-		root.Send(replyTo, &messages.BatchDone{Seq: b.Seq, Dest: b.Dest, Err: err, At: b.Done})
+		root.Send(replyTo, &messages.BatchDone{Seq: b.Seq, Dest: b.Dest, Err: err, At: b.Done, Broken: BrokenEndpoint(err)})
 	}
 	c.inflight.Add(1)
 	inflight.Add(bytes)
-	posted, err := w.Job.post(c.ep, s.writes, done)
+	posted, err := w.Job.post(w.Seq, w.Dest, c.ep, s.writes, done)
 	res.PostedAt = rec.Posted
 	if !posted {
 		c.inflight.Add(-1) // done will never run

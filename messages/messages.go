@@ -36,6 +36,22 @@ type Event interface {
 	Wait(ctx context.Context) error
 }
 
+// Passed is an event the device has passed already: a Work re-sent after
+// its batch broke waits on nothing, because its first post followed the
+// wait on its group's event, and the bytes stay in the prefill's pool until
+// the chunk ends.
+var Passed Event = passedEvent{}
+
+type passedEvent struct{}
+
+func (passedEvent) Wait(context.Context) error { return nil }
+
+// TraceName names the event in traces.
+func (passedEvent) TraceName() string { return "passed" }
+
+// String names the event in test output.
+func (passedEvent) String() string { return "passed" }
+
 // Rest is the Work sequence number of the buffers that no fired group covered
 // (hookless buffers, groups that never fired, or everything for a
 // monolithic send).
@@ -86,6 +102,9 @@ type Stats struct {
 	// Strays are Submitted and BatchDone messages ignored: they answered
 	// no Work the chunk sent, or one already answered.
 	Strays int
+	// Resent counts the Works re-sent after their batch broke (a group, or
+	// the rest, to one destination).
+	Resent int `trace:"omitempty"`
 	// FirstPost and LastDone bracket the chunk's writes (zero if none).
 	FirstPost, LastDone time.Time
 	// ForwardEnd is when the chunk's forward ended (zero if it never did).
@@ -226,6 +245,15 @@ type TornDown struct {
 	Err error
 }
 
+// Quiesced reports the quiescence a chunk asked for before it re-sends the
+// Work (Seq, Dest) whose batch broke: Err is nil when the transport
+// confirmed that nothing of the broken endpoint can land any more and the
+// peer is not lost; otherwise it says why the chunk cannot resume.
+type Quiesced struct {
+	Seq, Dest int
+	Err       error
+}
+
 // Work asks a submitter to wait Event, then post the blocks of Buffers over
 // the chunk's runs to destination Dest, as one batch. It is what a chunk's
 // core decides; the chunk's shell sends it with the chunk's data-plane job
@@ -258,6 +286,12 @@ type BatchDone struct {
 	Dest int
 	Err  error
 	At   time.Time
+	// Broken says that Err is the batch's endpoint breaking (marked
+	// rdma.ErrEndpointBroken, neither rdma.ErrNotQuiesced nor a lost
+	// peer): a fresh endpoint may succeed. Set by the submitter, where the
+	// error's classes are known; a recorded trace keeps it, and only the
+	// error's text.
+	Broken bool `trace:"omitempty"`
 }
 
 // ChunkDone tells a room that one of its chunks ended.

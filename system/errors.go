@@ -38,6 +38,10 @@ var (
 	// ErrDropped: the chunk a Finish waited for was dropped (Drop of its
 	// room) before it completed; the result's status is Dropped.
 	ErrDropped = actors.ErrDropped
+	// ErrResendLimit: a chunk failed because one of its batches broke more
+	// than the resend limit allows (docs/RELIABILITY.md, "Resume after a
+	// broken endpoint"). Also marked rdma.ErrEndpointBroken.
+	ErrResendLimit = actors.ErrResendLimit
 )
 
 // public is how every exported function returns its error: marks become

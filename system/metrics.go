@@ -29,6 +29,8 @@ const (
 	MetricRegistrationsRefused = "kvstream_registrations_refused_total"
 	MetricChunks               = "kvstream_chunks_total"
 	MetricTimeouts             = "kvstream_timeouts_total"
+	MetricGroupsResent         = "kvstream_groups_resent_total"
+	MetricChunksResumed        = "kvstream_chunks_resumed_total"
 	MetricSubmitterRestarts    = "kvstream_submitter_restarts_total"
 	MetricActiveContexts       = "kvstream_active_contexts"
 	MetricRoomsInFlight        = "kvstream_rooms_in_flight"
@@ -110,6 +112,7 @@ type families struct {
 	refused                   *prometheus.CounterVec   // reason
 	chunks                    *prometheus.CounterVec   // status
 	timeouts                  prometheus.Counter
+	resent, resumed           prometheus.Counter
 	restarts                  *prometheus.CounterVec // reason
 	gauges                    *engineGauges
 }
@@ -148,6 +151,10 @@ func newFamilies() *families {
 			Help: "Chunk contexts ended, by status (success, failed, dropped)."}, []string{"status"}),
 		timeouts: prometheus.NewCounter(prometheus.CounterOpts{Name: MetricTimeouts,
 			Help: "Chunk contexts that failed because they did not complete within the finish timeout."}),
+		resent: prometheus.NewCounter(prometheus.CounterOpts{Name: MetricGroupsResent,
+			Help: "Works (a layer group, or the rest, to one destination) re-sent on a fresh endpoint after their batch broke, counted when their chunk ended."}),
+		resumed: prometheus.NewCounter(prometheus.CounterOpts{Name: MetricChunksResumed,
+			Help: "Chunk contexts that succeeded after re-sending at least one Work whose batch broke."}),
 		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricSubmitterRestarts,
 			Help: "Submitter restarts by reason (endpoint, device, panic)."}, []string{"reason"}),
 		gauges: newEngineGauges(),
@@ -175,6 +182,8 @@ func registerFamilies(reg prometheus.Registerer) (*families, error) {
 	adopt(reg, &f.refused, &errs)
 	adopt(reg, &f.chunks, &errs)
 	adopt(reg, &f.timeouts, &errs)
+	adopt(reg, &f.resent, &errs)
+	adopt(reg, &f.resumed, &errs)
 	adopt(reg, &f.restarts, &errs)
 	adopt(reg, &f.gauges, &errs)
 	return f, errs
@@ -332,6 +341,12 @@ func (m *metricsObserver) Chunk(r messages.Result) {
 	}
 	if r.Err != nil && errors.Is(r.Err, ErrTimeout) {
 		m.f.timeouts.Inc()
+	}
+	if r.Stats.Resent > 0 {
+		m.f.resent.Add(float64(r.Stats.Resent))
+		if r.Status == messages.Succeeded {
+			m.f.resumed.Inc()
+		}
 	}
 	if r.Status == messages.Succeeded {
 		if s, ok := seconds(r.Stats.FirstPost, r.Stats.LastDone); ok {

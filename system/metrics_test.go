@@ -2,10 +2,12 @@ package system
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/actors"
 	"github.com/kvstream/kvstream/cp"
 	"github.com/kvstream/kvstream/hw/hostmem"
 	"github.com/kvstream/kvstream/hw/rdma"
@@ -295,6 +297,41 @@ func TestMetricsCountFailuresAndTimeouts(t *testing.T) {
 	require.Eventually(t, func() bool { return counter(t, reg, MetricBatches, "result", "failed") == 2 },
 		5*time.Second, 10*time.Millisecond)
 	assert.Equal(t, 0.0, counter(t, reg, MetricBatches, "result", "ok"))
+}
+
+// TestMetricsCountResumes: a chunk whose batch broke twice resumes and
+// succeeds (two Works re-sent, one chunk resumed); one whose every batch
+// breaks gives up at the resend limit and fails closed.
+func TestMetricsCountResumes(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	var breakAll atomic.Bool
+	e := newMetricsEngine(t, reg, metricsRig{group: 2, timeout: 5 * time.Second, faults: func(b rdmafault.BatchInfo) rdmafault.Fault {
+		if b.Seq <= 2 || breakAll.Load() {
+			return rdmafault.Fault{Kind: rdmafault.BreakEndpoint}
+		}
+		return rdmafault.Fault{}
+	}})
+	ctx := context.Background()
+
+	_, err := e.Register(ctx, roomSpec(1))
+	require.NoError(t, err)
+	res, err := e.Finish(ctx, 1)
+	require.NoError(t, err)
+	require.Equal(t, Succeeded, res.Status)
+	assert.Equal(t, 2, res.Stats.Resent)
+	assert.Equal(t, 2.0, counter(t, reg, MetricGroupsResent))
+	assert.Equal(t, 1.0, counter(t, reg, MetricChunksResumed))
+
+	breakAll.Store(true)
+	_, err = e.Register(ctx, roomSpec(2))
+	require.NoError(t, err)
+	res, err = e.Finish(ctx, 2)
+	require.Error(t, err)
+	require.Equal(t, Failed, res.Status)
+	assert.True(t, errors.Is(err, ErrResendLimit), "%v", err)
+	assert.False(t, errors.Is(err, ErrTimeout), "it gave up before its timeout: %v", err)
+	assert.Equal(t, 2.0+float64(actors.ResendLimit), counter(t, reg, MetricGroupsResent))
+	assert.Equal(t, 1.0, counter(t, reg, MetricChunksResumed), "a chunk that failed did not resume")
 }
 
 // The guard's fallbacks are counted by reason, and engines that share a

@@ -30,11 +30,14 @@ import (
 // The reliability suite: long-lived engines serve thousands of small
 // randomized scenarios with faults injected in the virtual GPU (events that
 // never complete, fail their wait or fail to record) and in the loopback
-// transport (post errors, failed, lost or late completions, a broken
-// endpoint, a slow link, a decode peer that vanishes), plus drops in the
-// middle of a forward. For every chunk it asserts: Finish returned within its
-// timeout; the status is FAILED exactly when a fault touched the chunk
-// (directly, or through the teardown another chunk's timeout caused);
+// transport (post errors, failed, lost or late completions, a connection
+// broken in the middle of a batch, a slow link, a decode peer that
+// vanishes), plus drops in the middle of a forward. For every chunk it
+// asserts: Finish returned within its timeout; the status is FAILED exactly
+// when a failing fault touched the chunk (directly, or through the teardown
+// another chunk's timeout caused or a vanished peer), and a broken
+// connection alone is resumed (the chunk re-sends what did not land and
+// succeeds);
 // successful chunks are byte-equal; nothing landed on a chunk's pages after
 // its Finish or Drop returned. goleak (TestMain) checks that Close leaves no
 // goroutine, and every engine keeps serving new rooms after its restarts.
@@ -71,9 +74,10 @@ const (
 )
 
 // failing says whether a fault must fail the chunks it touches (delays
-// within the timeout and a slow link must not).
+// within the timeout and a slow link must not, nor a broken connection: the
+// chunk resumes on a fresh endpoint).
 var failing = map[string]bool{
-	fPostError: true, fFailDone: true, fLoseDone: true, fDelayLong: true, fBrokenEP: true,
+	fPostError: true, fFailDone: true, fLoseDone: true, fDelayLong: true,
 	fNeverDone: true, fWaitError: true, fRecordError: true, fPeerVanishes: true,
 }
 
@@ -84,6 +88,7 @@ type relStats struct {
 	restarts                                int64
 	hangs, lateWrites, corrupt, unexplained int
 	missedFailures                          int
+	resent, resumed                         int // Works re-sent; chunks that succeeded after re-sending
 	// starved counts chunks that failed by their timeout, touched by no
 	// fault, while the process was stalled for a quarter of their time or
 	// more; starvedHangs Finishes past their bound by no more than the
@@ -323,7 +328,7 @@ func (r *relEngine) fault(b rdmafault.BatchInfo) rdmafault.Fault {
 			// after the other, each bounded by the timeout).
 			return rdmafault.Fault{Kind: rdmafault.DelayCompletion, Delay: 20 * relTimeout}
 		case fBrokenEP:
-			return rdmafault.Fault{Kind: rdmafault.PeerGone}
+			return rdmafault.Fault{Kind: rdmafault.BreakEndpoint}
 		case fSlowLink:
 			r.slowNext[slowKey{b.To, b.Dst}] = 5 * time.Millisecond
 			return rdmafault.Fault{}
@@ -747,7 +752,7 @@ func (r *relEngine) check(sc *relScenario, out *relOutcome) {
 	endpointBroke := false
 	for _, kinds := range touched {
 		for _, k := range kinds {
-			endpointBroke = endpointBroke || k == fBrokenEP || k == fPeerVanishes
+			endpointBroke = endpointBroke || k == fPeerVanishes
 		}
 	}
 	for _, rm := range rooms {
@@ -757,6 +762,10 @@ func (r *relEngine) check(sc *relScenario, out *relOutcome) {
 				mustFail = mustFail || failing[k]
 			}
 			st.chunks++
+			st.resent += res.Stats.Resent
+			if res.Stats.Resent > 0 && res.Status == messages.Succeeded {
+				st.resumed++
+			}
 			switch res.Status {
 			case messages.Dropped:
 				st.dropped++
@@ -766,8 +775,9 @@ func (r *relEngine) check(sc *relScenario, out *relOutcome) {
 				}
 			case messages.Failed:
 				st.failed++
-				// A teardown (after a timeout) or a broken endpoint fails every
+				// A teardown (after a timeout) or a vanished peer fails every
 				// batch in flight on that endpoint, whichever chunk posted it.
+				// A broken connection does not: those batches resume.
 				collateral := (timeoutHappened || endpointBroke) && errors.Is(res.Err, rdma.ErrEndpointBroken)
 				var stalled time.Duration
 				if i < len(rm.registered) && i < len(rm.returns) {
@@ -875,9 +885,9 @@ func TestReliability(t *testing.T) {
 		kinds = append(kinds, fmt.Sprintf("%s=%d", k, v))
 	}
 	sort.Strings(kinds)
-	summary := fmt.Sprintf("reliability: %d scenarios, %d chunks (%d failed, %d dropped) in %v; faults injected: %s; restarts %d; hangs %d; late writes %d; corrupt successes %d; unexplained failures %d; missed failures %d; timeouts while starved %d, overruns while starved %d",
+	summary := fmt.Sprintf("reliability: %d scenarios, %d chunks (%d failed, %d dropped) in %v; faults injected: %s; restarts %d; resent %d, chunks resumed %d; hangs %d; late writes %d; corrupt successes %d; unexplained failures %d; missed failures %d; timeouts while starved %d, overruns while starved %d",
 		stats.scenarios, stats.chunks, stats.failed, stats.dropped, time.Since(start).Round(time.Second), strings.Join(kinds, " "),
-		stats.restarts, stats.hangs, stats.lateWrites, stats.corrupt, stats.unexplained, stats.missedFailures, stats.starved, stats.starvedHangs)
+		stats.restarts, stats.resent, stats.resumed, stats.hangs, stats.lateWrites, stats.corrupt, stats.unexplained, stats.missedFailures, stats.starved, stats.starvedHangs)
 	fmt.Println(summary)
 	for _, p := range stats.problems {
 		t.Log(p)
@@ -893,6 +903,9 @@ func TestReliability(t *testing.T) {
 	require.LessOrEqual(t, stats.starved+stats.starvedHangs, stats.chunks/50,
 		"the machine starved this process too often to judge the engine (timeouts %d, overruns %d, of %d chunks)", stats.starved, stats.starvedHangs, stats.chunks)
 	require.GreaterOrEqual(t, stats.scenarios, relEngines*relScenarios)
+	if stats.faults[fBrokenEP] > 0 {
+		require.Positive(t, stats.resumed, "broken connections were injected, and no chunk resumed after one")
+	}
 }
 
 // Outcomes of a failed chunk the oracle weighs.

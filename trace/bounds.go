@@ -226,7 +226,7 @@ func (c *Config) CheckRecord(rec *Record) error {
 // decodable says whether Decode knows a message type.
 func decodable(typ string) bool {
 	switch typ {
-	case "AddChunk", "Finish", "Drop", "Begin", "Boundary", "End", "Submitted", "BatchDone", "Timeout", "TornDown", "Cancel":
+	case "AddChunk", "Finish", "Drop", "Begin", "Boundary", "End", "Submitted", "BatchDone", "Timeout", "TornDown", "Quiesced", "Cancel":
 		return true
 	}
 	return false
@@ -275,6 +275,8 @@ func (c *Config) checkMessage(msg any) error {
 		}
 		return errors.CombineErrors(seq(m.Seq), dest(m.Dest))
 	case *messages.BatchDone:
+		return errors.CombineErrors(seq(m.Seq), dest(m.Dest))
+	case *messages.Quiesced:
 		return errors.CombineErrors(seq(m.Seq), dest(m.Dest))
 	}
 	return nil

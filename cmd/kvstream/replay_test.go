@@ -111,3 +111,20 @@ func TestReplayDivergencePrintsAnExcerpt(t *testing.T) {
 	assert.Contains(t, out, "bytes)", "the excerpt says how long the line was")
 	assert.Less(t, len(out), 16<<10, "the whole record is not printed: %d bytes", len(out))
 }
+
+// TestReplayResumedChunks: a sim run whose connections broke records the
+// resumes (Resend, Quiesced, the re-sent Works), and its replay decides
+// them again without a divergence: the recording keeps whether a batch's
+// endpoint broke (BatchDone.Broken), which the error's text alone would
+// not.
+func TestReplayResumedChunks(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "faults.jsonl")
+	out, err := run(t, append(quick, "--fault", "endpoint-broken:0.2", "--record", path)...)
+	require.NoError(t, err, out)
+	raw, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.Contains(t, string(raw), `"Quiesced"`, "no batch broke: the replay would check nothing")
+	out, err = runReplay(t, path)
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "no divergence")
+}

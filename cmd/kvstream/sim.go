@@ -48,6 +48,7 @@ Models: ` + presetHelp(),
 	fl.StringVar(&f.record, "record", "", "write the per-layer run's message trace (replay it with kvstream replay)")
 	fl.BoolVar(&f.verbose, "verbose", false, "log the engine at DEBUG")
 	fl.BoolVar(&f.noProg, "no-progress", false, "no progress bar")
+	fl.StringVar(&f.fault, "fault", "", "KIND:RATE: inject transport faults into the prefill transport, RATE a probability per batch (endpoint-broken:0.05: the connection breaks mid-batch and the engine resumes on a fresh endpoint); the report counts faults, groups re-sent and chunks failed per mode")
 	fl.StringVar(&f.gpu, "gpu", "", "cuda:N: run the engine end to end on a real GPU instead (pool in device memory, kernels and events on a real stream); the virtual GPU is the default")
 	f.metrics = addMetricsFlags(cmd)
 	return cmd
@@ -78,6 +79,11 @@ func runSim(cmd *cobra.Command, f *simFlags) (err error) {
 	// fails now, not after the whole run.
 	for _, out := range []struct{ flag, path string }{{"--trace-out", f.traceOut}, {"--plot", f.plotOut}, {"--record", f.record}} {
 		if err := checkOutputDir(out.flag, out.path); err != nil {
+			return err
+		}
+	}
+	if f.fault != "" {
+		if cfg.Fault, err = workload.ParseFault("--fault", f.fault); err != nil {
 			return err
 		}
 	}

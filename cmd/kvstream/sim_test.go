@@ -217,6 +217,32 @@ func TestSimText(t *testing.T) {
 		`(; the machine was loaded: this process could not run for [\d.]+ ms in total \(stall probe\); figures may be high)?$`, lines[len(lines)-1])
 }
 
+// TestSimFaultReport: --fault injects broken connections into the sim's
+// transport; the engine resumes, and the JSON report counts per mode the
+// faults, the groups re-sent and the chunks failed; the text shows them.
+func TestSimFaultReport(t *testing.T) {
+	out, err := run(t, append(quick, "--fault", "endpoint-broken:0.1", "--json")...)
+	require.NoError(t, err, out)
+	var rep map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
+	assert.Equal(t, true, rep["bytes_equal"])
+	for _, mode := range []string{"per_layer", "monolithic"} {
+		m, ok := rep[mode].(map[string]any)
+		require.True(t, ok, mode)
+		for _, k := range []string{"faults_injected", "groups_resent", "chunks_resumed", "failed_chunks"} {
+			assert.Contains(t, m, k, mode)
+		}
+		assert.Zero(t, m["failed_chunks"], mode)
+	}
+	pl := rep["per_layer"].(map[string]any)
+	require.Positive(t, pl["faults_injected"])
+	assert.GreaterOrEqual(t, pl["groups_resent"], pl["faults_injected"])
+	out, err = run(t, append(quick, "--fault", "endpoint-broken:0.1")...)
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "transport faults injected (--fault)")
+	assert.Contains(t, out, "groups re-sent after a broken batch")
+}
+
 func TestSimBadFlags(t *testing.T) {
 	var before runtime.MemStats
 	runtime.ReadMemStats(&before)
@@ -257,6 +283,8 @@ func TestSimBadFlags(t *testing.T) {
 		{[]string{"sim", "--time-scale", "1e-9"}, "--time-scale 1e-09: must be within [0.001, 1000]"},
 		{[]string{"sim", "--link-latency-us", "NaN"}, "--link-latency-us NaN: must be within [0, 1e+06]"},
 		{[]string{"sim", "--memory-mib", "1000000000000000"}, "--memory-mib 1000000000000000: must be within [0, 65536]"},
+		{[]string{"sim", "--fault", "endpoint-broken:2"}, `--fault "endpoint-broken:2": rate "2" must be a probability per batch within [0, 1]`},
+		{[]string{"sim", "--fault", "cosmic-ray:0.1"}, `--fault "cosmic-ray:0.1": unknown fault "cosmic-ray", want one of endpoint-broken`},
 		{[]string{"sim", "--gpu", "cuda:0", "--model", "small", "--requests", "2"}, "fixed check workload (16 buffers, 4 requests, K = 4) and takes no --model, --requests"},
 	} {
 		_, err := run(t, tc.args...)

@@ -26,6 +26,7 @@ type simFlags struct {
 	linkLatencyUs             float64
 	pageOrder                 string
 	group                     string // --group: K, or auto
+	fault                     string // --fault KIND:RATE (sim only)
 }
 
 // addWorkloadFlags declares the workload's flags (sim, prefill).

@@ -201,6 +201,9 @@ func prefillSummary(cfg PrefillProcessConfig, mr *workload.ModeReport, plane *Pr
 			mode, cfg.TransportName, mr.ForwardsDone, mr.Forwards, mr.RequestsDone, wl.Requests, mr.NotStarted, mr.ChunksDone, mr.Failed, accepted, bytes,
 			float64(mr.BytesMoved)/1e9, mr.Aborted)
 	}
+	if mr.WorksResent > 0 {
+		line += fmt.Sprintf("; %d groups re-sent after a broken connection, %d chunks resumed", mr.WorksResent, mr.ChunksResumed)
+	}
 	if late := plane.Unanswered(); late > 0 {
 		line += fmt.Sprintf("; %d notices not answered within the call timeout (judged by the decode's goodbye)", late)
 	}

@@ -19,6 +19,9 @@ type collector struct {
 	byStream map[string]map[string]sim.Span // by stream (a prefill rank's), then name
 	order    []string
 	finishes []finishRec
+	// resent and resumed count the Works re-sent after a broken batch and
+	// the chunks that succeeded after re-sending, every rank's.
+	resent, resumed int
 }
 
 func newCollector() *collector {
@@ -40,7 +43,23 @@ func (c *collector) Batch(b system.Batch) {
 	c.batches = append(c.batches, b)
 	c.mu.Unlock()
 }
-func (c *collector) Chunk(system.Result) {}
+func (c *collector) Chunk(r system.Result) {
+	if r.Stats.Resent == 0 {
+		return
+	}
+	c.mu.Lock()
+	c.resent += r.Stats.Resent
+	if r.Status == system.Succeeded {
+		c.resumed++
+	}
+	c.mu.Unlock()
+}
+
+func (c *collector) resumes() (resent, resumed int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.resent, c.resumed
+}
 func (c *collector) span(s sim.Span) {
 	c.mu.Lock()
 	if old, ok := c.kernels[s.Name]; !ok || s.End.After(old.End) {

@@ -133,6 +133,11 @@ type Config struct {
 	// example a registry labelled with the run).
 	PerMode func(perLayer bool) []system.Option
 
+	// Fault, if set, injects transport faults into every prefill rank's
+	// transport (`--fault`; the sim's own decode side only): the report counts
+	// them, the Works re-sent and the chunks resumed.
+	Fault Fault
+
 	// plant, set only by this package's tests, edits the buffers the engine
 	// is given before it starts: moving a buffer's Layer into an earlier
 	// group makes the engine send it one group early, and moving the

@@ -109,13 +109,13 @@ func (l *localPlane) open(context.Context, *zap.Logger) (_ []system.Peer, err er
 	return []system.Peer{l.decode.Peer("decode")}, nil
 }
 
-func (l *localPlane) transport(int) (rdma.Transport, error) {
+func (l *localPlane) transport(_ int, faults *injector) (rdma.Transport, error) {
 	var err error
 	if l.pre, err = l.fab.NewTransport("prefill"); err != nil {
 		return nil, err
 	}
 	l.guard = landguard.New(landguard.NewPools([]*testbed.Decode{l.decode}, nil))
-	l.wrapped = l.guard.Wrap(l.pre)
+	l.wrapped = l.guard.Wrap(faults.wrap(l.pre))
 	return l.wrapped, nil
 }
 
@@ -443,13 +443,13 @@ func (d *shardedDecode) open(context.Context, *zap.Logger) (_ []system.Peer, err
 
 // transport is prefill rank ri's own link, below its oracle, which tells a
 // page by its decode rank and page number.
-func (d *shardedDecode) transport(ri int) (rdma.Transport, error) {
+func (d *shardedDecode) transport(ri int, faults *injector) (rdma.Transport, error) {
 	raw, err := d.fab.NewTransport(rankStream(ri/d.g.preSide.TP, ri%d.g.preSide.TP))
 	if err != nil {
 		return nil, err
 	}
 	d.cleanup = append(d.cleanup, func() { _ = raw.Close() })
-	gd := d.guard.Wrap(raw)
+	gd := d.guard.Wrap(faults.wrap(raw))
 	d.guards = append(d.guards, gd)
 	return gd, nil
 }

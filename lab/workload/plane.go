@@ -64,8 +64,11 @@ type decodeSide interface {
 	// engine adds (one per decode rank); a remote side's connect ends
 	// with ctx.
 	open(ctx context.Context, log *zap.Logger) ([]system.Peer, error)
-	// transport is prefill rank ri's transport, as its engine sees it.
-	transport(ri int) (rdma.Transport, error)
+	// transport is prefill rank ri's transport, as its engine sees it; a
+	// local side injects faults below its transport oracle, which then
+	// judges what the transport really carried (a remote side injects
+	// none).
+	transport(ri int, faults *injector) (rdma.Transport, error)
 	// prefill gives the side the prefill pools (by rank) before any chunk
 	// is registered: a check may compare against them.
 	prefill(pools []*testbed.Pool)
@@ -125,17 +128,17 @@ func (r *remotePlane) open(ctx context.Context, log *zap.Logger) ([]system.Peer,
 	return []system.Peer{peer}, err
 }
 
-func (r *remotePlane) transport(int) (rdma.Transport, error) { return r.tr, nil }
-func (r *remotePlane) prefill([]*testbed.Pool)               {}
-func (r *remotePlane) expect(int, piece)                     {}
-func (r *remotePlane) landed(int, piece)                     {}
-func (r *remotePlane) ChunkDone(n Notice)                    { r.dp.ChunkDone(n) }
-func (r *remotePlane) Release(int)                           {}
-func (r *remotePlane) OnPeerLost(f func(error))              { r.dp.OnPeerLost(f) }
-func (r *remotePlane) remote() bool                          { return true }
-func (r *remotePlane) verify(int, int) string                { return r.dp.Verify() }
-func (r *remotePlane) violations() []string                  { return nil }
-func (r *remotePlane) close()                                { _ = r.dp.Close() }
+func (r *remotePlane) transport(int, *injector) (rdma.Transport, error) { return r.tr, nil }
+func (r *remotePlane) prefill([]*testbed.Pool)                          {}
+func (r *remotePlane) expect(int, piece)                                {}
+func (r *remotePlane) landed(int, piece)                                {}
+func (r *remotePlane) ChunkDone(n Notice)                               { r.dp.ChunkDone(n) }
+func (r *remotePlane) Release(int)                                      {}
+func (r *remotePlane) OnPeerLost(f func(error))                         { r.dp.OnPeerLost(f) }
+func (r *remotePlane) remote() bool                                     { return true }
+func (r *remotePlane) verify(int, int) string                           { return r.dp.Verify() }
+func (r *remotePlane) violations() []string                             { return nil }
+func (r *remotePlane) close()                                           { _ = r.dp.Close() }
 
 // RemoteLayout is what an unsharded RunRemote of c writes into its decode
 // side: the prefill pool's geometry, as DataPlane.Open describes it (the

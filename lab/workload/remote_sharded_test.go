@@ -62,7 +62,7 @@ func (o *onePool) Open(ctx context.Context, _ testbed.Geometry, _ uint64, log *z
 	if err != nil {
 		return nil, system.Peer{}, err
 	}
-	tr, err := o.l.transport(0)
+	tr, err := o.l.transport(0, nil)
 	return tr, peers[0], err
 }
 func (o *onePool) OnPeerLost(func(error)) {}

@@ -145,10 +145,17 @@ type ModeReport struct {
 	// cause. Aborted says why the run stopped scheduling early.
 	// SlotWaits counts the forwards that waited for a request's pages to
 	// be released (more requests than --resident, transfers behind).
-	SlotWaits  int    `json:"slot_waits"`
-	Failed     int    `json:"failed_chunks"`
-	FirstError string `json:"first_error,omitempty"`
-	Aborted    string `json:"aborted,omitempty"`
+	SlotWaits int `json:"slot_waits"`
+	Failed    int `json:"failed_chunks"`
+	// FaultsInjected counts the transport faults Config.Fault injected;
+	// WorksResent the Works (a group, or the rest, to one destination)
+	// re-sent after their batch broke; ChunksResumed the chunks that
+	// succeeded after re-sending (every prefill rank's).
+	FaultsInjected int    `json:"faults_injected"`
+	WorksResent    int    `json:"groups_resent"`
+	ChunksResumed  int    `json:"chunks_resumed"`
+	FirstError     string `json:"first_error,omitempty"`
+	Aborted        string `json:"aborted,omitempty"`
 	// What the run did, also when it stopped early: forwards launched and
 	// ended, chunks whose Finish succeeded (on every prefill rank),
 	// requests all of whose chunks did, and requests a drain (Config
@@ -529,6 +536,12 @@ func (r *Report) Text(w io.Writer) {
 	}
 	dists("finish call->return (ms)", "%.3f", pl.Finish, mo.Finish)
 	row("forwards that waited for a slot", "%.0f", float64(pl.SlotWaits), float64(mo.SlotWaits))
+	if pl.FaultsInjected > 0 || mo.FaultsInjected > 0 || pl.WorksResent > 0 || mo.WorksResent > 0 {
+		row("transport faults injected (--fault)", "%.0f", float64(pl.FaultsInjected), float64(mo.FaultsInjected))
+		row("  groups re-sent after a broken batch", "%.0f", float64(pl.WorksResent), float64(mo.WorksResent))
+		row("  chunks resumed", "%.0f", float64(pl.ChunksResumed), float64(mo.ChunksResumed))
+		row("  chunks failed", "%.0f", float64(pl.Failed), float64(mo.Failed))
+	}
 	row("wall time (s)", "%.1f", pl.WallSeconds, mo.WallSeconds)
 	tw.Flush()
 	fmt.Fprintf(w, "\nideal floor: an overhead-free sender on the run's own timeline (each batch on the link when its gating kernel ends, in order, at %g Gb/s + %g us)\n",

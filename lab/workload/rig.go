@@ -43,13 +43,15 @@ type rank struct {
 
 // rig is one run's prefill ranks and decode side.
 type rig struct {
-	cfg   Config
-	g     geometry
-	p     *plan
-	side  decodeSide
-	col   *collector
-	peers []system.Peer // the decode ranks, as every engine adds them
-	ranks []*rank       // stage-major
+	cfg  Config
+	g    geometry
+	p    *plan
+	side decodeSide
+	col  *collector
+	// faults injects --fault into the prefill transports.
+	faults *injector
+	peers  []system.Peer // the decode ranks, as every engine adds them
+	ranks  []*rank       // stage-major
 	// cleanup frees what the ranks hold, in reverse, once their engines
 	// and the GPU are closed.
 	cleanup []func()
@@ -79,7 +81,7 @@ func (r *rig) addRanks(perLayer bool, log *zap.Logger, gpu *sim.GPU) error {
 			}
 			return err
 		}
-		tr, err := side.transport(i)
+		tr, err := side.transport(i, r.faults)
 		if err != nil {
 			return err
 		}
@@ -145,7 +147,7 @@ func (r *rig) addRanks(perLayer bool, log *zap.Logger, gpu *sim.GPU) error {
 // runRig runs the whole schedule in one mode (perLayer or monolithic) with
 // the decode side side.
 func runRig(ctx context.Context, cfg Config, g geometry, p *plan, perLayer bool, log *zap.Logger, progress func(), side decodeSide) (_ *ModeReport, err error) {
-	rg := &rig{cfg: cfg, g: g, p: p, side: side, col: newCollector()}
+	rg := &rig{cfg: cfg, g: g, p: p, side: side, col: newCollector(), faults: newInjector(cfg.Fault, cfg.Seed, perLayer)}
 	col := rg.col
 	if rg.peers, err = side.open(ctx, log); err != nil {
 		return nil, err
@@ -360,6 +362,8 @@ forwards:
 		return nil, loopErr
 	}
 	mr.WallSeconds = time.Since(t0).Seconds()
+	mr.FaultsInjected = rg.faults.count()
+	mr.WorksResent, mr.ChunksResumed = col.resumes()
 	mr.SlotWaits = rs.slotWaits()
 	mr.countDone(p, col, launched, len(ranks))
 	if mr.NotStarted = stop.drained(); mr.NotStarted > 0 && mr.Aborted == "" {

@@ -1,8 +1,8 @@
 // Package rdmafault injects faults into any rdma.Transport, the way pebble's
 // vfs/errorfs wraps any file system: Wrap returns a transport whose
 // endpoints ask a decision function, per posted batch, whether the batch
-// fails to post, loses or delays its completion, fails, or finds its peer
-// gone. The transport underneath (loopback, UCX) stays as it is, so the same
+// fails to post, loses or delays its completion, fails, finds its peer
+// gone, or breaks its connection half-way. The transport underneath (loopback, UCX) stays as it is, so the same
 // reliability tests run over either.
 //
 // What the wrapper keeps of the rdma contract: done runs exactly once, never
@@ -59,11 +59,18 @@ const (
 	// PeerGone: the batch fails as if the peer vanished, and the endpoint is
 	// broken for every later batch (earlier ones still complete).
 	PeerGone
+	// BreakEndpoint: the connection breaks in the middle of the batch (a
+	// TCP reset, a queue pair in error): its first half of writes reaches
+	// the transport and lands, the rest never does, done reports an error
+	// marked rdma.ErrEndpointBroken once that half completed, and the
+	// endpoint refuses every later batch. The peer is still there: a fresh
+	// endpoint works.
+	BreakEndpoint
 )
 
 // String names a fault kind.
 func (k Kind) String() string {
-	names := [...]string{"none", "post_error", "lose_completion", "delay_completion", "fail_completion", "peer_gone"}
+	names := [...]string{"none", "post_error", "lose_completion", "delay_completion", "fail_completion", "peer_gone", "endpoint_broken"}
 	if k < 0 || int(k) >= len(names) {
 		return "unknown"
 	}
@@ -262,6 +269,21 @@ func (e *Endpoint) Post(ws []rdma.Write, done func(error)) error {
 		// Nothing reaches the transport; done runs on a goroutine of ours,
 		// as the contract wants it outside Post.
 		go e.report(c, err)
+		return nil
+	case BreakEndpoint:
+		e.broken = errors.Mark(errors.Newf("rdmafault: endpoint to %s broke in batch %d", info.To, info.Seq), ErrInjected)
+		broken := errors.Mark(e.broken, rdma.ErrEndpointBroken)
+		e.mu.Unlock()
+		half := ws[:len(ws)/2]
+		if len(half) == 0 {
+			go e.report(c, broken)
+			return nil
+		}
+		// The half that lands goes through the transport; whatever it
+		// reports, the batch failed.
+		if err := e.inner.Post(half, func(error) { e.report(c, broken) }); err != nil {
+			go e.report(c, broken)
+		}
 		return nil
 	}
 	e.mu.Unlock()

@@ -149,6 +149,35 @@ func TestPeerGoneBreaksEndpoint(t *testing.T) {
 	assert.True(t, errors.Is(err, rdma.ErrEndpointBroken))
 }
 
+// TestBreakEndpointTearsTheBatch: a connection broken in the middle of a
+// batch lands its first half only, fails the batch as a broken endpoint
+// and refuses later batches; a fresh endpoint to the same peer works.
+func TestBreakEndpointTearsTheBatch(t *testing.T) {
+	from, to := pairOf(loopback.Options{}, func(b rdmafault.BatchInfo) rdmafault.Fault {
+		if b.Seq == 1 {
+			return rdmafault.Fault{Kind: rdmafault.BreakEndpoint}
+		}
+		return rdmafault.Fault{}
+	})(t)
+	f := newFixture(t, from, to, 4096)
+	copy(f.src.Bytes[:16], "0123456789abcdef")
+	ws := append(f.write(0, 8), f.write(8, 8)...)
+	done := make(chan error, 1)
+	require.NoError(t, f.ep.Post(ws, func(err error) { done <- err }))
+	err := <-done
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, rdma.ErrEndpointBroken), "%v", err)
+	assert.Equal(t, "01234567", string(f.dst.Bytes[:8]), "the first half landed")
+	assert.Equal(t, make([]byte, 8), f.dst.Bytes[8:16], "the second half never did")
+	err = f.ep.Post(f.write(8, 8), func(error) { t.Error("done after a refused post") })
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, rdma.ErrEndpointBroken))
+	require.NoError(t, f.ep.Close(), "the broken endpoint closes quiesced")
+	ep, err := from.Connect(to.Address())
+	require.NoError(t, err, "the peer is still there")
+	require.NoError(t, ep.Close())
+}
+
 // TestCloseFailsHeldBatchesOnce: a delayed completion whose endpoint closes
 // before the delay ran out is failed by Close, once, and the timer that
 // would have reported it later does not run it again.
