@@ -93,6 +93,11 @@ type Client struct {
 	ended  bool // Bye sent: the decode server leaving is no loss
 	lost   error
 	onLost []func(error)
+	// drain is why the decode server drains (wire.Drain), "" until it
+	// said so; early holds a Drain that came before the Offer was read.
+	drain   string
+	early   *wire.Drain
+	onDrain []func(reason string)
 }
 
 var clients atomic.Uint64
@@ -196,7 +201,14 @@ func Dial(ctx context.Context, node *Node, cfg DialConfig) (_ *Client, err error
 	}); err != nil {
 		return nil, err
 	}
+	c.mu.Lock()
 	c.session = offer.Session
+	early := c.early
+	c.early = nil
+	c.mu.Unlock()
+	if early != nil {
+		c.drained(early)
+	}
 	c.peer = plan.Peer{ID: offer.PeerId, Address: offer.WorkerAddress}
 	for _, r := range offer.Regions {
 		c.peer.Buffers = append(c.peer.Buffers, plan.PeerBuffer{Region: rdma.RegionDesc{Addr: r.Addr, Len: r.Len, Key: r.Key}, ItemLen: r.ItemLen})
@@ -379,7 +391,67 @@ func (c *Client) receive(ctx actor.Context) {
 		ctx.Unwatch(c.decode)
 	case *actor.Terminated:
 		c.peerLost(errors.Mark(errors.Newf("decode server %s went away (%s)", fmt.Sprint(m.Who), m.Why), ErrDecodeLost))
+	case *wire.Drain:
+		c.mu.Lock()
+		if c.session == "" {
+			// Sent right after the Offer, which Dial has not read yet.
+			c.early = m
+			c.mu.Unlock()
+			return
+		}
+		c.mu.Unlock()
+		c.drained(m)
 	}
+}
+
+// drained takes the decode server's Drain: one for another session (the
+// token is the session's secret) is ignored; the first one calls the
+// OnDrain functions.
+func (c *Client) drained(m *wire.Drain) {
+	reason := m.Reason
+	if len(reason) > maxNameLen {
+		reason = reason[:maxNameLen]
+	}
+	if reason == "" {
+		reason = "the decode server is draining"
+	}
+	c.mu.Lock()
+	if m.Session != c.session || c.drain != "" || c.ended || c.lost != nil {
+		c.mu.Unlock()
+		return
+	}
+	c.drain = reason
+	fs := c.onDrain
+	c.mu.Unlock()
+	c.cfg.Log.Debug("decode server draining: no new room goes to it; the rooms in flight finish, then goodbye",
+		zap.String("decode", c.cfg.Decode), zap.String("reason", reason))
+	for _, f := range fs {
+		f(reason)
+	}
+}
+
+// OnDrain calls f (on a goroutine of the node) once the decode server said
+// it drains (it is stopping): register no new room toward it, finish the
+// rooms in flight and say Bye, so that it stops as soon as they are done.
+// f is called at once if it already did.
+func (c *Client) OnDrain(f func(reason string)) {
+	c.mu.Lock()
+	reason := c.drain
+	if reason == "" {
+		c.onDrain = append(c.onDrain, f)
+	}
+	c.mu.Unlock()
+	if reason != "" {
+		f(reason)
+	}
+}
+
+// Draining returns why the decode server drains, or "" while it does not
+// (or did not say so).
+func (c *Client) Draining() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.drain
 }
 
 // Peer is the decode pool as the prefill engine needs it
@@ -390,16 +462,19 @@ func (c *Client) Peer() plan.Peer { return c.peer }
 type Engine interface {
 	AddPeer(plan.Peer) error
 	PeerLost(id string, cause error) error
+	PeerDraining(id string, reason string) error
 }
 
 // Attach adds the decode pool to the engine as a peer and tells the engine
 // when the decode server is lost (system.Engine.PeerLost: its work fails at
-// once).
+// once) and when it drains (system.Engine.PeerDraining: new rooms toward it
+// are refused, those in flight go on).
 func (c *Client) Attach(eng Engine) error {
 	if err := eng.AddPeer(c.peer); err != nil {
 		return public(err)
 	}
 	c.OnLost(func(cause error) { _ = eng.PeerLost(c.peer.ID, cause) })
+	c.OnDrain(func(reason string) { _ = eng.PeerDraining(c.peer.ID, reason) })
 	return nil
 }
 

@@ -66,6 +66,13 @@ type StateObserver interface {
 	ServerState(server string, s State)
 }
 
+// DrainObserver is an Observer that also counts the sessions a draining
+// server told so (wire.Drain).
+type DrainObserver interface {
+	Observer
+	DrainTold()
+}
+
 // Metrics is an Observer that counts into Prometheus (docs/OBSERVABILITY.md
 // lists them): every label value is present from the start, at 0. Its
 // gauges sum the servers that share it.
@@ -75,6 +82,7 @@ type Metrics struct {
 	refused     *prometheus.CounterVec
 	verified    prometheus.Counter
 	quarantined prometheus.Counter
+	drainTold   prometheus.Counter
 	gauges      *serverGauges
 }
 
@@ -148,6 +156,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Bytes of chunks whose pages passed the decode side's verification."}),
 		quarantined: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvstream_decode_quarantined_pages_total",
 			Help: "Decode pages kept out of every room for good: a prefill that may still write them could not be cut off."}),
+		drainTold: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvstream_decode_drain_told_total",
+			Help: "Prefill sessions a draining decode server told so (wire.Drain): each winds down and says goodbye."}),
 		gauges: newServerGauges(),
 	}
 	for _, o := range SessionOutcomes {
@@ -161,7 +171,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			m.refused.WithLabelValues(msg, r)
 		}
 	}
-	for _, c := range []prometheus.Collector{m.sessions, m.rooms, m.refused, m.verified, m.quarantined, m.gauges} {
+	for _, c := range []prometheus.Collector{m.sessions, m.rooms, m.refused, m.verified, m.quarantined, m.drainTold, m.gauges} {
 		if reg == nil {
 			break
 		}
@@ -186,6 +196,9 @@ func (m *Metrics) Verified(bytes uint64) { m.verified.Add(float64(bytes)) }
 
 // Quarantined implements Observer.
 func (m *Metrics) Quarantined(pages int) { m.quarantined.Add(float64(pages)) }
+
+// DrainTold implements DrainObserver.
+func (m *Metrics) DrainTold() { m.drainTold.Inc() }
 
 // ServerState implements StateObserver: the gauges' view of one server. A
 // closed server's state leaves them.

@@ -447,6 +447,8 @@ func (s *Server) perform(e core.Effect) core.Msg {
 		s.obs.Verified(e.Bytes)
 	case core.Quarantined:
 		s.obs.Quarantined(e.Pages)
+	case core.TellDrain:
+		s.tellDrain(e.Session)
 	case core.Drained:
 		select {
 		case <-s.drained:
@@ -512,6 +514,24 @@ func (s *Server) opened(info core.SessionInfo) {
 	close(s.acceptCh)
 	s.acceptCh = make(chan struct{})
 	s.acceptMu.Unlock()
+}
+
+// tellDrain tells a session's prefill that this server drains: a message
+// to the session actor its Hello named, which checks the token.
+func (s *Server) tellDrain(token string) {
+	ss := s.sessions[token]
+	if ss == nil {
+		return
+	}
+	pid := actorPID(ss.info.Actor)
+	if pid == nil {
+		return
+	}
+	s.ctx.Request(pid, &wire.Drain{Session: token, Reason: "the decode server " + s.cfg.ID + " is draining (stopping)"})
+	if do, ok := s.obs.(DrainObserver); ok {
+		do.DrainTold()
+	}
+	s.log.Debug("told a prefill session the server drains", zap.String("server", s.cfg.Name), zap.String("prefill", ss.info.Prefill))
 }
 
 // actorPID parses "address/id" (the core's form of a session actor).

@@ -38,6 +38,12 @@ var (
 	// ErrDropped: the chunk a Finish waited for was dropped (Drop of its
 	// room) before it completed; the result's status is Dropped.
 	ErrDropped = actors.ErrDropped
+	// ErrDecodeDraining: Register refused a chunk that would open a new
+	// room toward a decode peer that drains (Engine.PeerDraining; the
+	// decode server said it is stopping): nothing changed; register the
+	// request toward another decode. Chunks of rooms already in flight
+	// there are registered as before.
+	ErrDecodeDraining = actors.ErrPeerDraining
 )
 
 // public is how every exported function returns its error: marks become

@@ -342,6 +342,8 @@ func effectText(e Effect) string {
 		return fmt.Sprintf("Quarantined pages=%d", e.Pages)
 	case Drained:
 		return "Drained"
+	case TellDrain:
+		return "TellDrain " + e.Session
 	case Log:
 		if e.Level == Warn {
 			return "log: " + e.Msg

@@ -118,6 +118,12 @@ type (
 	Quarantined struct{ Pages int }
 	// Drained: draining, and no session is open any more.
 	Drained struct{}
+	// TellDrain tells an open session's prefill that this server drains
+	// (wire.Drain, to the session actor its Hello named): it registers no
+	// new room here, finishes those in flight and says goodbye, so that
+	// the drain ends as soon as its rooms are done instead of at the
+	// serving stack's drain timeout.
+	TellDrain struct{ Session string }
 )
 
 // Level is a log effect's level.
@@ -154,6 +160,7 @@ func (ReleasePool) coreEffect()    {}
 func (Verified) coreEffect()       {}
 func (Quarantined) coreEffect()    {}
 func (Drained) coreEffect()        {}
+func (TellDrain) coreEffect()      {}
 func (Log) coreEffect()            {}
 
 // SessionInfo is what the shell learns of a new session.
