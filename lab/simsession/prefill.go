@@ -29,6 +29,7 @@ type Prefill struct {
 	mu       sync.Mutex
 	clients  []*decode.Client // one per decode rank (one unsharded)
 	onLost   []func(error)
+	onDrain  []func(string)
 	mismatch string
 	notices  int
 	accepted int
@@ -97,12 +98,37 @@ func (p *Prefill) open(ctx context.Context, cfg decode.DialConfig) (*decode.Clie
 	}
 	p.mu.Lock()
 	p.clients = append(p.clients, c)
-	fs := p.onLost
+	fs, ds := p.onLost, p.onDrain
 	p.mu.Unlock()
 	for _, f := range fs {
 		c.OnLost(f)
 	}
+	for _, f := range ds {
+		c.OnDrain(f)
+	}
 	return c, nil
+}
+
+// OnDrain sets what to do when the decode process (any of its ranks'
+// servers) says it drains: it is stopping, and takes no new request.
+func (p *Prefill) OnDrain(f func(reason string)) {
+	p.mu.Lock()
+	p.onDrain = append(p.onDrain, f)
+	cs := slices.Clone(p.clients)
+	p.mu.Unlock()
+	for _, c := range cs {
+		c.OnDrain(f)
+	}
+}
+
+// Draining returns why the decode process drains, or "".
+func (p *Prefill) Draining() string {
+	for _, c := range p.sessions() {
+		if d := c.Draining(); d != "" {
+			return d
+		}
+	}
+	return ""
 }
 
 // OnPeerLost sets what to do when the decode process (any of its ranks'
