@@ -103,7 +103,10 @@ func (k *book) decodeExited(dec string) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	for _, bt := range k.batches {
-		if bt.row.Decode != dec || bt.closed {
+		// A batch whose rooms all completed lost nothing (a drained
+		// instance exits once its ranks said goodbye, which may be
+		// heard before their batch events).
+		if bt.row.Decode != dec || bt.closed || bt.row.RoomsComplete >= k.requests {
 			continue
 		}
 		bt.row.RoomsFailed = k.requests - bt.row.RoomsComplete

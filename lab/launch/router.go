@@ -24,6 +24,10 @@ type router struct {
 	// id's process runs (it may come back), or exited for good.
 	live    func() ([]string, error)
 	running func(id string) bool
+	// avoid, if set, says whether id is being drained on purpose (a
+	// rolling restart): no new batch goes to it while another instance
+	// is live.
+	avoid func(id string) bool
 	// stop reports a reason to start no more batches ("" to go on).
 	stop func() string
 	// start starts batch b on dec and returns what await waits on.
@@ -54,25 +58,35 @@ func (r *router) run(accept, hard context.Context, n int) (started int, why stri
 			r.note("batch %d and later not started: %s", b, why)
 			return started, why
 		}
-		dec, err := r.pick(accept, b)
-		if err != nil {
-			why = err.Error()
-			if accept.Err() != nil {
-				why = "draining"
+		var dec string
+		var slot chan struct{}
+		for {
+			var err error
+			dec, err = r.pick(accept, b)
+			if err != nil {
+				why = err.Error()
+				if accept.Err() != nil {
+					why = "draining"
+				}
+				r.note("batch %d and later not started: %s", b, why)
+				return started, why
 			}
-			r.note("batch %d and later not started: %s", b, why)
-			return started, why
-		}
-		slot := slots[dec]
-		if slot == nil {
-			slot = make(chan struct{}, 1)
-			slots[dec] = slot
-		}
-		select {
-		case slot <- struct{}{}:
-		case <-accept.Done():
-			r.note("batch %d and later not started: draining", b)
-			return started, "draining"
+			slot = slots[dec]
+			if slot == nil {
+				slot = make(chan struct{}, 1)
+				slots[dec] = slot
+			}
+			select {
+			case slot <- struct{}{}:
+			case <-accept.Done():
+				r.note("batch %d and later not started: draining", b)
+				return started, "draining"
+			}
+			if !r.avoided(dec) {
+				break
+			}
+			// It began draining while the batch waited for it.
+			<-slot
 		}
 		if why = r.stop(); why != "" {
 			<-slot
@@ -104,10 +118,12 @@ func (r *router) pick(ctx context.Context, b int) (string, error) {
 			return "", err
 		}
 		coming := r.running(want)
+		avoided := r.avoided(want)
+		live = slices.DeleteFunc(live, r.avoided)
 		switch {
 		case slices.Contains(live, want):
 			return want, nil
-		case len(live) > 0 && (!coming || time.Now().After(deadline)):
+		case len(live) > 0 && (avoided || !coming || time.Now().After(deadline)):
 			return live[b%len(live)], nil
 		case time.Now().After(deadline):
 			return "", errors.Mark(errors.Newf("no live decode instance within %v", r.pickWait), cluster.ErrNotFound)
@@ -124,3 +140,6 @@ func (r *router) pick(ctx context.Context, b int) (string, error) {
 		}
 	}
 }
+
+// avoided says whether id is being drained on purpose (router.avoid).
+func (r *router) avoided(id string) bool { return r.avoid != nil && r.avoid(id) }
