@@ -97,6 +97,19 @@ func (k *book) roomEnded(dec string, e Event) {
 	k.settleLocked(bt)
 }
 
+// openOn lists the batches open on decode instance dec.
+func (k *book) openOn(dec string) []int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var out []int
+	for _, bt := range k.batches {
+		if bt.row.Decode == dec && !bt.closed {
+			out = append(out, bt.row.Batch)
+		}
+	}
+	return out
+}
+
 // decodeExited: the rooms of dec's open batches will never report; each
 // such batch ends when its ranks have.
 func (k *book) decodeExited(dec string) {

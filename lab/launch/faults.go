@@ -77,11 +77,18 @@ type injector struct {
 
 	// rolling-restart: the decode instances, in order; term sends one
 	// SIGTERM; registered says whether one is registered again by its
-	// new process; ctx ends the restarts (the run's end).
+	// new process; openOn lists the batches open on one, ranks is the
+	// number of ranks whose forwards each needs; ctx ends the restarts
+	// (the run's end).
 	decodes    []string
 	term       func(id string) (pid int, err error)
 	registered func(id string) bool
+	openOn     func(id string) []int
+	ranks      int
 	ctx        context.Context
+	// gate makes a batch's start and the choice of the instance to drain
+	// atomic (Gate): no batch starts on an instance once it is avoided.
+	gate sync.Mutex
 
 	running sync.WaitGroup // a pause or a rolling restart in progress
 
@@ -92,7 +99,10 @@ type injector struct {
 	// its exit is reported.
 	draining string
 	exits    chan error
-	notes    []string
+	// forwarded are the ranks that reported a forward, by batch: their
+	// sessions with the batch's instance are open.
+	forwarded map[int]map[int]bool
+	notes     []string
 }
 
 func (f *injector) note(format string, args ...any) {
@@ -113,6 +123,15 @@ func (f *injector) Notes() []string {
 // event; kill-prefill: the last rank).
 func (f *injector) forward(e Event) {
 	f.mu.Lock()
+	if f.fault == RollingRestart {
+		if f.forwarded == nil {
+			f.forwarded = map[int]map[int]bool{}
+		}
+		if f.forwarded[e.Batch] == nil {
+			f.forwarded[e.Batch] = map[int]bool{}
+		}
+		f.forwarded[e.Batch][e.Rank] = true
+	}
 	if f.faulted || e.Batch != f.batch || (f.fault != KillDecode && f.fault != KillPrefill && f.fault != RollingRestart) {
 		f.mu.Unlock()
 		return
@@ -121,10 +140,12 @@ func (f *injector) forward(e Event) {
 	if f.fault == RollingRestart {
 		f.mu.Unlock()
 		f.struck(time.Now())
+		// The first instance is avoided from this forward on.
+		first := f.mark(0)
 		f.running.Add(1)
 		go func() {
 			defer f.running.Done()
-			f.roll(e.Batch)
+			f.roll(e.Batch, first)
 		}()
 		return
 	}
@@ -175,19 +196,47 @@ func (f *injector) avoid(id string) bool {
 	return f.draining == id
 }
 
+// Gate runs start (a batch's start on decode instance id) unless id is
+// avoided, atomically with roll's choice of the instance to drain: a
+// batch either starts before the instance is avoided (and roll waits for
+// it to be under way) or goes elsewhere.
+func (f *injector) Gate(id string, start func()) bool {
+	f.gate.Lock()
+	defer f.gate.Unlock()
+	if f.avoid(id) {
+		return false
+	}
+	start()
+	return true
+}
+
+// underWay reports whether every batch open on id has every rank's session
+// with it open (each rank reported a forward): a SIGTERM then cuts no
+// Hello of a batch it was given.
+func (f *injector) underWay(id string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, b := range f.openOn(id) {
+		if len(f.forwarded[b]) < f.ranks {
+			return false
+		}
+	}
+	return true
+}
+
 // roll is the rolling restart, from batch b's first forward: each decode
 // instance in turn is avoided, sent SIGTERM, and waited for: its drain
 // (exit 0 when it lost nothing), its restart, its registration again. Each
 // wait is bounded by rollBound and ends with f.ctx.
-func (f *injector) roll(b int) {
+func (f *injector) roll(b int, first <-chan error) {
 	if f.say != nil {
 		f.say("rolling-restart: draining the %d decode instances one after another from batch %d", len(f.decodes), b)
 	}
-	for _, id := range f.decodes {
-		exits := make(chan error, 1)
-		f.mu.Lock()
-		f.draining, f.exits = id, exits
-		f.mu.Unlock()
+	for i, id := range f.decodes {
+		exits := first
+		if i > 0 {
+			exits = f.mark(i)
+		}
 		ok := f.rollOne(id, exits)
 		f.mu.Lock()
 		f.draining, f.exits = "", nil
@@ -199,16 +248,45 @@ func (f *injector) roll(b int) {
 	f.note("rolling-restart: every decode instance drained and came back")
 }
 
+// mark avoids decode instance i from now on (no batch starts on it after
+// this returns) and returns where its exit will be reported.
+func (f *injector) mark(i int) <-chan error {
+	exits := make(chan error, 1)
+	f.gate.Lock()
+	defer f.gate.Unlock()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if i < len(f.decodes) {
+		f.draining, f.exits = f.decodes[i], exits
+	}
+	return exits
+}
+
 // rollOne drains decode instance id and waits for it to be back.
 func (f *injector) rollOne(id string, exits <-chan error) bool {
+	bound := time.NewTimer(rollBound)
+	defer bound.Stop()
+	poll := time.NewTicker(20 * time.Millisecond) // a poll of the book and the followed (in-memory) membership
+	defer poll.Stop()
+	// The batches it was given are under way first: a rank that has not
+	// said Hello to it yet would be refused (it drains) and fail its batch.
+	for !f.underWay(id) {
+		select {
+		case <-poll.C:
+		case <-bound.C:
+			f.note("rolling-restart: %s: its batches were not under way within %v", id, rollBound)
+			return false
+		case <-f.ctx.Done():
+			f.note("rolling-restart: cut before %s drained (%v)", id, context.Cause(f.ctx))
+			return false
+		}
+	}
 	at := time.Now()
 	pid, err := f.term(id)
 	if err != nil {
 		f.note("rolling-restart: %s: %v", id, err)
 		return false
 	}
-	bound := time.NewTimer(rollBound)
-	defer bound.Stop()
 	var exit error
 	select {
 	case exit = <-exits:
@@ -224,8 +302,6 @@ func (f *injector) rollOne(id string, exits <-chan error) bool {
 	if exit != nil {
 		status = exit.Error()
 	}
-	poll := time.NewTicker(20 * time.Millisecond) // a poll of the followed (in-memory) membership
-	defer poll.Stop()
 	for !f.registered(id) {
 		select {
 		case <-poll.C:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -168,9 +169,19 @@ func TestInjectorRollsEveryDecode(t *testing.T) {
 	var mu sync.Mutex
 	back := map[string]bool{"decode-0": true, "decode-1": true, "decode-2": true}
 	var restarted []string
+	var termed atomic.Int32
 	f := &injector{fault: RollingRestart, batch: 1, decodes: []string{"decode-0", "decode-1", "decode-2"}, struck: k.at,
-		ctx: context.Background(), registered: func(id string) bool { mu.Lock(); defer mu.Unlock(); return back[id] }}
+		ctx: context.Background(), registered: func(id string) bool { mu.Lock(); defer mu.Unlock(); return back[id] },
+		// Batch 5 is open on decode-0 until the end: both ranks' sessions
+		// must be open (a forward each) before it drains.
+		openOn: func(id string) []int {
+			if id == "decode-0" {
+				return []int{5}
+			}
+			return nil
+		}, ranks: 2}
 	f.term = func(id string) (int, error) {
+		termed.Add(1)
 		assert.True(t, f.avoid(id), "%s avoided before its SIGTERM", id)
 		mu.Lock()
 		for other, ok := range back {
@@ -195,9 +206,14 @@ func TestInjectorRollsEveryDecode(t *testing.T) {
 		}()
 		return 7, nil
 	}
+	f.forward(Event{Event: EventForward, Batch: 5, Rank: 0})
 	f.forward(Event{Event: EventForward, Batch: 0})
 	f.forward(Event{Event: EventForward, Batch: 1})
 	f.forward(Event{Event: EventForward, Batch: 1})
+	assert.False(t, f.Gate("decode-0", func() { t.Error("a batch started on an instance being drained") }))
+	assert.True(t, f.Gate("decode-1", func() {}))
+	assert.Zero(t, termed.Load(), "decode-0 drained before its batch 5 was under way")
+	f.forward(Event{Event: EventForward, Batch: 5, Rank: 1})
 	f.wait()
 	mu.Lock()
 	assert.Equal(t, []string{"decode-0", "decode-1", "decode-2"}, restarted)

@@ -30,7 +30,8 @@ type router struct {
 	avoid func(id string) bool
 	// stop reports a reason to start no more batches ("" to go on).
 	stop func() string
-	// start starts batch b on dec and returns what await waits on.
+	// start starts batch b on dec and returns what await waits on, or
+	// nil when dec is avoided now (checked with the start, atomically).
 	start func(b int, dec string) *batch
 	// await returns when bt ended (or its bound ran out, or hard ended).
 	await func(hard context.Context, bt *batch)
@@ -60,6 +61,7 @@ func (r *router) run(accept, hard context.Context, n int) (started int, why stri
 		}
 		var dec string
 		var slot chan struct{}
+		var bt *batch
 		for {
 			var err error
 			dec, err = r.pick(accept, b)
@@ -82,18 +84,19 @@ func (r *router) run(accept, hard context.Context, n int) (started int, why stri
 				r.note("batch %d and later not started: draining", b)
 				return started, "draining"
 			}
+			if why = r.stop(); why != "" {
+				<-slot
+				r.note("batch %d and later not started: %s", b, why)
+				return started, why
+			}
 			if !r.avoided(dec) {
-				break
+				if bt = r.start(b, dec); bt != nil {
+					break
+				}
 			}
 			// It began draining while the batch waited for it.
 			<-slot
 		}
-		if why = r.stop(); why != "" {
-			<-slot
-			r.note("batch %d and later not started: %s", b, why)
-			return started, why
-		}
-		bt := r.start(b, dec)
 		started++
 		wg.Go(func() {
 			defer func() { <-slot }()

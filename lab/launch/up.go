@@ -207,7 +207,8 @@ func Up(accept, hard context.Context, cfg Config) (rep *Report, err error) {
 	u.sup = NewSupervisor(cfg.Exe, cfg.Env, cfg.Stderr)
 	u.inj = &injector{fault: cfg.Fault, batch: cfg.FaultBatch, pause: cfg.FaultFor, kill: u.sup.Kill, struck: u.book.faulted,
 		lastRank: fmt.Sprintf("%s-r%d", Group, cfg.Ranks-1), say: u.status, term: u.sup.Term, ctx: hard,
-		registered: func(id string) bool { live, _ := u.live(); return slices.Contains(live, id) }}
+		registered: func(id string) bool { live, _ := u.live(); return slices.Contains(live, id) },
+		openOn:     u.book.openOn, ranks: cfg.Ranks}
 	// hard ending (a second signal) cuts every node at once, whatever Up
 	// is waiting for then: the cluster coming up, a batch, a node's drain.
 	signalled := hard // the caller's: Up derives a shorter one for the drain below
@@ -295,7 +296,10 @@ func Up(accept, hard context.Context, cfg Config) (rep *Report, err error) {
 			return ""
 		},
 		start: func(b int, dec string) *batch {
-			bt := u.startBatch(b, dec)
+			var bt *batch
+			if !u.inj.Gate(dec, func() { bt = u.startBatch(b, dec) }) {
+				return nil
+			}
 			if cfg.Fault == PauseEtcd && b == cfg.FaultBatch {
 				u.inj.goPauseEtcd(hard, etcd, prov, func() int { ms, _ := u.res.Members(cluster.RoleDecode); return len(ms) }, cfg.Decodes, b)
 			}
