@@ -73,10 +73,11 @@ func (c *Core) release(m ReleaseMsg) {
 	c.settle(r)
 }
 
-// writers are the sessions, not ending, that may still write a room in
-// progress, by token: its reporters, the sessions of the identity it was
-// Expected from, or, with neither (or in a group, whose ranks all write),
-// every open one.
+// writers are the sessions, not ending and not cut off yet, that may still
+// write a room in progress, by token: its reporters, the sessions of the
+// identity it was Expected from, or, with neither (or in a group, whose
+// ranks all write), every open one. A session whose access is revoked
+// writes nothing, and no revocation would come to clear it.
 func (c *Core) writers(r *croom) []*csession {
 	set := maps.Clone(r.reporters)
 	for s := range c.sessions.all() {
@@ -89,7 +90,7 @@ func (c *Core) writers(r *croom) []*csession {
 	}
 	var out []*csession
 	for s := range set {
-		if s.state != sessionEnding {
+		if s.state != sessionEnding && !s.revoked {
 			out = append(out, s)
 		}
 	}
