@@ -88,6 +88,12 @@ type CancelObserver interface {
 	CancelSettled(d time.Duration)
 }
 
+var (
+	_ StateObserver  = (*Metrics)(nil)
+	_ DrainObserver  = (*Metrics)(nil)
+	_ CancelObserver = (*Metrics)(nil)
+)
+
 // Metrics is an Observer that counts into Prometheus (docs/OBSERVABILITY.md
 // lists them): every label value is present from the start, at 0. Its
 // gauges sum the servers that share it.
