@@ -50,6 +50,7 @@ test-ucx:
 	@if pkg-config --exists ucx 2>/dev/null; then \
 		$(GO) vet -tags ucx ./hw/rdma/ucx/ ./cmd/kvstream/ ./lab/xferbench/ && \
 		$(GO) test -race -count=1 -timeout 5m -tags ucx ./hw/rdma/ucx/ ./lab/xferbench/ && \
+		$(GO) test -race -count=1 -timeout 2m -tags ucx -run 'UCX' ./tests/ && \
 		$(GO) test -race -count=1 -timeout 6m -parallel 3 -tags ucx -run 'TwoProcess|AcrossProcesses|PeerKilled|UCX|Perftest|Readme|ClaimPattern' ./cmd/kvstream/; \
 	else \
 		echo "ucx tests skipped: libucx not installed (apt-get install libucx-dev ucx-utils)"; \

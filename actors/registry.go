@@ -121,13 +121,46 @@ type Peers struct {
 	mu    sync.RWMutex
 	peers map[string]*plan.Peer
 	lost  map[string]error
+	drain map[string]error // peers draining: no new room goes to them
 }
 
 // ErrPeerLost marks work for a decode peer the engine was told is gone.
 var ErrPeerLost = errors.New("decode peer lost")
 
+// ErrPeerDraining marks a new room refused because its decode peer drains
+// (it is stopping): route the request to another decode.
+var ErrPeerDraining = errors.New("decode peer draining")
+
 // NewPeers returns an empty table.
-func NewPeers() *Peers { return &Peers{peers: map[string]*plan.Peer{}, lost: map[string]error{}} }
+func NewPeers() *Peers {
+	return &Peers{peers: map[string]*plan.Peer{}, lost: map[string]error{}, drain: map[string]error{}}
+}
+
+// Drain marks a peer draining: new rooms toward it are refused from now on,
+// the rooms in flight go on. The first reason stays; first says whether
+// this call marked it.
+func (p *Peers) Drain(id, reason string) (first bool, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.peers[id]; !ok {
+		return false, badInput("unknown peer %q", id)
+	}
+	if _, ok := p.drain[id]; ok {
+		return false, nil
+	}
+	if reason == "" {
+		reason = "no reason given"
+	}
+	p.drain[id] = errors.Mark(errors.Newf("decode peer %q is draining (%s): it takes no new room", id, reason), ErrPeerDraining)
+	return true, nil
+}
+
+// Draining returns why a peer drains, or nil.
+func (p *Peers) Draining(id string) error {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.drain[id]
+}
 
 // Lose marks a peer gone: work for it fails at once from now on.
 func (p *Peers) Lose(id string, cause error) error {

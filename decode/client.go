@@ -93,6 +93,13 @@ type Client struct {
 	ended  bool // Bye sent: the decode server leaving is no loss
 	lost   error
 	onLost []func(error)
+	// drain is why the decode server drains (wire.Drain), "" until it
+	// said so; early holds a Drain that came before the Offer was read.
+	drain   string
+	early   *wire.Drain
+	onDrain []func(reason string)
+	// onCancel hear the decode server's cancels of rooms (wire.Cancel).
+	onCancel []func(room uint64, reason string)
 }
 
 var clients atomic.Uint64
@@ -196,7 +203,14 @@ func Dial(ctx context.Context, node *Node, cfg DialConfig) (_ *Client, err error
 	}); err != nil {
 		return nil, err
 	}
+	c.mu.Lock()
 	c.session = offer.Session
+	early := c.early
+	c.early = nil
+	c.mu.Unlock()
+	if early != nil {
+		c.drained(early)
+	}
 	c.peer = plan.Peer{ID: offer.PeerId, Address: offer.WorkerAddress}
 	for _, r := range offer.Regions {
 		c.peer.Buffers = append(c.peer.Buffers, plan.PeerBuffer{Region: rdma.RegionDesc{Addr: r.Addr, Len: r.Len, Key: r.Key}, ItemLen: r.ItemLen})
@@ -379,7 +393,83 @@ func (c *Client) receive(ctx actor.Context) {
 		ctx.Unwatch(c.decode)
 	case *actor.Terminated:
 		c.peerLost(errors.Mark(errors.Newf("decode server %s went away (%s)", fmt.Sprint(m.Who), m.Why), ErrDecodeLost))
+	case *wire.Cancel:
+		c.mu.Lock()
+		ok := m.Session != "" && m.Session == c.session && !c.ended
+		fs := c.onCancel
+		c.mu.Unlock()
+		if !ok {
+			return // not this session's (its token is the session's secret)
+		}
+		reason := m.Reason
+		if len(reason) > maxNameLen {
+			reason = reason[:maxNameLen]
+		}
+		c.cfg.Log.Debug("the decode server cancelled a room", zap.String("decode", c.cfg.Decode), zap.Uint64("room", m.Room), zap.String("reason", reason))
+		for _, f := range fs {
+			f(m.Room, reason)
+		}
+	case *wire.Drain:
+		c.mu.Lock()
+		if c.session == "" {
+			// Sent right after the Offer, which Dial has not read yet.
+			c.early = m
+			c.mu.Unlock()
+			return
+		}
+		c.mu.Unlock()
+		c.drained(m)
 	}
+}
+
+// drained takes the decode server's Drain: one for another session (the
+// token is the session's secret) is ignored; the first one calls the
+// OnDrain functions.
+func (c *Client) drained(m *wire.Drain) {
+	reason := m.Reason
+	if len(reason) > maxNameLen {
+		reason = reason[:maxNameLen]
+	}
+	if reason == "" {
+		reason = "the decode server is draining"
+	}
+	c.mu.Lock()
+	if m.Session != c.session || c.drain != "" || c.ended || c.lost != nil {
+		c.mu.Unlock()
+		return
+	}
+	c.drain = reason
+	fs := c.onDrain
+	c.mu.Unlock()
+	c.cfg.Log.Debug("decode server draining: no new room goes to it; the rooms in flight finish, then goodbye",
+		zap.String("decode", c.cfg.Decode), zap.String("reason", reason))
+	for _, f := range fs {
+		f(reason)
+	}
+}
+
+// OnDrain calls f (on a goroutine of the node) once the decode server said
+// it drains (it is stopping): register no new room toward it, finish the
+// rooms in flight and say Bye, so that it stops as soon as they are done.
+// f is called at once if it already did.
+func (c *Client) OnDrain(f func(reason string)) {
+	c.mu.Lock()
+	reason := c.drain
+	if reason == "" {
+		c.onDrain = append(c.onDrain, f)
+	}
+	c.mu.Unlock()
+	if reason != "" {
+		f(reason)
+	}
+}
+
+// Draining returns why the decode server drains, or "" while it does not
+// (or did not say so).
+func (c *Client) Draining() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.drain
 }
 
 // Peer is the decode pool as the prefill engine needs it
@@ -390,16 +480,84 @@ func (c *Client) Peer() plan.Peer { return c.peer }
 type Engine interface {
 	AddPeer(plan.Peer) error
 	PeerLost(id string, cause error) error
+	PeerDraining(id string, reason string) error
+	Drop(ctx context.Context, room uint64) error
 }
 
 // Attach adds the decode pool to the engine as a peer and tells the engine
 // when the decode server is lost (system.Engine.PeerLost: its work fails at
-// once).
+// once) and when it drains (system.Engine.PeerDraining: new rooms toward it
+// are refused, those in flight go on), and answers the decode server's
+// cancel of a room: the engine drops it (system.Engine.Drop: no further
+// group is posted, and it returns once no write of the room can land),
+// then the decode server is told (Cancel), which frees the pages.
 func (c *Client) Attach(eng Engine) error {
 	if err := eng.AddPeer(c.peer); err != nil {
 		return public(err)
 	}
 	c.OnLost(func(cause error) { _ = eng.PeerLost(c.peer.ID, cause) })
+	c.OnDrain(func(reason string) { _ = eng.PeerDraining(c.peer.ID, reason) })
+	c.OnCancel(func(room uint64, reason string) {
+		go func() {
+			err := eng.Drop(context.Background(), room)
+			if errors.Is(err, ErrBadInput) && !errors.Is(err, ErrNotQuiesced) {
+				err = nil // no chunk of it left: nothing writes it
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), c.cfg.CallTimeout)
+			defer cancel()
+			if err := c.Cancel(ctx, room, "dropped: "+reason, err); err != nil {
+				c.cfg.Log.Warn("answer the decode server's cancel", zap.Uint64("room", room), zap.String("error", err.Error()))
+			}
+		}()
+	})
+	return nil
+}
+
+// OnCancel calls f (on a goroutine of the node; it must not block) when the
+// decode server cancels a room (Server.Cancel): drop the room in the
+// engine (system.Engine.Drop), then answer with Cancel, so that the
+// decode server frees its pages. Attach does both.
+func (c *Client) OnCancel(f func(room uint64, reason string)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.onCancel = append(c.onCancel, f)
+}
+
+// Cancel tells the decode server the room is cancelled on this side: call
+// it once the engine's Drop of the room returned, with Drop's error
+// (dropErr), so that the decode server frees the room's pages, which no
+// write can reach any more, unless dropErr is marked ErrNotQuiesced (they
+// stay out until this session's access is revoked). It cancels a room the
+// prefill gave up (its client aborted: the room fails on the decode side,
+// ErrCancelled), and answers the decode server's cancel (OnCancel). A room
+// that completed or failed first keeps its outcome. The error is the decode
+// server's refusal (ErrRefused: not this session's room), ErrDecodeLost,
+// or ctx's.
+func (c *Client) Cancel(ctx context.Context, room uint64, reason string, dropErr error) error {
+	c.mu.Lock()
+	ended := c.ended
+	c.mu.Unlock()
+	if ended {
+		return public(closedError("Cancel"))
+	}
+	if lost := c.Lost(); lost != nil {
+		return lost
+	}
+	msg := &wire.Cancel{Session: c.session, Room: room, Reason: reason, NotQuiesced: errors.Is(dropErr, ErrNotQuiesced)}
+	res, err := c.node.request(ctx, c.decode, msg, c.cfg.CallTimeout)
+	if err != nil {
+		if lost := c.Lost(); lost != nil {
+			return lost
+		}
+		return public(errors.Wrapf(err, "room %d: cancel", room))
+	}
+	a, ok := res.(*wire.NoticeAck)
+	switch {
+	case !ok:
+		return public(errors.Newf("room %d: the decode server answered %T to a cancel", room, res))
+	case a.Code != wire.Code_OK:
+		return public(codeError(a.Code, "decode server: %s", a.Error))
+	}
 	return nil
 }
 

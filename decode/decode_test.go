@@ -42,7 +42,7 @@ type rig struct {
 	tr   rdma.Transport
 }
 
-func newRig(t *testing.T, cfg decode.Config) *rig {
+func newRig(t testing.TB, cfg decode.Config) *rig {
 	t.Helper()
 	tr, err := loopback.NewFabric(loopback.Options{}).NewTransport("decode")
 	require.NoError(t, err)

@@ -41,12 +41,27 @@
 //
 //	node, err := decode.ListenConfig(decode.NodeConfig{Listen: "10.0.0.1:0", TLS: tlsm, Log: log})
 //	c, err := decode.Dial(ctx, node, decode.DialConfig{Decode: "10.0.0.2:9100", Buffers: cfg.Buffers, PageSize: cfg.PageSize})
-//	err = c.Attach(eng) // Engine.AddPeer, and Engine.PeerLost when the decode server goes
+//	err = c.Attach(eng) // Engine.AddPeer; PeerLost, PeerDraining and Drop when the decode server goes, drains or cancels a room
 //	// per chunk, after eng.Finish(ctx, room) returned res for the chunk registered as spec:
 //	n, err := c.NoticeFor(spec, res) // the absolute positions sent, their decode pages
 //	err = c.Notify(ctx, n)
 //	// at the end, after eng.Close (nothing writes any more):
 //	sum, err := c.Bye(ctx, nil) // or the reason the prefill stopped early
+//
+// # Drain and cancel
+//
+// A draining Server (Drain: SIGTERM in the commands) takes no new session
+// and tells every open one (a Drain message): the Client calls its OnDrain
+// functions, and Attach tells the engine (system.Engine.PeerDraining), which
+// refuses new rooms toward it (system.ErrDecodeDraining) while the rooms in
+// flight finish; the prefill then says Bye, and Drain returns as soon as its
+// sessions ended. Server.Cancel gives a room up: the room fails
+// (ErrCancelled) and is released, every session that may write it is told,
+// its Client drops the room in the engine (Attach: system.Engine.Drop) and
+// answers with Cancel, and Server.Cancel returns then, the pages back in the
+// pool: within one group's transfer and a round trip. The prefill cancels a
+// room itself with the engine's Drop, then Client.Cancel. A room has one
+// outcome whichever side comes first.
 //
 // # A context-parallel group
 //
@@ -81,7 +96,9 @@
 // notices the prefill sent and whether it stopped early; its answer is the
 // decode side's verdict, sent once the session's access to the pool is
 // revoked (nothing the prefill posts afterwards lands). Each side watches the other's session actor, so a
-// vanished peer is reported (ErrPrefillLost, ErrDecodeLost).
+// vanished peer is reported (ErrPrefillLost, ErrDecodeLost). Drain (decode
+// to prefill) and Cancel (either way) carry the session token too; version
+// 3 added them, and a peer of version 2 is refused at Hello.
 //
 // # Security
 //

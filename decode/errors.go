@@ -58,6 +58,10 @@ var (
 	// one the peer refused, or a decode certificate without
 	// DialConfig.DecodeName. Retrying will not help.
 	ErrAuthentication = errors.New("authentication failed")
+	// ErrCancelled: the room was cancelled, by the decode side
+	// (Server.Cancel) or by the prefill (Client.Cancel): do not decode
+	// it. Its pages go back to the pool once no write of it can land.
+	ErrCancelled = core.ErrCancelled
 	// ErrUnavailable: the decode server cannot take the session now
 	// (draining, closing, at its session bound, or this prefill's identity
 	// still holds a live session): retry later.

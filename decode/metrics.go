@@ -2,6 +2,7 @@ package decode
 
 import (
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -34,20 +35,25 @@ var (
 	// bytes); bad_input (a notice named what is not the room's); aborted
 	// (its prefill said goodbye first); lost (a prefill it needed was
 	// lost); timeout (Config.RoomTimeout); released (released in
-	// progress); closed (the server closed).
-	RoomOutcomes = []string{"complete", "failed", "dropped", "verify", "bad_input", "aborted", "lost", "timeout", "released", "closed"}
+	// progress); closed (the server closed); cancelled (Server.Cancel, or
+	// the prefill's Cancel).
+	RoomOutcomes = []string{"complete", "failed", "dropped", "verify", "bad_input", "aborted", "lost", "timeout", "released", "closed", "cancelled"}
 	// Refusals, by message. Hello: version, bad_input, identity (not a
 	// prefill this server serves), identity_busy (it already has a live
 	// session), geometry, admit (Config.Admit), closed, draining, limit
 	// (MaxSessions), busy, transport (no access point). Notice:
 	// not_session, bad_input, unknown_room, not_owner (another prefill's
 	// room), room_ended, room_limit (MaxRoomsPerSession). Bye:
-	// not_session.
+	// not_session. Cancel: not_session, bad_input, not_owner.
 	Refusals = map[string][]string{
 		"hello":  {"version", "bad_input", "identity", "identity_busy", "geometry", "admit", "closed", "draining", "limit", "busy", "transport"},
 		"notice": {"not_session", "bad_input", "unknown_room", "not_owner", "room_ended", "room_limit"},
 		"bye":    {"not_session"},
+		"cancel": {"not_session", "bad_input", "not_owner"},
 	}
+	// CancelDirections: who cancelled a room: decode (Server.Cancel) or
+	// prefill (its Cancel).
+	CancelDirections = []string{"decode", "prefill"}
 )
 
 type nopObserver struct{}
@@ -66,6 +72,28 @@ type StateObserver interface {
 	ServerState(server string, s State)
 }
 
+// DrainObserver is an Observer that also counts the sessions a draining
+// server told so (wire.Drain).
+type DrainObserver interface {
+	Observer
+	DrainTold()
+}
+
+// CancelObserver is an Observer that also counts the rooms cancelled, by
+// direction (CancelDirections), and how long a Server.Cancel took from the
+// call to the room's pages back in the pool.
+type CancelObserver interface {
+	Observer
+	Cancelled(direction string)
+	CancelSettled(d time.Duration)
+}
+
+var (
+	_ StateObserver  = (*Metrics)(nil)
+	_ DrainObserver  = (*Metrics)(nil)
+	_ CancelObserver = (*Metrics)(nil)
+)
+
 // Metrics is an Observer that counts into Prometheus (docs/OBSERVABILITY.md
 // lists them): every label value is present from the start, at 0. Its
 // gauges sum the servers that share it.
@@ -75,6 +103,9 @@ type Metrics struct {
 	refused     *prometheus.CounterVec
 	verified    prometheus.Counter
 	quarantined prometheus.Counter
+	drainTold   prometheus.Counter
+	cancels     *prometheus.CounterVec
+	cancelTime  prometheus.Histogram
 	gauges      *serverGauges
 }
 
@@ -148,7 +179,17 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Bytes of chunks whose pages passed the decode side's verification."}),
 		quarantined: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvstream_decode_quarantined_pages_total",
 			Help: "Decode pages kept out of every room for good: a prefill that may still write them could not be cut off."}),
+		drainTold: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvstream_decode_drain_told_total",
+			Help: "Prefill sessions a draining decode server told so (wire.Drain): each winds down and says goodbye."}),
+		cancels: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvstream_decode_cancels_total",
+			Help: "Rooms cancelled, by who cancelled them: decode (Server.Cancel) or prefill (its Cancel)."}, []string{"direction"}),
+		cancelTime: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvstream_decode_cancel_seconds",
+			Help:    "Server.Cancel from the call to the room's pages back in the pool (every prefill that could write it answered, or was cut off).",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10)}),
 		gauges: newServerGauges(),
+	}
+	for _, d := range CancelDirections {
+		m.cancels.WithLabelValues(d)
 	}
 	for _, o := range SessionOutcomes {
 		m.sessions.WithLabelValues(o)
@@ -161,7 +202,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			m.refused.WithLabelValues(msg, r)
 		}
 	}
-	for _, c := range []prometheus.Collector{m.sessions, m.rooms, m.refused, m.verified, m.quarantined, m.gauges} {
+	for _, c := range []prometheus.Collector{m.sessions, m.rooms, m.refused, m.verified, m.quarantined, m.drainTold, m.cancels, m.cancelTime, m.gauges} {
 		if reg == nil {
 			break
 		}
@@ -186,6 +227,15 @@ func (m *Metrics) Verified(bytes uint64) { m.verified.Add(float64(bytes)) }
 
 // Quarantined implements Observer.
 func (m *Metrics) Quarantined(pages int) { m.quarantined.Add(float64(pages)) }
+
+// Cancelled implements CancelObserver.
+func (m *Metrics) Cancelled(direction string) { m.cancels.WithLabelValues(direction).Inc() }
+
+// CancelSettled implements CancelObserver.
+func (m *Metrics) CancelSettled(d time.Duration) { m.cancelTime.Observe(d.Seconds()) }
+
+// DrainTold implements DrainObserver.
+func (m *Metrics) DrainTold() { m.drainTold.Inc() }
 
 // ServerState implements StateObserver: the gauges' view of one server. A
 // closed server's state leaves them.

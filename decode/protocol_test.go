@@ -3,6 +3,7 @@ package decode
 import (
 	"context"
 	stderrors "errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -49,7 +50,7 @@ func TestServerRefusesAnotherVersion(t *testing.T) {
 	offer := res.(*wire.Offer)
 	assert.Equal(t, wire.Code_VERSION, offer.Code)
 	assert.Equal(t, ProtocolVersion, offer.Version)
-	assert.Equal(t, `hello from "old": protocol version 99, this decode server speaks 2`, offer.Error)
+	assert.Equal(t, fmt.Sprintf(`hello from "old": protocol version 99, this decode server speaks %d`, ProtocolVersion), offer.Error)
 	assert.Empty(t, offer.Regions, "no pool described to a peer that cannot read it")
 	assert.Empty(t, offer.Session)
 
@@ -90,5 +91,5 @@ func TestDialRefusesAnotherVersion(t *testing.T) {
 	require.Error(t, err)
 	assert.True(t, stderrors.Is(err, ErrVersion), "%v", err)
 	assert.True(t, stderrors.Is(err, ErrBadInput), "%v", err)
-	assert.Contains(t, err.Error(), "speaks protocol version 9, this prefill 2")
+	assert.Contains(t, err.Error(), fmt.Sprintf("speaks protocol version 9, this prefill %d", ProtocolVersion))
 }

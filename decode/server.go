@@ -109,6 +109,9 @@ type Server struct {
 	// their sessions' access is revoked (AnswerBye.Reply names them).
 	byes    map[string]*actor.PID
 	nextBye uint64
+	// cancels are the Server.Cancel calls waiting for their room's
+	// CancelSettled, by room.
+	cancels map[uint64][]chan bool
 
 	// The message trace, when recording (trace.go): nil otherwise.
 	rec       *trace.Recorder
@@ -201,7 +204,7 @@ func New(node *Node, tr rdma.Transport, cfg Config) (_ *Server, err error) {
 		log = zap.NewNop()
 	}
 	s := &Server{node: node, tr: tr, cfg: cfg, log: log, obs: cfg.Observer, key: node.Addr() + "/" + name, access: map[string]rdma.PeerAccess{},
-		sessions: map[string]*Session{}, waiters: map[uint64][]chan waitResult{}, timers: map[uint64]*time.Timer{}, byes: map[string]*actor.PID{}, drained: make(chan struct{}),
+		sessions: map[string]*Session{}, waiters: map[uint64][]chan waitResult{}, timers: map[uint64]*time.Timer{}, byes: map[string]*actor.PID{}, cancels: map[uint64][]chan bool{}, drained: make(chan struct{}),
 		stopped: make(chan struct{}), acceptCh: make(chan struct{})}
 	if s.obs == nil {
 		s.obs = nopObserver{}
@@ -310,6 +313,8 @@ func (s *Server) receive(ctx actor.Context) {
 		s.drive(core.HelloMsg{From: origin(ctx), Hello: m, Token: newToken()})
 	case *wire.ChunkNotice:
 		s.drive(core.NoticeMsg{From: origin(ctx), Notice: m})
+	case *wire.Cancel:
+		s.drive(core.CancelMsg{From: origin(ctx), Cancel: m})
 	case *wire.Bye:
 		s.nextBye++
 		id := fmt.Sprint(s.nextBye)
@@ -447,6 +452,28 @@ func (s *Server) perform(e core.Effect) core.Msg {
 		s.obs.Verified(e.Bytes)
 	case core.Quarantined:
 		s.obs.Quarantined(e.Pages)
+	case core.TellDrain:
+		s.tellDrain(e.Session)
+	case core.AnswerCancel:
+		if e.Reason != "" {
+			s.obs.Refused("cancel", e.Reason)
+		}
+		s.ctx.Respond(&wire.NoticeAck{Code: e.Code, Error: e.Text})
+	case core.TellCancel:
+		if ss := s.sessions[e.Session]; ss != nil {
+			if pid := actorPID(ss.info.Actor); pid != nil {
+				s.ctx.Request(pid, &wire.Cancel{Session: e.Session, Room: e.Room, Reason: e.Reason})
+			}
+		}
+	case core.Cancelled:
+		if co, ok := s.obs.(CancelObserver); ok {
+			co.Cancelled(e.Direction)
+		}
+	case core.CancelSettled:
+		for _, w := range s.cancels[e.Room] {
+			w <- e.NotQuiesced
+		}
+		delete(s.cancels, e.Room)
 	case core.Drained:
 		select {
 		case <-s.drained:
@@ -512,10 +539,33 @@ func (s *Server) opened(info core.SessionInfo) {
 	s.log.Info("decode session opened", zap.String("server", s.key), zap.String("prefill", info.Prefill),
 		zap.String("node", info.Node), zap.Int("rank", info.Rank))
 	s.acceptMu.Lock()
-	s.accepted = append(s.accepted, ss)
-	close(s.acceptCh)
-	s.acceptCh = make(chan struct{})
+	// Close closes acceptCh before its CloseMsg reaches the actor: a
+	// session opened in between is ended by that CloseMsg, and no Accept
+	// takes it.
+	if !s.closed {
+		s.accepted = append(s.accepted, ss)
+		close(s.acceptCh)
+		s.acceptCh = make(chan struct{})
+	}
 	s.acceptMu.Unlock()
+}
+
+// tellDrain tells a session's prefill that this server drains: a message
+// to the session actor its Hello named, which checks the token.
+func (s *Server) tellDrain(token string) {
+	ss := s.sessions[token]
+	if ss == nil {
+		return
+	}
+	pid := actorPID(ss.info.Actor)
+	if pid == nil {
+		return
+	}
+	s.ctx.Request(pid, &wire.Drain{Session: token, Reason: "the decode server " + s.cfg.ID + " is draining (stopping)"})
+	if do, ok := s.obs.(DrainObserver); ok {
+		do.DrainTold()
+	}
+	s.log.Debug("told a prefill session the server drains", zap.String("server", s.cfg.Name), zap.String("prefill", ss.info.Prefill))
 }
 
 // actorPID parses "address/id" (the core's form of a session actor).
@@ -739,6 +789,69 @@ func (s *Server) Disconnect(identity string, why error) error {
 func (s *Server) State() (State, error) {
 	r, err := s.do(core.StateMsg{})
 	return r.State, public(err)
+}
+
+// Cancel gives a room up on the decode side (the scheduler's timeout, an
+// eviction, its client gone): the room fails (its Wait: ErrCancelled) and
+// is released, and every prefill session that may write it is told
+// (wire.Cancel): its client drops the room in its engine (as
+// system.Engine.Drop: no further group of it is posted) and answers once
+// no write of it can land. Cancel returns then, with the room's pages back
+// in the pool: within one group's transfer and a round trip of the call,
+// at once when no prefill may write the room. why is said to the prefill.
+//
+// A room has one outcome: one that completed or failed first is an error
+// marked ErrBadInput naming its outcome, and nothing changes; one the
+// prefill cancelled first is released; a second Cancel is an error marked
+// ErrBadInput. An unknown room too. When ctx ends first the room stays
+// cancelled and its pages come back when the prefill answers or its access
+// is revoked: the error is ctx's, also marked ErrNotQuiesced. A prefill
+// whose writes could not be stopped keeps the pages out for good: the
+// error is marked ErrNotQuiesced.
+func (s *Server) Cancel(ctx context.Context, id uint64, why string) error {
+	if len(why) > 1024 {
+		why = why[:1024]
+	}
+	start := time.Now()
+	settled := make(chan bool, 1)
+	var r core.Reply
+	if err := s.inActor(func() {
+		// Waiting before the step: the room may settle in it.
+		s.cancels[id] = append(s.cancels[id], settled)
+		reply := make(chan core.Reply, 1)
+		s.reply = reply
+		s.drive(core.CancelRoomMsg{Room: id, Cause: why})
+		s.reply = nil
+		r = <-reply
+		if r.Err != nil {
+			ws := s.cancels[id]
+			if i := slices.Index(ws, settled); i >= 0 {
+				s.cancels[id] = slices.Delete(ws, i, i+1)
+			}
+			if len(s.cancels[id]) == 0 {
+				delete(s.cancels, id)
+			}
+		}
+	}); err != nil {
+		return public(err)
+	}
+	if r.Err != nil {
+		return public(r.Err)
+	}
+	select {
+	case notQuiesced := <-settled:
+		if co, ok := s.obs.(CancelObserver); ok {
+			co.CancelSettled(time.Since(start))
+		}
+		if notQuiesced {
+			return public(errors.Mark(errors.Newf("room %d cancelled, but a prefill that may still write it could not be cut off: its pages are kept out for good", id), ErrNotQuiesced))
+		}
+		return nil
+	case <-ctx.Done():
+		return public(errors.Mark(errors.Wrapf(ctx.Err(), "cancel room %d: cancelled, its pages not yet quiet", id), ErrNotQuiesced))
+	case <-s.stopped:
+		return public(closedError("Cancel"))
+	}
 }
 
 // Accept returns the next prefill session that said Hello (sessions are

@@ -38,6 +38,10 @@ func init() {
 	switch f[0] {
 	case "decode":
 		err = runDecodeRole(f[1])
+	case "cancel-decode":
+		err = runCancelDecodeRole()
+	case "cancel-prefill":
+		err = runCancelPrefillRole(f[1])
 	default:
 		err = runPrefillRole(f[1], f[0] == "vanish", f[2], f[3])
 	}
@@ -265,4 +269,126 @@ func TestHeartbeatsFindStoppedDecode(t *testing.T) {
 	}
 	_, err = c.Bye(ctx, nil)
 	require.True(t, errors.Is(err, decode.ErrDecodeLost), "%v", err)
+}
+
+// runCancelDecodeRole serves one session, cancels its room once the
+// prefill reported its first chunk (as a scheduler giving up does), and
+// prints what followed: the cancel returned only once the prefill answered,
+// the pages went to another room, the session ended complete.
+func runCancelDecodeRole() error {
+	tr, err := loopback.NewFabric(loopback.Options{}).NewTransport("decode")
+	if err != nil {
+		return err
+	}
+	defer tr.Close()
+	pool, err := hostmem.Alloc(buffers * itemLen * pages)
+	if err != nil {
+		return err
+	}
+	defer pool.Free()
+	node, err := decode.ListenConfig(decode.NodeConfig{Listen: "127.0.0.1:0"})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	defer node.Close(ctx)
+	first := make(chan struct{}, 1)
+	srv, err := decode.New(node, tr, decode.Config{Buffers: decodeBuffers(pool), ByeGrace: time.Hour,
+		Verify: func(*decode.Session, decode.Chunk) error {
+			select {
+			case first <- struct{}{}:
+			default:
+			}
+			return nil
+		}})
+	if err != nil {
+		return err
+	}
+	defer srv.Close(ctx)
+	if err := srv.Expect(1, []int{0, 1, 2, 3}); err != nil {
+		return err
+	}
+	fmt.Println(node.Addr())
+	ss, err := srv.Accept(ctx)
+	if err != nil {
+		return err
+	}
+	<-first
+	start := time.Now()
+	if err := srv.Cancel(ctx, 1, "the scheduler gave up"); err != nil {
+		return fmt.Errorf("cancel: %w", err)
+	}
+	fmt.Fprintf(os.Stderr, "cancel-decode: Server.Cancel took %v across processes (call to pages freed)\n", time.Since(start))
+	if err := srv.Expect(2, []int{0, 1, 2, 3}); err != nil {
+		return fmt.Errorf("the cancelled room's pages are not free: %w", err)
+	}
+	rep, err := ss.Wait(ctx)
+	if err != nil || !rep.Complete {
+		return fmt.Errorf("session: %+v, %v", rep, err)
+	}
+	fmt.Println("room cancelled, pages free, session complete")
+	return nil
+}
+
+// runCancelPrefillRole reports room 1's first chunk to the decode at addr,
+// hears its cancel, drops the room (here: nothing in flight), answers, and
+// says goodbye.
+func runCancelPrefillRole(addr string) error {
+	node, err := decode.ListenConfig(decode.NodeConfig{Listen: "127.0.0.1:0"})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := decode.Dial(ctx, node, decode.DialConfig{Decode: addr, Buffers: prefillLayout(itemLen), PageSize: 4})
+	if err != nil {
+		return err
+	}
+	cancelled := make(chan uint64, 1)
+	c.OnCancel(func(room uint64, _ string) { cancelled <- room })
+	if err := c.Notify(ctx, notice(1, 0, 2, 0, false, system.Succeeded, nil)); err != nil {
+		return err
+	}
+	var room uint64
+	select {
+	case room = <-cancelled:
+	case <-ctx.Done():
+		return errors.New("the decode's cancel never came")
+	}
+	// The engine's Drop of the room would return here.
+	if err := c.Cancel(ctx, room, "dropped", nil); err != nil {
+		return fmt.Errorf("answer the cancel: %w", err)
+	}
+	if _, err := c.Bye(ctx, nil); err != nil {
+		return fmt.Errorf("bye: %w", err)
+	}
+	return node.Close(ctx)
+}
+
+// TestCancelAcrossProcesses: the decode process cancels a room mid-way;
+// the prefill process hears it, answers once its writes stopped, and says
+// goodbye; the decode's Cancel returned only then, the pages went to
+// another room, and the session is complete (a cancel is no failure of
+// the prefill's).
+func TestCancelAcrossProcesses(t *testing.T) {
+	dec := exec.Command(os.Args[0], "-test.run=^$")
+	dec.Env = append(os.Environ(), roleEnv+"=cancel-decode")
+	dec.Stderr = os.Stderr
+	out, err := dec.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, dec.Start())
+	t.Cleanup(func() { _ = dec.Process.Kill() })
+	lines := bufio.NewReader(out)
+	addr, err := lines.ReadString('\n')
+	require.NoError(t, err, "the decode process printed no address")
+
+	pre := exec.Command(os.Args[0], "-test.run=^$")
+	pre.Env = append(os.Environ(), roleEnv+"=cancel-prefill "+strings.TrimSpace(addr))
+	pre.Stdout, pre.Stderr = os.Stderr, os.Stderr
+	require.NoError(t, pre.Run(), "the prefill process failed (its stderr above)")
+	verdict, err := lines.ReadString('\n')
+	require.NoError(t, err, "the decode process printed no verdict (its stderr above)")
+	require.Equal(t, "room cancelled, pages free, session complete", strings.TrimSpace(verdict))
+	require.NoError(t, dec.Wait(), "the decode process did not end cleanly (its stderr above)")
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/kvstream/kvstream/messages"
 	"github.com/kvstream/kvstream/plan"
 	"github.com/kvstream/kvstream/trace"
+	"go.uber.org/zap"
 )
 
 // AddPeer adds a decode session. Without Peer.Sharding its buffers must
@@ -56,6 +57,30 @@ func (e *Engine) PeerLost(id string, cause error) error {
 	return nil
 }
 
+// PeerDraining tells the engine a decode peer drains (its server is
+// stopping and said so: decode.Client.Attach calls it): from now on a
+// chunk that opens a new room toward it (its first chunk: Start 0, no
+// chunk of the room registered) is refused with ErrDecodeDraining, while
+// the rooms in flight there are registered, sent and finished as before.
+// The serving stack hears of it through WithPeerDraining, and says Bye to
+// the decode once its rooms there are done. A second call changes nothing.
+func (e *Engine) PeerDraining(id, reason string) error {
+	e.closeMu.RLock()
+	defer e.closeMu.RUnlock()
+	if e.closed {
+		return public(closedError("PeerDraining"))
+	}
+	first, err := e.env.Peers.Drain(id, reason)
+	if err != nil || !first {
+		return public(err)
+	}
+	e.log.Debug("decode peer draining: new rooms toward it are refused", zap.String("peer", id), zap.String("reason", reason))
+	for _, f := range e.onDraining {
+		f(id, reason)
+	}
+	return nil
+}
+
 // Register registers the chunk that the next forward writes, before that
 // forward begins. It is idempotent per (room, exact chunk range):
 // registering an active chunk again changes nothing and is cheap. It returns
@@ -99,6 +124,14 @@ func (e *Engine) Register(ctx context.Context, spec ChunkSpec) (reg Registration
 		if lost := e.env.Peers.Lost(in.Peer); lost != nil && !in.Dummy {
 			e.obs.Refused("peer_lost")
 			return Registration{}, lost
+		}
+	}
+	if spec.Start == 0 && !e.env.Registry.HasRoom(spec.Room) {
+		for _, in := range spec.Infos {
+			if d := e.env.Peers.Draining(in.Peer); d != nil && !in.Dummy {
+				e.obs.Refused("peer_draining")
+				return Registration{}, errors.Wrapf(d, "register room %d: nothing registered", spec.Room)
+			}
 		}
 	}
 	p, err := plan.BuildPlan(e.layout, e.env.Peers.Get, &spec, e.cfg.policy())

@@ -25,12 +25,29 @@
 //
 // The decode side is package decode: a decode server's pool, and the
 // session that gives this engine its Peer (decode.Client.Attach) and tells
-// the decode side each chunk's outcome. Every error the engine returns
+// the decode side each chunk's outcome.
+//
+// A decode that stops (a rolling restart) says so first; Attach then calls
+// PeerDraining, and the engine refuses a chunk that would open a new room
+// toward it (Register's error is marked ErrDecodeDraining: register the
+// request toward another decode) while its rooms in flight are sent and
+// finished as before. A serving stack learns of it with one option,
+// WithPeerDraining(func(peer, reason string)): its router sends new
+// requests elsewhere from then on, and says Bye to that decode once its
+// rooms there are done.
+//
+// A room is cancelled with Drop, on either side's initiative: when the
+// prefill gives a room up (its client aborted), Drop it, then tell the
+// decode (decode.Client.Cancel, with Drop's error); when the decode gives
+// it up (decode.Server.Cancel), Attach drops it here and answers. Drop
+// posts no further group of the room and returns once none of its writes
+// can land. Every error the engine returns
 // answers errors.Is for its class (the Err* values) with the standard
 // library's errors package as with cockroachdb's.
 //
 // The files: types.go names the values a caller passes and gets back,
 // config.go and options.go configure New, engine.go is the lifecycle (New,
 // Close), calls.go the calls of the scheduler and the transfer path
-// (AddPeer, Register, Finish, Drop), forward.go the forward loop's hooks.
+// (AddPeer, PeerLost, PeerDraining, Register, Finish, Drop), forward.go the
+// forward loop's hooks.
 package system

@@ -43,9 +43,10 @@ type Engine struct {
 	releaseHW    func() // what WithHardware's stream needs to release it
 	ownTransport bool
 
-	obs      observers
-	restarts *actors.RestartWindow
-	ends     forwardEnds // recent end-of-forward events, for Finish
+	obs        observers
+	onDraining []func(peer, reason string) // WithPeerDraining
+	restarts   *actors.RestartWindow
+	ends       forwardEnds // recent end-of-forward events, for Finish
 
 	trace     *trace.Recorder
 	traceTo   io.Writer
@@ -72,7 +73,7 @@ func New(cfg Config, opts ...Option) (_ *Engine, err error) {
 	if o.log == nil {
 		o.log = defaultLogger()
 	}
-	e := &Engine{cfg: cfg, log: o.log, stream: o.stream, closeDone: make(chan struct{}), obs: o.observers,
+	e := &Engine{cfg: cfg, log: o.log, stream: o.stream, closeDone: make(chan struct{}), obs: o.observers, onDraining: o.draining,
 		restarts: &actors.RestartWindow{Max: cfg.MaxRestarts, Window: cfg.RestartWindow}}
 	defer func() {
 		if err != nil {

@@ -42,6 +42,12 @@ var (
 	// than the resend limit allows (docs/RELIABILITY.md, "Resume after a
 	// broken endpoint"). Also marked rdma.ErrEndpointBroken.
 	ErrResendLimit = actors.ErrResendLimit
+	// ErrDecodeDraining: Register refused a chunk that would open a new
+	// room toward a decode peer that drains (Engine.PeerDraining; the
+	// decode server said it is stopping): nothing changed; register the
+	// request toward another decode. Chunks of rooms already in flight
+	// there are registered as before.
+	ErrDecodeDraining = actors.ErrPeerDraining
 )
 
 // public is how every exported function returns its error: marks become

@@ -25,6 +25,7 @@ type options struct {
 	transport rdma.Transport
 	hardware  Hardware
 	getenv    func(string) string
+	draining  []func(peer, reason string)
 }
 
 // WithLogger sets the logger. The default writes WARN and above to stderr,
@@ -78,3 +79,14 @@ func WithObserver(o Observer) Option {
 
 // WithGetenv replaces os.Getenv for the KVSTREAM_* variables (tests).
 func WithGetenv(f func(string) string) Option { return func(o *options) { o.getenv = f } }
+
+// WithPeerDraining calls f when a decode peer drains (Engine.PeerDraining,
+// which decode.Client.Attach calls when the decode server says it is
+// stopping), with the peer's id and the reason: a router sends new
+// requests to another decode from then on (Register refuses new rooms
+// toward that peer with ErrDecodeDraining) and says Bye to the draining
+// one once its rooms in flight are finished. f runs on the caller of
+// PeerDraining (a goroutine of the decode node): it must not block.
+func WithPeerDraining(f func(peer, reason string)) Option {
+	return func(o *options) { o.draining = append(o.draining, f) }
+}

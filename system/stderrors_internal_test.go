@@ -18,7 +18,7 @@ func TestEveryExportedSentinelIsStandard(t *testing.T) {
 		"ErrBadInput": ErrBadInput, "ErrTimeout": ErrTimeout, "ErrEndpointBroken": ErrEndpointBroken,
 		"ErrDeviceLost": ErrDeviceLost, "ErrEventWait": ErrEventWait, "ErrClosed": ErrClosed,
 		"ErrNotQuiesced": ErrNotQuiesced, "ErrPeerLost": ErrPeerLost, "ErrUnhealthy": ErrUnhealthy,
-		"ErrNoChunk": ErrNoChunk, "ErrDropped": ErrDropped,
+		"ErrNoChunk": ErrNoChunk, "ErrDropped": ErrDropped, "ErrDecodeDraining": ErrDecodeDraining,
 	} {
 		err := public(errors.Wrap(errors.Mark(errors.New("room 1: something"), sentinel), "finish"))
 		assert.True(t, stderrors.Is(err, sentinel), name)

@@ -17,7 +17,7 @@ import (
 
 // stdEngine is an engine of 2 MLA buffers (2 hook layers, K = 2) with a
 // decode peer "d", on a virtual GPU whose events misbehave as fault says.
-func stdEngine(t *testing.T, fault sim.Fault, timeout time.Duration) *system.Engine {
+func stdEngine(t *testing.T, fault sim.Fault, timeout time.Duration, opts ...system.Option) *system.Engine {
 	t.Helper()
 	const itemLen, pages = 64, 8
 	fab := loopback.NewFabric(loopback.Options{})
@@ -34,8 +34,8 @@ func stdEngine(t *testing.T, fault sim.Fault, timeout time.Duration) *system.Eng
 	e, err := system.New(system.Config{
 		Buffers:    system.MLABuffers([]uint64{src.Addr, src.Addr + itemLen*pages}, itemLen, pages),
 		HookLayers: 2, GroupSize: 2, PageSize: 4, FinishTimeout: timeout,
-	}, system.WithStream(gpu.NewStream("compute")), system.WithTransport(pre), system.WithLogger(zap.NewNop()),
-		system.WithGetenv(func(string) string { return "" }))
+	}, append([]system.Option{system.WithStream(gpu.NewStream("compute")), system.WithTransport(pre), system.WithLogger(zap.NewNop()),
+		system.WithGetenv(func(string) string { return "" })}, opts...)...)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = e.Close() })
 	peer := system.Peer{ID: "d", Address: dec.Address()}

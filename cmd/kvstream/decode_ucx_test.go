@@ -315,3 +315,33 @@ func TestUCXDrainCutSummaries(t *testing.T) {
 		assert.NotContains(t, dec.out(), "cut by the drain timeout")
 	}
 }
+
+// TestUCXDecodeDrainsItsPrefill: a SIGTERM to kvstream decode mid-run
+// tells its prefill, which starts no other request, finishes those
+// started, says goodbye and exits 0 saying the decode drained; the decode
+// exits 0 as soon as that session ended, long before its 5-minute
+// --drain-timeout, with the session complete.
+func TestUCXDecodeDrainsItsPrefill(t *testing.T) {
+	t.Parallel()
+	env := []string{"UCX_TLS=tcp"}
+	dec := startCLI(t, env, "decode", "--listen", "127.0.0.1:0", "--drain-timeout", "5m")
+	addr := dec.waitLine(t, listening, 30*time.Second)[1]
+	pre := startCLI(t, env, "prefill", "--decode", addr, "--model", "small", "--requests", "16", "--prompt-tokens", "4096",
+		"--chunk-tokens", "1024", "--page-size", "16", "--layer-us-per-ktok", "10000")
+	pre.waitLine(t, regexp.MustCompile(`prefill: forward 2/64 done`), time.Minute)
+	signalled := time.Now()
+	require.NoError(t, dec.cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, pre.wait(t, 2*time.Minute), "a prefill whose decode drained, having lost nothing, exits 0:\n%s\n%s", pre.out(), pre.errOut())
+	require.NoError(t, dec.wait(t, 2*time.Minute), "a drain that cut nothing exits 0:\n%s\n%s", dec.out(), dec.errOut())
+	t.Logf("the decode exited %v after its SIGTERM (--drain-timeout 5m)", time.Since(signalled).Round(time.Millisecond))
+	m := regexp.MustCompile(`stopped after \d+ of 64 forwards: (\d+) of 16 requests done \((\d+) not started\), (\d+) chunks done, 0 failed, decode accepted (\d+) chunks, bytes equal: true, .*; decode drained: the decode server decode is draining`).
+		FindStringSubmatch(pre.out())
+	require.NotNil(t, m, "prefill:\n%s\n%s", pre.out(), pre.errOut())
+	n := func(i int) int { v, err := strconv.Atoi(m[i]); require.NoError(t, err); return v }
+	assert.Equal(t, 16, n(1)+n(2), "every request either done or never started")
+	assert.Positive(t, n(2), "the decode's drain kept requests from starting")
+	assert.Equal(t, n(3), n(4), "the decode accepted every chunk done")
+	assert.Contains(t, pre.errOut(), "the decode process drains")
+	assert.Regexp(t, fmt.Sprintf(`session of .* ended complete: %d chunks \(0 not successful\), %d rooms complete`, n(3), n(1)), dec.out())
+	assert.NotContains(t, dec.out(), "cut by the drain timeout")
+}

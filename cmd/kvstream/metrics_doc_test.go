@@ -24,7 +24,7 @@ var observability = filepath.Join("..", "..", "docs", "OBSERVABILITY.md")
 // serves is in docs/OBSERVABILITY.md's table with its type, labels and
 // label values (no undocumented label, such as the `run` the sim once
 // added), every documented value has a series (registrations refused by
-// each of the five reasons at 0), and every documented family is served,
+// each of the six reasons at 0), and every documented family is served,
 // but for the three gauges computed from open engines, which the page
 // says are not reported once none is open.
 func TestObservabilityMatchesAScrape(t *testing.T) {
@@ -71,7 +71,7 @@ func TestObservabilityMatchesAScrape(t *testing.T) {
 	require.NoError(t, err)
 	diffs := metricsdoc.Compare(doc, served, []string{"kvstream_"}, "kvstream_active_contexts", "kvstream_rooms_in_flight", "kvstream_bytes_in_flight", "kvstream_submit_queue_depth", "kvstream_healthy")
 	assert.Empty(t, diffs, "docs/OBSERVABILITY.md and a scrape of kvstream sim differ")
-	assert.Equal(t, []string{"bad_input", "cancelled", "closed", "peer_lost", "unhealthy"}, served["kvstream_registrations_refused_total"].Labels["reason"])
+	assert.Equal(t, []string{"bad_input", "cancelled", "closed", "peer_draining", "peer_lost", "unhealthy"}, served["kvstream_registrations_refused_total"].Labels["reason"])
 	assert.NotContains(t, body, `run="`, "no label the documentation does not list")
 	if promtool, err := exec.LookPath("promtool"); err == nil {
 		lint := exec.Command(promtool, "check", "metrics")

@@ -63,7 +63,9 @@ port 0 of the same host; their addresses are in the report's rows).
 --fault injects one failure at the first forward of batch --fault-batch: kill-decode (SIGKILL its
 decode instance, then restart it under the same id), kill-prefill (SIGKILL the last rank; no batch
 is started after it), pause-etcd (freeze etcd for --fault-for, at most 10m; a lookup during the
-pause must fail with etcd unavailable, and one after it succeed).
+pause must fail with etcd unavailable, and one after it succeed), rolling-restart (SIGTERM each decode
+instance in turn while batches run: it tells its ranks it drains, gets no new batch, exits 0 once its
+ranks finished their batch there and said goodbye, and is restarted; no request may be lost).
 
 The modeled-link flags of kvstream sim (--link-gbps, --link-latency-us, --time-scale) do not apply:
 the ranks' link is real.`,
@@ -76,7 +78,7 @@ the ranks' link is real.`,
 	fl.IntVar(&f.decodes, "decode", 1, "decode instances (processes)")
 	fl.IntVar(&f.batches, "batches", 0, "batches of --requests requests to run (0: two per decode instance)")
 	fl.StringVar(&f.transport, "transport", "ucx", "data transport between the processes")
-	fl.StringVar(&f.fault, "fault", "", "inject a failure: kill-decode, kill-prefill or pause-etcd")
+	fl.StringVar(&f.fault, "fault", "", "inject a failure: kill-decode, kill-prefill, pause-etcd or rolling-restart")
 	fl.IntVar(&f.faultBatch, "fault-batch", 1, "the batch whose first forward triggers --fault")
 	fl.DurationVar(&f.faultFor, "fault-for", 3*time.Second, "how long pause-etcd freezes etcd (at most 10m)")
 	fl.DurationVar(&f.roomTimeout, "room-timeout", 2*time.Minute, "a decode instance fails a room not complete this long after its first notice")

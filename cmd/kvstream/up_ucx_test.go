@@ -152,6 +152,30 @@ func TestUCXClusterPrefillKilled(t *testing.T) {
 	assert.Less(t, b.RoomsEndedAfterFaultMs, 8000.0, "failed by the lost session, not a timeout")
 }
 
+// TestUCXClusterRollingRestart: every decode instance drained in turn
+// (SIGTERM) while batches run, as a rolling update does: each tells its
+// ranks it drains, gets no new batch, exits 0 once they finished their
+// batch there and said goodbye (long before its drain timeout), and is
+// restarted; every batch completes byte-equal, none lost.
+func TestUCXClusterRollingRestart(t *testing.T) {
+	clusterAtATime(t)
+	rep := upRunJSON(t, true, append([]string{"--prefill-ranks", "2", "--decode", "2", "--batches", "6",
+		"--fault", "rolling-restart", "--fault-batch", "1"}, faultArgs...)...)
+	assert.True(t, rep.BytesEqual)
+	assert.True(t, rep.Complete, "no request lost: %+v", rep.Batches)
+	assert.Zero(t, rep.FailedChunks)
+	require.Len(t, rep.Batches, 6)
+	for _, b := range rep.Batches {
+		assert.True(t, b.Complete, "batch %d on %s: %s", b.Batch, b.Decode, b.Error)
+	}
+	notes := strings.Join(rep.FaultNotes, "\n")
+	for _, id := range []string{"decode-0", "decode-1"} {
+		assert.Regexp(t, regexp.MustCompile(`rolling-restart: `+id+` \(pid \d+\) drained and exited \(exit 0\)`), notes)
+	}
+	assert.Contains(t, notes, "every decode instance drained and came back")
+	t.Logf("fault notes:\n%s", notes)
+}
+
 // TestUCXClusterEtcdPaused: etcd frozen for 3 s mid-run: the batch in
 // flight completes, a lookup during the pause fails as unavailable, the
 // members are listed again after it, and later batches complete.

@@ -97,13 +97,29 @@ func (k *book) roomEnded(dec string, e Event) {
 	k.settleLocked(bt)
 }
 
+// openOn lists the batches open on decode instance dec.
+func (k *book) openOn(dec string) []int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var out []int
+	for _, bt := range k.batches {
+		if bt.row.Decode == dec && !bt.closed {
+			out = append(out, bt.row.Batch)
+		}
+	}
+	return out
+}
+
 // decodeExited: the rooms of dec's open batches will never report; each
 // such batch ends when its ranks have.
 func (k *book) decodeExited(dec string) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	for _, bt := range k.batches {
-		if bt.row.Decode != dec || bt.closed {
+		// A batch whose rooms all completed lost nothing (a drained
+		// instance exits once its ranks said goodbye, which may be
+		// heard before their batch events).
+		if bt.row.Decode != dec || bt.closed || bt.row.RoomsComplete >= k.requests {
 			continue
 		}
 		bt.row.RoomsFailed = k.requests - bt.row.RoomsComplete

@@ -98,3 +98,21 @@ func TestBookDrained(t *testing.T) {
 	assert.Equal(t, 2, d.InFlight)
 	assert.Equal(t, 1, d.Lost)
 }
+
+// TestBookDrainedInstanceExit: an instance that drained exits once its
+// ranks said goodbye, which the launcher may hear before their batch
+// events: a batch whose rooms all completed there lost nothing.
+func TestBookDrainedInstanceExit(t *testing.T) {
+	k := newBook(2, 2)
+	bt := k.start(0, "decode-0")
+	k.roomEnded("decode-0", Event{Batch: 0, Room: 0, Complete: true})
+	k.roomEnded("decode-0", Event{Batch: 0, Room: 1, Complete: true})
+	k.decodeExited("decode-0")
+	k.rankReported(Event{Batch: 0, Rank: 0, OK: true})
+	k.rankReported(Event{Batch: 0, Rank: 1, OK: true})
+	require.True(t, closed(bt))
+	rows, complete := k.rows(1)
+	assert.True(t, complete, "%+v", rows)
+	assert.Empty(t, rows[0].Error)
+	assert.Zero(t, rows[0].RoomsFailed)
+}

@@ -188,11 +188,21 @@ func RunDecodeInstance(accept, hard context.Context, cfg DecodeInstanceConfig) (
 	if accept.Err() != nil {
 		reason = context.Cause(accept).Error()
 	}
+	// Ends the server's Drain when this returns (its Close ended the
+	// sessions).
+	drainCtx, stopDrain := context.WithCancel(hard)
+	defer stopDrain()
 	rep := service.Drain{
 		Timeout: cfg.DrainTimeout, Ops: cfg.Ops, Reason: reason, Log: log,
 		// Revoked first: no rank or router picks an instance that is
-		// going.
-		Stop:     func(context.Context) error { return deregister() },
+		// going. Then every open session is told (wire.Drain): its rank
+		// finishes its batch here and says goodbye, so the drain ends
+		// when they are done.
+		Stop: func(context.Context) error {
+			err := deregister()
+			go func() { _ = d.Server.Drain(drainCtx) }()
+			return err
+		},
 		InFlight: sessions.Count,
 		Wait:     sessions.Wait,
 		Goodbye:  closeServer,

@@ -24,15 +24,26 @@ const (
 	// PauseEtcd: freeze etcd (SIGSTOP) for a while: a lookup during the
 	// pause must fail as unavailable, and one after it succeed.
 	PauseEtcd Fault = "pause-etcd"
+	// RollingRestart: drain every decode instance in turn, under load
+	// (SIGTERM, as an orchestrator's rolling update does): no new batch
+	// goes to it while it drains, its ranks finish their batch there and
+	// say goodbye (it told them: wire.Drain), it exits; it is restarted
+	// under its id and, once registered again, the next one drains. No
+	// request may be lost.
+	RollingRestart Fault = "rolling-restart"
 )
+
+// rollBound bounds each step of a rolling restart: an instance's drain
+// (its batch in flight finishing first) and its return.
+const rollBound = 2 * time.Minute
 
 // ParseFault reads --fault.
 func ParseFault(s string) (Fault, error) {
 	switch f := Fault(s); f {
-	case NoFault, KillDecode, KillPrefill, PauseEtcd:
+	case NoFault, KillDecode, KillPrefill, PauseEtcd, RollingRestart:
 		return f, nil
 	}
-	return "", errors.Newf("--fault %q: want kill-decode, kill-prefill or pause-etcd", s)
+	return "", errors.Newf("--fault %q: want kill-decode, kill-prefill, pause-etcd or rolling-restart", s)
 }
 
 // pauser freezes and continues etcd (etcdproc.Proc).
@@ -64,12 +75,34 @@ type injector struct {
 	// say prints a status line (nil: none).
 	say func(format string, args ...any)
 
-	running sync.WaitGroup // a pause in progress
+	// rolling-restart: the decode instances, in order; term sends one
+	// SIGTERM; registered says whether one is registered again by its
+	// new process; openOn lists the batches open on one, ranks is the
+	// number of ranks whose forwards each needs; ctx ends the restarts
+	// (the run's end).
+	decodes    []string
+	term       func(id string) (pid int, err error)
+	registered func(id string) bool
+	openOn     func(id string) []int
+	ranks      int
+	ctx        context.Context
+	// gate makes a batch's start and the choice of the instance to drain
+	// atomic (Gate): no batch starts on an instance once it is avoided.
+	gate sync.Mutex
+
+	running sync.WaitGroup // a pause or a rolling restart in progress
 
 	mu      sync.Mutex
 	faulted bool
 	killed  string // the node kill-decode killed
-	notes   []string
+	// draining is the instance a rolling restart drains now, exits where
+	// its exit is reported.
+	draining string
+	exits    chan error
+	// forwarded are the ranks that reported a forward, by batch: their
+	// sessions with the batch's instance are open.
+	forwarded map[int]map[int]bool
+	notes     []string
 }
 
 func (f *injector) note(format string, args ...any) {
@@ -90,11 +123,32 @@ func (f *injector) Notes() []string {
 // event; kill-prefill: the last rank).
 func (f *injector) forward(e Event) {
 	f.mu.Lock()
-	if f.faulted || e.Batch != f.batch || (f.fault != KillDecode && f.fault != KillPrefill) {
+	if f.fault == RollingRestart {
+		if f.forwarded == nil {
+			f.forwarded = map[int]map[int]bool{}
+		}
+		if f.forwarded[e.Batch] == nil {
+			f.forwarded[e.Batch] = map[int]bool{}
+		}
+		f.forwarded[e.Batch][e.Rank] = true
+	}
+	if f.faulted || e.Batch != f.batch || (f.fault != KillDecode && f.fault != KillPrefill && f.fault != RollingRestart) {
 		f.mu.Unlock()
 		return
 	}
 	f.faulted = true
+	if f.fault == RollingRestart {
+		f.mu.Unlock()
+		f.struck(time.Now())
+		// The first instance is avoided from this forward on.
+		first := f.mark(0)
+		f.running.Add(1)
+		go func() {
+			defer f.running.Done()
+			f.roll(e.Batch, first)
+		}()
+		return
+	}
 	victim := e.Decode
 	if f.fault == KillPrefill {
 		victim = f.lastRank
@@ -113,11 +167,155 @@ func (f *injector) forward(e Event) {
 }
 
 // restart says whether node id, which just exited, is to be restarted:
-// the decode instance kill-decode killed, unless the launcher is stopping.
+// the decode instance kill-decode killed or a rolling restart drained,
+// unless the launcher is stopping.
 func (f *injector) restart(id string, stopping bool) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.fault == KillDecode && f.killed == id && !stopping
+	return !stopping && (f.fault == KillDecode && f.killed == id || f.fault == RollingRestart && f.draining == id)
+}
+
+// exited hears of node id's exit, with its status: the instance a
+// rolling restart drains reports it to roll.
+func (f *injector) exited(id string, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.draining == id && f.exits != nil {
+		select {
+		case f.exits <- err:
+		default:
+		}
+	}
+}
+
+// avoid says whether decode instance id is being drained on purpose: the
+// router sends it no new batch.
+func (f *injector) avoid(id string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.draining == id
+}
+
+// Gate runs start (a batch's start on decode instance id) unless id is
+// avoided, atomically with roll's choice of the instance to drain: a
+// batch either starts before the instance is avoided (and roll waits for
+// it to be under way) or goes elsewhere.
+func (f *injector) Gate(id string, start func()) bool {
+	f.gate.Lock()
+	defer f.gate.Unlock()
+	if f.avoid(id) {
+		return false
+	}
+	start()
+	return true
+}
+
+// underWay reports whether every batch open on id has every rank's session
+// with it open (each rank reported a forward): a SIGTERM then cuts no
+// Hello of a batch it was given.
+func (f *injector) underWay(id string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, b := range f.openOn(id) {
+		if len(f.forwarded[b]) < f.ranks {
+			return false
+		}
+	}
+	return true
+}
+
+// roll is the rolling restart, from batch b's first forward: each decode
+// instance in turn is avoided, sent SIGTERM, and waited for: its drain
+// (exit 0 when it lost nothing), its restart, its registration again. Each
+// wait is bounded by rollBound and ends with f.ctx.
+func (f *injector) roll(b int, first <-chan error) {
+	if f.say != nil {
+		f.say("rolling-restart: draining the %d decode instances one after another from batch %d", len(f.decodes), b)
+	}
+	for i, id := range f.decodes {
+		exits := first
+		if i > 0 {
+			exits = f.mark(i)
+		}
+		ok := f.rollOne(id, exits)
+		f.mu.Lock()
+		f.draining, f.exits = "", nil
+		f.mu.Unlock()
+		if !ok {
+			return
+		}
+	}
+	f.note("rolling-restart: every decode instance drained and came back")
+}
+
+// mark avoids decode instance i from now on (no batch starts on it after
+// this returns) and returns where its exit will be reported.
+func (f *injector) mark(i int) <-chan error {
+	exits := make(chan error, 1)
+	f.gate.Lock()
+	defer f.gate.Unlock()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if i < len(f.decodes) {
+		f.draining, f.exits = f.decodes[i], exits
+	}
+	return exits
+}
+
+// rollOne drains decode instance id and waits for it to be back.
+func (f *injector) rollOne(id string, exits <-chan error) bool {
+	bound := time.NewTimer(rollBound)
+	defer bound.Stop()
+	poll := time.NewTicker(20 * time.Millisecond) // a poll of the book and the followed (in-memory) membership
+	defer poll.Stop()
+	// The batches it was given are under way first: a rank that has not
+	// said Hello to it yet would be refused (it drains) and fail its batch.
+	for !f.underWay(id) {
+		select {
+		case <-poll.C:
+		case <-bound.C:
+			f.note("rolling-restart: %s: its batches were not under way within %v", id, rollBound)
+			return false
+		case <-f.ctx.Done():
+			f.note("rolling-restart: cut before %s drained (%v)", id, context.Cause(f.ctx))
+			return false
+		}
+	}
+	at := time.Now()
+	pid, err := f.term(id)
+	if err != nil {
+		f.note("rolling-restart: %s: %v", id, err)
+		return false
+	}
+	var exit error
+	select {
+	case exit = <-exits:
+	case <-bound.C:
+		f.note("rolling-restart: %s (pid %d) did not exit within %v of its SIGTERM", id, pid, rollBound)
+		return false
+	case <-f.ctx.Done():
+		f.note("rolling-restart: cut while %s drained (%v)", id, context.Cause(f.ctx))
+		return false
+	}
+	drained := time.Since(at)
+	status := "exit 0"
+	if exit != nil {
+		status = exit.Error()
+	}
+	for !f.registered(id) {
+		select {
+		case <-poll.C:
+		case <-bound.C:
+			f.note("rolling-restart: %s drained (%s) in %d ms but was not registered again within %v", id, status, drained.Milliseconds(), rollBound)
+			return false
+		case <-f.ctx.Done():
+			f.note("rolling-restart: cut while %s came back (%v)", id, context.Cause(f.ctx))
+			return false
+		}
+	}
+	f.note("rolling-restart: %s (pid %d) drained and exited (%s) %d ms after its SIGTERM; restarted, registered again %d ms later",
+		id, pid, status, drained.Milliseconds(), (time.Since(at) - drained).Milliseconds())
+	return exit == nil
 }
 
 // pauseEtcd freezes etcd for f.pause while batch b is in flight, checks a

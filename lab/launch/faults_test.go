@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,7 +15,7 @@ import (
 )
 
 func TestParseFault(t *testing.T) {
-	for _, s := range []string{"", "kill-decode", "kill-prefill", "pause-etcd"} {
+	for _, s := range []string{"", "kill-decode", "kill-prefill", "pause-etcd", "rolling-restart"} {
 		f, err := ParseFault(s)
 		require.NoError(t, err)
 		assert.Equal(t, Fault(s), f)
@@ -157,4 +158,70 @@ func TestConfigBoundsFaultFor(t *testing.T) {
 		require.Error(t, err, d)
 		assert.Contains(t, err.Error(), "--fault-for "+d.String()+": want 0 to 10m0s", d)
 	}
+}
+
+// TestInjectorRollsEveryDecode: from the fault batch's first forward, each
+// decode instance in turn is avoided by the router before its SIGTERM,
+// restarted once it exited, and the next one drains only once it is
+// registered again; an exit that is not 0 stops the roll.
+func TestInjectorRollsEveryDecode(t *testing.T) {
+	k := &killRecorder{}
+	var mu sync.Mutex
+	back := map[string]bool{"decode-0": true, "decode-1": true, "decode-2": true}
+	var restarted []string
+	var termed atomic.Int32
+	f := &injector{fault: RollingRestart, batch: 1, decodes: []string{"decode-0", "decode-1", "decode-2"}, struck: k.at,
+		ctx: context.Background(), registered: func(id string) bool { mu.Lock(); defer mu.Unlock(); return back[id] },
+		// Batch 5 is open on decode-0 until the end: both ranks' sessions
+		// must be open (a forward each) before it drains.
+		openOn: func(id string) []int {
+			if id == "decode-0" {
+				return []int{5}
+			}
+			return nil
+		}, ranks: 2}
+	f.term = func(id string) (int, error) {
+		termed.Add(1)
+		assert.True(t, f.avoid(id), "%s avoided before its SIGTERM", id)
+		mu.Lock()
+		for other, ok := range back {
+			assert.True(t, ok, "%s drains while %s is not back", id, other)
+		}
+		back[id] = false
+		mu.Unlock()
+		var exit error
+		if id == "decode-2" {
+			exit = errors.New("exit status 1")
+		}
+		// Its process drains and exits; up restarts it; it registers
+		// again.
+		go func() {
+			f.exited(id, exit)
+			if f.restart(id, false) {
+				mu.Lock()
+				restarted = append(restarted, id)
+				back[id] = true
+				mu.Unlock()
+			}
+		}()
+		return 7, nil
+	}
+	f.forward(Event{Event: EventForward, Batch: 5, Rank: 0})
+	f.forward(Event{Event: EventForward, Batch: 0})
+	f.forward(Event{Event: EventForward, Batch: 1})
+	f.forward(Event{Event: EventForward, Batch: 1})
+	assert.False(t, f.Gate("decode-0", func() { t.Error("a batch started on an instance being drained") }))
+	assert.True(t, f.Gate("decode-1", func() {}))
+	assert.Zero(t, termed.Load(), "decode-0 drained before its batch 5 was under way")
+	f.forward(Event{Event: EventForward, Batch: 5, Rank: 1})
+	f.wait()
+	mu.Lock()
+	assert.Equal(t, []string{"decode-0", "decode-1", "decode-2"}, restarted)
+	mu.Unlock()
+	assert.False(t, f.avoid("decode-2"))
+	assert.Len(t, k.struck, 1)
+	notes := strings.Join(f.Notes(), "\n")
+	assert.Contains(t, notes, "rolling-restart: decode-0 (pid 7) drained and exited (exit 0)")
+	assert.Contains(t, notes, "rolling-restart: decode-2 (pid 7) drained and exited (exit status 1)")
+	assert.NotContains(t, notes, "every decode instance drained and came back", "an exit that is not 0 is no clean roll")
 }

@@ -102,7 +102,8 @@ func RunPrefillRank(accept, hard context.Context, cfg PrefillRankConfig) error {
 		cfg.Ops.Ready("registered", func(context.Context) error { return regState(reg) })
 	}
 	rk := &rank{cfg: wl, id: id, decodeName: cfg.DecodeName, node: cfg.Node, tr: cfg.Transport, res: res, log: cfg.Log, out: out,
-		sessions: map[string]*decode.Client{}, m: m}
+		sessions: map[string]*decode.Client{}, active: map[string]int{}, m: m}
+	defer rk.byes.Wait()
 	out.Emit(Event{Event: EventReady, ID: id, Addr: addr, Pid: os.Getpid(), Rank: wl.CP.Rank, Metrics: opsAddr(cfg.Ops)})
 
 	// The batches run under their own context: the drain's timeout (or a
@@ -135,9 +136,13 @@ read:
 			}
 			batches.Add()
 			m.inFlight.Inc()
+			// Counted at once, before its goroutine runs: a drain of
+			// the instance heard meanwhile waits for the batch.
+			rk.begin(c.Decode)
 			wg.Go(func() {
 				defer batches.Done()
 				defer m.inFlight.Dec()
+				defer rk.end(c.Decode)
 				rk.run(batchCtx, c.Batch, c.Decode)
 			})
 		}
@@ -180,6 +185,8 @@ type rank struct {
 
 	mu       sync.Mutex
 	sessions map[string]*decode.Client // by decode instance id
+	active   map[string]int            // batches running, by decode instance id
+	byes     sync.WaitGroup            // goodbyes to draining instances in progress
 	dials    int64
 	batches  int
 	failed   int
@@ -214,7 +221,51 @@ func (k *rank) session(ctx context.Context, dec string, geom testbed.Geometry) (
 	}
 	k.dials++
 	k.sessions[dec] = c
+	// The instance drains (it is stopping): once no batch of this rank
+	// runs there, goodbye, so that its drain ends now rather than at its
+	// drain timeout. The router sends it no new batch meanwhile.
+	c.OnDrain(func(string) { k.byes.Go(func() { k.goodbye(dec, c) }) })
 	return c, nil
+}
+
+// begin counts a batch running on decode instance dec; end uncounts it,
+// and says goodbye to dec if it drains and no batch of this rank runs
+// there any more.
+func (k *rank) begin(dec string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.active[dec]++
+}
+
+func (k *rank) end(dec string) {
+	k.mu.Lock()
+	k.active[dec]--
+	c := k.sessions[dec]
+	k.mu.Unlock()
+	if c != nil && c.Draining() != "" {
+		k.goodbye(dec, c)
+	}
+}
+
+// goodbye ends the session c with draining instance dec, unless a batch
+// of this rank still runs there (its end says goodbye then) or the
+// session was replaced; a later batch for dec (the instance restarted)
+// opens a new session.
+func (k *rank) goodbye(dec string, c *decode.Client) {
+	k.mu.Lock()
+	if k.active[dec] > 0 || k.sessions[dec] != c {
+		k.mu.Unlock()
+		return
+	}
+	delete(k.sessions, dec)
+	k.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := c.Bye(ctx, nil); err != nil {
+		k.log.Warn("goodbye to a draining decode instance", zap.String("decode", dec), warnErr(err))
+		return
+	}
+	k.log.Debug("goodbye to a draining decode instance", zap.String("decode", dec), zap.String("reason", c.Draining()))
 }
 
 // resolvePatience bounds how long a rank waits for the decode instance it

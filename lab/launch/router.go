@@ -24,9 +24,14 @@ type router struct {
 	// id's process runs (it may come back), or exited for good.
 	live    func() ([]string, error)
 	running func(id string) bool
+	// avoid, if set, says whether id is being drained on purpose (a
+	// rolling restart): no new batch goes to it while another instance
+	// is live.
+	avoid func(id string) bool
 	// stop reports a reason to start no more batches ("" to go on).
 	stop func() string
-	// start starts batch b on dec and returns what await waits on.
+	// start starts batch b on dec and returns what await waits on, or
+	// nil when dec is avoided now (checked with the start, atomically).
 	start func(b int, dec string) *batch
 	// await returns when bt ended (or its bound ran out, or hard ended).
 	await func(hard context.Context, bt *batch)
@@ -54,32 +59,44 @@ func (r *router) run(accept, hard context.Context, n int) (started int, why stri
 			r.note("batch %d and later not started: %s", b, why)
 			return started, why
 		}
-		dec, err := r.pick(accept, b)
-		if err != nil {
-			why = err.Error()
-			if accept.Err() != nil {
-				why = "draining"
+		var dec string
+		var slot chan struct{}
+		var bt *batch
+		for {
+			var err error
+			dec, err = r.pick(accept, b)
+			if err != nil {
+				why = err.Error()
+				if accept.Err() != nil {
+					why = "draining"
+				}
+				r.note("batch %d and later not started: %s", b, why)
+				return started, why
 			}
-			r.note("batch %d and later not started: %s", b, why)
-			return started, why
-		}
-		slot := slots[dec]
-		if slot == nil {
-			slot = make(chan struct{}, 1)
-			slots[dec] = slot
-		}
-		select {
-		case slot <- struct{}{}:
-		case <-accept.Done():
-			r.note("batch %d and later not started: draining", b)
-			return started, "draining"
-		}
-		if why = r.stop(); why != "" {
+			slot = slots[dec]
+			if slot == nil {
+				slot = make(chan struct{}, 1)
+				slots[dec] = slot
+			}
+			select {
+			case slot <- struct{}{}:
+			case <-accept.Done():
+				r.note("batch %d and later not started: draining", b)
+				return started, "draining"
+			}
+			if why = r.stop(); why != "" {
+				<-slot
+				r.note("batch %d and later not started: %s", b, why)
+				return started, why
+			}
+			if !r.avoided(dec) {
+				if bt = r.start(b, dec); bt != nil {
+					break
+				}
+			}
+			// It began draining while the batch waited for it.
 			<-slot
-			r.note("batch %d and later not started: %s", b, why)
-			return started, why
 		}
-		bt := r.start(b, dec)
 		started++
 		wg.Go(func() {
 			defer func() { <-slot }()
@@ -104,10 +121,12 @@ func (r *router) pick(ctx context.Context, b int) (string, error) {
 			return "", err
 		}
 		coming := r.running(want)
+		avoided := r.avoided(want)
+		live = slices.DeleteFunc(live, r.avoided)
 		switch {
 		case slices.Contains(live, want):
 			return want, nil
-		case len(live) > 0 && (!coming || time.Now().After(deadline)):
+		case len(live) > 0 && (avoided || !coming || time.Now().After(deadline)):
 			return live[b%len(live)], nil
 		case time.Now().After(deadline):
 			return "", errors.Mark(errors.Newf("no live decode instance within %v", r.pickWait), cluster.ErrNotFound)
@@ -124,3 +143,6 @@ func (r *router) pick(ctx context.Context, b int) (string, error) {
 		}
 	}
 }
+
+// avoided says whether id is being drained on purpose (router.avoid).
+func (r *router) avoided(id string) bool { return r.avoid != nil && r.avoid(id) }

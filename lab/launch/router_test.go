@@ -183,3 +183,31 @@ func TestRouterStops(t *testing.T) {
 	assert.Equal(t, "draining", why)
 	assert.Zero(t, f.book.open(), "the started batches ended")
 }
+
+// TestRouterAvoidsADrainingInstance: while an instance is drained on
+// purpose (a rolling restart) no batch goes to it, though it is live and
+// its process runs; once it is no longer avoided it gets its turn again.
+func TestRouterAvoidsADrainingInstance(t *testing.T) {
+	decodes := []string{"decode-0", "decode-1"}
+	f := newFakeCluster(decodes...)
+	r := f.router(decodes...)
+	var mu sync.Mutex
+	avoid := "decode-0"
+	r.avoid = func(id string) bool { mu.Lock(); defer mu.Unlock(); return id == avoid }
+	ctx := context.Background()
+	started, why := r.run(ctx, ctx, 6)
+	assert.Equal(t, 6, started)
+	assert.Empty(t, why)
+	f.mu.Lock()
+	assert.Equal(t, []string{"decode-1", "decode-1", "decode-1", "decode-1", "decode-1", "decode-1"}, f.started)
+	f.mu.Unlock()
+	rows, complete := f.book.rows(6)
+	assert.True(t, complete, "%+v", rows)
+
+	mu.Lock()
+	avoid = ""
+	mu.Unlock()
+	dec, err := r.pick(ctx, 0)
+	require.NoError(t, err)
+	assert.Equal(t, "decode-0", dec)
+}

@@ -227,6 +227,21 @@ func (s *Supervisor) Kill(id string) (int, error) {
 	return c.cmd.Process.Pid, c.cmd.Process.Kill()
 }
 
+// Term sends SIGTERM to node id's process, as an orchestrator stopping it
+// does (it drains), and returns its pid.
+func (s *Supervisor) Term(id string) (int, error) {
+	c := s.child(id)
+	if c == nil {
+		return 0, errors.Newf("terminate %s: no such node", id)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cmd == nil || c.gone {
+		return 0, errors.Newf("terminate %s: not running", id)
+	}
+	return c.cmd.Process.Pid, c.cmd.Process.Signal(syscall.SIGTERM)
+}
+
 // State is node id's state now (zero when there is no such node).
 func (s *Supervisor) State(id string) ChildState {
 	c := s.child(id)

@@ -206,7 +206,9 @@ func Up(accept, hard context.Context, cfg Config) (rep *Report, err error) {
 
 	u.sup = NewSupervisor(cfg.Exe, cfg.Env, cfg.Stderr)
 	u.inj = &injector{fault: cfg.Fault, batch: cfg.FaultBatch, pause: cfg.FaultFor, kill: u.sup.Kill, struck: u.book.faulted,
-		lastRank: fmt.Sprintf("%s-r%d", Group, cfg.Ranks-1), say: u.status}
+		lastRank: fmt.Sprintf("%s-r%d", Group, cfg.Ranks-1), say: u.status, term: u.sup.Term, ctx: hard,
+		registered: func(id string) bool { live, _ := u.live(); return slices.Contains(live, id) },
+		openOn:     u.book.openOn, ranks: cfg.Ranks}
 	// hard ending (a second signal) cuts every node at once, whatever Up
 	// is waiting for then: the cluster coming up, a batch, a node's drain.
 	signalled := hard // the caller's: Up derives a shorter one for the drain below
@@ -229,6 +231,7 @@ func Up(accept, hard context.Context, cfg Config) (rep *Report, err error) {
 	for i := range cfg.Decodes {
 		id := "decode-" + strconv.Itoa(i)
 		decodes = append(decodes, id)
+		u.inj.decodes = append(u.inj.decodes, id)
 		args := append([]string{"decode-instance", "--id", id, "--cp", strconv.Itoa(cfg.Ranks), "--cp-rule", cfg.CPRule,
 			"--page-size", strconv.Itoa(cfg.PageSize), "--room-timeout", cfg.RoomTimeout.String()}, common...)
 		if err := u.sup.Start(ChildSpec{ID: id, Role: cluster.RoleDecode, Args: args}); err != nil {
@@ -285,6 +288,7 @@ func Up(accept, hard context.Context, cfg Config) (rep *Report, err error) {
 		decodes: decodes,
 		live:    u.live,
 		running: func(id string) bool { return !u.sup.State(id).Gone },
+		avoid:   u.inj.avoid,
 		stop: func() string {
 			if id, gone := u.sup.AnyGone(cluster.RolePrefill); gone {
 				return "rank " + id + " is gone"
@@ -292,7 +296,10 @@ func Up(accept, hard context.Context, cfg Config) (rep *Report, err error) {
 			return ""
 		},
 		start: func(b int, dec string) *batch {
-			bt := u.startBatch(b, dec)
+			var bt *batch
+			if !u.inj.Gate(dec, func() { bt = u.startBatch(b, dec) }) {
+				return nil
+			}
 			if cfg.Fault == PauseEtcd && b == cfg.FaultBatch {
 				u.inj.goPauseEtcd(hard, etcd, prov, func() int { ms, _ := u.res.Members(cluster.RoleDecode); return len(ms) }, cfg.Decodes, b)
 			}
@@ -409,6 +416,7 @@ func (u *up) exited(ev ChildEvent) {
 	case cluster.RolePrefill:
 		u.book.rankExited(ev.Rank)
 	}
+	u.inj.exited(ev.ID, ev.ExitErr)
 	if u.inj.restart(ev.ID, u.sup.Stopping()) {
 		u.inj.note("%s restarted after the fault", ev.ID)
 		u.m.restarts.Inc()

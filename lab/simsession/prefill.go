@@ -31,6 +31,7 @@ type Prefill struct {
 	onLost   []func(error)
 	mismatch string // the decode's first rejection of a chunk (ErrChunkFailed)
 	refused  string // its first refusal of a notice for another reason
+	onDrain  []func(string)
 	notices  int
 	accepted int
 	// unanswered counts notices a live decode process did not answer
@@ -102,12 +103,37 @@ func (p *Prefill) open(ctx context.Context, cfg decode.DialConfig) (*decode.Clie
 	}
 	p.mu.Lock()
 	p.clients = append(p.clients, c)
-	fs := p.onLost
+	fs, ds := p.onLost, p.onDrain
 	p.mu.Unlock()
 	for _, f := range fs {
 		c.OnLost(f)
 	}
+	for _, f := range ds {
+		c.OnDrain(f)
+	}
 	return c, nil
+}
+
+// OnDrain sets what to do when the decode process (any of its ranks'
+// servers) says it drains: it is stopping, and takes no new request.
+func (p *Prefill) OnDrain(f func(reason string)) {
+	p.mu.Lock()
+	p.onDrain = append(p.onDrain, f)
+	cs := slices.Clone(p.clients)
+	p.mu.Unlock()
+	for _, c := range cs {
+		c.OnDrain(f)
+	}
+}
+
+// Draining returns why the decode process drains, or "".
+func (p *Prefill) Draining() string {
+	for _, c := range p.sessions() {
+		if d := c.Draining(); d != "" {
+			return d
+		}
+	}
+	return ""
 }
 
 // OnPeerLost sets what to do when the decode process (any of its ranks'

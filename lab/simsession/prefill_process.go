@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
@@ -81,18 +82,30 @@ func RunPrefillProcess(cfg PrefillProcessConfig) error {
 	// forward follows the current one.
 	sig := service.OnSignals()
 	defer sig.Stop()
-	wl.Drain = sig.Draining()
+	// The decode process draining (it is stopping, and said so) drains
+	// this run the same way: no request starts, those started finish and
+	// are sent to it, then the goodbye.
+	decodeDrain := make(chan struct{})
+	var drainOnce sync.Once
+	plane.OnDrain(func(string) { drainOnce.Do(func() { close(decodeDrain) }) })
+	drain := make(chan struct{})
 	ctx, cut := context.WithCancelCause(context.Background())
 	defer cut(nil)
 	ran := make(chan struct{})
 	go func() {
 		select {
 		case <-sig.Draining():
+		case <-decodeDrain:
 		case <-ran:
 			return
 		}
+		close(drain)
 		cfg.Ops.SetDraining()
-		fmt.Fprintf(errOut, "prefill: %s: draining: no new request starts, those started finish (--drain-timeout %v; a second signal stops after the current forward)\n", sig.Reason(), cfg.DrainTimeout)
+		why := sig.Reason()
+		if why == "" {
+			why = "the decode process drains (" + plane.Draining() + ")"
+		}
+		fmt.Fprintf(errOut, "prefill: %s: draining: no new request starts, those started finish (--drain-timeout %v; a second signal stops after the current forward)\n", why, cfg.DrainTimeout)
 		select {
 		case <-sig.Hard().Done():
 			cut(context.Cause(sig.Hard()))
@@ -101,6 +114,7 @@ func RunPrefillProcess(cfg PrefillProcessConfig) error {
 		case <-ran:
 		}
 	}()
+	wl.Drain = drain
 	mr, err := workload.RunRemote(ctx, wl, cfg.Log, plane, !cfg.Monolithic)
 	close(ran)
 	if err != nil {
@@ -118,7 +132,7 @@ func RunPrefillProcess(cfg PrefillProcessConfig) error {
 	// Goodbye, with the run's outcome: a run cut short is never
 	// reported complete by the decode side; a drain that finished
 	// every request it started is.
-	drained := mr.Aborted != "" && ctx.Err() == nil && plane.Lost() == nil && mr.NotStarted > 0 && sig.Reason() != ""
+	drained := mr.Aborted != "" && ctx.Err() == nil && plane.Lost() == nil && mr.NotStarted > 0 && (sig.Reason() != "" || plane.Draining() != "")
 	var aborted error
 	if mr.Aborted != "" && !drained {
 		aborted = errors.New(mr.Aborted)
@@ -206,6 +220,9 @@ func prefillSummary(cfg PrefillProcessConfig, mr *workload.ModeReport, plane *Pr
 	}
 	if late := plane.Unanswered(); late > 0 {
 		line += fmt.Sprintf("; %d notices not answered within the call timeout (judged by the decode's goodbye)", late)
+	}
+	if d := plane.Draining(); d != "" {
+		line += "; decode drained: " + d
 	}
 	if lost := plane.Lost(); lost != nil {
 		line += "; decode lost: " + lost.Error()

@@ -39,7 +39,8 @@ type Version int32
 const (
 	Version_VERSION_UNSPECIFIED Version = 0 // never sent: a peer that sends it predates versioning
 	Version_VERSION_1           Version = 1 // no page size in Hello; refusals by node policy were silent
-	Version_VERSION_CURRENT     Version = 2 // Hello.page_size required; Code UNAVAILABLE
+	Version_VERSION_2           Version = 2 // Hello.page_size required; Code UNAVAILABLE
+	Version_VERSION_CURRENT     Version = 3 // Drain and Cancel: a decode server winds its sessions down, and
 )
 
 // Enum value maps for Version.
@@ -47,12 +48,14 @@ var (
 	Version_name = map[int32]string{
 		0: "VERSION_UNSPECIFIED",
 		1: "VERSION_1",
-		2: "VERSION_CURRENT",
+		2: "VERSION_2",
+		3: "VERSION_CURRENT",
 	}
 	Version_value = map[string]int32{
 		"VERSION_UNSPECIFIED": 0,
 		"VERSION_1":           1,
-		"VERSION_CURRENT":     2,
+		"VERSION_2":           2,
+		"VERSION_CURRENT":     3,
 	}
 )
 
@@ -699,6 +702,143 @@ func (x *NoticeAck) GetError() string {
 	return ""
 }
 
+// Drain tells a prefill's session that its decode server drains (it is
+// stopping): sent by the decode server to the session actor its Hello
+// named, once per session. The prefill registers no new room toward it,
+// finishes the rooms in flight, and says Bye; the decode server stops once
+// its sessions ended. A Drain whose session is not the receiver's is
+// ignored.
+type Drain struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Session       string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"` // the session's token (Offer.session)
+	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`   // why it drains, for logs
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Drain) Reset() {
+	*x = Drain{}
+	mi := &file_messages_wire_wire_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Drain) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Drain) ProtoMessage() {}
+
+func (x *Drain) ProtoReflect() protoreflect.Message {
+	mi := &file_messages_wire_wire_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Drain.ProtoReflect.Descriptor instead.
+func (*Drain) Descriptor() ([]byte, []int) {
+	return file_messages_wire_wire_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *Drain) GetSession() string {
+	if x != nil {
+		return x.Session
+	}
+	return ""
+}
+
+func (x *Drain) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// Cancel cancels a room, in either direction.
+//
+// Decode server to prefill session actor (sent, not answered): the decode
+// gave the room up (its scheduler's timeout, an eviction, its client gone).
+// The prefill drops the room (no further group of it is posted) and, once
+// no write of it can land, answers with a Cancel of its own.
+//
+// Prefill to decode server (answered with a NoticeAck): the room is
+// cancelled here, its writes stopped (the engine's Drop returned), unless
+// not_quiesced: the decode server frees its pages then. It is also the
+// answer to the decode server's Cancel.
+type Cancel struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Session       string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"` // the session's token
+	Room          uint64                 `protobuf:"varint,2,opt,name=room,proto3" json:"room,omitempty"`
+	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`                               // why, for logs and the room's error
+	NotQuiesced   bool                   `protobuf:"varint,4,opt,name=not_quiesced,json=notQuiesced,proto3" json:"not_quiesced,omitempty"` // writes of the room may still land: keep its pages out
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Cancel) Reset() {
+	*x = Cancel{}
+	mi := &file_messages_wire_wire_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Cancel) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Cancel) ProtoMessage() {}
+
+func (x *Cancel) ProtoReflect() protoreflect.Message {
+	mi := &file_messages_wire_wire_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Cancel.ProtoReflect.Descriptor instead.
+func (*Cancel) Descriptor() ([]byte, []int) {
+	return file_messages_wire_wire_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *Cancel) GetSession() string {
+	if x != nil {
+		return x.Session
+	}
+	return ""
+}
+
+func (x *Cancel) GetRoom() uint64 {
+	if x != nil {
+		return x.Room
+	}
+	return 0
+}
+
+func (x *Cancel) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *Cancel) GetNotQuiesced() bool {
+	if x != nil {
+		return x.NotQuiesced
+	}
+	return false
+}
+
 // Bye ends a session; the decode server answers with a Summary.
 type Bye struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -711,7 +851,7 @@ type Bye struct {
 
 func (x *Bye) Reset() {
 	*x = Bye{}
-	mi := &file_messages_wire_wire_proto_msgTypes[6]
+	mi := &file_messages_wire_wire_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -723,7 +863,7 @@ func (x *Bye) String() string {
 func (*Bye) ProtoMessage() {}
 
 func (x *Bye) ProtoReflect() protoreflect.Message {
-	mi := &file_messages_wire_wire_proto_msgTypes[6]
+	mi := &file_messages_wire_wire_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -736,7 +876,7 @@ func (x *Bye) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Bye.ProtoReflect.Descriptor instead.
 func (*Bye) Descriptor() ([]byte, []int) {
-	return file_messages_wire_wire_proto_rawDescGZIP(), []int{6}
+	return file_messages_wire_wire_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Bye) GetSession() string {
@@ -772,7 +912,7 @@ type Summary struct {
 
 func (x *Summary) Reset() {
 	*x = Summary{}
-	mi := &file_messages_wire_wire_proto_msgTypes[7]
+	mi := &file_messages_wire_wire_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -784,7 +924,7 @@ func (x *Summary) String() string {
 func (*Summary) ProtoMessage() {}
 
 func (x *Summary) ProtoReflect() protoreflect.Message {
-	mi := &file_messages_wire_wire_proto_msgTypes[7]
+	mi := &file_messages_wire_wire_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -797,7 +937,7 @@ func (x *Summary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Summary.ProtoReflect.Descriptor instead.
 func (*Summary) Descriptor() ([]byte, []int) {
-	return file_messages_wire_wire_proto_rawDescGZIP(), []int{7}
+	return file_messages_wire_wire_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Summary) GetCode() Code {
@@ -878,7 +1018,15 @@ const file_messages_wire_wire_proto_rawDesc = "" +
 	"\tdst_pages\x18\v \x03(\x03R\bdstPages\"J\n" +
 	"\tNoticeAck\x12'\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x13.kvstream.wire.CodeR\x04code\x12\x14\n" +
-	"\x05error\x18\x02 \x01(\tR\x05error\"Q\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"9\n" +
+	"\x05Drain\x12\x18\n" +
+	"\asession\x18\x01 \x01(\tR\asession\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"q\n" +
+	"\x06Cancel\x12\x18\n" +
+	"\asession\x18\x01 \x01(\tR\asession\x12\x12\n" +
+	"\x04room\x18\x02 \x01(\x04R\x04room\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12!\n" +
+	"\fnot_quiesced\x18\x04 \x01(\bR\vnotQuiesced\"Q\n" +
 	"\x03Bye\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x16\n" +
 	"\x06chunks\x18\x02 \x01(\x04R\x06chunks\x12\x18\n" +
@@ -887,11 +1035,12 @@ const file_messages_wire_wire_proto_rawDesc = "" +
 	"\x04code\x18\x01 \x01(\x0e2\x13.kvstream.wire.CodeR\x04code\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\x12\x16\n" +
 	"\x06chunks\x18\x03 \x01(\x04R\x06chunks\x12\x16\n" +
-	"\x06failed\x18\x04 \x01(\x04R\x06failed*F\n" +
+	"\x06failed\x18\x04 \x01(\x04R\x06failed*U\n" +
 	"\aVersion\x12\x17\n" +
 	"\x13VERSION_UNSPECIFIED\x10\x00\x12\r\n" +
-	"\tVERSION_1\x10\x01\x12\x13\n" +
-	"\x0fVERSION_CURRENT\x10\x02*Y\n" +
+	"\tVERSION_1\x10\x01\x12\r\n" +
+	"\tVERSION_2\x10\x02\x12\x13\n" +
+	"\x0fVERSION_CURRENT\x10\x03*Y\n" +
 	"\x04Code\x12\x06\n" +
 	"\x02OK\x10\x00\x12\r\n" +
 	"\tBAD_INPUT\x10\x01\x12\v\n" +
@@ -919,7 +1068,7 @@ func file_messages_wire_wire_proto_rawDescGZIP() []byte {
 }
 
 var file_messages_wire_wire_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_messages_wire_wire_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_messages_wire_wire_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_messages_wire_wire_proto_goTypes = []any{
 	(Version)(0),        // 0: kvstream.wire.Version
 	(Code)(0),           // 1: kvstream.wire.Code
@@ -930,13 +1079,15 @@ var file_messages_wire_wire_proto_goTypes = []any{
 	(*Region)(nil),      // 6: kvstream.wire.Region
 	(*ChunkNotice)(nil), // 7: kvstream.wire.ChunkNotice
 	(*NoticeAck)(nil),   // 8: kvstream.wire.NoticeAck
-	(*Bye)(nil),         // 9: kvstream.wire.Bye
-	(*Summary)(nil),     // 10: kvstream.wire.Summary
-	nil,                 // 11: kvstream.wire.Hello.MetadataEntry
+	(*Drain)(nil),       // 9: kvstream.wire.Drain
+	(*Cancel)(nil),      // 10: kvstream.wire.Cancel
+	(*Bye)(nil),         // 11: kvstream.wire.Bye
+	(*Summary)(nil),     // 12: kvstream.wire.Summary
+	nil,                 // 13: kvstream.wire.Hello.MetadataEntry
 }
 var file_messages_wire_wire_proto_depIdxs = []int32{
 	4,  // 0: kvstream.wire.Hello.buffers:type_name -> kvstream.wire.Buffer
-	11, // 1: kvstream.wire.Hello.metadata:type_name -> kvstream.wire.Hello.MetadataEntry
+	13, // 1: kvstream.wire.Hello.metadata:type_name -> kvstream.wire.Hello.MetadataEntry
 	1,  // 2: kvstream.wire.Offer.code:type_name -> kvstream.wire.Code
 	6,  // 3: kvstream.wire.Offer.regions:type_name -> kvstream.wire.Region
 	2,  // 4: kvstream.wire.ChunkNotice.status:type_name -> kvstream.wire.Status
@@ -960,7 +1111,7 @@ func file_messages_wire_wire_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_messages_wire_wire_proto_rawDesc), len(file_messages_wire_wire_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   9,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

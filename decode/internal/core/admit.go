@@ -107,6 +107,10 @@ func (c *Core) accessed(m AccessMsg) {
 	c.sessions.add(s)
 	c.ledger.pageSize = p.pageSize
 	c.emit(SessionOpened{Session: s.SessionInfo}, AnswerHello{Code: wire.Code_OK, Session: s.Token, Address: slices.Clone(m.Address)})
+	if c.draining {
+		// The drain began while its Hello was being answered.
+		c.emit(TellDrain{Session: s.Token})
+	}
 	c.debug("prefill session", "prefill", h.Prefill, "identity", p.ident, "node", s.Node, "actor", s.Actor, "rank", s.Rank, "revocable", m.Revocable)
 }
 

@@ -29,7 +29,7 @@ import (
 var msgTypes = func() map[string]reflect.Type {
 	m := map[string]reflect.Type{}
 	for _, msg := range []Msg{HelloMsg{}, NoticeMsg{}, ByeMsg{}, DepartedMsg{}, PeerLostMsg{}, RevokedMsg{}, TimerMsg{},
-		ExpectMsg{}, ReleaseMsg{}, DisconnectMsg{}, LookupMsg{}, DrainMsg{}, CloseMsg{}, StateMsg{},
+		ExpectMsg{}, ReleaseMsg{}, DisconnectMsg{}, LookupMsg{}, DrainMsg{}, CloseMsg{}, StateMsg{}, CancelMsg{}, CancelRoomMsg{},
 		AdmittedMsg{}, SizedMsg{}, AccessMsg{}, VerifiedMsg{}} {
 		t := reflect.TypeOf(msg)
 		m[t.Name()] = t
@@ -50,6 +50,7 @@ type errorClass struct {
 var errorClasses = []errorClass{
 	{"ErrBadInput", ErrBadInput}, {"ErrChunkFailed", ErrChunkFailed}, {"ErrPrefillLost", ErrPrefillLost},
 	{"ErrSessionAborted", ErrSessionAborted}, {"ErrNotQuiesced", ErrNotQuiesced}, {"ErrClosed", ErrClosed},
+	{"ErrCancelled", ErrCancelled},
 }
 
 var (

@@ -40,6 +40,8 @@ func sampleMsgs() []Msg {
 		NoticeMsg{From: from, Notice: notice},
 		ByeMsg{From: from, Bye: &wire.Bye{Session: "tok", Chunks: 12, Aborted: "forward 3: decode lost"}, Reply: "7"},
 		DepartedMsg{Actor: "127.0.0.1:9100/s-1"},
+		CancelMsg{From: from, Cancel: &wire.Cancel{Session: "tok", Room: 1 << 63, Reason: "client gone", NotQuiesced: true}},
+		CancelRoomMsg{Room: 9, Cause: "evicted"},
 		PeerLostMsg{Session: "tok", Cause: errors.New("no heartbeat answer for 3.5s")},
 		RevokedMsg{Session: "tok", Err: markedErr()},
 		TimerMsg{ID: 1<<64 - 1},

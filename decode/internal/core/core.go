@@ -118,6 +118,10 @@ func (c *Core) Step(m Msg) []Effect {
 		c.verified(m)
 	case ByeMsg:
 		c.bye(m)
+	case CancelMsg:
+		c.cancel(m)
+	case CancelRoomMsg:
+		c.cancelRoom(m)
 	case DepartedMsg:
 		c.departed(m)
 	case PeerLostMsg:

@@ -101,6 +101,13 @@ func (w *ddWorld) run(t *testing.T, d *datadriven.TestData) string {
 		return w.step(LookupMsg{Room: uint64(num(t, d, "room", 1))})
 	case "drain":
 		return w.step(DrainMsg{})
+	case "cancel-room":
+		return w.step(CancelRoomMsg{Room: uint64(num(t, d, "room", 1)), Cause: str(d, "cause", "")})
+	case "cancel":
+		name := str(d, "session", "s1")
+		s := w.sessions[name]
+		return w.step(CancelMsg{From: Origin{Node: str(d, "from", s.node), Peer: str(d, "peer", s.peer)},
+			Cancel: &wire.Cancel{Session: name, Room: uint64(num(t, d, "room", 1)), Reason: str(d, "reason", ""), NotQuiesced: d.HasArg("not-quiesced")}})
 	case "close":
 		return w.step(CloseMsg{})
 	case "state":
@@ -342,6 +349,19 @@ func effectText(e Effect) string {
 		return fmt.Sprintf("Quarantined pages=%d", e.Pages)
 	case Drained:
 		return "Drained"
+	case TellDrain:
+		return "TellDrain " + e.Session
+	case TellCancel:
+		return fmt.Sprintf("TellCancel %s room=%d: %s", e.Session, e.Room, e.Reason)
+	case Cancelled:
+		return fmt.Sprintf("Cancelled room=%d direction=%s", e.Room, e.Direction)
+	case CancelSettled:
+		return fmt.Sprintf("CancelSettled room=%d not-quiesced=%v", e.Room, e.NotQuiesced)
+	case AnswerCancel:
+		if e.Code == wire.Code_OK {
+			return "AnswerCancel OK"
+		}
+		return fmt.Sprintf("AnswerCancel %s reason=%s: %s", e.Code, e.Reason, e.Text)
 	case Log:
 		if e.Level == Warn {
 			return "log: " + e.Msg
@@ -360,6 +380,7 @@ func classes(err error) string {
 	}{
 		{"bad input", ErrBadInput}, {"chunk failed", ErrChunkFailed}, {"prefill lost", ErrPrefillLost},
 		{"session aborted", ErrSessionAborted}, {"not quiesced", ErrNotQuiesced}, {"closed", ErrClosed},
+		{"cancelled", ErrCancelled},
 	} {
 		if errors.Is(err, c.mark) {
 			cs = append(cs, c.name)

@@ -39,9 +39,18 @@ type (
 		Reply   string
 		Summary *wire.Summary
 	}
+	// AnswerCancel answers a prefill's Cancel. Reason is set when it was
+	// refused (a metrics label).
+	AnswerCancel struct {
+		Code   wire.Code
+		Reason string
+		Text   string
+	}
 	// Reply answers a call of this process (Expect, Release, Lookup,
-	// Drain, Close, State). Room is Lookup's room, Ended whether it
-	// ended; Drained whether no session is open any more.
+	// Drain, Close, State, Cancel). Room is Lookup's room, Ended whether
+	// it ended; Drained whether no session is open any more. A Cancel
+	// that took effect is followed by CancelSettled, in the same step or
+	// a later one.
 	Reply struct {
 		Err     error
 		Room    Room
@@ -118,6 +127,35 @@ type (
 	Quarantined struct{ Pages int }
 	// Drained: draining, and no session is open any more.
 	Drained struct{}
+	// TellCancel tells a session's prefill that the server cancelled a
+	// room (wire.Cancel to its session actor): it drops the room and
+	// answers with a Cancel once no write of it can land.
+	TellCancel struct {
+		Session string
+		Room    uint64
+		Reason  string
+	}
+	// Cancelled counts a room cancelled, by who cancelled it: "decode"
+	// (Server.Cancel) or "prefill" (its Cancel); a metrics label.
+	Cancelled struct {
+		Room      uint64
+		Direction string
+	}
+	// CancelSettled: no write of a room the server cancelled can land any
+	// more (every prefill that could write it answered, or its access was
+	// revoked), and its pages went back to the pool: Server.Cancel
+	// returns. NotQuiesced: a writer's access could not be confirmed
+	// revoked, and the pages are kept out for good instead.
+	CancelSettled struct {
+		Room        uint64
+		NotQuiesced bool
+	}
+	// TellDrain tells an open session's prefill that this server drains
+	// (wire.Drain, to the session actor its Hello named): it registers no
+	// new room here, finishes those in flight and says goodbye, so that
+	// the drain ends as soon as its rooms are done instead of at the
+	// serving stack's drain timeout.
+	TellDrain struct{ Session string }
 )
 
 // Level is a log effect's level.
@@ -154,6 +192,11 @@ func (ReleasePool) coreEffect()    {}
 func (Verified) coreEffect()       {}
 func (Quarantined) coreEffect()    {}
 func (Drained) coreEffect()        {}
+func (TellDrain) coreEffect()      {}
+func (AnswerCancel) coreEffect()   {}
+func (TellCancel) coreEffect()     {}
+func (Cancelled) coreEffect()      {}
+func (CancelSettled) coreEffect()  {}
 func (Log) coreEffect()            {}
 
 // SessionInfo is what the shell learns of a new session.

@@ -16,6 +16,7 @@ var (
 	ErrSessionAborted = errors.New("session aborted")
 	ErrNotQuiesced    = rdma.ErrNotQuiesced
 	ErrClosed         = errors.New("closed")
+	ErrCancelled      = errors.New("room cancelled")
 )
 
 // BadInput is an error of a caller's value: it names the value.

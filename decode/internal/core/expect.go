@@ -62,22 +62,8 @@ func (c *Core) release(m ReleaseMsg) {
 	}
 	if !r.ended() {
 		c.failRoom(r, errors.Mark(errors.Mark(errors.Newf("room %d released while in progress", r.id), ErrBadInput), ErrChunkFailed), "released")
-		// Whoever writes it may still: its reporters, the sessions of the
-		// identity it was Expected from, or, with neither (or in a group,
-		// whose ranks all write), every open one.
-		writers := maps.Clone(r.reporters)
-		for s := range c.sessions.all() {
-			if s.state == sessionEnding {
-				continue
-			}
-			if c.r.Group != nil || r.from != "" && s.Identity == r.from || r.from == "" && len(r.reporters) == 0 {
-				writers[s] = true
-			}
-		}
-		for s := range writers {
-			if s.state != sessionEnding {
-				r.dirty[s] = true
-			}
+		for _, s := range c.writers(r) {
+			r.dirty[s] = true
 		}
 	}
 	delete(c.rooms, r.id)
@@ -85,6 +71,31 @@ func (c *Core) release(m ReleaseMsg) {
 	c.ledger.linger(r)
 	c.emit(Reply{})
 	c.settle(r)
+}
+
+// writers are the sessions, not ending and not cut off yet, that may still
+// write a room in progress, by token: its reporters, the sessions of the
+// identity it was Expected from, or, with neither (or in a group, whose
+// ranks all write), every open one. A session whose access is revoked
+// writes nothing, and no revocation would come to clear it.
+func (c *Core) writers(r *croom) []*csession {
+	set := maps.Clone(r.reporters)
+	for s := range c.sessions.all() {
+		if s.state == sessionEnding {
+			continue
+		}
+		if c.r.Group != nil || r.from != "" && s.Identity == r.from || r.from == "" && len(r.reporters) == 0 {
+			set[s] = true
+		}
+	}
+	var out []*csession
+	for s := range set {
+		if s.state != sessionEnding && !s.revoked {
+			out = append(out, s)
+		}
+	}
+	slices.SortFunc(out, byToken)
+	return out
 }
 
 // lookup answers the room now, and whether it ended.

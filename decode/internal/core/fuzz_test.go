@@ -105,7 +105,7 @@ func FuzzCore(f *testing.F) {
 		w.core = NewCore(Rules{MaxSessions: 2, MaxRoomsPerSession: 3, AcceptUnknownRooms: len(in) > 1 && in[1]&1 == 1,
 			Admit: true, Verify: true, Size: size, MaxPoolBytes: 1 << 16, ByeGrace: time.Second, RoomTimeout: time.Second}, pool)
 		for steps := 0; len(w.in) > 0 && steps < 64; steps++ {
-			op := w.byte() % 14
+			op := w.byte() % 16
 			sess := fmt.Sprintf("s%d", w.byte()%3)
 			node := "n-" + sess
 			room := uint64(w.byte() % 4)
@@ -172,6 +172,10 @@ func FuzzCore(f *testing.F) {
 				w.step(t, DrainMsg{})
 			case 11:
 				w.step(t, CloseMsg{})
+			case 14:
+				w.step(t, CancelRoomMsg{Room: room, Cause: "fuzz"})
+			case 15:
+				w.step(t, CancelMsg{From: Origin{Node: node}, Cancel: &wire.Cancel{Session: sess, Room: room, NotQuiesced: w.byte()%3 == 0}})
 			case 12:
 				var raw wire.Hello
 				if proto.Unmarshal(w.take(), &raw) == nil {

@@ -30,8 +30,16 @@ func (c *Core) state() State {
 // so that a trace of the core's messages does not record each reading.
 func (c *Core) State() State { return c.state() }
 
-// drain stops taking sessions; the sessions that are open go on.
+// drain stops taking sessions; the sessions that are open go on, and each
+// is told so once (TellDrain), so that its prefill winds it down.
 func (c *Core) drain() {
+	if !c.draining && !c.closed {
+		for _, s := range c.sessions.sorted() {
+			if s.state == sessionOpen {
+				c.emit(TellDrain{Session: s.Token})
+			}
+		}
+	}
 	c.draining = true
 	c.emit(Reply{Drained: c.sessions.len() == 0})
 	c.maybeDrained()

@@ -39,6 +39,12 @@ type (
 		Bye   *wire.Bye
 		Reply string
 	}
+	// CancelMsg is a prefill's Cancel: a room it cancelled (its Drop
+	// returned), or its answer to the server's Cancel of one.
+	CancelMsg struct {
+		From   Origin
+		Cancel *wire.Cancel
+	}
 	// DepartedMsg says a watched prefill session actor was reported gone (a
 	// Terminated, possibly for a closed connection). It is a suspicion, not
 	// evidence: anyone holding the prefill's certificate, or any local
@@ -75,6 +81,11 @@ type (
 	}
 	// ReleaseMsg is Server.Release.
 	ReleaseMsg struct{ Room uint64 }
+	// CancelRoomMsg is Server.Cancel: the decode side gives a room up.
+	CancelRoomMsg struct {
+		Room  uint64
+		Cause string
+	}
 	// DisconnectMsg is Server.Disconnect: the sessions of the identity are
 	// cut off as if lost.
 	DisconnectMsg struct {
@@ -117,6 +128,8 @@ func (HelloMsg) coreMsg()      {}
 func (NoticeMsg) coreMsg()     {}
 func (ByeMsg) coreMsg()        {}
 func (DepartedMsg) coreMsg()   {}
+func (CancelMsg) coreMsg()     {}
+func (CancelRoomMsg) coreMsg() {}
 func (PeerLostMsg) coreMsg()   {}
 func (RevokedMsg) coreMsg()    {}
 func (TimerMsg) coreMsg()      {}

@@ -27,7 +27,10 @@ type croom struct {
 	dirty    map[*csession]bool
 	poisoned bool
 	released bool
-	timer    uint64
+	// cancelling: the server cancelled it (Server.Cancel), and says so
+	// (CancelSettled) once its pages are quiet and freed.
+	cancelling bool
+	timer      uint64
 }
 
 // ended reports whether the room's outcome is decided (published or

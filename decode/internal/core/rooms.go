@@ -58,7 +58,7 @@ func (c *Core) publishFailure(r *croom, err error, outcome string) {
 		err = errors.Mark(errors.Wrap(err, "its prefill's access could not be revoked"), ErrNotQuiesced)
 	}
 	r.err, r.pendingErr = err, nil
-	if outcome != "released" && outcome != "closed" { // not the prefill's doing
+	if outcome != "released" && outcome != "closed" && outcome != "cancelled" { // not the prefill's doing, or on purpose
 		for s := range r.reporters {
 			if s.err == nil {
 				s.err = err // a room it reported in did not complete
@@ -77,9 +77,14 @@ func (c *Core) settle(r *croom) {
 	if !done || len(r.dirty) > 0 || len(r.awaiting) > 0 || r.pendingErr != nil {
 		return
 	}
-	if n := c.ledger.settle(r); n > 0 {
+	n := c.ledger.settle(r)
+	if n > 0 {
 		c.emit(Quarantined{Pages: n})
 		c.warn("pages kept out for good: a prefill that may still write them could not be cut off", "room", r.id, "pages", n)
+	}
+	if r.cancelling {
+		r.cancelling = false
+		c.emit(CancelSettled{Room: r.id, NotQuiesced: n > 0})
 	}
 	if c.rooms[r.id] == r {
 		delete(c.rooms, r.id)

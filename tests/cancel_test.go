@@ -1,0 +1,97 @@
+package tests
+
+import (
+	"bytes"
+	"context"
+	"errors" // the standard library's: every error of the packages answers it
+	"testing"
+	"time"
+
+	"github.com/kvstream/kvstream/decode"
+	"github.com/kvstream/kvstream/hw/cuda/sim"
+	"github.com/kvstream/kvstream/hw/hostmem"
+	"github.com/kvstream/kvstream/hw/rdma/loopback"
+	"github.com/kvstream/kvstream/system"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+)
+
+// TestDecodeCancelMidTransfer: a real engine streams a room layer group by
+// layer group into a decode server, both in one process over the loopback
+// fabric. After the first group was posted the decode cancels the room
+// (Server.Cancel): the prefill's client drops it in the engine (Attach),
+// which posts no further group of it and answers once no write of it can
+// land; only then does Cancel return, and the room's pages go to another
+// room. The second layer's pages are never written: the group after the
+// cancel was not posted. The cancel's latency is logged: the bound is one
+// group's transfer plus a round trip.
+func TestDecodeCancelMidTransfer(t *testing.T) {
+	const layers, itemLen, pages = 2, 256, 8
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	fabric := loopback.NewFabric(loopback.Options{})
+	node, err := decode.Listen("127.0.0.1:0", nil)
+	require.NoError(t, err)
+	defer node.Close(ctx)
+	decodeTr, err := fabric.NewTransport("decode")
+	require.NoError(t, err)
+	defer decodeTr.Close()
+	dpool, err := hostmem.Alloc(layers * itemLen * pages)
+	require.NoError(t, err)
+	defer dpool.Free()
+	srv, err := decode.New(node, decodeTr, decode.Config{Buffers: []decode.Buffer{
+		{Name: "KV0", Base: dpool.Addr, ItemLen: itemLen, Pages: pages},
+		{Name: "KV1", Base: dpool.Addr + itemLen*pages, ItemLen: itemLen, Pages: pages},
+	}})
+	require.NoError(t, err)
+	defer srv.Close(ctx)
+	dst := []int{5, 2}
+	require.NoError(t, srv.Expect(1, dst))
+
+	prefillTr, err := fabric.NewTransport("prefill")
+	require.NoError(t, err)
+	defer prefillTr.Close()
+	ppool, err := hostmem.Alloc(layers * itemLen * pages)
+	require.NoError(t, err)
+	defer ppool.Free()
+	for i := range ppool.Bytes {
+		ppool.Bytes[i] = 0xab
+	}
+	gpu := sim.New(sim.Options{})
+	defer gpu.Close()
+	cfg := system.Config{Buffers: system.MLABuffers([]uint64{ppool.Addr, ppool.Addr + itemLen*pages}, itemLen, pages),
+		HookLayers: layers, GroupSize: 1, PageSize: 16}
+	eng, err := system.New(cfg, system.WithStream(gpu.NewStream("compute")), system.WithTransport(prefillTr), system.WithLogger(zap.NewNop()))
+	require.NoError(t, err)
+	defer eng.Close()
+	sess, err := decode.Dial(ctx, node, decode.DialConfig{Decode: srv.Addr(), Buffers: cfg.Buffers, PageSize: cfg.PageSize})
+	require.NoError(t, err)
+	require.NoError(t, sess.Attach(eng))
+	spec := system.ChunkSpec{Room: 1, Start: 0, End: 32, Last: true, SrcPages: []int{0, 1}, TotalPages: 2,
+		Infos: []system.DecodeInfo{{Peer: sess.Peer().ID, DstPages: dst}}}
+	reg, err := eng.Register(ctx, spec)
+	require.NoError(t, err)
+	require.Equal(t, system.PerLayer, reg.Mode)
+	fw, err := eng.BeginForward()
+	require.NoError(t, err)
+	require.NoError(t, fw.LayerEnd(0)) // group 0 (layer 0) posted
+
+	start := time.Now()
+	require.NoError(t, srv.Cancel(ctx, 1, "the scheduler gave up"))
+	took := time.Since(start)
+	t.Logf("Server.Cancel with a group posted: %v from the call to the pages freed (one process, loopback)", took)
+	require.NoError(t, srv.Expect(2, dst), "the cancelled room's pages are free")
+
+	// The forward goes on: the dropped room posts nothing more.
+	require.NoError(t, fw.LayerEnd(1))
+	require.NoError(t, fw.End())
+	_, err = eng.Finish(ctx, 1)
+	assert.True(t, errors.Is(err, system.ErrNoChunk), "the room was dropped: %v", err)
+	layer1 := dpool.Bytes[itemLen*pages:]
+	for _, p := range dst {
+		assert.True(t, bytes.Equal(make([]byte, itemLen), layer1[p*itemLen:(p+1)*itemLen]), "layer 1 page %d was written after the cancel", p)
+	}
+	_, err = sess.Bye(ctx, nil)
+	require.NoError(t, err)
+}
