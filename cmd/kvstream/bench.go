@@ -19,7 +19,7 @@ func newBench() *cobra.Command {
 		Short: "Measure kvstream's data path",
 		Long:  "bench measures parts of kvstream's data path in isolation (`kvstream bench transport`), and the\nmachine under it (`kvstream bench host`).",
 	}
-	cmd.AddCommand(newBenchTransport(), newBenchHost())
+	cmd.AddCommand(newBenchTransport(), newBenchHost(), newBenchScale())
 	return cmd
 }
 

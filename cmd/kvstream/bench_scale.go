@@ -1,0 +1,100 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kvstream/kvstream/lab/scalebench"
+	"github.com/spf13/cobra"
+)
+
+// newBenchScale is `kvstream bench scale`: the engine's cost curve
+// (lab/scalebench).
+func newBenchScale() *cobra.Command {
+	var (
+		quick, jsonOut, noSim, quiet bool
+		budget                       time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "scale",
+		Short: "Measure how the engine's cost grows with rooms, destinations, layers and fragmentation",
+		Long: `scale sweeps the engine's work along four axes, one at a time around a base point: rooms in
+flight (one-page chunks bound to one forward), destinations per chunk, hook layers (one MLA buffer
+each, K = 8) and fragmentation (the decode pages of a 100k-token chunk, one token per page, in runs
+of that many consecutive pages). Per point it reports:
+
+  layer_end_ns             the forward thread in a LayerEnd that closes no group
+  boundary_ns              the forward thread in a boundary LayerEnd (event record and fan-out)
+  boundary_ns_per_context  boundary_ns divided by the rooms bound to the forward
+  boundary_allocs          heap allocations per boundary LayerEnd (the whole process's)
+  allocs_per_forward       heap allocations from BeginForward to the forward's last batch completed
+  bytes_per_room           live heap per room registered and bound (page lists excluded)
+  plan_ms                  plan.BuildPlan of the 100k-page chunk
+  writes_per_group         writes posted per group of the 100k-page chunk (every destination's)
+  ns_per_write             the process's CPU time per write posted, from BeginForward to the last
+                           batch of the 100k-page chunk completed
+  exposed_over_floor       kvstream sim's per-layer exposed ÷ floor with the point's rooms (one
+                           64-token request each, one forward), decode TP = destinations, layers;
+                           null for fragmentation, which the sim does not model
+
+The engine's figures come from a real engine whose stream's events are complete at once and whose
+transport completes every batch at once without moving a byte: they are the engine's own work.
+Allocations are counted process-wide, so they include what the actors did because of the call.
+--quick is a reduced sweep (under a minute) for CI; the full sweep takes a few minutes.
+docs/PERFORMANCE.md ("The cost curve") gives the figures, the targets and the plot.`,
+		Example: `  kvstream bench scale --quick
+  kvstream bench scale --json > /tmp/scale.json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg := scalebench.Full()
+			if quick {
+				cfg = scalebench.Quick()
+			}
+			if cmd.Flags().Changed("budget") {
+				cfg.Budget = budget
+			}
+			cfg.Sim = !noSim
+			if !quiet {
+				cfg.Progress = cmd.ErrOrStderr()
+			}
+			rep, err := scalebench.Run(cmd.Context(), cfg)
+			if err != nil {
+				return err
+			}
+			if jsonOut {
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(rep)
+			}
+			return printScale(cmd.OutOrStdout(), rep)
+		},
+	}
+	fl := cmd.Flags()
+	fl.BoolVar(&quick, "quick", false, "a reduced sweep that takes under a minute")
+	fl.BoolVar(&jsonOut, "json", false, `print {"base": ..., "rows": [...]} as one JSON object`)
+	fl.BoolVar(&noSim, "no-sim", false, "skip the sim (exposed_over_floor null everywhere)")
+	fl.BoolVar(&quiet, "quiet", false, "no progress lines on stderr")
+	fl.DurationVar(&budget, "budget", 0, "about how long each timed loop runs (default 200ms, 20ms with --quick)")
+	return cmd
+}
+
+func printScale(w io.Writer, rep *scalebench.Report) error {
+	b := rep.Base
+	if _, err := fmt.Fprintf(w, "base: rooms %d, destinations %d, layers %d, fragmentation %d (K = %d, 100k-page chunk)\n",
+		b.Rooms, b.Dests, b.Layers, b.Frag, scalebench.GroupSize); err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	_, _ = fmt.Fprintln(tw, "axis\tvalue\tLayerEnd ns\tboundary ns\tns/context\tallocs/boundary\tallocs/forward\tB/room\tplan ms\twrites/group\tns/write\texposed÷floor\t")
+	for _, r := range rep.Rows {
+		exp := "-"
+		if r.ExposedOverFloor != nil {
+			exp = fmt.Sprintf("%.3f", *r.ExposedOverFloor)
+		}
+		_, _ = fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.0f\t%.1f\t%.1f\t%.0f\t%.0f\t%.2f\t%.0f\t%.1f\t%s\t\n", r.Axis, r.Value,
+			r.LayerEndNs, r.BoundaryNs, r.BoundaryNsPerContext, r.BoundaryAllocs, r.AllocsPerForward, r.BytesPerRoom,
+			r.PlanMs, r.WritesPerGroup, r.NsPerWrite, exp)
+	}
+	return tw.Flush()
+}

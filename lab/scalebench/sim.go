@@ -1,0 +1,53 @@
+package scalebench
+
+import (
+	"context"
+
+	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/lab/workload"
+	"go.uber.org/zap"
+)
+
+// SimForwardTokens is the sim's one forward at every point: its tokens are
+// split evenly over the point's rooms (one request each), so that the rooms
+// axis asks how the engine's cost grows when the same work comes as more
+// rooms. SimPageSize lets 1024 rooms of 16 tokens each hold a page.
+const (
+	SimForwardTokens = 16384
+	SimPageSize      = 16
+)
+
+// simConfig is the sim run of a point: the default preset (dsv3) with the
+// point's hook layers, one forward of SimForwardTokens split over the
+// point's rooms, and the point's destinations as decode TP ranks (each
+// receives the whole MLA latent from the one prefill rank).
+func simConfig(p Point) workload.Config {
+	cfg := workload.Defaults()
+	cfg.Layers = p.Layers
+	cfg.Requests = p.Rooms
+	cfg.PageSize = SimPageSize
+	cfg.PromptTokens = SimForwardTokens / p.Rooms
+	cfg.ChunkTokens = cfg.PromptTokens * p.Rooms
+	if p.Dests > 1 {
+		cfg.DecodeTP = p.Dests
+	}
+	return cfg
+}
+
+// measureExposure runs the sim at p and returns the per-layer run's exposed
+// ÷ floor (means over requests). A run whose oracles failed is an error.
+func measureExposure(ctx context.Context, p Point) (float64, error) {
+	rep, err := workload.Run(ctx, simConfig(p), zap.NewNop())
+	if err != nil {
+		return 0, err
+	}
+	switch {
+	case !rep.BytesEqual:
+		return 0, errors.Newf("sim at %+v: bytes differ: %s", p, rep.Mismatch)
+	case len(rep.OracleFailures) > 0:
+		return 0, errors.Newf("sim at %+v: oracles failed: %v", p, rep.OracleFailures)
+	case rep.PerLayer == nil || rep.PerLayer.FloorMs <= 0:
+		return 0, errors.Newf("sim at %+v: no per-layer floor", p)
+	}
+	return rep.PerLayer.RatioToFloor, nil
+}
