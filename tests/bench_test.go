@@ -68,7 +68,7 @@ func BenchmarkLayerEndNonBoundary(b *testing.B) {
 // record and one enqueue per context. Repeated boundaries of the same group
 // are deduplicated by the chunks, so the loop measures the fan-out itself.
 func BenchmarkLayerEndBoundary(b *testing.B) {
-	for _, n := range []int{1, 10, 100} {
+	for _, n := range []int{1, 10, 100, 1000} {
 		b.Run(fmt.Sprintf("contexts=%d", n), func(b *testing.B) {
 			_, fw := benchEngine(b, n)
 			b.ReportAllocs()

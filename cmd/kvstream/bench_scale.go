@@ -27,9 +27,13 @@ each, K = 8) and fragmentation (the decode pages of a 100k-token chunk, one toke
 of that many consecutive pages). Per point it reports:
 
   layer_end_ns             the forward thread in a LayerEnd that closes no group
-  boundary_ns              the forward thread in a boundary LayerEnd (event record and fan-out)
+  boundary_ns              the forward thread in a boundary LayerEnd (event record, and the fan-out
+                           to the chunks or, above actors.RelayThreshold chunks, to the relays)
   boundary_ns_per_context  boundary_ns divided by the rooms bound to the forward
-  boundary_allocs          heap allocations per boundary LayerEnd (the whole process's)
+  boundary_cpu_ns_per_context
+                           the whole fan-out's CPU time (every thread: the forward thread, the
+                           relays, the chunks taking the message) per room bound
+  boundary_allocs          heap allocations per boundary (every goroutine's, until the chunks took it)
   allocs_per_forward       heap allocations from BeginForward to the forward's last batch completed
   bytes_per_room           live heap per room registered and bound (page lists excluded)
   plan_ms                  plan.BuildPlan of the 100k-page chunk
@@ -86,14 +90,14 @@ func printScale(w io.Writer, rep *scalebench.Report) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	_, _ = fmt.Fprintln(tw, "axis\tvalue\tLayerEnd ns\tboundary ns\tns/context\tallocs/boundary\tallocs/forward\tB/room\tplan ms\twrites/group\tns/write\texposed÷floor\t")
+	_, _ = fmt.Fprintln(tw, "axis\tvalue\tLayerEnd ns\tboundary ns\tns/context\tCPU ns/context\tallocs/boundary\tallocs/forward\tB/room\tplan ms\twrites/group\tns/write\texposed÷floor\t")
 	for _, r := range rep.Rows {
 		exp := "-"
 		if r.ExposedOverFloor != nil {
 			exp = fmt.Sprintf("%.3f", *r.ExposedOverFloor)
 		}
-		_, _ = fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.0f\t%.1f\t%.1f\t%.0f\t%.0f\t%.2f\t%.0f\t%.1f\t%s\t\n", r.Axis, r.Value,
-			r.LayerEndNs, r.BoundaryNs, r.BoundaryNsPerContext, r.BoundaryAllocs, r.AllocsPerForward, r.BytesPerRoom,
+		_, _ = fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.0f\t%.1f\t%.1f\t%.1f\t%.0f\t%.0f\t%.2f\t%.0f\t%.1f\t%s\t\n", r.Axis, r.Value,
+			r.LayerEndNs, r.BoundaryNs, r.BoundaryNsPerContext, r.BoundaryCPUNsPerContext, r.BoundaryAllocs, r.AllocsPerForward, r.BytesPerRoom,
 			r.PlanMs, r.WritesPerGroup, r.NsPerWrite, exp)
 	}
 	return tw.Flush()

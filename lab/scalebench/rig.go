@@ -2,8 +2,10 @@ package scalebench
 
 import (
 	"context"
+	"runtime"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/hw/rdma"
@@ -172,6 +174,53 @@ func (r *rig) forward(ctx context.Context, chunks int) error {
 		return err
 	}
 	return r.endForward(ctx, fw, 0, landed)
+}
+
+// boundaryCycle is one forward of boundaryCycle's.
+type boundaryCycle struct {
+	wallNs float64       // the forward thread's time per repeated boundary
+	cpu    time.Duration // the process's CPU time from the first repeat to the last batch
+	allocs uint64        // heap allocations over the same span
+}
+
+// boundaryCycle registers rooms one-page chunks from room first, begins a
+// forward, ends its first group, ends it again reps times, then runs the
+// forward to its last batch and finishes the rooms.
+func (r *rig) boundaryCycle(ctx context.Context, first uint64, rooms, reps int) (boundaryCycle, error) {
+	var c boundaryCycle
+	if err := r.registerRooms(ctx, first, rooms); err != nil {
+		return c, err
+	}
+	landed := r.obs.expect(r.batchesPerForward(rooms))
+	fw, err := r.eng.BeginForward()
+	if err != nil {
+		return c, err
+	}
+	b := min(GroupSize, r.layers) - 1
+	for l := 0; l <= b; l++ {
+		if err := fw.LayerEnd(l); err != nil {
+			return c, err
+		}
+	}
+	var m0, m1 runtime.MemStats
+	runtime.ReadMemStats(&m0)
+	cpu0 := cpuTime()
+	start := time.Now()
+	for i := 0; i < reps; i++ {
+		if err := fw.LayerEnd(b); err != nil {
+			return c, err
+		}
+	}
+	if reps > 0 {
+		c.wallNs = float64(time.Since(start).Nanoseconds()) / float64(reps)
+	}
+	if err := r.endForward(ctx, fw, b+1, landed); err != nil {
+		return c, err
+	}
+	c.cpu = cpuTime() - cpu0
+	runtime.ReadMemStats(&m1)
+	c.allocs = m1.Mallocs - m0.Mallocs
+	return c, r.finishRooms(ctx, first, rooms)
 }
 
 // finishRooms finishes rooms first..first+n-1 and checks they succeeded.

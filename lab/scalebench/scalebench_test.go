@@ -81,6 +81,7 @@ func TestQuickSweep(t *testing.T) {
 		require.Greater(t, r.LayerEndNs, 0.1)
 		require.Greater(t, r.BoundaryNs, r.LayerEndNs)
 		require.InDelta(t, r.BoundaryNs/float64(p.Rooms), r.BoundaryNsPerContext, 1e-6)
+		require.GreaterOrEqual(t, r.BoundaryCPUNsPerContext, 0.0)
 		require.GreaterOrEqual(t, r.BoundaryAllocs, 0.0)
 		require.Greater(t, r.AllocsPerForward, 0.0)
 		require.Greater(t, r.BytesPerRoom, 100.0)
