@@ -4,9 +4,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"text/tabwriter"
 	"time"
 
+	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/lab/scalebench"
 	"github.com/spf13/cobra"
 )
@@ -17,6 +19,7 @@ func newBenchScale() *cobra.Command {
 	var (
 		quick, jsonOut, noSim, quiet bool
 		budget                       time.Duration
+		from, plot                   string
 	)
 	cmd := &cobra.Command{
 		Use:   "scale",
@@ -53,20 +56,14 @@ docs/PERFORMANCE.md ("The cost curve") gives the figures, the targets and the pl
   kvstream bench scale --json > /tmp/scale.json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg := scalebench.Full()
-			if quick {
-				cfg = scalebench.Quick()
-			}
-			if cmd.Flags().Changed("budget") {
-				cfg.Budget = budget
-			}
-			cfg.Sim = !noSim
-			if !quiet {
-				cfg.Progress = cmd.ErrOrStderr()
-			}
-			rep, err := scalebench.Run(cmd.Context(), cfg)
+			rep, err := runScale(cmd, from, quick, noSim, quiet, budget)
 			if err != nil {
 				return err
+			}
+			if plot != "" {
+				if err := writeScalePlot(plot, rep); err != nil {
+					return err
+				}
 			}
 			if jsonOut {
 				return json.NewEncoder(cmd.OutOrStdout()).Encode(rep)
@@ -76,11 +73,56 @@ docs/PERFORMANCE.md ("The cost curve") gives the figures, the targets and the pl
 	}
 	fl := cmd.Flags()
 	fl.BoolVar(&quick, "quick", false, "a reduced sweep that takes under a minute")
-	fl.BoolVar(&jsonOut, "json", false, `print {"base": ..., "rows": [...]} as one JSON object`)
+	fl.BoolVar(&jsonOut, "json", false, `print {"base": ..., "rows": [...], "slopes": [...]} as one JSON object`)
 	fl.BoolVar(&noSim, "no-sim", false, "skip the sim (exposed_over_floor null everywhere)")
 	fl.BoolVar(&quiet, "quiet", false, "no progress lines on stderr")
 	fl.DurationVar(&budget, "budget", 0, "about how long each timed loop runs (default 200ms, 20ms with --quick)")
+	fl.StringVar(&from, "from", "", "read a report this command printed with --json instead of measuring (to print or plot it again)")
+	fl.StringVar(&plot, "plot", "", "also draw the curves into this SVG file (four log-log panels, one per axis)")
 	return cmd
+}
+
+// runScale measures a sweep, or reads one (--from).
+func runScale(cmd *cobra.Command, from string, quick, noSim, quiet bool, budget time.Duration) (*scalebench.Report, error) {
+	if from != "" {
+		raw, err := os.ReadFile(from)
+		if err != nil {
+			return nil, errors.Wrapf(err, "--from %s", from)
+		}
+		var rep scalebench.Report
+		if err := json.Unmarshal(raw, &rep); err != nil {
+			return nil, errors.Wrapf(err, "--from %s: not a report of kvstream bench scale --json", from)
+		}
+		if len(rep.Rows) == 0 {
+			return nil, errors.Newf("--from %s: no rows", from)
+		}
+		rep.Slopes = scalebench.Slopes(&rep)
+		return &rep, nil
+	}
+	cfg := scalebench.Full()
+	if quick {
+		cfg = scalebench.Quick()
+	}
+	if cmd.Flags().Changed("budget") {
+		cfg.Budget = budget
+	}
+	cfg.Sim = !noSim
+	if !quiet {
+		cfg.Progress = cmd.ErrOrStderr()
+	}
+	return scalebench.Run(cmd.Context(), cfg)
+}
+
+func writeScalePlot(path string, rep *scalebench.Report) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return errors.Wrapf(err, "--plot %s", path)
+	}
+	if err := scalebench.WriteSVG(f, rep); err != nil {
+		_ = f.Close()
+		return errors.Wrapf(err, "--plot %s", path)
+	}
+	return errors.Wrapf(f.Close(), "--plot %s", path)
 }
 
 func printScale(w io.Writer, rep *scalebench.Report) error {
@@ -100,5 +142,27 @@ func printScale(w io.Writer, rep *scalebench.Report) error {
 			r.LayerEndNs, r.BoundaryNs, r.BoundaryNsPerContext, r.BoundaryCPUNsPerContext, r.BoundaryAllocs, r.AllocsPerForward, r.BytesPerRoom,
 			r.PlanMs, r.WritesPerGroup, r.NsPerWrite, exp)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(rep.Slopes) > 0 {
+		_, _ = fmt.Fprintln(w, "\nfitted exponent b of metric ∝ value^b along each axis (0: flat, 1: proportional):")
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		_, _ = fmt.Fprintln(tw, "metric\trooms\tdestinations\tlayers\tfragmentation\t")
+		for _, m := range scalebench.Metrics {
+			_, _ = fmt.Fprintf(tw, "%s", m.Name)
+			for _, axis := range scalebench.Axes {
+				cell := "-"
+				for _, sl := range rep.Slopes {
+					if sl.Axis == axis && sl.Metric == m.Name {
+						cell = fmt.Sprintf("%+.2f", sl.Exponent)
+					}
+				}
+				_, _ = fmt.Fprintf(tw, "\t%s", cell)
+			}
+			_, _ = fmt.Fprintln(tw, "\t")
+		}
+		return tw.Flush()
+	}
+	return nil
 }
