@@ -34,7 +34,13 @@ func TestRelayedFanOut(t *testing.T) {
 	eng, err := system.New(system.Config{Buffers: pool.EngineBuffers(), HookLayers: 8, GroupSize: 2, PageSize: 16},
 		system.WithStream(lyingStream{}), system.WithTransport(pre), system.WithLogger(zap.NewNop()))
 	require.NoError(t, err)
-	defer func() { require.NoError(t, eng.Close()); _ = pre.Close(); _ = dec.Close(); _ = pool.Free(); _ = dpool.Free() }()
+	defer func() {
+		require.NoError(t, eng.Close())
+		_ = pre.Close()
+		_ = dec.Close()
+		_ = pool.Free()
+		_ = dpool.Free()
+	}()
 	require.NoError(t, eng.AddPeer(dpool.Peer("d")))
 	for b := 0; b < g.Buffers(); b++ {
 		for pg := 0; pg < g.Pages; pg++ {
