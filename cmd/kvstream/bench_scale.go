@@ -20,6 +20,7 @@ func newBenchScale() *cobra.Command {
 		quick, jsonOut, noSim, quiet bool
 		budget                       time.Duration
 		from, plot                   string
+		simRuns                      int
 	)
 	cmd := &cobra.Command{
 		Use:   "scale",
@@ -43,9 +44,10 @@ of that many consecutive pages). Per point it reports:
   writes_per_group         writes posted per group of the 100k-page chunk (every destination's)
   ns_per_write             the process's CPU time per write posted, from BeginForward to the last
                            batch of the 100k-page chunk completed
-  exposed_over_floor       kvstream sim's per-layer exposed ÷ floor with the point's rooms (one
-                           64-token request each, one forward), decode TP = destinations, layers;
-                           null for fragmentation, which the sim does not model
+  exposed_over_floor       kvstream sim's per-layer exposed ÷ floor, the median of --sim-runs runs:
+                           one forward of 16384 tokens split over the point's rooms (one request
+                           each, page size 16, --scale 64), decode TP = destinations, the point's
+                           layers; null for fragmentation, which the sim does not model
 
 The engine's figures come from a real engine whose stream's events are complete at once and whose
 transport completes every batch at once without moving a byte: they are the engine's own work.
@@ -56,7 +58,7 @@ docs/PERFORMANCE.md ("The cost curve") gives the figures, the targets and the pl
   kvstream bench scale --json > /tmp/scale.json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			rep, err := runScale(cmd, from, quick, noSim, quiet, budget)
+			rep, err := runScale(cmd, from, quick, noSim, quiet, budget, simRuns)
 			if err != nil {
 				return err
 			}
@@ -75,6 +77,7 @@ docs/PERFORMANCE.md ("The cost curve") gives the figures, the targets and the pl
 	fl.BoolVar(&quick, "quick", false, "a reduced sweep that takes under a minute")
 	fl.BoolVar(&jsonOut, "json", false, `print {"base": ..., "rows": [...], "slopes": [...]} as one JSON object`)
 	fl.BoolVar(&noSim, "no-sim", false, "skip the sim (exposed_over_floor null everywhere)")
+	fl.IntVar(&simRuns, "sim-runs", 0, "sim runs per point, the median reported (default 3, 1 with --quick)")
 	fl.BoolVar(&quiet, "quiet", false, "no progress lines on stderr")
 	fl.DurationVar(&budget, "budget", 0, "about how long each timed loop runs (default 200ms, 20ms with --quick)")
 	fl.StringVar(&from, "from", "", "read a report this command printed with --json instead of measuring (to print or plot it again)")
@@ -83,7 +86,7 @@ docs/PERFORMANCE.md ("The cost curve") gives the figures, the targets and the pl
 }
 
 // runScale measures a sweep, or reads one (--from).
-func runScale(cmd *cobra.Command, from string, quick, noSim, quiet bool, budget time.Duration) (*scalebench.Report, error) {
+func runScale(cmd *cobra.Command, from string, quick, noSim, quiet bool, budget time.Duration, simRuns int) (*scalebench.Report, error) {
 	if from != "" {
 		raw, err := os.ReadFile(from)
 		if err != nil {
@@ -107,6 +110,9 @@ func runScale(cmd *cobra.Command, from string, quick, noSim, quiet bool, budget 
 		cfg.Budget = budget
 	}
 	cfg.Sim = !noSim
+	if cmd.Flags().Changed("sim-runs") {
+		cfg.SimRuns = simRuns
+	}
 	if !quiet {
 		cfg.Progress = cmd.ErrOrStderr()
 	}

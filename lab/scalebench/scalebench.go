@@ -41,8 +41,10 @@ type Config struct {
 	// Budget is about how long one timed loop runs.
 	Budget time.Duration
 	// Sim measures exposed ÷ floor with `kvstream sim` at the points it can
-	// model (rooms, destinations as decode TP, layers).
-	Sim bool
+	// model (rooms, destinations as decode TP, layers), the median of
+	// SimRuns runs (a single run's figure can be one stall of the machine).
+	Sim     bool
+	SimRuns int
 	// Progress, if set, gets a line as each point starts.
 	Progress io.Writer
 }
@@ -53,7 +55,7 @@ func Full() Config {
 		Base:  Point{Rooms: 16, Dests: 1, Layers: 64, Frag: 16},
 		Rooms: []int{1, 4, 16, 64, 256, 1024}, Dests: []int{1, 2, 4, 8, 16, 32},
 		Layers: []int{8, 16, 32, 64, 128}, Frag: []int{1, 4, 16, 64},
-		Budget: 200 * time.Millisecond, Sim: true,
+		Budget: 200 * time.Millisecond, Sim: true, SimRuns: 3,
 	}
 }
 
@@ -63,7 +65,7 @@ func Quick() Config {
 		Base:  Point{Rooms: 16, Dests: 1, Layers: 16, Frag: 16},
 		Rooms: []int{1, 64, 1024}, Dests: []int{1, 8, 32},
 		Layers: []int{8, 128}, Frag: []int{1, 64},
-		Budget: 20 * time.Millisecond, Sim: true,
+		Budget: 20 * time.Millisecond, Sim: true, SimRuns: 1,
 	}
 }
 
@@ -143,6 +145,9 @@ func (c Config) Validate() error {
 			}
 		}
 	}
+	if c.Sim && (c.SimRuns < 1 || c.SimRuns > 99) {
+		return errors.Newf("scale bench: sim runs %d: must be 1 to 99", c.SimRuns)
+	}
 	if c.Budget <= 0 {
 		return errors.Newf("scale bench: budget %v: must be positive", c.Budget)
 	}
@@ -216,7 +221,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			r, ok := sims[sk]
 			if !ok {
 				var err error
-				if r, err = measureExposure(ctx, p); err != nil {
+				if r, err = measureExposure(ctx, p, cfg.SimRuns); err != nil {
 					return nil, errors.Wrapf(err, "scale bench: sim at %+v", p)
 				}
 				sims[sk] = r

@@ -2,6 +2,7 @@ package scalebench
 
 import (
 	"context"
+	"slices"
 
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/lab/workload"
@@ -43,20 +44,26 @@ func simConfig(p Point) workload.Config {
 	return cfg
 }
 
-// measureExposure runs the sim at p and returns the per-layer run's exposed
-// ÷ floor (means over requests). A run whose oracles failed is an error.
-func measureExposure(ctx context.Context, p Point) (float64, error) {
-	rep, err := workload.Run(ctx, simConfig(p), zap.NewNop())
-	if err != nil {
-		return 0, err
+// measureExposure runs the sim at p runs times and returns the median of
+// the per-layer run's exposed ÷ floor (means over requests). A run whose
+// oracles failed is an error.
+func measureExposure(ctx context.Context, p Point, runs int) (float64, error) {
+	var ratios []float64
+	for range runs {
+		rep, err := workload.Run(ctx, simConfig(p), zap.NewNop())
+		if err != nil {
+			return 0, err
+		}
+		switch {
+		case !rep.BytesEqual:
+			return 0, errors.Newf("sim at %+v: bytes differ: %s", p, rep.Mismatch)
+		case len(rep.OracleFailures) > 0:
+			return 0, errors.Newf("sim at %+v: oracles failed: %v", p, rep.OracleFailures)
+		case rep.PerLayer == nil || rep.PerLayer.FloorMs <= 0:
+			return 0, errors.Newf("sim at %+v: no per-layer floor", p)
+		}
+		ratios = append(ratios, rep.PerLayer.RatioToFloor)
 	}
-	switch {
-	case !rep.BytesEqual:
-		return 0, errors.Newf("sim at %+v: bytes differ: %s", p, rep.Mismatch)
-	case len(rep.OracleFailures) > 0:
-		return 0, errors.Newf("sim at %+v: oracles failed: %v", p, rep.OracleFailures)
-	case rep.PerLayer == nil || rep.PerLayer.FloorMs <= 0:
-		return 0, errors.Newf("sim at %+v: no per-layer floor", p)
-	}
-	return rep.PerLayer.RatioToFloor, nil
+	slices.Sort(ratios)
+	return ratios[len(ratios)/2], nil
 }
