@@ -17,8 +17,9 @@ import (
 // thread fans out to itself (actors.RelayThreshold), so that its group
 // boundaries and its end go through the relays, over two forwards: every
 // chunk must succeed with exactly its source page's bytes on its decode
-// page, which it cannot if a relay lost, duplicated into a failure, or
-// reordered a chunk's boundaries and end.
+// page, and every group must have come as its own boundary before the end
+// (a boundary a relay lost, or delivered after the end, goes with the rest
+// at ForwardEnd; an end it lost leaves Finish to time out).
 func TestRelayedFanOut(t *testing.T) {
 	rooms := 3*actors.RelayThreshold + 5
 	g := testbed.MLA(9, 64, 2*rooms) // 8 hook layers and one without a hook
@@ -69,6 +70,10 @@ func TestRelayedFanOut(t *testing.T) {
 			res, err := eng.Finish(ctx, uint64(f*rooms+i+1))
 			require.NoError(t, err)
 			require.Equal(t, system.Succeeded, res.Status, "forward %d room %d: %v", f, i, res.Err)
+			// Every group came as its own boundary, before the end: a lost or
+			// late GroupReady would have gone with the rest at ForwardEnd.
+			require.Equal(t, 4, res.Stats.Groups, "forward %d room %d", f, i)
+			require.Equal(t, 5, res.Stats.Batches, "forward %d room %d: 4 groups and the layer without a hook", f, i)
 			src, dst := f*rooms+i, (f*rooms+(i*7)%rooms)%(2*rooms)
 			for b := 0; b < g.Buffers(); b++ {
 				require.True(t, bytes.Equal(pool.Page(b, src), dpool.Page(b, dst)), "forward %d room %d buffer %d", f, i, b)
