@@ -279,7 +279,12 @@ func BuildPlan(l *Layout, peers func(string) (*Peer, bool), s *ChunkSpec, policy
 		if s.TotalPages != 0 && len(info.DstPages) < s.TotalPages {
 			return nil, badInput("room %d info %d: %d destination pages for a request of %d pages", s.Room, i, len(info.DstPages), s.TotalPages)
 		}
-		if err := checkPages("destination", info.DstPages, peerPages(peer)); err != nil {
+		capacity := peerPages(peer)
+		if runs, ok := sameList(p.Dests, s.Infos, infoPeers, info.DstPages, capacity); ok {
+			p.Dests = append(p.Dests, Dest{Info: i, Peer: info.Peer, Runs: runs, Route: peer.Route()})
+			continue
+		}
+		if err := checkPages("destination", info.DstPages, capacity); err != nil {
 			return nil, errorsWithRoom(err, s.Room)
 		}
 		runs, err := cp.StrideRuns(src, r.PageStart, info.DstPages, owned)
@@ -289,6 +294,20 @@ func BuildPlan(l *Layout, peers func(string) (*Peer, bool), s *ChunkSpec, policy
 		p.Dests = append(p.Dests, Dest{Info: i, Peer: info.Peer, Runs: runs, Route: peer.Route()})
 	}
 	return p, nil
+}
+
+// sameList returns the runs of an earlier destination whose page list
+// equals dst and whose pool holds as many pages: the decode ranks of one TP
+// group hold the same page indices, each its share of the heads, and a chunk
+// toward 32 of them is then one check and one coalescing, not 32. The runs
+// are shared, read-only, as a Route is.
+func sameList(dests []Dest, infos []DecodeInfo, peers []*Peer, dst []int, capacity int) ([]cp.Run, bool) {
+	for _, d := range dests {
+		if peerPages(peers[d.Info]) == capacity && slices.Equal(infos[d.Info].DstPages, dst) {
+			return d.Runs, true
+		}
+	}
+	return nil, false
 }
 
 func peerPages(p *Peer) int {
