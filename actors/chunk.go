@@ -17,7 +17,7 @@ import (
 func ChunkProps(env *Env, job *Job) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor {
 		return &chunkActor{env: env, job: job, core: NewChunkCore(env.Layout, job.Plan)}
-	}, env.props(actor.WithDispatcher(env.Dispatcher), actor.WithMailbox(actor.UnboundedLockfree()))...)
+	}, env.props(actor.WithDispatcher(env.Dispatcher), actor.WithMailbox(actor.Unbounded()))...)
 }
 
 type chunkActor struct {

@@ -3,7 +3,8 @@
 //
 //   - ForwardCore (forward actor, synchronized dispatcher: runs on the forward
 //     loop's goroutine): binds registered chunks to the next forward and fans
-//     a group boundary out to that forward's chunks;
+//     a group boundary out to that forward's chunks (above RelayThreshold
+//     chunks, through the relay actors of fanout.go);
 //   - RoomCore (one room actor per room): the FIFO of chunk contexts, finish
 //     pops the front, drop drains all;
 //   - ChunkCore (one chunk actor per chunk context): dedups groups, counts

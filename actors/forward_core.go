@@ -42,6 +42,10 @@ func chunksOf(ts []Target) []messages.Chunk {
 
 // Step feeds one message; the returned slice is reused by the next call.
 func (c *ForwardCore) Step(msg any) []Effect {
+	// Cleared, not only truncated: the last fan-out's targets hold their
+	// chunk actors (a PID caches its process), which would stay alive
+	// until the next fan-out overwrote them.
+	clear(c.out)
 	c.out = c.out[:0]
 	switch m := msg.(type) {
 	case *messages.Pending:

@@ -14,12 +14,13 @@ import (
 // mailbox at that moment (then that sender's goroutine handles it).
 func ForwardProps(env *Env) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor {
-		return &forwardActor{core: NewForwardCore()}
+		return &forwardActor{core: NewForwardCore(), fan: fanOut{env: env, relayed: map[uint64]bool{}}}
 	}, env.props(actor.WithDispatcher(actor.NewSynchronizedDispatcher(300)))...)
 }
 
 type forwardActor struct {
 	core *ForwardCore
+	fan  fanOut
 	last []Effect
 }
 
@@ -34,9 +35,7 @@ func (a *forwardActor) Receive(ctx actor.Context) {
 	for _, e := range a.last {
 		switch e := e.(type) {
 		case FanOut:
-			for _, t := range e.To {
-				ctx.Send(t.PID, e.Msg)
-			}
+			a.fan.deliver(ctx, e)
 		case AnswerBegin:
 			e.To <- e.N
 		}

@@ -107,3 +107,79 @@ func FuzzCoalesce(f *testing.F) {
 		}
 	})
 }
+
+// FuzzStrideRuns checks the plan's fused path against the lists it
+// replaces: OwnedStride and StrideRuns give exactly Owned's count and
+// Coalesce(owned, DstPages(dst, positions))'s runs, or the same error.
+func FuzzStrideRuns(f *testing.F) {
+	f.Add(10, 0, 10, 4, 1, false, 12, uint64(1), 3)
+	f.Add(10, 6, 20, 4, 0, true, 20, uint64(2), 1)
+	f.Add(100, 0, 100, 1, 0, false, 100, uint64(3), 7)
+	f.Add(16, 4, 20, 2, 1, false, 10, uint64(4), 2)
+	f.Add(0, 0, 0, 1, 0, true, 0, uint64(5), 1)
+	f.Fuzz(func(t *testing.T, n, pageStart, total, size, rank int, contiguous bool, dstLen int, seed uint64, runLen int) {
+		if n < 0 || n > 4096 || size > 1<<20 || dstLen < 0 || dstLen > 8192 || runLen < 1 {
+			return
+		}
+		rule := SharedKV
+		if contiguous {
+			rule = Contiguous
+		}
+		c := CP{Size: size, Rank: rank, Rule: rule}
+		src := make([]int, n)
+		for i := range src {
+			src[i] = 3*i - int(seed%5) // runs of 1 and negative pages: not checked here
+			if i%5 == 4 {
+				src[i] = src[i-1] + 1
+			}
+		}
+		// Destination pages in runs of runLen, runs in a scrambled order.
+		dst := make([]int, dstLen)
+		for i := range dst {
+			blk := i / runLen
+			dst[i] = int((uint64(blk)*2654435761+seed)%uint64(dstLen+1))*runLen + i%runLen
+		}
+		owned, pos, wantErr := c.Owned(src, pageStart, total)
+		st, err := c.OwnedStride(n, pageStart, total)
+		if (wantErr == nil) != (err == nil) || (err != nil && err.Error() != wantErr.Error()) {
+			t.Fatalf("OwnedStride error %v, Owned %v", err, wantErr)
+		}
+		if err != nil {
+			return
+		}
+		if st.N != len(owned) {
+			t.Fatalf("stride %+v of %d positions, Owned %d", st, st.N, len(owned))
+		}
+		for k, p := range pos {
+			if st.At(k) != p {
+				t.Fatalf("position %d: stride %d, Owned %d", k, st.At(k), p)
+			}
+		}
+		var want []Run
+		mapped, wantErr := DstPages(dst, pos)
+		if wantErr == nil {
+			want, wantErr = Coalesce(owned, mapped)
+		}
+		got, err := StrideRuns(src, pageStart, dst, st)
+		if (wantErr == nil) != (err == nil) || (err != nil && err.Error() != wantErr.Error()) {
+			t.Fatalf("StrideRuns error %v, lists %v", err, wantErr)
+		}
+		if err != nil {
+			if !errors.Is(err, ErrBadInput) {
+				t.Fatalf("unmarked error %v", err)
+			}
+			return
+		}
+		if len(got) != len(want) {
+			t.Fatalf("%d runs, want %d: %v / %v", len(got), len(want), got, want)
+		}
+		for i := range got {
+			if got[i] != want[i] {
+				t.Fatalf("run %d: %+v, want %+v", i, got[i], want[i])
+			}
+		}
+		if len(got) > 0 && cap(got) != len(got) {
+			t.Fatalf("runs slice of capacity %d for %d runs", cap(got), len(got))
+		}
+	})
+}

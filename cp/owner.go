@@ -73,6 +73,49 @@ func (c CP) Owned(src []int, chunkPageStart, totalPages int) (owned, positions [
 	}
 }
 
+// Stride is the positions a rank owns in a chunk, an arithmetic progression
+// under both rules: First, First+Step, ..., N of them. Source page i of the
+// chunk backs position chunkPageStart+i.
+type Stride struct {
+	First, Step, N int
+}
+
+// At returns the k-th position.
+func (s Stride) At(k int) int { return s.First + k*s.Step }
+
+// OwnedStride is Owned without the page lists: the positions of a chunk of
+// srcLen pages from chunkPageStart that this rank owns (totalPages: the
+// request's page count, which only the contiguous rule needs). Owned's
+// lists are src[p-chunkPageStart] and p for each position p of it.
+func (c CP) OwnedStride(srcLen, chunkPageStart, totalPages int) (Stride, error) {
+	if err := c.Validate(); err != nil {
+		return Stride{}, err
+	}
+	if chunkPageStart < 0 {
+		return Stride{}, badInput("chunk page start %d: must not be negative", chunkPageStart)
+	}
+	if c.Rule == SharedKV {
+		first := chunkPageStart + ((c.Rank-chunkPageStart)%c.Size+c.Size)%c.Size
+		n := 0
+		if i := first - chunkPageStart; i < srcLen {
+			n = (srcLen-i-1)/c.Size + 1
+		}
+		return Stride{First: first, Step: c.Size, N: n}, nil
+	}
+	if end := chunkPageStart + srcLen; end > totalPages {
+		return Stride{}, badInput("chunk pages [%d, %d) beyond the request's %d pages", chunkPageStart, end, totalPages)
+	}
+	lo, hi, err := ContiguousSlice(totalPages, c.Size, c.Rank)
+	if err != nil {
+		return Stride{}, err
+	}
+	lo, hi = max(lo, chunkPageStart), min(hi, chunkPageStart+srcLen)
+	if hi <= lo {
+		return Stride{First: chunkPageStart, Step: 1}, nil
+	}
+	return Stride{First: lo, Step: 1, N: hi - lo}, nil
+}
+
 // OwnedShared applies the shared-KV rule: position p belongs to rank
 // p % cpSize.
 func OwnedShared(src []int, chunkPageStart, cpSize, rank int) (owned, positions []int, err error) {

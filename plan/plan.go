@@ -263,11 +263,14 @@ func BuildPlan(l *Layout, peers func(string) (*Peer, bool), s *ChunkSpec, policy
 		}
 	}
 	mode, reason, _ := cp.Guard(dummy, policy)
-	owned, positions, err := l.CP.Owned(src, r.PageStart, s.TotalPages)
+	// The owned positions are an arithmetic progression under both CP
+	// rules: the runs are built from it and the page lists directly, with
+	// no owned or mapped page list in between.
+	owned, err := l.CP.OwnedStride(len(src), r.PageStart, s.TotalPages)
 	if err != nil {
 		return nil, err
 	}
-	p := &Plan{Range: r, Mode: mode, Reason: reason, Owned: len(owned)}
+	p := &Plan{Range: r, Mode: mode, Reason: reason, Owned: owned.N}
 	for i, info := range s.Infos {
 		if dummy[i] {
 			continue
@@ -276,20 +279,35 @@ func BuildPlan(l *Layout, peers func(string) (*Peer, bool), s *ChunkSpec, policy
 		if s.TotalPages != 0 && len(info.DstPages) < s.TotalPages {
 			return nil, badInput("room %d info %d: %d destination pages for a request of %d pages", s.Room, i, len(info.DstPages), s.TotalPages)
 		}
-		if err := checkPages("destination", info.DstPages, peerPages(peer)); err != nil {
+		capacity := peerPages(peer)
+		if runs, ok := sameList(p.Dests, s.Infos, infoPeers, info.DstPages, capacity); ok {
+			p.Dests = append(p.Dests, Dest{Info: i, Peer: info.Peer, Runs: runs, Route: peer.Route()})
+			continue
+		}
+		if err := checkPages("destination", info.DstPages, capacity); err != nil {
 			return nil, errorsWithRoom(err, s.Room)
 		}
-		dst, err := cp.DstPages(info.DstPages, positions)
+		runs, err := cp.StrideRuns(src, r.PageStart, info.DstPages, owned)
 		if err != nil {
 			return nil, errorsWithRoom(err, s.Room)
-		}
-		runs, err := cp.Coalesce(owned, dst)
-		if err != nil {
-			return nil, err
 		}
 		p.Dests = append(p.Dests, Dest{Info: i, Peer: info.Peer, Runs: runs, Route: peer.Route()})
 	}
 	return p, nil
+}
+
+// sameList returns the runs of an earlier destination whose page list
+// equals dst and whose pool holds as many pages: the decode ranks of one TP
+// group hold the same page indices, each its share of the heads, and a chunk
+// toward 32 of them is then one check and one coalescing, not 32. The runs
+// are shared, read-only, as a Route is.
+func sameList(dests []Dest, infos []DecodeInfo, peers []*Peer, dst []int, capacity int) ([]cp.Run, bool) {
+	for _, d := range dests {
+		if peerPages(peers[d.Info]) == capacity && slices.Equal(infos[d.Info].DstPages, dst) {
+			return d.Runs, true
+		}
+	}
+	return nil, false
 }
 
 func peerPages(p *Peer) int {
@@ -300,18 +318,29 @@ func peerPages(p *Peer) int {
 	return n
 }
 
-// checkPages rejects negative, out-of-range and duplicate page ids.
+// checkPages rejects negative, out-of-range and duplicate page ids. The
+// word of the bitmap being filled stays in a register while the pages fall
+// in it (consecutive pages: 64 at a time), so that a run of pages is not a
+// chain of loads and stores to one word.
 func checkPages(what string, pages []int, capacity int) error {
 	seen := make([]uint64, (capacity+63)/64)
+	cw, cur := -1, uint64(0)
 	for i, pg := range pages {
-		if pg < 0 || pg >= capacity {
+		u := uint(pg)
+		if u >= uint(capacity) {
 			return badInput("%s page %d at index %d: outside the pool of %d pages", what, pg, i, capacity)
 		}
-		w, bit := pg/64, uint64(1)<<(pg%64)
-		if seen[w]&bit != 0 {
+		if w := int(u >> 6); w != cw {
+			if cw >= 0 {
+				seen[cw] = cur
+			}
+			cw, cur = w, seen[w]
+		}
+		bit := uint64(1) << (u & 63)
+		if cur&bit != 0 {
 			return badInput("%s page %d at index %d: duplicate", what, pg, i)
 		}
-		seen[w] |= bit
+		cur |= bit
 	}
 	return nil
 }

@@ -83,6 +83,45 @@ func TestBuildPlanDestinations(t *testing.T) {
 	assert.True(t, p.Empty(), "all-dummy destinations: nothing to send")
 }
 
+// TestBuildPlanEqualLists: destinations whose page lists are equal (the
+// ranks of a decode TP group) get the runs each would get alone, and one
+// whose list differs, or whose pool is smaller, is planned on its own: a
+// page outside the smaller pool is still refused.
+func TestBuildPlanEqualLists(t *testing.T) {
+	l, peers := fixture(t, cp.CP{Size: 1})
+	small := &Peer{ID: "small", Address: []byte("addr")}
+	for range l.Buffers {
+		small.Buffers = append(small.Buffers, PeerBuffer{Region: rdma.RegionDesc{Addr: 0x90000, Len: 4 * 16}, ItemLen: 16})
+	}
+	get := func(id string) (*Peer, bool) {
+		if id == small.ID {
+			return small, true
+		}
+		return peers(id)
+	}
+	spec := func(infos ...DecodeInfo) *ChunkSpec {
+		return &ChunkSpec{Room: 1, Start: 0, End: 16, Last: true, SrcPages: []int{0, 1, 2, 3}, Infos: infos}
+	}
+	alone := func(dst []int) []cp.Run {
+		p, err := BuildPlan(l, get, spec(DecodeInfo{Peer: "d0", DstPages: dst}), cp.EveryDestination)
+		require.NoError(t, err)
+		return p.Dests[0].Runs
+	}
+	a, b := []int{7, 8, 3, 4}, []int{5, 6, 7, 9}
+	p, err := BuildPlan(l, get, spec(DecodeInfo{Peer: "d0", DstPages: a}, DecodeInfo{Peer: "d0", DstPages: b},
+		DecodeInfo{Peer: "d0", DstPages: []int{7, 8, 3, 4}}), cp.EveryDestination)
+	require.NoError(t, err)
+	require.Len(t, p.Dests, 3)
+	assert.Equal(t, alone(a), p.Dests[0].Runs)
+	assert.Equal(t, alone(b), p.Dests[1].Runs)
+	assert.Equal(t, alone(a), p.Dests[2].Runs)
+	assert.Equal(t, 2, p.Dests[2].Info)
+
+	_, err = BuildPlan(l, get, spec(DecodeInfo{Peer: "d0", DstPages: a}, DecodeInfo{Peer: "small", DstPages: []int{7, 8, 3, 4}}), cp.EveryDestination)
+	require.True(t, errors.Is(err, ErrBadInput), "%v", err)
+	assert.Contains(t, err.Error(), "destination page 7 at index 0: outside the pool of 4 pages")
+}
+
 // TestBuildPlanBadInput checks that every bad value is refused as bad input,
 // and that the message names it.
 func TestBuildPlanBadInput(t *testing.T) {

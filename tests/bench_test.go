@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"sync"
 	"testing"
@@ -68,7 +69,7 @@ func BenchmarkLayerEndNonBoundary(b *testing.B) {
 // record and one enqueue per context. Repeated boundaries of the same group
 // are deduplicated by the chunks, so the loop measures the fan-out itself.
 func BenchmarkLayerEndBoundary(b *testing.B) {
-	for _, n := range []int{1, 10, 100} {
+	for _, n := range []int{1, 10, 100, 1000} {
 		b.Run(fmt.Sprintf("contexts=%d", n), func(b *testing.B) {
 			_, fw := benchEngine(b, n)
 			b.ReportAllocs()
@@ -101,14 +102,16 @@ func BenchmarkRegisterExisting(b *testing.B) {
 
 // BenchmarkPlan100k builds the plan of a 100k-token chunk at page size 1
 // (owner filter, destination mapping, runs), for CP 1 and CP 8 shared-KV,
-// with consecutive and with shuffled decode pages.
+// with consecutive and with shuffled decode pages, and toward the 32 ranks
+// of a decode TP group (equal page lists, each its own slice).
 func BenchmarkPlan100k(b *testing.B) {
 	const tokens = 100_000
 	for _, tc := range []struct {
 		name    string
 		cp      int
 		shuffle bool
-	}{{"cp1/consecutive", 1, false}, {"cp1/shuffled", 1, true}, {"cp8/shuffled", 8, true}} {
+		dests   int // destinations with the same page list (a decode TP group)
+	}{{"cp1/consecutive", 1, false, 1}, {"cp1/shuffled", 1, true, 1}, {"cp8/shuffled", 8, true, 1}, {"cp1/shuffled/tp32", 1, true, 32}} {
 		b.Run(tc.name, func(b *testing.B) {
 			bufs := make([]plan.Buffer, 61)
 			keys := make([]rdma.LocalKey, 61)
@@ -125,8 +128,10 @@ func BenchmarkPlan100k(b *testing.B) {
 			for i := range peer.Buffers {
 				peer.Buffers[i] = plan.PeerBuffer{Region: rdma.RegionDesc{Len: 1152 * tokens}, ItemLen: 1152}
 			}
-			spec := &plan.ChunkSpec{Room: 1, End: tokens, Last: true, SrcPages: seq(tokens), TotalPages: tokens,
-				Infos: []plan.DecodeInfo{{Peer: "d", DstPages: dst}}}
+			spec := &plan.ChunkSpec{Room: 1, End: tokens, Last: true, SrcPages: seq(tokens), TotalPages: tokens}
+			for range tc.dests {
+				spec.Infos = append(spec.Infos, plan.DecodeInfo{Peer: "d", DstPages: slices.Clone(dst)})
+			}
 			get := func(string) (*plan.Peer, bool) { return peer, true }
 			b.ReportAllocs()
 			b.ResetTimer()

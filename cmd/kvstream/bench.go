@@ -36,7 +36,7 @@ func newBench() *cobra.Command {
 			return errors.Newf("bench %q: no such benchmark: want %s", args[0], strings.Join(names, " or "))
 		},
 	}
-	cmd.AddCommand(newBenchTransport(), newBenchHost())
+	cmd.AddCommand(newBenchTransport(), newBenchHost(), newBenchScale())
 	return cmd
 }
 

@@ -1,0 +1,5 @@
+//go:build !race
+
+package scalebench
+
+const raceEnabled = false

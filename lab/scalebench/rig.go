@@ -1,0 +1,238 @@
+package scalebench
+
+import (
+	"context"
+	"runtime"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/hw/rdma"
+	"github.com/kvstream/kvstream/system"
+	"go.uber.org/zap"
+)
+
+// ItemLen is bytes per page per buffer: DeepSeek-V3's MLA latent, 576 bf16
+// values, one token per page.
+const ItemLen = 1152
+
+// GroupSize is K, hook layers per group, at every point.
+const GroupSize = 8
+
+// rig is an engine over layers MLA buffers (one per hook layer) of pages
+// pages each, with dests decode peers, on the null transport and a stream
+// whose events are complete at once. No buffer has memory behind it.
+type rig struct {
+	eng    *system.Engine
+	tr     *nullTransport
+	obs    *countObserver
+	layers int
+	dests  int
+	pages  int
+}
+
+// countObserver counts completed batches and signals when want of them did.
+type countObserver struct {
+	system.NopObserver
+	mu   sync.Mutex
+	n    int
+	want int
+	err  error
+	done chan struct{}
+}
+
+func (o *countObserver) Batch(b system.Batch) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if b.Err != nil && o.err == nil {
+		o.err = b.Err
+	}
+	o.n++
+	if o.n == o.want && o.done != nil {
+		close(o.done)
+		o.done = nil
+	}
+}
+
+// expect arms the observer for want more batches and returns the channel
+// closed when they completed.
+func (o *countObserver) expect(want int) <-chan struct{} {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	ch := make(chan struct{})
+	o.want = o.n + want
+	o.done = ch
+	if want == 0 {
+		close(ch)
+		o.done = nil
+	}
+	return ch
+}
+
+func (o *countObserver) failed() error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.err
+}
+
+func bufferBase(b int) uint64 { return uint64(b+1) << 40 }
+
+func peerID(d int) string { return "d" + strconv.Itoa(d) }
+
+func newRig(layers, dests, pages int) (*rig, error) {
+	bufs := make([]system.Buffer, layers)
+	for i := range bufs {
+		bufs[i] = system.Buffer{Name: "KV" + strconv.Itoa(i), Base: bufferBase(i), ItemLen: ItemLen, Pages: pages, Layer: i}
+	}
+	tr := newNullTransport()
+	obs := &countObserver{}
+	eng, err := system.New(system.Config{Buffers: bufs, HookLayers: layers, GroupSize: GroupSize, PageSize: 1},
+		system.WithStream(doneStream{}), system.WithTransport(tr), system.WithLogger(zap.NewNop()), system.WithObserver(obs))
+	if err != nil {
+		_ = tr.Close()
+		return nil, err
+	}
+	r := &rig{eng: eng, tr: tr, obs: obs, layers: layers, dests: dests, pages: pages}
+	for d := 0; d < dests; d++ {
+		p := system.Peer{ID: peerID(d), Address: tr.Address(), Buffers: make([]system.PeerBuffer, layers)}
+		for i := range p.Buffers {
+			p.Buffers[i] = system.PeerBuffer{Region: rdma.RegionDesc{Addr: bufferBase(i), Len: ItemLen * uint64(pages), Key: []byte{1}}, ItemLen: ItemLen}
+		}
+		if err := eng.AddPeer(p); err != nil {
+			r.close()
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+func (r *rig) close() {
+	_ = r.eng.Close()
+	_ = r.tr.Close()
+}
+
+// spec is room's chunk of src pages toward every destination at dst.
+func (r *rig) spec(room uint64, src, dst []int) system.ChunkSpec {
+	s := system.ChunkSpec{Room: room, End: len(src), Last: true, SrcPages: src, TotalPages: len(src)}
+	for d := 0; d < r.dests; d++ {
+		s.Infos = append(s.Infos, system.DecodeInfo{Peer: peerID(d), DstPages: dst})
+	}
+	return s
+}
+
+// registerRooms registers rooms first..first+n-1, a one-page chunk each
+// (page i of the pool on both sides), to every destination.
+func (r *rig) registerRooms(ctx context.Context, first uint64, n int) error {
+	for i := 0; i < n; i++ {
+		pg := []int{i % r.pages}
+		if _, err := r.eng.Register(ctx, r.spec(first+uint64(i), pg, pg)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// batchesPerForward is how many batches a forward posts for chunks chunks:
+// one per group per destination (the groups cover every buffer).
+func (r *rig) batchesPerForward(chunks int) int {
+	groups := (r.layers + GroupSize - 1) / GroupSize
+	return chunks * r.dests * groups
+}
+
+// endForward calls LayerEnd from layer from on and End, then waits until
+// landed is closed.
+func (r *rig) endForward(ctx context.Context, fw *system.Forward, from int, landed <-chan struct{}) error {
+	for l := from; l < r.layers; l++ {
+		if err := fw.LayerEnd(l); err != nil {
+			return err
+		}
+	}
+	if err := fw.End(); err != nil {
+		return err
+	}
+	select {
+	case <-landed:
+	case <-ctx.Done():
+		return errors.Wrap(ctx.Err(), "waiting for the forward's batches")
+	}
+	return r.obs.failed()
+}
+
+// finishForward runs begun forward fw over chunks bound chunks to its end
+// and waits until their batches completed.
+func (r *rig) finishForward(ctx context.Context, fw *system.Forward, chunks int) error {
+	return r.endForward(ctx, fw, 0, r.obs.expect(r.batchesPerForward(chunks)))
+}
+
+// forward runs one forward over the bound chunks and waits until their
+// batches completed.
+func (r *rig) forward(ctx context.Context, chunks int) error {
+	landed := r.obs.expect(r.batchesPerForward(chunks))
+	fw, err := r.eng.BeginForward()
+	if err != nil {
+		return err
+	}
+	return r.endForward(ctx, fw, 0, landed)
+}
+
+// boundaryCycle is one forward of boundaryCycle's.
+type boundaryCycle struct {
+	wallNs float64       // the forward thread's time per repeated boundary
+	cpu    time.Duration // the process's CPU time from the first repeat to the last batch
+	allocs uint64        // heap allocations over the same span
+}
+
+// boundaryCycle registers rooms one-page chunks from room first, begins a
+// forward, ends its first group, ends it again reps times, then runs the
+// forward to its last batch and finishes the rooms.
+func (r *rig) boundaryCycle(ctx context.Context, first uint64, rooms, reps int) (boundaryCycle, error) {
+	var c boundaryCycle
+	if err := r.registerRooms(ctx, first, rooms); err != nil {
+		return c, err
+	}
+	landed := r.obs.expect(r.batchesPerForward(rooms))
+	fw, err := r.eng.BeginForward()
+	if err != nil {
+		return c, err
+	}
+	b := min(GroupSize, r.layers) - 1
+	for l := 0; l <= b; l++ {
+		if err := fw.LayerEnd(l); err != nil {
+			return c, err
+		}
+	}
+	var m0, m1 runtime.MemStats
+	runtime.ReadMemStats(&m0)
+	cpu0 := cpuTime()
+	start := time.Now()
+	for i := 0; i < reps; i++ {
+		if err := fw.LayerEnd(b); err != nil {
+			return c, err
+		}
+	}
+	if reps > 0 {
+		c.wallNs = float64(time.Since(start).Nanoseconds()) / float64(reps)
+	}
+	if err := r.endForward(ctx, fw, b+1, landed); err != nil {
+		return c, err
+	}
+	c.cpu = cpuTime() - cpu0
+	runtime.ReadMemStats(&m1)
+	c.allocs = m1.Mallocs - m0.Mallocs
+	return c, r.finishRooms(ctx, first, rooms)
+}
+
+// finishRooms finishes rooms first..first+n-1 and checks they succeeded.
+func (r *rig) finishRooms(ctx context.Context, first uint64, n int) error {
+	for i := 0; i < n; i++ {
+		res, err := r.eng.Finish(ctx, first+uint64(i))
+		if err != nil {
+			return err
+		}
+		if res.Status != system.Succeeded {
+			return errors.Newf("room %d finished %v, want success", first+uint64(i), res.Status)
+		}
+	}
+	return nil
+}

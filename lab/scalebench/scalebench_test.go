@@ -1,0 +1,131 @@
+package scalebench
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+// A sweep's engines, transports and sims end with it. protoactor's
+// dead-letter throttle ends one second after its last message on its own.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/asynkron/protoactor-go/actor.NewThrottle.func1.1"))
+}
+
+// issueKeys are the row keys the issue's --json schema names.
+var issueKeys = []string{"axis", "value", "layer_end_ns", "boundary_ns_per_context", "boundary_allocs",
+	"allocs_per_forward", "bytes_per_room", "plan_ms", "ns_per_write", "exposed_over_floor"}
+
+// TestQuickSweep runs the --quick sweep and checks every row against what
+// can be computed by hand (the point of each row, the writes per group) and
+// against physical bounds; it checks no timing against a target.
+func TestQuickSweep(t *testing.T) {
+	cfg := Quick()
+	if raceEnabled {
+		cfg.Base.Layers = 8
+		cfg.Rooms, cfg.Dests, cfg.Layers, cfg.Frag = []int{1, 64}, []int{2}, []int{16}, []int{1}
+	}
+	rep, err := Run(context.Background(), cfg)
+	require.NoError(t, err)
+	require.Len(t, rep.Rows, len(cfg.Rooms)+len(cfg.Dests)+len(cfg.Layers)+len(cfg.Frag))
+
+	raw, err := json.Marshal(rep)
+	require.NoError(t, err)
+	var decoded struct {
+		Rows []map[string]any `json:"rows"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &decoded))
+	for _, row := range decoded.Rows {
+		for _, k := range issueKeys {
+			require.Contains(t, row, k)
+		}
+	}
+
+	seen := map[string]int{}
+	for _, r := range rep.Rows {
+		p := r.Point
+		seen[r.Axis]++
+		want := cfg.Base
+		switch r.Axis {
+		case AxisRooms:
+			want.Rooms = r.Value
+		case AxisDestinations:
+			want.Dests = r.Value
+		case AxisLayers:
+			want.Layers = r.Value
+		case AxisFragmentation:
+			want.Frag = r.Value
+		default:
+			t.Fatalf("row of unknown axis %q", r.Axis)
+		}
+		require.Equal(t, want, p, "row %s %d", r.Axis, r.Value)
+
+		// Every buffer is one write per run of the chunk, toward every
+		// destination; the groups split the buffers K at a time. At
+		// fragmentation 1 with one destination that is the pages of a
+		// group: 100 000 pages x K buffers.
+		runs := (ChunkPages + p.Frag - 1) / p.Frag
+		groups := (p.Layers + GroupSize - 1) / GroupSize
+		require.InDelta(t, float64(p.Dests*runs*p.Layers)/float64(groups), r.WritesPerGroup, 1e-9, "row %s %d", r.Axis, r.Value)
+		if p.Frag == 1 && p.Dests == 1 && p.Layers%GroupSize == 0 {
+			require.Equal(t, float64(ChunkPages*GroupSize), r.WritesPerGroup)
+		}
+
+		// Physical bounds: no call takes less than a cycle (0.1 ns at any
+		// clock this runs on), a boundary does more than a non-boundary
+		// layer, a room holds at least its chunk's plan and actors (above
+		// 100 bytes), and no plan of 100 000 pages takes under 10 µs.
+		require.Greater(t, r.LayerEndNs, 0.1)
+		require.Greater(t, r.BoundaryNs, r.LayerEndNs)
+		require.InDelta(t, r.BoundaryNs/float64(p.Rooms), r.BoundaryNsPerContext, 1e-6)
+		require.GreaterOrEqual(t, r.BoundaryCPUNsPerContext, 0.0)
+		require.GreaterOrEqual(t, r.BoundaryAllocs, 0.0)
+		require.Greater(t, r.AllocsPerForward, 0.0)
+		require.Greater(t, r.BytesPerRoom, 100.0)
+		require.Greater(t, r.PlanMs, 0.01)
+		require.Greater(t, r.NsPerWrite, 0.0)
+		if r.Axis == AxisFragmentation {
+			require.Nil(t, r.ExposedOverFloor)
+		} else {
+			require.NotNil(t, r.ExposedOverFloor)
+			require.Greater(t, *r.ExposedOverFloor, 0.0)
+		}
+	}
+	require.Equal(t, map[string]int{AxisRooms: len(cfg.Rooms), AxisDestinations: len(cfg.Dests), AxisLayers: len(cfg.Layers), AxisFragmentation: len(cfg.Frag)}, seen)
+}
+
+// TestFragmented checks the decode pages of each fragmentation: a
+// permutation of the chunk's pages with exactly ceil(n / frag) runs.
+func TestFragmented(t *testing.T) {
+	for _, tc := range []struct{ n, frag int }{{10, 1}, {10, 3}, {100, 4}, {ChunkPages, 1}, {ChunkPages, 64}, {5, 5}, {6, 3}} {
+		pages := fragmented(tc.n, tc.frag)
+		require.Len(t, pages, tc.n)
+		seen := make([]bool, tc.n)
+		runs := 0
+		for i, pg := range pages {
+			require.False(t, seen[pg], "page %d twice", pg)
+			seen[pg] = true
+			if i == 0 || pg != pages[i-1]+1 {
+				runs++
+			}
+		}
+		require.Equal(t, (tc.n+tc.frag-1)/tc.frag, runs, "n %d frag %d", tc.n, tc.frag)
+	}
+}
+
+// TestValidate names the bad value.
+func TestValidate(t *testing.T) {
+	cfg := Quick()
+	cfg.Rooms = []int{0}
+	require.ErrorContains(t, cfg.Validate(), "rooms 0: must be 1 to 4096")
+	cfg = Quick()
+	cfg.Rooms = []int{2048}
+	require.ErrorContains(t, cfg.Validate(), "rooms 2048")
+	cfg.Sim = false
+	require.NoError(t, cfg.Validate())
+	cfg.Frag = []int{ChunkPages + 1}
+	require.ErrorContains(t, cfg.Validate(), "fragmentation 100001")
+}
