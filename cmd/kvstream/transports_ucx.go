@@ -3,6 +3,7 @@
 package main
 
 import (
+	"net"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -10,11 +11,23 @@ import (
 	"github.com/kvstream/kvstream/hw/rdma/ucx"
 )
 
+// accessHost is the IP UCX access points listen on: the data plane's host,
+// or the loopback where it is unset or unspecified (a node listening on
+// every interface advertises no one address peers reach).
+func accessHost(dataHost string) string {
+	if ip := net.ParseIP(dataHost); dataHost == "" || (ip != nil && ip.IsUnspecified()) {
+		return ""
+	}
+	return dataHost
+}
+
 func init() {
 	transports["ucx"] = func(name string, o transportOpts) (rdma.Transport, error) {
 		// UCX's tcp transport listens on every interface it may use: keep
 		// it on the control plane's (or --data-addr's).
-		opts := ucx.Options{Name: name, CloseDrain: time.Second}
+		// Access points listen for their peer on the data plane's host
+		// (hw/rdma/ucx, "Connection setup").
+		opts := ucx.Options{Name: name, CloseDrain: time.Second, AccessHost: accessHost(o.dataHost)}
 		if o.writes != "" {
 			w, err := ucx.ParseWriteMode(o.writes)
 			if err != nil {

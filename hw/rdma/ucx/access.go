@@ -47,14 +47,25 @@ func (t *Transport) OpenPeerAccess() (rdma.PeerAccess, error) {
 		if st := C.kvs_access_open(t.ctx, &w, &wk); st != C.UCS_OK {
 			return errors.Mark(statusErr(st, "ucx: open a peer access point"), rdma.ErrEndpointBroken)
 		}
-		var buf unsafe.Pointer
-		var n C.size_t
-		if st := C.kvs_address(w, &buf, &n); st != C.UCS_OK {
-			C.kvs_access_close(t.ctx, w)
-			return errors.Mark(statusErr(st, "ucx: a peer access point's worker address"), rdma.ErrEndpointBroken)
+		if !t.accessIP.IsValid() {
+			var buf unsafe.Pointer
+			var n C.size_t
+			if st := C.kvs_address(w, &buf, &n); st != C.UCS_OK {
+				C.kvs_access_close(t.ctx, w)
+				return errors.Mark(statusErr(st, "ucx: a peer access point's worker address"), rdma.ErrEndpointBroken)
+			}
+			a.addr = C.GoBytes(buf, C.int(n))
+			C.free(buf)
+		} else {
+			ip := C.CString(t.accessIP.String())
+			defer C.free(unsafe.Pointer(ip))
+			var port C.uint16_t
+			if st := C.kvs_access_listen(wk, ip, cBool(t.accessIP.Is6()), &port); st != C.UCS_OK {
+				C.kvs_access_close(t.ctx, w)
+				return errors.Mark(statusErr(st, "ucx: listen for a peer access point's connection on %s (Options.AccessHost)", t.accessIP), rdma.ErrEndpointBroken)
+			}
+			a.addr = encodeListenAddr(t.accessIP, uint16(port))
 		}
-		a.addr = C.GoBytes(buf, C.int(n))
-		C.free(buf)
 		a.w, a.wk = w, wk
 		t.accesses[a] = struct{}{}
 		return nil
@@ -65,7 +76,8 @@ func (t *Transport) OpenPeerAccess() (rdma.PeerAccess, error) {
 	return a, nil
 }
 
-// Address is the access point's worker address.
+// Address is where the access point's listener is (doc.go, "Connection
+// setup"), or its worker address with Options.AccessByWorkerAddress.
 func (a *access) Address() []byte { return a.addr }
 
 // Revoke destroys the access point's worker on the progress goroutine.
@@ -198,6 +210,13 @@ func appliedByNIC(tls string) bool {
 		}
 	}
 	return false
+}
+
+func cBool(b bool) C.int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func tlsOrAll(tls string) string {

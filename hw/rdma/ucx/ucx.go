@@ -11,6 +11,7 @@ import "C"
 
 import (
 	"fmt"
+	"net/netip"
 	"os"
 	"runtime"
 	"sort"
@@ -69,6 +70,16 @@ type Options struct {
 	// transports in use (UCX then delivers it without reassembling it),
 	// and must not exceed MaxFragment.
 	Fragment uint64
+	// AccessHost is the IP address (or a name resolved once, by New) that
+	// access points (OpenPeerAccess) listen on for their peer's
+	// connections, through UCX's sockaddr connection manager (doc.go,
+	// "Connection setup"): an address peers reach. Empty means 127.0.0.1.
+	AccessHost string
+	// AccessByWorkerAddress gives peers the access point's worker address
+	// instead of a listener's, as before listeners: over UCX 1.13's tcp a
+	// peer that dies while its connection is set up can then abort this
+	// process (doc.go, "Connection setup"). For comparisons only.
+	AccessByWorkerAddress bool
 }
 
 // WriteMode says how peers write a Transport's memory.
@@ -210,6 +221,9 @@ type Transport struct {
 	// memory itself (see mayWriteDirectly); set by New.
 	direct bool
 	tls    string // UCX_TLS as this transport's context reads it ("" when unset)
+	// accessIP is what access points listen on (Options.AccessHost);
+	// invalid where they give out worker addresses instead.
+	accessIP netip.Addr
 }
 
 // item is one unit of work for the progress goroutine: a batch to post or a
@@ -257,6 +271,13 @@ func New(opts Options) (*Transport, error) {
 		accesses: map[*access]struct{}{},
 	}
 	t.tls = opts.tls()
+	if !opts.AccessByWorkerAddress && connectsBySockaddr(t.tls) {
+		ip, err := accessHost(opts.AccessHost)
+		if err != nil {
+			return nil, errors.Mark(err, rdma.ErrEndpointBroken)
+		}
+		t.accessIP = ip
+	}
 	// A peer writes this side's memory itself only through UCX's RMA.
 	t.direct = opts.Writes == WriteRMA && mayWriteDirectly(t.tls)
 	initDone := make(chan error, 1)
