@@ -4,6 +4,7 @@ package main
 
 import (
 	"net"
+	"strings"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -11,14 +12,28 @@ import (
 	"github.com/kvstream/kvstream/hw/rdma/ucx"
 )
 
-// accessHost is the IP UCX access points listen on: the data plane's host,
-// or the loopback where it is unset or unspecified (a node listening on
-// every interface advertises no one address peers reach).
+// accessHost is the IP UCX access points listen on: the address UCX's
+// tcp transport binds on the data plane's interface (interfaceAddr), since
+// UCX sets a client-server connection's tcp lanes up to the IP the
+// connection came in to; the loopback where the host is unset or
+// unspecified (a node listening on every interface advertises no one
+// address peers reach).
 func accessHost(dataHost string) string {
-	if ip := net.ParseIP(dataHost); dataHost == "" || (ip != nil && ip.IsUnspecified()) {
+	ip := net.ParseIP(strings.Trim(dataHost, "[]"))
+	if dataHost == "" || (ip != nil && ip.IsUnspecified()) {
 		return ""
 	}
-	return dataHost
+	if ip == nil {
+		ips, err := net.LookupIP(dataHost)
+		if err != nil || len(ips) == 0 {
+			return dataHost // ucx.New says what is wrong with it
+		}
+		ip = ips[0]
+	}
+	if _, bound, err := interfaceAddr(ip); err == nil {
+		return bound.String()
+	}
+	return ip.String()
 }
 
 func init() {

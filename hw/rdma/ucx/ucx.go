@@ -73,7 +73,10 @@ type Options struct {
 	// AccessHost is the IP address (or a name resolved once, by New) that
 	// access points (OpenPeerAccess) listen on for their peer's
 	// connections, through UCX's sockaddr connection manager (doc.go,
-	// "Connection setup"): an address peers reach. Empty means 127.0.0.1.
+	// "Connection setup"): an address peers reach, and the one UCX's tcp
+	// transport binds on its interface (the interface's first IPv4
+	// address), since UCX connects a client-server connection's tcp lanes
+	// to the IP the connection came in to. Empty means 127.0.0.1.
 	AccessHost string
 	// AccessByWorkerAddress gives peers the access point's worker address
 	// instead of a listener's, as before listeners: over UCX 1.13's tcp a
