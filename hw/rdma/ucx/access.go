@@ -77,12 +77,15 @@ func (t *Transport) OpenPeerAccess() (rdma.PeerAccess, error) {
 }
 
 // Address is where the access point's listener is (doc.go, "Connection
-// setup"), or its worker address with Options.AccessByWorkerAddress.
+// setup"), or its worker address where UCX_TLS names no network transport
+// and with Options.AccessByWorkerAddress.
 func (a *access) Address() []byte { return a.addr }
 
-// Revoke destroys the access point's worker on the progress goroutine.
-// With it go the connections the peer made to it: over TCP its sockets
-// close unread, over RDMA NICs (rc, dc; ud emulates puts with messages) its
+// Revoke cuts the peer off on the progress goroutine and closes the access
+// point's listener. In WriteMessages the worker's handlers refuse from then
+// on and the worker goes after Options.RevokeLinger; in WriteRMA it is
+// destroyed at once. With it go the connections the peer made to it: over
+// TCP its sockets close unread, over RDMA NICs (rc, dc; ud emulates puts with messages) its
 // queue pairs or DC target, so nothing the peer posts is applied any more
 // and the peer's endpoint fails. Where UCX_TLS lets the peer write this
 // memory itself (shared memory it mapped, cross-memory attach: see
@@ -93,10 +96,12 @@ func (a *access) Revoke() error {
 	return a.err
 }
 
-// RevokeLost cuts off a peer that stopped answering without destroying its
-// worker: UCX 1.13 aborts the process destroying a worker whose connection
-// setup with a stopped peer is pending (it purges the setup's reply under
-// an assertion that 1.14 removed). The worker is parked instead: it is no
+// RevokeLost cuts off a peer that stopped answering. In WriteMessages it is
+// Revoke. In WriteRMA it does not destroy the worker: with worker-address
+// wireup (doc.go, "Connection setup") UCX 1.13 aborts the process
+// destroying a worker whose connection setup with a stopped peer is pending
+// (it purges the setup's reply under an assertion that 1.14 removed). The
+// worker is parked instead: it is no
 // longer progressed, so nothing the peer sends over TCP or UD is applied
 // (UCX applies those puts when the receiver's worker progresses), and it is
 // never destroyed (its sockets stay open, unread, until the process exits;
