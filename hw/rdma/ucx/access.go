@@ -77,8 +77,8 @@ func (t *Transport) OpenPeerAccess() (rdma.PeerAccess, error) {
 }
 
 // Address is where the access point's listener is (doc.go, "Connection
-// setup"), or its worker address where UCX_TLS names no network transport
-// and with Options.AccessByWorkerAddress.
+// setup"), or its worker address in WriteRMA, where UCX_TLS names no
+// network transport, and with Options.AccessByWorkerAddress.
 func (a *access) Address() []byte { return a.addr }
 
 // Revoke cuts the peer off on the progress goroutine and closes the access

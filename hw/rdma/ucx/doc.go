@@ -193,6 +193,15 @@
 // (Options.AccessByWorkerAddress) that aborted the test process in 3 of 3
 // runs, through the listener in none.
 //
+// In WriteRMA access points give out their worker address: a sender
+// unpacks the remote keys of a region (Import) as soon as it connected,
+// and on a client-server endpoint that is before the setup replaced the
+// endpoint's configuration; UCX 1.18 then asserts on the put through such
+// a key (proto_common.inl:219, "thresh_elem->proto_config.ep_cfg_index ==
+// ep->cfg_index") and aborts the sender. WriteRMA is for RDMA NICs between
+// trusted peers, where the receiver's worker connects nothing back over
+// tcp; over tcp it aborts receivers anyway (see "Writes").
+//
 // UCX sets a client-server connection up on the network device it came in
 // by (tcp, or InfiniBand through rdmacm) before the lanes UCX_TLS allows
 // take over. Where UCX_TLS names no network transport (sm,self) the peer's

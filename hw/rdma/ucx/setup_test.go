@@ -251,6 +251,17 @@ func TestListenAddresses(t *testing.T) {
 	_, err = tr.Connect(good[:len(good)-1])
 	require.Error(t, err)
 	assert.True(t, errors.Is(err, rdma.ErrEndpointBroken), "%v", err)
+	a, err := tr.OpenPeerAccess()
+	require.NoError(t, err)
+	assert.True(t, isListenAddr(a.Address()), "message writes over tcp: a listener")
+	require.NoError(t, a.Revoke())
+	rma, err := New(Options{Name: "rma", Writes: WriteRMA})
+	require.NoError(t, err)
+	defer rma.Close()
+	a, err = rma.OpenPeerAccess()
+	require.NoError(t, err)
+	assert.NoError(t, checkWorkerAddress(a.Address()), "WriteRMA: the worker address")
+	require.NoError(t, a.Revoke())
 
 	for tls, want := range map[string]bool{
 		"": true, "all": true, "tcp": true, "sm,tcp,self": true, `\tcp`: true, "rc,self": true, "ud:aux": true,

@@ -274,7 +274,9 @@ func New(opts Options) (*Transport, error) {
 		accesses: map[*access]struct{}{},
 	}
 	t.tls = opts.tls()
-	if !opts.AccessByWorkerAddress && connectsBySockaddr(t.tls) {
+	// Listeners where peers write with messages (doc.go, "Connection
+	// setup" says why not in WriteRMA) over a network transport.
+	if !opts.AccessByWorkerAddress && opts.Writes == WriteMessages && connectsBySockaddr(t.tls) {
 		ip, err := accessHost(opts.AccessHost)
 		if err != nil {
 			return nil, errors.Mark(err, rdma.ErrEndpointBroken)
