@@ -81,8 +81,8 @@ func (t *Transport) OpenPeerAccess() (rdma.PeerAccess, error) {
 // network transport, and with Options.AccessByWorkerAddress.
 func (a *access) Address() []byte { return a.addr }
 
-// Revoke cuts the peer off on the progress goroutine and closes the access
-// point's listener. In WriteMessages the worker's handlers refuse from then
+// Revoke cuts the peer off on the progress goroutine; the access point's
+// listener refuses every connection from then on. In WriteMessages the worker's handlers refuse from then
 // on and the worker goes after Options.RevokeLinger; in WriteRMA it is
 // destroyed at once. With it go the connections the peer made to it: over
 // TCP its sockets close unread, over RDMA NICs (rc, dc; ud emulates puts with messages) its

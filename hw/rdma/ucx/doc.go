@@ -110,7 +110,7 @@
 //
 // In WriteMessages, Revoke marks the access point's worker revoked, on the
 // progress goroutine where its handlers run: a barrier, on every UCX
-// transport; it also closes the listener, so a new connection is refused.
+// transport; its listener refuses every new connection.
 // From then on the worker applies nothing and answers every
 // FLUSH with a refusal, so the peer's batches fail (its endpoint breaks)
 // even over shared memory, where nothing else would tell it; after
@@ -162,8 +162,15 @@
 // goroutine, accepts the request with ucp_ep_create(CONN_REQUEST) in error
 // handling mode peer. It accepts while the access point is not revoked, up
 // to 64 connections (a prefill opens one per submitter; a hostile peer
-// gets no more), and refuses the rest with ucp_listener_reject. Revoke
-// closes the listener; the accepted endpoints go with the worker. Such an
+// gets no more), and refuses the rest with ucp_listener_reject: after a
+// Revoke it refuses every one. The listener and the accepted endpoints go
+// with the worker (after Options.RevokeLinger), not before: UCX 1.13's tcp
+// connection manager frees a listener while a connection it accepted but
+// has not read the first bytes of still points to it, and calls through it
+// when they arrive (a decode crashed with SIGSEGV in UCX's async thread
+// when a prefill SIGSTOPped between its connect and its first send was
+// resumed after its session was revoked); destroying the worker closes
+// such connections. The window left is the one between the two calls. Such an
 // access point's Address is "KVSL", the IP's length (4 or 16), the IP and
 // the port (16-bit, big-endian): its first byte is no UCX worker address
 // format version, and Connect checks the length, a unicast IP and a port

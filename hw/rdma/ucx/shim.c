@@ -398,8 +398,15 @@ ucs_status_t kvs_address(ucp_worker_h w, void **buf, size_t *len)
 }
 
 
-// Closes an access point's listener: connection requests are refused from
-// then on (pending ones are rejected by ucp_listener_destroy).
+// Closes an access point's listener (pending connection requests are
+// rejected by ucp_listener_destroy). Only right before its worker is
+// destroyed: UCX 1.13's tcp connection manager frees the listener while a
+// connection it accepted, whose first bytes (the peer's header) it has not
+// read yet, still points to it; when those bytes arrive it calls through
+// the freed listener on its async thread (a SIGSEGV: a peer stopped between
+// its connect and its first send, then resumed after its session was
+// revoked, did it). Destroying the worker closes such connections with its
+// connection manager.
 static void kvs_unlisten(kvs_wk_t *wk)
 {
     if (wk->listener != NULL) {
@@ -582,8 +589,9 @@ ucs_status_t kvs_access_open(kvs_ctx_t *c, ucp_worker_h *w, kvs_wk_t **wkp)
 // barrier: no message write through it lands afterwards.
 void kvs_access_revoke(kvs_wk_t *wk)
 {
+    // The listener stays until the worker goes (kvs_access_close), refusing
+    // every connection request from now on (kvs_conn_cb): see kvs_unlisten.
     wk->revoked = 1;
-    kvs_unlisten(wk);
 }
 
 // Destroys an access point's worker: its endpoints and interfaces go, and
