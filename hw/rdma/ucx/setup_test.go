@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -277,4 +278,58 @@ func TestListenAddresses(t *testing.T) {
 	_, err = New(Options{Name: "bad host", AccessHost: "0.0.0.0"})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "Options.AccessHost")
+}
+
+// TestHalfOpenConnectionOutlivesRevoke: a peer that connected to an access
+// point's listener but sent nothing yet (stopped between its connect and
+// its first send) sends its connection header only after the access point
+// was revoked, then again after its worker is gone. UCX 1.13 frees a
+// listener that such a connection still points to, so the listener must
+// live as long as the worker; the receiver must survive and serve on.
+func TestHalfOpenConnectionOutlivesRevoke(t *testing.T) {
+	t.Setenv("UCX_TLS", "tcp")
+	const n = 4 << 10
+	to, err := New(Options{Name: "decode", RevokeLinger: 200 * time.Millisecond})
+	require.NoError(t, err)
+	defer to.Close()
+	dst, err := hostmem.Alloc(n)
+	require.NoError(t, err)
+	defer dst.Free()
+	dreg, err := to.Register(dst.Addr, n)
+	require.NoError(t, err)
+	defer dreg.Deregister()
+	for round := range 4 {
+		a, err := to.OpenPeerAccess()
+		require.NoError(t, err)
+		ip, port, err := decodeListenAddr(a.Address())
+		require.NoError(t, err)
+		conns := make([]net.Conn, 3)
+		for i := range conns {
+			conns[i], err = net.Dial("tcp", netip.AddrPortFrom(ip, port).String())
+			require.NoError(t, err, "round %d", round)
+		}
+		require.NoError(t, a.Revoke())
+		// A header announcing no private data: UCX reads it whole and
+		// hands the request to the listener, which refuses it.
+		hdr := make([]byte, 16)
+		_, err = conns[0].Write(hdr)
+		require.NoError(t, err)
+		// Wait for the worker's end (its linger), then send on another.
+		acc := a.(*access)
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			var gone bool
+			require.NoError(t, to.do(func() error { gone = acc.w == nil; return nil }))
+			if gone {
+				break
+			}
+			require.True(t, time.Now().Before(deadline), "the revoked access point's worker was not destroyed within 30s")
+			time.Sleep(10 * time.Millisecond)
+		}
+		_, _ = conns[1].Write(hdr) // the socket may be closed already
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}
+	newLiveWriter(t, to, dreg, dst, n)()
 }
