@@ -271,7 +271,7 @@ func TestListenAddresses(t *testing.T) {
 		assert.Equal(t, want, connectsBySockaddr(tls), "UCX_TLS=%q", tls)
 	}
 
-	for host, bad := range map[string]bool{"": false, "127.0.0.1": false, "::1": false, "localhost": false, "0.0.0.0": true, "::": true, "224.0.0.1": true, "no-such-host.invalid": true} {
+	for host, bad := range map[string]bool{"": false, "127.0.0.1": false, "::1": false, "0.0.0.0": true, "::": true, "224.0.0.1": true, "no-such-host.invalid": true} {
 		_, err := accessHost(host)
 		assert.Equal(t, bad, err != nil, "Options.AccessHost %q: %v", host, err)
 	}
