@@ -77,8 +77,7 @@ func (t *Transport) OpenPeerAccess() (rdma.PeerAccess, error) {
 }
 
 // Address is where the access point's listener is (doc.go, "Connection
-// setup"), or its worker address in WriteRMA, where UCX_TLS names no
-// network transport, and with Options.AccessByWorkerAddress.
+// setup"), or its worker address (Options.AccessConnect says which).
 func (a *access) Address() []byte { return a.addr }
 
 // Revoke cuts the peer off on the progress goroutine; the access point's

@@ -99,9 +99,10 @@
 // # Per-peer access points
 //
 // The Transport is an rdma.PeerAccessor. OpenPeerAccess creates one more
-// UCP worker on the same context (access.go), with a listener its peer
-// connects through (see "Connection setup"); where the listener is is the
-// access point's Address. Memory registrations, packed remote keys and the
+// UCP worker on the same context (access.go), and where
+// Options.AccessConnect picks one, a listener its peer connects through
+// (see "Connection setup"); the access point's Address is where the
+// listener is, or else the worker's address. Memory registrations, packed remote keys and the
 // table of message regions belong to the context, so every region's
 // RegionDesc is valid through any of its workers, those registered later
 // too. The progress goroutine progresses every access point's worker along
@@ -110,7 +111,7 @@
 //
 // In WriteMessages, Revoke marks the access point's worker revoked, on the
 // progress goroutine where its handlers run: a barrier, on every UCX
-// transport; its listener refuses every new connection.
+// transport; its listener, if it has one, refuses every new connection.
 // From then on the worker applies nothing and answers every
 // FLUSH with a refusal, so the peer's batches fail (its endpoint breaks)
 // even over shared memory, where nothing else would tell it; after
@@ -137,8 +138,8 @@
 // list, the aliases "sm", "shm", "mm", "cuda" and any name not known to be
 // safe count as direct; tcp, self, ib, rc*, dc*, ud*, cuda_copy, gdr_copy
 // and rocm_copy do not. A peer that stopped answering (SIGSTOPped, hung) is
-// cut off with RevokeLost (rdma.LostPeerRevoker) instead: with worker
-// addresses (see "Connection setup") UCX 1.13 aborts the process
+// cut off with RevokeLost (rdma.LostPeerRevoker) instead: by worker
+// address (see "Connection setup") UCX 1.13 aborts the process
 // destroying a worker whose connection setup with such a peer is pending
 // (ucp_request_send_state_ff asserts on the setup's reply message that
 // ucp_ep_purge_lanes hands it; the assertion was removed in 1.14,
@@ -154,73 +155,87 @@
 //
 // # Connection setup
 //
-// A peer connects to an access point through the access point's listener
-// (ucp_listener_create on Options.AccessHost, a port the kernel picks),
-// with UCX's client-server connection establishment: Connect is
-// ucp_ep_create with UCP_EP_PARAM_FIELD_SOCK_ADDR, and the listener's
-// handler, which UCX calls from ucp_worker_progress on the progress
-// goroutine, accepts the request with ucp_ep_create(CONN_REQUEST) in error
-// handling mode peer. It accepts while the access point is not revoked, up
-// to 64 connections (a prefill opens one per submitter; a hostile peer
-// gets no more), and refuses the rest with ucp_listener_reject: after a
-// Revoke it refuses every one. The listener and the accepted endpoints go
-// with the worker (after Options.RevokeLinger), not before: UCX 1.13's tcp
-// connection manager frees a listener while a connection it accepted but
-// has not read the first bytes of still points to it, and calls through it
-// when they arrive (a decode crashed with SIGSEGV in UCX's async thread
-// when a prefill SIGSTOPped between its connect and its first send was
-// resumed after its session was revoked); destroying the worker closes
-// such connections. The window left is the one between the two calls. Such an
-// access point's Address is "KVSL", the IP's length (4 or 16), the IP and
-// the port (16-bit, big-endian): its first byte is no UCX worker address
-// format version, and Connect checks the length, a unicast IP and a port
-// other than 0 before UCX sees any of it.
+// Options.AccessConnect says how a peer connects to an access point: by
+// its worker address, or through a listener of its own. AccessAuto, the
+// default, picks the listener where the UCX library loaded is older than
+// 1.14, the transport is of WriteMessages and UCX_TLS names a network
+// transport; the worker address everywhere else. Why:
 //
-// Why not the worker address: a peer that connects by an access point's
-// worker address sends a wireup request; the access point's worker creates
-// an endpoint back to the peer's worker and queues its wireup reply (REP)
-// on that endpoint's tcp transport endpoint itself, no wireup proxy in
-// between, while it connects in the background. When the peer is dead by
-// then (killed, or stopped then killed), the connect fails,
-// uct_tcp_ep_set_failed fails the UCP endpoint, and discarding its lanes
-// purges the queued reply through ucp_request_send_state_ff, which in UCX
-// 1.13 asserts that only EP_REMOVED, EP_CHECK and ACK messages are ever
-// purged there (ucp_request.c:684, "got REP message") and aborts the
-// process: the decode, with every session it served. Destroying the worker
-// in that state purges the same way. In the client-server flow the
-// accepted endpoint's lanes stay wireup proxies until the peer's final ACK
-// (ucp_wireup_process_request with a CM lane: UCP_EP_INIT_CM_WIREUP_SERVER,
-// and the reply is sent before the endpoint counts as connected), and a
-// proxy purges the wireup messages queued behind it itself
-// (ucp_wireup_ep_pending_purge frees them in
+// By worker address, a peer sends a wireup request; the access point's
+// worker creates an endpoint back to the peer's worker and queues its
+// wireup reply (REP) on that endpoint's tcp transport endpoint itself, no
+// wireup proxy in between, while it connects in the background. When the
+// peer is dead by then (killed, or stopped then killed), the connect
+// fails, uct_tcp_ep_set_failed fails the UCP endpoint, and discarding its
+// lanes purges the queued reply through ucp_request_send_state_ff, which
+// in UCX 1.13 asserts that only EP_REMOVED, EP_CHECK and ACK messages are
+// ever purged there (ucp_request.c:684, "got REP message") and aborts the
+// process: the decode, with every session it served. Destroying the
+// worker in that state purges the same way. UCX 1.14 removed the
+// assertion (openucx/ucx 9ccaf31); on 1.18.1 the same kills pass by worker
+// address.
+//
+// Through a listener (ucp_listener_create on Options.AccessHost, a port the
+// kernel picks), with UCX's client-server connection establishment,
+// Connect is ucp_ep_create with UCP_EP_PARAM_FIELD_SOCK_ADDR, and the
+// listener's handler, which UCX calls from ucp_worker_progress on the
+// progress goroutine, accepts the request with ucp_ep_create(CONN_REQUEST)
+// in error handling mode peer. The accepted endpoint's lanes stay wireup
+// proxies until the peer's final ACK (ucp_wireup_process_request with a CM
+// lane: UCP_EP_INIT_CM_WIREUP_SERVER, and the reply is sent before the
+// endpoint counts as connected), and a proxy purges the wireup messages
+// queued behind it itself (ucp_wireup_ep_pending_purge frees them in
 // ucp_wireup_ep_pending_req_release, never through the assertion): a peer
 // that dies at any point of the setup only fails its endpoint.
 // TestPeerKilledDuringConnectionSetup kills connecting peer processes
-// while the receiver's progress is held; with worker addresses
-// (Options.AccessByWorkerAddress) that aborted the test process in 3 of 3
-// runs, through the listener in none.
+// while the receiver's progress is held; by worker address on UCX 1.13
+// that aborted the test process in 3 of 3 runs, through the listener in
+// none.
 //
-// In WriteRMA access points give out their worker address: a sender
-// unpacks the remote keys of a region (Import) as soon as it connected,
-// and on a client-server endpoint that is before the setup replaced the
-// endpoint's configuration; UCX 1.18 then asserts on the put through such
-// a key (proto_common.inl:219, "thresh_elem->proto_config.ep_cfg_index ==
-// ep->cfg_index") and aborts the sender. WriteRMA is for RDMA NICs between
-// trusted peers, where the receiver's worker connects nothing back over
-// tcp; over tcp it aborts receivers anyway (see "Writes").
+// The handler accepts while the access point is not revoked, up to 64
+// connections (a prefill opens one per submitter; a hostile peer gets no
+// more), and refuses the rest with ucp_listener_reject: after a Revoke it
+// refuses every one. The listener and the accepted endpoints go with the
+// worker (after Options.RevokeLinger), not before: UCX's tcp connection
+// manager frees a listener while a connection it accepted but has not
+// read the first bytes of still points to it, and calls through it when
+// they arrive (a decode crashed with SIGSEGV in UCX's async thread when a
+// prefill SIGSTOPped between its connect and its first send was resumed
+// after its session was revoked; TestHalfOpenConnectionOutlivesRevoke);
+// destroying the worker closes such connections. The window left is the
+// one between the two calls. The same connection manager aborts the
+// process on a connection header that announces fewer bytes than it sends
+// (tcp_sockcm_ep.c:825 in 1.13, :827 in 1.18, "offset <= length"): anyone
+// who reaches a listener's port can abort the receiver with 20 bytes. That
+// is why a listener is used only where it removes a worse abort (1.13,
+// whose peers die while connecting as a matter of course) and the data
+// plane must stay on a network only the fleet reaches.
+//
+// A listener's Address is "KVSL", the IP's length (4 or 16), the IP and
+// the port (16-bit, big-endian): its first byte is no UCX worker address
+// format version, so Connect tells the two apart, and it checks the
+// length, a unicast IP and a port other than 0 before UCX sees any of it.
+// UCX connects a client-server connection's tcp lanes to the IP the
+// connection came in to, so AccessHost must be the address UCX's tcp
+// transport binds on its interface.
 //
 // UCX sets a client-server connection up on the network device it came in
 // by (tcp, or InfiniBand through rdmacm) before the lanes UCX_TLS allows
-// take over. Where UCX_TLS names no network transport (sm,self) the peer's
-// endpoint would fail ("Destination is unreachable"), so there access
-// points give out their worker address: over shared memory nothing
+// take over: where UCX_TLS names no network transport (sm,self) the
+// peer's endpoint would fail ("Destination is unreachable"), so there
+// access points give out their worker address; over shared memory nothing
 // connects back in the background (the abort above is tcp's), and 80
 // prefill kills over sm,self did not abort a decode. UCX_TLS does not
-// select connection managers; the tcp one is part of every UCX build, 1.13
-// and 1.18 alike. A peer that learns the access point's worker address
-// during the setup (UCX sends it) and deliberately connects by it, then
-// dies, can still reach the abort on 1.13: listeners, like worker
-// addresses, go only to an authenticated peer.
+// select connection managers; the tcp one is part of every UCX build. In
+// WriteRMA a sender unpacks a region's remote key (Import) as soon as it
+// connected, which on a client-server endpoint is before the setup
+// replaced the endpoint's configuration, and UCX 1.18 then asserts on the
+// put through it (proto_common.inl:219, "thresh_elem->proto_config.
+// ep_cfg_index == ep->cfg_index"): AccessAuto gives worker addresses
+// there. A peer that learns the access point's worker address during the
+// setup (UCX sends it) and deliberately connects by it, then dies, can
+// still reach the REP abort on 1.13: listeners, like worker addresses, go
+// only to an authenticated peer.
 //
 // # Threading
 //

@@ -97,7 +97,7 @@ func TestPeerKilledDuringConnectionSetup(t *testing.T) {
 		t.Run(fab.name, func(t *testing.T) {
 			t.Setenv("UCX_TLS", fab.tls)
 			for _, linger := range []time.Duration{-1, 20 * time.Millisecond} {
-				to, err := New(Options{Name: "decode", RevokeLinger: linger})
+				to, err := New(Options{Name: "decode", RevokeLinger: linger, AccessConnect: AccessListener})
 				require.NoError(t, err)
 				dst, err := hostmem.Alloc(n)
 				require.NoError(t, err)
@@ -246,7 +246,7 @@ func TestListenAddresses(t *testing.T) {
 	}
 
 	t.Setenv("UCX_TLS", "tcp")
-	tr, err := New(Options{Name: "garbage"})
+	tr, err := New(Options{Name: "garbage", AccessConnect: AccessListener})
 	require.NoError(t, err)
 	defer tr.Close()
 	_, err = tr.Connect(good[:len(good)-1])
@@ -263,6 +263,31 @@ func TestListenAddresses(t *testing.T) {
 	require.NoError(t, err)
 	assert.NoError(t, checkWorkerAddress(a.Address()), "WriteRMA: the worker address")
 	require.NoError(t, a.Revoke())
+
+	v113, v118 := [2]int{1, 13}, [2]int{1, 18}
+	for _, c := range []struct {
+		c    AccessConnect
+		w    WriteMode
+		tls  string
+		v    [2]int
+		want bool
+	}{
+		{AccessAuto, WriteMessages, "tcp", v113, true},
+		{AccessAuto, WriteMessages, "", v113, true},
+		{AccessAuto, WriteMessages, "sm,self", v113, false},
+		{AccessAuto, WriteRMA, "tcp", v113, false},
+		{AccessAuto, WriteMessages, "tcp", v118, false},
+		{AccessAuto, WriteMessages, "tcp", [2]int{2, 0}, false},
+		{AccessListener, WriteMessages, "tcp", v118, true},
+		{AccessListener, WriteRMA, "tcp", v118, true},
+		{AccessListener, WriteMessages, "sm,self", v113, false},
+		{AccessWorkerAddress, WriteMessages, "tcp", v113, false},
+	} {
+		assert.Equal(t, c.want, c.c.listens(c.w, c.tls, c.v), "%+v", c)
+	}
+	_, err = New(Options{Name: "bad", AccessConnect: 7})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "Options.AccessConnect")
 
 	for tls, want := range map[string]bool{
 		"": true, "all": true, "tcp": true, "sm,tcp,self": true, `\tcp`: true, "rc,self": true, "ud:aux": true,
@@ -289,7 +314,7 @@ func TestListenAddresses(t *testing.T) {
 func TestHalfOpenConnectionOutlivesRevoke(t *testing.T) {
 	t.Setenv("UCX_TLS", "tcp")
 	const n = 4 << 10
-	to, err := New(Options{Name: "decode", RevokeLinger: 200 * time.Millisecond})
+	to, err := New(Options{Name: "decode", RevokeLinger: 200 * time.Millisecond, AccessConnect: AccessListener})
 	require.NoError(t, err)
 	defer to.Close()
 	dst, err := hostmem.Alloc(n)

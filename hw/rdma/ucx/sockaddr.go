@@ -2,6 +2,11 @@
 
 package ucx
 
+/*
+#include <ucp/api/ucp.h>
+*/
+import "C"
+
 import (
 	"bytes"
 	"encoding/binary"
@@ -118,4 +123,11 @@ func tlName(name string) string {
 		name = name[:i]
 	}
 	return name
+}
+
+// ucxVersion is the (major, minor) version of the UCX library loaded.
+func ucxVersion() [2]int {
+	var major, minor, release C.uint
+	C.ucp_get_version(&major, &minor, &release)
+	return [2]int{int(major), int(minor)}
 }

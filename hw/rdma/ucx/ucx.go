@@ -78,11 +78,42 @@ type Options struct {
 	// address), since UCX connects a client-server connection's tcp lanes
 	// to the IP the connection came in to. Empty means 127.0.0.1.
 	AccessHost string
-	// AccessByWorkerAddress gives peers the access point's worker address
-	// instead of a listener's, as before listeners: over UCX 1.13's tcp a
-	// peer that dies while its connection is set up can then abort this
-	// process (doc.go, "Connection setup"). For comparisons only.
-	AccessByWorkerAddress bool
+	// AccessConnect is how peers connect to access points (doc.go,
+	// "Connection setup"): AccessAuto (the default), AccessListener or
+	// AccessWorkerAddress.
+	AccessConnect AccessConnect
+}
+
+// AccessConnect says how peers connect to a Transport's access points
+// (doc.go, "Connection setup").
+type AccessConnect int
+
+const (
+	// AccessAuto: through a listener where UCX is older than 1.14, peers
+	// write with messages (WriteMessages) and UCX_TLS names a network
+	// transport; else by worker address.
+	AccessAuto AccessConnect = iota
+	// AccessListener: through a listener wherever UCX_TLS names a network
+	// transport, whatever the version and write mode.
+	AccessListener
+	// AccessWorkerAddress: by the access point's worker address.
+	AccessWorkerAddress
+)
+
+// listens reports whether access points take their peers' connections
+// through a listener (else they give out their worker address), for a
+// write mode, UCX_TLS value and UCX version (major, minor).
+func (c AccessConnect) listens(w WriteMode, tls string, version [2]int) bool {
+	if c == AccessWorkerAddress || !connectsBySockaddr(tls) {
+		return false
+	}
+	if c == AccessListener {
+		return true
+	}
+	// Only 1.13 and older purge a wireup reply under the assertion the
+	// listener avoids (openucx/ucx 9ccaf31, in 1.14), and a listener has
+	// faults of its own; in WriteRMA a key unpacked early trips UCX 1.18.
+	return w == WriteMessages && (version[0] < 1 || version[0] == 1 && version[1] < 14)
 }
 
 // WriteMode says how peers write a Transport's memory.
@@ -274,9 +305,10 @@ func New(opts Options) (*Transport, error) {
 		accesses: map[*access]struct{}{},
 	}
 	t.tls = opts.tls()
-	// Listeners where peers write with messages (doc.go, "Connection
-	// setup" says why not in WriteRMA) over a network transport.
-	if !opts.AccessByWorkerAddress && opts.Writes == WriteMessages && connectsBySockaddr(t.tls) {
+	if opts.AccessConnect < AccessAuto || opts.AccessConnect > AccessWorkerAddress {
+		return nil, errors.Mark(errors.Newf("ucx: Options.AccessConnect %d unknown (want AccessAuto, AccessListener or AccessWorkerAddress)", opts.AccessConnect), rdma.ErrEndpointBroken)
+	}
+	if opts.AccessConnect.listens(opts.Writes, t.tls, ucxVersion()) {
 		ip, err := accessHost(opts.AccessHost)
 		if err != nil {
 			return nil, errors.Mark(err, rdma.ErrEndpointBroken)
