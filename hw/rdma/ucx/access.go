@@ -81,15 +81,16 @@ func (t *Transport) OpenPeerAccess() (rdma.PeerAccess, error) {
 func (a *access) Address() []byte { return a.addr }
 
 // Revoke cuts the peer off on the progress goroutine; the access point's
-// listener refuses every connection from then on. In WriteMessages the worker's handlers refuse from then
-// on and the worker goes after Options.RevokeLinger; in WriteRMA it is
-// destroyed at once. With it go the connections the peer made to it: over
-// TCP its sockets close unread, over RDMA NICs (rc, dc; ud emulates puts with messages) its
-// queue pairs or DC target, so nothing the peer posts is applied any more
-// and the peer's endpoint fails. Where UCX_TLS lets the peer write this
-// memory itself (shared memory it mapped, cross-memory attach: see
-// mayWriteDirectly), destroying the worker cannot stop those writes, and
-// Revoke says so with an error marked rdma.ErrNotQuiesced.
+// listener, if it has one, refuses every connection from then on. In
+// WriteMessages the worker's handlers refuse everything from then on and
+// the worker goes after Options.RevokeLinger; in WriteRMA it is destroyed
+// at once. With it go the connections the peer made to it: over TCP its
+// sockets close unread, over RDMA NICs (rc, dc; ud emulates puts with
+// messages) its queue pairs or DC target, so nothing the peer posts is
+// applied any more and the peer's endpoint fails. Where UCX_TLS lets the
+// peer write this memory itself (shared memory it mapped, cross-memory
+// attach: see mayWriteDirectly), destroying the worker cannot stop those
+// writes, and Revoke says so with an error marked rdma.ErrNotQuiesced.
 func (a *access) Revoke() error {
 	a.once.Do(func() { a.err = a.revoke(false) })
 	return a.err

@@ -397,7 +397,6 @@ ucs_status_t kvs_address(ucp_worker_h w, void **buf, size_t *len)
     return UCS_OK;
 }
 
-
 // Closes an access point's listener (pending connection requests are
 // rejected by ucp_listener_destroy). Only right before its worker is
 // destroyed: UCX 1.13's tcp connection manager frees the listener while a
@@ -418,9 +417,10 @@ static void kvs_unlisten(kvs_wk_t *wk)
 
 // ---- Access points' connections (doc.go, "Connection setup") ----
 //
-// A peer connects to an access point through its listener (UCX's sockaddr
-// connection manager), never by the access point's worker address. By a
-// worker address, the access point's worker answers the peer's wireup
+// Where the transport's options pick one (UCX older than 1.14), a peer
+// connects to an access point through its listener (UCX's sockaddr
+// connection manager), not by its worker address. By a worker address,
+// the access point's worker answers the peer's wireup
 // request with a reply it queues on a transport endpoint it connects back
 // to the peer, with no wireup proxy in between; over tcp, when that
 // connection fails (the peer died), UCX 1.13 purges the queued reply
