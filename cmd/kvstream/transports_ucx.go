@@ -3,6 +3,8 @@
 package main
 
 import (
+	"net"
+	"strings"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -10,11 +12,37 @@ import (
 	"github.com/kvstream/kvstream/hw/rdma/ucx"
 )
 
+// accessHost is the IP UCX access points listen on: the address UCX's
+// tcp transport binds on the data plane's interface (interfaceAddr), since
+// UCX sets a client-server connection's tcp lanes up to the IP the
+// connection came in to; the loopback where the host is unset or
+// unspecified (a node listening on every interface advertises no one
+// address peers reach).
+func accessHost(dataHost string) string {
+	ip := net.ParseIP(strings.Trim(dataHost, "[]"))
+	if dataHost == "" || (ip != nil && ip.IsUnspecified()) {
+		return ""
+	}
+	if ip == nil {
+		ips, err := net.LookupIP(dataHost)
+		if err != nil || len(ips) == 0 {
+			return dataHost // ucx.New says what is wrong with it
+		}
+		ip = ips[0]
+	}
+	if _, bound, err := interfaceAddr(ip); err == nil {
+		return bound.String()
+	}
+	return ip.String()
+}
+
 func init() {
 	transports["ucx"] = func(name string, o transportOpts) (rdma.Transport, error) {
 		// UCX's tcp transport listens on every interface it may use: keep
 		// it on the control plane's (or --data-addr's).
-		opts := ucx.Options{Name: name, CloseDrain: time.Second}
+		// Access points listen for their peer on the data plane's host
+		// (hw/rdma/ucx, "Connection setup").
+		opts := ucx.Options{Name: name, CloseDrain: time.Second, AccessHost: accessHost(o.dataHost)}
 		if o.writes != "" {
 			w, err := ucx.ParseWriteMode(o.writes)
 			if err != nil {

@@ -47,14 +47,25 @@ func (t *Transport) OpenPeerAccess() (rdma.PeerAccess, error) {
 		if st := C.kvs_access_open(t.ctx, &w, &wk); st != C.UCS_OK {
 			return errors.Mark(statusErr(st, "ucx: open a peer access point"), rdma.ErrEndpointBroken)
 		}
-		var buf unsafe.Pointer
-		var n C.size_t
-		if st := C.kvs_address(w, &buf, &n); st != C.UCS_OK {
-			C.kvs_access_close(t.ctx, w)
-			return errors.Mark(statusErr(st, "ucx: a peer access point's worker address"), rdma.ErrEndpointBroken)
+		if !t.accessIP.IsValid() {
+			var buf unsafe.Pointer
+			var n C.size_t
+			if st := C.kvs_address(w, &buf, &n); st != C.UCS_OK {
+				C.kvs_access_close(t.ctx, w)
+				return errors.Mark(statusErr(st, "ucx: a peer access point's worker address"), rdma.ErrEndpointBroken)
+			}
+			a.addr = C.GoBytes(buf, C.int(n))
+			C.free(buf)
+		} else {
+			ip := C.CString(t.accessIP.String())
+			defer C.free(unsafe.Pointer(ip))
+			var port C.uint16_t
+			if st := C.kvs_access_listen(wk, ip, cBool(t.accessIP.Is6()), &port); st != C.UCS_OK {
+				C.kvs_access_close(t.ctx, w)
+				return errors.Mark(statusErr(st, "ucx: listen for a peer access point's connection on %s (Options.AccessHost)", t.accessIP), rdma.ErrEndpointBroken)
+			}
+			a.addr = encodeListenAddr(t.accessIP, uint16(port))
 		}
-		a.addr = C.GoBytes(buf, C.int(n))
-		C.free(buf)
 		a.w, a.wk = w, wk
 		t.accesses[a] = struct{}{}
 		return nil
@@ -65,26 +76,32 @@ func (t *Transport) OpenPeerAccess() (rdma.PeerAccess, error) {
 	return a, nil
 }
 
-// Address is the access point's worker address.
+// Address is where the access point's listener is (doc.go, "Connection
+// setup"), or its worker address (Options.AccessConnect says which).
 func (a *access) Address() []byte { return a.addr }
 
-// Revoke destroys the access point's worker on the progress goroutine.
-// With it go the connections the peer made to it: over TCP its sockets
-// close unread, over RDMA NICs (rc, dc; ud emulates puts with messages) its
-// queue pairs or DC target, so nothing the peer posts is applied any more
-// and the peer's endpoint fails. Where UCX_TLS lets the peer write this
-// memory itself (shared memory it mapped, cross-memory attach: see
-// mayWriteDirectly), destroying the worker cannot stop those writes, and
-// Revoke says so with an error marked rdma.ErrNotQuiesced.
+// Revoke cuts the peer off on the progress goroutine; the access point's
+// listener, if it has one, refuses every connection from then on. In
+// WriteMessages the worker's handlers refuse everything from then on and
+// the worker goes after Options.RevokeLinger; in WriteRMA it is destroyed
+// at once. With it go the connections the peer made to it: over TCP its
+// sockets close unread, over RDMA NICs (rc, dc; ud emulates puts with
+// messages) its queue pairs or DC target, so nothing the peer posts is
+// applied any more and the peer's endpoint fails. Where UCX_TLS lets the
+// peer write this memory itself (shared memory it mapped, cross-memory
+// attach: see mayWriteDirectly), destroying the worker cannot stop those
+// writes, and Revoke says so with an error marked rdma.ErrNotQuiesced.
 func (a *access) Revoke() error {
 	a.once.Do(func() { a.err = a.revoke(false) })
 	return a.err
 }
 
-// RevokeLost cuts off a peer that stopped answering without destroying its
-// worker: UCX 1.13 aborts the process destroying a worker whose connection
-// setup with a stopped peer is pending (it purges the setup's reply under
-// an assertion that 1.14 removed). The worker is parked instead: it is no
+// RevokeLost cuts off a peer that stopped answering. In WriteMessages it is
+// Revoke. In WriteRMA it does not destroy the worker: with worker-address
+// wireup (doc.go, "Connection setup") UCX 1.13 aborts the process
+// destroying a worker whose connection setup with a stopped peer is pending
+// (it purges the setup's reply under an assertion that 1.14 removed). The
+// worker is parked instead: it is no
 // longer progressed, so nothing the peer sends over TCP or UD is applied
 // (UCX applies those puts when the receiver's worker progresses), and it is
 // never destroyed (its sockets stay open, unread, until the process exits;
@@ -198,6 +215,13 @@ func appliedByNIC(tls string) bool {
 		}
 	}
 	return false
+}
+
+func cBool(b bool) C.int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func tlsOrAll(tls string) string {

@@ -81,8 +81,10 @@
 // host maps such memory, so that its put is one memcpy (memory from
 // Register is reached through the shared-memory FIFO, or cma, instead,
 // several times slower: docs/TRANSPORT-BENCH.md). Connect is ucp_ep_create
-// by worker address with UCP_ERR_HANDLING_MODE_PEER, so that a lost peer
-// fails the endpoint instead of hanging it. Import is ucp_ep_rkey_unpack
+// with UCP_ERR_HANDLING_MODE_PEER, so that a lost peer fails the endpoint
+// instead of hanging it: to an access point's listener by its socket
+// address (see "Connection setup"), to a transport's own worker by its
+// worker address. Import is ucp_ep_rkey_unpack
 // for a UCX key, a table lookup for a message key. A peer's worker address
 // and packed keys come from the network: Connect and Import check their
 // structure first (the address's format version, the key's domain map,
@@ -97,8 +99,10 @@
 // # Per-peer access points
 //
 // The Transport is an rdma.PeerAccessor. OpenPeerAccess creates one more
-// UCP worker on the same context (access.go); its worker address is the
-// access point's Address. Memory registrations, packed remote keys and the
+// UCP worker on the same context (access.go), and where
+// Options.AccessConnect picks one, a listener its peer connects through
+// (see "Connection setup"); the access point's Address is where the
+// listener is, or else the worker's address. Memory registrations, packed remote keys and the
 // table of message regions belong to the context, so every region's
 // RegionDesc is valid through any of its workers, those registered later
 // too. The progress goroutine progresses every access point's worker along
@@ -107,7 +111,8 @@
 //
 // In WriteMessages, Revoke marks the access point's worker revoked, on the
 // progress goroutine where its handlers run: a barrier, on every UCX
-// transport. From then on the worker applies nothing and answers every
+// transport; its listener, if it has one, refuses every new connection.
+// From then on the worker applies nothing and answers every
 // FLUSH with a refusal, so the peer's batches fail (its endpoint breaks)
 // even over shared memory, where nothing else would tell it; after
 // Options.RevokeLinger the worker is destroyed with its connections, and
@@ -133,11 +138,13 @@
 // list, the aliases "sm", "shm", "mm", "cuda" and any name not known to be
 // safe count as direct; tcp, self, ib, rc*, dc*, ud*, cuda_copy, gdr_copy
 // and rocm_copy do not. A peer that stopped answering (SIGSTOPped, hung) is
-// cut off with RevokeLost (rdma.LostPeerRevoker) instead: UCX 1.13 aborts
-// the process destroying a worker whose connection setup with such a peer
-// is pending (ucp_request_send_state_ff asserts on the setup's reply
-// message that ucp_ep_purge_lanes hands it; the assertion was removed in
-// 1.14, openucx/ucx 9ccaf31). RevokeLost parks the worker: it leaves the
+// cut off with RevokeLost (rdma.LostPeerRevoker) instead: by worker
+// address (see "Connection setup") UCX 1.13 aborts the process
+// destroying a worker whose connection setup with such a peer is pending
+// (ucp_request_send_state_ff asserts on the setup's reply message that
+// ucp_ep_purge_lanes hands it; the assertion was removed in 1.14,
+// openucx/ucx 9ccaf31). In WriteRMA RevokeLost parks the worker (in
+// WriteMessages it is Revoke, above): it leaves the
 // progress and wait sets and is never destroyed (its sockets stay open,
 // unread, until the process exits). Over rc and dc the NIC applies writes
 // without the worker, so RevokeLost answers rdma.ErrNotQuiesced there.
@@ -145,6 +152,90 @@
 // Measured here (TestRevokedPeerKeepsWriting): a receiving process revokes
 // with 64 KiB writes in flight, unmaps the memory at once, and survives its
 // peer's further posts and reconnections.
+//
+// # Connection setup
+//
+// Options.AccessConnect says how a peer connects to an access point: by
+// its worker address, or through a listener of its own. AccessAuto, the
+// default, picks the listener where the UCX library loaded is older than
+// 1.14, the transport is of WriteMessages and UCX_TLS names a network
+// transport; the worker address everywhere else. Why:
+//
+// By worker address, a peer sends a wireup request; the access point's
+// worker creates an endpoint back to the peer's worker and queues its
+// wireup reply (REP) on that endpoint's tcp transport endpoint itself, no
+// wireup proxy in between, while it connects in the background. When the
+// peer is dead by then (killed, or stopped then killed), the connect
+// fails, uct_tcp_ep_set_failed fails the UCP endpoint, and discarding its
+// lanes purges the queued reply through ucp_request_send_state_ff, which
+// in UCX 1.13 asserts that only EP_REMOVED, EP_CHECK and ACK messages are
+// ever purged there (ucp_request.c:684, "got REP message") and aborts the
+// process: the decode, with every session it served. Destroying the
+// worker in that state purges the same way. UCX 1.14 removed the
+// assertion (openucx/ucx 9ccaf31); on 1.18.1 the same kills pass by worker
+// address.
+//
+// Through a listener (ucp_listener_create on Options.AccessHost, a port the
+// kernel picks), with UCX's client-server connection establishment,
+// Connect is ucp_ep_create with UCP_EP_PARAM_FIELD_SOCK_ADDR, and the
+// listener's handler, which UCX calls from ucp_worker_progress on the
+// progress goroutine, accepts the request with ucp_ep_create(CONN_REQUEST)
+// in error handling mode peer. The accepted endpoint's lanes stay wireup
+// proxies until the peer's final ACK (ucp_wireup_process_request with a CM
+// lane: UCP_EP_INIT_CM_WIREUP_SERVER, and the reply is sent before the
+// endpoint counts as connected), and a proxy purges the wireup messages
+// queued behind it itself (ucp_wireup_ep_pending_purge frees them in
+// ucp_wireup_ep_pending_req_release, never through the assertion): a peer
+// that dies at any point of the setup only fails its endpoint.
+// TestPeerKilledDuringConnectionSetup kills connecting peer processes
+// while the receiver's progress is held; by worker address on UCX 1.13
+// that aborted the test process in 3 of 3 runs, through the listener in
+// none.
+//
+// The handler accepts while the access point is not revoked, up to 64
+// connections (a prefill opens one per submitter; a hostile peer gets no
+// more), and refuses the rest with ucp_listener_reject: after a Revoke it
+// refuses every one. The listener and the accepted endpoints go with the
+// worker (after Options.RevokeLinger), not before: UCX's tcp connection
+// manager frees a listener while a connection it accepted but has not
+// read the first bytes of still points to it, and calls through it when
+// they arrive (a decode crashed with SIGSEGV in UCX's async thread when a
+// prefill SIGSTOPped between its connect and its first send was resumed
+// after its session was revoked; TestHalfOpenConnectionOutlivesRevoke);
+// destroying the worker closes such connections. The window left is the
+// one between the two calls. The same connection manager aborts the
+// process on a connection header that announces fewer bytes than it sends
+// (tcp_sockcm_ep.c:825 in 1.13, :827 in 1.18, "offset <= length"): anyone
+// who reaches a listener's port can abort the receiver with 20 bytes. That
+// is why a listener is used only where it removes a worse abort (1.13,
+// whose peers die while connecting as a matter of course) and the data
+// plane must stay on a network only the fleet reaches.
+//
+// A listener's Address is "KVSL", the IP's length (4 or 16), the IP and
+// the port (16-bit, big-endian): its first byte is no UCX worker address
+// format version, so Connect tells the two apart, and it checks the
+// length, a unicast IP and a port other than 0 before UCX sees any of it.
+// UCX connects a client-server connection's tcp lanes to the IP the
+// connection came in to, so AccessHost must be the address UCX's tcp
+// transport binds on its interface.
+//
+// UCX sets a client-server connection up on the network device it came in
+// by (tcp, or InfiniBand through rdmacm) before the lanes UCX_TLS allows
+// take over: where UCX_TLS names no network transport (sm,self) the
+// peer's endpoint would fail ("Destination is unreachable"), so there
+// access points give out their worker address; over shared memory nothing
+// connects back in the background (the abort above is tcp's), and 80
+// prefill kills over sm,self did not abort a decode. UCX_TLS does not
+// select connection managers; the tcp one is part of every UCX build. In
+// WriteRMA a sender unpacks a region's remote key (Import) as soon as it
+// connected, which on a client-server endpoint is before the setup
+// replaced the endpoint's configuration, and UCX 1.18 then asserts on the
+// put through it (proto_common.inl:219, "thresh_elem->proto_config.
+// ep_cfg_index == ep->cfg_index"): AccessAuto gives worker addresses
+// there. A peer that learns the access point's worker address during the
+// setup (UCX sends it) and deliberately connects by it, then dies, can
+// still reach the REP abort on 1.13: listeners, like worker addresses, go
+// only to an authenticated peer.
 //
 // # Threading
 //
@@ -185,10 +276,10 @@
 //   - UCX_ZCOPY_THRESH, UCX_BCOPY_THRESH: where puts switch between copy and
 //     zero-copy protocols. UCX_RNDV_THRESH and UCX_RNDV_SCHEME exist but
 //     govern two-sided (tag/AM/stream) rendezvous, not puts.
-//   - UCX_TCP_CM_REUSEADDR: applies only to UCX's sockaddr connection
-//     manager (listeners), which this package does not use: endpoints are
-//     created from worker addresses. UCX_TCP_PORT_RANGE picks the TCP
-//     transport's listening ports (firewalls).
+//   - UCX_TCP_CM_REUSEADDR: applies to UCX's sockaddr connection
+//     manager, whose listeners access points open (see "Connection
+//     setup"), on ports the kernel picks. UCX_TCP_PORT_RANGE picks the
+//     TCP transport's listening ports (firewalls).
 //   - UCX_KEEPALIVE_INTERVAL, UCX_TCP_KEEPIDLE: how fast a silent peer is
 //     declared lost (error handling mode peer).
 //   - UCX_RCACHE_ENABLE, UCX_IB_REG_METHODS: registration caches. They are

@@ -11,6 +11,7 @@ import "C"
 import (
 	"encoding/binary"
 	"math/bits"
+	"net/netip"
 	"time"
 	"unsafe"
 
@@ -125,11 +126,20 @@ func (t *Transport) setLive(b *batch, live bool) {
 
 var _ rdma.Endpoint = (*Endpoint)(nil)
 
-// Connect creates an endpoint to the worker whose Address is addr. UCX
-// connects lazily on some transports: an unreachable peer may only show as
-// a failed batch.
+// Connect creates an endpoint to the worker or access point whose Address
+// is addr: an access point's listener (UCX's client-server connection
+// establishment, doc.go "Connection setup"), or a worker address. UCX
+// connects in the background: an unreachable peer may only show as a
+// failed batch.
 func (t *Transport) Connect(addr []byte) (rdma.Endpoint, error) {
-	if err := checkWorkerAddress(addr); err != nil {
+	var lip netip.Addr
+	var lport uint16
+	if isListenAddr(addr) {
+		var err error
+		if lip, lport, err = decodeListenAddr(addr); err != nil {
+			return nil, errors.Mark(err, rdma.ErrEndpointBroken)
+		}
+	} else if err := checkWorkerAddress(addr); err != nil {
 		return nil, errors.Mark(err, rdma.ErrEndpointBroken)
 	}
 	e := &Endpoint{t: t, closedCh: make(chan struct{})}
@@ -141,11 +151,18 @@ func (t *Transport) Connect(addr []byte) (rdma.Endpoint, error) {
 		t.nextEp++
 		e.id = t.nextEp
 		rec.id = C.uint64_t(e.id)
-		// The address is copied to C memory: UCX parses it during the call
-		// but keeps nothing.
-		caddr := C.CBytes(addr)
-		st := C.kvs_ep_create(t.ctx, rec, caddr)
-		C.free(caddr)
+		var st C.ucs_status_t
+		if lip.IsValid() {
+			cip := C.CString(lip.String())
+			st = C.kvs_ep_connect(t.ctx, rec, cip, cBool(lip.Is6()), C.uint16_t(lport))
+			C.free(unsafe.Pointer(cip))
+		} else {
+			// The address is copied to C memory: UCX parses it during the
+			// call but keeps nothing.
+			caddr := C.CBytes(addr)
+			st = C.kvs_ep_create(t.ctx, rec, caddr)
+			C.free(caddr)
+		}
 		if st != C.UCS_OK {
 			C.free(unsafe.Pointer(rec))
 			return errors.Mark(statusErr(st, "ucx: connect"), rdma.ErrEndpointBroken)

@@ -4,6 +4,8 @@
 
 #include "shim.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
@@ -395,6 +397,141 @@ ucs_status_t kvs_address(ucp_worker_h w, void **buf, size_t *len)
     return UCS_OK;
 }
 
+// Closes an access point's listener (pending connection requests are
+// rejected by ucp_listener_destroy). Only right before its worker is
+// destroyed: UCX 1.13's tcp connection manager frees the listener while a
+// connection it accepted, whose first bytes (the peer's header) it has not
+// read yet, still points to it; when those bytes arrive it calls through
+// the freed listener on its async thread (a SIGSEGV: a peer stopped between
+// its connect and its first send, then resumed after its session was
+// revoked, did it). Destroying the worker closes such connections with its
+// connection manager.
+static void kvs_unlisten(kvs_wk_t *wk)
+{
+    if (wk->listener != NULL) {
+        ucp_listener_h l = wk->listener;
+        wk->listener = NULL;
+        ucp_listener_destroy(l);
+    }
+}
+
+// ---- Access points' connections (doc.go, "Connection setup") ----
+//
+// Where the transport's options pick one (UCX older than 1.14), a peer
+// connects to an access point through its listener (UCX's sockaddr
+// connection manager), not by its worker address. By a worker address,
+// the access point's worker answers the peer's wireup
+// request with a reply it queues on a transport endpoint it connects back
+// to the peer, with no wireup proxy in between; over tcp, when that
+// connection fails (the peer died), UCX 1.13 purges the queued reply
+// through ucp_request_send_state_ff, which asserts that no reply is ever
+// purged there and aborts the process (ucp_request.c:684). Through the
+// listener the accepted endpoint's lanes stay wireup proxies until the
+// peer's final ACK, and a proxy purges the wireup messages queued behind it
+// itself (ucp_wireup_ep_pending_purge), so a peer that dies at any point
+// of the setup only fails the endpoint.
+
+static void kvs_accepted_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    kvs_wk_t *w = arg;
+    (void)ep;
+    (void)status;
+    // The peer is gone: its endpoint fails here and goes with the worker;
+    // the session's loss is the control plane's to declare.
+    w->ep_errors++;
+}
+
+// Accepts a peer's connection request, while the access point is not
+// revoked and has accepted fewer than KVS_ACCEPT_MAX; refuses it otherwise.
+// Called by ucp_worker_progress of the access point's worker.
+static void kvs_conn_cb(ucp_conn_request_h req, void *arg)
+{
+    kvs_wk_t *w = arg;
+    ucp_ep_params_t params;
+    ucs_status_t status;
+
+    if (w->revoked || w->listener == NULL || w->naccepted == KVS_ACCEPT_MAX) {
+        w->rejected++;
+        if (w->listener != NULL) {
+            ucp_listener_reject(w->listener, req);
+        }
+        return;
+    }
+    memset(&params, 0, sizeof(params));
+    params.field_mask      = UCP_EP_PARAM_FIELD_CONN_REQUEST |
+                             UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                             UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    params.conn_request    = req;
+    params.err_mode        = UCP_ERR_HANDLING_MODE_PEER;
+    params.err_handler.cb  = kvs_accepted_err_cb;
+    params.err_handler.arg = w;
+    status = ucp_ep_create(w->worker, &params, &w->accepted[w->naccepted]);
+    if (status == UCS_OK) {
+        w->naccepted++;
+    } else {
+        w->rejected++; // UCX released the request
+    }
+}
+
+static int kvs_sockaddr(struct sockaddr_storage *ss, socklen_t *len,
+                        const char *ip, int v6, uint16_t port)
+{
+    memset(ss, 0, sizeof(*ss));
+    if (v6) {
+        struct sockaddr_in6 *a = (struct sockaddr_in6*)ss;
+        a->sin6_family = AF_INET6;
+        a->sin6_port   = htons(port);
+        *len           = sizeof(*a);
+        return inet_pton(AF_INET6, ip, &a->sin6_addr) == 1;
+    }
+    struct sockaddr_in *a = (struct sockaddr_in*)ss;
+    a->sin_family = AF_INET;
+    a->sin_port   = htons(port);
+    *len          = sizeof(*a);
+    return inet_pton(AF_INET, ip, &a->sin_addr) == 1;
+}
+
+// Opens the access point's listener on ip (IPv6 if v6), on a port the
+// kernel picks; *port is that port.
+ucs_status_t kvs_access_listen(kvs_wk_t *wk, const char *ip, int v6,
+                               uint16_t *port)
+{
+    ucp_listener_params_t params;
+    ucp_listener_attr_t attr;
+    struct sockaddr_storage ss;
+    socklen_t len;
+    ucs_status_t status;
+
+    if (!kvs_sockaddr(&ss, &len, ip, v6, 0)) {
+        return UCS_ERR_INVALID_PARAM;
+    }
+    memset(&params, 0, sizeof(params));
+    params.field_mask         = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR |
+                                UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+    params.sockaddr.addr      = (const struct sockaddr*)&ss;
+    params.sockaddr.addrlen   = len;
+    params.conn_handler.cb    = kvs_conn_cb;
+    params.conn_handler.arg   = wk;
+    status = ucp_listener_create(wk->worker, &params, &wk->listener);
+    if (status != UCS_OK) {
+        wk->listener = NULL;
+        return status;
+    }
+    memset(&attr, 0, sizeof(attr));
+    attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+    status = ucp_listener_query(wk->listener, &attr);
+    if (status != UCS_OK) {
+        kvs_unlisten(wk);
+        return status;
+    }
+    if (attr.sockaddr.ss_family == AF_INET6) {
+        *port = ntohs(((struct sockaddr_in6*)&attr.sockaddr)->sin6_port);
+    } else {
+        *port = ntohs(((struct sockaddr_in*)&attr.sockaddr)->sin_port);
+    }
+    return UCS_OK;
+}
+
 // An access point is a worker of the same context: memory registrations and
 // packed remote keys belong to the context, so every region is writable
 // through any of its workers, and destroying the worker closes exactly the
@@ -452,6 +589,8 @@ ucs_status_t kvs_access_open(kvs_ctx_t *c, ucp_worker_h *w, kvs_wk_t **wkp)
 // barrier: no message write through it lands afterwards.
 void kvs_access_revoke(kvs_wk_t *wk)
 {
+    // The listener stays until the worker goes (kvs_access_close), refusing
+    // every connection request from now on (kvs_conn_cb): see kvs_unlisten.
     wk->revoked = 1;
 }
 
@@ -473,6 +612,9 @@ void kvs_access_close(kvs_ctx_t *c, ucp_worker_h w)
             c->aefd[i] = c->aefd[c->naw];
             break;
         }
+    }
+    if (wk != NULL) {
+        kvs_unlisten(wk);
     }
     ucp_worker_destroy(w);
     free(wk); // its handlers cannot run any more
@@ -511,6 +653,7 @@ ucs_status_t kvs_access_park(kvs_ctx_t *c, ucp_worker_h w)
     for (i = 0; i < c->naw; i++) {
         if (c->aw[i] == w) {
             c->awk[i]->revoked = 1;
+            kvs_unlisten(c->awk[i]);
             c->naw--;
             c->aw[i]   = c->aw[c->naw];
             c->awk[i]  = c->awk[c->naw]; // the parked one's stays allocated
@@ -646,6 +789,33 @@ ucs_status_t kvs_ep_create(kvs_ctx_t *c, kvs_ep_t *e, const void *addr)
     params.err_mode        = UCP_ERR_HANDLING_MODE_PEER;
     params.err_handler.cb  = kvs_err_cb;
     params.err_handler.arg = e;
+    e->ctx = c;
+    return ucp_ep_create(c->worker, &params, &e->ep);
+}
+
+// Connects to an access point's listener at ip:port (UCX's client-server
+// connection establishment; see kvs_conn_cb for why).
+ucs_status_t kvs_ep_connect(kvs_ctx_t *c, kvs_ep_t *e, const char *ip, int v6,
+                            uint16_t port)
+{
+    ucp_ep_params_t params;
+    struct sockaddr_storage ss;
+    socklen_t len;
+
+    if (!kvs_sockaddr(&ss, &len, ip, v6, port)) {
+        return UCS_ERR_INVALID_PARAM;
+    }
+    memset(&params, 0, sizeof(params));
+    params.field_mask       = UCP_EP_PARAM_FIELD_FLAGS |
+                              UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                              UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                              UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    params.flags            = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+    params.sockaddr.addr    = (const struct sockaddr*)&ss;
+    params.sockaddr.addrlen = len;
+    params.err_mode         = UCP_ERR_HANDLING_MODE_PEER;
+    params.err_handler.cb   = kvs_err_cb;
+    params.err_handler.arg  = e;
     e->ctx = c;
     return ucp_ep_create(c->worker, &params, &e->ep);
 }

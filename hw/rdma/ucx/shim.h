@@ -88,6 +88,10 @@ typedef struct {
 
 typedef struct kvs_ctx kvs_ctx_t;
 
+// The most connections an access point's listener accepts (kvs_conn_cb):
+// a peer opens one per submitter, and a hostile one gets no more.
+#define KVS_ACCEPT_MAX 64
+
 // What a worker's message handlers need: its context and whether the
 // peers connected to it are cut off. One per worker (the transport's own,
 // and each access point's).
@@ -99,6 +103,14 @@ typedef struct {
     uint64_t     applied;  // message writes applied (fragments)
     uint64_t     refused;  // message writes refused (fragments)
     uint64_t     acks_lost; // ACKs that could not be sent
+    // An access point's sockaddr listener (kvs_access_listen), through
+    // which its peer connects; NULL for the transport's own worker, and
+    // once revoked. The endpoints it accepted go with the worker.
+    ucp_listener_h listener;
+    ucp_ep_h     accepted[KVS_ACCEPT_MAX];
+    unsigned     naccepted;
+    uint64_t     rejected;  // connection requests refused
+    uint64_t     ep_errors; // accepted endpoints that failed (peer lost)
 } kvs_wk_t;
 
 struct kvs_ctx {
@@ -163,6 +175,8 @@ ucs_status_t kvs_access_open(kvs_ctx_t *c, ucp_worker_h *w, kvs_wk_t **wk);
 void         kvs_access_revoke(kvs_wk_t *wk);
 void         kvs_access_close(kvs_ctx_t *c, ucp_worker_h w);
 ucs_status_t kvs_access_park(kvs_ctx_t *c, ucp_worker_h w);
+ucs_status_t kvs_access_listen(kvs_wk_t *wk, const char *ip, int v6,
+                               uint16_t *port);
 
 ucs_status_t kvs_region_set(kvs_ctx_t *c, uint64_t addr, uint64_t len,
                             uint32_t *slot, uint32_t *gen);
@@ -177,6 +191,8 @@ ucs_status_t kvs_mem_map(kvs_ctx_t *c, uint64_t addr, uint64_t len, int mt,
 ucs_status_t kvs_mem_unmap(kvs_ctx_t *c, ucp_mem_h memh);
 
 ucs_status_t kvs_ep_create(kvs_ctx_t *c, kvs_ep_t *e, const void *addr);
+ucs_status_t kvs_ep_connect(kvs_ctx_t *c, kvs_ep_t *e, const char *ip, int v6,
+                            uint16_t port);
 ucs_status_t kvs_ep_close(kvs_ctx_t *c, kvs_ep_t *e);
 void         kvs_ep_drain(kvs_ctx_t *c, kvs_ep_t *e);
 ucs_status_t kvs_rkey_unpack(kvs_ep_t *e, const void *buf, uint64_t *rkey);

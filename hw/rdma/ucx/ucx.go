@@ -11,6 +11,7 @@ import "C"
 
 import (
 	"fmt"
+	"net/netip"
 	"os"
 	"runtime"
 	"sort"
@@ -69,6 +70,50 @@ type Options struct {
 	// transports in use (UCX then delivers it without reassembling it),
 	// and must not exceed MaxFragment.
 	Fragment uint64
+	// AccessHost is the IP address (or a name resolved once, by New) that
+	// access points (OpenPeerAccess) listen on for their peer's
+	// connections, through UCX's sockaddr connection manager (doc.go,
+	// "Connection setup"): an address peers reach, and the one UCX's tcp
+	// transport binds on its interface (the interface's first IPv4
+	// address), since UCX connects a client-server connection's tcp lanes
+	// to the IP the connection came in to. Empty means 127.0.0.1.
+	AccessHost string
+	// AccessConnect is how peers connect to access points (doc.go,
+	// "Connection setup"): AccessAuto (the default), AccessListener or
+	// AccessWorkerAddress.
+	AccessConnect AccessConnect
+}
+
+// AccessConnect says how peers connect to a Transport's access points
+// (doc.go, "Connection setup").
+type AccessConnect int
+
+const (
+	// AccessAuto: through a listener where UCX is older than 1.14, peers
+	// write with messages (WriteMessages) and UCX_TLS names a network
+	// transport; else by worker address.
+	AccessAuto AccessConnect = iota
+	// AccessListener: through a listener wherever UCX_TLS names a network
+	// transport, whatever the version and write mode.
+	AccessListener
+	// AccessWorkerAddress: by the access point's worker address.
+	AccessWorkerAddress
+)
+
+// listens reports whether access points take their peers' connections
+// through a listener (else they give out their worker address), for a
+// write mode, UCX_TLS value and UCX version (major, minor).
+func (c AccessConnect) listens(w WriteMode, tls string, version [2]int) bool {
+	if c == AccessWorkerAddress || !connectsBySockaddr(tls) {
+		return false
+	}
+	if c == AccessListener {
+		return true
+	}
+	// Only 1.13 and older purge a wireup reply under the assertion the
+	// listener avoids (openucx/ucx 9ccaf31, in 1.14), and a listener has
+	// faults of its own; in WriteRMA a key unpacked early trips UCX 1.18.
+	return w == WriteMessages && (version[0] < 1 || version[0] == 1 && version[1] < 14)
 }
 
 // WriteMode says how peers write a Transport's memory.
@@ -210,6 +255,9 @@ type Transport struct {
 	// memory itself (see mayWriteDirectly); set by New.
 	direct bool
 	tls    string // UCX_TLS as this transport's context reads it ("" when unset)
+	// accessIP is what access points listen on (Options.AccessHost);
+	// invalid where they give out worker addresses instead.
+	accessIP netip.Addr
 }
 
 // item is one unit of work for the progress goroutine: a batch to post or a
@@ -257,6 +305,16 @@ func New(opts Options) (*Transport, error) {
 		accesses: map[*access]struct{}{},
 	}
 	t.tls = opts.tls()
+	if opts.AccessConnect < AccessAuto || opts.AccessConnect > AccessWorkerAddress {
+		return nil, errors.Mark(errors.Newf("ucx: Options.AccessConnect %d unknown (want AccessAuto, AccessListener or AccessWorkerAddress)", opts.AccessConnect), rdma.ErrEndpointBroken)
+	}
+	if opts.AccessConnect.listens(opts.Writes, t.tls, ucxVersion()) {
+		ip, err := accessHost(opts.AccessHost)
+		if err != nil {
+			return nil, errors.Mark(err, rdma.ErrEndpointBroken)
+		}
+		t.accessIP = ip
+	}
 	// A peer writes this side's memory itself only through UCX's RMA.
 	t.direct = opts.Writes == WriteRMA && mayWriteDirectly(t.tls)
 	initDone := make(chan error, 1)

@@ -28,6 +28,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(revokePeerEnv) != "" {
 		os.Exit(runRevokePeer())
 	}
+	if os.Getenv(setupPeerEnv) != "" {
+		os.Exit(runSetupPeer())
+	}
 	goleak.VerifyTestMain(m)
 }
 
