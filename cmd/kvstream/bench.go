@@ -33,7 +33,11 @@ func newBench() *cobra.Command {
 					names = append(names, c.Name())
 				}
 			}
-			return errors.Newf("bench %q: no such benchmark: want %s", args[0], strings.Join(names, " or "))
+			want := names[len(names)-1]
+			if len(names) > 1 {
+				want = strings.Join(names[:len(names)-1], ", ") + " or " + want
+			}
+			return errors.Newf("bench %q: no such benchmark: want %s", args[0], want)
 		},
 	}
 	cmd.AddCommand(newBenchTransport(), newBenchHost(), newBenchScale())

@@ -24,7 +24,7 @@ func TestCommandsNameWhatIsWrong(t *testing.T) {
 		{[]string{"replay"}, "replay: missing FILE: the trace file to replay (usage: kvstream replay FILE [flags])"},
 		{[]string{"replay", "a", "b"}, `replay: one FILE (the trace file to replay), got 2 arguments: ["a" "b"]`},
 		{[]string{"certs"}, "certs: missing DIR: the directory to write the certificates into"},
-		{[]string{"bench", "bogus"}, `bench "bogus": no such benchmark: want host or transport`},
+		{[]string{"bench", "bogus"}, `bench "bogus": no such benchmark: want host, scale or transport`},
 		{[]string{"decode", "--transport", "loopback"}, "--transport loopback does not cross processes: decode needs ucx"},
 		{[]string{"prefill", "--transport", "loopback"}, "--transport loopback does not cross processes: prefill needs ucx"},
 		{[]string{"prefill", "--transport", "loopback", "--model", "tiny-gqa"}, "--transport loopback does not cross processes: prefill needs ucx"},
