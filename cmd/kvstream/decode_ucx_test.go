@@ -198,7 +198,7 @@ func TestUCXDecodeServesMetrics(t *testing.T) {
 	assert.Contains(t, body, `kvstream_decode_rooms_total{outcome="complete"} 2`)
 	assert.Contains(t, body, `kvstream_decode_refused_total{message="hello",reason="identity_busy"} 0`)
 	assert.Regexp(t, `kvstream_decode_verified_bytes_total [1-9]`, body)
-	assert.Regexp(t, `kvstream_build_info\{commit="[^"]+",goversion="go[^"]+",protocol="2",ucx="\d+\.\d+\.\d+",version="[^"]+"\} 1`, body,
+	assert.Regexp(t, `kvstream_build_info\{commit="[^"]+",goversion="go[^"]+",protocol="`+strconv.Itoa(int(decode.ProtocolVersion))+`",ucx="\d+\.\d+\.\d+",version="[^"]+"\} 1`, body,
 		"the decode says which build it runs")
 	healthy, err := httpGet("http://" + ops + "/healthz")
 	require.NoError(t, err)

@@ -27,6 +27,11 @@ func upRunJSON(t *testing.T, wantOK bool, args ...string) launch.Report {
 	args = append([]string{"up", "--json", "--model", "small", "--page-size", "16"}, args...)
 	c := startCLI(t, []string{"UCX_TLS=tcp"}, args...)
 	err := c.wait(t, 150*time.Second)
+	t.Cleanup(func() {
+		if t.Failed() { // what the nodes said (a race report, a panic) explains the assertion that failed
+			t.Logf("up's stderr:\n%s", c.errOut())
+		}
+	})
 	if wantOK {
 		require.NoError(t, err, "stdout:\n%s\nstderr:\n%s", c.out(), c.errOut())
 	}
