@@ -89,6 +89,10 @@ type Client struct {
 	deadline  time.Time  // Dial retries until then
 	heartbeat *heartbeat // nil when heartbeats are off
 
+	// lostCh is closed when the decode server is lost: a call waiting
+	// for its answer then returns at once rather than at the call timeout.
+	lostCh chan struct{}
+
 	mu     sync.Mutex
 	ended  bool // Bye sent: the decode server leaving is no loss
 	lost   error
@@ -155,7 +159,7 @@ func Dial(ctx context.Context, node *Node, cfg DialConfig) (_ *Client, err error
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{node: node, cfg: cfg, decode: actor.NewPID(cfg.Decode, server)}
+	c := &Client{node: node, cfg: cfg, decode: actor.NewPID(cfg.Decode, server), lostCh: make(chan struct{})}
 	// The session actor lives as long as the session: the decode server
 	// watches it to notice the prefill going away, and it watches the
 	// decode server, for the opposite.
@@ -544,7 +548,7 @@ func (c *Client) Cancel(ctx context.Context, room uint64, reason string, dropErr
 		return lost
 	}
 	msg := &wire.Cancel{Session: c.session, Room: room, Reason: reason, NotQuiesced: errors.Is(dropErr, ErrNotQuiesced)}
-	res, err := c.node.request(ctx, c.decode, msg, c.cfg.CallTimeout)
+	res, err := c.request(ctx, msg)
 	if err != nil {
 		if lost := c.Lost(); lost != nil {
 			return lost
@@ -582,12 +586,30 @@ func (c *Client) peerLost(err error) {
 		return
 	}
 	c.lost = err
+	close(c.lostCh)
 	fs := c.onLost
 	c.mu.Unlock()
 	c.cfg.Log.Warn("decode server lost", zap.String("decode", c.cfg.Decode), zap.String("error", err.Error()))
 	for _, f := range fs {
 		f(public(err))
 	}
+}
+
+// request sends msg to the decode server and waits for its answer, within
+// the call timeout, ctx, and the session: a server declared lost meanwhile
+// (killed mid-call) ends the wait at once, with ctx's error wrapped; the
+// caller checks Lost.
+func (c *Client) request(ctx context.Context, msg any) (any, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-c.lostCh:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return c.node.request(ctx, c.decode, msg, c.cfg.CallTimeout)
 }
 
 // Lost returns why the decode server was lost (marked ErrDecodeLost), or
@@ -637,7 +659,7 @@ func (c *Client) Notify(ctx context.Context, n Notice) error {
 		msg.Positions[i], msg.DstPages[i] = int64(n.Positions[i]), int64(n.DstPages[i])
 	}
 	c.notices.Add(1)
-	res, err := c.node.request(ctx, c.decode, msg, c.cfg.CallTimeout)
+	res, err := c.request(ctx, msg)
 	if err != nil {
 		if lost := c.Lost(); lost != nil {
 			return lost
@@ -692,7 +714,7 @@ func (c *Client) Bye(ctx context.Context, aborted error) (Summary, error) {
 	if aborted != nil {
 		bye.Aborted = aborted.Error()
 	}
-	res, err := c.node.request(ctx, c.decode, bye, c.cfg.CallTimeout)
+	res, err := c.request(ctx, bye)
 	if err != nil {
 		return Summary{}, public(errors.Wrap(err, "bye"))
 	}

@@ -404,6 +404,9 @@ func (n *Node) request(ctx context.Context, pid *actor.PID, msg any, limit time.
 		}
 		return a.v, nil
 	case <-ctx.Done():
+		// Stopping the future completes it now: the goroutine waiting for
+		// its result ends instead of living until the call's limit.
+		n.system.Root.Stop(f.PID())
 		return nil, errors.Wrapf(ctx.Err(), "%T to %s", msg, fmt.Sprint(pid))
 	}
 }
