@@ -318,7 +318,7 @@ type AddChunk struct {
 	// scoped to a peer checks.
 	Peers []string `trace:"omitempty"`
 	Props *actor.Props
-	Reply        chan<- Added
+	Reply chan<- Added
 }
 
 // Added answers AddChunk.
