@@ -23,6 +23,7 @@ import (
 // err.
 type dropEngine struct {
 	release chan struct{}
+	entered chan uint64 // when set, told of each call as it begins
 	err     error
 	mu      sync.Mutex
 	dropped []uint64
@@ -33,6 +34,9 @@ func (e *dropEngine) AddPeer(plan.Peer) error           { return nil }
 func (e *dropEngine) PeerLost(string, error) error      { return nil }
 func (e *dropEngine) PeerDraining(string, string) error { return nil }
 func (e *dropEngine) CancelRoom(_ context.Context, peer string, room uint64, _ string) error {
+	if e.entered != nil {
+		e.entered <- room
+	}
 	<-e.release
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -141,6 +145,53 @@ func TestDecodeCancelNotQuietUnlessDropped(t *testing.T) {
 	assert.True(t, errors.Is(err, decode.ErrNotQuiesced), "the pages stay out: %v", err)
 	cancel()
 	assert.True(t, errors.Is(<-cancelled, decode.ErrNotQuiesced))
+}
+
+// TestDecodeCancelOfARoomExpectedAgain: a Cancel waits for the room it
+// cancelled, not for its id: room 7 is cancelled (its prefill slow to
+// answer), Expected again, reported in and cancelled again; the first
+// room settling returns the first Cancel only, and the second returns once
+// the prefill answered the second cancel, with its pages free.
+func TestDecodeCancelOfARoomExpectedAgain(t *testing.T) {
+	ended := make(chan error, 2)
+	r := newRig(t, decode.Config{OnRoomEnd: func(room decode.Room, err error) {
+		if room.ID == 7 {
+			ended <- err
+		}
+	}})
+	c := r.dial(t)
+	eng := &dropEngine{release: make(chan struct{}), entered: make(chan uint64, 2)}
+	require.NoError(t, c.Attach(eng))
+
+	require.NoError(t, r.srv.Expect(7, []int{4, 5}))
+	require.NoError(t, c.Notify(waitCtx(t), notice(7, 0, 2, 4, false, system.Succeeded, nil)))
+	first := make(chan error, 1)
+	go func() { first <- r.srv.Cancel(waitCtx(t), 7, "evicted") }()
+	require.True(t, errors.Is(<-ended, decode.ErrCancelled))
+	require.Equal(t, uint64(7), <-eng.entered, "the prefill's engine is cancelling the first room")
+
+	require.NoError(t, r.srv.Expect(7, []int{0, 1}), "released at once: its id may be Expected again")
+	require.NoError(t, c.Notify(waitCtx(t), notice(7, 0, 2, 0, false, system.Succeeded, nil)))
+	second := make(chan error, 1)
+	go func() { second <- r.srv.Cancel(waitCtx(t), 7, "evicted again") }()
+	require.True(t, errors.Is(<-ended, decode.ErrCancelled))
+
+	eng.release <- struct{}{} // the first cancel is answered
+	require.NoError(t, <-first)
+	require.NoError(t, r.srv.Expect(8, []int{4, 5}), "the first room's pages are free")
+	require.Equal(t, uint64(7), <-eng.entered, "the prefill's engine is cancelling the second room")
+	select {
+	case err := <-second:
+		t.Fatalf("the second Cancel returned (%v) before the prefill answered it", err)
+	default:
+	}
+	err := r.srv.Expect(9, []int{0, 1})
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, decode.ErrNotQuiesced), "the second room's pages are still out: %v", err)
+
+	eng.release <- struct{}{}
+	require.NoError(t, <-second)
+	require.NoError(t, r.srv.Expect(9, []int{0, 1}), "the second room's pages are free")
 }
 
 // TestPrefillCancelsARoom: the prefill's Cancel (after its engine's Drop

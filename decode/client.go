@@ -100,9 +100,10 @@ type Client struct {
 	onDrain []func(reason string)
 	// onCancel hear the decode server's cancels of rooms (wire.Cancel).
 	onCancel []func(room uint64, reason string)
-	// cancelling are the rooms whose cancel by the decode server Attach is
-	// answering (one at a time per room, at most maxCancelling at once).
-	cancelling map[uint64]bool
+	// cancelling are the rooms whose cancels by the decode server Attach
+	// is answering, with how many are left to answer (one goroutine per
+	// room, at most maxCancelling rooms at once).
+	cancelling map[uint64]int
 }
 
 var clients atomic.Uint64
@@ -516,41 +517,57 @@ func (c *Client) Attach(eng Engine) error {
 	c.OnCancel(func(room uint64, reason string) {
 		c.mu.Lock()
 		if c.cancelling == nil {
-			c.cancelling = map[uint64]bool{}
+			c.cancelling = map[uint64]int{}
 		}
-		busy, full := c.cancelling[room], len(c.cancelling) >= maxCancelling
-		if !busy && !full {
-			c.cancelling[room] = true
+		busy, full := c.cancelling[room] > 0, len(c.cancelling) >= maxCancelling
+		if busy || !full {
+			c.cancelling[room]++
 		}
 		c.mu.Unlock()
 		switch {
 		case busy:
-			return // the cancel in progress answers
+			// The goroutine in progress answers it next: one answer per
+			// cancel (the decode may have cancelled the room, then a room
+			// of the same id Expected again).
+			return
 		case full:
 			c.cfg.Log.Warn("the decode server's cancel is not answered: too many in progress (its pages stay out until the session ends)",
 				zap.String("decode", c.cfg.Decode), zap.Uint64("room", room), zap.Int("in_progress", maxCancelling))
 			return
 		}
 		go func() {
-			defer func() {
+			for {
+				c.answerCancel(eng, room, reason)
 				c.mu.Lock()
-				delete(c.cancelling, room)
+				c.cancelling[room]--
+				left := c.cancelling[room]
+				if left == 0 {
+					delete(c.cancelling, room)
+				}
 				c.mu.Unlock()
-			}()
-			err := eng.CancelRoom(context.Background(), c.peer.ID, room, reason)
-			if err != nil && !errors.Is(err, ErrNotQuiesced) {
-				// Only nil says no write can land: anything else (the
-				// engine closed, a bug's timeout) keeps the pages out.
-				err = errors.Mark(err, ErrNotQuiesced)
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), c.cfg.CallTimeout)
-			defer cancel()
-			if err := c.Cancel(ctx, room, "dropped: "+reason, err); err != nil {
-				c.cfg.Log.Warn("answer the decode server's cancel", zap.Uint64("room", room), zap.String("error", err.Error()))
+				if left == 0 {
+					return
+				}
 			}
 		}()
 	})
 	return nil
+}
+
+// answerCancel cancels the room in the engine, toward this decode, and
+// answers the decode server's cancel.
+func (c *Client) answerCancel(eng Engine, room uint64, reason string) {
+	err := eng.CancelRoom(context.Background(), c.peer.ID, room, reason)
+	if err != nil && !errors.Is(err, ErrNotQuiesced) {
+		// Only nil says no write can land: anything else (the engine
+		// closed, a bug's timeout) keeps the pages out.
+		err = errors.Mark(err, ErrNotQuiesced)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.CallTimeout)
+	defer cancel()
+	if err := c.Cancel(ctx, room, "dropped: "+reason, err); err != nil {
+		c.cfg.Log.Warn("answer the decode server's cancel", zap.Uint64("room", room), zap.String("error", err.Error()))
+	}
 }
 
 // OnCancel calls f (on a goroutine of the node; it must not block) when the

@@ -63,7 +63,7 @@ func (c *Core) cancelRoom(m CancelRoomMsg) {
 	delete(c.rooms, r.id)
 	r.released, r.cancelling = true, true
 	c.ledger.linger(r)
-	c.emit(Reply{})
+	c.emit(Reply{Instance: r.born})
 	c.settle(r)
 }
 
