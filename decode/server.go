@@ -572,7 +572,7 @@ func (s *Server) tellDrain(token string) {
 	if do, ok := s.obs.(DrainObserver); ok {
 		do.DrainTold()
 	}
-	s.log.Debug("told a prefill session the server drains", zap.String("server", s.cfg.Name), zap.String("prefill", ss.info.Prefill))
+	s.log.Debug("told a prefill session the server drains", zap.String("server", s.key), zap.String("prefill", ss.info.Prefill))
 }
 
 // actorPID parses "address/id" (the core's form of a session actor).
