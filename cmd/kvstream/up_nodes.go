@@ -52,11 +52,6 @@ with client TLS takes --etcd-tls-dir or --etcd-ca/--etcd-cert/--etcd-key.`,
 			}
 			log := cliLogger(cmd, verbose)
 			defer log.Sync() //nolint:errcheck
-			prov, err := cf.open(log)
-			if err != nil {
-				return err
-			}
-			defer prov.Close()
 			tlsm, err := nf.check("decode")
 			if err != nil {
 				return err
@@ -71,6 +66,13 @@ with client TLS takes --etcd-tls-dir or --etcd-ca/--etcd-cert/--etcd-key.`,
 				return err
 			}
 			defer pl.close(&err)
+			// The etcd client after the node: the node's start sets gRPC's
+			// global logger, which the etcd client's goroutines read.
+			prov, err := cf.open(log)
+			if err != nil {
+				return err
+			}
+			defer prov.Close()
 			sd := newShutdown()
 			defer sd.Stop()
 			launch.DrainAtEOF(cmd.InOrStdin(), sd)
@@ -139,11 +141,6 @@ link is real.`,
 			}
 			log := cliLogger(cmd, f.verbose)
 			defer log.Sync() //nolint:errcheck
-			prov, err := cf.open(log)
-			if err != nil {
-				return err
-			}
-			defer prov.Close()
 			tlsm, err := nf.check("prefill")
 			if err != nil {
 				return err
@@ -158,6 +155,13 @@ link is real.`,
 				return err
 			}
 			defer pl.close(&err)
+			// The etcd client after the node: the node's start sets gRPC's
+			// global logger, which the etcd client's goroutines read.
+			prov, err := cf.open(log)
+			if err != nil {
+				return err
+			}
+			defer prov.Close()
 			sd := newShutdown()
 			defer sd.Stop()
 			return launch.RunPrefillRank(sd.Context(), sd.Hard(), launch.PrefillRankConfig{
