@@ -482,6 +482,42 @@ func TestRoomCoreFIFO(t *testing.T) {
 	assert.True(t, errors.Is(r.Err, ErrBadInput))
 }
 
+// A Drop scoped to a decode peer (a decode's cancel) reaches only a room
+// that has a live chunk toward that peer, the one being finished included.
+func TestRoomCoreDropScopedToPeer(t *testing.T) {
+	c := NewRoomCore(5)
+	ch := func(start int, serial uint64) messages.Chunk {
+		return messages.Chunk{ChunkKey: messages.ChunkKey{Room: 5, Start: start, End: start + 16}, Serial: serial}
+	}
+	added := make(chan messages.Added, 4)
+	c.Step(&messages.AddChunk{Chunk: ch(0, 1), Peers: []string{"d1"}, Reply: added})
+	c.Step(&messages.Finish{Room: 5, Reply: make(chan messages.Result, 1)}) // the chunk toward d1 is being finished
+	c.Step(&messages.AddChunk{Chunk: ch(16, 2), Peers: []string{"d2"}, Reply: added})
+
+	dr := make(chan []messages.Result, 1)
+	effs := c.Step(&messages.Drop{Room: 5, Peer: "d3", Reply: dr})
+	require.True(t, has[AnswerDrop](effs), "no chunk toward d3: answered at once")
+	for _, e := range effs {
+		if a, ok := e.(AnswerDrop); ok {
+			require.Len(t, a.Results, 1)
+			assert.True(t, errors.Is(a.Results[0].Err, ErrNoChunk), "%v", a.Results[0].Err)
+			assert.ErrorContains(t, a.Results[0].Err, "toward peer d3")
+		}
+	}
+	assert.False(t, has[Send](effs), "nothing of the room is dropped")
+	assert.Equal(t, []messages.Chunk{ch(16, 2)}, c.Queue())
+
+	effs = c.Step(&messages.Drop{Room: 5, Peer: "d1", Reply: dr})
+	n := 0
+	for _, e := range effs {
+		if _, ok := e.(Send); ok {
+			n++
+		}
+	}
+	assert.Equal(t, 2, n, "a chunk toward d1 (being finished): the whole room is dropped")
+	assert.False(t, has[AnswerDrop](effs))
+}
+
 func TestManagerCoreStopsOnlyQuietRooms(t *testing.T) {
 	c := NewManagerCore()
 	added := make(chan messages.Added, 1)

@@ -1,6 +1,8 @@
 package actors
 
 import (
+	"slices"
+
 	"github.com/kvstream/kvstream/messages"
 )
 
@@ -12,7 +14,7 @@ type RoomCore struct {
 	queue []queued
 	// finishing are the chunks popped by Finish that have not ended: a Drop
 	// must reach them too, or their writes could land after it returned.
-	finishing []messages.Chunk
+	finishing []queued
 	live      int // queued + finishing
 	drops     []*dropWait
 	seen      uint64
@@ -22,6 +24,7 @@ type RoomCore struct {
 type queued struct {
 	chunk    messages.Chunk
 	perLayer bool
+	peers    []string // decode peers of its real destinations
 }
 
 type dropWait struct {
@@ -75,7 +78,7 @@ func (c *RoomCore) add(m *messages.AddChunk) {
 			return
 		}
 	}
-	c.queue = append(c.queue, queued{chunk: m.Chunk, perLayer: m.PerLayer})
+	c.queue = append(c.queue, queued{chunk: m.Chunk, perLayer: m.PerLayer, peers: m.Peers})
 	c.live++
 	c.out = append(c.out, SpawnChunk{Add: m}, AnswerRegister{To: m.Reply, Added: messages.Added{Chunk: m.Chunk, PerLayer: m.PerLayer}})
 }
@@ -90,11 +93,15 @@ func (c *RoomCore) finish(m *messages.Finish) {
 	}
 	front := c.queue[0]
 	c.queue = c.queue[1:]
-	c.finishing = append(c.finishing, front.chunk)
+	c.finishing = append(c.finishing, front)
 	c.out = append(c.out, Unqueue{Chunk: front.chunk}, Send{To: front.chunk, Msg: m})
 }
 
 func (c *RoomCore) drop(m *messages.Drop) {
+	if m.Peer != "" && !c.sendsTo(m.Peer) {
+		c.out = append(c.out, AnswerDrop{To: m.Reply, Results: []messages.Result{{Status: messages.Failed, Err: noChunk(c.room, "drop toward peer "+m.Peer)}}})
+		return
+	}
 	w := &dropWait{to: m.Reply, waiting: map[messages.Chunk]bool{}}
 	for _, q := range c.queue {
 		w.waiting[q.chunk] = true
@@ -103,9 +110,9 @@ func (c *RoomCore) drop(m *messages.Drop) {
 	c.queue = nil
 	// A chunk being finished is dropped too: its Finish then answers
 	// DROPPED, and this Drop waits until its writes quiesced.
-	for _, ch := range c.finishing {
-		w.waiting[ch] = true
-		c.out = append(c.out, Send{To: ch, Msg: m})
+	for _, f := range c.finishing {
+		w.waiting[f.chunk] = true
+		c.out = append(c.out, Send{To: f.chunk, Msg: m})
 	}
 	if len(w.waiting) == 0 {
 		c.out = append(c.out, AnswerDrop{To: m.Reply, Results: []messages.Result{{Status: messages.Failed, Err: noChunk(c.room, "drop")}}})
@@ -114,10 +121,23 @@ func (c *RoomCore) drop(m *messages.Drop) {
 	c.drops = append(c.drops, w)
 }
 
+// sendsTo reports whether a live chunk of the room has a destination on
+// the decode peer.
+func (c *RoomCore) sendsTo(peer string) bool {
+	for _, l := range [][]queued{c.queue, c.finishing} {
+		for _, q := range l {
+			if slices.Contains(q.peers, peer) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 func (c *RoomCore) ended(r messages.Result) {
 	c.live--
-	for i, ch := range c.finishing {
-		if ch == r.Chunk {
+	for i, f := range c.finishing {
+		if f.chunk == r.Chunk {
 			c.finishing = append(c.finishing[:i:i], c.finishing[i+1:]...)
 			break
 		}

@@ -5,6 +5,7 @@ import (
 	"errors" // the standard library's: every error of the package answers it
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvstream/kvstream/decode"
 	"github.com/kvstream/kvstream/plan"
@@ -12,26 +13,36 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // dropEngine is the prefill engine as Attach sees it: it records the rooms
-// it was told to drop, and holds each Drop until release is closed (a
-// group in flight still landing).
+// it was told to cancel and the peer that asked, and holds each CancelRoom
+// until release is closed (a group in flight still landing), then returns
+// err.
 type dropEngine struct {
 	release chan struct{}
+	entered chan uint64 // when set, told of each call as it begins
+	err     error
 	mu      sync.Mutex
 	dropped []uint64
+	peers   []string
 }
 
 func (e *dropEngine) AddPeer(plan.Peer) error           { return nil }
 func (e *dropEngine) PeerLost(string, error) error      { return nil }
 func (e *dropEngine) PeerDraining(string, string) error { return nil }
-func (e *dropEngine) Drop(_ context.Context, room uint64) error {
+func (e *dropEngine) CancelRoom(_ context.Context, peer string, room uint64, _ string) error {
+	if e.entered != nil {
+		e.entered <- room
+	}
 	<-e.release
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.dropped = append(e.dropped, room)
-	return nil
+	e.peers = append(e.peers, peer)
+	return e.err
 }
 
 // cancels reads kvstream_decode_cancels_total by direction.
@@ -91,6 +102,7 @@ func TestDecodeCancelsARoom(t *testing.T) {
 	}
 	eng.mu.Lock()
 	assert.Equal(t, []uint64{7}, eng.dropped)
+	assert.Equal(t, []string{c.Peer().ID}, eng.peers, "the engine cancels the room toward this decode only")
 	eng.mu.Unlock()
 	require.NoError(t, r.srv.Expect(8, []int{4, 5, 6, 7}), "the pages are free again")
 	assert.Equal(t, map[string]float64{"decode": 1, "prefill": 0}, cancels(t, reg))
@@ -100,6 +112,86 @@ func TestDecodeCancelsARoom(t *testing.T) {
 	assert.True(t, errors.Is(err, decode.ErrBadInput), "%v", err)
 	err = c.Notify(waitCtx(t), notice(7, 2, 4, 4, true, system.Succeeded, nil))
 	assert.Error(t, err, "the room is cancelled: its late chunk is refused")
+}
+
+// TestDecodeCancelNotQuietUnlessDropped: the prefill answers that its
+// writes stopped only when its engine's CancelRoom returned nil; an engine
+// that failed otherwise (closed, a bug's timeout: not marked
+// ErrNotQuiesced) keeps the room's pages out.
+func TestDecodeCancelNotQuietUnlessDropped(t *testing.T) {
+	core, logs := observer.New(zap.WarnLevel)
+	r := newRig(t, decode.Config{Log: zap.New(core)})
+	require.NoError(t, r.srv.Expect(7, []int{4, 5, 6, 7}))
+	c := r.dial(t)
+	eng := &dropEngine{release: make(chan struct{}), err: errors.New("the engine did not answer within 5s (a bug)")}
+	close(eng.release)
+	require.NoError(t, c.Attach(eng))
+	require.NoError(t, c.Notify(waitCtx(t), notice(7, 0, 2, 4, false, system.Succeeded, nil)))
+
+	ctx, cancel := context.WithCancel(waitCtx(t))
+	cancelled := make(chan error, 1)
+	go func() { cancelled <- r.srv.Cancel(ctx, 7, "evicted") }()
+	// Wait for the prefill's answer to be taken.
+	wait := waitCtx(t)
+	for logs.FilterMessage("cancelled room: the prefill could not stop its writes").Len() == 0 {
+		select {
+		case <-wait.Done():
+			t.Fatal("the prefill did not answer that its writes could not be stopped")
+		case <-time.After(time.Millisecond):
+		}
+	}
+	err := r.srv.Expect(8, []int{4, 5, 6, 7})
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, decode.ErrNotQuiesced), "the pages stay out: %v", err)
+	cancel()
+	assert.True(t, errors.Is(<-cancelled, decode.ErrNotQuiesced))
+}
+
+// TestDecodeCancelOfARoomExpectedAgain: a Cancel waits for the room it
+// cancelled, not for its id: room 7 is cancelled (its prefill slow to
+// answer), Expected again, reported in and cancelled again; the first
+// room settling returns the first Cancel only, and the second returns once
+// the prefill answered the second cancel, with its pages free.
+func TestDecodeCancelOfARoomExpectedAgain(t *testing.T) {
+	ended := make(chan error, 2)
+	r := newRig(t, decode.Config{OnRoomEnd: func(room decode.Room, err error) {
+		if room.ID == 7 {
+			ended <- err
+		}
+	}})
+	c := r.dial(t)
+	eng := &dropEngine{release: make(chan struct{}), entered: make(chan uint64, 2)}
+	require.NoError(t, c.Attach(eng))
+
+	require.NoError(t, r.srv.Expect(7, []int{4, 5}))
+	require.NoError(t, c.Notify(waitCtx(t), notice(7, 0, 2, 4, false, system.Succeeded, nil)))
+	first := make(chan error, 1)
+	go func() { first <- r.srv.Cancel(waitCtx(t), 7, "evicted") }()
+	require.True(t, errors.Is(<-ended, decode.ErrCancelled))
+	require.Equal(t, uint64(7), <-eng.entered, "the prefill's engine is cancelling the first room")
+
+	require.NoError(t, r.srv.Expect(7, []int{0, 1}), "released at once: its id may be Expected again")
+	require.NoError(t, c.Notify(waitCtx(t), notice(7, 0, 2, 0, false, system.Succeeded, nil)))
+	second := make(chan error, 1)
+	go func() { second <- r.srv.Cancel(waitCtx(t), 7, "evicted again") }()
+	require.True(t, errors.Is(<-ended, decode.ErrCancelled))
+
+	eng.release <- struct{}{} // the first cancel is answered
+	require.NoError(t, <-first)
+	require.NoError(t, r.srv.Expect(8, []int{4, 5}), "the first room's pages are free")
+	require.Equal(t, uint64(7), <-eng.entered, "the prefill's engine is cancelling the second room")
+	select {
+	case err := <-second:
+		t.Fatalf("the second Cancel returned (%v) before the prefill answered it", err)
+	default:
+	}
+	err := r.srv.Expect(9, []int{0, 1})
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, decode.ErrNotQuiesced), "the second room's pages are still out: %v", err)
+
+	eng.release <- struct{}{}
+	require.NoError(t, <-second)
+	require.NoError(t, r.srv.Expect(9, []int{0, 1}), "the second room's pages are free")
 }
 
 // TestPrefillCancelsARoom: the prefill's Cancel (after its engine's Drop

@@ -104,6 +104,10 @@ type Client struct {
 	onDrain []func(reason string)
 	// onCancel hear the decode server's cancels of rooms (wire.Cancel).
 	onCancel []func(room uint64, reason string)
+	// cancelling are the rooms whose cancels by the decode server Attach
+	// is answering, with how many are left to answer (one goroutine per
+	// room, at most maxCancelling rooms at once).
+	cancelling map[uint64]int
 }
 
 var clients atomic.Uint64
@@ -485,16 +489,29 @@ type Engine interface {
 	AddPeer(plan.Peer) error
 	PeerLost(id string, cause error) error
 	PeerDraining(id string, reason string) error
-	Drop(ctx context.Context, room uint64) error
+	// CancelRoom drops the room if it sends to the peer, refuses its later
+	// chunks toward the peer, and returns nil only once no write of it can
+	// land there (system.Engine.CancelRoom).
+	CancelRoom(ctx context.Context, peer string, room uint64, reason string) error
 }
+
+// maxCancelling bounds the decode server's cancels Attach answers at once;
+// one past it is not answered (the decode keeps that room's pages out
+// until the session's access is revoked: safe, and only a flooding decode
+// gets there).
+const maxCancelling = 1024
 
 // Attach adds the decode pool to the engine as a peer and tells the engine
 // when the decode server is lost (system.Engine.PeerLost: its work fails at
 // once) and when it drains (system.Engine.PeerDraining: new rooms toward it
 // are refused, those in flight go on), and answers the decode server's
-// cancel of a room: the engine drops it (system.Engine.Drop: no further
-// group is posted, and it returns once no write of the room can land),
-// then the decode server is told (Cancel), which frees the pages.
+// cancel of a room: the engine cancels it toward this decode
+// (system.Engine.CancelRoom: a room sending to it is dropped, no further
+// group or chunk of it is posted to it, and the call returns once no write
+// of the room can land there), then the decode server is told (Cancel),
+// which frees the pages. The answer says the writes stopped only when
+// CancelRoom returned nil; any other error keeps the pages out (not
+// quiesced). A room that sends nothing to this decode is left alone.
 func (c *Client) Attach(eng Engine) error {
 	if err := eng.AddPeer(c.peer); err != nil {
 		return public(err)
@@ -502,25 +519,66 @@ func (c *Client) Attach(eng Engine) error {
 	c.OnLost(func(cause error) { _ = eng.PeerLost(c.peer.ID, cause) })
 	c.OnDrain(func(reason string) { _ = eng.PeerDraining(c.peer.ID, reason) })
 	c.OnCancel(func(room uint64, reason string) {
+		c.mu.Lock()
+		if c.cancelling == nil {
+			c.cancelling = map[uint64]int{}
+		}
+		busy, full := c.cancelling[room] > 0, len(c.cancelling) >= maxCancelling
+		if busy || !full {
+			c.cancelling[room]++
+		}
+		c.mu.Unlock()
+		switch {
+		case busy:
+			// The goroutine in progress answers it next: one answer per
+			// cancel (the decode may have cancelled the room, then a room
+			// of the same id Expected again).
+			return
+		case full:
+			c.cfg.Log.Warn("the decode server's cancel is not answered: too many in progress (its pages stay out until the session ends)",
+				zap.String("decode", c.cfg.Decode), zap.Uint64("room", room), zap.Int("in_progress", maxCancelling))
+			return
+		}
 		go func() {
-			err := eng.Drop(context.Background(), room)
-			if errors.Is(err, ErrBadInput) && !errors.Is(err, ErrNotQuiesced) {
-				err = nil // no chunk of it left: nothing writes it
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), c.cfg.CallTimeout)
-			defer cancel()
-			if err := c.Cancel(ctx, room, "dropped: "+reason, err); err != nil {
-				c.cfg.Log.Warn("answer the decode server's cancel", zap.Uint64("room", room), zap.String("error", err.Error()))
+			for {
+				c.answerCancel(eng, room, reason)
+				c.mu.Lock()
+				c.cancelling[room]--
+				left := c.cancelling[room]
+				if left == 0 {
+					delete(c.cancelling, room)
+				}
+				c.mu.Unlock()
+				if left == 0 {
+					return
+				}
 			}
 		}()
 	})
 	return nil
 }
 
+// answerCancel cancels the room in the engine, toward this decode, and
+// answers the decode server's cancel.
+func (c *Client) answerCancel(eng Engine, room uint64, reason string) {
+	err := eng.CancelRoom(context.Background(), c.peer.ID, room, reason)
+	if err != nil && !errors.Is(err, ErrNotQuiesced) {
+		// Only nil says no write can land: anything else (the engine
+		// closed, a bug's timeout) keeps the pages out.
+		err = errors.Mark(err, ErrNotQuiesced)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.CallTimeout)
+	defer cancel()
+	if err := c.Cancel(ctx, room, "dropped: "+reason, err); err != nil {
+		c.cfg.Log.Warn("answer the decode server's cancel", zap.Uint64("room", room), zap.String("error", err.Error()))
+	}
+}
+
 // OnCancel calls f (on a goroutine of the node; it must not block) when the
-// decode server cancels a room (Server.Cancel): drop the room in the
-// engine (system.Engine.Drop), then answer with Cancel, so that the
-// decode server frees its pages. Attach does both.
+// decode server cancels a room (Server.Cancel): cancel the room in the
+// engine (system.Engine.CancelRoom, which also refuses its later chunks),
+// then answer with Cancel, so that the decode server frees its pages.
+// Attach does both.
 func (c *Client) OnCancel(f func(room uint64, reason string)) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

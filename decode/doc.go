@@ -41,7 +41,7 @@
 //
 //	node, err := decode.ListenConfig(decode.NodeConfig{Listen: "10.0.0.1:0", TLS: tlsm, Log: log})
 //	c, err := decode.Dial(ctx, node, decode.DialConfig{Decode: "10.0.0.2:9100", Buffers: cfg.Buffers, PageSize: cfg.PageSize})
-//	err = c.Attach(eng) // Engine.AddPeer; PeerLost, PeerDraining and Drop when the decode server goes, drains or cancels a room
+//	err = c.Attach(eng) // Engine.AddPeer; PeerLost, PeerDraining and CancelRoom when the decode server goes, drains or cancels a room
 //	// per chunk, after eng.Finish(ctx, room) returned res for the chunk registered as spec:
 //	n, err := c.NoticeFor(spec, res) // the absolute positions sent, their decode pages
 //	err = c.Notify(ctx, n)
@@ -57,9 +57,14 @@
 // flight finish; the prefill then says Bye, and Drain returns as soon as its
 // sessions ended. Server.Cancel gives a room up: the room fails
 // (ErrCancelled) and is released, every session that may write it is told,
-// its Client drops the room in the engine (Attach: system.Engine.Drop) and
-// answers with Cancel, and Server.Cancel returns then, the pages back in the
-// pool: within one group's transfer and a round trip. The prefill cancels a
+// its Client cancels the room in the engine toward this decode (Attach:
+// system.Engine.CancelRoom drops a room sending here and refuses its later
+// chunks) and answers with Cancel, saying the writes stopped only when
+// CancelRoom returned nil, and Server.Cancel returns then, the pages back
+// in the pool: within one group's transfer and a round trip. It waits for
+// the room it cancelled, not for a later room of the same id. When one
+// session (a rank of a group) cancels a room, or a rank's failed chunk
+// fails it, its pages also wait for the other sessions that still owe it. The prefill cancels a
 // room itself with the engine's Drop, then Client.Cancel. A room has one
 // outcome whichever side comes first.
 //

@@ -38,7 +38,7 @@ func docDecodeSide(ctx context.Context, ca, cert, key string, log *zap.Logger, t
 func docPrefillSide(ctx context.Context, tlsm *netsec.TLS, log *zap.Logger, cfg system.Config, eng *system.Engine, spec system.ChunkSpec, res system.Result) {
 	node, err := decode.ListenConfig(decode.NodeConfig{Listen: "10.0.0.1:0", TLS: tlsm, Log: log})
 	c, err := decode.Dial(ctx, node, decode.DialConfig{Decode: "10.0.0.2:9100", Buffers: cfg.Buffers, PageSize: cfg.PageSize})
-	err = c.Attach(eng) // Engine.AddPeer; PeerLost, PeerDraining and Drop when the decode server goes, drains or cancels a room
+	err = c.Attach(eng) // Engine.AddPeer; PeerLost, PeerDraining and CancelRoom when the decode server goes, drains or cancels a room
 	// per chunk, after eng.Finish(ctx, room) returned res for the chunk registered as spec:
 	n, err := c.NoticeFor(spec, res) // the absolute positions sent, their decode pages
 	err = c.Notify(ctx, n)

@@ -21,9 +21,11 @@ type drainEngine struct {
 	told     chan struct{}
 }
 
-func (e *drainEngine) AddPeer(plan.Peer) error            { return nil }
-func (e *drainEngine) PeerLost(string, error) error       { return nil }
-func (e *drainEngine) Drop(context.Context, uint64) error { return nil }
+func (e *drainEngine) AddPeer(plan.Peer) error      { return nil }
+func (e *drainEngine) PeerLost(string, error) error { return nil }
+func (e *drainEngine) CancelRoom(context.Context, string, uint64, string) error {
+	return nil
+}
 func (e *drainEngine) PeerDraining(id, reason string) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()

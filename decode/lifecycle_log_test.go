@@ -71,3 +71,32 @@ func TestListenIPv6(t *testing.T) {
 	assert.Equal(t, "::1", host)
 	assert.NotEqual(t, "0", port)
 }
+
+// TestEveryLineNamesTheServer: at DEBUG too, every line that names the
+// server names it as the INFO lines do (node address and actor), the
+// line telling a session of the drain included.
+func TestEveryLineNamesTheServer(t *testing.T) {
+	obs, logs := observer.New(zap.DebugLevel)
+	r := newRig(t, decode.Config{Log: zap.New(obs)})
+	c := r.dial(t)
+	told := make(chan struct{})
+	c.OnDrain(func(string) { close(told) })
+	drained := make(chan error, 1)
+	go func() { drained <- r.srv.Drain(context.Background()) }()
+	select {
+	case <-told:
+	case <-waitCtx(t).Done():
+		t.Fatal("the session was not told of the drain")
+	}
+	_, err := c.Bye(waitCtx(t), nil)
+	require.NoError(t, err)
+	require.NoError(t, <-drained)
+
+	server := r.node.Addr() + "/" + decode.ServerActor
+	require.NotZero(t, logs.FilterMessage("told a prefill session the server drains").Len())
+	for _, e := range logs.All() {
+		if v, ok := e.ContextMap()["server"]; ok {
+			assert.Equal(t, server, v, "%s", e.Message)
+		}
+	}
+}

@@ -110,8 +110,12 @@ type Server struct {
 	byes    map[string]*actor.PID
 	nextBye uint64
 	// cancels are the Server.Cancel calls waiting for their room's
-	// CancelSettled, by room.
-	cancels map[uint64][]chan bool
+	// CancelSettled, by room instance (core.Reply.Instance: a room id
+	// Expected again is another room); settledNow holds the settlements
+	// of the step a Cancel is driving, which no waiter is registered for
+	// yet.
+	cancels    map[uint64][]chan bool
+	settledNow map[uint64]bool
 
 	// The message trace, when recording (trace.go): nil otherwise.
 	rec       *trace.Recorder
@@ -470,10 +474,13 @@ func (s *Server) perform(e core.Effect) core.Msg {
 			co.Cancelled(e.Direction)
 		}
 	case core.CancelSettled:
-		for _, w := range s.cancels[e.Room] {
+		if s.settledNow != nil {
+			s.settledNow[e.Instance] = e.NotQuiesced
+		}
+		for _, w := range s.cancels[e.Instance] {
 			w <- e.NotQuiesced
 		}
-		delete(s.cancels, e.Room)
+		delete(s.cancels, e.Instance)
 	case core.Drained:
 		select {
 		case <-s.drained:
@@ -565,7 +572,7 @@ func (s *Server) tellDrain(token string) {
 	if do, ok := s.obs.(DrainObserver); ok {
 		do.DrainTold()
 	}
-	s.log.Debug("told a prefill session the server drains", zap.String("server", s.cfg.Name), zap.String("prefill", ss.info.Prefill))
+	s.log.Debug("told a prefill session the server drains", zap.String("server", s.key), zap.String("prefill", ss.info.Prefill))
 }
 
 // actorPID parses "address/id" (the core's form of a session actor).
@@ -816,22 +823,24 @@ func (s *Server) Cancel(ctx context.Context, id uint64, why string) error {
 	settled := make(chan bool, 1)
 	var r core.Reply
 	if err := s.inActor(func() {
-		// Waiting before the step: the room may settle in it.
-		s.cancels[id] = append(s.cancels[id], settled)
+		// The room may settle in the step itself, before its instance is
+		// known here: settledNow catches that.
+		s.settledNow = map[uint64]bool{}
 		reply := make(chan core.Reply, 1)
 		s.reply = reply
 		s.drive(core.CancelRoomMsg{Room: id, Cause: why})
 		s.reply = nil
 		r = <-reply
+		now := s.settledNow
+		s.settledNow = nil
 		if r.Err != nil {
-			ws := s.cancels[id]
-			if i := slices.Index(ws, settled); i >= 0 {
-				s.cancels[id] = slices.Delete(ws, i, i+1)
-			}
-			if len(s.cancels[id]) == 0 {
-				delete(s.cancels, id)
-			}
+			return
 		}
+		if nq, ok := now[r.Instance]; ok {
+			settled <- nq
+			return
+		}
+		s.cancels[r.Instance] = append(s.cancels[r.Instance], settled)
 	}); err != nil {
 		return public(err)
 	}
@@ -848,6 +857,19 @@ func (s *Server) Cancel(ctx context.Context, id uint64, why string) error {
 		}
 		return nil
 	case <-ctx.Done():
+		// No one waits any more: forget the waiter (the room may never
+		// settle, its pages in quarantine).
+		_ = s.inActor(func() {
+			ws := s.cancels[r.Instance]
+			if i := slices.Index(ws, settled); i >= 0 {
+				ws = slices.Delete(ws, i, i+1)
+			}
+			if len(ws) == 0 {
+				delete(s.cancels, r.Instance)
+			} else {
+				s.cancels[r.Instance] = ws
+			}
+		})
 		return public(errors.Mark(errors.Wrapf(ctx.Err(), "cancel room %d: cancelled, its pages not yet quiet", id), ErrNotQuiesced))
 	case <-s.stopped:
 		return public(closedError("Cancel"))

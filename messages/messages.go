@@ -224,10 +224,14 @@ type Finish struct {
 }
 
 // Drop aborts every queued chunk of a room; Reply receives their results
-// after each of them quiesced.
+// after each of them quiesced. With Peer set the room is dropped only if
+// one of its live chunks has a destination on that decode peer (a decode's
+// cancel reaches only rooms it receives); otherwise Drop answers as for a
+// room with no chunk.
 type Drop struct {
 	Room    uint64
 	Timeout time.Duration
+	Peer    string `trace:"omitempty"`
 	Reply   chan<- []Result
 }
 
@@ -310,8 +314,11 @@ type AddChunk struct {
 	// and destination, and real destinations): with PerLayer they are all a
 	// chunk's core needs, which lets a trace rebuild it.
 	Owned, Dests int
-	Props        *actor.Props
-	Reply        chan<- Added
+	// Peers are the decode peers of its real destinations, which a Drop
+	// scoped to a peer checks.
+	Peers []string `trace:"omitempty"`
+	Props *actor.Props
+	Reply chan<- Added
 }
 
 // Added answers AddChunk.

@@ -2,6 +2,7 @@ package system
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -104,6 +105,21 @@ func (e *Engine) Register(ctx context.Context, spec ChunkSpec) (reg Registration
 		e.obs.Refused("closed")
 		return Registration{}, closedError("Register")
 	}
+	// Held until the chunk is handed to the manager: a decode's cancel of
+	// the room either is seen here or drops the chunk (CancelRoom).
+	e.cancels.mu.RLock()
+	locked := true
+	unlock := func() {
+		if locked {
+			locked = false
+			e.cancels.mu.RUnlock()
+		}
+	}
+	defer unlock()
+	if err := e.cancels.check(&spec); err != nil {
+		e.obs.Refused("room_cancelled")
+		return Registration{}, err
+	}
 	key := spec.Key(e.cfg.PageSize, e.nextForward.Load())
 	if a, first, ok := e.env.Registry.Lookup(key); ok {
 		if err := sameTransfer(first, &spec); err != nil {
@@ -146,8 +162,9 @@ func (e *Engine) Register(ctx context.Context, spec ChunkSpec) (reg Registration
 	reply := make(chan messages.Added, 1)
 	e.system.Root.Send(e.manager, &messages.AddChunk{
 		Chunk: p.Chunk, PerLayer: p.Mode == cp.PerLayer, Owned: p.Owned, Dests: len(p.Dests),
-		Props: actors.ChunkProps(e.env, job), Reply: reply,
+		Peers: realPeers(&spec), Props: actors.ChunkProps(e.env, job), Reply: reply,
 	})
+	unlock()
 	select {
 	case a := <-reply:
 		reg := registration(a, p.Reason)
@@ -169,6 +186,17 @@ func (e *Engine) Register(ctx context.Context, spec ChunkSpec) (reg Registration
 	case <-time.After(finishGrace):
 		return Registration{}, errors.AssertionFailedf("room %d chunk %d: the engine did not answer Register within %v (a bug)", spec.Room, spec.Start, finishGrace)
 	}
+}
+
+// realPeers are the decode peers of the spec's real destinations.
+func realPeers(spec *plan.ChunkSpec) []string {
+	var out []string
+	for _, in := range spec.Infos {
+		if !in.Dummy && !slices.Contains(out, in.Peer) {
+			out = append(out, in.Peer)
+		}
+	}
+	return out
 }
 
 // sameTransfer checks a registration of an active chunk against the spec
@@ -263,18 +291,7 @@ func (e *Engine) drop(ctx context.Context, room uint64) error {
 	e.system.Root.Send(e.manager, &messages.Drop{Room: room, Timeout: timeout, Reply: reply})
 	select {
 	case rs := <-reply:
-		if len(rs) == 1 && rs[0].Chunk.Serial == 0 && rs[0].Err != nil {
-			return rs[0].Err
-		}
-		// A dropped chunk fails by design; what the caller must hear is a
-		// teardown that could not quiesce: those pages must not be reused.
-		var err error
-		for _, r := range rs {
-			if errors.Is(r.Err, ErrNotQuiesced) {
-				err = errors.CombineErrors(err, r.Err)
-			}
-		}
-		return err
+		return dropResult(rs)
 	case <-time.After(timeout + finishGrace):
 		return errors.AssertionFailedf("room %d: the engine did not answer Drop within %v (a bug)", room, timeout+finishGrace)
 	}
@@ -282,3 +299,20 @@ func (e *Engine) drop(ctx context.Context, room uint64) error {
 
 // HasRoom reports whether the room has a live chunk context.
 func (e *Engine) HasRoom(room uint64) bool { return e.env.Registry.HasRoom(room) }
+
+// dropResult is a Drop's answer as its caller hears it: the manager's
+// error for a room with no chunk (ErrNoChunk), else a teardown that could
+// not quiesce (ErrNotQuiesced: those pages must not be reused), else nil (a
+// dropped chunk fails by design).
+func dropResult(rs []Result) error {
+	if len(rs) == 1 && rs[0].Chunk.Serial == 0 && rs[0].Err != nil {
+		return rs[0].Err
+	}
+	var err error
+	for _, r := range rs {
+		if errors.Is(r.Err, ErrNotQuiesced) {
+			err = errors.CombineErrors(err, r.Err)
+		}
+	}
+	return err
+}

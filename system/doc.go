@@ -36,12 +36,17 @@
 // requests elsewhere from then on, and says Bye to that decode once its
 // rooms there are done.
 //
-// A room is cancelled with Drop, on either side's initiative: when the
-// prefill gives a room up (its client aborted), Drop it, then tell the
-// decode (decode.Client.Cancel, with Drop's error); when the decode gives
-// it up (decode.Server.Cancel), Attach drops it here and answers. Drop
-// posts no further group of the room and returns once none of its writes
-// can land. Every error the engine returns
+// A room is cancelled on either side's initiative: when the prefill gives
+// a room up (its client aborted), Drop it, then tell the decode
+// (decode.Client.Cancel, with Drop's error); Drop posts no further group
+// of the room and returns once none of its writes can land. When the
+// decode gives it up (decode.Server.Cancel), Attach calls CancelRoom with
+// that decode's peer id and answers: a room with a live chunk toward that
+// peer is dropped (a room sending only elsewhere is left alone), and from
+// then on Register refuses the room's chunks toward it (ErrRoomCancelled),
+// so that a later chunk of a chunked prefill never writes the pages the
+// decode freed; the serving stack hears of it with
+// WithRoomCancelled(func(peer string, room uint64, reason string)). Every error the engine returns
 // answers errors.Is for its class (the Err* values) with the standard
 // library's errors package as with cockroachdb's.
 //

@@ -45,8 +45,11 @@ type Engine struct {
 
 	obs        observers
 	onDraining []func(peer, reason string) // WithPeerDraining
-	restarts   *actors.RestartWindow
-	ends       forwardEnds // recent end-of-forward events, for Finish
+	// onCancelled: WithRoomCancelled
+	onCancelled []func(peer string, room uint64, reason string)
+	cancels     cancelledRooms // rooms decode peers cancelled (CancelRoom)
+	restarts    *actors.RestartWindow
+	ends        forwardEnds // recent end-of-forward events, for Finish
 
 	trace     *trace.Recorder
 	traceTo   io.Writer
@@ -73,7 +76,7 @@ func New(cfg Config, opts ...Option) (_ *Engine, err error) {
 	if o.log == nil {
 		o.log = defaultLogger()
 	}
-	e := &Engine{cfg: cfg, log: o.log, stream: o.stream, closeDone: make(chan struct{}), obs: o.observers, onDraining: o.draining,
+	e := &Engine{cfg: cfg, log: o.log, stream: o.stream, closeDone: make(chan struct{}), obs: o.observers, onDraining: o.draining, onCancelled: o.cancelled,
 		restarts: &actors.RestartWindow{Max: cfg.MaxRestarts, Window: cfg.RestartWindow}}
 	defer func() {
 		if err != nil {

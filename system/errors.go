@@ -48,6 +48,10 @@ var (
 	// request toward another decode. Chunks of rooms already in flight
 	// there are registered as before.
 	ErrDecodeDraining = actors.ErrPeerDraining
+	// ErrRoomCancelled: Register refused a chunk of a room its decode peer
+	// cancelled (Engine.CancelRoom): nothing changed; the request is given
+	// up. Also marked ErrBadInput.
+	ErrRoomCancelled = errors.New("room cancelled by its decode peer")
 )
 
 // public is how every exported function returns its error: marks become

@@ -26,6 +26,7 @@ type options struct {
 	hardware  Hardware
 	getenv    func(string) string
 	draining  []func(peer, reason string)
+	cancelled []func(peer string, room uint64, reason string)
 }
 
 // WithLogger sets the logger. The default writes WARN and above to stderr,
@@ -89,4 +90,15 @@ func WithGetenv(f func(string) string) Option { return func(o *options) { o.gete
 // PeerDraining (a goroutine of the decode node): it must not block.
 func WithPeerDraining(f func(peer, reason string)) Option {
 	return func(o *options) { o.draining = append(o.draining, f) }
+}
+
+// WithRoomCancelled calls f when a decode peer cancels a room
+// (Engine.CancelRoom, which decode.Client.Attach calls when the decode
+// server gives the request up), with the peer's id, the room and the
+// reason, once per room and peer: the serving stack abandons the request
+// (Register refuses its chunks toward that peer with ErrRoomCancelled).
+// f runs on the caller of CancelRoom before its Drop completes: it must not
+// block.
+func WithRoomCancelled(f func(peer string, room uint64, reason string)) Option {
+	return func(o *options) { o.cancelled = append(o.cancelled, f) }
 }

@@ -95,3 +95,91 @@ func TestDecodeCancelMidTransfer(t *testing.T) {
 	_, err = sess.Bye(ctx, nil)
 	require.NoError(t, err)
 }
+
+// TestDecodeCancelBetweenChunks: a room sent in two chunks, cancelled by
+// the decode between them (no chunk of it live in the engine): Cancel
+// returns at once and the pages go to another room, and the room's second
+// chunk is refused by the engine (ErrRoomCancelled), so that it never
+// writes the pages the other room now holds; the serving stack hears of
+// the cancel (WithRoomCancelled).
+func TestDecodeCancelBetweenChunks(t *testing.T) {
+	const layers, itemLen, pages = 2, 256, 8
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	fabric := loopback.NewFabric(loopback.Options{})
+	node, err := decode.Listen("127.0.0.1:0", nil)
+	require.NoError(t, err)
+	defer node.Close(ctx)
+	decodeTr, err := fabric.NewTransport("decode")
+	require.NoError(t, err)
+	defer decodeTr.Close()
+	dpool, err := hostmem.Alloc(layers * itemLen * pages)
+	require.NoError(t, err)
+	defer dpool.Free()
+	srv, err := decode.New(node, decodeTr, decode.Config{Buffers: []decode.Buffer{
+		{Name: "KV0", Base: dpool.Addr, ItemLen: itemLen, Pages: pages},
+		{Name: "KV1", Base: dpool.Addr + itemLen*pages, ItemLen: itemLen, Pages: pages},
+	}})
+	require.NoError(t, err)
+	defer srv.Close(ctx)
+	dst := []int{5, 2}
+	require.NoError(t, srv.Expect(1, dst))
+
+	prefillTr, err := fabric.NewTransport("prefill")
+	require.NoError(t, err)
+	defer prefillTr.Close()
+	ppool, err := hostmem.Alloc(layers * itemLen * pages)
+	require.NoError(t, err)
+	defer ppool.Free()
+	for i := range ppool.Bytes {
+		ppool.Bytes[i] = 0xab
+	}
+	gpu := sim.New(sim.Options{})
+	defer gpu.Close()
+	heard := make(chan uint64, 4)
+	cfg := system.Config{Buffers: system.MLABuffers([]uint64{ppool.Addr, ppool.Addr + itemLen*pages}, itemLen, pages),
+		HookLayers: layers, GroupSize: 1, PageSize: 16}
+	eng, err := system.New(cfg, system.WithStream(gpu.NewStream("compute")), system.WithTransport(prefillTr), system.WithLogger(zap.NewNop()),
+		system.WithRoomCancelled(func(_ string, room uint64, _ string) { heard <- room }))
+	require.NoError(t, err)
+	defer eng.Close()
+	sess, err := decode.Dial(ctx, node, decode.DialConfig{Decode: srv.Addr(), Buffers: cfg.Buffers, PageSize: cfg.PageSize})
+	require.NoError(t, err)
+	require.NoError(t, sess.Attach(eng))
+	chunk := func(start int, src int) system.ChunkSpec {
+		return system.ChunkSpec{Room: 1, Start: start, End: start + 16, Last: start == 16, SrcPages: []int{src}, TotalPages: 2,
+			Infos: []system.DecodeInfo{{Peer: sess.Peer().ID, DstPages: dst}}}
+	}
+	forward := func() {
+		fw, err := eng.BeginForward()
+		require.NoError(t, err)
+		require.NoError(t, fw.LayerEnd(0))
+		require.NoError(t, fw.LayerEnd(1))
+		require.NoError(t, fw.End())
+	}
+
+	// The first chunk (page 5) is sent.
+	_, err = eng.Register(ctx, chunk(0, 0))
+	require.NoError(t, err)
+	forward()
+	res, err := eng.Finish(ctx, 1)
+	require.NoError(t, err)
+	require.Equal(t, system.Succeeded, res.Status)
+
+	// Cancelled between its chunks; the pages go to room 2.
+	require.NoError(t, srv.Cancel(ctx, 1, "evicted"))
+	assert.Equal(t, uint64(1), <-heard)
+	require.NoError(t, srv.Expect(2, dst), "the cancelled room's pages are free")
+
+	// Its second chunk (page 2) is refused: room 2's page stays untouched.
+	_, err = eng.Register(ctx, chunk(16, 1))
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, system.ErrRoomCancelled), "%v", err)
+	forward()
+	for l := range layers {
+		base := dpool.Bytes[l*itemLen*pages:]
+		assert.True(t, bytes.Equal(make([]byte, itemLen), base[2*itemLen:3*itemLen]), "layer %d page 2 (room 2's now) was written after the cancel", l)
+	}
+	_, err = sess.Bye(ctx, nil)
+	require.NoError(t, err)
+}

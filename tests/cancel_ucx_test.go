@@ -121,7 +121,7 @@ func runUCXCancelDecode() error {
 
 // runUCXCancelPrefill streams room 1 into the decode at addr with a real
 // engine over UCX: it posts layer 0's group, says "posted" (stdout), and
-// once the decode's cancel was answered (Attach: the engine's Drop, then
+// once the decode's cancel was answered (Attach: the engine's CancelRoom, then
 // Cancel) ends the forward, whose layer 1 posts nothing of the dropped
 // room.
 func runUCXCancelPrefill(addr string) error {

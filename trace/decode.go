@@ -91,6 +91,23 @@ func (f fields) str(k string) string {
 	return s
 }
 
+// strs reads a list of strings, at most maxStrs of them (a recording is
+// input: its lists are bounded like its numbers); other values are skipped.
+func (f fields) strs(k string) []string {
+	l, _ := f[k].([]any)
+	var out []string
+	for _, x := range l {
+		if s, ok := x.(string); ok && len(out) < maxStrs {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// maxStrs bounds a recorded list of names (a chunk's destination peers:
+// at most its 256 destinations).
+const maxStrs = 256
+
 func (f fields) err(k string) error {
 	if s := f.str(k); s != "" {
 		return errors.New(s)
@@ -142,12 +159,12 @@ func Decode(rec *Record) (any, error) {
 		c, err := ParseChunkID(fl.str("Chunk"))
 		errs = append(errs, err)
 		msg = &messages.AddChunk{Chunk: c, PerLayer: fl.bool("PerLayer"), Owned: int(num("Owned")), Dests: int(num("Dests")),
-			Reply: make(chan messages.Added, 1)}
+			Peers: fl.strs("Peers"), Reply: make(chan messages.Added, 1)}
 	case "Finish":
 		msg = &messages.Finish{Room: uint64(num("Room")), Timeout: time.Duration(num("Timeout")), Event: fl.event("Event"),
 			EventErr: fl.err("EventErr"), Abandoned: fl.err("Abandoned"), Reply: make(chan messages.Result, 1)}
 	case "Drop":
-		msg = &messages.Drop{Room: uint64(num("Room")), Timeout: time.Duration(num("Timeout")), Reply: make(chan []messages.Result, 1)}
+		msg = &messages.Drop{Room: uint64(num("Room")), Timeout: time.Duration(num("Timeout")), Peer: fl.str("Peer"), Reply: make(chan []messages.Result, 1)}
 	case "Begin":
 		msg = &messages.Begin{Forward: uint64(num("Forward")), At: tm("At"), Bound: make(chan int, 1)}
 	case "Boundary":

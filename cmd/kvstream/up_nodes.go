@@ -66,9 +66,8 @@ with client TLS takes --etcd-tls-dir or --etcd-ca/--etcd-cert/--etcd-key.`,
 				return err
 			}
 			defer pl.close(&err)
-			// etcd's client only after the node: starting protoactor's
-			// remote sets gRPC's process-wide logger, which the etcd
-			// client's gRPC goroutines read (a data race when they run).
+			// The etcd client after the node: the node's start sets gRPC's
+			// global logger, which the etcd client's goroutines read.
 			prov, err := cf.open(log)
 			if err != nil {
 				return err
@@ -156,9 +155,8 @@ link is real.`,
 				return err
 			}
 			defer pl.close(&err)
-			// etcd's client only after the node: starting protoactor's
-			// remote sets gRPC's process-wide logger, which the etcd
-			// client's gRPC goroutines read (a data race when they run).
+			// The etcd client after the node: the node's start sets gRPC's
+			// global logger, which the etcd client's goroutines read.
 			prov, err := cf.open(log)
 			if err != nil {
 				return err

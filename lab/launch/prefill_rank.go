@@ -103,7 +103,7 @@ func RunPrefillRank(accept, hard context.Context, cfg PrefillRankConfig) error {
 	}
 	rk := &rank{cfg: wl, id: id, decodeName: cfg.DecodeName, node: cfg.Node, tr: cfg.Transport, res: res, log: cfg.Log, out: out,
 		sessions: map[string]*decode.Client{}, active: map[string]int{}, m: m}
-	defer rk.byes.Wait()
+	defer rk.closeByes()
 	out.Emit(Event{Event: EventReady, ID: id, Addr: addr, Pid: os.Getpid(), Rank: wl.CP.Rank, Metrics: opsAddr(cfg.Ops)})
 
 	// The batches run under their own context: the drain's timeout (or a
@@ -187,6 +187,7 @@ type rank struct {
 	sessions map[string]*decode.Client // by decode instance id
 	active   map[string]int            // batches running, by decode instance id
 	byes     sync.WaitGroup            // goodbyes to draining instances in progress
+	byesDone bool                      // closeByes began: no goodbye starts any more
 	dials    int64
 	batches  int
 	failed   int
@@ -224,8 +225,29 @@ func (k *rank) session(ctx context.Context, dec string, geom testbed.Geometry) (
 	// The instance drains (it is stopping): once no batch of this rank
 	// runs there, goodbye, so that its drain ends now rather than at its
 	// drain timeout. The router sends it no new batch meanwhile.
-	c.OnDrain(func(string) { k.byes.Go(func() { k.goodbye(dec, c) }) })
+	c.OnDrain(func(string) { k.spawnBye(func() { k.goodbye(dec, c) }) })
 	return c, nil
+}
+
+// spawnBye runs a goodbye on its own goroutine unless the rank is past
+// closeByes: OnDrain calls it from a goroutine of the node, which may run
+// while the rank stops (the WaitGroup's Add must not race its Wait, and a
+// goodbye must not run once the node is gone).
+func (k *rank) spawnBye(f func()) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.byesDone {
+		return
+	}
+	k.byes.Go(f)
+}
+
+// closeByes stops new goodbyes and waits for those in progress.
+func (k *rank) closeByes() {
+	k.mu.Lock()
+	k.byesDone = true
+	k.mu.Unlock()
+	k.byes.Wait()
 }
 
 // begin counts a batch running on decode instance dec; end uncounts it,

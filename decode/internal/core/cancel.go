@@ -63,7 +63,7 @@ func (c *Core) cancelRoom(m CancelRoomMsg) {
 	delete(c.rooms, r.id)
 	r.released, r.cancelling = true, true
 	c.ledger.linger(r)
-	c.emit(Reply{})
+	c.emit(Reply{Instance: r.born})
 	c.settle(r)
 }
 
@@ -116,13 +116,25 @@ func (c *Core) cancel(m CancelMsg) {
 		c.refuseCancel(wire.Code_REFUSED, "not_owner", fmt.Sprintf("room %d cancel: the room is another prefill's", k.Room))
 		return
 	case r.ended():
-		// Complete, failed or cancelled first: its outcome stays, and a
-		// quiet prefill changes nothing.
-		if k.NotQuiesced && !r.complete {
+		// Complete, failed or cancelled first: its outcome stays. A quiet
+		// answer to a cancel (another rank's, or this identity's other
+		// session's) says this session's writes stopped.
+		switch {
+		case k.NotQuiesced && !r.complete:
 			r.dirty[s] = true
+		case errors.Is(r.err, ErrCancelled) && r.dirty[s]:
+			delete(r.dirty, s)
+			c.settle(r)
 		}
 		c.emit(AnswerCancel{Code: wire.Code_OK})
 		return
+	}
+	// Every other session that may write it (the other ranks of a group,
+	// the identity's other sessions) may still be writing: its pages wait
+	// for each to say its writes stopped (its Cancel or its final notice)
+	// or to be cut off, as after a timeout.
+	for _, w := range c.othersWriting(r, s) {
+		r.dirty[w] = true
 	}
 	if k.NotQuiesced {
 		r.dirty[s] = true

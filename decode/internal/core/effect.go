@@ -57,6 +57,9 @@ type (
 		Ended   bool
 		Drained bool
 		State   State
+		// Instance is the room a cancel took effect on (CancelRoomMsg):
+		// its CancelSettled carries it.
+		Instance uint64
 	}
 )
 
@@ -147,7 +150,10 @@ type (
 	// returns. NotQuiesced: a writer's access could not be confirmed
 	// revoked, and the pages are kept out for good instead.
 	CancelSettled struct {
-		Room        uint64
+		Room uint64
+		// Instance names the room among the rooms of its id (a room
+		// released can be Expected again): what the Cancel's Reply said.
+		Instance    uint64
 		NotQuiesced bool
 	}
 	// TellDrain tells an open session's prefill that this server drains

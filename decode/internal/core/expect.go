@@ -73,6 +73,22 @@ func (c *Core) release(m ReleaseMsg) {
 	c.settle(r)
 }
 
+// othersWriting are the sessions other than s that may still write a
+// room in progress that s ends (its cancel, its failed chunk): its writers
+// less, in a group, the ranks that owe it no report any more (each
+// reported its chunks once their writes stopped). Called before the room
+// fails, while the group still says who owes.
+func (c *Core) othersWriting(r *croom, s *csession) []*csession {
+	var out []*csession
+	for _, w := range c.writers(r) {
+		if w == s || c.r.Group != nil && r.group != nil && !r.group.Owes(w.Rank) {
+			continue
+		}
+		out = append(out, w)
+	}
+	return out
+}
+
 // writers are the sessions, not ending and not cut off yet, that may still
 // write a room in progress, by token: its reporters, the sessions of the
 // identity it was Expected from, or, with neither (or in a group, whose

@@ -84,7 +84,7 @@ func (c *Core) settle(r *croom) {
 	}
 	if r.cancelling {
 		r.cancelling = false
-		c.emit(CancelSettled{Room: r.id, NotQuiesced: n > 0})
+		c.emit(CancelSettled{Room: r.id, Instance: r.born, NotQuiesced: n > 0})
 	}
 	if c.rooms[r.id] == r {
 		delete(c.rooms, r.id)

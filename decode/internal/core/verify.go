@@ -57,6 +57,12 @@ func (c *Core) decide(s *csession, r *croom, ch Chunk) {
 	if ch.NotQuiesced {
 		r.dirty[s] = true
 	}
+	// In a group the other ranks that still owe the room may be writing
+	// it when this chunk fails it: its pages wait for them too.
+	var others []*csession
+	if c.r.Group != nil {
+		others = c.othersWriting(r, s)
+	}
 	switch r.group.Report(s.Rank, ch) {
 	case Complete:
 		r.complete = true
@@ -72,6 +78,9 @@ func (c *Core) decide(s *csession, r *croom, ch Chunk) {
 		outcome := "failed"
 		if ch.Status == messages.Dropped {
 			outcome = "dropped"
+		}
+		for _, w := range others {
+			r.dirty[w] = true
 		}
 		c.failRoom(r, err, outcome)
 	}
