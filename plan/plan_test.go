@@ -191,3 +191,21 @@ func TestNewLayoutAndPeerBadInput(t *testing.T) {
 		})
 	}
 }
+
+// equalPages agrees with an element-wise compare: lengths, the last page,
+// a shared backing array, empty and nil lists.
+func TestEqualPages(t *testing.T) {
+	a := []int{3, 1, 2, 1 << 40, -1}
+	b := append([]int(nil), a...)
+	assert.True(t, equalPages(a, b))
+	assert.True(t, equalPages(a, a))
+	assert.True(t, equalPages(nil, []int{}))
+	assert.False(t, equalPages(a, a[:4]))
+	b[4] = -2
+	assert.False(t, equalPages(a, b))
+	b[4], b[0] = -1, 4
+	assert.False(t, equalPages(a, b))
+	c := append([]int(nil), a...)
+	c[3] = 1 << 41 // differs only in a high byte
+	assert.False(t, equalPages(a, c))
+}
