@@ -442,7 +442,7 @@ func measureWrites(ctx context.Context, p Point, budget time.Duration) (writeFig
 		return f, err
 	}
 	defer r.close()
-	src, dst := seq(ChunkPages), fragmented(ChunkPages, p.Frag)
+	src, dsts := seq(ChunkPages), r.perDest(fragmented(ChunkPages, p.Frag))
 	room := uint64(1)
 	// The plan first, on a heap the forwards below have not grown: Register
 	// builds it (plan.BuildPlan, behind the façade), with the copy of the
@@ -453,7 +453,7 @@ func measureWrites(ctx context.Context, p Point, budget time.Duration) (writeFig
 	start := time.Now()
 	for len(took) < planSamples || (time.Since(start) < budget && len(took) < 1000) {
 		t0 := time.Now()
-		if _, err := r.eng.Register(ctx, r.spec(room, src, dst)); err != nil {
+		if _, err := r.eng.Register(ctx, r.spec(room, src, dsts)); err != nil {
 			return f, err
 		}
 		took = append(took, time.Since(t0))
@@ -467,7 +467,7 @@ func measureWrites(ctx context.Context, p Point, budget time.Duration) (writeFig
 
 	best := -1.0
 	for i := 0; i < 2; i++ { // the first forward warms the submitters' slices
-		if _, err := r.eng.Register(ctx, r.spec(room, src, dst)); err != nil {
+		if _, err := r.eng.Register(ctx, r.spec(room, src, dsts)); err != nil {
 			return f, err
 		}
 		w0, cpu0 := r.tr.writes.Load(), cpuTime()
