@@ -104,8 +104,9 @@ type Row struct {
 	// posted, from BeginForward to the last batch completed.
 	WritesPerGroup float64 `json:"writes_per_group"`
 	NsPerWrite     float64 `json:"ns_per_write"`
-	// ExposedOverFloor is the sim's per-layer exposed ÷ floor; null where
-	// the sim was not run or cannot model the axis (fragmentation).
+	// ExposedOverFloor is the sim's per-layer exposure of the forward over
+	// its floor (forwardRatio); null where the sim was not run or cannot
+	// model the axis (fragmentation).
 	ExposedOverFloor *float64 `json:"exposed_over_floor"`
 	// Point is where the row was taken.
 	Point Point `json:"point"`
