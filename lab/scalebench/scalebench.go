@@ -348,10 +348,11 @@ func measureEngine(ctx context.Context, p Point, budget time.Duration) (engineFi
 			return f, err
 		}
 		bound := heapInUse()
-		// The page lists of a one-page chunk: its source pages and each
-		// destination's, as the engine's copy of the spec holds them (one
-		// 8-byte allocation each).
-		lists := 8 * float64(1+p.Dests)
+		// The page lists of a one-page chunk: its source pages and its
+		// destinations', as the engine's copy of the spec holds them (one
+		// 8-byte allocation each; the destinations' lists are equal, so
+		// the copy holds one for all of them).
+		lists := 8 * float64(1+1)
 		bytes = append(bytes, (float64(bound)-float64(idle))/float64(nh)-lists)
 		if err := r.finishForward(ctx, fw, nh); err != nil {
 			return f, err
