@@ -191,3 +191,58 @@ func TestNewLayoutAndPeerBadInput(t *testing.T) {
 		})
 	}
 }
+
+// equalPages agrees with an element-wise compare: lengths, the last page,
+// a shared backing array, empty and nil lists.
+func TestEqualPages(t *testing.T) {
+	a := []int{3, 1, 2, 1 << 40, -1}
+	b := append([]int(nil), a...)
+	assert.True(t, equalPages(a, b))
+	assert.True(t, equalPages(a, a))
+	assert.True(t, equalPages(nil, []int{}))
+	assert.False(t, equalPages(a, a[:4]))
+	b[4] = -2
+	assert.False(t, equalPages(a, b))
+	b[4], b[0] = -1, 4
+	assert.False(t, equalPages(a, b))
+	c := append([]int(nil), a...)
+	c[3] = 1 << 41 // differs only in a high byte
+	assert.False(t, equalPages(a, c))
+}
+
+// Clone shares no slice with the spec it copies; an info whose page list
+// equals the one before it shares that one's copy.
+func TestCloneSharesEqualLists(t *testing.T) {
+	s := &ChunkSpec{Room: 1, End: 3, SrcPages: []int{0, 1, 2}, TotalPages: 3, Infos: []DecodeInfo{
+		{Peer: "a", DstPages: []int{5, 6, 7}}, {Peer: "b", DstPages: []int{5, 6, 7}}, {Peer: "c", DstPages: []int{5, 6, 8}}, {Peer: "d", DstPages: []int{5, 6, 7}},
+	}}
+	c := s.Clone()
+	require.Equal(t, s, c)
+	assert.NotSame(t, &s.SrcPages[0], &c.SrcPages[0])
+	for i := range s.Infos {
+		assert.NotSame(t, &s.Infos[i].DstPages[0], &c.Infos[i].DstPages[0], "info %d", i)
+	}
+	assert.Same(t, &c.Infos[0].DstPages[0], &c.Infos[1].DstPages[0], "b equals a")
+	assert.NotSame(t, &c.Infos[1].DstPages[0], &c.Infos[2].DstPages[0], "c differs")
+	assert.NotSame(t, &c.Infos[2].DstPages[0], &c.Infos[3].DstPages[0], "d differs from c")
+	s.Infos[1].DstPages[0] = 9 // the caller reusing its slices changes nothing kept
+	assert.Equal(t, []int{5, 6, 7}, c.Infos[1].DstPages)
+}
+
+// CloneFor shares the copy of lists the plan found equal (their
+// destinations took the same runs) and copies the rest: the result equals
+// Clone's.
+func TestCloneForSharesWhatThePlanFoundEqual(t *testing.T) {
+	l, peers := fixture(t, cp.CP{Size: 1})
+	s := &ChunkSpec{Room: 1, End: 16, Last: true, SrcPages: []int{0, 1, 2, 3}, Infos: []DecodeInfo{
+		{Peer: "d0", DstPages: []int{7, 8, 3, 4}}, {Peer: "d0", DstPages: []int{7, 8, 3, 4}}, {Peer: "d0", DstPages: []int{5, 6, 7, 9}},
+	}}
+	p, err := BuildPlan(l, peers, s, cp.EveryDestination)
+	require.NoError(t, err)
+	require.Same(t, &p.Dests[0].Runs[0], &p.Dests[1].Runs[0], "the plan shares the equal lists' runs")
+	c := s.CloneFor(p)
+	require.Equal(t, s.Clone(), c)
+	assert.Same(t, &c.Infos[0].DstPages[0], &c.Infos[1].DstPages[0])
+	assert.NotSame(t, &c.Infos[1].DstPages[0], &c.Infos[2].DstPages[0])
+	assert.NotSame(t, &s.Infos[0].DstPages[0], &c.Infos[0].DstPages[0])
+}

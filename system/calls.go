@@ -179,7 +179,7 @@ func (e *Engine) Register(ctx context.Context, spec ChunkSpec) (reg Registration
 				}
 			}
 		} else {
-			e.env.Registry.Remember(a.Chunk, spec.Clone())
+			e.env.Registry.Remember(a.Chunk, spec.CloneFor(built))
 			e.obs.Registered(reg)
 		}
 		return reg, nil

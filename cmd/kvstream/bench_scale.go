@@ -44,10 +44,14 @@ of that many consecutive pages). Per point it reports:
   writes_per_group         writes posted per group of the 100k-page chunk (every destination's)
   ns_per_write             the process's CPU time per write posted, from BeginForward to the last
                            batch of the 100k-page chunk completed
-  exposed_over_floor       kvstream sim's per-layer exposed ÷ floor, the median of --sim-runs runs:
-                           one forward of 16384 tokens split over the point's rooms (one request
-                           each, page size 16, --scale 64), decode TP = destinations, the point's
-                           layers; null for fragmentation, which the sim does not model
+  exposed_over_floor       kvstream sim's per-layer exposure of the forward over its floor (the last
+                           room's exposed time over the ideal sender's last landing, a bound
+                           whatever the order the rooms are served in), the median of --sim-runs
+                           runs: one forward of 16384 tokens split over the point's rooms (one
+                           request each, page size 16, --scale 64, no byte check at each Finish:
+                           the transport oracle and the checks at release stay), decode TP =
+                           destinations, the point's layers; null for fragmentation, which the
+                           sim does not model
 
 The engine's figures come from a real engine whose stream's events are complete at once and whose
 transport completes every batch at once without moving a byte: they are the engine's own work.

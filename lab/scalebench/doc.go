@@ -10,7 +10,8 @@
 // goroutine without moving a byte: what they measure is the engine's work,
 // without the device's or the fabric's, and the buffers need no memory, so
 // a 100k-page chunk costs only its page lists. The plan's time is
-// plan.BuildPlan's on a 100k-page chunk. Exposed ÷ floor is `kvstream sim`'s
-// (lab/workload: virtual GPU, loopback with a modeled link) with the
-// point's rooms in one forward, destinations (decode TP) or layers.
+// plan.BuildPlan's on a 100k-page chunk. Exposed ÷ floor is taken from
+// `kvstream sim` (lab/workload: virtual GPU, loopback with a modeled link)
+// with the point's rooms in one forward, destinations (decode TP) or
+// layers: the forward's last exposed time over its floor's last landing.
 package scalebench

@@ -3,6 +3,7 @@ package scalebench
 import (
 	"context"
 	"runtime"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -112,13 +113,29 @@ func (r *rig) close() {
 	_ = r.tr.Close()
 }
 
-// spec is room's chunk of src pages toward every destination at dst.
-func (r *rig) spec(room uint64, src, dst []int) system.ChunkSpec {
+// spec is room's chunk of src pages toward every destination d at
+// dsts[d], or at dsts[0] for all when there is one list.
+func (r *rig) spec(room uint64, src []int, dsts [][]int) system.ChunkSpec {
 	s := system.ChunkSpec{Room: room, End: len(src), Last: true, SrcPages: src, TotalPages: len(src)}
 	for d := 0; d < r.dests; d++ {
+		dst := dsts[0]
+		if len(dsts) > 1 {
+			dst = dsts[d]
+		}
 		s.Infos = append(s.Infos, system.DecodeInfo{Peer: peerID(d), DstPages: dst})
 	}
 	return s
+}
+
+// perDest is dst once per destination, each its own slice, as the decode
+// ranks of a TP group send them: lists that share their backing array are
+// equal to the plan without being read.
+func (r *rig) perDest(dst []int) [][]int {
+	out := make([][]int, r.dests)
+	for d := range out {
+		out[d] = slices.Clone(dst)
+	}
+	return out
 }
 
 // registerRooms registers rooms first..first+n-1, a one-page chunk each
@@ -126,7 +143,7 @@ func (r *rig) spec(room uint64, src, dst []int) system.ChunkSpec {
 func (r *rig) registerRooms(ctx context.Context, first uint64, n int) error {
 	for i := 0; i < n; i++ {
 		pg := []int{i % r.pages}
-		if _, err := r.eng.Register(ctx, r.spec(first+uint64(i), pg, pg)); err != nil {
+		if _, err := r.eng.Register(ctx, r.spec(first+uint64(i), pg, [][]int{pg})); err != nil {
 			return err
 		}
 	}

@@ -104,8 +104,9 @@ type Row struct {
 	// posted, from BeginForward to the last batch completed.
 	WritesPerGroup float64 `json:"writes_per_group"`
 	NsPerWrite     float64 `json:"ns_per_write"`
-	// ExposedOverFloor is the sim's per-layer exposed ÷ floor; null where
-	// the sim was not run or cannot model the axis (fragmentation).
+	// ExposedOverFloor is the sim's per-layer exposure of the forward over
+	// its floor (forwardRatio); null where the sim was not run or cannot
+	// model the axis (fragmentation).
 	ExposedOverFloor *float64 `json:"exposed_over_floor"`
 	// Point is where the row was taken.
 	Point Point `json:"point"`
@@ -347,10 +348,11 @@ func measureEngine(ctx context.Context, p Point, budget time.Duration) (engineFi
 			return f, err
 		}
 		bound := heapInUse()
-		// The page lists of a one-page chunk: its source pages and each
-		// destination's, as the engine's copy of the spec holds them (one
-		// 8-byte allocation each).
-		lists := 8 * float64(1+p.Dests)
+		// The page lists of a one-page chunk: its source pages and its
+		// destinations', as the engine's copy of the spec holds them (one
+		// 8-byte allocation each; the destinations' lists are equal, so
+		// the copy holds one for all of them).
+		lists := 8 * float64(1+1)
 		bytes = append(bytes, (float64(bound)-float64(idle))/float64(nh)-lists)
 		if err := r.finishForward(ctx, fw, nh); err != nil {
 			return f, err
@@ -442,7 +444,7 @@ func measureWrites(ctx context.Context, p Point, budget time.Duration) (writeFig
 		return f, err
 	}
 	defer r.close()
-	src, dst := seq(ChunkPages), fragmented(ChunkPages, p.Frag)
+	src, dsts := seq(ChunkPages), r.perDest(fragmented(ChunkPages, p.Frag))
 	room := uint64(1)
 	// The plan first, on a heap the forwards below have not grown: Register
 	// builds it (plan.BuildPlan, behind the façade), with the copy of the
@@ -453,7 +455,7 @@ func measureWrites(ctx context.Context, p Point, budget time.Duration) (writeFig
 	start := time.Now()
 	for len(took) < planSamples || (time.Since(start) < budget && len(took) < 1000) {
 		t0 := time.Now()
-		if _, err := r.eng.Register(ctx, r.spec(room, src, dst)); err != nil {
+		if _, err := r.eng.Register(ctx, r.spec(room, src, dsts)); err != nil {
 			return f, err
 		}
 		took = append(took, time.Since(t0))
@@ -467,7 +469,7 @@ func measureWrites(ctx context.Context, p Point, budget time.Duration) (writeFig
 
 	best := -1.0
 	for i := 0; i < 2; i++ { // the first forward warms the submitters' slices
-		if _, err := r.eng.Register(ctx, r.spec(room, src, dst)); err != nil {
+		if _, err := r.eng.Register(ctx, r.spec(room, src, dsts)); err != nil {
 			return f, err
 		}
 		w0, cpu0 := r.tr.writes.Load(), cpuTime()

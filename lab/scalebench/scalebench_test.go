@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"testing"
 
+	"github.com/kvstream/kvstream/lab/workload"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
@@ -128,4 +129,19 @@ func TestValidate(t *testing.T) {
 	require.NoError(t, cfg.Validate())
 	cfg.Frag = []int{ChunkPages + 1}
 	require.ErrorContains(t, cfg.Validate(), "fragmentation 100001")
+}
+
+// The forward's ratio is the last room's exposed time over the largest
+// floor, not a mean: rooms served ahead of their place in the floor's order
+// do not pull it under 1.
+func TestForwardRatio(t *testing.T) {
+	m := &workload.ModeReport{
+		Exposed:    workload.Dist{N: 3, Max: 4.5},
+		PerRequest: []workload.RequestReport{{FloorMs: 2}, {FloorMs: 3}, {FloorMs: 1}},
+	}
+	got, err := forwardRatio(m)
+	require.NoError(t, err)
+	require.InDelta(t, 1.5, got, 1e-12)
+	_, err = forwardRatio(&workload.ModeReport{})
+	require.Error(t, err)
 }

@@ -41,12 +41,18 @@ func simConfig(p Point) workload.Config {
 	// (16 rooms: 535x the floor at scale 2, 14x at scale 64). Scale divides
 	// only the bytes in memory: pages, writes and the modeled link stay real.
 	cfg.Scale = SimScale
+	// Even at scale 64 the check of each room's pages at its Finish (about
+	// 0.4 ms a room here) ran on the transfer workers inside the timed
+	// window and delayed the other rooms' Finish: 16 rooms, 14.8x the floor
+	// with it, 1.75x without. The transport oracle and the checks at
+	// release and at the end of the run stay.
+	cfg.NoCheckAtFinish = true
 	return cfg
 }
 
 // measureExposure runs the sim at p runs times and returns the median of
-// the per-layer run's exposed ÷ floor (means over requests). A run whose
-// oracles failed is an error.
+// the per-layer run's forward exposure over its floor (forwardRatio). A run
+// whose oracles failed is an error.
 func measureExposure(ctx context.Context, p Point, runs int) (float64, error) {
 	var ratios []float64
 	for range runs {
@@ -62,8 +68,33 @@ func measureExposure(ctx context.Context, p Point, runs int) (float64, error) {
 		case rep.PerLayer == nil || rep.PerLayer.FloorMs <= 0:
 			return 0, errors.Newf("sim at %+v: no per-layer floor", p)
 		}
-		ratios = append(ratios, rep.PerLayer.RatioToFloor)
+		ratio, err := forwardRatio(rep.PerLayer)
+		if err != nil {
+			return 0, errors.Wrapf(err, "sim at %+v", p)
+		}
+		ratios = append(ratios, ratio)
 	}
 	slices.Sort(ratios)
 	return ratios[len(ratios)/2], nil
+}
+
+// forwardRatio is the exposure of the sweep's one forward over its floor:
+// the last room's exposed time (its Finish returned) over the last room's
+// floor (the ideal sender's last landing). All the rooms share the forward
+// and its link, so the ideal sender's last landing is a bound on the
+// forward's whatever the order the rooms are served in: the ratio cannot be
+// below 1. The sim's own ratio (mean exposed over mean floor) can: the
+// floor puts the rooms' batches of a group in registration order, and an
+// engine that serves rooms one after the other lands most of them before
+// their place in that order (decode TP 32, where the link is busy
+// throughout: 0.79-0.94).
+func forwardRatio(m *workload.ModeReport) (float64, error) {
+	var floor float64
+	for _, r := range m.PerRequest {
+		floor = max(floor, r.FloorMs)
+	}
+	if floor <= 0 || m.Exposed.N == 0 {
+		return 0, errors.Newf("no floor (%v ms) or no exposed time (%d requests)", floor, m.Exposed.N)
+	}
+	return m.Exposed.Max / floor, nil
 }

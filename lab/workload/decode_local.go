@@ -151,7 +151,7 @@ func (l *localPlane) violations() []string {
 // pattern here cost more than the transfers it checks. Release and the end
 // of the run compare every byte with the pattern.
 func (l *localPlane) ChunkDone(n Notice) {
-	if n.Status != system.Succeeded {
+	if n.Status != system.Succeeded || l.cfg.NoCheckAtFinish {
 		return
 	}
 	src := l.p.src(int(n.Room))
@@ -473,7 +473,7 @@ func (d *shardedDecode) landed(ri int, pc piece) { d.guards[ri].Finished(pc.room
 // ChunkDone snapshots a chunk that succeeded on every prefill rank; the
 // snapshot is checked when its request is released or the run ends.
 func (d *shardedDecode) ChunkDone(n Notice) {
-	if n.Status != system.Succeeded {
+	if n.Status != system.Succeeded || d.cfg.NoCheckAtFinish {
 		return
 	}
 	snap := d.snapshot(int(n.Room), n.Positions)

@@ -23,8 +23,11 @@ import (
 // when several requests' last chunks share one forward (prompts shorter than
 // the chunk budget), the submitters may post their equal-ready batches in
 // another order, and the request served first can come in under its floor
-// at the others' expense. The workloads of docs/PERFORMANCE.md (and the
-// sweep) have at most one request's last chunk per forward.
+// at the others' expense, so that the mean over them can fall under the
+// mean floor. The workloads of docs/PERFORMANCE.md have at most one
+// request's last chunk per forward; kvstream bench scale puts every room in
+// one forward and compares the forward's last landing with the floor's
+// last, which no order can beat (lab/scalebench, forwardRatio).
 
 // linkBatch is one batch the ideal sender puts on the link.
 type linkBatch struct {

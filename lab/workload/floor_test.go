@@ -222,3 +222,50 @@ func TestLowerBoundIgnoresOtherRequests(t *testing.T) {
 	ends = idealTimeline(cfg, g, p)
 	assert.Equal(t, floors(cfg, g, p, true, ends), lowerBounds(cfg, g, p, true, ends))
 }
+
+// Many rooms in one forward, by hand: kvstream bench scale's rooms axis at
+// 16 rooms (dsv3 with 64 hook layers, one forward of 16 384 tokens, 1 024 a
+// room, pages of 16). Each group (8 layers x 16 rooms x 1 024 x 1 152 B =
+// 151 MB, 3.02 ms on the link) crosses while the next 8 layers compute (8.192
+// ms each), the last one under the MTP layer; what follows the end is the
+// 16 rooms' MTP buffers, 1 179 648 B (23.6 us) each, in registration order:
+// room r lands (r + 1) x 23.6 us + 10 us after the end.
+func TestFloorManyRoomsInOneForward(t *testing.T) {
+	cfg := Defaults()
+	cfg.Layers, cfg.Requests, cfg.PageSize, cfg.PromptTokens, cfg.ChunkTokens, cfg.Scale = 64, 16, 16, 1024, 16384, 64
+	pl, _ := floorsOf(t, cfg)
+	require.Len(t, pl, 16)
+	for r := range pl {
+		// Each batch's time on the link is truncated to the nanosecond:
+		// up to 1 ns early per batch ahead (at most 16 x 9 here).
+		require.InDelta(t, float64(r+1)*1179648/50e9*1e3+0.01, pl[r], 2e-4, "room %d", r)
+	}
+}
+
+// The same forward sharded to 32 decode ranks (the destinations axis at
+// 32): the one prefill rank sends the whole latent to each, 32 x 65 buffers
+// x 16 384 x 1 152 B = 39 258 685 440 B, 785.17 ms on its link, while the
+// forward computes 65 x 8.192 = 532.48 ms. From the first group's event
+// (layer 7's end, 65.536 ms) the link never idles (a group of 96.6 ms
+// arrives every 65.5 ms), so the forward's last byte lands 65.536 + 785.17
+// ms after the start: 318.24 ms after the end. That instant is a bound on
+// the forward's last landing whatever the order (the link is busy from the
+// first instant any batch is ready to the last byte); a single room's
+// floor, its place in the ideal sender's order, is not: a sender that
+// serves the rooms one after the other lands the first rooms well before
+// theirs (room 0's floor is 15 rooms' MTP copies, 15 x 0.755 ms, earlier),
+// so the mean over rooms can come out under the mean floor.
+func TestShardedFloorManyRoomsByHand(t *testing.T) {
+	cfg := Defaults()
+	cfg.Layers, cfg.Requests, cfg.PageSize, cfg.PromptTokens, cfg.ChunkTokens, cfg.Scale = 64, 16, 16, 1024, 16384, 64
+	cfg.DecodeTP = 32
+	pl, _ := shardedFloorsOf(t, cfg)
+	require.Len(t, pl, 16)
+	last := 65.536 + 39258685440/50e9*1e3 - 532.48 + 0.01 // 318.2397088 ms
+	mtp := 32 * 1179648 / 50e9 * 1e3                      // one room's MTP buffer to every rank: 0.755 ms
+	for r := range pl {
+		// Up to 1 ns early per batch ahead: 16 rooms x 32 ranks x 9
+		// batches = 4 608.
+		require.InDelta(t, last-float64(15-r)*mtp, pl[r], 5e-3, "room %d", r)
+	}
+}

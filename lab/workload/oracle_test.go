@@ -306,3 +306,50 @@ func TestShardedOracleCatchesABatchInFlight(t *testing.T) {
 	assert.Contains(t, got, "still in flight")
 	t.Log(got)
 }
+
+// Without the check at Finish (NoCheckAtFinish, for kvstream bench scale),
+// the run still fails on a SUCCESS with a batch in flight (the transport
+// guard) and on a page never written (the check at release or the run's
+// end), naming room, page and buffer.
+func TestOracleWithoutCheckAtFinish(t *testing.T) {
+	t.Run("SUCCESS with one batch in flight", func(t *testing.T) {
+		cfg := oracleConfig()
+		cfg.NoCheckAtFinish = true
+		(&heldFirst{}).plant(&cfg)
+		rep, err := Run(context.Background(), cfg, nil)
+		require.NoError(t, err)
+		got := strings.Join(rep.OracleFailures, "\n")
+		for _, w := range []string{"per-layer: room 0 chunk 0-1024", "decode page", "buffer KV0", "still in flight"} {
+			assert.Contains(t, got, w)
+		}
+	})
+	t.Run("a skipped page", func(t *testing.T) {
+		cfg := oracleConfig()
+		cfg.NoCheckAtFinish = true
+		var mu sync.Mutex
+		skipped := false
+		cfg.plantTransport = func(tr rdma.Transport) rdma.Transport {
+			return &lyingTransport{Transport: tr, edit: func(ws []rdma.Write) []rdma.Write {
+				mu.Lock()
+				defer mu.Unlock()
+				if skipped || len(ws) == 0 || ws[0].Len <= uint64(oracleItemLen()) {
+					return ws
+				}
+				skipped = true
+				out := append([]rdma.Write(nil), ws...)
+				item := uint64(oracleItemLen())
+				out[0].Src, out[0].Dst, out[0].Len = out[0].Src+item, out[0].Dst+item, out[0].Len-item
+				return out
+			}}
+		}
+		rep, err := Run(context.Background(), cfg, nil)
+		require.NoError(t, err)
+		require.True(t, skipped, "the plant took a page out")
+		assert.False(t, rep.BytesEqual)
+		for _, w := range []string{"per-layer: room 0", "decode page", "buffer KV0", "zeros (never written)"} {
+			assert.Contains(t, rep.Mismatch, w)
+		}
+		assert.NotContains(t, rep.Mismatch, "at Finish SUCCESS")
+		t.Log(rep.Mismatch)
+	})
+}
