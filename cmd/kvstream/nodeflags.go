@@ -146,8 +146,9 @@ func checkMemberTTL(d time.Duration, zeroOK bool) error {
 	return nil
 }
 
-// open connects to etcd.
-func (f *clusterFlags) open(log *zap.Logger) (cluster.Provider, error) {
+// check refuses flags that cannot reach etcd and loads the client TLS
+// (nil without it), before the command opens anything.
+func (f *clusterFlags) check() (*tls.Config, error) {
 	if f.etcd == "" {
 		return nil, errors.New("--etcd is required: a node finds its peers on etcd (kvstream up starts one)")
 	}
@@ -155,9 +156,11 @@ func (f *clusterFlags) open(log *zap.Logger) (cluster.Provider, error) {
 		return nil, err
 	}
 	tlsc, _, err := f.tls(false)
-	if err != nil {
-		return nil, err
-	}
+	return tlsc, err
+}
+
+// open connects to etcd with the client TLS check returned.
+func (f *clusterFlags) open(log *zap.Logger, tlsc *tls.Config) (cluster.Provider, error) {
 	p, err := cluster.Open(cluster.Config{Endpoints: f.endpoints(), Prefix: f.prefix, TTL: f.ttl, TLS: tlsc, Logger: log})
 	return p, errors.Wrap(err, "--etcd")
 }

@@ -52,6 +52,10 @@ with client TLS takes --etcd-tls-dir or --etcd-ca/--etcd-cert/--etcd-key.`,
 			}
 			log := cliLogger(cmd, verbose)
 			defer log.Sync() //nolint:errcheck
+			etcdTLS, err := cf.check()
+			if err != nil {
+				return err
+			}
 			tlsm, err := nf.check("decode")
 			if err != nil {
 				return err
@@ -68,7 +72,7 @@ with client TLS takes --etcd-tls-dir or --etcd-ca/--etcd-cert/--etcd-key.`,
 			defer pl.close(&err)
 			// The etcd client after the node: the node's start sets gRPC's
 			// global logger, which the etcd client's goroutines read.
-			prov, err := cf.open(log)
+			prov, err := cf.open(log, etcdTLS)
 			if err != nil {
 				return err
 			}
@@ -141,6 +145,10 @@ link is real.`,
 			}
 			log := cliLogger(cmd, f.verbose)
 			defer log.Sync() //nolint:errcheck
+			etcdTLS, err := cf.check()
+			if err != nil {
+				return err
+			}
 			tlsm, err := nf.check("prefill")
 			if err != nil {
 				return err
@@ -157,7 +165,7 @@ link is real.`,
 			defer pl.close(&err)
 			// The etcd client after the node: the node's start sets gRPC's
 			// global logger, which the etcd client's goroutines read.
-			prov, err := cf.open(log)
+			prov, err := cf.open(log, etcdTLS)
 			if err != nil {
 				return err
 			}
