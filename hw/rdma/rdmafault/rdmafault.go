@@ -280,9 +280,11 @@ func (e *Endpoint) Post(ws []rdma.Write, done func(error)) error {
 			return nil
 		}
 		// The half that lands goes through the transport; whatever it
-		// reports, the batch failed.
-		if err := e.inner.Post(half, func(error) { e.report(c, broken) }); err != nil {
-			go e.report(c, broken)
+		// reports, the batch failed, and what the transport says may
+		// still land of that half (ErrNotQuiesced, and ErrFenced) the
+		// batch says too, so that it is not resumed as if quiet.
+		if err := e.inner.Post(half, func(err error) { e.report(c, withQuiescence(broken, err)) }); err != nil {
+			go e.report(c, withQuiescence(broken, err))
 		}
 		return nil
 	}
@@ -294,6 +296,20 @@ func (e *Endpoint) Post(ws []rdma.Write, done func(error)) error {
 		return err
 	}
 	return nil
+}
+
+// withQuiescence adds to broken the inner transport's word that writes of
+// the batch may still land (rdma.ErrNotQuiesced, with rdma.ErrFenced where
+// it said that too), with inner as its detail.
+func withQuiescence(broken, inner error) error {
+	if !errors.Is(inner, rdma.ErrNotQuiesced) {
+		return broken
+	}
+	err := errors.WithSecondaryError(errors.Mark(broken, rdma.ErrNotQuiesced), inner)
+	if errors.Is(inner, rdma.ErrFenced) {
+		err = errors.Mark(err, rdma.ErrFenced)
+	}
+	return err
 }
 
 // refuse says why the endpoint takes no more batches. The caller holds e.mu.
