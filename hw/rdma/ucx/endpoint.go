@@ -9,6 +9,7 @@ package ucx
 import "C"
 
 import (
+	"bytes"
 	"encoding/binary"
 	"math/bits"
 	"net/netip"
@@ -52,7 +53,7 @@ type Endpoint struct {
 // epochs is one peer address's epoch count (doc.go, "Epochs").
 type epochs struct {
 	n      atomic.Uint32 // endpoints to the address that broke: the epoch stamped on writes
-	fenced atomic.Bool   // an answer from the address said its receiver fences epochs
+	fenced atomic.Bool   // the address (fencesEpochs), or an answer from it, says its receiver fences epochs
 	refs   int           // endpoints to the address not closed yet; guarded by Transport.mu
 }
 
@@ -173,12 +174,14 @@ var _ rdma.Endpoint = (*Endpoint)(nil)
 func (t *Transport) Connect(addr []byte) (rdma.Endpoint, error) {
 	var lip netip.Addr
 	var lport uint16
+	fences := fencesEpochs(addr)
+	waddr := bytes.TrimPrefix(addr, accessMagic)
 	if isListenAddr(addr) {
 		var err error
 		if lip, lport, err = decodeListenAddr(addr); err != nil {
 			return nil, errors.Mark(err, rdma.ErrEndpointBroken)
 		}
-	} else if err := checkWorkerAddress(addr); err != nil {
+	} else if err := checkWorkerAddress(waddr); err != nil {
 		return nil, errors.Mark(err, rdma.ErrEndpointBroken)
 	}
 	e := &Endpoint{t: t, closedCh: make(chan struct{})}
@@ -198,7 +201,7 @@ func (t *Transport) Connect(addr []byte) (rdma.Endpoint, error) {
 		} else {
 			// The address is copied to C memory: UCX parses it during the
 			// call but keeps nothing.
-			caddr := C.CBytes(addr)
+			caddr := C.CBytes(waddr)
 			st = C.kvs_ep_create(t.ctx, rec, caddr)
 			C.free(caddr)
 		}
@@ -213,6 +216,7 @@ func (t *Transport) Connect(addr []byte) (rdma.Endpoint, error) {
 		t.mu.Lock()
 		if e.epochs = t.epochs[e.addrKey]; e.epochs == nil {
 			e.epochs = &epochs{}
+			e.epochs.fenced.Store(fences)
 			t.epochs[e.addrKey] = e.epochs
 		}
 		e.epochs.refs++
