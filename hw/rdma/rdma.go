@@ -88,7 +88,10 @@ type Endpoint interface {
 	// applied later) returns an error marked ErrNotQuiesced: the destination
 	// pages of those writes must not be reused. The batches such a Close
 	// fails report errors marked ErrNotQuiesced as well, so that their
-	// owners learn it even when someone else closed the endpoint.
+	// owners learn it even when someone else closed the endpoint. Where
+	// the receiver fences, both are marked ErrFenced too: the writes stop
+	// landing once a batch posted afterwards to the same peer landed (UCX
+	// message writes to an access point, whose connection broke).
 	Close() error
 }
 
