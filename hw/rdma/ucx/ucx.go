@@ -611,6 +611,7 @@ func (t *Transport) pollOnce(buf []C.kvs_event_t) bool {
 		// An event was lost: some batch would never complete. Fail
 		// closed: tear every endpoint down.
 		for _, e := range t.eps {
+			t.broke(e) // forced closed with writes possibly in flight
 			t.startClose(e, errors.New("ucx: out of memory queueing a completion"), true)
 		}
 	}
