@@ -57,6 +57,19 @@ type epochs struct {
 	refs   int           // endpoints to the address not closed yet; guarded by Transport.mu
 }
 
+// atLeast raises the epoch count to f (a receiver's fence), never lowers it.
+func (p *epochs) atLeast(f uint32) {
+	for n := p.n.Load(); n < f && !p.n.CompareAndSwap(n, f); n = p.n.Load() {
+	}
+}
+
+// bump counts one more broken endpoint, saturating (a peer's fence may
+// have raised the count to the top: it never wraps to 0).
+func (p *epochs) bump() {
+	for n := p.n.Load(); n < ^uint32(0) && !p.n.CompareAndSwap(n, n+1); n = p.n.Load() {
+	}
+}
+
 // broke counts e's failure in its address's epochs, on the progress
 // goroutine, before any of its batches reports it: every group started
 // afterwards to that address carries a later epoch. In WriteMessages the
@@ -71,7 +84,7 @@ func (t *Transport) broke(e *Endpoint) {
 		return
 	}
 	e.broken = true
-	e.epochs.n.Add(1)
+	e.epochs.bump()
 	if e.closeErr != nil {
 		return
 	}

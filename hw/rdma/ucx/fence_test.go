@@ -151,3 +151,66 @@ func TestBrokenEndpointNotQuiesced(t *testing.T) {
 		}
 	})
 }
+
+// TestEpochFenceSeveralSenders: two transports write through one access
+// point (several transports of one peer), each with its own count. Once
+// one's later epoch landed, the other's writes are refused as stale, not
+// applied; the refusal carries the fence, which the other adopts, so that
+// its re-send on a fresh endpoint lands instead of being refused again.
+func TestEpochFenceSeveralSenders(t *testing.T) {
+	eachFabricIn(t, []WriteMode{WriteMessages}, func(t *testing.T) {
+		const page = 4096
+		var froms [2]*Transport
+		for i := range froms {
+			tr, err := New(Options{Name: "prefill", CloseDrain: time.Second})
+			require.NoError(t, err)
+			froms[i] = tr
+		}
+		to, err := New(Options{Name: "decode", CloseDrain: time.Second})
+		require.NoError(t, err)
+		src, err := hostmem.Alloc(2 * page)
+		require.NoError(t, err)
+		dst, err := hostmem.Alloc(page)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = froms[0].Close(); _ = froms[1].Close(); _ = to.Close(); _ = src.Free(); _ = dst.Free() })
+		fill(src.Bytes[:page], 'a')
+		fill(src.Bytes[page:], 'b')
+		dreg, err := to.Register(dst.Addr, page)
+		require.NoError(t, err)
+		a, err := to.OpenPeerAccess()
+		require.NoError(t, err)
+		post := func(from *Transport, s int) (*Endpoint, error) {
+			sreg, err := from.Register(src.Addr+uint64(s*page), page)
+			require.NoError(t, err)
+			ep, err := from.Connect(a.Address())
+			require.NoError(t, err)
+			rk, err := ep.Import(dreg.Desc())
+			require.NoError(t, err)
+			ch := make(chan error, 1)
+			require.NoError(t, ep.Post([]rdma.Write{{Src: src.Addr + uint64(s*page), Dst: dst.Addr, Len: page, Local: sreg.Key(), Remote: rk}}, func(err error) { ch <- err }))
+			err = waitErr(t, ch)
+			require.NoError(t, sreg.Deregister())
+			return ep.(*Endpoint), err
+		}
+		// The first sender's endpoint to the access point broke twice.
+		ep0, err := post(froms[0], 0)
+		require.NoError(t, err)
+		ep0.epochs.n.Store(2)
+		ep0b, err := post(froms[0], 0)
+		require.NoError(t, err)
+		require.Equal(t, bytes.Repeat([]byte{'a'}, page), dst.Bytes)
+
+		ep1, err := post(froms[1], 1)
+		require.Error(t, err, "epoch 0 after epoch 2 landed")
+		assert.True(t, errors.Is(err, rdma.ErrEndpointBroken), "%v", err)
+		assert.False(t, errors.Is(err, rdma.ErrRevoked), "%v", err)
+		require.Equal(t, bytes.Repeat([]byte{'a'}, page), dst.Bytes, "not applied")
+		assert.Equal(t, uint32(2), ep1.epochs.n.Load(), "the refusal's fence adopted")
+		ep1b, err := post(froms[1], 1)
+		require.NoError(t, err, "the re-send carries the fence's epoch")
+		require.Equal(t, bytes.Repeat([]byte{'b'}, page), dst.Bytes)
+		for _, ep := range []*Endpoint{ep0, ep0b, ep1, ep1b} {
+			require.NoError(t, ep.Close())
+		}
+	})
+}

@@ -114,6 +114,8 @@ static void kvs_ack(kvs_wk_t *w, ucp_ep_h ep, uint64_t tag, ucs_status_t st)
     h->tag    = tag;
     h->status = (int32_t)st;
     h->flags  = w->fence ? KVS_ACK_FENCED : 0;
+    h->epoch  = w->epoch;
+    h->pad    = 0;
     memset(&param, 0, sizeof(param));
     param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK |
                          UCP_OP_ATTR_FIELD_USER_DATA;
@@ -237,6 +239,10 @@ static ucs_status_t kvs_am_ack_cb(void *arg, const void *header,
         return UCS_OK;
     }
     memcpy(&h, header, sizeof(h));
+    if (h.status == KVS_STALE) {
+        kvs_push_aux(w->ctx, h.tag, (uint64_t)(uintptr_t)param->reply_ep,
+                     KVS_EV_FENCE, (ucs_status_t)(int32_t)h.epoch);
+    }
     // Go matches the tag to a batch in flight and aux to its endpoint: an
     // answer from any other peer completes nothing.
     kvs_push_aux(w->ctx, h.tag, (uint64_t)(uintptr_t)param->reply_ep,

@@ -27,8 +27,10 @@ enum {
     KVS_EV_EP_DRAINED = 4, // the flush started by kvs_ep_drain completed
     KVS_EV_ACK       = 5, // a peer answered a batch's FLUSH message (aux: the
                           // ucp_ep_h it came back on; status: its verdict)
-    KVS_EV_ACK_FENCED = 6 // the same, from a receiver that fences epochs
-                          // (an access point: KVS_ACK_FENCED)
+    KVS_EV_ACK_FENCED = 6, // the same, from a receiver that fences epochs
+                           // (an access point: KVS_ACK_FENCED)
+    KVS_EV_FENCE     = 7  // a stale refusal's fence, pushed before its ACK
+                          // (aux: the ucp_ep_h; status: the epoch)
 };
 
 // The active messages of the message write path (doc.go, "Writes"): a
@@ -61,12 +63,15 @@ typedef struct {
     uint32_t pad;
 } kvs_am_flush_hdr_t;
 
-// An ACK's header: the batch tag its FLUSH carried, the verdict, and
-// flags (KVS_ACK_FENCED).
+// An ACK's header: the batch tag its FLUSH carried, the verdict, flags
+// (KVS_ACK_FENCED), and the receiver's fence (the highest epoch it
+// applied), which a sender refused as stale adopts.
 typedef struct {
     uint64_t tag;
     int32_t  status;
     uint32_t flags;
+    uint32_t epoch;
+    uint32_t pad;
 } kvs_am_ack_hdr_t;
 
 // KVS_ACK_FENCED: the receiver refuses every write of an epoch below the

@@ -635,6 +635,14 @@ func (t *Transport) handle(id, aux uint64, kind int, st C.ucs_status_t) {
 			}
 			t.ackDone(b, st)
 		}
+	case C.KVS_EV_FENCE:
+		// A stale refusal says where the receiver's fence is: epochs
+		// counted by another sender to the same access point (several
+		// transports of one peer) raised it. Later groups carry at least
+		// that epoch, so a re-send is not refused again.
+		if b := t.inFlight(id); b != nil && b.needAck && !b.acked && aux == uint64(uintptr(unsafe.Pointer(b.ep.rec.ep))) {
+			b.ep.epochs.atLeast(uint32(st))
+		}
 	case C.KVS_EV_EP_ERROR:
 		// UCX requires a failed endpoint to be closed, and there is
 		// nothing to drain.
