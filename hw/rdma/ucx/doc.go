@@ -75,7 +75,11 @@
 // dropped (counted as stale) and its FLUSH answered with a stale refusal,
 // which fails the batch as rdma.ErrEndpointBroken, to be re-sent; the
 // refused endpoint drains and closes quiet, without counting a break, so
-// that two endpoints of one sender never fence each other in turn. Once a
+// that two endpoints of one sender never fence each other in turn. The
+// refusal carries the access point's fence, which the sender adopts as its
+// count for that address: several transports writing through one access
+// point (each with its own count) converge instead of refusing each other
+// for good. Once a
 // group posted after a broken endpoint's Close was answered, nothing that
 // endpoint sent can land any more. Until then its Close, and the batches
 // it failed, return errors marked rdma.ErrNotQuiesced and rdma.ErrFenced
