@@ -60,8 +60,8 @@ func (f Fault) String() string {
 }
 
 // injector decides the faults of one mode's run. Each decision is a hash
-// of the run's seed and mode, the batch's identity (sender, receiver, first
-// destination address, bytes and writes) and how many times a batch of that
+// of the run's seed and mode, the batch's identity (sender, receiver, the
+// first write's region and offset in it, bytes and writes) and how many times a batch of that
 // identity was posted before: a re-send of a broken batch is a later post
 // of the same identity, drawn independently, and no decision depends on
 // the order in which concurrent submitters and ranks post, so that a run
@@ -79,7 +79,8 @@ type injector struct {
 
 type batchKey struct {
 	from, to   string
-	dst, bytes uint64
+	region     int    // the destination region's index on its endpoint
+	dst, bytes uint64 // dst: the first write's offset in that region
 	writes     int
 }
 
@@ -105,14 +106,14 @@ func (in *injector) wrap(tr rdma.Transport) rdma.Transport {
 }
 
 func (in *injector) decide(b rdmafault.BatchInfo) rdmafault.Fault {
-	k := batchKey{from: b.From, to: b.To, dst: b.Dst, bytes: b.Bytes, writes: b.Writes}
+	k := batchKey{from: b.From, to: b.To, region: b.DstRegion, dst: b.DstOffset, bytes: b.Bytes, writes: b.Writes}
 	in.mu.Lock()
 	p := in.posts[k]
 	if p == nil {
 		p = &posts{}
 		in.posts[k] = p
 	}
-	h := mix(in.seed, hashString(k.from), hashString(k.to), k.dst, k.bytes, uint64(k.writes), p.n)
+	h := mix(in.seed, hashString(k.from), hashString(k.to), uint64(k.region), k.dst, k.bytes, uint64(k.writes), p.n)
 	p.n++
 	// The top 53 bits as a uniform float in [0, 1).
 	hit := float64(h>>11)/(1<<53) < in.fault.Rate

@@ -32,6 +32,12 @@ type BatchInfo struct {
 	Bytes    uint64
 	Writes   int
 	Dst      uint64 // the first write's destination address (0 if none)
+	// DstOffset is the first write's destination offset within the region
+	// it writes (as imported on this endpoint), and DstRegion that
+	// region's index among the endpoint's imports: unlike Dst, the same
+	// from run to run wherever the peer's memory is mapped.
+	DstOffset uint64
+	DstRegion int
 }
 
 // Fault is how a batch misbehaves.
@@ -207,6 +213,14 @@ type Endpoint struct {
 	held   map[*call]struct{} // batches with a fault whose done has not run
 	closed bool
 	broken error // set by PeerGone
+	// imports: per RemoteKey the inner endpoint gave out, the region's
+	// address and its index among this endpoint's imports.
+	imports map[rdma.RemoteKey]imported
+}
+
+type imported struct {
+	addr  uint64
+	index int
 }
 
 var _ rdma.Endpoint = (*Endpoint)(nil)
@@ -223,7 +237,18 @@ type call struct {
 }
 
 // Import imports a peer's region into the wrapped endpoint.
-func (e *Endpoint) Import(d rdma.RegionDesc) (rdma.RemoteKey, error) { return e.inner.Import(d) }
+func (e *Endpoint) Import(d rdma.RegionDesc) (rdma.RemoteKey, error) {
+	k, err := e.inner.Import(d)
+	if err == nil {
+		e.mu.Lock()
+		if e.imports == nil {
+			e.imports = map[rdma.RemoteKey]imported{}
+		}
+		e.imports[k] = imported{addr: d.Addr, index: len(e.imports)}
+		e.mu.Unlock()
+	}
+	return k, err
+}
 
 // Post asks the decision function about the batch and posts it, fails it or
 // holds its completion accordingly.
@@ -240,6 +265,11 @@ func (e *Endpoint) Post(ws []rdma.Write, done func(error)) error {
 	}
 	if len(ws) > 0 {
 		info.Dst = ws[0].Dst
+		e.mu.Lock()
+		if im, ok := e.imports[ws[0].Remote]; ok {
+			info.DstOffset, info.DstRegion = ws[0].Dst-im.addr, im.index
+		}
+		e.mu.Unlock()
 	}
 	f := e.t.decide(info)
 	switch f.Kind {

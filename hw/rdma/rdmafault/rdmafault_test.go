@@ -129,7 +129,7 @@ func TestInjectedFaults(t *testing.T) {
 	defer mu.Unlock()
 	assert.Len(t, landed, 2, "the lost and the delayed batch landed")
 	require.Len(t, infos, 4)
-	assert.Equal(t, rdmafault.BatchInfo{From: "prefill", To: "decode", Seq: 3, Bytes: 8, Writes: 1, Dst: f.dst.Addr + 8}, infos[2])
+	assert.Equal(t, rdmafault.BatchInfo{From: "prefill", To: "decode", Seq: 3, Bytes: 8, Writes: 1, Dst: f.dst.Addr + 8, DstOffset: 8}, infos[2])
 }
 
 func TestPeerGoneBreaksEndpoint(t *testing.T) {
@@ -337,4 +337,26 @@ func (e completesWithEndpoint) Post(ws []rdma.Write, done func(error)) error {
 		}
 		done(err)
 	})
+}
+
+// TestBatchInfoNamesTheOffset: a decision sees the first write's offset
+// within the region it writes and that region's index on the endpoint,
+// which stay the same wherever the peer's memory is mapped.
+func TestBatchInfoNamesTheOffset(t *testing.T) {
+	var mu sync.Mutex
+	var seen []rdmafault.BatchInfo
+	from, to := pairOf(loopback.Options{}, func(b rdmafault.BatchInfo) rdmafault.Fault {
+		mu.Lock()
+		seen = append(seen, b)
+		mu.Unlock()
+		return rdmafault.Fault{}
+	})(t)
+	f := newFixture(t, from, to, 4096)
+	require.NoError(t, <-f.post(t, 64, 8))
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, seen, 1)
+	assert.Equal(t, f.dst.Addr+64, seen[0].Dst)
+	assert.Equal(t, uint64(64), seen[0].DstOffset)
+	assert.Equal(t, 0, seen[0].DstRegion)
 }
