@@ -101,15 +101,21 @@ func (a *chunkActor) resend(ctx actor.Context, e Resend) {
 	}
 	go func() {
 		err := quiesce(ep)
-		if err == nil && e.After > 0 {
-			// Bounded by the core (ResendBackoff), far below any finish
-			// timeout; a timeout or Drop meanwhile waits for Quiesced.
-			time.Sleep(e.After)
+		// A fenced Close (rdma.ErrFenced) resumes too: the re-send's
+		// landing ends what may still land of the broken endpoint.
+		if err == nil || fenced(err) {
+			if e.After > 0 {
+				// Bounded by the core (ResendBackoff), far below any finish
+				// timeout; a timeout or Drop meanwhile waits for Quiesced.
+				time.Sleep(e.After)
+			}
+			if lost := env.Peers.Lost(peer); lost != nil && err != nil {
+				err = errors.WithSecondaryError(errors.Mark(lost, rdma.ErrNotQuiesced), err)
+			} else if lost != nil {
+				err = lost
+			}
 		}
-		if err == nil {
-			err = env.Peers.Lost(peer)
-		}
-		if err != nil {
+		if err != nil && !fenced(err) {
 			env.Log.Warn("cannot resume a broken batch", zap.Uint64("room", job.ID().Room), zap.Int("chunk", job.ID().Start),
 				zap.Int("group", e.Seq), zap.Int("destination", e.Dest), zap.Error(err))
 		}

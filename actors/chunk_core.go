@@ -87,6 +87,11 @@ type ChunkCore struct {
 	quiescing int
 	restBufs  []int // the rest's buffers, for a re-send
 	torn      bool  // TornDown came while a quiescence was pending
+	// unfenced, per destination: a broken endpoint's writes to it may
+	// still land until a batch posted after its Close lands there
+	// (rdma.ErrFenced); a chunk that answers anything but SUCCESS with one
+	// set says not quiesced.
+	unfenced []bool
 
 	err       error
 	finishing bool
@@ -274,6 +279,9 @@ const (
 	// workBroken: its batch completed with a resumable error before its
 	// Submitted came; the resume waits for the Submitted.
 	workBroken
+	// workFence: a re-send posted after its destination's broken endpoint
+	// was closed unfenced (rdma.ErrFenced): its landing ends that.
+	workFence
 )
 
 // workIndex is the slot of (seq, dest) in c.work, or -1 outside it.
@@ -395,8 +403,12 @@ func (c *ChunkCore) batchDone(m *messages.BatchDone) {
 		c.stats.LastDone = m.At.Round(0)
 	}
 	if m.Err == nil {
+		if i := c.workIndex(m.Seq, m.Dest); c.work[i]&workFence != 0 {
+			c.unfenced[m.Dest] = false
+		}
 		return
 	}
+	c.fence(m.Dest, m.Err)
 	if m.Broken && c.err == nil && !c.dropping && !c.tearing {
 		if i := c.workIndex(m.Seq, m.Dest); c.work[i]&workAnswered == 0 {
 			c.work[i] |= workBroken // resumed when its Submitted comes
@@ -409,12 +421,33 @@ func (c *ChunkCore) batchDone(m *messages.BatchDone) {
 }
 
 // BrokenEndpoint says whether a batch that failed with err may be re-sent
-// on a fresh endpoint (BatchDone.Broken): its endpoint broke, and neither
-// is its peer lost nor did a teardown leave writes that may still land.
-// The chunk re-sends such a batch unless it failed, timed out or was
-// dropped; every other failure fails it closed.
+// on a fresh endpoint (BatchDone.Broken): its endpoint broke, its peer is
+// not lost and did not refuse the writes on purpose (rdma.ErrRevoked), and
+// no teardown left writes that may still land, unless a later landing
+// fences them (rdma.ErrFenced). The chunk re-sends such a batch unless it
+// failed, timed out or was dropped; every other failure fails it closed.
 func BrokenEndpoint(err error) bool {
-	return errors.Is(err, rdma.ErrEndpointBroken) && !errors.Is(err, rdma.ErrNotQuiesced) && !errors.Is(err, ErrPeerLost)
+	return errors.Is(err, rdma.ErrEndpointBroken) && !errors.Is(err, ErrPeerLost) && !errors.Is(err, rdma.ErrRevoked) &&
+		(!errors.Is(err, rdma.ErrNotQuiesced) || errors.Is(err, rdma.ErrFenced))
+}
+
+// fenced says whether err leaves writes that a later landing at the same
+// peer fences (rdma.ErrFenced), rather than writes that may land whatever
+// happens.
+func fenced(err error) bool {
+	return errors.Is(err, rdma.ErrNotQuiesced) && errors.Is(err, rdma.ErrFenced)
+}
+
+// fence records that writes to dest may still land until a batch posted
+// from now on lands there, when err says so.
+func (c *ChunkCore) fence(dest int, err error) {
+	if !fenced(err) || dest < 0 || dest >= c.dests {
+		return
+	}
+	if c.unfenced == nil {
+		c.unfenced = make([]bool, c.dests)
+	}
+	c.unfenced[dest] = true
 }
 
 // resume asks the shell to quiesce the endpoint the Work (seq, dest)'s
@@ -449,8 +482,18 @@ func (c *ChunkCore) quiesced(m *messages.Quiesced) {
 		return
 	}
 	c.quiescing--
-	if m.Err != nil {
+	switch {
+	case m.Err == nil:
+	case fenced(m.Err):
+		// The broken endpoint's writes stop landing once the re-send
+		// lands; until then the destination is not quiet.
+		c.fence(m.Dest, m.Err)
+	case c.err == nil:
 		c.fail(errors.Wrapf(m.Err, "room %d chunk %d %s: resume", c.id.Room, c.id.Start, part(m.Seq, m.Dest)))
+	case errors.Is(m.Err, rdma.ErrNotQuiesced):
+		// The chunk failed (a timeout, another destination) while the
+		// quiescence ran: the answer must still say not quiesced.
+		c.err = errors.WithSecondaryError(errors.Mark(c.err, rdma.ErrNotQuiesced), m.Err)
 	}
 	if c.tearing {
 		if c.torn && c.quiescing == 0 {
@@ -466,6 +509,9 @@ func (c *ChunkCore) quiesced(m *messages.Quiesced) {
 		bufs = c.layout.GroupBuffers(m.Seq)
 	}
 	c.work[i] = 0
+	if c.unfenced != nil && c.unfenced[m.Dest] {
+		c.work[i] = workFence
+	}
 	c.stats.Resent++
 	c.submit(messages.Work{Seq: m.Seq, Dest: m.Dest, Buffers: bufs, Event: messages.Passed})
 }
@@ -533,6 +579,20 @@ func (c *ChunkCore) answer() {
 		res.Status, res.Err = messages.Dropped, c.err
 	case c.err != nil:
 		res.Status, res.Err = messages.Failed, c.err
+	}
+	if res.Status != messages.Succeeded && !errors.Is(res.Err, rdma.ErrNotQuiesced) {
+		for d, u := range c.unfenced {
+			if u {
+				unquiet := errors.Newf("room %d chunk %d: a broken endpoint's writes to destination %d may still land: no re-send landed there after it closed",
+					c.id.Room, c.id.Start, d)
+				if res.Err == nil {
+					res.Err = errors.Mark(unquiet, rdma.ErrNotQuiesced)
+				} else {
+					res.Err = errors.WithSecondaryError(errors.Mark(res.Err, rdma.ErrNotQuiesced), unquiet)
+				}
+				break
+			}
+		}
 	}
 	c.done = true
 	// Ended before the reply: when Finish returns, the room no longer counts

@@ -202,6 +202,14 @@ func errArg(t *testing.T, d *datadriven.TestData, key string) error {
 		return errors.Mark(errors.New("endpoint closed"), rdma.ErrEndpointBroken)
 	case "not-quiesced":
 		return errors.Mark(errors.New("drain timed out"), rdma.ErrNotQuiesced)
+	case "broken-fenced":
+		// A connection that broke, to a receiver that fences epochs (UCX
+		// message writes to an access point).
+		return errors.Mark(errors.Mark(errors.Mark(errors.New("connection reset"), rdma.ErrEndpointBroken), rdma.ErrNotQuiesced), rdma.ErrFenced)
+	case "not-quiesced-fenced":
+		return errors.Mark(errors.Mark(errors.New("broke: may land until a later batch lands"), rdma.ErrNotQuiesced), rdma.ErrFenced)
+	case "revoked":
+		return errors.Mark(errors.Mark(errors.New("the peer revoked this side's access"), rdma.ErrEndpointBroken), rdma.ErrRevoked)
 	case "peer-lost":
 		return errors.Mark(errors.Mark(errors.New(`peer "d0" lost`), ErrPeerLost), rdma.ErrEndpointBroken)
 	case "cancelled":
@@ -776,7 +784,8 @@ func classes(err error) string {
 	}{
 		{"bad input", ErrBadInput}, {"timeout", ErrTimeout}, {"cancelled", ErrCancelled},
 		{"event wait", ErrEventWait}, {"device lost", cuda.ErrDeviceLost}, {"peer lost", ErrPeerLost},
-		{"endpoint broken", rdma.ErrEndpointBroken}, {"not quiesced", rdma.ErrNotQuiesced}, {"resend limit", ErrResendLimit},
+		{"endpoint broken", rdma.ErrEndpointBroken}, {"not quiesced", rdma.ErrNotQuiesced}, {"fenced", rdma.ErrFenced},
+		{"revoked", rdma.ErrRevoked}, {"resend limit", ErrResendLimit},
 	} {
 		if errors.Is(err, c.mark) {
 			cs = append(cs, c.name)

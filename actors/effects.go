@@ -121,7 +121,7 @@ type Teardown struct{}
 // rdma.ErrNotQuiesced nothing of it can land any more), to wait After, to
 // check that the destination's peer is not lost, then to deliver
 // Quiesced; the core re-sends the Work on a fresh endpoint when it comes
-// back clean.
+// back clean, or fenced (rdma.ErrFenced: quiet once the re-send landed).
 type Resend struct {
 	Seq, Dest int
 	After     time.Duration

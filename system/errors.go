@@ -61,3 +61,8 @@ func public(err error) error { return stderrs.Public(err) }
 func closedError(call string) error {
 	return errors.Mark(errors.Mark(errors.Newf("%s after Close", call), ErrClosed), ErrBadInput)
 }
+
+// ResendLimit is how many times a chunk re-sends one group (or its rest)
+// to one destination after its batch broke before it fails with
+// ErrResendLimit.
+const ResendLimit = actors.ResendLimit

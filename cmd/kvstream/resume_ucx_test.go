@@ -86,6 +86,27 @@ func ssPorts(t *testing.T, pid int, listening bool) [][2]int {
 	return ports
 }
 
+// unread sums the bytes waiting unread in the receive queues of process
+// pid's established TCP sockets, but those of its control address's port.
+func unread(t *testing.T, pid, control int) int {
+	t.Helper()
+	out, err := exec.Command("ss", "-tnpH", "state", "established").Output()
+	require.NoError(t, err)
+	n := 0
+	for _, l := range strings.Split(string(out), "\n") {
+		fs := strings.Fields(l) // Recv-Q Send-Q Local Peer Process
+		if len(fs) < 4 || !strings.Contains(l, fmt.Sprintf("pid=%d,", pid)) {
+			continue
+		}
+		q, qerr := strconv.Atoi(fs[0])
+		p, perr := strconv.Atoi(fs[2][strings.LastIndex(fs[2], ":")+1:])
+		if qerr == nil && perr == nil && p != control {
+			n += q
+		}
+	}
+	return n
+}
+
 // ucxAssertion finds UCX aborting on one of its own assertions in a
 // process's output: UCX 1.13's TCP connection manager does now and then
 // when a connection is destroyed under it (tcp_iface.c, tcp_cm.c), in
@@ -152,7 +173,15 @@ func streamAndKill(t *testing.T) (dec, pre *cli) {
 		}
 	}
 	require.NoError(t, dec.cmd.Process.Signal(syscall.SIGSTOP))
-	time.Sleep(300 * time.Millisecond)
+	// Break the connections only once batches are in flight on them:
+	// bytes the stopped decode has not read wait in its data sockets.
+	for deadline := time.Now().Add(time.Minute); unread(t, dec.cmd.Process.Pid, control) == 0; {
+		if !time.Now().Before(deadline) {
+			ss, _ := exec.Command("ss", "-tnpH", "state", "established").Output()
+			require.Fail(t, "nothing reached the stopped decode's data sockets within a minute", "data ports %v; sockets:\n%s\nprefill:\n%s", decodePorts, ss, pre.out())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	kills := 0
 	for _, c := range ssPorts(t, pre.cmd.Process.Pid, false) {
 		if decodePorts[c[1]] {

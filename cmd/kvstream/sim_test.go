@@ -229,10 +229,13 @@ func TestSimFaultReport(t *testing.T) {
 	for _, mode := range []string{"per_layer", "monolithic"} {
 		m, ok := rep[mode].(map[string]any)
 		require.True(t, ok, mode)
-		for _, k := range []string{"faults_injected", "groups_resent", "chunks_resumed", "failed_chunks"} {
+		for _, k := range []string{"faults_injected", "faults_past_resend_limit", "groups_resent", "chunks_resumed", "failed_chunks"} {
 			assert.Contains(t, m, k, mode)
 		}
-		assert.Zero(t, m["failed_chunks"], mode)
+		// Only a Work broken more than the resend limit times in a row
+		// fails its chunk (the decisions are independent per post, so
+		// that is rare, not impossible): every other fault is resumed.
+		assert.LessOrEqual(t, m["failed_chunks"], m["faults_past_resend_limit"], mode)
 	}
 	pl := rep["per_layer"].(map[string]any)
 	require.Positive(t, pl["faults_injected"])

@@ -88,7 +88,10 @@ type Endpoint interface {
 	// applied later) returns an error marked ErrNotQuiesced: the destination
 	// pages of those writes must not be reused. The batches such a Close
 	// fails report errors marked ErrNotQuiesced as well, so that their
-	// owners learn it even when someone else closed the endpoint.
+	// owners learn it even when someone else closed the endpoint. Where
+	// the receiver fences, both are marked ErrFenced too: the writes stop
+	// landing once a batch posted afterwards to the same peer landed (UCX
+	// message writes to an access point, whose connection broke).
 	Close() error
 }
 
@@ -98,6 +101,22 @@ var ErrEndpointBroken = errors.New("rdma: endpoint broken")
 
 // ErrNotQuiesced marks a teardown after which writes may still land.
 var ErrNotQuiesced = errors.New("rdma: writes may still land")
+
+// ErrFenced marks, together with ErrNotQuiesced, a teardown whose writes
+// stop landing once a batch posted afterwards through the same Transport
+// to the same peer Address completed without error: the receiver fences
+// (it refuses every write older than the newest it applied). A caller that
+// goes on writing to that peer may count the destination pages of the
+// torn-down writes quiet once such a batch completed; one that stops
+// before must treat them as not quiesced. hw/rdma/ucx's message writes to
+// an access point are fenced this way.
+var ErrFenced = errors.New("rdma: writes may still land until a later batch to the same peer lands")
+
+// ErrRevoked marks, together with ErrEndpointBroken, a batch the peer
+// refused on purpose: it revoked this side's access, or refused a write to
+// memory it does not hold. A fresh endpoint would be refused the same way:
+// callers that re-send on broken endpoints do not re-send these.
+var ErrRevoked = errors.New("rdma: the peer refused the writes")
 
 // ErrInvalidWrite marks a write outside registered memory or naming an
 // unknown key: a bug in the caller's addresses, never retried.

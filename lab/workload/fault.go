@@ -1,7 +1,6 @@
 package workload
 
 import (
-	"math/rand/v2"
 	"strconv"
 	"strings"
 	"sync"
@@ -60,13 +59,34 @@ func (f Fault) String() string {
 	return f.Kind + ":" + strconv.FormatFloat(f.Rate, 'g', -1, 64)
 }
 
-// injector decides the faults of one mode's run: seeded, so that a run
-// repeats its faults, and counting what it injected.
+// injector decides the faults of one mode's run. Each decision is a hash
+// of the run's seed and mode, the batch's identity (sender, receiver, the
+// first write's region and offset in it, bytes and writes) and how many times a batch of that
+// identity was posted before: a re-send of a broken batch is a later post
+// of the same identity, drawn independently, and no decision depends on
+// the order in which concurrent submitters and ranks post, so that a run
+// whose pages are placed the same repeats its faults.
 type injector struct {
-	fault    Fault
-	mu       sync.Mutex
-	rng      *rand.Rand
-	injected atomic.Int64
+	fault Fault
+	seed  uint64
+	mu    sync.Mutex
+	// posts holds, per batch identity, its posts so far and the faults
+	// injected into its latest posts in a row.
+	posts     map[batchKey]*posts
+	injected  atomic.Int64
+	pastLimit atomic.Int64
+}
+
+type batchKey struct {
+	from, to   string
+	region     int    // the destination region's index on its endpoint
+	dst, bytes uint64 // dst: the first write's offset in that region
+	writes     int
+}
+
+type posts struct {
+	n   uint64
+	row int
 }
 
 func newInjector(f Fault, seed uint64, perLayer bool) *injector {
@@ -74,7 +94,7 @@ func newInjector(f Fault, seed uint64, perLayer bool) *injector {
 	if perLayer {
 		mode = 1
 	}
-	return &injector{fault: f, rng: rand.New(rand.NewPCG(seed, 0xfa017+mode))}
+	return &injector{fault: f, seed: mix(seed, 0xfa017+mode), posts: map[batchKey]*posts{}}
 }
 
 // wrap returns tr with the faults injected, or tr when there are none.
@@ -85,15 +105,64 @@ func (in *injector) wrap(tr rdma.Transport) rdma.Transport {
 	return rdmafault.Wrap(tr, in.decide)
 }
 
-func (in *injector) decide(rdmafault.BatchInfo) rdmafault.Fault {
+func (in *injector) decide(b rdmafault.BatchInfo) rdmafault.Fault {
+	k := batchKey{from: b.From, to: b.To, region: b.DstRegion, dst: b.DstOffset, bytes: b.Bytes, writes: b.Writes}
 	in.mu.Lock()
-	hit := in.rng.Float64() < in.fault.Rate
+	p := in.posts[k]
+	if p == nil {
+		p = &posts{}
+		in.posts[k] = p
+	}
+	h := mix(in.seed, hashString(k.from), hashString(k.to), uint64(k.region), k.dst, k.bytes, uint64(k.writes), p.n)
+	p.n++
+	// The top 53 bits as a uniform float in [0, 1).
+	hit := float64(h>>11)/(1<<53) < in.fault.Rate
+	if hit {
+		p.row++
+		if p.row == system.ResendLimit+1 {
+			in.pastLimit.Add(1)
+		}
+	} else {
+		p.row = 0
+	}
 	in.mu.Unlock()
 	if !hit {
 		return rdmafault.Fault{}
 	}
 	in.injected.Add(1)
 	return rdmafault.Fault{Kind: rdmafault.BreakEndpoint}
+}
+
+// pastResendLimit counts the batch identities the injector broke more
+// than system.ResendLimit times in a row: each such Work fails its chunk
+// (the resend limit), and only those do.
+func (in *injector) pastResendLimit() int {
+	if in == nil {
+		return 0
+	}
+	return int(in.pastLimit.Load())
+}
+
+// mix folds vs into h with splitmix64's finalizer after each.
+func mix(h uint64, vs ...uint64) uint64 {
+	for _, v := range vs {
+		h ^= v
+		h += 0x9e3779b97f4a7c15
+		h = (h ^ h>>30) * 0xbf58476d1ce4e5b9
+		h = (h ^ h>>27) * 0x94d049bb133111eb
+		h ^= h >> 31
+	}
+	return h
+}
+
+// hashString is FNV-1a of s.
+func hashString(s string) uint64 {
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(s); i++ {
+		h ^= uint64(s[i])
+		h *= 1099511628211
+	}
+	return h
 }
 
 func (in *injector) count() int {

@@ -151,11 +151,15 @@ type ModeReport struct {
 	// WorksResent the Works (a group, or the rest, to one destination)
 	// re-sent after their batch broke; ChunksResumed the chunks that
 	// succeeded after re-sending (every prefill rank's).
-	FaultsInjected int    `json:"faults_injected"`
-	WorksResent    int    `json:"groups_resent"`
-	ChunksResumed  int    `json:"chunks_resumed"`
-	FirstError     string `json:"first_error,omitempty"`
-	Aborted        string `json:"aborted,omitempty"`
+	FaultsInjected int `json:"faults_injected"`
+	// FaultsPastLimit counts the Works the injector broke more than the
+	// resend limit times in a row: each fails its chunk, so Failed is at
+	// most this when nothing else failed.
+	FaultsPastLimit int    `json:"faults_past_resend_limit"`
+	WorksResent     int    `json:"groups_resent"`
+	ChunksResumed   int    `json:"chunks_resumed"`
+	FirstError      string `json:"first_error,omitempty"`
+	Aborted         string `json:"aborted,omitempty"`
 	// What the run did, also when it stopped early: forwards launched and
 	// ended, chunks whose Finish succeeded (on every prefill rank),
 	// requests all of whose chunks did, and requests a drain (Config

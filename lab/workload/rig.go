@@ -363,6 +363,7 @@ forwards:
 	}
 	mr.WallSeconds = time.Since(t0).Seconds()
 	mr.FaultsInjected = rg.faults.count()
+	mr.FaultsPastLimit = rg.faults.pastResendLimit()
 	mr.WorksResent, mr.ChunksResumed = col.resumes()
 	mr.SlotWaits = rs.slotWaits()
 	mr.countDone(p, col, launched, len(ranks))

@@ -72,7 +72,7 @@ func (a *access) Revoke() error {
 	a.mu.Unlock()
 	a.t.fab.forget(a.name)
 	for _, e := range eps {
-		_ = e.closeWith("the peer's access point was revoked")
+		_ = e.closeWith("the peer's access point was revoked", true)
 	}
 	a.t.mu.Lock()
 	delete(a.t.accesses, a)
@@ -87,7 +87,7 @@ func (a *access) join(e *Endpoint) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.revoked {
-		return errors.Mark(errors.Newf("loopback: access point %s revoked", a.name), rdma.ErrEndpointBroken)
+		return errors.Mark(errors.Mark(errors.Newf("loopback: access point %s revoked", a.name), rdma.ErrEndpointBroken), rdma.ErrRevoked)
 	}
 	a.eps[e] = struct{}{}
 	return nil

@@ -24,6 +24,7 @@ type Endpoint struct {
 	pending map[*batch]struct{}
 	closed  bool
 	why     string // ": reason" when something other than the endpoint's owner closed it
+	revoked bool   // closed by the peer's revocation: its errors say rdma.ErrRevoked
 
 	// Read by every Post without a lock: a lock the link goroutine also
 	// takes costs a cache-line transfer between cores per batch.
@@ -237,7 +238,18 @@ func (e *Endpoint) refuse() error {
 }
 
 func (e *Endpoint) closedErr() error {
-	return errors.Mark(errors.Newf("loopback: endpoint %s->%s closed%s", e.from.name, e.to.name, e.why), rdma.ErrEndpointBroken)
+	return e.mark(errors.Newf("loopback: endpoint %s->%s closed%s", e.from.name, e.to.name, e.why))
+}
+
+// mark marks err rdma.ErrEndpointBroken, and rdma.ErrRevoked when the
+// peer's revocation closed the endpoint: a fresh endpoint would not reach
+// it either, so callers do not re-send.
+func (e *Endpoint) mark(err error) error {
+	err = errors.Mark(err, rdma.ErrEndpointBroken)
+	if e.revoked {
+		err = errors.Mark(err, rdma.ErrRevoked)
+	}
+	return err
 }
 
 // resolve checks every write against the registered regions, the way a NIC's
@@ -288,11 +300,11 @@ func hasDevice(srcs [][]byte, ws []rdma.Write) bool {
 
 // Close fails every batch not yet reported; after it returns nothing of
 // this endpoint lands.
-func (e *Endpoint) Close() error { return e.closeWith("") }
+func (e *Endpoint) Close() error { return e.closeWith("", false) }
 
 // closeWith is Close, saying why in the errors of later posts and of the
 // batches it fails when reason is not empty.
-func (e *Endpoint) closeWith(reason string) error {
+func (e *Endpoint) closeWith(reason string, revoked bool) error {
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
@@ -303,6 +315,7 @@ func (e *Endpoint) closeWith(reason string) error {
 		return nil
 	}
 	e.closed = true
+	e.revoked = revoked
 	if reason != "" {
 		e.why = ": " + reason
 	}
@@ -324,12 +337,12 @@ func (e *Endpoint) closeWith(reason string) error {
 		e.via.leave(e)
 	}
 	for _, b := range failed {
-		b.done(errors.Mark(errors.Newf("loopback: batch %d %s->%s: endpoint torn down%s", b.info.Seq, b.info.From, b.info.To, e.why), rdma.ErrEndpointBroken))
+		b.done(e.mark(errors.Newf("loopback: batch %d %s->%s: endpoint torn down%s", b.info.Seq, b.info.From, b.info.To, e.why)))
 	}
 	for _, c := range direct {
 		err := c.err
 		if err == nil {
-			err = errors.Mark(errors.Newf("loopback: a batch %s->%s: endpoint torn down before its completion%s", e.from.name, e.to.name, e.why), rdma.ErrEndpointBroken)
+			err = e.mark(errors.Newf("loopback: a batch %s->%s: endpoint torn down before its completion%s", e.from.name, e.to.name, e.why))
 		}
 		c.done(err)
 	}

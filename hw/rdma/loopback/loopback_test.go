@@ -617,8 +617,11 @@ func TestRevokeIsABarrier(t *testing.T) {
 			if name == "modeled" { // landed, but not yet reported: Revoke failed it
 				err := <-failed
 				assert.True(t, errors.Is(err, rdma.ErrEndpointBroken), "%v", err)
+				assert.True(t, errors.Is(err, rdma.ErrRevoked), "a revocation is not to be re-sent: %v", err)
 				assert.Contains(t, err.Error(), "revoked")
 			}
+			err = f.ep.Post(f.twoWrites(), func(error) { t.Error("done after a refused post") })
+			assert.True(t, errors.Is(err, rdma.ErrRevoked), "a post after the revocation: %v", err)
 
 			acc2, err := to.OpenPeerAccess()
 			require.NoError(t, err)

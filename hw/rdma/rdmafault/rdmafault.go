@@ -32,6 +32,12 @@ type BatchInfo struct {
 	Bytes    uint64
 	Writes   int
 	Dst      uint64 // the first write's destination address (0 if none)
+	// DstOffset is the first write's destination offset within the region
+	// it writes (as imported on this endpoint), and DstRegion that
+	// region's index among the endpoint's imports: unlike Dst, the same
+	// from run to run wherever the peer's memory is mapped.
+	DstOffset uint64
+	DstRegion int
 }
 
 // Fault is how a batch misbehaves.
@@ -207,6 +213,14 @@ type Endpoint struct {
 	held   map[*call]struct{} // batches with a fault whose done has not run
 	closed bool
 	broken error // set by PeerGone
+	// imports: per RemoteKey the inner endpoint gave out, the region's
+	// address and its index among this endpoint's imports.
+	imports map[rdma.RemoteKey]imported
+}
+
+type imported struct {
+	addr  uint64
+	index int
 }
 
 var _ rdma.Endpoint = (*Endpoint)(nil)
@@ -223,7 +237,18 @@ type call struct {
 }
 
 // Import imports a peer's region into the wrapped endpoint.
-func (e *Endpoint) Import(d rdma.RegionDesc) (rdma.RemoteKey, error) { return e.inner.Import(d) }
+func (e *Endpoint) Import(d rdma.RegionDesc) (rdma.RemoteKey, error) {
+	k, err := e.inner.Import(d)
+	if err == nil {
+		e.mu.Lock()
+		if e.imports == nil {
+			e.imports = map[rdma.RemoteKey]imported{}
+		}
+		e.imports[k] = imported{addr: d.Addr, index: len(e.imports)}
+		e.mu.Unlock()
+	}
+	return k, err
+}
 
 // Post asks the decision function about the batch and posts it, fails it or
 // holds its completion accordingly.
@@ -240,6 +265,11 @@ func (e *Endpoint) Post(ws []rdma.Write, done func(error)) error {
 	}
 	if len(ws) > 0 {
 		info.Dst = ws[0].Dst
+		e.mu.Lock()
+		if im, ok := e.imports[ws[0].Remote]; ok {
+			info.DstOffset, info.DstRegion = ws[0].Dst-im.addr, im.index
+		}
+		e.mu.Unlock()
 	}
 	f := e.t.decide(info)
 	switch f.Kind {
@@ -280,9 +310,11 @@ func (e *Endpoint) Post(ws []rdma.Write, done func(error)) error {
 			return nil
 		}
 		// The half that lands goes through the transport; whatever it
-		// reports, the batch failed.
-		if err := e.inner.Post(half, func(error) { e.report(c, broken) }); err != nil {
-			go e.report(c, broken)
+		// reports, the batch failed, and what the transport says may
+		// still land of that half (ErrNotQuiesced, and ErrFenced) the
+		// batch says too, so that it is not resumed as if quiet.
+		if err := e.inner.Post(half, func(err error) { e.report(c, withQuiescence(broken, err)) }); err != nil {
+			go e.report(c, withQuiescence(broken, err))
 		}
 		return nil
 	}
@@ -294,6 +326,20 @@ func (e *Endpoint) Post(ws []rdma.Write, done func(error)) error {
 		return err
 	}
 	return nil
+}
+
+// withQuiescence adds to broken the inner transport's word that writes of
+// the batch may still land (rdma.ErrNotQuiesced, with rdma.ErrFenced where
+// it said that too), with inner as its detail.
+func withQuiescence(broken, inner error) error {
+	if !errors.Is(inner, rdma.ErrNotQuiesced) {
+		return broken
+	}
+	err := errors.WithSecondaryError(errors.Mark(broken, rdma.ErrNotQuiesced), inner)
+	if errors.Is(inner, rdma.ErrFenced) {
+		err = errors.Mark(err, rdma.ErrFenced)
+	}
+	return err
 }
 
 // refuse says why the endpoint takes no more batches. The caller holds e.mu.

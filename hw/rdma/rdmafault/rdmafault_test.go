@@ -129,7 +129,7 @@ func TestInjectedFaults(t *testing.T) {
 	defer mu.Unlock()
 	assert.Len(t, landed, 2, "the lost and the delayed batch landed")
 	require.Len(t, infos, 4)
-	assert.Equal(t, rdmafault.BatchInfo{From: "prefill", To: "decode", Seq: 3, Bytes: 8, Writes: 1, Dst: f.dst.Addr + 8}, infos[2])
+	assert.Equal(t, rdmafault.BatchInfo{From: "prefill", To: "decode", Seq: 3, Bytes: 8, Writes: 1, Dst: f.dst.Addr + 8, DstOffset: 8}, infos[2])
 }
 
 func TestPeerGoneBreaksEndpoint(t *testing.T) {
@@ -270,4 +270,93 @@ func TestPeerAccessPassesThrough(t *testing.T) {
 	_, err = rdmafault.Wrap(unquiesced{lb}, never).OpenPeerAccess()
 	require.Error(t, err)
 	assert.True(t, errors.Is(err, rdma.ErrUnsupported), "%v", err)
+}
+
+// TestBreakEndpointKeepsInnerQuiescence: the half of a broken batch that
+// went through the transport may report that its writes may still land
+// (a broken UCX connection); the broken batch says so too (and whether a
+// later landing fences them), so that it is not re-sent as if quiet. A
+// half that landed adds nothing.
+func TestBreakEndpointKeepsInnerQuiescence(t *testing.T) {
+	for name, c := range map[string]struct {
+		inner               error
+		notQuiesced, fenced bool
+	}{
+		"landed":       {},
+		"not quiesced": {inner: errors.Mark(errors.New("connection reset"), rdma.ErrNotQuiesced), notQuiesced: true},
+		"fenced": {inner: errors.Mark(errors.Mark(errors.New("connection reset"), rdma.ErrNotQuiesced), rdma.ErrFenced),
+			notQuiesced: true, fenced: true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			fab := loopback.NewFabric(loopback.Options{})
+			a, err := fab.NewTransport("prefill")
+			require.NoError(t, err)
+			b, err := fab.NewTransport("decode")
+			require.NoError(t, err)
+			from := rdmafault.Wrap(completesWith{a, c.inner}, func(rdmafault.BatchInfo) rdmafault.Fault {
+				return rdmafault.Fault{Kind: rdmafault.BreakEndpoint}
+			})
+			f := newFixture(t, from, b, 4096)
+			ch := make(chan error, 1)
+			// Two writes: the first half (one) goes through the transport.
+			require.NoError(t, f.ep.Post(append(f.write(0, 8), f.write(8, 8)...), func(err error) { ch <- err }))
+			err = <-ch
+			require.Error(t, err)
+			assert.True(t, errors.Is(err, rdma.ErrEndpointBroken), "%v", err)
+			assert.Equal(t, c.notQuiesced, errors.Is(err, rdma.ErrNotQuiesced), "%v", err)
+			assert.Equal(t, c.fenced, errors.Is(err, rdma.ErrFenced), "%v", err)
+			_ = f.ep.Close()
+		})
+	}
+}
+
+// completesWith is a transport whose batches land, then complete with err
+// (nil: as the transport reported them).
+type completesWith struct {
+	rdma.Transport
+	err error
+}
+
+func (c completesWith) Connect(addr []byte) (rdma.Endpoint, error) {
+	ep, err := c.Transport.Connect(addr)
+	if err != nil {
+		return nil, err
+	}
+	return completesWithEndpoint{ep, c.err}, nil
+}
+
+type completesWithEndpoint struct {
+	rdma.Endpoint
+	err error
+}
+
+func (e completesWithEndpoint) Post(ws []rdma.Write, done func(error)) error {
+	return e.Endpoint.Post(ws, func(err error) {
+		if err == nil {
+			err = e.err
+		}
+		done(err)
+	})
+}
+
+// TestBatchInfoNamesTheOffset: a decision sees the first write's offset
+// within the region it writes and that region's index on the endpoint,
+// which stay the same wherever the peer's memory is mapped.
+func TestBatchInfoNamesTheOffset(t *testing.T) {
+	var mu sync.Mutex
+	var seen []rdmafault.BatchInfo
+	from, to := pairOf(loopback.Options{}, func(b rdmafault.BatchInfo) rdmafault.Fault {
+		mu.Lock()
+		seen = append(seen, b)
+		mu.Unlock()
+		return rdmafault.Fault{}
+	})(t)
+	f := newFixture(t, from, to, 4096)
+	require.NoError(t, <-f.post(t, 64, 8))
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, seen, 1)
+	assert.Equal(t, f.dst.Addr+64, seen[0].Dst)
+	assert.Equal(t, uint64(64), seen[0].DstOffset)
+	assert.Equal(t, 0, seen[0].DstRegion)
 }

@@ -56,6 +56,9 @@ func (t *Transport) OpenPeerAccess() (rdma.PeerAccess, error) {
 			}
 			a.addr = C.GoBytes(buf, C.int(n))
 			C.free(buf)
+			if t.opts.Writes == WriteMessages {
+				a.addr = append(append([]byte(nil), accessMagic...), a.addr...)
+			}
 		} else {
 			ip := C.CString(t.accessIP.String())
 			defer C.free(unsafe.Pointer(ip))

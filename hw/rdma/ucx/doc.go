@@ -56,6 +56,42 @@
 // shared memory or uses cross-memory attach writes this side's memory
 // itself, which no revocation stops (see below).
 //
+// # Epochs
+//
+// In WriteMessages the receiver's progress applies what a connection
+// delivered whenever it gets to it, also after the sender closed that
+// connection: a connection that broke (a TCP reset, a lost peer) may have
+// bytes in the receiver's socket buffer, in the network, or in a
+// shared-memory FIFO. A sender that re-sends on a fresh connection needs
+// those leftovers never to land after its re-send, or a page it then
+// hands to another room could be overwritten.
+//
+// So every WRITE and FLUSH carries an epoch. A Transport counts, per
+// address it connects to, the endpoints to it that broke (the connection
+// failed, a flush or send failed; Transport.broke), counting each before
+// any of its batches reports the failure, and stamps the current count on
+// every group it starts. An access point (one peer each) remembers the
+// highest epoch it applied and applies nothing below it: such a WRITE is
+// dropped (counted as stale) and its FLUSH answered with a stale refusal,
+// which fails the batch as rdma.ErrEndpointBroken, to be re-sent; the
+// refused endpoint drains and closes quiet, without counting a break, so
+// that two endpoints of one sender never fence each other in turn. The
+// refusal carries the access point's fence, which the sender adopts as its
+// count for that address: several transports writing through one access
+// point (each with its own count) converge instead of refusing each other
+// for good. Once a
+// group posted after a broken endpoint's Close was answered, nothing that
+// endpoint sent can land any more. Until then its Close, and the batches
+// it failed, return errors marked rdma.ErrNotQuiesced and rdma.ErrFenced
+// (rdma.ErrFenced only where the receiver fences: an access point, known
+// by its address, a listener's or a worker address behind the prefix
+// "KVSW", or by an answer's flag). The transport's own worker takes any
+// number of peers with unrelated counts and does not fence: a broken
+// endpoint to it says rdma.ErrNotQuiesced alone. A refusal of a revoked
+// access point, of a write outside the receiver's regions, or of a
+// connection by an access point's listener is marked rdma.ErrRevoked:
+// nothing to re-send. WriteRMA is not fenced (see Limits).
+//
 // Either mode: batches queued one after the other for one endpoint (up to
 // 64) share one flush (and one FLUSH message), issued after all their
 // writes, so small writes do not pay a flush (over TCP a round trip)
@@ -113,7 +149,8 @@
 // progress goroutine where its handlers run: a barrier, on every UCX
 // transport; its listener, if it has one, refuses every new connection.
 // From then on the worker applies nothing and answers every
-// FLUSH with a refusal, so the peer's batches fail (its endpoint breaks)
+// FLUSH with a refusal, so the peer's batches fail (its endpoint breaks,
+// marked rdma.ErrRevoked)
 // even over shared memory, where nothing else would tell it; after
 // Options.RevokeLinger the worker is destroyed with its connections, and
 // every resource of the session (sockets, FIFOs, memory) goes with it.
@@ -308,8 +345,9 @@
 // memory) bytes already in socket buffers or shared-memory FIFOs still land
 // afterwards (measured here: megabytes over TCP, hundreds of kilobytes over
 // shared memory). That is why Endpoint.Close drains first (in
-// WriteMessages, until the receiver answered every FLUSH), and why it
-// returns an error when the drain times out: invariant 10 of
+// WriteMessages, until the receiver answered every FLUSH; a connection
+// that broke cannot be drained, and its leftovers are fenced: see Epochs),
+// and why it returns an error when the drain times out: invariant 10 of
 // docs/ARCHITECTURE.md then does not hold at the sender, and the caller
 // must not reuse the destination pages on the strength of that Close (the
 // receiver's revocation is what makes them quiet). Options.CloseDrain < 0

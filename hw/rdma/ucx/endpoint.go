@@ -9,9 +9,11 @@ package ucx
 import "C"
 
 import (
+	"bytes"
 	"encoding/binary"
 	"math/bits"
 	"net/netip"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -25,6 +27,8 @@ type Endpoint struct {
 	id       uint64
 	rec      *C.kvs_ep_t   // C memory: UCX's error handler and close callback argument
 	closedCh chan struct{} // closed once UCX released the endpoint
+	addrKey  string        // the address connected to, the key of epochs
+	epochs   *epochs       // that address's epoch count
 
 	// Guarded by t.mu.
 	remotes    []remote
@@ -41,6 +45,55 @@ type Endpoint struct {
 	// drain waits for them as well as for its flush (drainFlushed).
 	awaiting     int
 	drainFlushed bool
+	// broken: the connection failed (doc.go, "Epochs"); its epoch was
+	// counted and closeErr says what may still land.
+	broken bool
+}
+
+// epochs is one peer address's epoch count (doc.go, "Epochs").
+type epochs struct {
+	n      atomic.Uint32 // endpoints to the address that broke: the epoch stamped on writes
+	fenced atomic.Bool   // the address (fencesEpochs), or an answer from it, says its receiver fences epochs
+	refs   int           // endpoints to the address not closed yet; guarded by Transport.mu
+}
+
+// atLeast raises the epoch count to f (a receiver's fence), never lowers it.
+func (p *epochs) atLeast(f uint32) {
+	for n := p.n.Load(); n < f && !p.n.CompareAndSwap(n, f); n = p.n.Load() {
+	}
+}
+
+// bump counts one more broken endpoint, saturating (a peer's fence may
+// have raised the count to the top: it never wraps to 0).
+func (p *epochs) bump() {
+	for n := p.n.Load(); n < ^uint32(0) && !p.n.CompareAndSwap(n, n+1); n = p.n.Load() {
+	}
+}
+
+// broke counts e's failure in its address's epochs, on the progress
+// goroutine, before any of its batches reports it: every group started
+// afterwards to that address carries a later epoch. In WriteMessages the
+// receiver applies what arrived of e's connection whenever its progress
+// gets to it, after e is closed too, so e's Close and the batches it fails
+// say ErrNotQuiesced; and ErrFenced where the receiver fences, since then
+// a later epoch landing ends that.
+func (t *Transport) broke(e *Endpoint) {
+	if e.broken || t.opts.Writes != WriteMessages || e.lstate == epClosing || e.lstate == epClosed {
+		// Once this side force-closed it (its drain done or timed out,
+		// its access revoked), what fails are its own cancellations.
+		return
+	}
+	e.broken = true
+	e.epochs.bump()
+	if e.closeErr != nil {
+		return
+	}
+	if e.epochs.fenced.Load() {
+		e.closeErr = errors.Mark(errors.Mark(errors.Newf("ucx: endpoint %d broke: what its connection carried may still be applied by the receiver until a later batch to it lands (epoch %d)", e.id, e.epochs.n.Load()), rdma.ErrNotQuiesced), rdma.ErrFenced)
+	} else {
+		e.closeErr = errors.Mark(errors.Newf("ucx: endpoint %d broke: what its connection carried may still be applied by the receiver, which does not fence epochs", e.id), rdma.ErrNotQuiesced)
+	}
+	e.closeErr = errors.Mark(e.closeErr, rdma.ErrEndpointBroken)
 }
 
 type epState int
@@ -134,12 +187,14 @@ var _ rdma.Endpoint = (*Endpoint)(nil)
 func (t *Transport) Connect(addr []byte) (rdma.Endpoint, error) {
 	var lip netip.Addr
 	var lport uint16
+	fences := fencesEpochs(addr)
+	waddr := bytes.TrimPrefix(addr, accessMagic)
 	if isListenAddr(addr) {
 		var err error
 		if lip, lport, err = decodeListenAddr(addr); err != nil {
 			return nil, errors.Mark(err, rdma.ErrEndpointBroken)
 		}
-	} else if err := checkWorkerAddress(addr); err != nil {
+	} else if err := checkWorkerAddress(waddr); err != nil {
 		return nil, errors.Mark(err, rdma.ErrEndpointBroken)
 	}
 	e := &Endpoint{t: t, closedCh: make(chan struct{})}
@@ -159,7 +214,7 @@ func (t *Transport) Connect(addr []byte) (rdma.Endpoint, error) {
 		} else {
 			// The address is copied to C memory: UCX parses it during the
 			// call but keeps nothing.
-			caddr := C.CBytes(addr)
+			caddr := C.CBytes(waddr)
 			st = C.kvs_ep_create(t.ctx, rec, caddr)
 			C.free(caddr)
 		}
@@ -170,6 +225,15 @@ func (t *Transport) Connect(addr []byte) (rdma.Endpoint, error) {
 		e.rec = rec
 		t.eprecs = append(t.eprecs, rec)
 		t.eps[e.id] = e
+		e.addrKey = string(addr)
+		t.mu.Lock()
+		if e.epochs = t.epochs[e.addrKey]; e.epochs == nil {
+			e.epochs = &epochs{}
+			e.epochs.fenced.Store(fences)
+			t.epochs[e.addrKey] = e.epochs
+		}
+		e.epochs.refs++
+		t.mu.Unlock()
 		return nil
 	})
 	if err != nil {
@@ -401,6 +465,7 @@ func (t *Transport) startGroup(bs []*batch) {
 		ws = &t.gws[0] // Go memory without Go pointers, used during the call only
 	}
 	leader.needAck, leader.acked, leader.flushOK, leader.ackSt = false, false, false, C.UCS_OK
+	leader.req.epoch = C.uint32_t(e.epochs.n.Load())
 	if C.kvs_post(t.ctx, e.rec, ws, &t.gcounts[0], &t.gerrs[0], C.size_t(len(bs)), leader.req) != 0 {
 		leader.needAck = true
 		e.awaiting++
@@ -421,6 +486,10 @@ func (t *Transport) flushDone(leader *batch, st C.ucs_status_t) {
 	}
 	if st == C.UCS_OK {
 		st = leader.ackSt
+	} else if st != C.UCS_ERR_REJECTED {
+		// REJECTED: the access point's listener refused the connection
+		// (revoked, or at its limit), so nothing of it was applied.
+		t.broke(leader.ep)
 	}
 	t.flushed(leader, st)
 }
@@ -433,19 +502,28 @@ func (t *Transport) ackDone(leader *batch, st C.ucs_status_t) {
 	e := leader.ep
 	leader.acked, leader.ackSt = true, st
 	e.awaiting--
+	// A refusal closes the endpoint before its batches report, so that a
+	// caller posting again once its batch failed finds it closed.
+	switch st {
+	case C.UCS_OK:
+	case C.UCS_ERR_REJECTED:
+		// The peer revoked this side's access: its worker applies nothing
+		// more of this endpoint, so it closes without a drain.
+		t.startClose(e, errors.Newf("ucx: endpoint %d: the peer refused its writes (access revoked)", e.id), true)
+	default:
+		// A write refused (a region the peer does not hold) or of an old
+		// epoch (doc.go, "Epochs"): the connection is sound and groups
+		// after it may still be applied, so it drains (each of them
+		// answered in turn) before it closes, and its Close then confirms
+		// that nothing more of it can land.
+		reason := statusErr(st, "ucx: endpoint %d: the peer refused a write", e.id)
+		if st == C.KVS_STALE {
+			reason = errors.Newf("ucx: endpoint %d: the peer refused writes of an old epoch (a later connection's writes landed first)", e.id)
+		}
+		t.startClose(e, reason, false)
+	}
 	if leader.flushOK {
 		t.flushed(leader, st)
-	}
-	if st != C.UCS_OK {
-		// The peer refuses this endpoint's writes (its access revoked, or
-		// a write it does not take): the endpoint is broken, and nothing
-		// more of it will be applied, so it closes without a drain.
-		reason := errors.Newf("ucx: endpoint %d: the peer refused its writes (access revoked)", e.id)
-		if st != C.UCS_ERR_REJECTED {
-			reason = statusErr(st, "ucx: endpoint %d: the peer refused a write", e.id)
-		}
-		t.startClose(e, reason, true)
-		return
 	}
 	t.maybeDrained(e)
 }
@@ -483,11 +561,17 @@ func (t *Transport) flushed(leader *batch, st C.ucs_status_t) {
 		var err error
 		switch {
 		case b.putErr != C.UCS_OK:
+			t.broke(b.ep)
 			err = errors.Mark(statusErr(b.putErr, "ucx: batch %d: a put did not start", b.id), rdma.ErrEndpointBroken)
 		case refused && ackSt == C.UCS_ERR_REJECTED:
-			err = errors.Mark(errors.Newf("ucx: batch %d: the peer revoked this side's access to its memory", b.id), rdma.ErrEndpointBroken)
+			err = errors.Mark(errors.Mark(errors.Newf("ucx: batch %d: the peer revoked this side's access to its memory", b.id), rdma.ErrEndpointBroken), rdma.ErrRevoked)
+		case refused && ackSt == C.KVS_STALE:
+			// Resumable: a fresh endpoint's writes carry the current epoch.
+			err = errors.Mark(errors.Newf("ucx: batch %d: the peer refused writes of an old epoch (a later connection's writes to it landed first); re-send it", b.id), rdma.ErrEndpointBroken)
 		case refused:
-			err = errors.Mark(statusErr(ackSt, "ucx: batch %d: the peer refused a write (a region it does not hold)", b.id), rdma.ErrEndpointBroken)
+			err = errors.Mark(errors.Mark(statusErr(ackSt, "ucx: batch %d: the peer refused a write (a region it does not hold)", b.id), rdma.ErrEndpointBroken), rdma.ErrRevoked)
+		case st == C.UCS_ERR_REJECTED:
+			err = errors.Mark(errors.Mark(statusErr(st, "ucx: batch %d: the peer refused the connection", b.id), rdma.ErrEndpointBroken), rdma.ErrRevoked)
 		case st != C.UCS_OK:
 			err = errors.Mark(statusErr(st, "ucx: batch %d", b.id), rdma.ErrEndpointBroken)
 		}
@@ -561,6 +645,9 @@ func (t *Transport) finishClose(e *Endpoint) {
 	e.lstate = epClosed
 	delete(t.eps, e.id)
 	t.mu.Lock()
+	if e.epochs.refs--; e.epochs.refs == 0 && e.epochs.n.Load() == 0 {
+		delete(t.epochs, e.addrKey)
+	}
 	remotes := e.remotes
 	e.remotes = nil
 	if e.err == nil {

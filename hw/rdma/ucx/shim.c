@@ -113,6 +113,8 @@ static void kvs_ack(kvs_wk_t *w, ucp_ep_h ep, uint64_t tag, ucs_status_t st)
     }
     h->tag    = tag;
     h->status = (int32_t)st;
+    h->flags  = w->fence ? KVS_ACK_FENCED : 0;
+    h->epoch  = w->epoch;
     h->pad    = 0;
     memset(&param, 0, sizeof(param));
     param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK |
@@ -150,6 +152,14 @@ static ucs_status_t kvs_am_write_cb(void *arg, const void *header,
         goto refuse;
     }
     memcpy(&h, header, sizeof(h));
+    if (w->fence && h.epoch < w->epoch) {
+        // Left over from a connection its peer closed after it broke: a
+        // write of a later epoch landed already, and the peer re-sends
+        // what this carried. Its FLUSH, behind it on the same connection,
+        // is refused as stale, so it does not set nack.
+        w->stale++;
+        return UCS_OK;
+    }
     if (h.slot >= c->nregs) {
         goto refuse;
     }
@@ -160,6 +170,9 @@ static ucs_status_t kvs_am_write_cb(void *arg, const void *header,
     }
     memcpy((void*)(uintptr_t)h.dst, data, length);
     w->applied++;
+    if (w->fence && h.epoch > w->epoch) {
+        w->epoch = h.epoch;
+    }
     return UCS_OK;
 
 refuse:
@@ -175,29 +188,37 @@ static ucs_status_t kvs_am_flush_cb(void *arg, const void *header,
 {
     kvs_wk_t *w = arg;
     ucs_status_t st;
-    uint64_t tag;
+    kvs_am_flush_hdr_t h;
 
     if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
         ucp_am_data_release(w->worker, data);
     }
     (void)length;
-    if (header_length != sizeof(tag) ||
+    if (header_length != sizeof(h) ||
         !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
         w->refused++;
         return UCS_OK;
     }
-    memcpy(&tag, header, sizeof(tag));
+    memcpy(&h, header, sizeof(h));
     // Every write before the FLUSH on this connection was handled already
     // (one lane per endpoint, in order: UCX_MAX_EAGER_LANES=1).
     if (w->revoked) {
         st = UCS_ERR_REJECTED;
+    } else if (w->fence && h.epoch < w->epoch) {
+        // Its writes carried the same epoch: those handled after the
+        // fence rose were refused (and the peer re-sends them).
+        kvs_ack(w, param->reply_ep, h.tag, KVS_STALE);
+        return UCS_OK;
     } else if (w->nack) {
         st = UCS_ERR_INVALID_ADDR;
     } else {
         st = UCS_OK;
+        if (w->fence && h.epoch > w->epoch) {
+            w->epoch = h.epoch;
+        }
     }
     w->nack = 0;
-    kvs_ack(w, param->reply_ep, tag, st);
+    kvs_ack(w, param->reply_ep, h.tag, st);
     return UCS_OK;
 }
 
@@ -218,10 +239,15 @@ static ucs_status_t kvs_am_ack_cb(void *arg, const void *header,
         return UCS_OK;
     }
     memcpy(&h, header, sizeof(h));
+    if (h.status == KVS_STALE) {
+        kvs_push_aux(w->ctx, h.tag, (uint64_t)(uintptr_t)param->reply_ep,
+                     KVS_EV_FENCE, (ucs_status_t)(int32_t)h.epoch);
+    }
     // Go matches the tag to a batch in flight and aux to its endpoint: an
     // answer from any other peer completes nothing.
     kvs_push_aux(w->ctx, h.tag, (uint64_t)(uintptr_t)param->reply_ep,
-                 KVS_EV_ACK, (ucs_status_t)h.status);
+                 (h.flags & KVS_ACK_FENCED) ? KVS_EV_ACK_FENCED : KVS_EV_ACK,
+                 (ucs_status_t)h.status);
     return UCS_OK;
 }
 
@@ -579,6 +605,10 @@ ucs_status_t kvs_access_open(kvs_ctx_t *c, ucp_worker_h *w, kvs_wk_t **wkp)
     c->awk[c->naw]  = wk;
     c->aefd[c->naw] = efd;
     c->naw++;
+    // One peer per access point: its epochs can be fenced (doc.go,
+    // "Epochs"). The transport's own worker takes any number of peers,
+    // whose epochs are unrelated, and does not fence.
+    wk->fence = 1;
     *wkp = wk;
     return UCS_OK;
 }
@@ -960,6 +990,8 @@ int kvs_post(kvs_ctx_t *c, kvs_ep_t *e, const kvs_write_t *ws,
                 r->hdrs[h].slot = ws[k].slot;
                 r->hdrs[h].gen  = ws[k].gen;
                 r->hdrs[h].dst  = ws[k].dst + off;
+                r->hdrs[h].epoch = r->epoch;
+                r->hdrs[h].pad   = 0;
                 param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS |
                                      (ws[k].memh ? UCP_OP_ATTR_FIELD_MEMH : 0);
                 param.flags        = UCP_AM_SEND_FLAG_EAGER;
@@ -982,9 +1014,11 @@ int kvs_post(kvs_ctx_t *c, kvs_ep_t *e, const kvs_write_t *ws,
         memset(&param, 0, sizeof(param));
         param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
         param.flags        = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
-        r->flush_tag       = r->id;
-        sp = ucp_am_send_nbx(e->ep, KVS_AM_FLUSH, &r->flush_tag,
-                             sizeof(r->flush_tag), NULL, 0, &param);
+        r->flush_hdr.tag   = r->id;
+        r->flush_hdr.epoch = r->epoch;
+        r->flush_hdr.pad   = 0;
+        sp = ucp_am_send_nbx(e->ep, KVS_AM_FLUSH, &r->flush_hdr,
+                             sizeof(r->flush_hdr), NULL, 0, &param);
         if (UCS_PTR_IS_ERR(sp)) {
             // No answer will come: the batch fails with the flush.
             r->first_err = UCS_PTR_STATUS(sp);

@@ -25,8 +25,12 @@ enum {
     KVS_EV_EP_ERROR  = 2, // UCX reported an endpoint failure (peer lost, ...)
     KVS_EV_EP_CLOSED = 3, // an endpoint's close request completed
     KVS_EV_EP_DRAINED = 4, // the flush started by kvs_ep_drain completed
-    KVS_EV_ACK       = 5  // a peer answered a batch's FLUSH message (aux: the
+    KVS_EV_ACK       = 5, // a peer answered a batch's FLUSH message (aux: the
                           // ucp_ep_h it came back on; status: its verdict)
+    KVS_EV_ACK_FENCED = 6, // the same, from a receiver that fences epochs
+                           // (an access point: KVS_ACK_FENCED)
+    KVS_EV_FENCE     = 7  // a stale refusal's fence, pushed before its ACK
+                          // (aux: the ucp_ep_h; status: the epoch)
 };
 
 // The active messages of the message write path (doc.go, "Writes"): a
@@ -40,20 +44,45 @@ enum {
 };
 
 // A WRITE's header: which region (its slot and generation in the
-// receiver's table) and where in it. 16 bytes, copied out of the message
-// before use (a header need not be aligned).
+// receiver's table), where in it, and the sender's epoch for this receiver
+// (doc.go, "Epochs"). 24 bytes, copied out of the message before use (a
+// header need not be aligned).
 typedef struct {
     uint32_t slot;
     uint32_t gen;
     uint64_t dst;
+    uint32_t epoch;
+    uint32_t pad;
 } kvs_am_write_hdr_t;
 
-// An ACK's header: the batch tag its FLUSH carried and the verdict.
+// A FLUSH's header: the batch tag its ACK carries back, and the epoch of
+// the writes before it.
+typedef struct {
+    uint64_t tag;
+    uint32_t epoch;
+    uint32_t pad;
+} kvs_am_flush_hdr_t;
+
+// An ACK's header: the batch tag its FLUSH carried, the verdict, flags
+// (KVS_ACK_FENCED), and the receiver's fence (the highest epoch it
+// applied), which a sender refused as stale adopts.
 typedef struct {
     uint64_t tag;
     int32_t  status;
+    uint32_t flags;
+    uint32_t epoch;
     uint32_t pad;
 } kvs_am_ack_hdr_t;
+
+// KVS_ACK_FENCED: the receiver refuses every write of an epoch below the
+// highest it applied, so that once a write of a later epoch landed, nothing
+// of an earlier one can land any more.
+#define KVS_ACK_FENCED 1u
+
+// KVS_STALE is the verdict on a FLUSH whose writes carried an epoch below
+// the receiver's fence: refused, and nothing of them was applied since the
+// fence rose.
+#define KVS_STALE UCS_ERR_CANCELED
 
 typedef struct {
     uint64_t id;
@@ -100,6 +129,11 @@ typedef struct {
     ucp_worker_h worker;
     int          revoked;  // set by kvs_access_revoke: apply nothing more
     int          nack;     // a write was refused since the last FLUSH
+    // Epoch fence (doc.go, "Epochs"): set on access points, whose single
+    // peer counts epochs for them; epoch is the highest applied.
+    int          fence;
+    uint32_t     epoch;
+    uint64_t     stale;    // message writes refused for an old epoch
     uint64_t     applied;  // message writes applied (fragments)
     uint64_t     refused;  // message writes refused (fragments)
     uint64_t     acks_lost; // ACKs that could not be sent
@@ -154,7 +188,8 @@ typedef struct {
     // they live here until the batch's flush completed.
     kvs_am_write_hdr_t *hdrs;
     size_t              chdrs;
-    uint64_t            flush_tag;
+    kvs_am_flush_hdr_t  flush_hdr;
+    uint32_t            epoch; // stamped on every message of the group
 } kvs_req_t;
 
 // Per-endpoint record, the argument of the error handler and the user_data

@@ -38,6 +38,20 @@ func encodeListenAddr(ip netip.Addr, port uint16) []byte {
 // isListenAddr reports whether a peer's address claims to be a listener's.
 func isListenAddr(addr []byte) bool { return bytes.HasPrefix(addr, listenMagic) }
 
+// accessMagic prefixes the worker address an access point of WriteMessages
+// gives out where it has no listener: Connect strips it, and knows from
+// it, as from a listener's address, that the receiver fences epochs
+// (doc.go, "Epochs"). Like listenMagic, its first byte is no UCX worker
+// address's format version.
+var accessMagic = []byte("KVSW")
+
+// fencesEpochs says whether addr is an access point's, whose receiver
+// fences epochs: a listener's address (access points of WriteMessages
+// only), or a worker address with accessMagic.
+func fencesEpochs(addr []byte) bool {
+	return isListenAddr(addr) || bytes.HasPrefix(addr, accessMagic)
+}
+
 // decodeListenAddr parses and checks a listener's address from a peer: its
 // exact length, a unicast IP and a port that is not 0.
 func decodeListenAddr(addr []byte) (netip.Addr, uint16, error) {

@@ -230,6 +230,11 @@ type Transport struct {
 	free      []*batch // batches ready for reuse
 	nextBatch uint64
 	reqs      []*C.kvs_req_t // every batch record, freed after the worker
+	// epochs counts, per address this transport connects to, the
+	// endpoints to it that broke (doc.go, "Epochs"). An entry goes with
+	// its last endpoint unless one broke: the receiver's fence outlives
+	// the endpoints.
+	epochs map[string]*epochs
 
 	// Owned by the progress goroutine.
 	spare    []item
@@ -303,6 +308,7 @@ func New(opts Options) (*Transport, error) {
 		eps:      map[uint64]*Endpoint{},
 		evbuf:    make([]C.kvs_event_t, 256),
 		accesses: map[*access]struct{}{},
+		epochs:   map[string]*epochs{},
 	}
 	t.tls = opts.tls()
 	if opts.AccessConnect < AccessAuto || opts.AccessConnect > AccessWorkerAddress {
@@ -605,6 +611,7 @@ func (t *Transport) pollOnce(buf []C.kvs_event_t) bool {
 		// An event was lost: some batch would never complete. Fail
 		// closed: tear every endpoint down.
 		for _, e := range t.eps {
+			t.broke(e) // forced closed with writes possibly in flight
 			t.startClose(e, errors.New("ucx: out of memory queueing a completion"), true)
 		}
 	}
@@ -618,18 +625,33 @@ func (t *Transport) handle(id, aux uint64, kind int, st C.ucs_status_t) {
 		if b := t.inFlight(id); b != nil {
 			t.flushDone(b, st)
 		} // else already failed by its endpoint's teardown
-	case C.KVS_EV_ACK:
+	case C.KVS_EV_ACK, C.KVS_EV_ACK_FENCED:
 		// Only the peer the FLUSH went to can answer it: a tag that names
 		// no batch in flight, or an answer that came back on another
 		// endpoint, completes nothing.
 		if b := t.inFlight(id); b != nil && b.needAck && !b.acked && aux == uint64(uintptr(unsafe.Pointer(b.ep.rec.ep))) {
+			if kind == C.KVS_EV_ACK_FENCED {
+				b.ep.epochs.fenced.Store(true)
+			}
 			t.ackDone(b, st)
+		}
+	case C.KVS_EV_FENCE:
+		// A stale refusal says where the receiver's fence is: epochs
+		// counted by another sender to the same access point (several
+		// transports of one peer) raised it. Later groups carry at least
+		// that epoch, so a re-send is not refused again.
+		if b := t.inFlight(id); b != nil && b.needAck && !b.acked && aux == uint64(uintptr(unsafe.Pointer(b.ep.rec.ep))) {
+			b.ep.epochs.atLeast(uint32(st))
 		}
 	case C.KVS_EV_EP_ERROR:
 		// UCX requires a failed endpoint to be closed, and there is
 		// nothing to drain.
-		if e := t.eps[id]; e != nil {
-			t.startClose(e, statusErr(st, "ucx: endpoint %d failed", id), true)
+		if e := t.eps[id]; e != nil && st == C.UCS_ERR_REJECTED {
+			// The access point's listener refused the connection
+			// (revoked, or at its limit): nothing of it was applied.
+			t.startClose(e, statusErr(st, "ucx: endpoint %d: the peer refused the connection", id), true)
+		} else if e != nil {
+			t.endpointFailed(e, statusErr(st, "ucx: endpoint %d failed", id))
 		}
 	case C.KVS_EV_EP_DRAINED:
 		if e := t.eps[id]; e != nil && e.lstate == epDraining {
@@ -643,15 +665,26 @@ func (t *Transport) handle(id, aux uint64, kind int, st C.ucs_status_t) {
 	}
 }
 
+// endpointFailed closes e, whose connection failed, and counts it in its
+// address's epochs (broke).
+func (t *Transport) endpointFailed(e *Endpoint, reason error) {
+	t.broke(e)
+	t.startClose(e, reason, true)
+}
+
 // complete reports a batch. A batch whose flush may still call back keeps
 // its C record out of reuse (reusable false).
 func (t *Transport) complete(b *batch, err error, reusable bool) {
 	if err != nil && b.ep != nil && errors.Is(b.ep.closeErr, rdma.ErrNotQuiesced) {
 		// Failed by a forced close after the drain timed out (its flush
-		// cancelled, or the endpoint released): its writes may still
-		// land, and whoever owns its destination must hear that, not
-		// only the caller of Close (another chunk may have closed it).
-		err = errors.Mark(errors.Wrap(err, "forced closed after the drain timed out, its writes may still land"), rdma.ErrNotQuiesced)
+		// cancelled, or the endpoint released), or on a connection that
+		// broke: its writes may still land, and whoever owns its
+		// destination must hear that, not only the caller of Close
+		// (another chunk may have closed it).
+		err = errors.Mark(errors.Wrapf(err, "%v", b.ep.closeErr), rdma.ErrNotQuiesced)
+		if errors.Is(b.ep.closeErr, rdma.ErrFenced) {
+			err = errors.Mark(err, rdma.ErrFenced)
+		}
 	}
 	done := b.done
 	b.done, b.ep = nil, nil
