@@ -749,10 +749,11 @@ func (r *relEngine) check(sc *relScenario, out *relOutcome) {
 		st.faults[k]++
 	}
 	st.scenarios++
-	endpointBroke := false
+	endpointBroke, connBroke := false, false
 	for _, kinds := range touched {
 		for _, k := range kinds {
 			endpointBroke = endpointBroke || k == fPeerVanishes
+			connBroke = connBroke || k == fBrokenEP
 		}
 	}
 	for _, rm := range rooms {
@@ -794,14 +795,16 @@ func (r *relEngine) check(sc *relScenario, out *relOutcome) {
 						n, rm.room, i, rm.mode, len(rm.peerRefs), res.Err, stalled.Round(time.Millisecond), describe(touched)))
 				}
 			case messages.Succeeded:
-				// A batch whose completion was lost, on an endpoint that a
-				// broken connection's resume then closed, fails as broken
-				// with it and is re-sent: the chunk succeeds once the
-				// re-sent writes landed (its bytes are checked below).
-				resumedPast := endpointBroke && res.Stats.Resent > 0
+				// A batch whose completion was lost or delayed, on an
+				// endpoint that a broken connection's resume then closed,
+				// fails as broken with it and is re-sent: the chunk
+				// succeeds once the re-sent writes landed (its bytes are
+				// checked below).
+				resumedPast := connBroke && res.Stats.Resent > 0
 				if mustFail && !resumedPast {
 					st.missedFailures++
-					st.problems = append(st.problems, fmt.Sprintf("scenario %d room %d chunk %d: SUCCESS although touched by %v", n, rm.room, i, touched[chunkRef{rm.room, i}]))
+					st.problems = append(st.problems, fmt.Sprintf("scenario %d room %d chunk %d: SUCCESS although touched by %v (%d Works re-sent; a connection broke in the scenario: %v)",
+						n, rm.room, i, touched[chunkRef{rm.room, i}], res.Stats.Resent, connBroke))
 				}
 				if !r.bytesEqual(rm, i) {
 					st.corrupt++
