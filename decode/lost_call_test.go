@@ -1,12 +1,8 @@
 package decode_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
-	"os"
-	"os/exec"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -24,15 +20,7 @@ import (
 // at the end of its call timeout (a minute here): a prefill whose decode
 // was killed mid-call fails its chunks within the loss's bound.
 func TestCallEndsWhenTheDecodeIsLost(t *testing.T) {
-	dec := exec.Command(os.Args[0], "-test.run=^$")
-	dec.Env = append(os.Environ(), roleEnv+"=decode")
-	dec.Stderr = os.Stderr
-	out, err := dec.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, dec.Start())
-	t.Cleanup(func() { _ = dec.Process.Kill(); _ = dec.Wait() })
-	addr, err := bufio.NewReader(out).ReadString('\n')
-	require.NoError(t, err, "the decode process printed no address")
+	dec, addr, _ := startDecodeRole(t, "decode")
 
 	hb := decode.HeartbeatWithin(1400 * time.Millisecond)
 	node, err := decode.ListenConfig(decode.NodeConfig{Listen: "127.0.0.1:0", Heartbeat: hb})
@@ -40,7 +28,7 @@ func TestCallEndsWhenTheDecodeIsLost(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	defer func() { require.NoError(t, node.Close(ctx)) }()
-	c, err := decode.Dial(ctx, node, decode.DialConfig{Decode: strings.TrimSpace(addr), Buffers: prefillLayout(itemLen), PageSize: 4,
+	c, err := decode.Dial(ctx, node, decode.DialConfig{Decode: addr, Buffers: prefillLayout(itemLen), PageSize: 4,
 		CallTimeout: time.Minute})
 	require.NoError(t, err)
 	lost := make(chan struct{})

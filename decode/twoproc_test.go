@@ -171,21 +171,9 @@ func TestSessionAcrossProcesses(t *testing.T) {
 		{"vanish", "prefill lost"},
 	} {
 		t.Run(tc.prefill, func(t *testing.T) {
-			dec := exec.Command(os.Args[0], "-test.run=^$")
-			dec.Env = append(os.Environ(), roleEnv+"=decode")
-			dec.Stderr = os.Stderr
-			out, err := dec.StdoutPipe()
-			require.NoError(t, err)
-			require.NoError(t, dec.Start())
-			t.Cleanup(func() { _ = dec.Process.Kill() })
-			lines := bufio.NewReader(out)
-			addr, err := lines.ReadString('\n')
-			require.NoError(t, err, "the decode process printed no address")
+			dec, addr, lines := startDecodeRole(t, "decode")
 
-			pre := exec.Command(os.Args[0], "-test.run=^$")
-			pre.Env = append(os.Environ(), roleEnv+"="+tc.prefill+" "+strings.TrimSpace(addr))
-			pre.Stdout, pre.Stderr = os.Stderr, os.Stderr
-			require.NoError(t, pre.Run(), "the prefill process failed (its stderr above)")
+			runPrefillProcess(t, tc.prefill+" "+addr)
 			verdict, err := lines.ReadString('\n')
 			require.NoError(t, err, "the decode process printed no verdict (its stderr above)")
 			require.Equal(t, tc.want, strings.TrimSpace(verdict))
@@ -236,15 +224,7 @@ func TestTLSSessionAcrossProcesses(t *testing.T) {
 // session: its connections stay open, so only the heartbeats can tell, and
 // the prefill's client reports it lost (ErrDecodeLost) within the bound.
 func TestHeartbeatsFindStoppedDecode(t *testing.T) {
-	dec := exec.Command(os.Args[0], "-test.run=^$")
-	dec.Env = append(os.Environ(), roleEnv+"=decode")
-	dec.Stderr = os.Stderr
-	out, err := dec.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, dec.Start())
-	t.Cleanup(func() { _ = dec.Process.Kill(); _ = dec.Wait() })
-	addr, err := bufio.NewReader(out).ReadString('\n')
-	require.NoError(t, err, "the decode process printed no address")
+	dec, addr, _ := startDecodeRole(t, "decode")
 
 	hb := decode.HeartbeatWithin(1400 * time.Millisecond)
 	node, err := decode.ListenConfig(decode.NodeConfig{Listen: "127.0.0.1:0", Heartbeat: hb})
@@ -252,7 +232,7 @@ func TestHeartbeatsFindStoppedDecode(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	defer func() { require.NoError(t, node.Close(ctx)) }()
-	c, err := decode.Dial(ctx, node, decode.DialConfig{Decode: strings.TrimSpace(addr), Buffers: prefillLayout(itemLen), PageSize: 4})
+	c, err := decode.Dial(ctx, node, decode.DialConfig{Decode: addr, Buffers: prefillLayout(itemLen), PageSize: 4})
 	require.NoError(t, err)
 	lost := make(chan error, 1)
 	c.OnLost(func(err error) { lost <- err })
@@ -372,23 +352,39 @@ func runCancelPrefillRole(addr string) error {
 // another room, and the session is complete (a cancel is no failure of
 // the prefill's).
 func TestCancelAcrossProcesses(t *testing.T) {
-	dec := exec.Command(os.Args[0], "-test.run=^$")
-	dec.Env = append(os.Environ(), roleEnv+"=cancel-decode")
-	dec.Stderr = os.Stderr
-	out, err := dec.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, dec.Start())
-	t.Cleanup(func() { _ = dec.Process.Kill() })
-	lines := bufio.NewReader(out)
-	addr, err := lines.ReadString('\n')
-	require.NoError(t, err, "the decode process printed no address")
+	dec, addr, lines := startDecodeRole(t, "cancel-decode")
 
-	pre := exec.Command(os.Args[0], "-test.run=^$")
-	pre.Env = append(os.Environ(), roleEnv+"=cancel-prefill "+strings.TrimSpace(addr))
-	pre.Stdout, pre.Stderr = os.Stderr, os.Stderr
-	require.NoError(t, pre.Run(), "the prefill process failed (its stderr above)")
+	runPrefillProcess(t, "cancel-prefill "+addr)
 	verdict, err := lines.ReadString('\n')
 	require.NoError(t, err, "the decode process printed no verdict (its stderr above)")
 	require.Equal(t, "room cancelled, pages free, session complete", strings.TrimSpace(verdict))
 	require.NoError(t, dec.Wait(), "the decode process did not end cleanly (its stderr above)")
+}
+
+// startDecodeRole starts this test binary as a decode process in role
+// (roleEnv): it returns the process, the address it printed first, and the
+// rest of its output. The process is killed at the test's end.
+func startDecodeRole(t *testing.T, role string) (*exec.Cmd, string, *bufio.Reader) {
+	t.Helper()
+	dec := exec.Command(os.Args[0], "-test.run=^$")
+	dec.Env = append(os.Environ(), roleEnv+"="+role)
+	dec.Stderr = os.Stderr
+	out, err := dec.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, dec.Start())
+	t.Cleanup(func() { _ = dec.Process.Kill(); _ = dec.Wait() })
+	lines := bufio.NewReader(out)
+	addr, err := lines.ReadString('\n')
+	require.NoError(t, err, "the decode process printed no address")
+	return dec, strings.TrimSpace(addr), lines
+}
+
+// runPrefillProcess runs this test binary as a prefill process in role
+// (roleEnv, its arguments included) to its end.
+func runPrefillProcess(t *testing.T, role string) {
+	t.Helper()
+	pre := exec.Command(os.Args[0], "-test.run=^$")
+	pre.Env = append(os.Environ(), roleEnv+"="+role)
+	pre.Stdout, pre.Stderr = os.Stderr, os.Stderr
+	require.NoError(t, pre.Run(), "the prefill process failed (its stderr above)")
 }

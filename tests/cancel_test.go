@@ -9,8 +9,6 @@ import (
 
 	"github.com/kvstream/kvstream/decode"
 	"github.com/kvstream/kvstream/hw/cuda/sim"
-	"github.com/kvstream/kvstream/hw/hostmem"
-	"github.com/kvstream/kvstream/hw/rdma/loopback"
 	"github.com/kvstream/kvstream/system"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -27,34 +25,10 @@ import (
 // cancel was not posted. The cancel's latency is logged: the bound is one
 // group's transfer plus a round trip.
 func TestDecodeCancelMidTransfer(t *testing.T) {
-	const layers, itemLen, pages = 2, 256, 8
+	const layers, itemLen, pages = pairLayers, pairItemLen, pairPages
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	fabric := loopback.NewFabric(loopback.Options{})
-	node, err := decode.Listen("127.0.0.1:0", nil)
-	require.NoError(t, err)
-	defer node.Close(ctx)
-	decodeTr, err := fabric.NewTransport("decode")
-	require.NoError(t, err)
-	defer decodeTr.Close()
-	dpool, err := hostmem.Alloc(layers * itemLen * pages)
-	require.NoError(t, err)
-	defer dpool.Free()
-	srv, err := decode.New(node, decodeTr, decode.Config{Buffers: []decode.Buffer{
-		{Name: "KV0", Base: dpool.Addr, ItemLen: itemLen, Pages: pages},
-		{Name: "KV1", Base: dpool.Addr + itemLen*pages, ItemLen: itemLen, Pages: pages},
-	}})
-	require.NoError(t, err)
-	defer srv.Close(ctx)
-	dst := []int{5, 2}
-	require.NoError(t, srv.Expect(1, dst))
-
-	prefillTr, err := fabric.NewTransport("prefill")
-	require.NoError(t, err)
-	defer prefillTr.Close()
-	ppool, err := hostmem.Alloc(layers * itemLen * pages)
-	require.NoError(t, err)
-	defer ppool.Free()
+	node, srv, dpool, prefillTr, ppool, dst := newLoopbackPair(t)
 	for i := range ppool.Bytes {
 		ppool.Bytes[i] = 0xab
 	}
@@ -103,34 +77,10 @@ func TestDecodeCancelMidTransfer(t *testing.T) {
 // writes the pages the other room now holds; the serving stack hears of
 // the cancel (WithRoomCancelled).
 func TestDecodeCancelBetweenChunks(t *testing.T) {
-	const layers, itemLen, pages = 2, 256, 8
+	const layers, itemLen, pages = pairLayers, pairItemLen, pairPages
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	fabric := loopback.NewFabric(loopback.Options{})
-	node, err := decode.Listen("127.0.0.1:0", nil)
-	require.NoError(t, err)
-	defer node.Close(ctx)
-	decodeTr, err := fabric.NewTransport("decode")
-	require.NoError(t, err)
-	defer decodeTr.Close()
-	dpool, err := hostmem.Alloc(layers * itemLen * pages)
-	require.NoError(t, err)
-	defer dpool.Free()
-	srv, err := decode.New(node, decodeTr, decode.Config{Buffers: []decode.Buffer{
-		{Name: "KV0", Base: dpool.Addr, ItemLen: itemLen, Pages: pages},
-		{Name: "KV1", Base: dpool.Addr + itemLen*pages, ItemLen: itemLen, Pages: pages},
-	}})
-	require.NoError(t, err)
-	defer srv.Close(ctx)
-	dst := []int{5, 2}
-	require.NoError(t, srv.Expect(1, dst))
-
-	prefillTr, err := fabric.NewTransport("prefill")
-	require.NoError(t, err)
-	defer prefillTr.Close()
-	ppool, err := hostmem.Alloc(layers * itemLen * pages)
-	require.NoError(t, err)
-	defer ppool.Free()
+	node, srv, dpool, prefillTr, ppool, dst := newLoopbackPair(t)
 	for i := range ppool.Bytes {
 		ppool.Bytes[i] = 0xab
 	}

@@ -10,8 +10,6 @@ import (
 
 	"github.com/kvstream/kvstream/decode"
 	"github.com/kvstream/kvstream/hw/cuda/sim"
-	"github.com/kvstream/kvstream/hw/hostmem"
-	"github.com/kvstream/kvstream/hw/rdma/loopback"
 	"github.com/kvstream/kvstream/lab/replay"
 	"github.com/kvstream/kvstream/system"
 	"github.com/kvstream/kvstream/trace"
@@ -25,36 +23,12 @@ import (
 // entry point kvstream replay calls replays each through its own cores:
 // no divergence, the room complete on both sides.
 func TestTraceBothSidesInOneProcess(t *testing.T) {
-	const layers, itemLen, pages = 2, 256, 8
+	const layers, itemLen, pages = pairLayers, pairItemLen, pairPages
 	path := filepath.Join(t.TempDir(), "incident.jsonl")
 	t.Setenv(system.EnvTrace, path)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	fabric := loopback.NewFabric(loopback.Options{})
-	node, err := decode.Listen("127.0.0.1:0", nil)
-	require.NoError(t, err)
-	defer node.Close(ctx)
-	decodeTr, err := fabric.NewTransport("decode")
-	require.NoError(t, err)
-	defer decodeTr.Close()
-	dpool, err := hostmem.Alloc(layers * itemLen * pages)
-	require.NoError(t, err)
-	defer dpool.Free()
-	srv, err := decode.New(node, decodeTr, decode.Config{Buffers: []decode.Buffer{
-		{Name: "KV0", Base: dpool.Addr, ItemLen: itemLen, Pages: pages},
-		{Name: "KV1", Base: dpool.Addr + itemLen*pages, ItemLen: itemLen, Pages: pages},
-	}})
-	require.NoError(t, err)
-	defer srv.Close(ctx)
-	dst := []int{5, 2}
-	require.NoError(t, srv.Expect(1, dst))
-
-	prefillTr, err := fabric.NewTransport("prefill")
-	require.NoError(t, err)
-	defer prefillTr.Close()
-	ppool, err := hostmem.Alloc(layers * itemLen * pages)
-	require.NoError(t, err)
-	defer ppool.Free()
+	node, srv, _, prefillTr, ppool, dst := newLoopbackPair(t)
 	gpu := sim.New(sim.Options{})
 	defer gpu.Close()
 	cfg := system.Config{Buffers: system.MLABuffers([]uint64{ppool.Addr, ppool.Addr + itemLen*pages}, itemLen, pages), HookLayers: layers, PageSize: 16}
