@@ -7,6 +7,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/hw/rdma"
+	"github.com/kvstream/kvstream/internal/stderrs"
 	"github.com/kvstream/kvstream/messages"
 	"github.com/kvstream/kvstream/trace"
 	"go.uber.org/zap"
@@ -69,7 +70,7 @@ func (a *chunkActor) perform(ctx actor.Context, e Effect) {
 		eps, err := a.job.teardown()
 		if len(eps) > 0 {
 			a.env.Log.Warn("tore down endpoints with writes in flight",
-				zap.Uint64("room", a.job.ID().Room), zap.Int("chunk", a.job.ID().Start), zap.Int("endpoints", len(eps)), zap.Error(err))
+				zap.Uint64("room", a.job.ID().Room), zap.Int("chunk", a.job.ID().Start), zap.Int("endpoints", len(eps)), stderrs.WarnField(err))
 		}
 		ctx.Send(ctx.Self(), &messages.TornDown{Err: err})
 	case Resend:
@@ -117,7 +118,7 @@ func (a *chunkActor) resend(ctx actor.Context, e Resend) {
 		}
 		if err != nil && !fenced(err) {
 			env.Log.Warn("cannot resume a broken batch", zap.Uint64("room", job.ID().Room), zap.Int("chunk", job.ID().Start),
-				zap.Int("group", e.Seq), zap.Int("destination", e.Dest), zap.Error(err))
+				zap.Int("group", e.Seq), zap.Int("destination", e.Dest), stderrs.WarnField(err))
 		}
 		root.Send(self, &messages.Quiesced{Seq: e.Seq, Dest: e.Dest, Err: err})
 	}()
@@ -166,7 +167,7 @@ func (a *chunkActor) log(r messages.Result) {
 		fields = append(fields, zap.Int("resent", r.Stats.Resent))
 	}
 	if r.Err != nil {
-		fields = append(fields, zap.Error(r.Err))
+		fields = append(fields, stderrs.WarnField(r.Err)) // logged at WARN
 	}
 	ce.Write(fields...)
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cp"
 	"github.com/kvstream/kvstream/hw/rdma"
+	"github.com/kvstream/kvstream/internal/stderrs"
 	"github.com/kvstream/kvstream/messages"
 	"github.com/kvstream/kvstream/plan"
 	"github.com/kvstream/kvstream/trace"
@@ -62,14 +63,14 @@ func SpawnSubmitters(env *Env, cfg PoolConfig) (routerPID, supervisor *actor.PID
 		case endpointFailure:
 			env.Restarts.Add(1)
 			env.Observer.Restarted("endpoint")
-			env.Log.Warn("submitter restarting with fresh endpoints", zap.String("peer", r.peer), zap.Error(r.err))
+			env.Log.Warn("submitter restarting with fresh endpoints", zap.String("peer", r.peer), stderrs.WarnField(r.err))
 		case deviceFailure:
 			if cfg.OnDeviceLost != nil {
 				cfg.OnDeviceLost(r.err)
 			}
 			env.Restarts.Add(1)
 			env.Observer.Restarted("device")
-			env.Log.Warn("submitter met a lost device; restarting, engine marked unhealthy", zap.Error(r.err))
+			env.Log.Warn("submitter met a lost device; restarting, engine marked unhealthy", stderrs.WarnField(r.err))
 		default:
 			env.Restarts.Add(1)
 			env.Observer.Restarted("panic")

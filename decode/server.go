@@ -16,6 +16,7 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/decode/internal/core"
 	"github.com/kvstream/kvstream/hw/rdma"
+	"github.com/kvstream/kvstream/internal/stderrs"
 	"github.com/kvstream/kvstream/messages/wire"
 	"github.com/kvstream/kvstream/netsec"
 	"github.com/kvstream/kvstream/plan"
@@ -916,7 +917,7 @@ func (s *Server) Drain(ctx context.Context) error {
 		s.log.Info("decode server drained: no session left", zap.String("server", s.key))
 		return nil
 	case <-ctx.Done():
-		s.log.Warn("decode server drain cut: sessions still open", zap.String("server", s.key), zap.Error(ctx.Err()))
+		s.log.Warn("decode server drain cut: sessions still open", zap.String("server", s.key), stderrs.WarnField(ctx.Err()))
 		return public(errors.Wrap(ctx.Err(), "drain the decode server"))
 	}
 }

@@ -7,9 +7,9 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cp"
+	"github.com/kvstream/kvstream/internal/stderrs"
 	"github.com/kvstream/kvstream/messages"
 	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/zap"
 )
 
 // Metric names, for dashboards, alerts and tools that read a registry (see
@@ -79,7 +79,7 @@ func WithMetrics(reg prometheus.Registerer) Option {
 		o.observers = append(o.observers, newMetricsObserver(fam))
 		o.started = append(o.started, func(e *Engine) {
 			if regErr != nil {
-				e.log.Warn("some kvstream metrics are not exported", zap.Error(regErr))
+				e.log.Warn("some kvstream metrics are not exported", stderrs.WarnField(regErr))
 			}
 			fam.gauges.add(e)
 		})

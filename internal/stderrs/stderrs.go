@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/cockroachdb/errors"
+	"go.uber.org/zap"
 )
 
 // public wraps an error whose classes are cockroachdb marks. The standard
@@ -42,3 +43,15 @@ func (e *public) Format(s fmt.State, verb rune) { errors.FormatError(e, s, verb)
 // SafeFormatError prints nothing of its own: the wrapper is invisible in
 // cockroachdb's formatting and redaction.
 func (e *public) SafeFormatError(errors.Printer) error { return e.cause }
+
+// WarnField is an error for a WARN line: its message only. zap.Error of a
+// cockroachdb error adds its whole cause chain with a stack trace
+// ("errorVerbose", about 2 KB a line), which an operator's log of an
+// expected event (a broken connection, a lost peer) does not need; DEBUG
+// lines keep zap.Error.
+func WarnField(err error) zap.Field {
+	if err == nil {
+		return zap.Skip()
+	}
+	return zap.String("error", err.Error())
+}

@@ -8,6 +8,8 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 var (
@@ -35,4 +37,20 @@ func TestPublicMakesMarksVisibleToTheStandardLibrary(t *testing.T) {
 	assert.Equal(t, errors.GetAllDetails(marked), errors.GetAllDetails(pub))
 	assert.Same(t, pub, Public(pub), "wrapping twice is a no-op")
 	assert.NoError(t, Public(nil))
+}
+
+// TestWarnFieldIsTheMessage: a WARN line carries the error's message under
+// "error" and nothing of its stack (zap.Error of a cockroachdb error would
+// add errorVerbose); a nil error adds no field.
+func TestWarnFieldIsTheMessage(t *testing.T) {
+	core, logs := observer.New(zap.DebugLevel)
+	err := errors.Wrap(errors.New("connection reset"), "room 7 chunk 0")
+	zap.New(core).Warn("chunk transfer failed", WarnField(err), WarnField(nil))
+	require.Equal(t, 1, logs.Len())
+	fields := logs.All()[0].ContextMap()
+	require.Equal(t, map[string]any{"error": "room 7 chunk 0: connection reset"}, fields)
+
+	// What it replaces: zap.Error writes the stack too.
+	zap.New(core).Warn("the same with zap.Error", zap.Error(err))
+	require.Contains(t, logs.All()[1].ContextMap(), "errorVerbose")
 }
