@@ -314,11 +314,13 @@ func New(opts Options) (*Transport, error) {
 	if opts.AccessConnect < AccessAuto || opts.AccessConnect > AccessWorkerAddress {
 		return nil, errors.Mark(errors.Newf("ucx: Options.AccessConnect %d unknown (want AccessAuto, AccessListener or AccessWorkerAddress)", opts.AccessConnect), rdma.ErrEndpointBroken)
 	}
+	// A bad AccessHost is refused whether or not this UCX listens: the
+	// same options must not pass on one release and fail on another.
+	ip, err := accessHost(opts.AccessHost)
+	if err != nil {
+		return nil, errors.Mark(err, rdma.ErrEndpointBroken)
+	}
 	if opts.AccessConnect.listens(opts.Writes, t.tls, ucxVersion()) {
-		ip, err := accessHost(opts.AccessHost)
-		if err != nil {
-			return nil, errors.Mark(err, rdma.ErrEndpointBroken)
-		}
 		t.accessIP = ip
 	}
 	// A peer writes this side's memory itself only through UCX's RMA.
