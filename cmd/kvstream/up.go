@@ -101,15 +101,6 @@ the ranks' link is real.`,
 	return cmd
 }
 
-// workloadFlagNames are the names addWorkloadFlags declares.
-func workloadFlagNames() []string {
-	names := pflag.NewFlagSet("workload", pflag.ContinueOnError)
-	addWorkloadFlags(names, &simFlags{})
-	var out []string
-	names.VisitAll(func(f *pflag.Flag) { out = append(out, f.Name) })
-	return out
-}
-
 func runUp(cmd *cobra.Command, f *upFlags) error {
 	if err := refuseIgnored(cmd); err != nil {
 		return err

@@ -121,3 +121,12 @@ func (f *simFlags) config() (workload.Config, error) {
 	cfg.LinkLatency = time.Duration(f.linkLatencyUs * float64(time.Microsecond))
 	return cfg, nil
 }
+
+// workloadFlagNames are the names addWorkloadFlags declares.
+func workloadFlagNames() []string {
+	names := pflag.NewFlagSet("workload", pflag.ContinueOnError)
+	addWorkloadFlags(names, &simFlags{})
+	var out []string
+	names.VisitAll(func(f *pflag.Flag) { out = append(out, f.Name) })
+	return out
+}
