@@ -2,6 +2,9 @@ package actors
 
 import (
 	"context"
+	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -14,87 +17,181 @@ import (
 	"go.uber.org/zap/zapcore"
 )
 
-// ChunkProps returns the props of a chunk actor for job.
+// ChunkProps returns the props that start the chunk context of job: a
+// hosted chunk (host.go) registered under the spawning room, which its room
+// addresses, watches and stops as a child actor.
 func ChunkProps(env *Env, job *Job) *actor.Props {
-	return actor.PropsFromProducer(func() actor.Actor {
-		return &chunkActor{env: env, job: job, core: NewChunkCore(env.Layout, job.Plan)}
-	}, env.props(actor.WithDispatcher(env.Dispatcher), actor.WithMailbox(actor.Unbounded()))...)
+	return actor.PropsFromFunc(func(actor.Context) {}, actor.WithSpawnFunc(
+		func(sys *actor.ActorSystem, id string, _ *actor.Props, parent actor.SpawnerContext) (*actor.PID, error) {
+			c := &hostedChunk{env: env, job: job, core: NewChunkCore(env.Layout, job.Plan), host: env.hostOf(job.ID()), root: sys.Root}
+			pid, added := sys.ProcessRegistry.Add(c, id)
+			if !added {
+				return pid, actor.ErrNameExists
+			}
+			c.self, c.parent = pid, parent.Self()
+			return pid, nil
+		}))
 }
 
-type chunkActor struct {
-	env        *Env
-	job        *Job
+// hostedChunk is one chunk context: its core and what its shell keeps.
+// Only its host's activation touches the fields below stopped.
+type hostedChunk struct {
+	env          *Env
+	job          *Job
+	host         *chunkHost
+	root         *actor.RootContext
+	self, parent *actor.PID
+	stopped      atomic.Bool
+
+	mu       sync.Mutex
+	watchers []*actor.PID // told when it stops (a StopFuture's watch), under mu
+
 	core       *ChunkCore
-	last       []Effect
 	timers     []*time.Timer
 	stopCancel func() bool // stops watching the Finish caller's context
 }
 
-// TraceIdentity implements trace.Traced.
-func (a *chunkActor) TraceIdentity() (string, string) { return trace.Chunk, trace.ChunkID(a.job.ID()) }
+var _ actor.Process = (*hostedChunk)(nil)
 
-// TraceEffects implements trace.Traced.
-func (a *chunkActor) TraceEffects() []any { return anys(a.last) }
+// SendUserMessage implements actor.Process: the message joins the host's
+// queue.
+func (c *hostedChunk) SendUserMessage(_ *actor.PID, message any) {
+	_, msg, sender := actor.UnwrapEnvelope(message)
+	c.host.push(hostItem{c: c, msg: msg, sender: sender})
+}
 
-func (a *chunkActor) Receive(ctx actor.Context) {
-	a.last = nil
-	switch ctx.Message().(type) {
-	case *actor.Started, *actor.Stopping, *actor.Restarting:
-		return
-	case *actor.Stopped:
-		a.stopTimer()
-		return
-	}
-	a.last = a.core.Step(ctx.Message())
-	for _, e := range a.last {
-		a.perform(ctx, e)
+// SendSystemMessage implements actor.Process: a stop (its room stopping)
+// stops it; a watcher is told when it stops, at once if it stopped
+// already. Nothing else applies to a chunk.
+func (c *hostedChunk) SendSystemMessage(_ *actor.PID, message any) {
+	switch m := message.(type) {
+	case *actor.Stop:
+		c.Stop(c.self)
+	case *actor.Watch:
+		c.mu.Lock()
+		stopped := c.stopped.Load()
+		if !stopped {
+			c.watchers = append(c.watchers, m.Watcher)
+		}
+		c.mu.Unlock()
+		if stopped {
+			c.terminated(m.Watcher)
+		}
+	case *actor.Unwatch:
+		c.mu.Lock()
+		c.watchers = slices.DeleteFunc(c.watchers, func(w *actor.PID) bool { return w.Equal(m.Watcher) })
+		c.mu.Unlock()
 	}
 }
 
-func (a *chunkActor) perform(ctx actor.Context, e Effect) {
+// Stop implements actor.Process: the chunk takes no message from now on,
+// leaves the process registry, and its room (its parent) and watchers
+// hear that it terminated. Its host stops its timers.
+func (c *hostedChunk) Stop(*actor.PID) {
+	c.mu.Lock()
+	if c.stopped.Swap(true) {
+		c.mu.Unlock()
+		return
+	}
+	watchers := c.watchers
+	c.watchers = nil
+	c.mu.Unlock()
+	c.env.System.ProcessRegistry.Remove(c.self)
+	c.host.push(hostItem{c: c, msg: hostStop{}})
+	c.terminated(c.parent)
+	for _, w := range watchers {
+		c.terminated(w)
+	}
+}
+
+// terminated tells to that the chunk stopped, as a stopped actor tells its
+// parent and watchers.
+func (c *hostedChunk) terminated(to *actor.PID) {
+	if p, ok := c.env.System.ProcessRegistry.Get(to); ok && to != nil {
+		p.SendSystemMessage(to, &actor.Terminated{Who: c.self, Why: actor.TerminatedReason_Stopped})
+	}
+}
+
+// handle steps the core with one message and performs its effects; the
+// trace records it as a chunk actor's message when tracing is on.
+func (c *hostedChunk) handle(msg any, sender *actor.PID) {
+	switch msg.(type) {
+	case hostStop:
+		c.stopTimer()
+		return
+	case *actor.PoisonPill: // as an actor's: stop once what came before is handled
+		c.Stop(c.self)
+		return
+	}
+	if c.stopped.Load() {
+		return // as a stopped actor's dead letters
+	}
+	defer c.recoverChunk(msg)
+	if rec := c.env.Trace; rec != nil {
+		from := ""
+		if sender != nil {
+			from = sender.Id
+		}
+		slot := rec.Begin(trace.Chunk, trace.ChunkID(c.job.ID()), from, msg)
+		defer func() { rec.Finish(slot, trace.Effects(anys(c.core.out))) }()
+	}
+	effs := c.core.Step(msg)
+	for _, e := range effs {
+		c.perform(e)
+	}
+}
+
+func (c *hostedChunk) perform(e Effect) {
 	switch e := e.(type) {
 	case Submit:
-		a.env.Queued.Add(1)
-		ctx.Send(a.env.Submitters, &Work{Work: e.Work, Job: a.job, ReplyTo: ctx.Self()})
+		c.env.Queued.Add(1)
+		c.root.Send(c.env.Submitters, &Work{Work: e.Work, Job: c.job, ReplyTo: c.self})
 	case StartTimer:
-		self, root := ctx.Self(), a.env.System.Root
+		self, root := c.self, c.root
 		// A Drop during a Finish arms a second timer: the chunk answers
 		// within whichever bound comes first.
-		a.timers = append(a.timers, time.AfterFunc(e.After, func() { root.Send(self, &messages.Timeout{}) }))
+		c.timers = append(c.timers, time.AfterFunc(e.After, func() { root.Send(self, &messages.Timeout{}) }))
 		if caller := e.Caller; caller != nil {
-			a.stopCancel = context.AfterFunc(caller, func() { root.Send(self, &messages.Cancel{Reason: caller.Err()}) })
+			c.stopCancel = context.AfterFunc(caller, func() { root.Send(self, &messages.Cancel{Reason: caller.Err()}) })
 		}
 	case CancelWork:
-		a.job.closeGate()
+		c.job.closeGate()
 	case Teardown:
-		eps, err := a.job.teardown()
-		if len(eps) > 0 {
-			a.env.Log.Warn("tore down endpoints with writes in flight",
-				zap.Uint64("room", a.job.ID().Room), zap.Int("chunk", a.job.ID().Start), zap.Int("endpoints", len(eps)), stderrs.WarnField(err))
-		}
-		ctx.Send(ctx.Self(), &messages.TornDown{Err: err})
+		// Closed here, so that no post starts after this message; the
+		// endpoints' closes (a UCX close drains for up to its bound) run
+		// off the host, and TornDown reports back.
+		c.job.closeGate()
+		self, root, env, job := c.self, c.root, c.env, c.job
+		go func() {
+			eps, err := job.teardown()
+			if len(eps) > 0 {
+				env.Log.Warn("tore down endpoints with writes in flight",
+					zap.Uint64("room", job.ID().Room), zap.Int("chunk", job.ID().Start), zap.Int("endpoints", len(eps)), stderrs.WarnField(err))
+			}
+			root.Send(self, &messages.TornDown{Err: err})
+		}()
 	case Resend:
-		a.resend(ctx, e)
+		c.resend(e)
 	case AnswerFinish:
 		e.To <- e.Result // buffered by the caller
 	case Stray:
-		a.env.Log.Warn("chunk ignored a "+e.What+" that answers no work it sent (a transport or submitter reporting twice?)",
-			zap.Uint64("room", a.job.ID().Room), zap.Int("chunk", a.job.ID().Start), zap.Int("group", e.Seq), zap.Int("destination", e.Dest))
+		c.env.Log.Warn("chunk ignored a "+e.What+" that answers no work it sent (a transport or submitter reporting twice?)",
+			zap.Uint64("room", c.job.ID().Room), zap.Int("chunk", c.job.ID().Start), zap.Int("group", e.Seq), zap.Int("destination", e.Dest))
 	case ChunkEnded:
-		a.stopTimer()
-		a.job.closeGate()
-		a.env.Registry.ended(e.Result.Chunk)
-		a.env.Observer.Chunk(e.Result)
-		a.log(e.Result)
-		ctx.Send(ctx.Parent(), &messages.ChunkDone{Result: e.Result})
+		c.stopTimer()
+		c.job.closeGate()
+		c.env.Registry.ended(e.Result.Chunk)
+		c.env.Observer.Chunk(e.Result)
+		c.log(e.Result)
+		c.root.Send(c.parent, &messages.ChunkDone{Result: e.Result})
 	}
 }
 
 // resend quiesces the endpoint a broken batch went on, off the chunk's
 // mailbox (a UCX close may drain for up to its bound), and reports
 // Quiesced. The chunk answers nothing before it hears back.
-func (a *chunkActor) resend(ctx actor.Context, e Resend) {
-	self, root, env, job := ctx.Self(), a.env.System.Root, a.env, a.job
+func (c *hostedChunk) resend(e Resend) {
+	self, root, env, job := c.self, c.root, c.env, c.job
 	ep := job.brokenEndpoint(e.Seq, e.Dest)
 	peer := job.Plan.Dests[e.Dest].Peer
 	if ce := env.Log.Check(zap.DebugLevel, "re-sending a broken batch"); ce != nil {
@@ -138,23 +235,23 @@ func quiesce(ep rdma.Endpoint) error {
 	return nil
 }
 
-func (a *chunkActor) stopTimer() {
-	for _, t := range a.timers {
+func (c *hostedChunk) stopTimer() {
+	for _, t := range c.timers {
 		t.Stop()
 	}
-	a.timers = nil
-	if a.stopCancel != nil {
-		a.stopCancel()
-		a.stopCancel = nil
+	c.timers = nil
+	if c.stopCancel != nil {
+		c.stopCancel()
+		c.stopCancel = nil
 	}
 }
 
 // log follows invariant 12: success at DEBUG, failure at WARN with room,
 // chunk and cause; nothing per layer.
-func (a *chunkActor) log(r messages.Result) {
+func (c *hostedChunk) log(r messages.Result) {
 	// Checked before the fields are built: a success at DEBUG is usually
 	// disabled, and this runs between the last landing and Finish's return.
-	ce := a.env.Log.Check(LogLevel(r), logMessage(r))
+	ce := c.env.Log.Check(LogLevel(r), logMessage(r))
 	if ce == nil {
 		return
 	}

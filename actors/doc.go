@@ -3,11 +3,13 @@
 //
 //   - ForwardCore (forward actor, synchronized dispatcher: runs on the forward
 //     loop's goroutine): binds registered chunks to the next forward and fans
-//     a group boundary out to that forward's chunks (above RelayThreshold
-//     chunks, through the relay actors of fanout.go);
+//     a group boundary out to that forward's chunks (one queue entry per
+//     chunk host: fanout.go);
 //   - RoomCore (one room actor per room): the FIFO of chunk contexts, finish
 //     pops the front, drop drains all;
-//   - ChunkCore (one chunk actor per chunk context): dedups groups, counts
+//   - ChunkCore (one hosted chunk per chunk context, a process its room
+//     spawns and stops like an actor, whose messages a chunk host steps:
+//     host.go): dedups groups, counts
 //     enqueued/processed work and posted/completed batches, sends what no
 //     group covered, answers finish once everything landed, fails closed;
 //   - ManagerCore (the root): routes by room and stops idle rooms safely;

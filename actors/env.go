@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"sync"
 	"sync/atomic"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -38,6 +39,9 @@ type Env struct {
 	Queued atomic.Int64
 	// InFlight counts the bytes of batches posted and not yet completed.
 	InFlight atomic.Int64
+
+	hostsOnce  sync.Once
+	chunkHosts []*chunkHost // see hosts
 }
 
 func (e *Env) send(to *actor.PID, msg any) { e.System.Root.Send(to, msg) }

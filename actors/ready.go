@@ -1,102 +1,154 @@
 package actors
 
 import (
+	"context"
 	"reflect"
 	"sync"
 	"time"
 )
 
 // readyHub is the submitters' shared ready queue (the shell around
-// ReadyQueue). Each Work still waits its event on its own goroutine, so
-// that a cancelled chunk's wait ends at once; but the first wait on an
-// event to return queues every Work waiting on that event together, and
-// each submitter, resumed, then posts the most urgent Work queued, not
-// necessarily its own. Without it the Works of one event were posted in
-// the order their wait goroutines happened to wake, and a request with
-// chunks to come could take the link ahead of one whose time to first
-// token was being paid.
+// ReadyQueue) and their event waits. The Works that wait on one event (every
+// chunk's Work of a forward's group, every chunk's rest at the forward's
+// end) share one wait, on one goroutine: the wait's end queues them all
+// together, and each submitter, resumed, then posts the most urgent Work
+// queued, not necessarily its own. Without the shared queue the Works of one
+// event were posted in the order their wait goroutines happened to wake, and
+// a request with chunks to come could take the link ahead of one whose time
+// to first token was being paid; without the shared wait a forward of n
+// chunks started n goroutines per group, on the critical path of its
+// batches. A chunk that stops accepting work (its job's context) leaves the
+// wait at once, queued alone with its context's error, and the wait ends
+// when no Work is left on it. An event that is no map key gets a wait per
+// Work.
 type readyHub struct {
 	mu      sync.Mutex
 	q       ReadyQueue
 	arrived uint64
 	byID    map[uint64]*readyWork
-	waiting map[any][]*readyWork // by event: Works whose wait has not ended
+	waits   map[any]*eventWait // by event: the wait in progress on it
+}
+
+// eventWait is one wait on an event and the Works queued when it ends.
+type eventWait struct {
+	works  []*readyWork
+	cancel context.CancelFunc // ends the wait once no Work is left on it
 }
 
 // readyWork is one Work between its arrival and its post.
 type readyWork struct {
-	w      *Work
-	id     uint64
-	key    any // its event, when usable as a map key
-	begin  time.Time
-	wt     waited
-	queued bool
-	wake   func() // resumes the submitter that received it
+	w       *Work
+	id      uint64
+	ew      *eventWait // the shared wait it is on, until queued
+	begin   time.Time
+	wt      waited
+	queued  bool
+	wake    func()      // resumes the submitter that received it
+	unwatch func() bool // stops watching its job's context
 }
 
 func newReadyHub(fifo bool) *readyHub {
-	return &readyHub{q: ReadyQueue{FIFO: fifo}, byID: map[uint64]*readyWork{}, waiting: map[any][]*readyWork{}}
+	return &readyHub{q: ReadyQueue{FIFO: fifo}, byID: map[uint64]*readyWork{}, waits: map[any]*eventWait{}}
 }
 
-// add registers a Work whose wait begins now; wake resumes its submitter.
+// add registers a Work whose wait begins now and waits its event: on the
+// wait already under way on that event, or on one it starts. wake resumes
+// its submitter once the Work is queued.
 func (h *readyHub) add(w *Work, begin time.Time, wake func()) *readyWork {
+	ev, job := w.Event, w.Job
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	h.arrived++
 	rw := &readyWork{w: w, id: h.arrived, begin: begin, wake: wake}
-	if w.Event != nil && reflect.TypeOf(w.Event).Comparable() {
-		rw.key = w.Event
-		h.waiting[rw.key] = append(h.waiting[rw.key], rw)
+	if ev == nil || !reflect.TypeOf(ev).Comparable() {
+		h.mu.Unlock()
+		go func() { h.ended(rw, ev.Wait(job.Context()), time.Now()) }()
+		return rw
 	}
+	ew := h.waits[ev]
+	if ew == nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		ew = &eventWait{cancel: cancel}
+		h.waits[ev] = ew
+		go func() { h.eventEnded(ev, ew, ev.Wait(ctx), time.Now()) }()
+	}
+	ew.works = append(ew.works, rw)
+	rw.ew = ew
+	// Never called from here: AfterFunc runs f on a goroutine of its own,
+	// which takes h.mu after this returns.
+	rw.unwatch = context.AfterFunc(job.Context(), func() { h.cancelled(rw) })
+	h.mu.Unlock()
 	return rw
 }
 
-// ended is told that rw's own wait returned with err at end. A completed
-// event queues every Work still waiting on it, a failed or cancelled wait
-// only rw; each queued Work's submitter is woken, after the queue holds
-// them all.
-func (h *readyHub) ended(rw *readyWork, err error, end time.Time) {
+// eventEnded queues every Work still on ew, whose wait on ev returned err
+// at end: nil, or the event's failure, which is each Work's. A wait that
+// ended because no Work was left on it queues nothing.
+func (h *readyHub) eventEnded(ev any, ew *eventWait, err error, end time.Time) {
 	h.mu.Lock()
-	if rw.queued { // another wait on the same event queued it
-		h.mu.Unlock()
-		return
+	if h.waits[ev] == ew {
+		delete(h.waits, ev)
 	}
-	batch := []*readyWork{rw}
-	if err == nil && rw.key != nil {
-		batch = h.waiting[rw.key]
-		delete(h.waiting, rw.key)
-	} else if rw.key != nil {
-		h.forget(rw)
-	}
+	batch := ew.works
+	ew.works = nil
 	for _, x := range batch {
-		x.queued = true
-		x.wt = waited{start: x.begin, end: end}
-		if x == rw {
-			x.wt.err = err
-		}
-		h.byID[x.id] = x
-		h.q.Push(x.id, UrgencyOf(x.w, x.id))
+		x.ew = nil
+		h.queue(x, waited{start: x.begin, end: end, err: err})
 	}
 	h.mu.Unlock()
+	ew.cancel()
 	for _, x := range batch {
+		x.unwatch()
 		x.wake()
 	}
 }
 
-// forget takes rw off its event's waiting list. The caller holds h.mu.
-func (h *readyHub) forget(rw *readyWork) {
-	list := h.waiting[rw.key]
-	for i, x := range list {
+// cancelled takes rw, whose job stopped accepting work, off its event's
+// wait and queues it alone with its context's error; the wait ends if no
+// Work is left on it.
+func (h *readyHub) cancelled(rw *readyWork) {
+	h.mu.Lock()
+	ew := rw.ew
+	if rw.queued || ew == nil {
+		h.mu.Unlock()
+		return
+	}
+	for i, x := range ew.works {
 		if x == rw {
-			list = append(list[:i], list[i+1:]...)
+			ew.works = append(ew.works[:i], ew.works[i+1:]...)
 			break
 		}
 	}
-	if len(list) == 0 {
-		delete(h.waiting, rw.key)
-	} else {
-		h.waiting[rw.key] = list
+	rw.ew = nil
+	last := len(ew.works) == 0
+	if last {
+		for k, w := range h.waits {
+			if w == ew {
+				delete(h.waits, k)
+				break
+			}
+		}
 	}
+	h.queue(rw, waited{start: rw.begin, end: time.Now(), err: rw.w.Job.Context().Err()})
+	h.mu.Unlock()
+	if last {
+		ew.cancel()
+	}
+	rw.wake()
+}
+
+// ended queues rw, a Work with a wait of its own that returned err at end.
+func (h *readyHub) ended(rw *readyWork, err error, end time.Time) {
+	h.mu.Lock()
+	h.queue(rw, waited{start: rw.begin, end: end, err: err})
+	h.mu.Unlock()
+	rw.wake()
+}
+
+// queue puts rw in the ready queue. The caller holds h.mu.
+func (h *readyHub) queue(rw *readyWork, wt waited) {
+	rw.queued, rw.wt = true, wt
+	h.byID[rw.id] = rw
+	h.q.Push(rw.id, UrgencyOf(rw.w, rw.id))
 }
 
 // take returns the most urgent queued Work, or nil when none is queued

@@ -10,6 +10,7 @@ import (
 	"github.com/kvstream/kvstream/plan"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 )
 
 // gate is an event the test completes.
@@ -40,26 +41,17 @@ func postOrder(t *testing.T, fifo bool) []uint64 {
 	mid, fin := job(1, 1, false), job(2, 2, true)
 	woken := make(chan struct{}, 8)
 	wake := func() { woken <- struct{}{} }
-	var works []*readyWork
 	for _, x := range []struct {
 		j  *Job
 		ev messages.Event
 	}{{mid, group}, {fin, group}, {mid, end}, {fin, end}} {
-		w := &Work{Work: messages.Work{Chunk: x.j.ID(), Event: x.ev}, Job: x.j}
-		works = append(works, h.add(w, time.Now(), wake))
-	}
-	wait := func(rw *readyWork) {
-		h.ended(rw, rw.w.Event.Wait(context.Background()), time.Now())
+		h.add(&Work{Work: messages.Work{Chunk: x.j.ID(), Event: x.ev}, Job: x.j}, time.Now(), wake)
 	}
 	var order []uint64
 	for _, ev := range []*gate{group, end} {
 		close(ev.done)
-		// Every wait on the event returns; the first queues them all.
-		for _, rw := range works {
-			if rw.w.Event == messages.Event(ev) {
-				wait(rw)
-			}
-		}
+		// The one wait on the event returns and queues both Works; each
+		// wake then takes the most urgent.
 		for range 2 {
 			<-woken
 			rw := h.take()
@@ -84,8 +76,8 @@ func TestReadyHubFIFOIsArrivalOrder(t *testing.T) {
 	assert.Equal(t, []uint64{1, 2, 1, 2}, postOrder(t, true))
 }
 
-// A cancelled wait is queued alone, at once, and leaves the other Works on
-// the event waiting.
+// A cancelled Work is queued alone, at once, and leaves the other Works on
+// the event waiting; once none is left, the event's wait ends.
 func TestReadyHubCancelledWaitAlone(t *testing.T) {
 	h := newReadyHub(false)
 	ev := &gate{make(chan struct{})}
@@ -93,10 +85,9 @@ func TestReadyHubCancelledWaitAlone(t *testing.T) {
 	wake := func() { woken <- struct{}{} }
 	a := NewJob(&plan.Plan{Chunk: messages.Chunk{ChunkKey: messages.ChunkKey{Room: 1}, Serial: 1}})
 	b := NewJob(&plan.Plan{Chunk: messages.Chunk{ChunkKey: messages.ChunkKey{Room: 2}, Serial: 2}})
-	ra := h.add(&Work{Work: messages.Work{Chunk: a.ID(), Event: ev}, Job: a}, time.Now(), wake)
-	rb := h.add(&Work{Work: messages.Work{Chunk: b.ID(), Event: ev}, Job: b}, time.Now(), wake)
+	h.add(&Work{Work: messages.Work{Chunk: a.ID(), Event: ev}, Job: a}, time.Now(), wake)
+	h.add(&Work{Work: messages.Work{Chunk: b.ID(), Event: ev}, Job: b}, time.Now(), wake)
 	a.Release() // cancels a's context
-	h.ended(ra, ev.Wait(a.Context()), time.Now())
 	<-woken
 	got := h.take()
 	require.NotNil(t, got)
@@ -104,10 +95,36 @@ func TestReadyHubCancelledWaitAlone(t *testing.T) {
 	assert.Error(t, got.wt.err)
 	assert.Nil(t, h.take(), "b still waits")
 	close(ev.done)
-	h.ended(rb, ev.Wait(b.Context()), time.Now())
 	<-woken
 	got = h.take()
 	require.NotNil(t, got)
 	assert.Equal(t, uint64(2), got.w.Chunk.Room)
 	assert.NoError(t, got.wt.err)
+	h.mu.Lock()
+	assert.Empty(t, h.waits, "the event's wait ended with its last Work")
+	h.mu.Unlock()
+}
+
+// A wait whose every Work was cancelled ends without the event: a hung
+// kernel keeps no goroutine once its chunks gave up.
+func TestReadyHubWaitEndsWithItsLastWork(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	h := newReadyHub(false)
+	ev := &gate{make(chan struct{})} // never completes
+	woken := make(chan struct{}, 4)
+	wake := func() { woken <- struct{}{} }
+	a := NewJob(&plan.Plan{Chunk: messages.Chunk{ChunkKey: messages.ChunkKey{Room: 1}, Serial: 1}})
+	h.add(&Work{Work: messages.Work{Chunk: a.ID(), Event: ev}, Job: a}, time.Now(), wake)
+	h.mu.Lock()
+	ew := h.waits[messages.Event(ev)]
+	h.mu.Unlock()
+	require.NotNil(t, ew)
+	a.Release()
+	<-woken
+	got := h.take()
+	require.NotNil(t, got)
+	assert.ErrorIs(t, got.wt.err, context.Canceled)
+	h.mu.Lock()
+	assert.Empty(t, h.waits)
+	h.mu.Unlock()
 }

@@ -14,7 +14,7 @@ import (
 // mailbox at that moment (then that sender's goroutine handles it).
 func ForwardProps(env *Env) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor {
-		return &forwardActor{core: NewForwardCore(), fan: fanOut{env: env, relayed: map[uint64]bool{}}}
+		return &forwardActor{core: NewForwardCore(), fan: fanOut{env: env, byHost: map[uint64]*hostedForward{}}}
 	}, env.props(actor.WithDispatcher(actor.NewSynchronizedDispatcher(300)))...)
 }
 

@@ -207,22 +207,18 @@ type waited struct {
 }
 
 // start waits the Work's event without blocking the mailbox: the wait runs
-// on its own goroutine, and when it ends the submitter gets a resume and
-// posts. So one chunk's event (a hung kernel, a wait that only its own
-// timeout ends) never holds up another chunk's work queued on the same
-// submitter; posts stay serialized per submitter. (A plain message to
-// itself rather than a future and ReenterAfter: no future to register and
-// retire per Work, 15% fewer allocations per Work in
-// BenchmarkFinishAfterLanded, and a resume reaches the instance that is
-// current when it arrives, a restarted one with fresh endpoints included.)
+// off it (readyHub: one goroutine per event, shared by the Works on it), and
+// when it ends the submitter gets a resume and posts. So one chunk's event
+// (a hung kernel, a wait that only its own cancellation ends) never holds up
+// another chunk's work queued on the same submitter; posts stay serialized
+// per submitter. (A plain message to itself rather than a future and
+// ReenterAfter: no future to register and retire per Work, 15% fewer
+// allocations per Work in BenchmarkFinishAfterLanded, and a resume reaches
+// the instance that is current when it arrives, a restarted one with fresh
+// endpoints included.)
 func (s *submitter) start(ctx actor.Context, w *Work) {
-	job := w.Job
 	root, self := ctx.ActorSystem().Root, ctx.Self()
-	rw := s.ready.add(w, time.Now(), func() { root.Send(self, resumeMsg) })
-	go func() {
-		err := w.Event.Wait(job.Context())
-		s.ready.ended(rw, err, time.Now())
-	}()
+	s.ready.add(w, time.Now(), func() { root.Send(self, resumeMsg) })
 }
 
 // resume tells a submitter that a Work's wait ended: it posts the most

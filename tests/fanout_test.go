@@ -5,7 +5,6 @@ import (
 	"context"
 	"testing"
 
-	"github.com/kvstream/kvstream/actors"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
 	"github.com/kvstream/kvstream/lab/testbed"
 	"github.com/kvstream/kvstream/system"
@@ -13,15 +12,15 @@ import (
 	"go.uber.org/zap"
 )
 
-// TestRelayedFanOut binds more chunks to one forward than the forward
-// thread fans out to itself (actors.RelayThreshold), so that its group
-// boundaries and its end go through the relays, over two forwards: every
-// chunk must succeed with exactly its source page's bytes on its decode
-// page, and every group must have come as its own boundary before the end
-// (a boundary a relay lost, or delivered after the end, goes with the rest
-// at ForwardEnd; an end it lost leaves Finish to time out).
-func TestRelayedFanOut(t *testing.T) {
-	rooms := 3*actors.RelayThreshold + 5
+// TestHostedFanOut binds many chunks to one forward, spread over every
+// chunk host (actors' host.go), so that each group boundary and the end
+// reach them as one queue entry per host, over two forwards: every chunk
+// must succeed with exactly its source page's bytes on its decode page, and
+// every group must have come as its own boundary before the end (a boundary
+// a host lost, or handled after the end, goes with the rest at ForwardEnd;
+// an end it lost leaves Finish to time out).
+func TestHostedFanOut(t *testing.T) {
+	rooms := 197
 	g := testbed.MLA(9, 64, 2*rooms) // 8 hook layers and one without a hook
 	fab := loopback.NewFabric(loopback.Options{})
 	pre, err := fab.NewTransport("p")

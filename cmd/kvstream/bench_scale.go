@@ -31,12 +31,12 @@ each, K = 8) and fragmentation (the decode pages of a 100k-token chunk, one toke
 of that many consecutive pages). Per point it reports:
 
   layer_end_ns             the forward thread in a LayerEnd that closes no group
-  boundary_ns              the forward thread in a boundary LayerEnd (event record, and the fan-out
-                           to the chunks or, above actors.RelayThreshold chunks, to the relays)
+  boundary_ns              the forward thread in a boundary LayerEnd (event record, and the fan-out:
+                           one queue entry per chunk host)
   boundary_ns_per_context  boundary_ns divided by the rooms bound to the forward
   boundary_cpu_ns_per_context
                            the whole fan-out's CPU time (every thread: the forward thread, the
-                           relays, the chunks taking the message) per room bound
+                           chunk hosts stepping each chunk's core) per room bound
   boundary_allocs          heap allocations per boundary (every goroutine's, until the chunks took it)
   allocs_per_forward       heap allocations from BeginForward to the forward's last batch completed
   bytes_per_room           live heap per room registered and bound (page lists excluded)

@@ -78,12 +78,12 @@ type Row struct {
 	// LayerEndNs is the forward thread's time in a non-boundary LayerEnd.
 	LayerEndNs float64 `json:"layer_end_ns"`
 	// BoundaryNs is the forward thread's time in a boundary LayerEnd with
-	// Rooms chunks bound (event record, fan-out or its hand-off to the
-	// relays); BoundaryNsPerContext is it per chunk bound (the issue's
-	// measure). BoundaryCPUNsPerContext is the whole fan-out's CPU time,
-	// every thread's (the forward thread, the relays, the chunks taking the
-	// message), per chunk bound: what the relays move off the forward
-	// thread is still paid there.
+	// Rooms chunks bound (event record, one queue entry per chunk host);
+	// BoundaryNsPerContext is it per chunk bound (the issue's measure).
+	// BoundaryCPUNsPerContext is the whole fan-out's CPU time, every
+	// thread's (the forward thread, the hosts stepping each chunk's core),
+	// per chunk bound: what the hosts do off the forward thread is still
+	// paid there.
 	BoundaryNs              float64 `json:"boundary_ns"`
 	BoundaryNsPerContext    float64 `json:"boundary_ns_per_context"`
 	BoundaryCPUNsPerContext float64 `json:"boundary_cpu_ns_per_context"`
@@ -308,7 +308,7 @@ func measureEngine(ctx context.Context, p Point, budget time.Duration) (engineFi
 	// times (each chunk acts on the first and ignores the repeats), against
 	// the same forward with no repeat. The forward thread's time is the
 	// repeats' loop; the fan-out's whole cost (CPU time of every thread,
-	// allocations: the relays, the mailboxes, the chunks taking the message)
+	// allocations: the hosts' queues, the chunks taking the message)
 	// is the difference between the two forwards, each run to its last
 	// batch. The least of two of each.
 	n := min(max(boundaryMessages/p.Rooms, 10), 2000)

@@ -1,0 +1,109 @@
+package actors
+
+import (
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/kvstream/kvstream/cp"
+	"github.com/kvstream/kvstream/hw/rdma"
+	"github.com/kvstream/kvstream/messages"
+	"github.com/kvstream/kvstream/plan"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
+)
+
+type quietObserver struct{}
+
+func (quietObserver) Batch(Batch)             {}
+func (quietObserver) Chunk(messages.Result)   {}
+func (quietObserver) Restarted(reason string) {}
+
+// hostedRig is an actor system with an Env, and a parent actor that spawns
+// hosted chunks as a room does and reports what it hears.
+type hostedRig struct {
+	env        *Env
+	parent     *actor.PID
+	spawned    chan *actor.PID
+	terminated chan *actor.PID
+	parentGone bool // the test stopped the parent itself
+}
+
+func newHostedRig(t *testing.T) *hostedRig {
+	l, err := plan.NewLayout([]plan.Buffer{{Name: "KV0", Base: 1 << 20, ItemLen: 64, Pages: 8, Layer: 0}}, []rdma.LocalKey{1}, 1, 1, 16, cp.CP{Size: 1})
+	require.NoError(t, err)
+	sys := actor.NewActorSystem()
+	r := &hostedRig{
+		env:        &Env{System: sys, Log: zap.NewNop(), Layout: l, Registry: NewRegistry(), Dispatcher: NewDispatcher(2), Observer: quietObserver{}},
+		spawned:    make(chan *actor.PID, 8),
+		terminated: make(chan *actor.PID, 8),
+	}
+	r.parent = sys.Root.Spawn(actor.PropsFromFunc(func(ctx actor.Context) {
+		switch m := ctx.Message().(type) {
+		case *Job:
+			r.spawned <- ctx.Spawn(ChunkProps(r.env, m))
+		case *actor.Terminated:
+			r.terminated <- m.Who
+		}
+	}))
+	t.Cleanup(func() {
+		if !r.parentGone {
+			require.NoError(t, sys.Root.StopFuture(r.parent).Wait())
+		}
+		r.env.Dispatcher.Close()
+		sys.Shutdown()
+	})
+	return r
+}
+
+// chunk spawns a hosted chunk of an empty plan (it answers a Finish at
+// once) under the parent.
+func (r *hostedRig) chunk(room uint64) (*actor.PID, *hostedChunk) {
+	r.env.System.Root.Send(r.parent, NewJob(&plan.Plan{Chunk: messages.Chunk{ChunkKey: messages.ChunkKey{Room: room}, Serial: room}}))
+	pid := <-r.spawned
+	return pid, r.env.hostedOf(pid)
+}
+
+// A hosted chunk takes its messages through its host, and stops as an
+// actor does: its parent and a StopFuture's watch hear it terminated, it
+// leaves the registry, and what is sent to it afterwards is dropped.
+func TestHostedChunkLivesAndStopsLikeAnActor(t *testing.T) {
+	before := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, before) }) // after the rig's cleanup
+	r := newHostedRig(t)
+	pid, c := r.chunk(1)
+	require.NotNil(t, c, "the PID names a hosted chunk")
+	reply := make(chan messages.Result, 2)
+	r.env.System.Root.Send(pid, &messages.Finish{Room: 1, Timeout: time.Minute, Reply: reply})
+	res := <-reply
+	assert.Equal(t, messages.Succeeded, res.Status)
+
+	require.NoError(t, r.env.System.Root.StopFuture(pid).Wait(), "the watch of a StopFuture is told")
+	assert.True(t, pid.Equal(<-r.terminated), "the parent is told")
+	assert.Nil(t, r.env.hostedOf(pid), "it left the registry")
+	assert.True(t, c.stopped.Load())
+	// A message after the stop reaches the process through the PID's cached
+	// reference and is dropped: the core never sees it.
+	c.handle(&messages.Finish{Room: 1, Timeout: time.Minute, Reply: reply}, nil)
+	assert.Empty(t, reply)
+}
+
+// A PoisonPill stops it after what was queued before it, and a room (the
+// parent) stopping stops its chunks.
+func TestHostedChunkPoisonAndParentStop(t *testing.T) {
+	r := newHostedRig(t)
+	pid, _ := r.chunk(1)
+	reply := make(chan messages.Result, 1)
+	r.env.System.Root.Send(pid, &messages.Finish{Room: 1, Timeout: time.Minute, Reply: reply})
+	require.NoError(t, r.env.System.Root.PoisonFuture(pid).Wait())
+	assert.Len(t, reply, 1, "the Finish queued before the pill was handled")
+	assert.True(t, pid.Equal(<-r.terminated))
+
+	second, c := r.chunk(2)
+	require.NoError(t, r.env.System.Root.StopFuture(r.parent).Wait(), "the parent's stop waits for its chunk")
+	assert.True(t, c.stopped.Load())
+	assert.Nil(t, r.env.hostedOf(second))
+	r.parentGone = true
+}
