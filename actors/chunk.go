@@ -2,9 +2,6 @@ package actors
 
 import (
 	"context"
-	"slices"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -17,116 +14,49 @@ import (
 	"go.uber.org/zap/zapcore"
 )
 
-// ChunkProps returns the props that start the chunk context of job: a
-// hosted chunk (host.go) registered under the spawning room, which its room
-// addresses, watches and stops as a child actor.
+// ChunkProps returns the props that start the chunk context of job under
+// the actor that spawns it (StartChunk, for an actor context).
 func ChunkProps(env *Env, job *Job) *actor.Props {
-	return actor.PropsFromFunc(func(actor.Context) {}, actor.WithSpawnFunc(
-		func(sys *actor.ActorSystem, id string, _ *actor.Props, parent actor.SpawnerContext) (*actor.PID, error) {
-			c := &hostedChunk{env: env, job: job, core: NewChunkCore(env.Layout, job.Plan), host: env.hostOf(job.ID()), root: sys.Root}
-			pid, added := sys.ProcessRegistry.Add(c, id)
-			if !added {
-				return pid, actor.ErrNameExists
-			}
-			c.self, c.parent = pid, parent.Self()
-			return pid, nil
-		}))
+	return hostedProps(func(id string, parent *actor.PID) (*actor.PID, error) {
+		c := newHostedChunk(env, job)
+		return c.register(env, env.hostOf(job.ID()), c, id, parent)
+	})
 }
 
-// hostedChunk is one chunk context: its core and what its shell keeps.
-// Only its host's activation touches the fields below stopped.
+// StartChunk returns what starts the chunk context of job under its room
+// (messages.AddChunk.Start): a hosted chunk (host.go), which its room
+// addresses and stops as a child and hears terminate.
+func StartChunk(env *Env, job *Job) func(parent *actor.PID) *actor.PID {
+	return func(parent *actor.PID) *actor.PID {
+		c := newHostedChunk(env, job)
+		pid, err := c.register(env, env.hostOf(job.ID()), c, childID(env, parent), parent)
+		if err != nil { // a fresh id cannot exist: the registry's sequence made it
+			env.Log.Error("cannot register a chunk context", zap.Uint64("room", job.ID().Room), zap.Int("chunk", job.ID().Start), zap.Error(err))
+		}
+		return pid
+	}
+}
+
+func newHostedChunk(env *Env, job *Job) *hostedChunk {
+	return &hostedChunk{job: job, core: NewChunkCore(env.Layout, job.Plan)}
+}
+
+// hostedChunk is one chunk context: its core and what its shell keeps,
+// which only its host's activation touches.
 type hostedChunk struct {
-	env          *Env
-	job          *Job
-	host         *chunkHost
-	root         *actor.RootContext
-	self, parent *actor.PID
-	stopped      atomic.Bool
-
-	mu       sync.Mutex
-	watchers []*actor.PID // told when it stops (a StopFuture's watch), under mu
-
+	process
+	job        *Job
 	core       *ChunkCore
 	timers     []*time.Timer
 	stopCancel func() bool // stops watching the Finish caller's context
 }
 
-var _ actor.Process = (*hostedChunk)(nil)
-
-// SendUserMessage implements actor.Process: the message joins the host's
-// queue.
-func (c *hostedChunk) SendUserMessage(_ *actor.PID, message any) {
-	_, msg, sender := actor.UnwrapEnvelope(message)
-	c.host.push(hostItem{c: c, msg: msg, sender: sender})
-}
-
-// SendSystemMessage implements actor.Process: a stop (its room stopping)
-// stops it; a watcher is told when it stops, at once if it stopped
-// already. Nothing else applies to a chunk.
-func (c *hostedChunk) SendSystemMessage(_ *actor.PID, message any) {
-	switch m := message.(type) {
-	case *actor.Stop:
-		c.Stop(c.self)
-	case *actor.Watch:
-		c.mu.Lock()
-		stopped := c.stopped.Load()
-		if !stopped {
-			c.watchers = append(c.watchers, m.Watcher)
-		}
-		c.mu.Unlock()
-		if stopped {
-			c.terminated(m.Watcher)
-		}
-	case *actor.Unwatch:
-		c.mu.Lock()
-		c.watchers = slices.DeleteFunc(c.watchers, func(w *actor.PID) bool { return w.Equal(m.Watcher) })
-		c.mu.Unlock()
-	}
-}
-
-// Stop implements actor.Process: the chunk takes no message from now on,
-// leaves the process registry, and its room (its parent) and watchers
-// hear that it terminated. Its host stops its timers.
-func (c *hostedChunk) Stop(*actor.PID) {
-	c.mu.Lock()
-	if c.stopped.Swap(true) {
-		c.mu.Unlock()
-		return
-	}
-	watchers := c.watchers
-	c.watchers = nil
-	c.mu.Unlock()
-	c.env.System.ProcessRegistry.Remove(c.self)
-	c.host.push(hostItem{c: c, msg: hostStop{}})
-	c.terminated(c.parent)
-	for _, w := range watchers {
-		c.terminated(w)
-	}
-}
-
-// terminated tells to that the chunk stopped, as a stopped actor tells its
-// parent and watchers.
-func (c *hostedChunk) terminated(to *actor.PID) {
-	if p, ok := c.env.System.ProcessRegistry.Get(to); ok && to != nil {
-		p.SendSystemMessage(to, &actor.Terminated{Who: c.self, Why: actor.TerminatedReason_Stopped})
-	}
-}
+// stopping stops its timers: it takes no message any more.
+func (c *hostedChunk) stopping() { c.stopTimer() }
 
 // handle steps the core with one message and performs its effects; the
 // trace records it as a chunk actor's message when tracing is on.
 func (c *hostedChunk) handle(msg any, sender *actor.PID) {
-	switch msg.(type) {
-	case hostStop:
-		c.stopTimer()
-		return
-	case *actor.PoisonPill: // as an actor's: stop once what came before is handled
-		c.Stop(c.self)
-		return
-	}
-	if c.stopped.Load() {
-		return // as a stopped actor's dead letters
-	}
-	defer c.recoverChunk(msg)
 	if rec := c.env.Trace; rec != nil {
 		from := ""
 		if sender != nil {

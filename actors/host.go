@@ -2,7 +2,9 @@ package actors
 
 import (
 	"runtime"
+	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/kvstream/kvstream/messages"
@@ -49,18 +51,14 @@ type chunkHost struct {
 	spare []hostItem // the drained queue, reused (only the activation touches it)
 }
 
-// hostItem is one message for one chunk, or a fan-out: one message for
-// every chunk of to, in order.
+// hostItem is one message for one hosted process, or a fan-out: one
+// message for every chunk of to, in order.
 type hostItem struct {
-	c      *hostedChunk
+	p      *process
 	to     []*hostedChunk
 	msg    any
 	sender *actor.PID
 }
-
-// hostStop asks a host to stop a chunk's timers: Stop may come from any
-// goroutine, the timers belong to the host's.
-type hostStop struct{}
 
 func (h *chunkHost) push(it hostItem) {
 	h.mu.Lock()
@@ -88,12 +86,12 @@ func (h *chunkHost) run() {
 		h.mu.Unlock()
 		for i := range q {
 			it := &q[i]
-			if it.c != nil {
-				it.c.handle(it.msg, it.sender)
+			if it.p != nil {
+				it.p.deliver(it.msg, it.sender)
 				handled++
 			} else {
 				for _, c := range it.to {
-					c.handle(it.msg, nil)
+					c.deliver(it.msg, nil)
 				}
 				handled += len(it.to)
 			}
@@ -102,6 +100,155 @@ func (h *chunkHost) run() {
 		h.spare = q[:0]
 	}
 	h.env.Dispatcher.Schedule(h.run) // still scheduled: pushes schedule nothing
+}
+
+// hosted is what a host runs: a chunk context or a room.
+type hosted interface {
+	// handle handles one message (the process is not stopped).
+	handle(msg any, sender *actor.PID)
+	// stopping releases what the process holds once it stopped: timers,
+	// its children.
+	stopping()
+}
+
+// process is a hosted chunk or room as the actor system sees it: a
+// Process registered under a PID, whose user messages join its host's
+// queue, and which stops as an actor does: once Stop is called it takes no
+// message, then (on its host, in order with its messages) it releases what
+// it holds, leaves the registry, and its parent and watchers hear that it
+// terminated.
+type process struct {
+	env          *Env
+	host         *chunkHost
+	root         *actor.RootContext
+	self, parent *actor.PID
+	owner        hosted
+	stopped      atomic.Bool
+
+	mu       sync.Mutex
+	watchers []*actor.PID // told when it terminates (a StopFuture's watch)
+	gone     bool         // it terminated: a watcher is told at once
+}
+
+var _ actor.Process = (*process)(nil)
+
+// hostStop is the host's part of a Stop: Stop may come from any goroutine,
+// what the process holds belongs to its host's activation.
+type hostStop struct{}
+
+// register makes p, run by owner on host, the process of id under parent.
+func (p *process) register(env *Env, host *chunkHost, owner hosted, id string, parent *actor.PID) (*actor.PID, error) {
+	p.env, p.host, p.root, p.owner, p.parent = env, host, env.System.Root, owner, parent
+	pid, added := env.System.ProcessRegistry.Add(p, id)
+	if !added {
+		return pid, actor.ErrNameExists
+	}
+	p.self = pid
+	return pid, nil
+}
+
+// hostedProps are props whose spawn registers a hosted process with start,
+// under the actor that spawns it.
+func hostedProps(start func(id string, parent *actor.PID) (*actor.PID, error)) *actor.Props {
+	return actor.PropsFromFunc(func(actor.Context) {}, actor.WithSpawnFunc(
+		func(_ *actor.ActorSystem, id string, _ *actor.Props, parent actor.SpawnerContext) (*actor.PID, error) {
+			return start(id, parent.Self())
+		}))
+}
+
+// childID names a child of parent as protoactor names a spawned one.
+func childID(env *Env, parent *actor.PID) string {
+	if parent == nil {
+		return env.System.ProcessRegistry.NextId()
+	}
+	return parent.Id + "/" + env.System.ProcessRegistry.NextId()
+}
+
+// SendUserMessage implements actor.Process: the message joins the host's
+// queue.
+func (p *process) SendUserMessage(_ *actor.PID, message any) {
+	_, msg, sender := actor.UnwrapEnvelope(message)
+	p.host.push(hostItem{p: p, msg: msg, sender: sender})
+}
+
+// SendSystemMessage implements actor.Process: a stop (its parent
+// stopping) stops it; a watcher is told when it terminates, at once if it
+// did already. Nothing else applies.
+func (p *process) SendSystemMessage(_ *actor.PID, message any) {
+	switch m := message.(type) {
+	case *actor.Stop:
+		p.Stop(p.self)
+	case *actor.Watch:
+		p.mu.Lock()
+		gone := p.gone
+		if !gone {
+			p.watchers = append(p.watchers, m.Watcher)
+		}
+		p.mu.Unlock()
+		if gone {
+			p.terminated(m.Watcher)
+		}
+	case *actor.Unwatch:
+		p.mu.Lock()
+		p.watchers = slices.DeleteFunc(p.watchers, func(w *actor.PID) bool { return w.Equal(m.Watcher) })
+		p.mu.Unlock()
+	}
+}
+
+// Stop implements actor.Process: it takes no message from now on; its host
+// finishes the stop.
+func (p *process) Stop(*actor.PID) {
+	if !p.stopped.Swap(true) {
+		p.host.push(hostItem{p: p, msg: hostStop{}})
+	}
+}
+
+// deliver is the host handing p one message.
+func (p *process) deliver(msg any, sender *actor.PID) {
+	switch msg.(type) {
+	case hostStop:
+		p.owner.stopping()
+		p.env.System.ProcessRegistry.Remove(p.self)
+		p.mu.Lock()
+		p.gone = true
+		watchers := p.watchers
+		p.watchers = nil
+		p.mu.Unlock()
+		p.terminated(p.parent)
+		for _, w := range watchers {
+			p.terminated(w)
+		}
+		return
+	case *actor.PoisonPill: // as an actor's: stop once what came before is handled
+		p.Stop(p.self)
+		return
+	}
+	if p.stopped.Load() {
+		return // as a stopped actor's dead letters
+	}
+	defer p.recover(msg)
+	p.owner.handle(msg, sender)
+}
+
+// recover keeps a host alive when a process's step panics (a bug): the
+// process loses that message, logged; a chunk's timer still bounds its
+// Finish.
+func (p *process) recover(msg any) {
+	if r := recover(); r != nil {
+		p.env.Log.Error("a chunk or room panicked handling a message; the message is lost",
+			zap.String("process", p.self.GetId()), zap.String("message", trace.TypeName(msg)), zap.Any("panic", r))
+	}
+}
+
+// terminated tells to that p terminated, as a stopped actor tells its
+// parent and watchers.
+func (p *process) terminated(to *actor.PID) {
+	if to == nil {
+		return
+	}
+	if q, ok := p.env.System.ProcessRegistry.Get(to); ok {
+		q.SendSystemMessage(to, &actor.Terminated{Who: p.self, Why: actor.TerminatedReason_Stopped})
+	}
 }
 
 // hosts returns the engine's chunk hosts, starting them on first use: one
@@ -133,15 +280,9 @@ func (e *Env) hostedOf(pid *actor.PID) *hostedChunk {
 	if !ok {
 		return nil
 	}
-	c, _ := p.(*hostedChunk)
-	return c
-}
-
-// recoverChunk keeps a host alive when a chunk's step panics (a bug): the
-// chunk loses that message, logged, and its timer still bounds its Finish.
-func (c *hostedChunk) recoverChunk(msg any) {
-	if r := recover(); r != nil {
-		c.env.Log.Error("chunk panicked handling a message; the message is lost",
-			zap.Uint64("room", c.job.ID().Room), zap.Int("chunk", c.job.ID().Start), zap.String("message", trace.TypeName(msg)), zap.Any("panic", r))
+	if pp, ok := p.(*process); ok {
+		c, _ := pp.owner.(*hostedChunk)
+		return c
 	}
+	return nil
 }

@@ -73,22 +73,33 @@ func (j *Job) post(seq, dest int, ep rdma.Endpoint, ws []rdma.Write, done func(e
 		return false, nil
 	}
 	err = ep.Post(ws, func(err error) {
-		j.mu.Lock()
-		if j.inflight[ep]--; j.inflight[ep] <= 0 {
-			delete(j.inflight, ep)
-		}
-		j.mu.Unlock()
+		j.completed(ep)
 		done(err)
 	})
 	if err != nil {
 		return false, err
 	}
+	j.posted(seq, dest, ep)
+	return true, nil
+}
+
+// posted records a batch of the Work (seq, dest) in flight on ep. The
+// caller holds j.mu (the gate) across the Post.
+func (j *Job) posted(seq, dest int, ep rdma.Endpoint) {
 	j.inflight[ep]++
 	if j.last == nil {
 		j.last = map[[2]int]rdma.Endpoint{}
 	}
 	j.last[[2]int{seq, dest}] = ep
-	return true, nil
+}
+
+// completed records that one of its batches on ep completed.
+func (j *Job) completed(ep rdma.Endpoint) {
+	j.mu.Lock()
+	if j.inflight[ep]--; j.inflight[ep] <= 0 {
+		delete(j.inflight, ep)
+	}
+	j.mu.Unlock()
 }
 
 // brokenEndpoint returns the endpoint the Work (seq, dest) was last posted

@@ -151,6 +151,36 @@ func (h *readyHub) queue(rw *readyWork, wt waited) {
 	h.q.Push(rw.id, UrgencyOf(rw.w, rw.id))
 }
 
+// takeUpTo appends to buf up to n queued Works, the most urgent first,
+// and returns it.
+func (h *readyHub) takeUpTo(buf []*readyWork, n int) []*readyWork {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for len(buf) < n {
+		id, ok := h.q.Pop()
+		if !ok {
+			break
+		}
+		buf = append(buf, h.byID[id])
+		delete(h.byID, id)
+	}
+	return buf
+}
+
+// requeue puts back Works taken and not served (their submitter is
+// restarting), and wakes their submitters.
+func (h *readyHub) requeue(rws []*readyWork) {
+	h.mu.Lock()
+	for _, rw := range rws {
+		h.byID[rw.id] = rw
+		h.q.Push(rw.id, UrgencyOf(rw.w, rw.id))
+	}
+	h.mu.Unlock()
+	for _, rw := range rws {
+		rw.wake()
+	}
+}
+
 // take returns the most urgent queued Work, or nil when none is queued
 // (every wake has its Work in the queue, so a resumed submitter finds one).
 func (h *readyHub) take() *readyWork {

@@ -86,54 +86,71 @@ func (a *managerActor) Receive(ctx actor.Context) {
 	}
 }
 
+// roomProps are the props of room's actor: a hosted room (host.go), which
+// the manager spawns, addresses and stops as a child and hears terminate;
+// its chunks are its children. A room actor of its own cost a mailbox
+// activation per message, and its stop, once its last chunk ended, several
+// (the stop, the manager's hearing of it): most of the cost of a request's
+// end after its Finish answered, paid while other rooms' last batches were
+// still being posted and answered.
 func roomProps(env *Env, room uint64) *actor.Props {
-	return actor.PropsFromProducer(func() actor.Actor {
-		return &roomActor{env: env, core: NewRoomCore(room), room: room, pids: map[messages.Chunk]*actor.PID{}}
-	}, env.props(actor.WithDispatcher(env.Dispatcher))...)
+	return hostedProps(func(id string, parent *actor.PID) (*actor.PID, error) {
+		r := &hostedRoom{core: NewRoomCore(room), room: room, pids: map[messages.Chunk]*actor.PID{}}
+		hs := env.hosts()
+		return r.register(env, hs[room%uint64(len(hs))], r, id, parent)
+	})
 }
 
-type roomActor struct {
-	env  *Env
+type hostedRoom struct {
+	process
 	core *RoomCore
 	room uint64
 	pids map[messages.Chunk]*actor.PID
-	last []Effect
 }
 
-// TraceIdentity implements trace.Traced.
-func (a *roomActor) TraceIdentity() (string, string) {
-	return trace.Room, strconv.FormatUint(a.room, 10)
+// stopping stops the room's chunks, as an actor's stop stops its children.
+func (a *hostedRoom) stopping() {
+	for c, pid := range a.pids {
+		a.root.Stop(pid)
+		delete(a.pids, c)
+	}
 }
 
-// TraceEffects implements trace.Traced.
-func (a *roomActor) TraceEffects() []any { return anys(a.last) }
-
-func (a *roomActor) Receive(ctx actor.Context) {
-	a.last = a.core.Step(ctx.Message())
-	for _, e := range a.last {
+// handle steps the room's core; the trace records it as a room actor's
+// message when tracing is on.
+func (a *hostedRoom) handle(msg any, sender *actor.PID) {
+	if rec := a.env.Trace; rec != nil {
+		from := ""
+		if sender != nil {
+			from = sender.Id
+		}
+		slot := rec.Begin(trace.Room, strconv.FormatUint(a.room, 10), from, msg)
+		defer func() { rec.Finish(slot, trace.Effects(anys(a.core.out))) }()
+	}
+	for _, e := range a.core.Step(msg) {
 		switch e := e.(type) {
 		case SpawnChunk:
 			c := e.Add.Chunk
-			pid := ctx.Spawn(e.Add.Props)
+			pid := e.Add.Start(a.self)
 			a.pids[c] = pid
 			a.env.Registry.spawned(c, e.Add.PerLayer)
-			ctx.Send(a.env.Forward, &messages.Pending{Chunk: c, PID: pid})
+			a.root.Send(a.env.Forward, &messages.Pending{Chunk: c, PID: pid})
 		case AnswerRegister:
 			e.To <- e.Added
 		case Unqueue:
 			a.env.Registry.unqueued(e.Chunk)
 		case Send:
-			ctx.Send(a.pids[e.To], e.Msg)
+			a.root.Send(a.pids[e.To], e.Msg)
 		case StopChunk:
-			ctx.Stop(a.pids[e.Chunk])
+			a.root.Stop(a.pids[e.Chunk])
 			delete(a.pids, e.Chunk)
-			ctx.Send(a.env.Forward, &messages.Forget{Chunk: e.Chunk})
+			a.root.Send(a.env.Forward, &messages.Forget{Chunk: e.Chunk})
 		case AnswerFinish:
 			e.To <- e.Result
 		case AnswerDrop:
 			e.To <- e.Results
 		case Idle:
-			ctx.Send(a.env.Manager, &messages.RoomIdle{Room: a.room, Seen: e.Seen})
+			a.root.Send(a.env.Manager, &messages.RoomIdle{Room: a.room, Seen: e.Seen})
 		}
 	}
 }

@@ -88,13 +88,16 @@ func SpawnSubmitters(env *Env, cfg PoolConfig) (routerPID, supervisor *actor.PID
 	// submitter that blocks (a first connect, an endpoint's close) holds
 	// only its own: no more mailboxes than workers can be running.
 	disp := NewDispatcher(cfg.Submitters)
+	// Per submitter index, not per instance: a restarted submitter answers
+	// the resumes its predecessor's Works asked for.
+	resuming := make([]atomic.Bool, cfg.Submitters)
 	props := actor.PropsFromFunc(func(ctx actor.Context) {
 		switch ctx.Message().(type) {
 		case *actor.Started:
 			pids := make([]*actor.PID, cfg.Submitters)
 			for i := range pids {
 				pids[i] = ctx.SpawnPrefix(actor.PropsFromProducer(func() actor.Actor {
-					return &submitter{env: env, ready: hub, index: i, conns: map[string]*conn{}}
+					return &submitter{env: env, ready: hub, index: i, resuming: &resuming[i], conns: map[string]*conn{}}
 				}, env.props(actor.WithDispatcher(disp))...), "submitter")
 			}
 			ready <- pids
@@ -133,12 +136,17 @@ func (observe restartAlways) HandleFailure(_ *actor.ActorSystem, sup actor.Super
 // goroutine only: never the forward thread, never the compute stream
 // (invariant 1).
 type submitter struct {
-	env    *Env
-	ready  *readyHub // shared by the pool
-	index  int
-	conns  map[string]*conn
-	blocks []cp.Block
-	writes []rdma.Write
+	env   *Env
+	ready *readyHub // shared by the pool
+	index int
+	// resuming: a resume is on its way to this submitter; the Works that
+	// become ready meanwhile ask for no other (it takes them all).
+	resuming *atomic.Bool
+	conns    map[string]*conn
+	blocks   []cp.Block
+	writes   []rdma.Write
+	taken    []*readyWork // reused by resume
+	serving  []served     // reused by serve
 }
 
 type conn struct {
@@ -217,8 +225,12 @@ type waited struct {
 // the instance that is current when it arrives, a restarted one with fresh
 // endpoints included.)
 func (s *submitter) start(ctx actor.Context, w *Work) {
-	root, self := ctx.ActorSystem().Root, ctx.Self()
-	s.ready.add(w, time.Now(), func() { root.Send(self, resumeMsg) })
+	root, self, resuming := ctx.ActorSystem().Root, ctx.Self(), s.resuming
+	s.ready.add(w, time.Now(), func() {
+		if !resuming.Swap(true) {
+			root.Send(self, resumeMsg)
+		}
+	})
 }
 
 // resume tells a submitter that a Work's wait ended: it posts the most
@@ -231,22 +243,81 @@ func (*resume) Unrecorded() {}
 
 var resumeMsg = &resume{}
 
-// resume posts the most urgent ready Work and answers its chunk.
+// ServeLimit is the most Works a submitter takes from the ready queue at
+// once. The Works that one event makes ready together (a group of every
+// chunk of a forward, every chunk's rest at its end) are served by the
+// submitters that take them, up to this many per take, each posted as its
+// own batch: one resume message per take, not one per Work.
+const ServeLimit = 32
+
+// resumeRounds bounds how many rounds of ServeLimit Works one resume serves
+// before it lets the submitter's mailbox in (a PeerLost, new Works).
+const resumeRounds = 8
+
+// resume serves the ready Works, the most urgent first, whichever
+// submitter received them, until none is ready (or resumeRounds rounds:
+// then it asks for another resume).
 func (s *submitter) resume(ctx actor.Context) {
-	next := s.ready.take()
-	if next == nil {
-		return // cannot happen: each wake queued its Work first
+	s.resuming.Store(false) // before taking: a Work queued from now on asks again
+	for range resumeRounds {
+		s.taken = s.ready.takeUpTo(s.taken[:0], ServeLimit)
+		if len(s.taken) == 0 {
+			return
+		}
+		s.serve(ctx, s.taken)
+		clear(s.taken)
 	}
-	w, wt := next.w, next.wt
-	out, failure := s.work(w, wt)
-	s.env.Queued.Add(-1)
-	if rec := s.env.Trace; rec != nil {
-		rec.Add(trace.Submitter, strconv.Itoa(s.index), "", &trace.Waited{Chunk: trace.ChunkID(w.Chunk), Seq: w.Seq, Dest: w.Dest, Err: errText(wt.err)},
-			trace.Effects([]any{out}))
+	if !s.resuming.Swap(true) {
+		ctx.Send(ctx.Self(), resumeMsg)
 	}
-	// Answer before panicking: a message that panics is lost on restart,
-	// and the chunk must hear about its work.
-	ctx.Send(w.ReplyTo, out)
+}
+
+// served is one Work being served: its core, its answer, its batch record.
+type served struct {
+	w       *Work
+	wt      waited
+	core    *SubmitCore
+	res     *messages.Submitted
+	rec     Batch
+	effs    []Effect
+	failure error
+}
+
+// serve carries out what each Work's SubmitCore decides (carry), each
+// posted as its own batch, and answers each chunk, in order, before a
+// restart or an escalation panics.
+func (s *submitter) serve(ctx actor.Context, ready []*readyWork) {
+	sv := s.serving[:0]
+	var failure error
+	for i, rw := range ready {
+		w := rw.w
+		dest := &w.Job.Plan.Dests[w.Dest]
+		sv = append(sv, served{w: w, wt: rw.wt, core: NewSubmitCore(dest.Peer)})
+		x := &sv[len(sv)-1]
+		x.res = &messages.Submitted{Seq: w.Seq, Dest: w.Dest, WaitStart: rw.wt.start, WaitEnd: rw.wt.end}
+		x.rec = Batch{Chunk: w.Chunk, Seq: w.Seq, Dest: w.Dest, Submitter: s.index, WaitStart: rw.wt.start, WaitEnd: rw.wt.end, EventDone: eventDone(w.Event)}
+		x.effs = x.core.Step(&WaitEnded{Err: rw.wt.err, Cancelled: w.Job.Context().Err() != nil, PeerLost: s.env.Peers.Lost(dest.Peer)})
+		s.carry(x)
+		s.env.Queued.Add(-1)
+		if rec := s.env.Trace; rec != nil {
+			rec.Add(trace.Submitter, strconv.Itoa(s.index), "", &trace.Waited{Chunk: trace.ChunkID(w.Chunk), Seq: w.Seq, Dest: w.Dest, Err: errText(rw.wt.err)},
+				trace.Effects([]any{x.res}))
+		}
+		// Answer before panicking: a message that panics is lost on
+		// restart, and the chunk must hear about its work.
+		ctx.Send(w.ReplyTo, x.res)
+		if failure == nil {
+			failure = x.failure
+		}
+		if failure != nil {
+			// The Works not served yet go back to the queue, for the
+			// restarted submitter (or another) to serve.
+			s.ready.requeue(ready[i+1:])
+			break
+		}
+	}
+	clear(sv)
+	s.serving = sv[:0]
 	if failure != nil {
 		panic(failure)
 	}
@@ -273,34 +344,32 @@ func (s *submitter) closeAll() {
 	}
 }
 
-// work carries out what a SubmitCore decides for one Work whose event wait
-// ended as wt: it connects, posts and disconnects, and returns the answer to
-// the chunk. failure, when not nil, is what the submitter must panic with
-// after answering, for its supervisor to act on.
-func (s *submitter) work(w *Work, wt waited) (res *messages.Submitted, failure error) {
+// carry carries out what x's SubmitCore decides from x.effs on: it
+// connects, posts and disconnects, and fills x.res, the answer to the
+// chunk, and x.failure, what the submitter must panic with after
+// answering, for its supervisor to act on.
+func (s *submitter) carry(x *served) {
+	w := x.w
 	dest := &w.Job.Plan.Dests[w.Dest]
-	res = &messages.Submitted{Seq: w.Seq, Dest: w.Dest, WaitStart: wt.start, WaitEnd: wt.end}
-	rec := Batch{Chunk: w.Chunk, Seq: w.Seq, Dest: w.Dest, Submitter: s.index, WaitStart: res.WaitStart, WaitEnd: res.WaitEnd, EventDone: eventDone(w.Event)}
-	core := NewSubmitCore(dest.Peer)
-	effs := core.Step(&WaitEnded{Err: wt.err, Cancelled: w.Job.Context().Err() != nil, PeerLost: s.env.Peers.Lost(dest.Peer)})
+	effs := x.effs
 	for i := 0; i < len(effs); i++ {
 		switch e := effs[i].(type) {
 		case Disconnect:
 			s.disconnect(e.Peer)
 		case PostBatch: // always the last effect: go on with what its end brings
-			effs, i = core.Step(s.post(w, dest, &rec, res)), -1
+			effs, i = x.core.Step(s.post(w, dest, &x.rec, x.res)), -1
 		case AnswerWork:
-			res.Err = e.Err
+			x.res.Err = e.Err
 			if e.Outcome == WorkPosted {
-				res.Posted, res.Bytes, res.Blocks = true, rec.Bytes, rec.Blocks
+				x.res.Posted, x.res.Bytes, x.res.Blocks = true, x.rec.Bytes, x.rec.Blocks
 			}
 		case Restart:
-			failure = endpointFailure{peer: e.Peer, err: e.Cause}
+			x.failure = endpointFailure{peer: e.Peer, err: e.Cause}
 		case Escalate:
-			failure = deviceFailure{err: e.Cause}
+			x.failure = deviceFailure{err: e.Cause}
 		}
 	}
-	return res, failure
+	x.effs = nil
 }
 
 // post connects to the destination (on first use), builds the Work's

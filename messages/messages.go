@@ -305,8 +305,9 @@ type ChunkDone struct {
 
 // --- Room and manager ---
 
-// AddChunk registers a chunk in its room. Props spawn the chunk actor if the
-// room has no active context with that key.
+// AddChunk registers a chunk in its room. Start starts the chunk's context
+// under its room (the room's PID) and returns its address, if the room has
+// no active context with that key.
 type AddChunk struct {
 	Chunk    Chunk
 	PerLayer bool
@@ -317,7 +318,7 @@ type AddChunk struct {
 	// Peers are the decode peers of its real destinations, which a Drop
 	// scoped to a peer checks.
 	Peers []string `trace:"omitempty"`
-	Props *actor.Props
+	Start func(room *actor.PID) *actor.PID
 	Reply chan<- Added
 }
 

@@ -162,7 +162,7 @@ func (e *Engine) Register(ctx context.Context, spec ChunkSpec) (reg Registration
 	reply := make(chan messages.Added, 1)
 	e.system.Root.Send(e.manager, &messages.AddChunk{
 		Chunk: p.Chunk, PerLayer: p.Mode == cp.PerLayer, Owned: p.Owned, Dests: len(p.Dests),
-		Peers: realPeers(&spec), Props: actors.ChunkProps(e.env, job), Reply: reply,
+		Peers: realPeers(&spec), Start: actors.StartChunk(e.env, job), Reply: reply,
 	})
 	unlock()
 	select {
