@@ -75,6 +75,12 @@ func (a *chunkActor) perform(ctx actor.Context, e Effect) {
 		ctx.Send(ctx.Self(), &messages.TornDown{Err: err})
 	case Resend:
 		a.resend(ctx, e)
+	case WatchBatch:
+		// One timer per batch watched, stopped with the others when the
+		// chunk ends; a watch whose batch completed meanwhile decides
+		// nothing in the core.
+		self, root, m := ctx.Self(), a.env.System.Root, &messages.BatchOverdue{Seq: e.Seq, Dest: e.Dest, Try: e.Try}
+		a.timers = append(a.timers, time.AfterFunc(e.After, func() { root.Send(self, m) }))
 	case AnswerFinish:
 		e.To <- e.Result // buffered by the caller
 	case Stray:

@@ -128,6 +128,16 @@ type Resend struct {
 	Cause     error // how the batch broke, for the log
 }
 
+// WatchBatch asks the chunk shell to deliver BatchOverdue{Seq, Dest, Try}
+// after After: the deadline of the batch of the Work (Seq, Dest) posted as
+// Try. The core ignores a watch whose batch completed, or was re-sent, in
+// time, so the shell need not stop it before the chunk ends (it stops
+// every timer then, as for StartTimer).
+type WatchBatch struct {
+	Seq, Dest, Try int
+	After          time.Duration
+}
+
 // ChunkEnded tells the room that the chunk is over.
 type ChunkEnded struct{ Result messages.Result }
 
@@ -194,6 +204,7 @@ func (StartTimer) effect()     {}
 func (CancelWork) effect()     {}
 func (Teardown) effect()       {}
 func (Resend) effect()         {}
+func (WatchBatch) effect()     {}
 func (ChunkEnded) effect()     {}
 func (AnswerFinish) effect()   {}
 func (PostBatch) effect()      {}
