@@ -19,9 +19,10 @@ var ErrTimeout = errors.New("timeout")
 var ErrCancelled = errors.New("cancelled")
 
 // ResendLimit is how many times a chunk re-sends one Work (a group, or the
-// rest, to one destination) whose batch broke: a transient fault (a reset
-// connection, a queue pair in error) costs a resend, a destination that
-// breaks every batch fails the chunk instead of looping until its timeout.
+// rest, to one destination) whose batch broke or whose completion was
+// overdue: a transient fault (a reset connection, a queue pair in error, a
+// lost completion) costs a resend, a destination that breaks every batch
+// fails the chunk instead of looping until its timeout.
 const ResendLimit = 3
 
 // ResendBackoff is how long the second re-send of a Work waits after the
@@ -41,8 +42,8 @@ func resendWait(n int) time.Duration {
 	return ResendBackoff << (2 * (n - 2))
 }
 
-// ErrResendLimit marks a chunk failed because one of its Works broke more
-// than ResendLimit times.
+// ErrResendLimit marks a chunk failed because one of its Works broke, or
+// was overdue, more than ResendLimit times.
 var ErrResendLimit = errors.New("resend limit reached")
 
 // CompletionDeadline is how long a finishing chunk waits for the
@@ -67,8 +68,11 @@ func TeardownReserve(timeout time.Duration) time.Duration { return min(timeout/1
 // ChunkCore is the functional core of one chunk context. It decides which
 // groups to accept (invariants 4 and 11), what is still owed at the end of
 // the forward or at finish (invariant 3), when the chunk is complete
-// (everything enqueued was processed and every posted batch completed), and
-// how it fails (closed, and quiesced before it answers: invariants 9, 10).
+// (everything enqueued was processed and every posted batch completed), how
+// it resumes a Work whose batch broke or whose completion is overdue once
+// it is finishing (Resend, WatchBatch: the endpoint quiesced, the Work
+// re-sent, at most ResendLimit times), and how it fails (closed, and
+// quiesced before it answers: invariants 9, 10).
 type ChunkCore struct {
 	id       messages.Chunk
 	perLayer bool
@@ -87,8 +91,9 @@ type ChunkCore struct {
 	enqueued, processed int // Work sent / answered by a submitter
 	posted, completed   int // batches posted / completed
 	// work holds, per (seq, destination) of the Work sent, whether it was
-	// sent, answered (Submitted) and completed (BatchDone): a Submitted or
-	// BatchDone that answers nothing sent, or answers it twice, is ignored
+	// sent, answered (Submitted), posted and completed (BatchDone, or
+	// written off when overdue): a Submitted or BatchDone that answers
+	// nothing sent, or answers it twice, is ignored
 	// (Stats.Strays) rather than counted as progress, so that no stray
 	// completion can make the chunk complete before its batches landed.
 	work []uint8

@@ -117,7 +117,8 @@ type CancelWork struct{}
 type Teardown struct{}
 
 // Resend asks the chunk shell to quiesce the endpoint on which the Work
-// (Seq, Dest)'s batch broke (Close it: when Close returns without
+// (Seq, Dest)'s batch broke, or its overdue batch went (the endpoint the
+// Work was last posted on; Close it: when Close returns without
 // rdma.ErrNotQuiesced nothing of it can land any more), to wait After, to
 // check that the destination's peer is not lost, then to deliver
 // Quiesced; the core re-sends the Work on a fresh endpoint when it comes
@@ -125,7 +126,7 @@ type Teardown struct{}
 type Resend struct {
 	Seq, Dest int
 	After     time.Duration
-	Cause     error // how the batch broke, for the log
+	Cause     error // how the batch broke, or that it was overdue, for the log
 }
 
 // WatchBatch asks the chunk shell to deliver BatchOverdue{Seq, Dest, Try}
