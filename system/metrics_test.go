@@ -358,6 +358,7 @@ func TestMetricsCountLostCompletionResumed(t *testing.T) {
 	assert.Equal(t, 1, res.Stats.Overdue)
 	assert.Equal(t, 1.0, counter(t, reg, MetricGroupsResent))
 	assert.Equal(t, 1.0, counter(t, reg, MetricChunksResumed))
+	assert.Equal(t, 1.0, counter(t, reg, MetricBatchesOverdue))
 	assert.Equal(t, 1.0, counter(t, reg, MetricBatches, "result", "failed"), "the resume's Close failed the lost batch")
 	assert.Equal(t, 1.0, counter(t, reg, MetricBatches, "result", "ok"))
 }
