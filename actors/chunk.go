@@ -79,8 +79,10 @@ func (a *chunkActor) perform(ctx actor.Context, e Effect) {
 		// One timer per batch watched, stopped with the others when the
 		// chunk ends; a watch whose batch completed meanwhile decides
 		// nothing in the core.
-		self, root, m := ctx.Self(), a.env.System.Root, &messages.BatchOverdue{Seq: e.Seq, Dest: e.Dest, Try: e.Try}
-		a.timers = append(a.timers, time.AfterFunc(e.After, func() { root.Send(self, m) }))
+		self, root, env := ctx.Self(), a.env.System.Root, a.env
+		a.timers = append(a.timers, time.AfterFunc(e.After, func() {
+			root.Send(self, &messages.BatchOverdue{Seq: e.Seq, Dest: e.Dest, Try: e.Try, InFlight: uint64(max(env.InFlight.Load(), 0))})
+		}))
 	case AnswerFinish:
 		e.To <- e.Result // buffered by the caller
 	case Stray:

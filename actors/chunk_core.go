@@ -59,6 +59,20 @@ func CompletionDeadline(timeout time.Duration) time.Duration {
 	return (timeout - TeardownReserve(timeout)) / 4
 }
 
+// MinHealthyRate is the least rate, in bytes per second, at which a slow
+// but healthy transport drains what is in flight (1 GiB/s: TCP on a 10 Gb/s
+// link; RDMA moves 10 to 50 times that). A batch past its completion
+// deadline while the engine has more in flight than this rate drains
+// within the deadline may be queued behind that traffic: its watch is
+// re-armed for the drain time instead of writing it off.
+const MinHealthyRate = 1 << 30
+
+// drainTime is how long MinHealthyRate takes to drain bytes, at most a
+// day (the input is a message's: bounded, never overflowing).
+func drainTime(bytes uint64) time.Duration {
+	return time.Duration(min(float64(bytes)/MinHealthyRate, 86400) * float64(time.Second))
+}
+
 // TeardownReserve is how much of a finish timeout a chunk keeps for tearing
 // down what is still in flight at its deadline: it gives up at timeout
 // minus this, so that the teardown (immediate on loopback, a bounded drain
@@ -495,13 +509,20 @@ func (c *ChunkCore) watch(i int) {
 // fails closed and tears down what is in flight before it answers. A
 // watch of an earlier post, of a batch that completed or broke, or of a
 // chunk that failed, timed out or was dropped (whose teardown covers the
-// batch) decides nothing.
+// batch) decides nothing; one that fires while the engine has more in
+// flight than MinHealthyRate drains within the deadline is re-armed.
 func (c *ChunkCore) overdue(m *messages.BatchOverdue) {
 	i := c.workIndex(m.Seq, m.Dest)
 	if i < 0 || c.work == nil || m.Try != c.try(i) || c.work[i]&workPosted == 0 || c.work[i]&(workDone|workBroken) != 0 {
 		return
 	}
 	if c.err != nil || c.dropping || c.tearing {
+		return
+	}
+	if wait := drainTime(m.InFlight); wait > c.deadline {
+		// Slow, not lost: a healthy link may still be draining what was
+		// posted ahead of it. Look again once that could have drained.
+		c.out = append(c.out, WatchBatch{Seq: m.Seq, Dest: m.Dest, Try: m.Try, After: wait})
 		return
 	}
 	c.stats.Overdue++

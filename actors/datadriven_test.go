@@ -420,7 +420,8 @@ func (w *world) chunkMsg(t *testing.T, d *datadriven.TestData, c *ddChunk, kind 
 		err := errArg(t, d, "fail")
 		return &messages.BatchDone{Seq: intArg(t, d, "seq", 0), Dest: intArg(t, d, "dest", 0), Err: err, Broken: BrokenEndpoint(err), Try: intArg(t, d, "try", 0)}
 	case "overdue":
-		return &messages.BatchOverdue{Seq: intArg(t, d, "seq", 0), Dest: intArg(t, d, "dest", 0), Try: intArg(t, d, "try", 0)}
+		return &messages.BatchOverdue{Seq: intArg(t, d, "seq", 0), Dest: intArg(t, d, "dest", 0), Try: intArg(t, d, "try", 0),
+			InFlight: uint64(intArg(t, d, "inflight-mib", 0)) << 20}
 	case "cancel":
 		return &messages.Cancel{Reason: context.Canceled}
 	case "timeout":

@@ -130,7 +130,8 @@ type Resend struct {
 }
 
 // WatchBatch asks the chunk shell to deliver BatchOverdue{Seq, Dest, Try}
-// after After: the deadline of the batch of the Work (Seq, Dest) posted as
+// after After, with the engine's bytes in flight at that instant (Env
+// InFlight): the deadline of the batch of the Work (Seq, Dest) posted as
 // Try. The core ignores a watch whose batch completed, or was re-sent, in
 // time, so the shell need not stop it before the chunk ends (it stops
 // every timer then, as for StartTimer).

@@ -264,9 +264,14 @@ type Quiesced struct {
 
 // BatchOverdue tells a chunk that the batch of its Work (Seq, Dest) posted
 // as Try has had no completion within the chunk's completion deadline
-// (the shell's timer of a WatchBatch effect): the chunk treats it as lost.
+// (the shell's timer of a WatchBatch effect): the chunk treats it as lost,
+// unless the transport has more in flight than a slow but healthy link
+// drains within the deadline.
 type BatchOverdue struct {
 	Seq, Dest, Try int
+	// InFlight is the bytes of every chunk's batches posted and not
+	// completed when the timer fired (the engine's, this batch's included).
+	InFlight uint64
 }
 
 // Work asks a submitter to wait Event, then post the blocks of Buffers over

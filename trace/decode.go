@@ -184,7 +184,7 @@ func Decode(rec *Record) (any, error) {
 	case "Quiesced":
 		msg = &messages.Quiesced{Seq: int(num("Seq")), Dest: int(num("Dest")), Err: fl.err("Err")}
 	case "BatchOverdue":
-		msg = &messages.BatchOverdue{Seq: int(num("Seq")), Dest: int(num("Dest")), Try: int(num("Try"))}
+		msg = &messages.BatchOverdue{Seq: int(num("Seq")), Dest: int(num("Dest")), Try: int(num("Try")), InFlight: uint64(num("InFlight"))}
 	case "Cancel":
 		msg = &messages.Cancel{Reason: fl.err("Reason")}
 	default:
