@@ -102,6 +102,14 @@ func (c *hostedChunk) perform(e Effect) {
 		}()
 	case Resend:
 		c.resend(e)
+	case WatchBatch:
+		// One timer per batch watched, stopped with the others when the
+		// chunk ends; a watch whose batch completed meanwhile decides
+		// nothing in the core.
+		self, root, env := c.self, c.root, c.env
+		c.timers = append(c.timers, time.AfterFunc(e.After, func() {
+			root.Send(self, &messages.BatchOverdue{Seq: e.Seq, Dest: e.Dest, Try: e.Try, InFlight: uint64(max(env.InFlight.Load(), 0))})
+		}))
 	case AnswerFinish:
 		e.To <- e.Result // buffered by the caller
 	case Stray:

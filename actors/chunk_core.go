@@ -19,9 +19,10 @@ var ErrTimeout = errors.New("timeout")
 var ErrCancelled = errors.New("cancelled")
 
 // ResendLimit is how many times a chunk re-sends one Work (a group, or the
-// rest, to one destination) whose batch broke: a transient fault (a reset
-// connection, a queue pair in error) costs a resend, a destination that
-// breaks every batch fails the chunk instead of looping until its timeout.
+// rest, to one destination) whose batch broke or whose completion was
+// overdue: a transient fault (a reset connection, a queue pair in error, a
+// lost completion) costs a resend, a destination that breaks every batch
+// fails the chunk instead of looping until its timeout.
 const ResendLimit = 3
 
 // ResendBackoff is how long the second re-send of a Work waits after the
@@ -41,9 +42,36 @@ func resendWait(n int) time.Duration {
 	return ResendBackoff << (2 * (n - 2))
 }
 
-// ErrResendLimit marks a chunk failed because one of its Works broke more
-// than ResendLimit times.
+// ErrResendLimit marks a chunk failed because one of its Works broke, or
+// was overdue, more than ResendLimit times.
 var ErrResendLimit = errors.New("resend limit reached")
+
+// CompletionDeadline is how long a finishing chunk waits for the
+// completion of a batch in flight, from Finish or from its post, whichever
+// came later, before it treats the batch as lost (BatchOverdue): a quarter
+// of what the finish timeout leaves before its teardown reserve (7.25 s of
+// the default 30 s). A healthy batch completes in a small fraction of the
+// timeout even on a loaded machine; a chunk whose batch took that long
+// would be at risk of its timeout anyway, and a false alarm costs a
+// re-send, not the chunk. A quarter leaves room for the loss to be
+// detected, the endpoint closed and the Work re-sent within the timeout.
+func CompletionDeadline(timeout time.Duration) time.Duration {
+	return (timeout - TeardownReserve(timeout)) / 4
+}
+
+// MinHealthyRate is the least rate, in bytes per second, at which a slow
+// but healthy transport drains what is in flight (1 GiB/s: TCP on a 10 Gb/s
+// link; RDMA moves 10 to 50 times that). A batch past its completion
+// deadline while the engine has more in flight than this rate drains
+// within the deadline may be queued behind that traffic: its watch is
+// re-armed for the drain time instead of writing it off.
+const MinHealthyRate = 1 << 30
+
+// drainTime is how long MinHealthyRate takes to drain bytes, at most a
+// day (the input is a message's: bounded, never overflowing).
+func drainTime(bytes uint64) time.Duration {
+	return time.Duration(min(float64(bytes)/MinHealthyRate, 86400) * float64(time.Second))
+}
 
 // TeardownReserve is how much of a finish timeout a chunk keeps for tearing
 // down what is still in flight at its deadline: it gives up at timeout
@@ -54,8 +82,11 @@ func TeardownReserve(timeout time.Duration) time.Duration { return min(timeout/1
 // ChunkCore is the functional core of one chunk context. It decides which
 // groups to accept (invariants 4 and 11), what is still owed at the end of
 // the forward or at finish (invariant 3), when the chunk is complete
-// (everything enqueued was processed and every posted batch completed), and
-// how it fails (closed, and quiesced before it answers: invariants 9, 10).
+// (everything enqueued was processed and every posted batch completed), how
+// it resumes a Work whose batch broke or whose completion is overdue once
+// it is finishing (Resend, WatchBatch: the endpoint quiesced, the Work
+// re-sent, at most ResendLimit times), and how it fails (closed, and
+// quiesced before it answers: invariants 9, 10).
 type ChunkCore struct {
 	id       messages.Chunk
 	perLayer bool
@@ -74,8 +105,9 @@ type ChunkCore struct {
 	enqueued, processed int // Work sent / answered by a submitter
 	posted, completed   int // batches posted / completed
 	// work holds, per (seq, destination) of the Work sent, whether it was
-	// sent, answered (Submitted) and completed (BatchDone): a Submitted or
-	// BatchDone that answers nothing sent, or answers it twice, is ignored
+	// sent, answered (Submitted), posted and completed (BatchDone, or
+	// written off when overdue): a Submitted or BatchDone that answers
+	// nothing sent, or answers it twice, is ignored
 	// (Stats.Strays) rather than counted as progress, so that no stray
 	// completion can make the chunk complete before its batches landed.
 	work []uint8
@@ -86,7 +118,15 @@ type ChunkCore struct {
 	resent    []uint8
 	quiescing int
 	restBufs  []int // the rest's buffers, for a re-send
-	torn      bool  // TornDown came while a quiescence was pending
+	// lost, per Work slot: bit t is set when the batch of its post t was
+	// written off at its completion deadline (counted as completed, its
+	// Work re-sent); its completion, if it ever comes (a transport's
+	// Close fails the batches it held), counts for nothing.
+	lost []uint8
+	// deadline is CompletionDeadline of the Finish's timeout: batches in
+	// flight are watched from Finish on (0 before: no one waits yet).
+	deadline time.Duration
+	torn     bool // TornDown came while a quiescence was pending
 	// unfenced, per destination: a broken endpoint's writes to it may
 	// still land until a batch posted after its Close lands there
 	// (rdma.ErrFenced); a chunk that answers anything but SUCCESS with one
@@ -155,7 +195,9 @@ func (c *ChunkCore) Step(msg any) []Effect {
 		case *messages.Submitted:
 			c.mark(m.Seq, m.Dest, workAnswered, "Submitted")
 		case *messages.BatchDone:
-			c.mark(m.Seq, m.Dest, workDone, "BatchDone")
+			if !c.late(m) {
+				c.mark(m.Seq, m.Dest, workDone, "BatchDone")
+			}
 		}
 		return c.out
 	}
@@ -182,6 +224,8 @@ func (c *ChunkCore) Step(msg any) []Effect {
 		c.tornDown(m)
 	case *messages.Quiesced:
 		c.quiesced(m)
+	case *messages.BatchOverdue:
+		c.overdue(m)
 	}
 	c.settle()
 	return c.out
@@ -282,6 +326,9 @@ const (
 	// workFence: a re-send posted after its destination's broken endpoint
 	// was closed unfenced (rdma.ErrFenced): its landing ends that.
 	workFence
+	// workPosted: its Submitted said posted: a batch is in flight until
+	// its BatchDone, or its completion deadline writes it off.
+	workPosted
 )
 
 // workIndex is the slot of (seq, dest) in c.work, or -1 outside it.
@@ -305,12 +352,23 @@ func (c *ChunkCore) mark(seq, dest int, flag uint8, what string) bool {
 	return true
 }
 
+// try is how many times the Work in slot i was re-sent: the Try of its
+// current post.
+func (c *ChunkCore) try(i int) int {
+	if c.resent == nil {
+		return 0
+	}
+	return int(c.resent[i])
+}
+
 func (c *ChunkCore) submit(w messages.Work) {
 	w.Chunk = c.id
 	if c.work == nil {
 		c.work = make([]uint8, (len(c.accepted)-messages.Rest)*c.dests)
 	}
-	c.work[c.workIndex(w.Seq, w.Dest)] |= workSent
+	i := c.workIndex(w.Seq, w.Dest)
+	c.work[i] |= workSent
+	w.Try = c.try(i)
 	c.enqueued++
 	c.out = append(c.out, Submit{Work: w})
 }
@@ -332,6 +390,14 @@ func (c *ChunkCore) finish(m *messages.Finish) {
 		// that its KV is written, and m.Event (recorded at Finish on the
 		// compute stream) covers everything enqueued so far.
 		c.sendRest(m.Event, m.EventErr, "finish")
+	}
+	// From now on someone waits: every batch in flight, and every one
+	// posted later, must complete within the deadline or be resumed.
+	c.deadline = CompletionDeadline(m.Timeout)
+	for i, st := range c.work {
+		if st&workPosted != 0 {
+			c.watch(i)
+		}
 	}
 	// Bound but not ended: completion waits for the forward's end (bounded
 	// by the timer), because layers not yet enqueued cannot be gated.
@@ -368,9 +434,12 @@ func (c *ChunkCore) submitted(m *messages.Submitted) {
 		return
 	}
 	c.posted++
-	if i := c.workIndex(m.Seq, m.Dest); c.work[i]&workBroken != 0 {
+	i := c.workIndex(m.Seq, m.Dest)
+	c.work[i] |= workPosted
+	if c.work[i]&workBroken != 0 {
 		defer c.resume(m.Seq, m.Dest, nil)
 	}
+	c.watch(i)
 	c.stats.Bytes += m.Bytes
 	c.stats.Blocks += m.Blocks
 	c.stats.Batches++
@@ -395,7 +464,7 @@ func (c *ChunkCore) submitted(m *messages.Submitted) {
 }
 
 func (c *ChunkCore) batchDone(m *messages.BatchDone) {
-	if !c.mark(m.Seq, m.Dest, workDone, "BatchDone") {
+	if c.late(m) || !c.mark(m.Seq, m.Dest, workDone, "BatchDone") {
 		return
 	}
 	c.completed++
@@ -418,6 +487,82 @@ func (c *ChunkCore) batchDone(m *messages.BatchDone) {
 		return
 	}
 	c.fail(errors.Wrapf(m.Err, "room %d chunk %d %s: batch failed", c.id.Room, c.id.Start, part(m.Seq, m.Dest)))
+}
+
+// watch asks the shell to report the batch in flight in slot i overdue
+// (WatchBatch) if its completion has not come by the deadline, once the
+// chunk is finishing, and while it can still resume.
+func (c *ChunkCore) watch(i int) {
+	if c.deadline <= 0 || c.err != nil || c.dropping || c.tearing || c.work[i]&(workDone|workBroken) != 0 {
+		return
+	}
+	k := c.dests
+	c.out = append(c.out, WatchBatch{Seq: i/k + messages.Rest, Dest: i % k, Try: c.try(i), After: c.deadline})
+}
+
+// overdue treats a batch whose completion did not come within the deadline
+// as lost: it writes the batch off (counted completed, so that a
+// completion that never comes holds nothing up) and resumes its Work as
+// for a broken batch: Resend quiesces the endpoint it went on (after that
+// Close nothing of it can land, and the transport fails the batch, or
+// never reports it), and the Work is re-sent. Past ResendLimit the chunk
+// fails closed and tears down what is in flight before it answers. A
+// watch of an earlier post, of a batch that completed or broke, or of a
+// chunk that failed, timed out or was dropped (whose teardown covers the
+// batch) decides nothing; one that fires while the engine has more in
+// flight than MinHealthyRate drains within the deadline is re-armed.
+func (c *ChunkCore) overdue(m *messages.BatchOverdue) {
+	i := c.workIndex(m.Seq, m.Dest)
+	if i < 0 || c.work == nil || m.Try != c.try(i) || c.work[i]&workPosted == 0 || c.work[i]&(workDone|workBroken) != 0 {
+		return
+	}
+	if c.err != nil || c.dropping || c.tearing {
+		return
+	}
+	if wait := drainTime(m.InFlight); wait > c.deadline {
+		// Slow, not lost: a healthy link may still be draining what was
+		// posted ahead of it. Look again once that could have drained.
+		c.out = append(c.out, WatchBatch{Seq: m.Seq, Dest: m.Dest, Try: m.Try, After: wait})
+		return
+	}
+	c.stats.Overdue++
+	if c.try(i) >= ResendLimit {
+		c.fail(errors.Mark(errors.Mark(errors.Newf("room %d chunk %d %s: no completion within %v, after %d re-sends (resend limit %d)",
+			c.id.Room, c.id.Start, part(m.Seq, m.Dest), c.deadline, c.try(i), ResendLimit), rdma.ErrEndpointBroken), ErrResendLimit))
+		// The batch may still be in flight: answer once it cannot land.
+		c.tearing = true
+		c.out = append(c.out, Teardown{})
+		return
+	}
+	if c.lost == nil {
+		c.lost = make([]uint8, len(c.work))
+	}
+	c.lost[i] |= 1 << c.try(i)
+	c.work[i] |= workDone
+	c.completed++
+	c.resume(m.Seq, m.Dest, errors.Newf("no completion within %v", c.deadline))
+}
+
+// late reports whether m is the completion of a batch written off at its
+// deadline, arriving after all, and takes it: it counts for nothing (the
+// write-off counted it), except that writes it says may still land keep
+// the chunk from answering as if its pages were quiet.
+func (c *ChunkCore) late(m *messages.BatchDone) bool {
+	i := c.workIndex(m.Seq, m.Dest)
+	if i < 0 || c.lost == nil || m.Try < 0 || m.Try > ResendLimit || c.lost[i]&(1<<m.Try) == 0 {
+		return false
+	}
+	c.lost[i] &^= 1 << m.Try
+	switch {
+	case m.Err == nil || !errors.Is(m.Err, rdma.ErrNotQuiesced) || c.done:
+	case fenced(m.Err):
+		c.fence(m.Dest, m.Err)
+	case c.err == nil:
+		c.fail(errors.Wrapf(m.Err, "room %d chunk %d %s: overdue batch", c.id.Room, c.id.Start, part(m.Seq, m.Dest)))
+	default:
+		c.err = errors.WithSecondaryError(errors.Mark(c.err, rdma.ErrNotQuiesced), m.Err)
+	}
+	return true
 }
 
 // BrokenEndpoint says whether a batch that failed with err may be re-sent

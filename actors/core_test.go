@@ -2,6 +2,8 @@ package actors
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -532,4 +534,87 @@ func TestManagerCoreStopsOnlyQuietRooms(t *testing.T) {
 	assert.True(t, errors.Is(r.Err, ErrBadInput))
 	assert.True(t, errors.Is(r.Err, ErrNoChunk))
 	assert.ErrorContains(t, r.Err, "room 3: no chunk to finish")
+}
+
+// TestChunkLateCompletionInEveryOrder: a batch written off at its
+// completion deadline and re-sent may still see its own completion (ok,
+// failed as the Close fails it, or never), before or after the Quiesced,
+// the re-send's Submitted and its BatchDone. In every order the chunk
+// answers SUCCESS exactly when the re-send's Submitted and BatchDone both
+// came, never counts the late completion as the re-send's, and reports no
+// stray.
+func TestChunkLateCompletionInEveryOrder(t *testing.T) {
+	broken := errors.Mark(errors.New("endpoint torn down"), rdma.ErrEndpointBroken)
+	for _, late := range []struct {
+		name string
+		msg  *messages.BatchDone // nil: it never comes
+	}{
+		{"ok", &messages.BatchDone{Seq: messages.Rest}},
+		{"failed", &messages.BatchDone{Seq: messages.Rest, Err: broken, Broken: true}},
+		{"never", nil},
+	} {
+		events := []string{"quiesced", "submitted", "done"}
+		if late.msg != nil {
+			events = append(events, "late")
+		}
+		for _, order := range permutations(events) {
+			name := late.name + "/" + strings.Join(order, ",")
+			if slices.Index(order, "quiesced") > min(slices.Index(order, "submitted"), slices.Index(order, "done")) {
+				continue // the re-send is submitted once the endpoint is quiet
+			}
+			c := NewChunkCore(layoutMLA(t, 4, 4, 4), planOf(cp.Monolithic, 1, 4))
+			f, _ := finishMsg()
+			require.Len(t, submits(c.Step(f)), 1, name)
+			effs := c.Step(&messages.Submitted{Seq: messages.Rest, Posted: true, Bytes: 10, Blocks: 1})
+			require.Contains(t, effs, WatchBatch{Seq: messages.Rest, Try: 0, After: CompletionDeadline(time.Second)}, name)
+			require.True(t, has[Resend](c.Step(&messages.BatchOverdue{Seq: messages.Rest})), name)
+			seen := map[string]bool{}
+			for _, ev := range order {
+				var msg any
+				switch ev {
+				case "quiesced":
+					msg = &messages.Quiesced{Seq: messages.Rest}
+				case "submitted":
+					msg = &messages.Submitted{Seq: messages.Rest, Posted: true, Bytes: 10, Blocks: 1}
+				case "done":
+					msg = &messages.BatchDone{Seq: messages.Rest, Try: 1}
+				case "late":
+					msg = late.msg
+				}
+				effs := c.Step(msg)
+				landed := seen["submitted"] && seen["done"]
+				seen[ev] = true
+				if ev == "quiesced" {
+					w := submits(effs)
+					require.Len(t, w, 1, name)
+					require.Equal(t, 1, w[0].Try, name)
+				}
+				r, answered := reply(effs)
+				// Once, when the re-send's last report came.
+				require.Equal(t, !landed && seen["submitted"] && seen["done"], answered, "%s: answered after %s", name, ev)
+				if answered {
+					require.Equal(t, messages.Succeeded, r.Status, "%s: %v", name, r.Err)
+					require.Equal(t, 1, r.Stats.Resent, name)
+					require.Equal(t, 1, r.Stats.Overdue, name)
+				}
+				require.False(t, has[Stray](effs), "%s: stray after %s", name, ev)
+			}
+			require.True(t, c.Done(), name)
+		}
+	}
+}
+
+// permutations returns every order of xs.
+func permutations(xs []string) [][]string {
+	if len(xs) <= 1 {
+		return [][]string{append([]string(nil), xs...)}
+	}
+	var out [][]string
+	for i := range xs {
+		rest := append(append([]string(nil), xs[:i]...), xs[i+1:]...)
+		for _, p := range permutations(rest) {
+			out = append(out, append([]string{xs[i]}, p...))
+		}
+	}
+	return out
 }

@@ -88,6 +88,15 @@ func (w *world) run(t *testing.T, d *datadriven.TestData) string {
 		return w.deliver(c, w.chunkMsg(t, d, c, kind))
 	case "serve":
 		return w.serve(t, d)
+	case "lose":
+		// The transport loses a batch in flight for good: serve will never
+		// complete it.
+		c := w.chunk(t, d)
+		n := len(c.flying)
+		if c.flying = without1(c.flying, intArg(t, d, "seq", 0), intArg(t, d, "dest", 0), intArg(t, d, "try", 0)); len(c.flying) == n {
+			d.Fatalf(t, "no such batch in flight")
+		}
+		return "lost"
 	case "counts":
 		c := w.chunk(t, d)
 		e, p, po, co := c.core.Counts()
@@ -409,7 +418,10 @@ func (w *world) chunkMsg(t *testing.T, d *datadriven.TestData, c *ddChunk, kind 
 		return m
 	case "batch-done":
 		err := errArg(t, d, "fail")
-		return &messages.BatchDone{Seq: intArg(t, d, "seq", 0), Dest: intArg(t, d, "dest", 0), Err: err, Broken: BrokenEndpoint(err)}
+		return &messages.BatchDone{Seq: intArg(t, d, "seq", 0), Dest: intArg(t, d, "dest", 0), Err: err, Broken: BrokenEndpoint(err), Try: intArg(t, d, "try", 0)}
+	case "overdue":
+		return &messages.BatchOverdue{Seq: intArg(t, d, "seq", 0), Dest: intArg(t, d, "dest", 0), Try: intArg(t, d, "try", 0),
+			InFlight: uint64(intArg(t, d, "inflight-mib", 0)) << 20}
 	case "cancel":
 		return &messages.Cancel{Reason: context.Canceled}
 	case "timeout":
@@ -446,16 +458,23 @@ func (w *world) deliver(c *ddChunk, msg any) string {
 func (w *world) stepChunk(b *strings.Builder, indent string, c *ddChunk, msg any, noEffect bool) {
 	switch m := msg.(type) {
 	case *messages.Submitted:
-		c.owed = without1(c.owed, m.Seq, m.Dest)
+		try := 0
+		for _, x := range c.owed {
+			if x.Seq == m.Seq && x.Dest == m.Dest {
+				try = x.Try
+				break
+			}
+		}
+		c.owed = without1(c.owed, m.Seq, m.Dest, -1)
 		if n := len(c.early); m.Posted {
-			if c.early = without1(c.early, m.Seq, m.Dest); len(c.early) == n {
-				c.flying = append(c.flying, messages.Work{Seq: m.Seq, Dest: m.Dest})
+			if c.early = without1(c.early, m.Seq, m.Dest, try); len(c.early) == n {
+				c.flying = append(c.flying, messages.Work{Seq: m.Seq, Dest: m.Dest, Try: try})
 			}
 		}
 	case *messages.BatchDone:
 		n := len(c.flying)
-		if c.flying = without1(c.flying, m.Seq, m.Dest); len(c.flying) == n {
-			c.early = append(c.early, messages.Work{Seq: m.Seq, Dest: m.Dest})
+		if c.flying = without1(c.flying, m.Seq, m.Dest, m.Try); len(c.flying) == n {
+			c.early = append(c.early, messages.Work{Seq: m.Seq, Dest: m.Dest, Try: m.Try})
 		}
 	}
 	effs := c.core.Step(msg)
@@ -481,9 +500,11 @@ func (w *world) stepChunk(b *strings.Builder, indent string, c *ddChunk, msg any
 	}
 }
 
-func without1(ws []messages.Work, seq, dest int) []messages.Work {
+// without1 removes the first Work (seq, dest) of ws posted as try (-1:
+// any).
+func without1(ws []messages.Work, seq, dest, try int) []messages.Work {
 	for i, x := range ws {
-		if x.Seq == seq && x.Dest == dest {
+		if x.Seq == seq && x.Dest == dest && (try < 0 || x.Try == try) {
 			return append(ws[:i:i], ws[i+1:]...)
 		}
 	}
@@ -511,7 +532,7 @@ func (w *world) serve(t *testing.T, d *datadriven.TestData) string {
 	}
 	if !d.HasArg("no-completions") {
 		for _, work := range append([]messages.Work(nil), c.flying...) {
-			m := &messages.BatchDone{Seq: work.Seq, Dest: work.Dest}
+			m := &messages.BatchDone{Seq: work.Seq, Dest: work.Dest, Try: work.Try}
 			if hit(work, failBatch) {
 				m.Err = errArg(t, d, "fail")
 				m.Broken = BrokenEndpoint(m.Err)
@@ -725,6 +746,8 @@ func (w *world) effect(e Effect) string {
 			return fmt.Sprintf("Resend %s after=%s", part(e.Seq, e.Dest), e.After)
 		}
 		return fmt.Sprintf("Resend %s", part(e.Seq, e.Dest))
+	case WatchBatch:
+		return fmt.Sprintf("WatchBatch %s%s after=%s", part(e.Seq, e.Dest), tryText(e.Try), e.After)
 	case ChunkEnded:
 		return fmt.Sprintf("ChunkEnded %s, logged at %s", w.result(e.Result), LogLevel(e.Result))
 	case AnswerFinish:
@@ -734,6 +757,9 @@ func (w *world) effect(e Effect) string {
 			s += fmt.Sprintf(" (groups=%d batches=%d bytes=%d ignored=%d", st.Groups, st.Batches, st.Bytes, st.Ignored)
 			if st.Resent > 0 {
 				s += fmt.Sprintf(" resent=%d", st.Resent)
+			}
+			if st.Overdue > 0 {
+				s += fmt.Sprintf(" overdue=%d", st.Overdue)
 			}
 			s += ")"
 		}
@@ -821,11 +847,19 @@ func message(m any) string {
 		return fmt.Sprintf("Submitted %s skipped", part(m.Seq, m.Dest))
 	case *messages.BatchDone:
 		if m.Err != nil {
-			return fmt.Sprintf("BatchDone %s failed: %s", part(m.Seq, m.Dest), m.Err)
+			return fmt.Sprintf("BatchDone %s%s failed: %s", part(m.Seq, m.Dest), tryText(m.Try), m.Err)
 		}
-		return fmt.Sprintf("BatchDone %s", part(m.Seq, m.Dest))
+		return fmt.Sprintf("BatchDone %s%s", part(m.Seq, m.Dest), tryText(m.Try))
 	}
 	return fmt.Sprintf("%T", m)
+}
+
+// tryText names a re-send's post of its Work; the first post says nothing.
+func tryText(try int) string {
+	if try == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (try %d)", try)
 }
 
 func work(x messages.Work) string {
@@ -833,7 +867,11 @@ func work(x messages.Work) string {
 	if x.Seq == messages.Rest {
 		seq = "rest"
 	}
-	return fmt.Sprintf("seq=%s dest=%d buffers=%s event=%s", seq, x.Dest, ranges(x.Buffers), x.Event)
+	s := fmt.Sprintf("seq=%s dest=%d buffers=%s event=%s", seq, x.Dest, ranges(x.Buffers), x.Event)
+	if x.Try > 0 {
+		s += fmt.Sprintf(" try=%d", x.Try)
+	}
+	return s
 }
 
 // ranges prints buffer indexes compactly: 0-7, or 0-3,8-11.

@@ -117,7 +117,8 @@ type CancelWork struct{}
 type Teardown struct{}
 
 // Resend asks the chunk shell to quiesce the endpoint on which the Work
-// (Seq, Dest)'s batch broke (Close it: when Close returns without
+// (Seq, Dest)'s batch broke, or its overdue batch went (the endpoint the
+// Work was last posted on; Close it: when Close returns without
 // rdma.ErrNotQuiesced nothing of it can land any more), to wait After, to
 // check that the destination's peer is not lost, then to deliver
 // Quiesced; the core re-sends the Work on a fresh endpoint when it comes
@@ -125,7 +126,18 @@ type Teardown struct{}
 type Resend struct {
 	Seq, Dest int
 	After     time.Duration
-	Cause     error // how the batch broke, for the log
+	Cause     error // how the batch broke, or that it was overdue, for the log
+}
+
+// WatchBatch asks the chunk shell to deliver BatchOverdue{Seq, Dest, Try}
+// after After, with the engine's bytes in flight at that instant (Env
+// InFlight): the deadline of the batch of the Work (Seq, Dest) posted as
+// Try. The core ignores a watch whose batch completed, or was re-sent, in
+// time, so the shell need not stop it before the chunk ends (it stops
+// every timer then, as for StartTimer).
+type WatchBatch struct {
+	Seq, Dest, Try int
+	After          time.Duration
 }
 
 // ChunkEnded tells the room that the chunk is over.
@@ -194,6 +206,7 @@ func (StartTimer) effect()     {}
 func (CancelWork) effect()     {}
 func (Teardown) effect()       {}
 func (Resend) effect()         {}
+func (WatchBatch) effect()     {}
 func (ChunkEnded) effect()     {}
 func (AnswerFinish) effect()   {}
 func (PostBatch) effect()      {}

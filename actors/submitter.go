@@ -381,7 +381,7 @@ func (s *submitter) post(w *Work, dest *plan.Dest, rec *Batch, res *messages.Sub
 	}
 	s.build(w.Buffers, dest, c)
 	rec.Bytes, rec.Blocks, rec.Posted = bytesOf(s.writes), len(s.writes), time.Now()
-	replyTo, root, obs, b := w.ReplyTo, s.env.System.Root, s.env.Observer, *rec
+	replyTo, root, obs, b, try := w.ReplyTo, s.env.System.Root, s.env.Observer, *rec, w.Try
 	inflight := &s.env.InFlight
 	bytes := int64(rec.Bytes)
 	done := func(err error) {
@@ -390,7 +390,7 @@ func (s *submitter) post(w *Work, dest *plan.Dest, rec *Batch, res *messages.Sub
 		b := b // the closure is per batch; each call completes a copy
 		b.Done, b.Err = time.Now(), err
 		obs.Batch(b)
-		root.Send(replyTo, &messages.BatchDone{Seq: b.Seq, Dest: b.Dest, Err: err, At: b.Done, Broken: BrokenEndpoint(err)})
+		root.Send(replyTo, &messages.BatchDone{Seq: b.Seq, Dest: b.Dest, Err: err, At: b.Done, Broken: BrokenEndpoint(err), Try: try})
 	}
 	c.inflight.Add(1)
 	inflight.Add(bytes)

@@ -102,9 +102,13 @@ type Stats struct {
 	// Strays are Submitted and BatchDone messages ignored: they answered
 	// no Work the chunk sent, or one already answered.
 	Strays int
-	// Resent counts the Works re-sent after their batch broke (a group, or
-	// the rest, to one destination).
+	// Resent counts the Works re-sent after their batch broke or its
+	// completion was overdue (a group, or the rest, to one destination).
 	Resent int `trace:"omitempty"`
+	// Overdue counts the batches whose completion did not come within the
+	// chunk's completion deadline (BatchOverdue): each was written off and
+	// its Work re-sent, or, past the resend limit, torn down.
+	Overdue int `trace:"omitempty"`
 	// FirstPost and LastDone bracket the chunk's writes (zero if none).
 	FirstPost, LastDone time.Time
 	// ForwardEnd is when the chunk's forward ended (zero if it never did).
@@ -258,6 +262,18 @@ type Quiesced struct {
 	Err       error
 }
 
+// BatchOverdue tells a chunk that the batch of its Work (Seq, Dest) posted
+// as Try has had no completion within the chunk's completion deadline
+// (the shell's timer of a WatchBatch effect): the chunk treats it as lost,
+// unless the transport has more in flight than a slow but healthy link
+// drains within the deadline.
+type BatchOverdue struct {
+	Seq, Dest, Try int
+	// InFlight is the bytes of every chunk's batches posted and not
+	// completed when the timer fired (the engine's, this batch's included).
+	InFlight uint64
+}
+
 // Work asks a submitter to wait Event, then post the blocks of Buffers over
 // the chunk's runs to destination Dest, as one batch. It is what a chunk's
 // core decides; the chunk's shell sends it with the chunk's data-plane job
@@ -268,6 +284,10 @@ type Work struct {
 	Dest    int // index of the destination in the chunk's plan
 	Buffers []int
 	Event   Event
+	// Try counts the Work's earlier posts (0: the first): a re-send after a
+	// broken or overdue batch carries the next one, and its BatchDone
+	// echoes it.
+	Try int `trace:"omitempty"`
 }
 
 // Submitted reports one Work back to its chunk: posted (a batch is in
@@ -296,6 +316,10 @@ type BatchDone struct {
 	// error's classes are known; a recorded trace keeps it, and only the
 	// error's text.
 	Broken bool `trace:"omitempty"`
+	// Try is the Work's Try: which post of the Work this batch was, so
+	// that the completion of a batch the chunk wrote off (BatchOverdue)
+	// and re-sent, arriving late, is told apart from the re-send's.
+	Try int `trace:"omitempty"`
 }
 
 // ChunkDone tells a room that one of its chunks ended.

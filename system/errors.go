@@ -38,9 +38,10 @@ var (
 	// ErrDropped: the chunk a Finish waited for was dropped (Drop of its
 	// room) before it completed; the result's status is Dropped.
 	ErrDropped = actors.ErrDropped
-	// ErrResendLimit: a chunk failed because one of its batches broke more
-	// than the resend limit allows (docs/RELIABILITY.md, "Resume after a
-	// broken endpoint"). Also marked rdma.ErrEndpointBroken.
+	// ErrResendLimit: a chunk failed because one of its batches broke, or
+	// had no completion within its completion deadline, more often than the
+	// resend limit allows (docs/RELIABILITY.md, "Resume after a broken
+	// endpoint"). Also marked rdma.ErrEndpointBroken.
 	ErrResendLimit = actors.ErrResendLimit
 	// ErrDecodeDraining: Register refused a chunk that would open a new
 	// room toward a decode peer that drains (Engine.PeerDraining; the
@@ -63,6 +64,6 @@ func closedError(call string) error {
 }
 
 // ResendLimit is how many times a chunk re-sends one group (or its rest)
-// to one destination after its batch broke before it fails with
-// ErrResendLimit.
+// to one destination after its batch broke or its completion was overdue
+// before it fails with ErrResendLimit.
 const ResendLimit = actors.ResendLimit

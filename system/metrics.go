@@ -31,6 +31,7 @@ const (
 	MetricTimeouts             = "kvstream_timeouts_total"
 	MetricGroupsResent         = "kvstream_groups_resent_total"
 	MetricChunksResumed        = "kvstream_chunks_resumed_total"
+	MetricBatchesOverdue       = "kvstream_batches_overdue_total"
 	MetricSubmitterRestarts    = "kvstream_submitter_restarts_total"
 	MetricActiveContexts       = "kvstream_active_contexts"
 	MetricRoomsInFlight        = "kvstream_rooms_in_flight"
@@ -112,7 +113,7 @@ type families struct {
 	refused                   *prometheus.CounterVec   // reason
 	chunks                    *prometheus.CounterVec   // status
 	timeouts                  prometheus.Counter
-	resent, resumed           prometheus.Counter
+	resent, resumed, overdue  prometheus.Counter
 	restarts                  *prometheus.CounterVec // reason
 	gauges                    *engineGauges
 }
@@ -152,9 +153,11 @@ func newFamilies() *families {
 		timeouts: prometheus.NewCounter(prometheus.CounterOpts{Name: MetricTimeouts,
 			Help: "Chunk contexts that failed because they did not complete within the finish timeout."}),
 		resent: prometheus.NewCounter(prometheus.CounterOpts{Name: MetricGroupsResent,
-			Help: "Works (a layer group, or the rest, to one destination) re-sent on a fresh endpoint after their batch broke, counted when their chunk ended."}),
+			Help: "Works (a layer group, or the rest, to one destination) re-sent on a fresh endpoint after their batch broke or their completion was overdue, counted when their chunk ended."}),
 		resumed: prometheus.NewCounter(prometheus.CounterOpts{Name: MetricChunksResumed,
 			Help: "Chunk contexts that succeeded after re-sending at least one Work whose batch broke."}),
+		overdue: prometheus.NewCounter(prometheus.CounterOpts{Name: MetricBatchesOverdue,
+			Help: "Batches whose completion had not come within their chunk's completion deadline: written off and their Work re-sent (or, past the resend limit, torn down), counted when their chunk ended."}),
 		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricSubmitterRestarts,
 			Help: "Submitter restarts by reason (endpoint, device, panic)."}, []string{"reason"}),
 		gauges: newEngineGauges(),
@@ -184,6 +187,7 @@ func registerFamilies(reg prometheus.Registerer) (*families, error) {
 	adopt(reg, &f.timeouts, &errs)
 	adopt(reg, &f.resent, &errs)
 	adopt(reg, &f.resumed, &errs)
+	adopt(reg, &f.overdue, &errs)
 	adopt(reg, &f.restarts, &errs)
 	adopt(reg, &f.gauges, &errs)
 	return f, errs
@@ -341,6 +345,9 @@ func (m *metricsObserver) Chunk(r messages.Result) {
 	}
 	if r.Err != nil && errors.Is(r.Err, ErrTimeout) {
 		m.f.timeouts.Inc()
+	}
+	if r.Stats.Overdue > 0 {
+		m.f.overdue.Add(float64(r.Stats.Overdue))
 	}
 	if r.Stats.Resent > 0 {
 		m.f.resent.Add(float64(r.Stats.Resent))

@@ -253,8 +253,10 @@ func TestGaugesOfWorkInFlight(t *testing.T) {
 	assert.Equal(t, 0.0, gauge(t, reg, MetricBytesInFlight), "the teardown failed the batches in flight")
 }
 
-// A completion that fails and a completion that never comes: both chunks
-// FAILED, the second one by its timeout.
+// A completion that fails and completions that never come: both chunks
+// FAILED, the second one by its timeout (its Work is re-sent at each
+// completion deadline, and every post of it is lost: four deadlines do not
+// fit in the timeout).
 func TestMetricsCountFailuresAndTimeouts(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	const timeout = 300 * time.Millisecond
@@ -262,10 +264,8 @@ func TestMetricsCountFailuresAndTimeouts(t *testing.T) {
 		switch b.Seq {
 		case 1:
 			return rdmafault.Fault{Kind: rdmafault.FailCompletion}
-		case 2:
-			return rdmafault.Fault{Kind: rdmafault.LoseCompletion}
 		}
-		return rdmafault.Fault{}
+		return rdmafault.Fault{Kind: rdmafault.LoseCompletion}
 	}})
 	ctx := context.Background()
 
@@ -293,8 +293,10 @@ func TestMetricsCountFailuresAndTimeouts(t *testing.T) {
 	assert.Equal(t, 2.0, counter(t, reg, MetricChunks, "status", "failed"))
 	assert.Equal(t, 1.0, counter(t, reg, MetricTimeouts))
 	assert.Equal(t, uint64(2), samples(t, reg, MetricFinishSeconds))
-	// The lost completion is failed by the chunk's teardown.
-	require.Eventually(t, func() bool { return counter(t, reg, MetricBatches, "result", "failed") == 2 },
+	// Each post of the lost Work is failed once: by the Close of a resume,
+	// or the last one by the chunk's teardown.
+	posts := float64(1 + res.Stats.Resent)
+	require.Eventually(t, func() bool { return counter(t, reg, MetricBatches, "result", "failed") == 1+posts },
 		5*time.Second, 10*time.Millisecond)
 	assert.Equal(t, 0.0, counter(t, reg, MetricBatches, "result", "ok"))
 }
@@ -332,6 +334,33 @@ func TestMetricsCountResumes(t *testing.T) {
 	assert.False(t, errors.Is(err, ErrTimeout), "it gave up before its timeout: %v", err)
 	assert.Equal(t, 2.0+float64(actors.ResendLimit), counter(t, reg, MetricGroupsResent))
 	assert.Equal(t, 1.0, counter(t, reg, MetricChunksResumed), "a chunk that failed did not resume")
+}
+
+// TestMetricsCountLostCompletionResumed: a batch whose completion never
+// comes is written off at its completion deadline, its endpoint closed (the
+// Close fails the batch) and its Work re-sent: the chunk succeeds, one Work
+// re-sent, one chunk resumed.
+func TestMetricsCountLostCompletionResumed(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	e := newMetricsEngine(t, reg, metricsRig{group: 2, timeout: 2 * time.Second, faults: func(b rdmafault.BatchInfo) rdmafault.Fault {
+		if b.Seq == 1 {
+			return rdmafault.Fault{Kind: rdmafault.LoseCompletion}
+		}
+		return rdmafault.Fault{}
+	}})
+	ctx := context.Background()
+	_, err := e.Register(ctx, roomSpec(1))
+	require.NoError(t, err)
+	res, err := e.Finish(ctx, 1)
+	require.NoError(t, err)
+	require.Equal(t, Succeeded, res.Status)
+	assert.Equal(t, 1, res.Stats.Resent)
+	assert.Equal(t, 1, res.Stats.Overdue)
+	assert.Equal(t, 1.0, counter(t, reg, MetricGroupsResent))
+	assert.Equal(t, 1.0, counter(t, reg, MetricChunksResumed))
+	assert.Equal(t, 1.0, counter(t, reg, MetricBatchesOverdue))
+	assert.Equal(t, 1.0, counter(t, reg, MetricBatches, "result", "failed"), "the resume's Close failed the lost batch")
+	assert.Equal(t, 1.0, counter(t, reg, MetricBatches, "result", "ok"))
 }
 
 // The guard's fallbacks are counted by reason, and engines that share a

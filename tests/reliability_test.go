@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -36,8 +37,8 @@ import (
 // asserts: Finish returned within its timeout; the status is FAILED exactly
 // when a failing fault touched the chunk (directly, or through the teardown
 // another chunk's timeout caused or a vanished peer), and a broken
-// connection alone is resumed (the chunk re-sends what did not land and
-// succeeds);
+// connection or a lost completion alone is resumed (the chunk re-sends what
+// did not land, or was not confirmed, and succeeds);
 // successful chunks are byte-equal; nothing landed on a chunk's pages after
 // its Finish or Drop returned. goleak (TestMain) checks that Close leaves no
 // goroutine, and every engine keeps serving new rooms after its restarts.
@@ -75,11 +76,17 @@ const (
 
 // failing says whether a fault must fail the chunks it touches (delays
 // within the timeout and a slow link must not, nor a broken connection: the
-// chunk resumes on a fresh endpoint).
+// chunk resumes on a fresh endpoint; nor a completion lost or delayed past
+// the chunk's completion deadline: it resumes the same way).
 var failing = map[string]bool{
-	fPostError: true, fFailDone: true, fLoseDone: true, fDelayLong: true,
+	fPostError: true, fFailDone: true,
 	fNeverDone: true, fWaitError: true, fRecordError: true, fPeerVanishes: true,
 }
+
+// overdueKind says whether a fault withholds a batch's completion past the
+// chunk's completion deadline (actors.CompletionDeadline): resumed like a
+// broken connection.
+func overdueKind(k string) bool { return k == fLoseDone || k == fDelayLong }
 
 type relStats struct {
 	mu                                      sync.Mutex
@@ -89,6 +96,10 @@ type relStats struct {
 	hangs, lateWrites, corrupt, unexplained int
 	missedFailures                          int
 	resent, resumed                         int // Works re-sent; chunks that succeeded after re-sending
+	// overdue counts the batches written off at their completion
+	// deadline; lostResumed the chunks touched by a lost or long-delayed
+	// completion that succeeded after one.
+	overdue, lostResumed int
 	// starved counts chunks that failed by their timeout, touched by no
 	// fault, while the process was stalled for a quarter of their time or
 	// more; starvedHangs Finishes past their bound by no more than the
@@ -764,8 +775,12 @@ func (r *relEngine) check(sc *relScenario, out *relOutcome) {
 			}
 			st.chunks++
 			st.resent += res.Stats.Resent
+			st.overdue += res.Stats.Overdue
 			if res.Stats.Resent > 0 && res.Status == messages.Succeeded {
 				st.resumed++
+				if res.Stats.Overdue > 0 && slices.ContainsFunc(touched[chunkRef{rm.room, i}], overdueKind) {
+					st.lostResumed++
+				}
 			}
 			switch res.Status {
 			case messages.Dropped:
@@ -893,9 +908,9 @@ func TestReliability(t *testing.T) {
 		kinds = append(kinds, fmt.Sprintf("%s=%d", k, v))
 	}
 	sort.Strings(kinds)
-	summary := fmt.Sprintf("reliability: %d scenarios, %d chunks (%d failed, %d dropped) in %v; faults injected: %s; restarts %d; resent %d, chunks resumed %d; hangs %d; late writes %d; corrupt successes %d; unexplained failures %d; missed failures %d; timeouts while starved %d, overruns while starved %d",
+	summary := fmt.Sprintf("reliability: %d scenarios, %d chunks (%d failed, %d dropped) in %v; faults injected: %s; restarts %d; resent %d, chunks resumed %d, batches overdue %d, chunks resumed after a lost completion %d; hangs %d; late writes %d; corrupt successes %d; unexplained failures %d; missed failures %d; timeouts while starved %d, overruns while starved %d",
 		stats.scenarios, stats.chunks, stats.failed, stats.dropped, time.Since(start).Round(time.Second), strings.Join(kinds, " "),
-		stats.restarts, stats.resent, stats.resumed, stats.hangs, stats.lateWrites, stats.corrupt, stats.unexplained, stats.missedFailures, stats.starved, stats.starvedHangs)
+		stats.restarts, stats.resent, stats.resumed, stats.overdue, stats.lostResumed, stats.hangs, stats.lateWrites, stats.corrupt, stats.unexplained, stats.missedFailures, stats.starved, stats.starvedHangs)
 	fmt.Println(summary)
 	for _, p := range stats.problems {
 		t.Log(p)
@@ -913,6 +928,9 @@ func TestReliability(t *testing.T) {
 	require.GreaterOrEqual(t, stats.scenarios, relEngines*relScenarios)
 	if stats.faults[fBrokenEP] > 0 {
 		require.Positive(t, stats.resumed, "broken connections were injected, and no chunk resumed after one")
+	}
+	if stats.faults[fLoseDone]+stats.faults[fDelayLong] > 0 {
+		require.Positive(t, stats.lostResumed, "lost completions were injected, and no chunk resumed after one")
 	}
 }
 

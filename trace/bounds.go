@@ -53,6 +53,9 @@ const (
 	// Dests, Dest, and a registration's infos): deployments send a chunk
 	// to one or two; a core replay allocates one entry per destination.
 	MaxDests = 256
+	// MaxTry bounds a record's Try (which post of a Work a batch was): a
+	// chunk re-sends a Work at most a few times (actors.ResendLimit).
+	MaxTry = 7
 	// MaxNameLen bounds names and identifiers (buffer and peer names, a
 	// record's actor, id and type): they are short words, and a replay
 	// prints them.
@@ -226,7 +229,7 @@ func (c *Config) CheckRecord(rec *Record) error {
 // decodable says whether Decode knows a message type.
 func decodable(typ string) bool {
 	switch typ {
-	case "AddChunk", "Finish", "Drop", "Begin", "Boundary", "End", "Submitted", "BatchDone", "Timeout", "TornDown", "Quiesced", "Cancel":
+	case "AddChunk", "Finish", "Drop", "Begin", "Boundary", "End", "Submitted", "BatchDone", "Timeout", "TornDown", "Quiesced", "BatchOverdue", "Cancel":
 		return true
 	}
 	return false
@@ -244,6 +247,12 @@ func (c *Config) checkMessage(msg any) error {
 	dest := func(d int) error {
 		if d < 0 || d >= MaxDests {
 			return errors.Newf("Dest %d: outside [0, %d)", d, MaxDests)
+		}
+		return nil
+	}
+	try := func(n int) error {
+		if n < 0 || n > MaxTry {
+			return errors.Newf("Try %d: outside [0, %d]", n, MaxTry)
 		}
 		return nil
 	}
@@ -275,7 +284,9 @@ func (c *Config) checkMessage(msg any) error {
 		}
 		return errors.CombineErrors(seq(m.Seq), dest(m.Dest))
 	case *messages.BatchDone:
-		return errors.CombineErrors(seq(m.Seq), dest(m.Dest))
+		return errors.Join(seq(m.Seq), dest(m.Dest), try(m.Try))
+	case *messages.BatchOverdue:
+		return errors.Join(seq(m.Seq), dest(m.Dest), try(m.Try))
 	case *messages.Quiesced:
 		return errors.CombineErrors(seq(m.Seq), dest(m.Dest))
 	}

@@ -135,7 +135,7 @@ func (f fields) bool(k string) bool { b, _ := f[k].(bool); return b }
 // Decode rebuilds a message a replay feeds from outside the actors: façade
 // calls (AddChunk, Finish, Drop at the manager; Begin, Boundary, End at the
 // forward actor) and what hardware and timers report to a chunk (Submitted,
-// BatchDone, Timeout, TornDown, Quiesced, Cancel).
+// BatchDone, Timeout, TornDown, Quiesced, BatchOverdue, Cancel).
 func Decode(rec *Record) (any, error) {
 	f, ok := rec.Msg.(map[string]any)
 	if !ok && rec.Msg != nil {
@@ -175,13 +175,16 @@ func Decode(rec *Record) (any, error) {
 		msg = &messages.Submitted{Seq: int(num("Seq")), Dest: int(num("Dest")), Posted: fl.bool("Posted"), Err: fl.err("Err"),
 			Bytes: uint64(num("Bytes")), Blocks: int(num("Blocks")), WaitStart: tm("WaitStart"), WaitEnd: tm("WaitEnd"), PostedAt: tm("PostedAt")}
 	case "BatchDone":
-		msg = &messages.BatchDone{Seq: int(num("Seq")), Dest: int(num("Dest")), Err: fl.err("Err"), At: tm("At"), Broken: fl.bool("Broken")}
+		msg = &messages.BatchDone{Seq: int(num("Seq")), Dest: int(num("Dest")), Err: fl.err("Err"), At: tm("At"), Broken: fl.bool("Broken"),
+			Try: int(num("Try"))}
 	case "Timeout":
 		msg = &messages.Timeout{}
 	case "TornDown":
 		msg = &messages.TornDown{Err: fl.err("Err")}
 	case "Quiesced":
 		msg = &messages.Quiesced{Seq: int(num("Seq")), Dest: int(num("Dest")), Err: fl.err("Err")}
+	case "BatchOverdue":
+		msg = &messages.BatchOverdue{Seq: int(num("Seq")), Dest: int(num("Dest")), Try: int(num("Try")), InFlight: uint64(num("InFlight"))}
 	case "Cancel":
 		msg = &messages.Cancel{Reason: fl.err("Reason")}
 	default:

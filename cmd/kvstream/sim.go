@@ -48,7 +48,7 @@ Models: ` + presetHelp(),
 	fl.StringVar(&f.record, "record", "", "write the per-layer run's message trace (replay it with kvstream replay)")
 	fl.BoolVar(&f.verbose, "verbose", false, "log the engine at DEBUG")
 	fl.BoolVar(&f.noProg, "no-progress", false, "no progress bar")
-	fl.StringVar(&f.fault, "fault", "", "KIND:RATE: inject transport faults into the prefill transport, RATE a probability per batch (endpoint-broken:0.05: the connection breaks mid-batch and the engine resumes on a fresh endpoint); the report counts faults, groups re-sent and chunks failed per mode")
+	fl.StringVar(&f.fault, "fault", "", "KIND:RATE: inject transport faults into the prefill transport, RATE a probability per batch (endpoint-broken:0.05: the connection breaks mid-batch and the engine resumes on a fresh endpoint; lost-completion:0.05: the batch lands but its completion never comes, and the engine re-sends it at its completion deadline, a quarter of --finish-timeout); the report counts faults, groups re-sent and chunks failed per mode")
 	fl.StringVar(&f.gpu, "gpu", "", "cuda:N: run the engine end to end on a real GPU instead (pool in device memory, kernels and events on a real stream); the virtual GPU is the default")
 	f.metrics = addMetricsFlags(cmd)
 	return cmd

@@ -243,7 +243,7 @@ func TestSimFaultReport(t *testing.T) {
 	out, err = run(t, append(quick, "--fault", "endpoint-broken:0.1")...)
 	require.NoError(t, err, out)
 	assert.Contains(t, out, "transport faults injected (--fault)")
-	assert.Contains(t, out, "groups re-sent after a broken batch")
+	assert.Contains(t, out, "groups re-sent after a broken or overdue batch")
 }
 
 func TestSimBadFlags(t *testing.T) {

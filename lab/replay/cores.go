@@ -264,7 +264,7 @@ func external(kind, typ string) bool {
 		// A Submitted is sent by a submitter's resume, recorded as its
 		// Waited (whose effect it is): internal.
 		switch typ {
-		case "BatchDone", "Timeout", "TornDown", "Quiesced", "Cancel":
+		case "BatchDone", "Timeout", "TornDown", "Quiesced", "BatchOverdue", "Cancel":
 			return true
 		}
 	case trace.Submitter:

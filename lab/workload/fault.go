@@ -1,6 +1,8 @@
 package workload
 
 import (
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,6 +18,13 @@ import (
 // what each does to a batch it hits.
 var FaultKinds = map[string]string{
 	"endpoint-broken": "the connection breaks in the middle of the batch: half of its writes land, the batch fails as a broken endpoint and the endpoint refuses later batches (the engine resumes on a fresh one)",
+	"lost-completion": "the batch lands but its completion never comes, until its endpoint is closed (the engine writes it off at its completion deadline, a quarter of the finish timeout after Finish, and re-sends it on a fresh endpoint)",
+}
+
+// faultKind is the rdmafault kind of each of FaultKinds.
+var faultKind = map[string]rdmafault.Kind{
+	"endpoint-broken": rdmafault.BreakEndpoint,
+	"lost-completion": rdmafault.LoseCompletion,
 }
 
 // Fault is a transport fault injected into every prefill rank's transport,
@@ -26,7 +35,7 @@ type Fault struct {
 	Rate float64
 }
 
-// ParseFault reads KIND:RATE (endpoint-broken:0.05), naming what is wrong
+// ParseFault reads KIND:RATE (endpoint-broken:0.05, lost-completion:0.05), naming what is wrong
 // with a bad value under flag.
 func ParseFault(flag, s string) (Fault, error) {
 	kind, rate, ok := strings.Cut(s, ":")
@@ -44,11 +53,7 @@ func ParseFault(flag, s string) (Fault, error) {
 }
 
 func faultKinds() string {
-	var ks []string
-	for k := range FaultKinds {
-		ks = append(ks, k)
-	}
-	return strings.Join(ks, ", ")
+	return strings.Join(slices.Sorted(maps.Keys(FaultKinds)), ", ")
 }
 
 // String is the fault as --fault takes it, or "" for none.
@@ -130,11 +135,11 @@ func (in *injector) decide(b rdmafault.BatchInfo) rdmafault.Fault {
 		return rdmafault.Fault{}
 	}
 	in.injected.Add(1)
-	return rdmafault.Fault{Kind: rdmafault.BreakEndpoint}
+	return rdmafault.Fault{Kind: faultKind[in.fault.Kind]}
 }
 
-// pastResendLimit counts the batch identities the injector broke more
-// than system.ResendLimit times in a row: each such Work fails its chunk
+// pastResendLimit counts the batch identities the injector broke (or
+// whose completion it lost) more than system.ResendLimit times in a row: each such Work fails its chunk
 // (the resend limit), and only those do.
 func (in *injector) pastResendLimit() int {
 	if in == nil {

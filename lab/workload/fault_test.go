@@ -3,6 +3,7 @@ package workload
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/hw/rdma/rdmafault"
@@ -54,6 +55,29 @@ func TestSimResumesBrokenEndpoints(t *testing.T) {
 	require.Positive(t, pl.FaultsInjected)
 	assert.GreaterOrEqual(t, pl.WorksResent, pl.FaultsInjected, "each torn batch is re-sent (and so is any batch its endpoint's close failed)")
 	assert.Positive(t, pl.ChunksResumed)
+}
+
+// TestSimResumesLostCompletions: the batches whose completion the
+// injector loses are written off at their completion deadline (a quarter
+// of the 2 s finish timeout after Finish) and re-sent: no chunk fails and
+// every byte is equal.
+func TestSimResumesLostCompletions(t *testing.T) {
+	cfg := Defaults()
+	cfg.Fault = Fault{Kind: "lost-completion", Rate: 0.05}
+	cfg.FinishTimeout = 2 * time.Second
+	cfg.Seed = 2
+	rep, err := Run(context.Background(), cfg, nil)
+	require.NoError(t, err, "a chunk failed, or the run stopped")
+	require.Zero(t, rep.PerLayer.FaultsPastLimit)
+	require.Zero(t, rep.Monolithic.FaultsPastLimit)
+	assert.True(t, rep.BytesEqual, rep.Mismatch)
+	assert.Empty(t, rep.OracleFailures)
+	for _, m := range []*ModeReport{rep.PerLayer, rep.Monolithic} {
+		assert.Zero(t, m.Failed)
+		assert.GreaterOrEqual(t, m.WorksResent, m.FaultsInjected, "each lost completion's Work is re-sent")
+	}
+	require.Positive(t, rep.PerLayer.FaultsInjected+rep.Monolithic.FaultsInjected)
+	assert.Positive(t, rep.PerLayer.ChunksResumed+rep.Monolithic.ChunksResumed)
 }
 
 // TestInjectorDecisionsIgnoreOrder: a fault decision depends on the seed,

@@ -149,11 +149,12 @@ type ModeReport struct {
 	Failed    int `json:"failed_chunks"`
 	// FaultsInjected counts the transport faults Config.Fault injected;
 	// WorksResent the Works (a group, or the rest, to one destination)
-	// re-sent after their batch broke; ChunksResumed the chunks that
+	// re-sent after their batch broke or its completion was overdue;
+	// ChunksResumed the chunks that
 	// succeeded after re-sending (every prefill rank's).
 	FaultsInjected int `json:"faults_injected"`
-	// FaultsPastLimit counts the Works the injector broke more than the
-	// resend limit times in a row: each fails its chunk, so Failed is at
+	// FaultsPastLimit counts the Works the injector broke (or lost the
+	// completion of) more than the resend limit times in a row: each fails its chunk, so Failed is at
 	// most this when nothing else failed.
 	FaultsPastLimit int    `json:"faults_past_resend_limit"`
 	WorksResent     int    `json:"groups_resent"`
@@ -542,7 +543,7 @@ func (r *Report) Text(w io.Writer) {
 	row("forwards that waited for a slot", "%.0f", float64(pl.SlotWaits), float64(mo.SlotWaits))
 	if pl.FaultsInjected > 0 || mo.FaultsInjected > 0 || pl.WorksResent > 0 || mo.WorksResent > 0 {
 		row("transport faults injected (--fault)", "%.0f", float64(pl.FaultsInjected), float64(mo.FaultsInjected))
-		row("  groups re-sent after a broken batch", "%.0f", float64(pl.WorksResent), float64(mo.WorksResent))
+		row("  groups re-sent after a broken or overdue batch", "%.0f", float64(pl.WorksResent), float64(mo.WorksResent))
 		row("  chunks resumed", "%.0f", float64(pl.ChunksResumed), float64(mo.ChunksResumed))
 		row("  chunks failed", "%.0f", float64(pl.Failed), float64(mo.Failed))
 	}
