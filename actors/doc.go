@@ -5,13 +5,14 @@
 //     loop's goroutine): binds registered chunks to the next forward and fans
 //     a group boundary out to that forward's chunks (one queue entry per
 //     chunk host: fanout.go);
-//   - RoomCore (one room actor per room): the FIFO of chunk contexts, finish
-//     pops the front, drop drains all;
-//   - ChunkCore (one hosted chunk per chunk context, a process its room
-//     spawns and stops like an actor, whose messages a chunk host steps:
-//     host.go): dedups groups, counts
-//     enqueued/processed work and posted/completed batches, sends what no
-//     group covered, answers finish once everything landed, fails closed;
+//   - RoomCore (one hosted room per room: a process the manager spawns and
+//     stops like an actor, whose messages a host steps, host.go): the FIFO
+//     of chunk contexts, finish pops the front, drop drains all;
+//   - ChunkCore (one hosted chunk per chunk context, started under its
+//     room): dedups groups, counts enqueued/processed work and
+//     posted/completed batches, sends what no group covered, answers finish
+//     once everything landed, fails closed, resumes a broken or overdue
+//     batch;
 //   - ManagerCore (the root): routes by room and stops idle rooms safely;
 //   - SubmitCore (one per Work, in a submitter of a supervised pool behind a
 //     protoactor round-robin group router): after the group's event wait,
