@@ -52,6 +52,9 @@ of that many consecutive pages). Per point it reports:
                            the transport oracle and the checks at release stay), decode TP =
                            destinations, the point's layers; null for fragmentation, which the
                            sim does not model
+  sim_link_lag_ms          how late the sim's emulated link landed that run's batches after their
+                           modeled instants (p99): the emulator waiting for a processor; where it
+                           is a large part of the floor, exposed_over_floor is not the engine's alone
 
 The engine's figures come from a real engine whose stream's events are complete at once and whose
 transport completes every batch at once without moving a byte: they are the engine's own work.
@@ -142,15 +145,18 @@ func printScale(w io.Writer, rep *scalebench.Report) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	_, _ = fmt.Fprintln(tw, "axis\tvalue\tLayerEnd ns\tboundary ns\tns/context\tCPU ns/context\tallocs/boundary\tallocs/forward\tB/room\tplan ms\twrites/group\tns/write\texposed÷floor\t")
+	_, _ = fmt.Fprintln(tw, "axis\tvalue\tLayerEnd ns\tboundary ns\tns/context\tCPU ns/context\tallocs/boundary\tallocs/forward\tB/room\tplan ms\twrites/group\tns/write\texposed÷floor\tlink lag ms\t")
 	for _, r := range rep.Rows {
-		exp := "-"
+		exp, lag := "-", "-"
 		if r.ExposedOverFloor != nil {
 			exp = fmt.Sprintf("%.3f", *r.ExposedOverFloor)
 		}
-		_, _ = fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.0f\t%.1f\t%.1f\t%.1f\t%.0f\t%.0f\t%.2f\t%.0f\t%.1f\t%s\t\n", r.Axis, r.Value,
+		if r.SimLinkLagMs != nil {
+			lag = fmt.Sprintf("%.3f", *r.SimLinkLagMs)
+		}
+		_, _ = fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.0f\t%.1f\t%.1f\t%.1f\t%.0f\t%.0f\t%.2f\t%.0f\t%.1f\t%s\t%s\t\n", r.Axis, r.Value,
 			r.LayerEndNs, r.BoundaryNs, r.BoundaryNsPerContext, r.BoundaryCPUNsPerContext, r.BoundaryAllocs, r.AllocsPerForward, r.BytesPerRoom,
-			r.PlanMs, r.WritesPerGroup, r.NsPerWrite, exp)
+			r.PlanMs, r.WritesPerGroup, r.NsPerWrite, exp, lag)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -108,6 +108,14 @@ type Row struct {
 	// its floor (forwardRatio); null where the sim was not run or cannot
 	// model the axis (fragmentation).
 	ExposedOverFloor *float64 `json:"exposed_over_floor"`
+	// SimLinkLagMs is how late the sim's emulated link landed the per-layer
+	// run's batches after their modeled instants (p99 over the batches of
+	// the run whose ratio is the median; the max under 100 batches): the
+	// emulator competing for the processors with the engine and the sim.
+	// Every landing after a late one is as late, so exposed ÷ floor
+	// carries it: where it is a large part of the floor the ratio is not
+	// the engine's alone.
+	SimLinkLagMs *float64 `json:"sim_link_lag_ms,omitempty"`
 	// Point is where the row was taken.
 	Point Point `json:"point"`
 }
@@ -187,7 +195,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	// distinct input and shared.
 	engine := map[[3]int]engineFigures{}
 	writes := map[[3]int]writeFigures{}
-	sims := map[[3]int]float64{}
+	sims := map[[3]int]exposure{}
 	for _, ap := range cfg.points() {
 		p := ap.pt
 		if cfg.Progress != nil {
@@ -227,7 +235,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				}
 				sims[sk] = r
 			}
-			row.ExposedOverFloor = &r
+			row.ExposedOverFloor, row.SimLinkLagMs = &r.ratio, &r.lagMs
 		}
 		rep.Rows = append(rep.Rows, row)
 		if err := ctx.Err(); err != nil {

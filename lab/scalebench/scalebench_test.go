@@ -90,9 +90,12 @@ func TestQuickSweep(t *testing.T) {
 		require.Greater(t, r.NsPerWrite, 0.0)
 		if r.Axis == AxisFragmentation {
 			require.Nil(t, r.ExposedOverFloor)
+			require.Nil(t, r.SimLinkLagMs)
 		} else {
 			require.NotNil(t, r.ExposedOverFloor)
 			require.Greater(t, *r.ExposedOverFloor, 0.0)
+			require.NotNil(t, r.SimLinkLagMs)
+			require.GreaterOrEqual(t, *r.SimLinkLagMs, 0.0)
 		}
 	}
 	require.Equal(t, map[string]int{AxisRooms: len(cfg.Rooms), AxisDestinations: len(cfg.Dests), AxisLayers: len(cfg.Layers), AxisFragmentation: len(cfg.Frag)}, seen)

@@ -1,6 +1,7 @@
 package scalebench
 
 import (
+	"cmp"
 	"context"
 	"slices"
 
@@ -50,32 +51,40 @@ func simConfig(p Point) workload.Config {
 	return cfg
 }
 
-// measureExposure runs the sim at p runs times and returns the median of
-// the per-layer run's forward exposure over its floor (forwardRatio). A run
-// whose oracles failed is an error.
-func measureExposure(ctx context.Context, p Point, runs int) (float64, error) {
-	var ratios []float64
+// exposure is one point's sim figures: the forward's exposure over its
+// floor, and how late the emulated link landed (lagMs, its p99), of the run
+// with the median ratio.
+type exposure struct {
+	ratio, lagMs float64
+}
+
+// measureExposure runs the sim at p runs times and returns the run with
+// the median per-layer forward exposure over its floor (forwardRatio). A
+// run whose oracles failed is an error.
+func measureExposure(ctx context.Context, p Point, runs int) (exposure, error) {
+	var got []exposure
 	for range runs {
 		rep, err := workload.Run(ctx, simConfig(p), zap.NewNop())
 		if err != nil {
-			return 0, err
+			return exposure{}, err
 		}
 		switch {
 		case !rep.BytesEqual:
-			return 0, errors.Newf("sim at %+v: bytes differ: %s", p, rep.Mismatch)
+			return exposure{}, errors.Newf("sim at %+v: bytes differ: %s", p, rep.Mismatch)
 		case len(rep.OracleFailures) > 0:
-			return 0, errors.Newf("sim at %+v: oracles failed: %v", p, rep.OracleFailures)
+			return exposure{}, errors.Newf("sim at %+v: oracles failed: %v", p, rep.OracleFailures)
 		case rep.PerLayer == nil || rep.PerLayer.FloorMs <= 0:
-			return 0, errors.Newf("sim at %+v: no per-layer floor", p)
+			return exposure{}, errors.Newf("sim at %+v: no per-layer floor", p)
 		}
 		ratio, err := forwardRatio(rep.PerLayer)
 		if err != nil {
-			return 0, errors.Wrapf(err, "sim at %+v", p)
+			return exposure{}, errors.Wrapf(err, "sim at %+v", p)
 		}
-		ratios = append(ratios, ratio)
+		_, lag := rep.PerLayer.LinkLag.Tail()
+		got = append(got, exposure{ratio: ratio, lagMs: lag})
 	}
-	slices.Sort(ratios)
-	return ratios[len(ratios)/2], nil
+	slices.SortFunc(got, func(a, b exposure) int { return cmp.Compare(a.ratio, b.ratio) })
+	return got[len(got)/2], nil
 }
 
 // forwardRatio is the exposure of the sweep's one forward over its floor:

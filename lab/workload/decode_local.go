@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"time"
 
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cp/reshard"
@@ -33,26 +34,54 @@ func localSide(cfg Config, g geometry, p *plan) decodeSide {
 }
 
 // newFabric is the modeled network of a local run: a link per sending
-// transport.
-func newFabric(cfg Config, g geometry) *loopback.Fabric {
+// transport; lags records how late each batch landed.
+func newFabric(cfg Config, g geometry, lags *linkLags) *loopback.Fabric {
 	return loopback.NewFabric(loopback.Options{
 		Bandwidth: cfg.LinkGbps * 1e9 / 8, Latency: cfg.LinkLatency, TimeScale: cfg.TimeScale, ByteScale: g.byteScale, Precise: true,
-		Slow: cfg.plantSlow,
+		Slow: cfg.plantSlow, OnBatch: lags.add,
 	})
 }
+
+// linkLags records how late the emulated link landed each batch after its
+// modeled instant: the emulator's own lag (its goroutine waiting for a
+// processor, or a copy that could not finish in time), which every landing
+// and so the exposed time carries, and which no real link has.
+type linkLags struct {
+	mu   sync.Mutex
+	lags []time.Duration // wall time
+}
+
+func (l *linkLags) add(s loopback.BatchSpan) {
+	lag := max(s.Landed.Sub(s.Due), 0)
+	l.mu.Lock()
+	l.lags = append(l.lags, lag)
+	l.mu.Unlock()
+}
+
+// linkLag implements linkLagger.
+func (l *linkLags) linkLag() []time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]time.Duration(nil), l.lags...)
+}
+
+// linkLagger is a decode side on the emulated link: it says how late its
+// batches landed (wall time).
+type linkLagger interface{ linkLag() []time.Duration }
 
 // localPlane is the decode side of an unsharded sim run: one decode pool,
 // whole pages, the model's pattern testbed.Fill.
 type localPlane struct {
-	cfg     Config
-	g       geometry
-	p       *plan
-	fab     *loopback.Fabric
-	pre     *loopback.Transport
-	dec     *loopback.Transport
-	decode  *testbed.Decode
-	guard   *landguard.Oracle // the transport oracle
-	wrapped *landguard.Guard  // the prefill transport as the engine sees it
+	cfg      Config
+	g        geometry
+	p        *plan
+	fab      *loopback.Fabric
+	linkLags // how late the link landed its batches
+	pre      *loopback.Transport
+	dec      *loopback.Transport
+	decode   *testbed.Decode
+	guard    *landguard.Oracle // the transport oracle
+	wrapped  *landguard.Guard  // the prefill transport as the engine sees it
 
 	prefillPool *testbed.Pool // set by prefill before the first chunk
 
@@ -99,7 +128,7 @@ func (l *localPlane) open(context.Context, *zap.Logger) (_ []system.Peer, err er
 			l.close()
 		}
 	}()
-	l.fab = newFabric(l.cfg, l.g)
+	l.fab = newFabric(l.cfg, l.g, &l.linkLags)
 	if l.dec, err = l.fab.NewTransport("decode"); err != nil {
 		return nil, err
 	}
@@ -268,15 +297,16 @@ func (l *localPlane) close() {
 // per decode (PP stage, TP rank), each a peer with its sharding, the
 // pattern pageFill; each prefill rank has its own link and oracle.
 type shardedDecode struct {
-	cfg     Config
-	g       geometry
-	p       *plan
-	fab     *loopback.Fabric
-	pools   []*testbed.Decode
-	shadows []*testbed.Pool    // per decode pool: the chunks' snapshots (see snapshot)
-	guard   *landguard.Oracle  // over every pool
-	guards  []*landguard.Guard // per prefill rank
-	cleanup []func()
+	cfg      Config
+	g        geometry
+	p        *plan
+	fab      *loopback.Fabric
+	linkLags // how late the link landed its batches
+	pools    []*testbed.Decode
+	shadows  []*testbed.Pool    // per decode pool: the chunks' snapshots (see snapshot)
+	guard    *landguard.Oracle  // over every pool
+	guards   []*landguard.Guard // per prefill rank
+	cleanup  []func()
 
 	mu       sync.Mutex
 	snaps    map[int][]snapshot // by room, until the room is checked
@@ -411,7 +441,7 @@ func (d *shardedDecode) open(context.Context, *zap.Logger) (_ []system.Peer, err
 			d.close()
 		}
 	}()
-	d.fab = newFabric(d.cfg, d.g)
+	d.fab = newFabric(d.cfg, d.g, &d.linkLags)
 	var peers []system.Peer
 	for i := 0; i < d.g.decSide.PP()*d.g.decSide.TP; i++ {
 		st, r := i/d.g.decSide.TP, i%d.g.decSide.TP

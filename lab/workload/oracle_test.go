@@ -33,6 +33,11 @@ func TestOracleAcceptsTheEngine(t *testing.T) {
 	rep, err := Run(context.Background(), oracleConfig(), nil)
 	require.NoError(t, err)
 	assert.True(t, rep.BytesEqual, rep.Mismatch)
+	// Every batch that landed says how late the emulated link landed it.
+	for _, m := range []*ModeReport{rep.PerLayer, rep.Monolithic} {
+		assert.Equal(t, m.Batches, m.LinkLag.N, "a lag per batch landed (%s)", m.mode())
+		assert.GreaterOrEqual(t, m.LinkLag.P50, 0.0)
+	}
 }
 
 // The sharded run's check catches what a wrong engine does, at Finish: two

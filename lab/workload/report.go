@@ -132,6 +132,12 @@ type ModeReport struct {
 	ExposedPhases map[string]Dist `json:"exposed_phases_ms"`
 	// Finish is Finish call → return.
 	Finish Dist `json:"finish_dist_ms"`
+	// LinkLag is how late the emulated link landed each batch after its
+	// modeled instant (a local decode side only): the emulator's lag,
+	// carried by every landing after it and so by the exposed time, which
+	// no real link has. Far above zero, the exposed time measures the
+	// emulator competing for the processors as much as the engine.
+	LinkLag Dist `json:"link_lag_ms"`
 	// SharedForwards counts the forwards that held a request's last chunk
 	// and another request's chunk; OrderInversions those of them in which
 	// another request's batch gated by the forward's end (its hookless
@@ -540,6 +546,7 @@ func (r *Report) Text(w io.Writer) {
 		dists("  batch phase "+n+" (ms)", "%.3f", pl.BatchPhases[n], mo.BatchPhases[n])
 	}
 	dists("finish call->return (ms)", "%.3f", pl.Finish, mo.Finish)
+	dists("emulated link's lag, landed - modeled (ms)", "%.3f", pl.LinkLag, mo.LinkLag)
 	row("forwards that waited for a slot", "%.0f", float64(pl.SlotWaits), float64(mo.SlotWaits))
 	if pl.FaultsInjected > 0 || mo.FaultsInjected > 0 || pl.WorksResent > 0 || mo.WorksResent > 0 {
 		row("transport faults injected (--fault)", "%.0f", float64(pl.FaultsInjected), float64(mo.FaultsInjected))

@@ -376,6 +376,13 @@ forwards:
 	}
 	mr.mismatch = side.verify(rs.stillResident())
 	mr.summarize(cfg, g, p, col, t0, forwardEnds)
+	if ll, ok := side.(linkLagger); ok {
+		var lags []float64
+		for _, d := range ll.linkLag() {
+			lags = append(lags, float64(d)*cfg.TimeScale/float64(time.Millisecond)) // modeled, as every time reported
+		}
+		mr.LinkLag = dist(lags)
+	}
 	mr.oracle = append(side.violations(), mr.oracle...)
 	return mr, nil
 }
