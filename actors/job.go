@@ -42,6 +42,11 @@ type Job struct {
 	// last is the endpoint each Work (seq, dest) was last posted on: where
 	// a batch that broke must be quiesced before the Work is re-sent.
 	last map[[2]int]rdma.Endpoint
+	// stopped is told, once, when the job stops accepting work (its
+	// context is cancelled): the submitters' ready hub, so that its Works
+	// leave their event's wait at once.
+	stopped   func()
+	isStopped bool
 }
 
 // NewJob returns the job of plan.
@@ -61,7 +66,32 @@ func (j *Job) Context() context.Context { return j.ctx }
 
 // Release frees a job whose chunk was never started (its key was already
 // registered).
-func (j *Job) Release() { j.cancel() }
+func (j *Job) Release() { j.stop() }
+
+// stop cancels the job's context and tells its onStop hook.
+func (j *Job) stop() {
+	j.cancel()
+	j.mu.Lock()
+	f := j.stopped
+	j.stopped, j.isStopped = nil, true
+	j.mu.Unlock()
+	if f != nil {
+		f()
+	}
+}
+
+// onStop sets what stop tells, and reports false (setting nothing) if the
+// job stopped already. The caller may hold locks that f takes: stop calls
+// f with no lock of the job's held.
+func (j *Job) onStop(f func()) bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.isStopped {
+		return false
+	}
+	j.stopped = f
+	return true
+}
 
 // post posts ws on ep unless the gate is closed; posted reports whether a
 // batch is now in flight. done runs when it completes (never inside post,
@@ -115,7 +145,7 @@ func (j *Job) closeGate() {
 	j.mu.Lock()
 	j.closed = true
 	j.mu.Unlock()
-	j.cancel()
+	j.stop()
 }
 
 // teardown closes the gate and tears down every endpoint with a batch of
@@ -131,7 +161,7 @@ func (j *Job) teardown() (eps []rdma.Endpoint, err error) {
 		eps = append(eps, ep)
 	}
 	j.mu.Unlock()
-	j.cancel()
+	j.stop()
 	// In parallel: a Close may drain for up to the transport's bound (UCX:
 	// CloseDrain), and one after another they would add up past the
 	// finish timeout's reserve.

@@ -27,28 +27,31 @@ type readyHub struct {
 	arrived uint64
 	byID    map[uint64]*readyWork
 	waits   map[any]*eventWait // by event: the wait in progress on it
+	// jobs are the Works on shared waits, by job: a job that stops
+	// accepting work (Job.onStop, told once) takes them off their waits.
+	jobs map[*Job][]*readyWork
 }
 
 // eventWait is one wait on an event and the Works queued when it ends.
 type eventWait struct {
+	event  any // its key in readyHub.waits
 	works  []*readyWork
 	cancel context.CancelFunc // ends the wait once no Work is left on it
 }
 
 // readyWork is one Work between its arrival and its post.
 type readyWork struct {
-	w       *Work
-	id      uint64
-	ew      *eventWait // the shared wait it is on, until queued
-	begin   time.Time
-	wt      waited
-	queued  bool
-	wake    func()      // resumes the submitter that received it
-	unwatch func() bool // stops watching its job's context
+	w      *Work
+	id     uint64
+	ew     *eventWait // the shared wait it is on, until queued
+	begin  time.Time
+	wt     waited
+	queued bool
+	wake   func() // resumes the submitter that received it
 }
 
 func newReadyHub(fifo bool) *readyHub {
-	return &readyHub{q: ReadyQueue{FIFO: fifo}, byID: map[uint64]*readyWork{}, waits: map[any]*eventWait{}}
+	return &readyHub{q: ReadyQueue{FIFO: fifo}, byID: map[uint64]*readyWork{}, waits: map[any]*eventWait{}, jobs: map[*Job][]*readyWork{}}
 }
 
 // add registers a Work whose wait begins now and waits its event: on the
@@ -64,18 +67,23 @@ func (h *readyHub) add(w *Work, begin time.Time, wake func()) *readyWork {
 		go func() { h.ended(rw, ev.Wait(job.Context()), time.Now()) }()
 		return rw
 	}
+	if _, watched := h.jobs[job]; !watched && !job.onStop(func() { h.jobStopped(job) }) {
+		// The job stopped already: the Work waits for nothing.
+		h.queue(rw, waited{start: begin, end: time.Now(), err: job.Context().Err()})
+		h.mu.Unlock()
+		rw.wake()
+		return rw
+	}
 	ew := h.waits[ev]
 	if ew == nil {
 		ctx, cancel := context.WithCancel(context.Background())
-		ew = &eventWait{cancel: cancel}
+		ew = &eventWait{event: ev, cancel: cancel}
 		h.waits[ev] = ew
 		go func() { h.eventEnded(ev, ew, ev.Wait(ctx), time.Now()) }()
 	}
 	ew.works = append(ew.works, rw)
 	rw.ew = ew
-	// Never called from here: AfterFunc runs f on a goroutine of its own,
-	// which takes h.mu after this returns.
-	rw.unwatch = context.AfterFunc(job.Context(), func() { h.cancelled(rw) })
+	h.jobs[job] = append(h.jobs[job], rw)
 	h.mu.Unlock()
 	return rw
 }
@@ -92,13 +100,38 @@ func (h *readyHub) eventEnded(ev any, ew *eventWait, err error, end time.Time) {
 	ew.works = nil
 	for _, x := range batch {
 		x.ew = nil
+		h.unwatch(x)
 		h.queue(x, waited{start: x.begin, end: end, err: err})
 	}
 	h.mu.Unlock()
 	ew.cancel()
 	for _, x := range batch {
-		x.unwatch()
 		x.wake()
+	}
+}
+
+// unwatch takes rw off its job's list. The caller holds h.mu. The job's
+// hook stays: the job's next Work uses it.
+func (h *readyHub) unwatch(rw *readyWork) {
+	job := rw.w.Job
+	list := h.jobs[job]
+	for i, x := range list {
+		if x == rw {
+			list = append(list[:i], list[i+1:]...)
+			break
+		}
+	}
+	h.jobs[job] = list
+}
+
+// jobStopped takes every Work of job off its event's wait (cancelled).
+func (h *readyHub) jobStopped(job *Job) {
+	h.mu.Lock()
+	works := h.jobs[job]
+	delete(h.jobs, job)
+	h.mu.Unlock()
+	for _, rw := range works {
+		h.cancelled(rw)
 	}
 }
 
@@ -120,13 +153,8 @@ func (h *readyHub) cancelled(rw *readyWork) {
 	}
 	rw.ew = nil
 	last := len(ew.works) == 0
-	if last {
-		for k, w := range h.waits {
-			if w == ew {
-				delete(h.waits, k)
-				break
-			}
-		}
+	if last && h.waits[ew.event] == ew {
+		delete(h.waits, ew.event)
 	}
 	h.queue(rw, waited{start: rw.begin, end: time.Now(), err: rw.w.Job.Context().Err()})
 	h.mu.Unlock()
