@@ -241,7 +241,17 @@ func BuildPlan(l *Layout, peers func(string) (*Peer, bool), s *ChunkSpec, policy
 	if l.CP.Rule == cp.Contiguous && s.TotalPages == 0 {
 		return nil, badInput("room %d: the contiguous CP rule needs the request's total pages", s.Room)
 	}
-	if err := checkPages("source", src, l.MinPages()); err != nil {
+	// The owned positions are an arithmetic progression under both CP
+	// rules: the runs are built from it and the page lists directly, with
+	// no owned or mapped page list in between. The source side (the check
+	// of its pages, where they break a run) is done once for every
+	// destination.
+	owned, err := l.CP.OwnedStride(len(src), r.PageStart, s.TotalPages)
+	if err != nil {
+		return nil, err
+	}
+	source, err := cp.NewCheckedSource(src, r.PageStart, owned, l.MinPages())
+	if err != nil {
 		return nil, errorsWithRoom(err, s.Room)
 	}
 	if len(s.Infos) == 0 {
@@ -266,13 +276,6 @@ func BuildPlan(l *Layout, peers func(string) (*Peer, bool), s *ChunkSpec, policy
 		}
 	}
 	mode, reason, _ := cp.Guard(dummy, policy)
-	// The owned positions are an arithmetic progression under both CP
-	// rules: the runs are built from it and the page lists directly, with
-	// no owned or mapped page list in between.
-	owned, err := l.CP.OwnedStride(len(src), r.PageStart, s.TotalPages)
-	if err != nil {
-		return nil, err
-	}
 	p := &Plan{Range: r, Mode: mode, Reason: reason, Owned: owned.N}
 	for i, info := range s.Infos {
 		if dummy[i] {
@@ -287,10 +290,7 @@ func BuildPlan(l *Layout, peers func(string) (*Peer, bool), s *ChunkSpec, policy
 			p.Dests = append(p.Dests, Dest{Info: i, Peer: info.Peer, Runs: runs, Route: peer.Route()})
 			continue
 		}
-		if err := checkPages("destination", info.DstPages, capacity); err != nil {
-			return nil, errorsWithRoom(err, s.Room)
-		}
-		runs, err := cp.StrideRuns(src, r.PageStart, info.DstPages, owned)
+		runs, err := source.CheckedRuns(info.DstPages, capacity)
 		if err != nil {
 			return nil, errorsWithRoom(err, s.Room)
 		}
@@ -334,33 +334,6 @@ func peerPages(p *Peer) int {
 		n = min(n, b.Pages())
 	}
 	return n
-}
-
-// checkPages rejects negative, out-of-range and duplicate page ids. The
-// word of the bitmap being filled stays in a register while the pages fall
-// in it (consecutive pages: 64 at a time), so that a run of pages is not a
-// chain of loads and stores to one word.
-func checkPages(what string, pages []int, capacity int) error {
-	seen := make([]uint64, (capacity+63)/64)
-	cw, cur := -1, uint64(0)
-	for i, pg := range pages {
-		u := uint(pg)
-		if u >= uint(capacity) {
-			return badInput("%s page %d at index %d: outside the pool of %d pages", what, pg, i, capacity)
-		}
-		if w := int(u >> 6); w != cw {
-			if cw >= 0 {
-				seen[cw] = cur
-			}
-			cw, cur = w, seen[w]
-		}
-		bit := uint64(1) << (u & 63)
-		if cur&bit != 0 {
-			return badInput("%s page %d at index %d: duplicate", what, pg, i)
-		}
-		cur |= bit
-	}
-	return nil
 }
 
 // Clone returns a copy of s that shares no slice with it: the engine keeps

@@ -102,16 +102,20 @@ func BenchmarkRegisterExisting(b *testing.B) {
 
 // BenchmarkPlan100k builds the plan of a 100k-token chunk at page size 1
 // (owner filter, destination mapping, runs), for CP 1 and CP 8 shared-KV,
-// with consecutive and with shuffled decode pages, and toward the 32 ranks
-// of a decode TP group (equal page lists, each its own slice).
+// with consecutive and with shuffled decode pages, toward the 32 ranks of a
+// decode TP group (equal page lists, each its own slice), and toward 32
+// destinations with 32 different shuffled lists (32 decode instances, or
+// ranks whose pools differ).
 func BenchmarkPlan100k(b *testing.B) {
 	const tokens = 100_000
 	for _, tc := range []struct {
-		name    string
-		cp      int
-		shuffle bool
-		dests   int // destinations with the same page list (a decode TP group)
-	}{{"cp1/consecutive", 1, false, 1}, {"cp1/shuffled", 1, true, 1}, {"cp8/shuffled", 8, true, 1}, {"cp1/shuffled/tp32", 1, true, 32}} {
+		name     string
+		cp       int
+		shuffle  bool
+		dests    int  // destinations
+		distinct bool // each destination its own shuffle, else one list for all (each its own slice)
+	}{{"cp1/consecutive", 1, false, 1, false}, {"cp1/shuffled", 1, true, 1, false}, {"cp8/shuffled", 8, true, 1, false},
+		{"cp1/shuffled/tp32", 1, true, 32, false}, {"cp1/shuffled/tp32-distinct", 1, true, 32, true}} {
 		b.Run(tc.name, func(b *testing.B) {
 			bufs := make([]plan.Buffer, 61)
 			keys := make([]rdma.LocalKey, 61)
@@ -129,7 +133,10 @@ func BenchmarkPlan100k(b *testing.B) {
 				peer.Buffers[i] = plan.PeerBuffer{Region: rdma.RegionDesc{Len: 1152 * tokens}, ItemLen: 1152}
 			}
 			spec := &plan.ChunkSpec{Room: 1, End: tokens, Last: true, SrcPages: seq(tokens), TotalPages: tokens}
-			for range tc.dests {
+			for d := range tc.dests {
+				if tc.distinct && d > 0 {
+					rand.New(rand.NewPCG(1, uint64(d)+2)).Shuffle(len(dst), func(i, j int) { dst[i], dst[j] = dst[j], dst[i] })
+				}
 				spec.Infos = append(spec.Infos, plan.DecodeInfo{Peer: "d", DstPages: slices.Clone(dst)})
 			}
 			get := func(string) (*plan.Peer, bool) { return peer, true }
