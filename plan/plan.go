@@ -277,40 +277,38 @@ func BuildPlan(l *Layout, peers func(string) (*Peer, bool), s *ChunkSpec, policy
 	}
 	mode, reason, _ := cp.Guard(dummy, policy)
 	p := &Plan{Range: r, Mode: mode, Reason: reason, Owned: owned.N}
+	// Each real destination's length is checked here, in order; its pages
+	// and runs (or an equal earlier list) by destRuns, possibly on several
+	// goroutines. The first destination in order with an error names it,
+	// as if they were planned one after the other.
+	work := make([]destWork, 0, len(s.Infos))
+	var lenErr error
 	for i, info := range s.Infos {
 		if dummy[i] {
 			continue
 		}
-		peer := infoPeers[i]
 		if s.TotalPages != 0 && len(info.DstPages) < s.TotalPages {
-			return nil, badInput("room %d info %d: %d destination pages for a request of %d pages", s.Room, i, len(info.DstPages), s.TotalPages)
+			lenErr = badInput("room %d info %d: %d destination pages for a request of %d pages", s.Room, i, len(info.DstPages), s.TotalPages)
+			break
 		}
-		capacity := peerPages(peer)
-		if runs, ok := sameList(p.Dests, s.Infos, infoPeers, info.DstPages, capacity); ok {
-			p.Dests = append(p.Dests, Dest{Info: i, Peer: info.Peer, Runs: runs, Route: peer.Route()})
-			continue
+		work = append(work, destWork{info: i, pages: info.DstPages, capacity: peerPages(infoPeers[i])})
+	}
+	destRuns(source, work)
+	for _, w := range work {
+		if w.err != nil {
+			return nil, errorsWithRoom(w.err, s.Room)
 		}
-		runs, err := source.CheckedRuns(info.DstPages, capacity)
-		if err != nil {
-			return nil, errorsWithRoom(err, s.Room)
+		runs := w.runs
+		if w.same >= 0 {
+			runs = work[w.same].runs
 		}
-		p.Dests = append(p.Dests, Dest{Info: i, Peer: info.Peer, Runs: runs, Route: peer.Route()})
+		info := s.Infos[w.info]
+		p.Dests = append(p.Dests, Dest{Info: w.info, Peer: info.Peer, Runs: runs, Route: infoPeers[w.info].Route()})
+	}
+	if lenErr != nil {
+		return nil, lenErr
 	}
 	return p, nil
-}
-
-// sameList returns the runs of an earlier destination whose page list
-// equals dst and whose pool holds as many pages: the decode ranks of one TP
-// group hold the same page indices, each its share of the heads, and a chunk
-// toward 32 of them is then one check and one coalescing, not 32. The runs
-// are shared, read-only, as a Route is.
-func sameList(dests []Dest, infos []DecodeInfo, peers []*Peer, dst []int, capacity int) ([]cp.Run, bool) {
-	for _, d := range dests {
-		if peerPages(peers[d.Info]) == capacity && equalPages(infos[d.Info].DstPages, dst) {
-			return d.Runs, true
-		}
-	}
-	return nil, false
 }
 
 // equalPages is slices.Equal for page lists, as one memory compare: the
