@@ -109,8 +109,9 @@ func (s *Source) Runs(dstPages []int) ([]Run, error) {
 // CheckedRuns is CheckPages("destination", dstPages, capacity) followed by
 // Runs(dstPages), with the check's error first. When the owned positions
 // are consecutive (every CP rule but shared-KV with more than one rank) the
-// runs are built from the check's: the list is read once page by page, and
-// then once per run.
+// runs are built from the check's (checkRuns): the list is read page by
+// page once to find its runs, and then per run, not per page, unless its
+// runs are short.
 func (s *Source) CheckedRuns(dstPages []int, capacity int) ([]Run, error) {
 	if s.st.N == 0 || s.st.Step != 1 || s.inRange(dstPages) != nil {
 		if err := CheckPages("destination", dstPages, capacity); err != nil {
