@@ -30,51 +30,15 @@ func Coalesce(src, dst []int) ([]Run, error) {
 // StrideRuns is Coalesce(owned, DstPages(dstPages, positions)) for the
 // positions of st (OwnedStride) and owned[k] = src[st.At(k)-chunkPageStart],
 // without building either list: one pass counts the runs, a second fills a
-// slice of exactly that many. A position beyond dstPages is DstPages's
+// slice of exactly that many (NewSource, then Source.Runs). A position beyond dstPages is DstPages's
 // error. It is the plan's hot loop: a 100k-page chunk whose every decode
 // page is its own run is 100 000 runs.
 func StrideRuns(src []int, chunkPageStart int, dstPages []int, st Stride) ([]Run, error) {
-	if st.N == 0 {
-		return nil, nil
+	s, err := NewSource(src, chunkPageStart, st)
+	if err != nil {
+		return nil, err
 	}
-	last := st.At(st.N - 1)
-	if st.First < chunkPageStart || last-chunkPageStart >= len(src) {
-		return nil, badInput("positions [%d, %d] outside the chunk's %d source pages from position %d", st.First, last, len(src), chunkPageStart)
-	}
-	if st.First < 0 || last >= len(dstPages) {
-		bad, first := 0, -1
-		for k := 0; k < st.N; k++ {
-			if p := st.At(k); p < 0 || p >= len(dstPages) {
-				if bad == 0 {
-					first = p
-				}
-				bad++
-			}
-		}
-		return nil, badInput("position %d (and %d more) beyond the destination page list of %d pages", first, bad-1, len(dstPages))
-	}
-	// Both passes walk the same subslices: src from the first owned
-	// position's page, dst from the first owned position, Step apart.
-	s := src[st.First-chunkPageStart : last-chunkPageStart+1]
-	d := dstPages[st.First : last+1]
-	step := st.Step
-	n := 1
-	for i := step; i < len(s); i += step {
-		if s[i] != s[i-step]+1 || d[i] != d[i-step]+1 {
-			n++
-		}
-	}
-	runs := make([]Run, 0, n)
-	r := Run{Src: s[0], Dst: d[0], Len: 1}
-	for i := step; i < len(s); i += step {
-		if s[i] == r.Src+r.Len && d[i] == r.Dst+r.Len {
-			r.Len++
-			continue
-		}
-		runs = append(runs, r)
-		r = Run{Src: s[i], Dst: d[i], Len: 1}
-	}
-	return append(runs, r), nil
+	return s.Runs(dstPages)
 }
 
 // Pages returns how many pages the runs cover.

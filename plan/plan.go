@@ -241,7 +241,17 @@ func BuildPlan(l *Layout, peers func(string) (*Peer, bool), s *ChunkSpec, policy
 	if l.CP.Rule == cp.Contiguous && s.TotalPages == 0 {
 		return nil, badInput("room %d: the contiguous CP rule needs the request's total pages", s.Room)
 	}
-	if err := checkPages("source", src, l.MinPages()); err != nil {
+	// The owned positions are an arithmetic progression under both CP
+	// rules: the runs are built from it and the page lists directly, with
+	// no owned or mapped page list in between. The source side (the check
+	// of its pages, where they break a run) is done once for every
+	// destination.
+	owned, err := l.CP.OwnedStride(len(src), r.PageStart, s.TotalPages)
+	if err != nil {
+		return nil, err
+	}
+	source, err := cp.NewCheckedSource(src, r.PageStart, owned, l.MinPages())
+	if err != nil {
 		return nil, errorsWithRoom(err, s.Room)
 	}
 	if len(s.Infos) == 0 {
@@ -266,51 +276,39 @@ func BuildPlan(l *Layout, peers func(string) (*Peer, bool), s *ChunkSpec, policy
 		}
 	}
 	mode, reason, _ := cp.Guard(dummy, policy)
-	// The owned positions are an arithmetic progression under both CP
-	// rules: the runs are built from it and the page lists directly, with
-	// no owned or mapped page list in between.
-	owned, err := l.CP.OwnedStride(len(src), r.PageStart, s.TotalPages)
-	if err != nil {
-		return nil, err
-	}
 	p := &Plan{Range: r, Mode: mode, Reason: reason, Owned: owned.N}
+	// Each real destination's length is checked here, in order; its pages
+	// and runs (or an equal earlier list) by destRuns, possibly on several
+	// goroutines. The first destination in order with an error names it,
+	// as if they were planned one after the other.
+	work := make([]destWork, 0, len(s.Infos))
+	var lenErr error
 	for i, info := range s.Infos {
 		if dummy[i] {
 			continue
 		}
-		peer := infoPeers[i]
 		if s.TotalPages != 0 && len(info.DstPages) < s.TotalPages {
-			return nil, badInput("room %d info %d: %d destination pages for a request of %d pages", s.Room, i, len(info.DstPages), s.TotalPages)
+			lenErr = badInput("room %d info %d: %d destination pages for a request of %d pages", s.Room, i, len(info.DstPages), s.TotalPages)
+			break
 		}
-		capacity := peerPages(peer)
-		if runs, ok := sameList(p.Dests, s.Infos, infoPeers, info.DstPages, capacity); ok {
-			p.Dests = append(p.Dests, Dest{Info: i, Peer: info.Peer, Runs: runs, Route: peer.Route()})
-			continue
+		work = append(work, destWork{info: i, pages: info.DstPages, capacity: peerPages(infoPeers[i])})
+	}
+	destRuns(source, work)
+	for _, w := range work {
+		if w.err != nil {
+			return nil, errorsWithRoom(w.err, s.Room)
 		}
-		if err := checkPages("destination", info.DstPages, capacity); err != nil {
-			return nil, errorsWithRoom(err, s.Room)
+		runs := w.runs
+		if w.same >= 0 {
+			runs = work[w.same].runs
 		}
-		runs, err := cp.StrideRuns(src, r.PageStart, info.DstPages, owned)
-		if err != nil {
-			return nil, errorsWithRoom(err, s.Room)
-		}
-		p.Dests = append(p.Dests, Dest{Info: i, Peer: info.Peer, Runs: runs, Route: peer.Route()})
+		info := s.Infos[w.info]
+		p.Dests = append(p.Dests, Dest{Info: w.info, Peer: info.Peer, Runs: runs, Route: infoPeers[w.info].Route()})
+	}
+	if lenErr != nil {
+		return nil, lenErr
 	}
 	return p, nil
-}
-
-// sameList returns the runs of an earlier destination whose page list
-// equals dst and whose pool holds as many pages: the decode ranks of one TP
-// group hold the same page indices, each its share of the heads, and a chunk
-// toward 32 of them is then one check and one coalescing, not 32. The runs
-// are shared, read-only, as a Route is.
-func sameList(dests []Dest, infos []DecodeInfo, peers []*Peer, dst []int, capacity int) ([]cp.Run, bool) {
-	for _, d := range dests {
-		if peerPages(peers[d.Info]) == capacity && equalPages(infos[d.Info].DstPages, dst) {
-			return d.Runs, true
-		}
-	}
-	return nil, false
 }
 
 // equalPages is slices.Equal for page lists, as one memory compare: the
@@ -334,33 +332,6 @@ func peerPages(p *Peer) int {
 		n = min(n, b.Pages())
 	}
 	return n
-}
-
-// checkPages rejects negative, out-of-range and duplicate page ids. The
-// word of the bitmap being filled stays in a register while the pages fall
-// in it (consecutive pages: 64 at a time), so that a run of pages is not a
-// chain of loads and stores to one word.
-func checkPages(what string, pages []int, capacity int) error {
-	seen := make([]uint64, (capacity+63)/64)
-	cw, cur := -1, uint64(0)
-	for i, pg := range pages {
-		u := uint(pg)
-		if u >= uint(capacity) {
-			return badInput("%s page %d at index %d: outside the pool of %d pages", what, pg, i, capacity)
-		}
-		if w := int(u >> 6); w != cw {
-			if cw >= 0 {
-				seen[cw] = cur
-			}
-			cw, cur = w, seen[w]
-		}
-		bit := uint64(1) << (u & 63)
-		if cur&bit != 0 {
-			return badInput("%s page %d at index %d: duplicate", what, pg, i)
-		}
-		cur |= bit
-	}
-	return nil
 }
 
 // Clone returns a copy of s that shares no slice with it: the engine keeps

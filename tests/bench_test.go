@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -102,16 +103,24 @@ func BenchmarkRegisterExisting(b *testing.B) {
 
 // BenchmarkPlan100k builds the plan of a 100k-token chunk at page size 1
 // (owner filter, destination mapping, runs), for CP 1 and CP 8 shared-KV,
-// with consecutive and with shuffled decode pages, and toward the 32 ranks
-// of a decode TP group (equal page lists, each its own slice).
+// with consecutive decode pages, shuffled ones (every page its own run) and
+// runs of 16 pages in shuffled order; toward the 32 ranks of a decode TP
+// group (equal page lists, each its own slice), and toward 32 destinations
+// with 32 different lists (32 decode instances, or ranks whose pools
+// differ). cpu-ms/op is the process's CPU time, every thread's: with
+// GOMAXPROCS above 1 a plan of many destinations spreads them over
+// goroutines (-cpu 1,2 shows both).
 func BenchmarkPlan100k(b *testing.B) {
 	const tokens = 100_000
 	for _, tc := range []struct {
-		name    string
-		cp      int
-		shuffle bool
-		dests   int // destinations with the same page list (a decode TP group)
-	}{{"cp1/consecutive", 1, false, 1}, {"cp1/shuffled", 1, true, 1}, {"cp8/shuffled", 8, true, 1}, {"cp1/shuffled/tp32", 1, true, 32}} {
+		name     string
+		cp       int
+		run      int  // decode pages in runs of run consecutive pages, the runs shuffled; 0: all consecutive
+		dests    int  // destinations
+		distinct bool // each destination its own order of the runs, else one list for all (each its own slice)
+	}{{"cp1/consecutive", 1, 0, 1, false}, {"cp1/shuffled", 1, 1, 1, false}, {"cp8/shuffled", 8, 1, 1, false},
+		{"cp1/shuffled/tp32", 1, 1, 32, false}, {"cp1/shuffled/tp32-distinct", 1, 1, 32, true},
+		{"cp1/runs16/tp32", 1, 16, 32, false}, {"cp1/runs16/tp32-distinct", 1, 16, 32, true}} {
 		b.Run(tc.name, func(b *testing.B) {
 			bufs := make([]plan.Buffer, 61)
 			keys := make([]rdma.LocalKey, 61)
@@ -120,22 +129,36 @@ func BenchmarkPlan100k(b *testing.B) {
 			}
 			l, err := plan.NewLayout(bufs, keys, 61, 8, 1, cp.CP{Size: tc.cp})
 			require.NoError(b, err)
-			dst := seq(tokens)
-			if tc.shuffle {
-				rand.New(rand.NewPCG(1, 2)).Shuffle(len(dst), func(i, j int) { dst[i], dst[j] = dst[j], dst[i] })
+			rng := rand.New(rand.NewPCG(1, 2))
+			list := func() []int {
+				if tc.run == 0 {
+					return seq(tokens)
+				}
+				out := make([]int, 0, tokens)
+				for _, blk := range rng.Perm((tokens + tc.run - 1) / tc.run) {
+					for p := blk * tc.run; p < min((blk+1)*tc.run, tokens); p++ {
+						out = append(out, p)
+					}
+				}
+				return out
 			}
 			peer := &plan.Peer{ID: "d", Buffers: make([]plan.PeerBuffer, 61)}
 			for i := range peer.Buffers {
 				peer.Buffers[i] = plan.PeerBuffer{Region: rdma.RegionDesc{Len: 1152 * tokens}, ItemLen: 1152}
 			}
 			spec := &plan.ChunkSpec{Room: 1, End: tokens, Last: true, SrcPages: seq(tokens), TotalPages: tokens}
-			for range tc.dests {
+			dst := list()
+			for d := range tc.dests {
+				if tc.distinct && d > 0 {
+					dst = list()
+				}
 				spec.Infos = append(spec.Infos, plan.DecodeInfo{Peer: "d", DstPages: slices.Clone(dst)})
 			}
 			get := func(string) (*plan.Peer, bool) { return peer, true }
 			b.ReportAllocs()
 			b.ResetTimer()
 			var runs int
+			cpu0 := processCPU()
 			for i := 0; i < b.N; i++ {
 				p, err := plan.BuildPlan(l, get, spec, cp.EveryDestination)
 				if err != nil {
@@ -143,9 +166,19 @@ func BenchmarkPlan100k(b *testing.B) {
 				}
 				runs = len(p.Dests[0].Runs)
 			}
+			b.ReportMetric(float64((processCPU()-cpu0).Nanoseconds())/1e6/float64(b.N), "cpu-ms/op")
 			b.ReportMetric(float64(runs), "runs")
 		})
 	}
+}
+
+// processCPU is the CPU time this process used so far, every thread's.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // BenchmarkBlocks100k turns the runs of a 100k-page chunk into one buffer's

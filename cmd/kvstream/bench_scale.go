@@ -19,7 +19,7 @@ func newBenchScale() *cobra.Command {
 	var (
 		quick, jsonOut, noSim, quiet bool
 		budget                       time.Duration
-		from, plot                   string
+		from, plot, axis             string
 		simRuns                      int
 	)
 	cmd := &cobra.Command{
@@ -65,7 +65,7 @@ docs/PERFORMANCE.md ("The cost curve") gives the figures, the targets and the pl
   kvstream bench scale --json > /tmp/scale.json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			rep, err := runScale(cmd, from, quick, noSim, quiet, budget, simRuns)
+			rep, err := runScale(cmd, from, axis, quick, noSim, quiet, budget, simRuns)
 			if err != nil {
 				return err
 			}
@@ -84,6 +84,7 @@ docs/PERFORMANCE.md ("The cost curve") gives the figures, the targets and the pl
 	fl.BoolVar(&quick, "quick", false, "a reduced sweep that takes under a minute")
 	fl.BoolVar(&jsonOut, "json", false, `print {"base": ..., "rows": [...], "slopes": [...]} as one JSON object`)
 	fl.BoolVar(&noSim, "no-sim", false, "skip the sim (exposed_over_floor null everywhere)")
+	fl.StringVar(&axis, "axis", "", "sweep only this axis: rooms, destinations, layers or fragmentation")
 	fl.IntVar(&simRuns, "sim-runs", 0, "sim runs per point, the median reported (default 3, 1 with --quick)")
 	fl.BoolVar(&quiet, "quiet", false, "no progress lines on stderr")
 	fl.DurationVar(&budget, "budget", 0, "about how long each timed loop runs (default 200ms, 20ms with --quick)")
@@ -93,7 +94,7 @@ docs/PERFORMANCE.md ("The cost curve") gives the figures, the targets and the pl
 }
 
 // runScale measures a sweep, or reads one (--from).
-func runScale(cmd *cobra.Command, from string, quick, noSim, quiet bool, budget time.Duration, simRuns int) (*scalebench.Report, error) {
+func runScale(cmd *cobra.Command, from, axis string, quick, noSim, quiet bool, budget time.Duration, simRuns int) (*scalebench.Report, error) {
 	if from != "" {
 		raw, err := os.ReadFile(from)
 		if err != nil {
@@ -112,6 +113,11 @@ func runScale(cmd *cobra.Command, from string, quick, noSim, quiet bool, budget 
 	cfg := scalebench.Full()
 	if quick {
 		cfg = scalebench.Quick()
+	}
+	if axis != "" {
+		if err := cfg.Only(axis); err != nil {
+			return nil, errors.Wrap(err, "--axis")
+		}
 	}
 	if cmd.Flags().Changed("budget") {
 		cfg.Budget = budget

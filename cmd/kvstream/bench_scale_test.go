@@ -38,4 +38,6 @@ func TestBenchScaleFlags(t *testing.T) {
 	require.ErrorContains(t, err, "no rows")
 	_, err = runBenchCLI(t, "scale", "--quick", "--sim-runs", "0")
 	require.ErrorContains(t, err, "sim runs 0: must be 1 to 99")
+	_, err = runBenchCLI(t, "scale", "--quick", "--axis", "dests")
+	require.ErrorContains(t, err, `--axis: scale bench: axis "dests": want rooms, destinations, layers or fragmentation`)
 }

@@ -163,6 +163,22 @@ func (c Config) Validate() error {
 	return nil
 }
 
+// Only keeps one axis of the sweep (AxisRooms, AxisDestinations,
+// AxisLayers or AxisFragmentation) and drops the others: what one change
+// moves can be measured alone, and more often in the same minutes.
+func (c *Config) Only(axis string) error {
+	keep := map[string]*[]int{AxisRooms: &c.Rooms, AxisDestinations: &c.Dests, AxisLayers: &c.Layers, AxisFragmentation: &c.Frag}
+	if _, ok := keep[axis]; !ok {
+		return errors.Newf("scale bench: axis %q: want %s, %s, %s or %s", axis, AxisRooms, AxisDestinations, AxisLayers, AxisFragmentation)
+	}
+	for name, vals := range keep {
+		if name != axis {
+			*vals = nil
+		}
+	}
+	return nil
+}
+
 type axisPoint struct {
 	axis  string
 	value int

@@ -134,6 +134,19 @@ func TestValidate(t *testing.T) {
 	require.ErrorContains(t, cfg.Validate(), "fragmentation 100001")
 }
 
+// Only keeps one axis's points, and names a bad axis with the choices.
+func TestOnly(t *testing.T) {
+	cfg := Full()
+	require.NoError(t, cfg.Only(AxisDestinations))
+	var axes []string
+	for _, p := range cfg.points() {
+		require.Equal(t, AxisDestinations, p.axis)
+		axes = append(axes, p.axis)
+	}
+	require.Len(t, axes, len(Full().Dests))
+	require.ErrorContains(t, cfg.Only("dests"), `axis "dests": want rooms, destinations, layers or fragmentation`)
+}
+
 // The forward's ratio is the last room's exposed time over the largest
 // floor, not a mean: rooms served ahead of their place in the floor's order
 // do not pull it under 1.

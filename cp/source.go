@@ -1,0 +1,376 @@
+package cp
+
+import (
+	"math/bits"
+
+	"github.com/cockroachdb/errors"
+)
+
+// Source is the source side of a chunk's runs, shared by every destination
+// of the chunk: the positions this rank owns (a Stride), the source pages
+// behind them, and where the source pages alone break a run. NewSource
+// reads the source pages once; Runs and CheckedRuns then do only one
+// destination's work, so a chunk toward 32 destinations with 32 different
+// page lists does not read its source pages 64 times.
+type Source struct {
+	st Stride
+	// s is src from the first owned position's page to the last's; owned
+	// page k is s[k*st.Step].
+	s []int
+	// brk has bit k set where owned page k does not continue owned page
+	// k-1 on the source side; nil where none does not (one source run).
+	brk []uint64
+}
+
+// NewSource is the source side of StrideRuns(src, chunkPageStart, _, st).
+// A position of st outside the chunk's source pages is an error.
+func NewSource(src []int, chunkPageStart int, st Stride) (*Source, error) {
+	if st.N == 0 {
+		return &Source{st: st}, nil
+	}
+	last := st.At(st.N - 1)
+	if st.First < chunkPageStart || last-chunkPageStart >= len(src) {
+		return nil, badInput("positions [%d, %d] outside the chunk's %d source pages from position %d", st.First, last, len(src), chunkPageStart)
+	}
+	s := src[st.First-chunkPageStart : last-chunkPageStart+1]
+	var brk []uint64
+	for k, i := 1, st.Step; i < len(s); k, i = k+1, i+st.Step {
+		if s[i] != s[i-st.Step]+1 {
+			if brk == nil {
+				brk = make([]uint64, (st.N+63)/64)
+			}
+			brk[k>>6] |= 1 << (k & 63)
+		}
+	}
+	return &Source{st: st, s: s, brk: brk}, nil
+}
+
+// NewCheckedSource is CheckPages("source", src, capacity) followed by
+// NewSource(src, chunkPageStart, st), with the check's error first. With
+// consecutive owned positions the source's breaks are the check's run
+// starts, and the source pages are read once.
+func NewCheckedSource(src []int, chunkPageStart int, st Stride, capacity int) (*Source, error) {
+	starts, err := checkRuns("source", src, capacity)
+	if err != nil {
+		return nil, err
+	}
+	if st.N == 0 || st.Step != 1 {
+		return NewSource(src, chunkPageStart, st)
+	}
+	last := st.At(st.N - 1)
+	if st.First < chunkPageStart || last-chunkPageStart >= len(src) {
+		return NewSource(src, chunkPageStart, st) // its error
+	}
+	brk := extractBits(starts, st.First-chunkPageStart, st.N)
+	brk[0] &^= 1 // the first owned page starts a run whatever the source
+	for _, w := range brk {
+		if w != 0 {
+			return &Source{st: st, s: src[st.First-chunkPageStart : last-chunkPageStart+1], brk: brk}, nil
+		}
+	}
+	return &Source{st: st, s: src[st.First-chunkPageStart : last-chunkPageStart+1]}, nil
+}
+
+// extractBits returns bits [from, from+n) of bm (n > 0, within bm) as a
+// bitmap of their own.
+func extractBits(bm []uint64, from, n int) []uint64 {
+	out := make([]uint64, (n+63)/64)
+	base, sh := from>>6, uint(from&63)
+	for q := range out {
+		w := bm[base+q] >> sh
+		if sh != 0 && base+q+1 < len(bm) {
+			w |= bm[base+q+1] << (64 - sh)
+		}
+		out[q] = w
+	}
+	if r := n & 63; r != 0 {
+		out[len(out)-1] &= 1<<uint(r) - 1
+	}
+	return out
+}
+
+// Stride is the owned positions.
+func (s *Source) Stride() Stride { return s.st }
+
+// Runs is StrideRuns for the source s was made from: the runs toward one
+// destination whose request page list is dstPages. A position beyond
+// dstPages is an error that names it.
+func (s *Source) Runs(dstPages []int) ([]Run, error) {
+	if s.st.N == 0 {
+		return nil, nil
+	}
+	if err := s.inRange(dstPages); err != nil {
+		return nil, err
+	}
+	d := s.dst(dstPages)
+	return s.fill(d, s.count(d)), nil
+}
+
+// CheckedRuns is CheckPages("destination", dstPages, capacity) followed by
+// Runs(dstPages), with the check's error first. When the owned positions
+// are consecutive (every CP rule but shared-KV with more than one rank) the
+// runs are built from the check's (checkRuns): the list is read page by
+// page once to find its runs, and then per run, not per page, unless its
+// runs are short.
+func (s *Source) CheckedRuns(dstPages []int, capacity int) ([]Run, error) {
+	if s.st.N == 0 || s.st.Step != 1 || s.inRange(dstPages) != nil {
+		if err := CheckPages("destination", dstPages, capacity); err != nil {
+			return nil, err
+		}
+		return s.Runs(dstPages)
+	}
+	starts, err := checkRuns("destination", dstPages, capacity)
+	if err != nil {
+		return nil, err
+	}
+	return s.fillFrom(dstPages, starts), nil
+}
+
+// fillFrom builds the runs of consecutive owned positions from the starts
+// of dstPages's own runs (checkRuns): a run starts where the destination's
+// run does, where the source breaks, and at the first owned position.
+func (s *Source) fillFrom(dstPages []int, starts []uint64) []Run {
+	first, n := s.st.First, s.st.N
+	ob := extractBits(starts, first, n)
+	ob[0] |= 1
+	count := 0
+	for q, w := range ob {
+		if s.brk != nil {
+			w |= s.brk[q]
+			ob[q] = w
+		}
+		count += bits.OnesCount64(w)
+	}
+	// One run per set bit, in order; a run's length is known at the next.
+	src, d := s.s[:n], dstPages[first:first+n]
+	runs := make([]Run, count)
+	r, prev := 0, 0
+	for q, w := range ob {
+		for w != 0 {
+			i := q<<6 + bits.TrailingZeros64(w)
+			w &= w - 1
+			if r > 0 {
+				runs[r-1].Len = i - prev
+			}
+			runs[r] = Run{Src: src[i], Dst: d[i]}
+			r, prev = r+1, i
+		}
+	}
+	runs[r-1].Len = n - prev
+	return runs
+}
+
+// inRange reports a position beyond dstPages, naming the first and how
+// many others (DstPages's error).
+func (s *Source) inRange(dstPages []int) error {
+	if s.st.First >= 0 && s.st.At(s.st.N-1) < len(dstPages) {
+		return nil
+	}
+	bad, first := 0, -1
+	for k := 0; k < s.st.N; k++ {
+		if p := s.st.At(k); p < 0 || p >= len(dstPages) {
+			if bad == 0 {
+				first = p
+			}
+			bad++
+		}
+	}
+	return badInput("position %d (and %d more) beyond the destination page list of %d pages", first, bad-1, len(dstPages))
+}
+
+// dst is dstPages from the first owned position to the last (in range).
+func (s *Source) dst(dstPages []int) []int {
+	return dstPages[s.st.First : s.st.At(s.st.N-1)+1]
+}
+
+// count is how many runs d (the destination pages from the first owned
+// position, Step apart) makes with the source.
+func (s *Source) count(d []int) int {
+	step, brk, n := s.st.Step, s.brk, 1
+	for k, i := 1, step; i < len(d); k, i = k+1, i+step {
+		if d[i] != d[i-step]+1 || (brk != nil && brk[k>>6]&(1<<(k&63)) != 0) {
+			n++
+		}
+	}
+	return n
+}
+
+// fill builds the n runs of d (as count counted them) into a slice of
+// exactly that many.
+func (s *Source) fill(d []int, n int) []Run {
+	// Locals, not s's fields: the stores into runs could alias them, and
+	// the loop would load them again at every page.
+	step, src, brk := s.st.Step, s.s, s.brk
+	runs := make([]Run, 0, n)
+	r := Run{Src: src[0], Dst: d[0], Len: 1}
+	for k, i := 1, step; i < len(d); k, i = k+1, i+step {
+		if d[i] == r.Dst+r.Len && (brk == nil || brk[k>>6]&(1<<(k&63)) == 0) {
+			r.Len++
+			continue
+		}
+		runs = append(runs, r)
+		r = Run{Src: src[i], Dst: d[i], Len: 1}
+	}
+	return append(runs, r)
+}
+
+// CheckPages rejects negative, out-of-range and duplicate page ids, naming
+// the first bad page, its index and the pool (what: "source" or
+// "destination").
+func CheckPages(what string, pages []int, capacity int) error {
+	return checkPages(what, pages, capacity)
+}
+
+// checkRuns is CheckPages, returning where the list's runs of consecutive
+// pages start (bit i: pages[i] != pages[i-1]+1, and bit 0). One pass reads
+// the pages and finds the starts; then each run is checked at its ends (its
+// pages are consecutive: inside the pool if both ends are) and marks its
+// pages in the pool's bitmap a word at a time, so that a list of long runs
+// costs a compare per page. A bad list is checked again page by page for
+// the first bad page's error.
+func checkRuns(what string, pages []int, capacity int) ([]uint64, error) {
+	if len(pages) == 0 {
+		return nil, nil
+	}
+	starts := make([]uint64, (len(pages)+63)/64)
+	runStarts(pages, starts)
+	runs := 0
+	for _, w := range starts {
+		runs += bits.OnesCount64(w)
+	}
+	if runs > len(pages)/4 {
+		// Short runs: the page-by-page check is the faster.
+		if err := CheckPages(what, pages, capacity); err != nil {
+			return nil, err
+		}
+		return starts, nil
+	}
+	seen := make([]uint64, (max(capacity, 0)+63)/64)
+	ok, prev := true, 0
+	for q, w := range starts {
+		for w != 0 {
+			i := q<<6 + bits.TrailingZeros64(w)
+			w &= w - 1
+			if i > 0 && !claim(seen, pages, prev, i, capacity) {
+				ok = false
+				break
+			}
+			prev = i
+		}
+	}
+	if !ok || !claim(seen, pages, prev, len(pages), capacity) {
+		return nil, checkSlow(what, pages, capacity)
+	}
+	return starts, nil
+}
+
+// runStarts sets bit i of starts where pages[i] does not continue
+// pages[i-1], and bit 0. The word is shifted in by constant shifts, 64
+// pages to a word.
+func runStarts(pages []int, starts []uint64) {
+	prev := pages[0] - 1
+	full := len(pages) &^ 63
+	for base := 0; base < full; base += 64 {
+		// Four pages a step: four independent compares, one shift (a
+		// quarter faster than a page a step here).
+		var w uint64
+		blk := (*[64]int)(pages[base : base+64])
+		for j := 0; j < 64; j += 4 {
+			a, b, c, d := blk[j], blk[j+1], blk[j+2], blk[j+3]
+			var x uint64
+			if a != prev+1 {
+				x |= 1 << 60
+			}
+			if b != a+1 {
+				x |= 1 << 61
+			}
+			if c != b+1 {
+				x |= 1 << 62
+			}
+			if d != c+1 {
+				x |= 1 << 63
+			}
+			w = w>>4 | x
+			prev = d
+		}
+		starts[base>>6] = w
+	}
+	if full < len(pages) {
+		var w uint64
+		for _, pg := range pages[full:] {
+			var b uint64
+			if pg != prev+1 {
+				b = 1 << 63
+			}
+			w = w>>1 | b
+			prev = pg
+		}
+		starts[full>>6] = w >> uint(64-(len(pages)-full))
+	}
+	starts[0] |= 1
+}
+
+// claim checks the run pages[a:b] (consecutive pages) against the pool
+// and sets its bits in seen, reporting whether it is inside the pool and
+// none of its bits was set.
+func claim(seen []uint64, pages []int, a, b, capacity int) bool {
+	lo := pages[a]
+	if uint(lo) >= uint(capacity) || uint(pages[b-1]) >= uint(capacity) {
+		return false
+	}
+	if b-a == 1 {
+		w, bit := lo>>6, uint64(1)<<uint(lo&63)
+		if seen[w]&bit != 0 {
+			return false
+		}
+		seen[w] |= bit
+		return true
+	}
+	for hi := lo + b - a; lo < hi; {
+		sh := uint(lo & 63)
+		cnt := min(64-int(sh), hi-lo)
+		mask := ^uint64(0) >> uint(64-cnt) << sh
+		if seen[lo>>6]&mask != 0 {
+			return false
+		}
+		seen[lo>>6] |= mask
+		lo += cnt
+	}
+	return true
+}
+
+// checkSlow checks pages one by one and returns the first bad one's error.
+// checkRuns found one: not finding it is a bug.
+func checkSlow(what string, pages []int, capacity int) error {
+	if err := CheckPages(what, pages, capacity); err != nil {
+		return err
+	}
+	return errors.AssertionFailedf("%s pages: the run check found a bad page that the page check did not", what)
+}
+
+// checkPages is the page-by-page check. The word of the bitmap being
+// filled stays in a register while the pages fall in it (consecutive
+// pages: 64 at a time), so that a run of pages is not a chain of loads and
+// stores to one word.
+func checkPages(what string, pages []int, capacity int) error {
+	seen := make([]uint64, (max(capacity, 0)+63)/64)
+	cw, cur := -1, uint64(0)
+	for i, pg := range pages {
+		u := uint(pg)
+		if u >= uint(capacity) {
+			return badInput("%s page %d at index %d: outside the pool of %d pages", what, pg, i, capacity)
+		}
+		if w := int(u >> 6); w != cw {
+			if cw >= 0 {
+				seen[cw] = cur
+			}
+			cw, cur = w, seen[w]
+		}
+		bit := uint64(1) << (u & 63)
+		if cur&bit != 0 {
+			return badInput("%s page %d at index %d: duplicate", what, pg, i)
+		}
+		cur |= bit
+	}
+	return nil
+}
