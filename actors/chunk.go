@@ -32,6 +32,7 @@ func StartChunk(env *Env, job *Job) func(parent *actor.PID) *actor.PID {
 		pid, err := c.register(env, env.hostOf(job.ID()), c, childID(env, parent), parent)
 		if err != nil { // a fresh id cannot exist: the registry's sequence made it
 			env.Log.Error("cannot register a chunk context", zap.Uint64("room", job.ID().Room), zap.Int("chunk", job.ID().Start), zap.Error(err))
+			return nil
 		}
 		return pid
 	}
@@ -51,8 +52,14 @@ type hostedChunk struct {
 	stopCancel func() bool // stops watching the Finish caller's context
 }
 
-// stopping stops its timers: it takes no message any more.
-func (c *hostedChunk) stopping() { c.stopTimer() }
+// stopping stops its timers and closes its job's gate (a chunk stopped
+// before it ended, by its room's stop, posts nothing more): it takes no
+// message any more.
+func (c *hostedChunk) stopping() []*actor.PID {
+	c.stopTimer()
+	c.job.closeGate()
+	return nil
+}
 
 // handle steps the core with one message and performs its effects; the
 // trace records it as a chunk actor's message when tracing is on.
@@ -130,6 +137,7 @@ func (c *hostedChunk) perform(e Effect) {
 // Quiesced. The chunk answers nothing before it hears back.
 func (c *hostedChunk) resend(e Resend) {
 	self, root, env, job := c.self, c.root, c.env, c.job
+	job.writeOff(e.Seq, e.Dest) // a written-off batch's completion may never come
 	ep := job.brokenEndpoint(e.Seq, e.Dest)
 	peer := job.Plan.Dests[e.Dest].Peer
 	if ce := env.Log.Check(zap.DebugLevel, "re-sending a broken batch"); ce != nil {

@@ -8,16 +8,16 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 )
 
-// Dispatcher runs actor mailboxes on a fixed set of worker goroutines.
+// Dispatcher runs actor mailboxes (and the chunk hosts' activations) on a
+// fixed set of worker goroutines.
 //
 // protoactor's default dispatcher starts a goroutine each time an idle
-// mailbox gets a message. At a group boundary the forward thread wakes every
-// active chunk, so that would cost one goroutine start per context on the
-// forward thread; handing the mailbox to a waiting worker is cheaper.
-// Mailboxes scheduled on the engine's instance (chunk, room and manager
-// actors) must never block: they only compute, send, and answer on
-// buffered channels; a full queue falls back to a fresh goroutine rather
-// than stall the forward thread. The submitter pool has an
+// mailbox gets a message; handing the mailbox to a waiting worker is
+// cheaper, on the forward thread above all. What runs on the engine's
+// instance (the manager's mailbox, the hosts stepping rooms and chunks)
+// must never block: it only computes, sends, and answers on buffered
+// channels; a full queue falls back to a fresh goroutine rather than stall
+// the forward thread. The submitter pool has an
 // instance of its own, one worker per submitter. Long-lived workers also
 // keep the stacks they grew: a goroutine started per activation grows its
 // stack again on every deep call.
@@ -55,8 +55,7 @@ func NewDispatcher(workers int) *Dispatcher {
 }
 
 // Schedule runs fn on a worker. After Close (a transport completion can
-// still reach a chunk actor that is stopping) it runs fn on its own
-// goroutine.
+// still reach a chunk that is stopping) it runs fn on its own goroutine.
 func (d *Dispatcher) Schedule(fn func()) {
 	if d.closed.Load() {
 		go fn()

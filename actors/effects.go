@@ -54,8 +54,9 @@ type StopRoom struct{ Room uint64 }
 
 // --- Room core (RoomCore) ---
 
-// SpawnChunk asks the room shell to start a chunk actor from Props and tell
-// the forward actor it is pending.
+// SpawnChunk asks the room shell to start the chunk's context (its
+// AddChunk's Start, under the room) and tell the forward actor it is
+// pending.
 type SpawnChunk struct {
 	Add *messages.AddChunk
 }
@@ -77,7 +78,8 @@ type Send struct {
 	Msg any
 }
 
-// StopChunk stops an ended chunk actor and makes the forward actor forget it.
+// StopChunk stops an ended chunk's context and makes the forward actor
+// forget it.
 type StopChunk struct{ Chunk messages.Chunk }
 
 // AnswerDrop answers Drop once every dropped chunk quiesced (the room), or at

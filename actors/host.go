@@ -106,9 +106,10 @@ func (h *chunkHost) run() {
 type hosted interface {
 	// handle handles one message (the process is not stopped).
 	handle(msg any, sender *actor.PID)
-	// stopping releases what the process holds once it stopped: timers,
-	// its children.
-	stopping()
+	// stopping releases what the process holds once it stopped (timers,
+	// a job's gate) and stops its children: it returns them, and the
+	// process terminates once each of them did, as an actor does.
+	stopping() (children []*actor.PID)
 }
 
 // process is a hosted chunk or room as the actor system sees it: a
@@ -128,6 +129,10 @@ type process struct {
 	mu       sync.Mutex
 	watchers []*actor.PID // told when it terminates (a StopFuture's watch)
 	gone     bool         // it terminated: a watcher is told at once
+
+	// awaiting are the children it stopped and waits to hear terminate
+	// before it terminates itself (only its host touches it).
+	awaiting map[string]bool
 }
 
 var _ actor.Process = (*process)(nil)
@@ -192,8 +197,13 @@ func (p *process) SendSystemMessage(_ *actor.PID, message any) {
 		p.mu.Lock()
 		p.watchers = slices.DeleteFunc(p.watchers, func(w *actor.PID) bool { return w.Equal(m.Watcher) })
 		p.mu.Unlock()
+	case *actor.Terminated:
+		p.host.push(hostItem{p: p, msg: childGone{who: m.Who}})
 	}
 }
+
+// childGone is a child's Terminated, on its parent's host.
+type childGone struct{ who *actor.PID }
 
 // Stop implements actor.Process: it takes no message from now on; its host
 // finishes the stop.
@@ -205,20 +215,26 @@ func (p *process) Stop(*actor.PID) {
 
 // deliver is the host handing p one message.
 func (p *process) deliver(msg any, sender *actor.PID) {
-	switch msg.(type) {
+	switch m := msg.(type) {
 	case hostStop:
-		p.owner.stopping()
-		p.env.System.ProcessRegistry.Remove(p.self)
-		p.mu.Lock()
-		p.gone = true
-		watchers := p.watchers
-		p.watchers = nil
-		p.mu.Unlock()
-		p.terminated(p.parent)
-		for _, w := range watchers {
-			p.terminated(w)
+		defer p.recover(msg)
+		if children := p.owner.stopping(); len(children) > 0 {
+			p.awaiting = make(map[string]bool, len(children))
+			for _, c := range children {
+				p.awaiting[c.Id] = true
+			}
+			return // it terminates once they did
 		}
+		p.terminate()
 		return
+	case childGone:
+		if p.stopped.Load() && p.awaiting[m.who.Id] {
+			delete(p.awaiting, m.who.Id)
+			if len(p.awaiting) == 0 {
+				p.terminate()
+			}
+		}
+		return // a child's end it did not wait for is nothing to it
 	case *actor.PoisonPill: // as an actor's: stop once what came before is handled
 		p.Stop(p.self)
 		return
@@ -237,6 +253,21 @@ func (p *process) recover(msg any) {
 	if r := recover(); r != nil {
 		p.env.Log.Error("a chunk or room panicked handling a message; the message is lost",
 			zap.String("process", p.self.GetId()), zap.String("message", trace.TypeName(msg)), zap.Any("panic", r))
+	}
+}
+
+// terminate ends a stopped process: it leaves the registry, and its
+// parent and watchers hear that it terminated.
+func (p *process) terminate() {
+	p.env.System.ProcessRegistry.Remove(p.self)
+	p.mu.Lock()
+	p.gone = true
+	watchers := p.watchers
+	p.watchers = nil
+	p.mu.Unlock()
+	p.terminated(p.parent)
+	for _, w := range watchers {
+		p.terminated(w)
 	}
 }
 

@@ -86,7 +86,7 @@ func TestHostedChunkLivesAndStopsLikeAnActor(t *testing.T) {
 	assert.True(t, c.stopped.Load())
 	// A message after the stop reaches the process through the PID's cached
 	// reference and is dropped: the core never sees it.
-	c.handle(&messages.Finish{Room: 1, Timeout: time.Minute, Reply: reply}, nil)
+	c.deliver(&messages.Finish{Room: 1, Timeout: time.Minute, Reply: reply}, nil)
 	assert.Empty(t, reply)
 }
 
@@ -107,3 +107,57 @@ func TestHostedChunkPoisonAndParentStop(t *testing.T) {
 	assert.Nil(t, r.env.hostedOf(second))
 	r.parentGone = true
 }
+
+// A room stops as an actor stops: its chunks first (their jobs' gates
+// closed: a chunk stopped before it ended posts nothing more), and its
+// stop's future resolves only once they terminated.
+func TestHostedRoomStopsItsChunksFirst(t *testing.T) {
+	r := newHostedRig(t)
+	env := r.env
+	env.Forward = env.System.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {})) // takes Pending and Forget
+	rooms := make(chan *actor.PID, 1)
+	manager := env.System.Root.Spawn(actor.PropsFromFunc(func(ctx actor.Context) {
+		if _, ok := ctx.Message().(*actor.Started); ok {
+			rooms <- ctx.Spawn(roomProps(env, 7))
+		}
+	}))
+	defer func() { require.NoError(t, env.System.Root.StopFuture(manager).Wait()) }()
+	room := <-rooms
+	job := NewJob(&plan.Plan{Chunk: messages.Chunk{ChunkKey: messages.ChunkKey{Room: 7}, Serial: 9}})
+	added := make(chan messages.Added, 1)
+	env.System.Root.Send(room, &messages.AddChunk{Chunk: job.ID(), Start: StartChunk(env, job), Reply: added})
+	require.Equal(t, job.ID(), (<-added).Chunk)
+
+	require.NoError(t, env.System.Root.StopFuture(room).Wait())
+	job.mu.Lock()
+	closed := job.closed
+	job.mu.Unlock()
+	assert.True(t, closed, "the chunk's gate closed before its room's stop returned")
+	assert.Error(t, job.Context().Err())
+}
+
+// A forward whose every chunk was forgotten before its end keeps nothing:
+// the shell's grouping of its chunks goes with its End, with no ForwardEnd
+// to fan out.
+func TestForwardOfForgottenChunksKeepsNothing(t *testing.T) {
+	r := newHostedRig(t)
+	pid, c := r.chunk(1)
+	require.NotNil(t, c)
+	fw := &forwardActor{core: NewForwardCore(), fan: fanOut{env: r.env, byHost: map[uint64]*hostedForward{}}}
+	ctx := &serveCtx{self: actor.NewPID("local", "forward")}
+	step := func(m any) { fw.Receive(&messageCtx{serveCtx: ctx, msg: m}) }
+	step(&messages.Pending{Chunk: c.job.ID(), PID: pid})
+	step(&messages.Begin{Forward: 1})
+	require.Len(t, fw.fan.byHost, 1, "its chunks grouped at its Bind")
+	step(&messages.Forget{Chunk: c.job.ID()})
+	step(&messages.End{Forward: 1})
+	assert.Empty(t, fw.fan.byHost)
+}
+
+// messageCtx is a context whose message is msg.
+type messageCtx struct {
+	*serveCtx
+	msg any
+}
+
+func (c *messageCtx) Message() any { return c.msg }

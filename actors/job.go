@@ -3,6 +3,7 @@ package actors
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/cockroachdb/errors"
@@ -13,7 +14,7 @@ import (
 )
 
 // Work is what a submitter receives: the Work a chunk's core decided, with
-// the chunk's job (its plan, gate and cancellation) and the chunk actor's
+// the chunk's job (its plan, gate and cancellation) and the chunk's
 // address attached by the chunk's shell. The job is a typed field rather
 // than a value in messages, which cannot know the job's type.
 type Work struct {
@@ -39,9 +40,10 @@ type Job struct {
 	mu       sync.Mutex
 	closed   bool
 	inflight map[rdma.Endpoint]int
-	// last is the endpoint each Work (seq, dest) was last posted on: where
-	// a batch that broke must be quiesced before the Work is re-sent.
-	last map[[2]int]rdma.Endpoint
+	// last is where each Work (seq, dest) was last posted: the endpoint a
+	// batch that broke must be quiesced on before the Work is re-sent, and
+	// the bytes the batch holds in the engine's count in flight.
+	last map[[2]int]lastPost
 	// stopped is told, once, when the job stops accepting work (its
 	// context is cancelled): the submitters' ready hub, so that its Works
 	// leave their event's wait at once.
@@ -96,7 +98,7 @@ func (j *Job) onStop(f func()) bool {
 // post posts ws on ep unless the gate is closed; posted reports whether a
 // batch is now in flight. done runs when it completes (never inside post,
 // by the transport contract, so holding the gate across Post is safe).
-func (j *Job) post(seq, dest int, ep rdma.Endpoint, ws []rdma.Write, done func(error)) (posted bool, err error) {
+func (j *Job) post(seq, dest int, ep rdma.Endpoint, ws []rdma.Write, held *heldBytes, done func(error)) (posted bool, err error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.closed {
@@ -109,18 +111,45 @@ func (j *Job) post(seq, dest int, ep rdma.Endpoint, ws []rdma.Write, done func(e
 	if err != nil {
 		return false, err
 	}
-	j.posted(seq, dest, ep)
+	j.inflight[ep]++
+	if j.last == nil {
+		j.last = map[[2]int]lastPost{}
+	}
+	j.last[[2]int{seq, dest}] = lastPost{ep: ep, held: held}
 	return true, nil
 }
 
-// posted records a batch of the Work (seq, dest) in flight on ep. The
-// caller holds j.mu (the gate) across the Post.
-func (j *Job) posted(seq, dest int, ep rdma.Endpoint) {
-	j.inflight[ep]++
-	if j.last == nil {
-		j.last = map[[2]int]rdma.Endpoint{}
+// lastPost is where a Work's last batch went (Job.last).
+type lastPost struct {
+	ep   rdma.Endpoint
+	held *heldBytes
+}
+
+// heldBytes are a posted batch's bytes in the engine's count of bytes in
+// flight (Env.InFlight), given back once: by the batch's completion, or
+// when its chunk writes it off (a lost completion may never come, and
+// bytes it held for ever would make every later watch take the link for a
+// slow one: "slow is not lost").
+type heldBytes struct {
+	n        int64
+	in       *atomic.Int64
+	released atomic.Bool
+}
+
+func (h *heldBytes) release() {
+	if h != nil && h.released.CompareAndSwap(false, true) {
+		h.in.Add(-h.n)
 	}
-	j.last[[2]int{seq, dest}] = ep
+}
+
+// writeOff gives back the bytes the Work (seq, dest)'s last batch holds in
+// flight: its chunk re-sends it (a completion that comes later gives
+// nothing back twice).
+func (j *Job) writeOff(seq, dest int) {
+	j.mu.Lock()
+	held := j.last[[2]int{seq, dest}].held
+	j.mu.Unlock()
+	held.release()
 }
 
 // completed records that one of its batches on ep completed.
@@ -137,7 +166,7 @@ func (j *Job) completed(ep rdma.Endpoint) {
 func (j *Job) brokenEndpoint(seq, dest int) rdma.Endpoint {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	return j.last[[2]int{seq, dest}]
+	return j.last[[2]int{seq, dest}].ep
 }
 
 // closeGate stops new posts and wakes event waits.

@@ -3,6 +3,7 @@ package actors
 import (
 	"context"
 	"reflect"
+	"slices"
 	"sync"
 	"time"
 )
@@ -67,12 +68,20 @@ func (h *readyHub) add(w *Work, begin time.Time, wake func()) *readyWork {
 		go func() { h.ended(rw, ev.Wait(job.Context()), time.Now()) }()
 		return rw
 	}
-	if _, watched := h.jobs[job]; !watched && !job.onStop(func() { h.jobStopped(job) }) {
-		// The job stopped already: the Work waits for nothing.
-		h.queue(rw, waited{start: begin, end: time.Now(), err: job.Context().Err()})
+	if _, watched := h.jobs[job]; !watched {
+		// The job's hook is set without h.mu held: onStop takes the job's
+		// gate, which a submitter holds across a post.
 		h.mu.Unlock()
-		rw.wake()
-		return rw
+		hooked := job.onStop(func() { h.jobStopped(job) })
+		h.mu.Lock()
+		if !hooked || job.Context().Err() != nil {
+			// The job stopped already (or in between: its hook found no
+			// Work of it to take off): the Work waits for nothing.
+			h.queue(rw, waited{start: begin, end: time.Now(), err: job.Context().Err()})
+			h.mu.Unlock()
+			rw.wake()
+			return rw
+		}
 	}
 	ew := h.waits[ev]
 	if ew == nil {
@@ -114,10 +123,13 @@ func (h *readyHub) eventEnded(ev any, ew *eventWait, err error, end time.Time) {
 // hook stays: the job's next Work uses it.
 func (h *readyHub) unwatch(rw *readyWork) {
 	job := rw.w.Job
-	list := h.jobs[job]
+	list, ok := h.jobs[job]
+	if !ok {
+		return // the job stopped: jobStopped took its list, and the key must not come back
+	}
 	for i, x := range list {
 		if x == rw {
-			list = append(list[:i], list[i+1:]...)
+			list = slices.Delete(list, i, i+1) // zeroes the freed slot
 			break
 		}
 	}

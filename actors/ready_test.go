@@ -128,3 +128,21 @@ func TestReadyHubWaitEndsWithItsLastWork(t *testing.T) {
 	assert.Empty(t, h.waits)
 	h.mu.Unlock()
 }
+
+// A job that stopped stays out of the hub: a Work of it whose event ends
+// while its stop takes it off (jobStopped let go of the hub's lock between
+// taking the job's list and cancelling its Works) does not bring the job
+// back, which would keep it, its plan and its pages for ever.
+func TestReadyHubForgetsAStoppedJob(t *testing.T) {
+	h := newReadyHub(false)
+	ev := &gate{make(chan struct{})}
+	a := NewJob(&plan.Plan{Chunk: messages.Chunk{ChunkKey: messages.ChunkKey{Room: 1}, Serial: 1}})
+	rw := h.add(&Work{Work: messages.Work{Chunk: a.ID(), Event: ev}, Job: a}, time.Now(), func() {})
+	h.mu.Lock()
+	delete(h.jobs, a) // what jobStopped takes first
+	h.unwatch(rw)     // what the event's end does meanwhile
+	_, back := h.jobs[a]
+	h.mu.Unlock()
+	assert.False(t, back)
+	close(ev.done)
+}

@@ -40,6 +40,12 @@ func (a *forwardActor) Receive(ctx actor.Context) {
 			e.To <- e.N
 		}
 	}
+	if m, ok := ctx.Message().(*messages.End); ok {
+		// Every chunk of the forward may have been forgotten (dropped)
+		// before its end, and then no ForwardEnd fans out: the grouping
+		// made at its Bind goes with its end all the same.
+		delete(a.fan.byHost, m.Forward)
+	}
 }
 
 // ManagerProps returns the manager actor's props. The manager and its rooms
@@ -108,12 +114,18 @@ type hostedRoom struct {
 	pids map[messages.Chunk]*actor.PID
 }
 
-// stopping stops the room's chunks, as an actor's stop stops its children.
-func (a *hostedRoom) stopping() {
+// stopping stops the room's chunks, as an actor's stop stops its
+// children; the room terminates once they did.
+func (a *hostedRoom) stopping() (children []*actor.PID) {
 	for c, pid := range a.pids {
-		a.root.Stop(pid)
 		delete(a.pids, c)
+		if _, live := a.env.System.ProcessRegistry.GetLocal(pid.Id); !live {
+			continue // it terminated already: no Terminated will come
+		}
+		a.root.Stop(pid)
+		children = append(children, pid)
 	}
+	return children
 }
 
 // handle steps the room's core; the trace records it as a room actor's

@@ -48,6 +48,8 @@ type PoolConfig struct {
 	// FIFO posts ready Works in arrival order instead of the most urgent
 	// first (see Urgency): the behaviour before send-by-deadline, for tests.
 	FIFO bool
+
+	hub *readyHub // the pool's ready hub, when a test watches it
 }
 
 // SpawnSubmitters starts the pool: a supervisor actor whose children are the
@@ -78,15 +80,18 @@ func SpawnSubmitters(env *Env, cfg PoolConfig) (routerPID, supervisor *actor.PID
 		}
 	}
 	ready := make(chan []*actor.PID, 1)
-	hub := newReadyHub(cfg.FIFO)
+	hub := cfg.hub
+	if hub == nil {
+		hub = newReadyHub(cfg.FIFO)
+	}
 	// The submitters run on workers of their own, one per submitter, not on
 	// a goroutine started per mailbox activation (protoactor's default): a
 	// post goes deep into the transport, and a fresh goroutine's stack
 	// would grow (be copied) on the way at every post, on the batch's
 	// critical path; a long-lived worker's stack has grown once. With one
-	// worker per submitter a
-	// submitter that blocks (a first connect, an endpoint's close) holds
-	// only its own: no more mailboxes than workers can be running.
+	// worker per submitter, a submitter that blocks (a first connect, an
+	// endpoint's close) holds only its own worker, and only the Work it
+	// connects for: serve puts the others it took back (serve).
 	disp := NewDispatcher(cfg.Submitters)
 	// Per submitter index, not per instance: a restarted submitter answers
 	// the resumes its predecessor's Works asked for.
@@ -289,9 +294,18 @@ type served struct {
 func (s *submitter) serve(ctx actor.Context, ready []*readyWork) {
 	sv := s.serving[:0]
 	var failure error
-	for i, rw := range ready {
+	for i := 0; i < len(ready); i++ {
+		rw := ready[i]
 		w := rw.w
 		dest := &w.Job.Plan.Dests[w.Dest]
+		if _, ok := s.conns[dest.Peer]; !ok && i+1 < len(ready) && s.env.Peers.Lost(dest.Peer) == nil {
+			// This Work's post connects first (a first use, or after a
+			// restart), which may block: the Works after it go back to the
+			// queue for the other submitters, so that a connect holds up
+			// only its own Work.
+			s.ready.requeue(ready[i+1:])
+			ready = ready[:i+1]
+		}
 		sv = append(sv, served{w: w, wt: rw.wt, core: NewSubmitCore(dest.Peer)})
 		x := &sv[len(sv)-1]
 		x.res = &messages.Submitted{Seq: w.Seq, Dest: w.Dest, WaitStart: rw.wt.start, WaitEnd: rw.wt.end}
@@ -306,10 +320,7 @@ func (s *submitter) serve(ctx actor.Context, ready []*readyWork) {
 		// Answer before panicking: a message that panics is lost on
 		// restart, and the chunk must hear about its work.
 		ctx.Send(w.ReplyTo, x.res)
-		if failure == nil {
-			failure = x.failure
-		}
-		if failure != nil {
+		if failure = x.failure; failure != nil {
 			// The Works not served yet go back to the queue, for the
 			// restarted submitter (or another) to serve.
 			s.ready.requeue(ready[i+1:])
@@ -319,6 +330,11 @@ func (s *submitter) serve(ctx actor.Context, ready []*readyWork) {
 	clear(sv)
 	s.serving = sv[:0]
 	if failure != nil {
+		// The resume being handled is lost with the panic, and with it
+		// the rounds it had left: Works may still be queued that no
+		// resume will come for. The restarted submitter gets one.
+		s.resuming.Store(true)
+		ctx.Send(ctx.Self(), resumeMsg)
 		panic(failure)
 	}
 }
@@ -382,10 +398,9 @@ func (s *submitter) post(w *Work, dest *plan.Dest, rec *Batch, res *messages.Sub
 	s.build(w.Buffers, dest, c)
 	rec.Bytes, rec.Blocks, rec.Posted = bytesOf(s.writes), len(s.writes), time.Now()
 	replyTo, root, obs, b, try := w.ReplyTo, s.env.System.Root, s.env.Observer, *rec, w.Try
-	inflight := &s.env.InFlight
-	bytes := int64(rec.Bytes)
+	held := &heldBytes{n: int64(rec.Bytes), in: &s.env.InFlight}
 	done := func(err error) {
-		inflight.Add(-bytes)
+		held.release()
 		c.completed()
 		b := b // the closure is per batch; each call completes a copy
 		b.Done, b.Err = time.Now(), err
@@ -393,12 +408,12 @@ func (s *submitter) post(w *Work, dest *plan.Dest, rec *Batch, res *messages.Sub
 		root.Send(replyTo, &messages.BatchDone{Seq: b.Seq, Dest: b.Dest, Err: err, At: b.Done, Broken: BrokenEndpoint(err), Try: try})
 	}
 	c.inflight.Add(1)
-	inflight.Add(bytes)
-	posted, err := w.Job.post(w.Seq, w.Dest, c.ep, s.writes, done)
+	s.env.InFlight.Add(held.n)
+	posted, err := w.Job.post(w.Seq, w.Dest, c.ep, s.writes, held, done)
 	res.PostedAt = rec.Posted
 	if !posted {
 		c.inflight.Add(-1) // done will never run
-		inflight.Add(-bytes)
+		held.release()
 	}
 	return &PostEnded{Posted: posted, Err: err, Writes: len(s.writes)}
 }
