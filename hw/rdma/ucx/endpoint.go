@@ -443,7 +443,9 @@ func (t *Transport) startGroup(bs []*batch) {
 	if e.lstate != epOpen {
 		// Queued before the endpoint broke or closed: they never start.
 		for _, b := range bs {
-			t.complete(b, errors.Mark(errors.Newf("ucx: batch %d: %v", b.id, e.postErr()), rdma.ErrEndpointBroken), true)
+			// Wrapped, not formatted: the endpoint's reason keeps its
+			// marks (a refused connection is a revocation).
+			t.complete(b, errors.Wrapf(e.postErr(), "ucx: batch %d", b.id), true)
 		}
 		return
 	}

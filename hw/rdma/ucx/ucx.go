@@ -651,7 +651,9 @@ func (t *Transport) handle(id, aux uint64, kind int, st C.ucs_status_t) {
 		if e := t.eps[id]; e != nil && st == C.UCS_ERR_REJECTED {
 			// The access point's listener refused the connection
 			// (revoked, or at its limit): nothing of it was applied.
-			t.startClose(e, statusErr(st, "ucx: endpoint %d: the peer refused the connection", id), true)
+			// Marked as a refused flush is (flushed): a revocation,
+			// whichever of the two reports first.
+			t.startClose(e, errors.Mark(errors.Mark(statusErr(st, "ucx: endpoint %d: the peer refused the connection", id), rdma.ErrEndpointBroken), rdma.ErrRevoked), true)
 		} else if e != nil {
 			t.endpointFailed(e, statusErr(st, "ucx: endpoint %d failed", id))
 		}
@@ -728,7 +730,7 @@ func (t *Transport) teardown() {
 	for _, b := range t.slots { // batches of endpoints closed earlier
 		if b != nil && b.live {
 			t.setLive(b, false)
-			t.complete(b, errors.Mark(errors.Newf("ucx: batch %d: %v", b.id, reason), rdma.ErrEndpointBroken), false)
+			t.complete(b, errors.Mark(errors.Wrapf(reason, "ucx: batch %d", b.id), rdma.ErrEndpointBroken), false)
 		}
 	}
 	t.mu.Lock()
