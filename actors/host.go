@@ -12,25 +12,27 @@ import (
 	"go.uber.org/zap"
 )
 
-// A chunk context is not a protoactor actor of its own: it is a hostedChunk,
-// registered in the actor system as a Process so that everything that
-// addresses it (the forward actor, its room, the submitters, the transport's
-// completions, its own timers) still sends to its PID, but whose messages go
-// to the queue of one of a few chunk hosts. A host steps its chunks' cores
-// on the engine's Dispatcher, as many messages as are queued per activation.
+// A chunk context is not a protoactor actor of its own, nor is a room: each
+// is a process (hostedChunk, hostedRoom) registered in the actor system so
+// that everything that addresses it (the forward actor, the manager, its
+// room, the submitters, the transport's completions, its own timers) still
+// sends to its PID, but whose messages go to the queue of one of a few
+// hosts. A host steps its processes' cores on the engine's Dispatcher, as
+// many messages as are queued per activation.
 //
-// A chunk actor of its own cost a mailbox activation per message (a
-// scheduling on the Dispatcher, a worker's wake-up) and an actor spawn and
-// stop per chunk; at a group boundary the forward thread (or a relay) sent
-// one message per chunk. With hosts, a boundary is one queue entry per host
+// An actor of its own cost a mailbox activation per message (a scheduling
+// on the Dispatcher, a worker's wake-up) and an actor spawn and stop per
+// chunk and per room; at a group boundary the forward thread (or a relay)
+// sent one message per chunk. With hosts, a boundary is one queue entry per host
 // carrying every chunk bound to the forward there, and the completions of
 // many chunks that arrive together are handled in one activation: the cost
 // per chunk context is its core's step.
 //
-// Hosted chunks keep an actor's guarantees: each chunk's messages are
-// handled one at a time, in the order each sender sent them (a chunk always
-// lives on the same host, whose queue is FIFO); a stopped chunk takes no
-// message any more (protoactor's dead letters); its room sees it terminate.
+// Hosted processes keep an actor's guarantees: each one's messages are
+// handled one at a time, in the order each sender sent them (it always
+// lives on the same host, whose queue is FIFO); a stopped one takes no
+// message any more (protoactor's dead letters); its parent sees it
+// terminate, a room only once its chunks did.
 // A host never blocks: a chunk's effects only compute, send, and answer on
 // buffered channels; what may block (tearing down endpoints, quiescing a
 // broken one) runs on a goroutine of its own and reports back by message.
