@@ -151,7 +151,7 @@ func printScale(w io.Writer, rep *scalebench.Report) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	_, _ = fmt.Fprintln(tw, "axis\tvalue\tLayerEnd ns\tboundary ns\tns/context\tCPU ns/context\tallocs/boundary\tallocs/forward\tB/room\tplan ms\twrites/group\tns/write\texposed÷floor\tlink lag ms\t")
+	_, _ = fmt.Fprintln(tw, "axis\tvalue\tLayerEnd ns\tboundary ns\tns/context\tCPU ns/context\tallocs/boundary\tallocs/forward\tB/room\tend µs/room\tend CPU µs/room\tplan ms\twrites/group\tns/write\texposed÷floor\tlink lag ms\t")
 	for _, r := range rep.Rows {
 		exp, lag := "-", "-"
 		if r.ExposedOverFloor != nil {
@@ -160,9 +160,9 @@ func printScale(w io.Writer, rep *scalebench.Report) error {
 		if r.SimLinkLagMs != nil {
 			lag = fmt.Sprintf("%.3f", *r.SimLinkLagMs)
 		}
-		_, _ = fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.0f\t%.1f\t%.1f\t%.1f\t%.0f\t%.0f\t%.2f\t%.0f\t%.1f\t%s\t%s\t\n", r.Axis, r.Value,
+		_, _ = fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.0f\t%.1f\t%.1f\t%.1f\t%.0f\t%.0f\t%.1f\t%.1f\t%.2f\t%.0f\t%.1f\t%s\t%s\t\n", r.Axis, r.Value,
 			r.LayerEndNs, r.BoundaryNs, r.BoundaryNsPerContext, r.BoundaryCPUNsPerContext, r.BoundaryAllocs, r.AllocsPerForward, r.BytesPerRoom,
-			r.PlanMs, r.WritesPerGroup, r.NsPerWrite, exp, lag)
+			r.EndWallNsPerRoom/1e3, r.EndCPUNsPerRoom/1e3, r.PlanMs, r.WritesPerGroup, r.NsPerWrite, exp, lag)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -21,6 +21,7 @@ var Metrics = []Metric{
 	{"boundary_allocs", func(r Row) (float64, bool) { return r.BoundaryAllocs, true }},
 	{"allocs_per_forward", func(r Row) (float64, bool) { return r.AllocsPerForward, true }},
 	{"bytes_per_room", func(r Row) (float64, bool) { return r.BytesPerRoom, true }},
+	{"end_cpu_ns_per_room", func(r Row) (float64, bool) { return r.EndCPUNsPerRoom, true }},
 	{"plan_ms", func(r Row) (float64, bool) { return r.PlanMs, true }},
 	{"writes_per_group", func(r Row) (float64, bool) { return r.WritesPerGroup, true }},
 	{"ns_per_write", func(r Row) (float64, bool) { return r.NsPerWrite, true }},

@@ -240,6 +240,79 @@ func (r *rig) boundaryCycle(ctx context.Context, first uint64, rooms, reps int) 
 	return c, r.finishRooms(ctx, first, rooms)
 }
 
+// endCycle is what endCycle measures: the process's CPU time and the wall
+// time from a forward's last boundary to the last of its rooms' Finish
+// returned.
+type endCycle struct{ cpu, wall time.Duration }
+
+// endCycle registers rooms one-page chunks from room first and runs a
+// forward to its last group, whose batches landed before the cycle is
+// timed. Then, from the last boundary, it ends the forward and hands each
+// room to a goroutine of its own that calls Finish, as a serving stack's
+// transfer worker per request does once the forward ended: what is
+// measured is every room's last group and the answers, all that a room
+// costs after the forward.
+func (r *rig) endCycle(ctx context.Context, first uint64, rooms int) (endCycle, error) {
+	var c endCycle
+	if err := r.registerRooms(ctx, first, rooms); err != nil {
+		return c, err
+	}
+	groups := (r.layers + GroupSize - 1) / GroupSize
+	early := r.obs.expect(rooms * r.dests * (groups - 1))
+	fw, err := r.eng.BeginForward()
+	if err != nil {
+		return c, err
+	}
+	last := (groups-1)*GroupSize - 1 // the boundary before the last group
+	for l := 0; l <= last; l++ {
+		if err := fw.LayerEnd(l); err != nil {
+			return c, err
+		}
+	}
+	select {
+	case <-early:
+	case <-ctx.Done():
+		return c, errors.Wrap(ctx.Err(), "waiting for the forward's early groups")
+	}
+	landed := r.obs.expect(rooms * r.dests)
+	start := make(chan struct{})
+	errs := make(chan error, rooms)
+	for i := 0; i < rooms; i++ {
+		room := first + uint64(i)
+		go func() {
+			<-start
+			res, err := r.eng.Finish(ctx, room)
+			if err == nil && res.Status != system.Succeeded {
+				err = errors.Newf("room %d finished %v, want success", room, res.Status)
+			}
+			errs <- err
+		}()
+	}
+	cpu0 := cpuTime()
+	t0 := time.Now()
+	for l := last + 1; l < r.layers; l++ {
+		if err := fw.LayerEnd(l); err != nil {
+			close(start)
+			return c, err
+		}
+	}
+	err = fw.End()
+	close(start)
+	for i := 0; i < rooms; i++ {
+		err = errors.CombineErrors(err, <-errs)
+	}
+	c.wall, c.cpu = time.Since(t0), cpuTime()-cpu0
+	if err != nil {
+		return c, err
+	}
+	select {
+	case <-landed: // every batch of the last group was counted
+	case <-ctx.Done():
+		return c, errors.Wrap(ctx.Err(), "waiting for the forward's last group")
+	}
+	return c, r.obs.failed()
+}
+
 // finishRooms finishes rooms first..first+n-1 and checks they succeeded.
 func (r *rig) finishRooms(ctx context.Context, first uint64, n int) error {
 	for i := 0; i < n; i++ {

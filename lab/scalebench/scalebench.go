@@ -96,6 +96,16 @@ type Row struct {
 	// BytesPerRoom is live heap per registered, bound room (a one-page
 	// chunk to every destination), its page lists excluded.
 	BytesPerRoom float64 `json:"bytes_per_room"`
+	// EndCPUNsPerRoom is the process's CPU time, every thread's, from a
+	// forward's last boundary to the last of its rooms' Finish returned,
+	// per room (one-page chunks, a goroutine per room calling Finish once
+	// the forward ended, the null transport completing every batch at
+	// once): what each room costs the engine after the forward, which the
+	// exposure of a forward with many rooms pays on the processors the
+	// machine has. EndWallNsPerRoom is the same span's wall time per room.
+	// The median of endCycles forwards.
+	EndCPUNsPerRoom  float64 `json:"end_cpu_ns_per_room"`
+	EndWallNsPerRoom float64 `json:"end_wall_ns_per_room"`
 	// PlanMs is the registration of the 100k-page chunk (the plan, and
 	// the copy of its spec the engine keeps), the median of at least five.
 	PlanMs float64 `json:"plan_ms"`
@@ -231,6 +241,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		row.BoundaryNsPerContext = ef.boundary / float64(p.Rooms)
 		row.BoundaryCPUNsPerContext = ef.boundaryCPU / float64(p.Rooms)
 		row.AllocsPerForward, row.BytesPerRoom = ef.allocsPerForward, ef.bytesPerRoom
+		row.EndCPUNsPerRoom, row.EndWallNsPerRoom = ef.endCPU, ef.endWall
 		wk := [3]int{p.Dests, p.Layers, p.Frag}
 		wf, ok := writes[wk]
 		if !ok {
@@ -266,7 +277,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 type engineFigures struct {
 	layerEnd, boundary, boundaryCPU, boundaryAllocs float64
 	allocsPerForward, bytesPerRoom                  float64
+	endCPU, endWall                                 float64 // per room
 }
+
+// endCycles is how many forwards the end of a forward is measured over.
+const endCycles = 5
 
 // heapRooms is the fewest rooms the heap per room is measured over.
 const heapRooms = 256
@@ -406,6 +421,21 @@ func measureEngine(ctx context.Context, p Point, budget time.Duration) (engineFi
 		}
 		room += uint64(p.Rooms)
 	}
+
+	// The end of a forward, per room: the median of endCycles.
+	var cpus, walls []float64
+	for i := 0; i < endCycles; i++ {
+		c, err := r.endCycle(ctx, room, p.Rooms)
+		if err != nil {
+			return f, err
+		}
+		cpus = append(cpus, float64(c.cpu.Nanoseconds())/float64(p.Rooms))
+		walls = append(walls, float64(c.wall.Nanoseconds())/float64(p.Rooms))
+		room += uint64(p.Rooms)
+	}
+	slices.Sort(cpus)
+	slices.Sort(walls)
+	f.endCPU, f.endWall = cpus[endCycles/2], walls[endCycles/2]
 	return f, r.obs.failed()
 }
 

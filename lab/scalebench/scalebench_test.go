@@ -3,6 +3,7 @@ package scalebench
 import (
 	"context"
 	"encoding/json"
+	"runtime"
 	"testing"
 
 	"github.com/kvstream/kvstream/lab/workload"
@@ -87,6 +88,14 @@ func TestQuickSweep(t *testing.T) {
 		require.Greater(t, r.AllocsPerForward, 0.0)
 		require.Greater(t, r.BytesPerRoom, 100.0)
 		require.Greater(t, r.PlanMs, 0.01)
+		// A room's end is at least a goroutine woken to call Finish and
+		// its answer (above 100 ns), and the process cannot use more CPU
+		// than its processors give in the same wall time (each cycle's
+		// CPU is within that bound, so the medians are too; 2 ms a cycle
+		// for the clocks' granularity).
+		require.Greater(t, r.EndCPUNsPerRoom, 100.0)
+		require.Greater(t, r.EndWallNsPerRoom, 100.0)
+		require.LessOrEqual(t, r.EndCPUNsPerRoom, float64(runtime.NumCPU())*r.EndWallNsPerRoom+2e6/float64(p.Rooms))
 		require.Greater(t, r.NsPerWrite, 0.0)
 		if r.Axis == AxisFragmentation {
 			require.Nil(t, r.ExposedOverFloor)
