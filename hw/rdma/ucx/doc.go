@@ -240,7 +240,9 @@
 // prefill SIGSTOPped between its connect and its first send was resumed
 // after its session was revoked; TestHalfOpenConnectionOutlivesRevoke);
 // destroying the worker closes such connections. The window left is the
-// one between the two calls. The same connection manager aborts the
+// one between the two calls. A worker RevokeLost parks (WriteRMA) keeps
+// its listener, as it is never destroyed: a connection to it waits
+// unanswered (TestHalfOpenConnectionOutlivesRevokeLost). The same connection manager aborts the
 // process on a connection header that announces fewer bytes than it sends
 // (tcp_sockcm_ep.c:825 in 1.13, :827 in 1.18, "offset <= length"): anyone
 // who reaches a listener's port can abort the receiver with 20 bytes. That

@@ -358,3 +358,73 @@ func TestHalfOpenConnectionOutlivesRevoke(t *testing.T) {
 	}
 	newLiveWriter(t, to, dreg, dst, n)()
 }
+
+// TestHalfOpenConnectionOutlivesRevokeLost: as
+// TestHalfOpenConnectionOutlivesRevoke, for an access point of a WriteRMA
+// transport through its listener that RevokeLost parks instead of
+// destroying: the parked worker lives on, so its listener must too (UCX
+// 1.13 frees a listener that a half-accepted connection still points to).
+// The peer sends its connection header after the access point was parked;
+// the receiver must survive and serve on.
+func TestHalfOpenConnectionOutlivesRevokeLost(t *testing.T) {
+	t.Setenv("UCX_TLS", "tcp")
+	const n = 4 << 10
+	to, err := New(Options{Name: "decode", Writes: WriteRMA, AccessConnect: AccessListener})
+	require.NoError(t, err)
+	defer to.Close()
+	dst, err := hostmem.Alloc(n)
+	require.NoError(t, err)
+	defer dst.Free()
+	dreg, err := to.Register(dst.Addr, n)
+	require.NoError(t, err)
+	defer dreg.Deregister()
+	for round := range 4 {
+		a, err := to.OpenPeerAccess()
+		require.NoError(t, err)
+		ip, port, err := decodeListenAddr(a.Address())
+		require.NoError(t, err, "round %d: the access point listens", round)
+		conns := make([]net.Conn, 3)
+		for i := range conns {
+			conns[i], err = net.Dial("tcp", netip.AddrPortFrom(ip, port).String())
+			require.NoError(t, err, "round %d", round)
+		}
+		require.NoError(t, a.(rdma.LostPeerRevoker).RevokeLost())
+		// The header UCX's connection manager reads whole and hands to
+		// the listener (TestHalfOpenConnectionOutlivesRevoke).
+		hdr := make([]byte, 16)
+		for _, c := range conns {
+			_, _ = c.Write(hdr)
+		}
+		// The connection manager's async thread reads it: a round trip
+		// of the transport's progress goroutine does not wait for that,
+		// the next round's connections and the live writer below do.
+		require.NoError(t, to.do(func() error { return nil }))
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}
+	live := func() {
+		from, err := New(Options{Name: "prefill", Writes: WriteRMA})
+		require.NoError(t, err)
+		defer from.Close()
+		a, err := to.OpenPeerAccess()
+		require.NoError(t, err)
+		defer func() { _ = a.Revoke() }()
+		src, err := hostmem.Alloc(n)
+		require.NoError(t, err)
+		defer src.Free()
+		fillPattern(src.Bytes)
+		sreg, err := from.Register(src.Addr, uint64(n))
+		require.NoError(t, err)
+		ep, err := from.Connect(a.Address())
+		require.NoError(t, err)
+		defer ep.Close()
+		rk, err := ep.Import(dreg.Desc())
+		require.NoError(t, err)
+		done := make(chan error, 1)
+		require.NoError(t, ep.Post([]rdma.Write{{Src: src.Addr, Dst: dst.Addr, Len: uint64(n), Local: sreg.Key(), Remote: rk}}, func(err error) { done <- err }))
+		require.NoError(t, waitErr(t, done))
+		assert.True(t, bytes.Equal(src.Bytes, dst.Bytes), "the live peer's bytes landed")
+	}
+	live()
+}

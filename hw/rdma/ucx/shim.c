@@ -682,8 +682,10 @@ ucs_status_t kvs_access_park(kvs_ctx_t *c, ucp_worker_h w)
     }
     for (i = 0; i < c->naw; i++) {
         if (c->aw[i] == w) {
+            // Its listener stays, as the worker does (see kvs_unlisten):
+            // a connection request now waits for a progress that never
+            // comes, and kvs_conn_cb would refuse it anyway.
             c->awk[i]->revoked = 1;
-            kvs_unlisten(c->awk[i]);
             c->naw--;
             c->aw[i]   = c->aw[c->naw];
             c->awk[i]  = c->awk[c->naw]; // the parked one's stays allocated
