@@ -31,6 +31,10 @@ type access struct {
 	err  error // Revoke's answer
 }
 
+// acceptMax bounds the connections an access point's listener holds at
+// once (KVS_ACCEPT_MAX; for the tests, which cannot use cgo).
+const acceptMax = int(C.KVS_ACCEPT_MAX)
+
 var (
 	_ rdma.PeerAccessor    = (*Transport)(nil)
 	_ rdma.PeerAccess      = (*access)(nil)

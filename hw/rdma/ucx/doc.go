@@ -230,9 +230,12 @@
 // none.
 //
 // The handler accepts while the access point is not revoked, up to 64
-// connections (a prefill opens one per submitter; a hostile peer gets no
-// more), and refuses the rest with ucp_listener_reject: after a Revoke it
-// refuses every one. The listener and the accepted endpoints go with the
+// connections open at once (a prefill opens one per submitter, and one
+// more each time one broke; a hostile peer gets no more), and refuses the
+// rest with ucp_listener_reject: after a Revoke it refuses every one. An
+// accepted endpoint that failed (its peer closed it, or went away) is
+// closed and frees its place (TestAccessPointTakesReconnections). The
+// listener and the accepted endpoints go with the
 // worker (after Options.RevokeLinger), not before: UCX's tcp connection
 // manager frees a listener while a connection it accepted but has not
 // read the first bytes of still points to it, and calls through it when

@@ -428,3 +428,45 @@ func TestHalfOpenConnectionOutlivesRevokeLost(t *testing.T) {
 	}
 	live()
 }
+
+// TestAccessPointTakesReconnections: a prefill reconnects to its access
+// point each time an endpoint broke (its submitters resume on a fresh
+// connection), many times over a long session. The listener's bound is on
+// the connections open at once, not on those the session ever made: every
+// reconnection is served, each after the peer closed the one before.
+func TestAccessPointTakesReconnections(t *testing.T) {
+	t.Setenv("UCX_TLS", "tcp")
+	const n = 4 << 10
+	to, err := New(Options{Name: "decode", AccessConnect: AccessListener})
+	require.NoError(t, err)
+	defer to.Close()
+	dst, err := hostmem.Alloc(n)
+	require.NoError(t, err)
+	defer dst.Free()
+	dreg, err := to.Register(dst.Addr, n)
+	require.NoError(t, err)
+	defer dreg.Deregister()
+	a, err := to.OpenPeerAccess()
+	require.NoError(t, err)
+	defer func() { _ = a.Revoke() }()
+	from, err := New(Options{Name: "prefill"})
+	require.NoError(t, err)
+	defer from.Close()
+	src, err := hostmem.Alloc(n)
+	require.NoError(t, err)
+	defer src.Free()
+	sreg, err := from.Register(src.Addr, uint64(n))
+	require.NoError(t, err)
+	for round := range 3 * acceptMax {
+		src.Bytes[0] = byte(round)
+		ep, err := from.Connect(a.Address())
+		require.NoError(t, err)
+		rk, err := ep.Import(dreg.Desc())
+		require.NoError(t, err)
+		done := make(chan error, 1)
+		require.NoError(t, ep.Post([]rdma.Write{{Src: src.Addr, Dst: dst.Addr, Len: uint64(n), Local: sreg.Key(), Remote: rk}}, func(err error) { done <- err }))
+		require.NoError(t, waitErr(t, done), "connection %d to the access point", round+1)
+		require.Equal(t, byte(round), dst.Bytes[0], "connection %d: its write landed", round+1)
+		require.NoError(t, ep.Close())
+	}
+}
