@@ -12,6 +12,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cp"
+	"github.com/kvstream/kvstream/decode/internal/core"
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/messages"
 	"github.com/kvstream/kvstream/messages/wire"
@@ -409,10 +410,7 @@ func (c *Client) receive(ctx actor.Context) {
 		if !ok {
 			return // not this session's (its token is the session's secret)
 		}
-		reason := m.Reason
-		if len(reason) > maxNameLen {
-			reason = reason[:maxNameLen]
-		}
+		reason := core.Clip(m.Reason, maxNameLen)
 		c.cfg.Log.Debug("the decode server cancelled a room", zap.String("decode", c.cfg.Decode), zap.Uint64("room", m.Room), zap.String("reason", reason))
 		for _, f := range fs {
 			f(m.Room, reason)
@@ -434,10 +432,7 @@ func (c *Client) receive(ctx actor.Context) {
 // token is the session's secret) is ignored; the first one calls the
 // OnDrain functions.
 func (c *Client) drained(m *wire.Drain) {
-	reason := m.Reason
-	if len(reason) > maxNameLen {
-		reason = reason[:maxNameLen]
-	}
+	reason := core.Clip(m.Reason, maxNameLen)
 	if reason == "" {
 		reason = "the decode server is draining"
 	}

@@ -817,9 +817,7 @@ func (s *Server) State() (State, error) {
 // whose writes could not be stopped keeps the pages out for good: the
 // error is marked ErrNotQuiesced.
 func (s *Server) Cancel(ctx context.Context, id uint64, why string) error {
-	if len(why) > 1024 {
-		why = why[:1024]
-	}
+	why = core.Clip(why, 1024)
 	start := time.Now()
 	settled := make(chan bool, 1)
 	var r core.Reply

@@ -53,10 +53,7 @@ func (c *Core) hello(m HelloMsg) {
 		c.refuseHello(wire.Code_UNAVAILABLE, "busy", "hello: another Hello is being answered")
 		return
 	}
-	name := h.Prefill
-	if len(name) > MaxNameLen {
-		name = name[:MaxNameLen]
-	}
+	name := Clip(h.Prefill, MaxNameLen)
 	switch {
 	case h.Version != ProtocolVersion:
 		c.refuseHello(wire.Code_VERSION, "version", "hello from %q: protocol version %d, this decode server speaks %d", name, h.Version, ProtocolVersion)
