@@ -758,6 +758,19 @@ func (s *Server) Wait(ctx context.Context, id uint64) (Room, error) {
 		return w.room, public(w.err)
 	case <-ctx.Done():
 		err = errors.Wrapf(ctx.Err(), "wait for room %d", id)
+		// No one waits any more: forget the waiter, or a stack polling
+		// a room with bounded Waits leaves one per call until it ends.
+		_ = s.inActor(func() {
+			ws := s.waiters[id]
+			if i := slices.Index(ws, ch); i >= 0 {
+				ws = slices.Delete(ws, i, i+1)
+			}
+			if len(ws) == 0 {
+				delete(s.waiters, id)
+			} else {
+				s.waiters[id] = ws
+			}
+		})
 	case <-s.stopped:
 		err = closedError("Wait")
 	}
