@@ -467,6 +467,9 @@ static void kvs_accepted_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
     // ones, so that the peer's next connection (a reconnection after a
     // broken one) is taken, and is closed after this progress (kvs_reap).
     w->ep_errors++;
+    if (w->nfailed == KVS_ACCEPT_MAX) {
+        return; // it keeps its place until the worker goes
+    }
     for (i = 0; i < w->naccepted; i++) {
         if (w->accepted[i] == ep) {
             w->accepted[i] = w->accepted[--w->naccepted];
