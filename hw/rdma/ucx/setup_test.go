@@ -361,11 +361,13 @@ func TestHalfOpenConnectionOutlivesRevoke(t *testing.T) {
 
 // TestHalfOpenConnectionOutlivesRevokeLost: as
 // TestHalfOpenConnectionOutlivesRevoke, for an access point of a WriteRMA
-// transport through its listener that RevokeLost parks instead of
-// destroying: the parked worker lives on, so its listener must too (UCX
-// 1.13 frees a listener that a half-accepted connection still points to).
-// The peer sends its connection header after the access point was parked;
-// the receiver must survive and serve on.
+// transport whose peer connects through its listener, cut off with
+// RevokeLost. Parked (never destroyed), its worker lost its listener while
+// a half-accepted connection still pointed to it, and the header sent
+// afterwards crashed the receiver (UCX 1.13); RevokeLost destroys such an
+// access point as Revoke does. The receiver must survive and serve on, and
+// a peer connecting after the cut fails at once instead of waiting for an
+// answer.
 func TestHalfOpenConnectionOutlivesRevokeLost(t *testing.T) {
 	t.Setenv("UCX_TLS", "tcp")
 	const n = 4 << 10
@@ -378,6 +380,29 @@ func TestHalfOpenConnectionOutlivesRevokeLost(t *testing.T) {
 	dreg, err := to.Register(dst.Addr, n)
 	require.NoError(t, err)
 	defer dreg.Deregister()
+	// late connects to a cut access point and posts: the batch fails.
+	late := func(addr []byte) {
+		from, err := New(Options{Name: "late", Writes: WriteRMA})
+		require.NoError(t, err)
+		defer from.Close()
+		src, err := hostmem.Alloc(n)
+		require.NoError(t, err)
+		defer src.Free()
+		sreg, err := from.Register(src.Addr, uint64(n))
+		require.NoError(t, err)
+		ep, err := from.Connect(addr)
+		require.NoError(t, err)
+		defer ep.Close()
+		rk, err := ep.Import(dreg.Desc())
+		if err != nil {
+			return // refused already
+		}
+		done := make(chan error, 1)
+		if err := ep.Post([]rdma.Write{{Src: src.Addr, Dst: dst.Addr, Len: uint64(n), Local: sreg.Key(), Remote: rk}}, func(err error) { done <- err }); err != nil {
+			return
+		}
+		require.Error(t, waitErr(t, done), "a write through a cut access point")
+	}
 	for round := range 4 {
 		a, err := to.OpenPeerAccess()
 		require.NoError(t, err)
@@ -389,11 +414,18 @@ func TestHalfOpenConnectionOutlivesRevokeLost(t *testing.T) {
 			require.NoError(t, err, "round %d", round)
 		}
 		require.NoError(t, a.(rdma.LostPeerRevoker).RevokeLost())
+		require.NoError(t, to.do(func() error {
+			assert.Zero(t, int(to.ctx.nparked), "round %d: no access point with a listener is parked", round)
+			return nil
+		}))
 		// The header UCX's connection manager reads whole and hands to
 		// the listener (TestHalfOpenConnectionOutlivesRevoke).
 		hdr := make([]byte, 16)
 		for _, c := range conns {
 			_, _ = c.Write(hdr)
+		}
+		if round == 0 {
+			late(a.Address())
 		}
 		// The connection manager's async thread reads it: a round trip
 		// of the transport's progress goroutine does not wait for that,
