@@ -600,7 +600,7 @@ func (c *Client) Cancel(ctx context.Context, room uint64, reason string, dropErr
 	if lost := c.Lost(); lost != nil {
 		return lost
 	}
-	msg := &wire.Cancel{Session: c.session, Room: room, Reason: reason, NotQuiesced: errors.Is(dropErr, ErrNotQuiesced)}
+	msg := &wire.Cancel{Session: c.session, Room: room, Reason: wireText(reason), NotQuiesced: errors.Is(dropErr, ErrNotQuiesced)}
 	res, err := c.request(ctx, msg)
 	if err != nil {
 		if lost := c.Lost(); lost != nil {
@@ -705,7 +705,7 @@ func (c *Client) Notify(ctx context.Context, n Notice) error {
 		msg.Status = wire.Status_FAILED
 	}
 	if r.Err != nil {
-		msg.Error = r.Err.Error()
+		msg.Error = wireText(r.Err.Error())
 		msg.NotQuiesced = errors.Is(r.Err, ErrNotQuiesced)
 	}
 	for i := range n.Positions {
@@ -765,7 +765,7 @@ func (c *Client) Bye(ctx context.Context, aborted error) (Summary, error) {
 	}
 	bye := &wire.Bye{Session: c.session, Chunks: c.notices.Load()}
 	if aborted != nil {
-		bye.Aborted = aborted.Error()
+		bye.Aborted = wireText(aborted.Error())
 	}
 	res, err := c.request(ctx, bye)
 	if err != nil {

@@ -46,6 +46,10 @@ func init() {
 		err = runLongCancelDecodeRole()
 	case "long-cancel-prefill":
 		err = runLongCancelPrefillRole(f[1])
+	case "bytes-decode":
+		err = runBytesDecodeRole()
+	case "bytes-prefill":
+		err = runBytesPrefillRole(f[1])
 	default:
 		err = runPrefillRole(f[1], f[0] == "vanish", f[2], f[3])
 	}
@@ -512,5 +516,87 @@ func TestLongReasonsAcrossProcesses(t *testing.T) {
 	verdict, err := lines.ReadString('\n')
 	require.NoError(t, err, "the decode process printed no verdict (its stderr above)")
 	require.Equal(t, "room cancelled, session aborted", strings.TrimSpace(verdict))
+	require.NoError(t, dec.Wait(), "the decode process did not end cleanly (its stderr above)")
+}
+
+// rawVerdict is a Verify error that quotes the bytes it found: not UTF-8.
+const rawVerdict = "checksum mismatch: found \xff\xfe\x00\x01"
+
+// runBytesDecodeRole serves one session whose chunks its Verify rejects
+// with rawVerdict, and prints how the session ended.
+func runBytesDecodeRole() error {
+	tr, err := loopback.NewFabric(loopback.Options{}).NewTransport("decode")
+	if err != nil {
+		return err
+	}
+	defer tr.Close()
+	pool, err := hostmem.Alloc(buffers * itemLen * pages)
+	if err != nil {
+		return err
+	}
+	defer pool.Free()
+	node, err := decode.ListenConfig(decode.NodeConfig{Listen: "127.0.0.1:0"})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	defer node.Close(ctx)
+	srv, err := decode.New(node, tr, decode.Config{Buffers: decodeBuffers(pool), ByeGrace: time.Hour,
+		Verify: func(*decode.Session, decode.Chunk) error { return errors.New(rawVerdict) }})
+	if err != nil {
+		return err
+	}
+	defer srv.Close(ctx)
+	if err := srv.Expect(1, []int{0, 1, 2, 3}); err != nil {
+		return err
+	}
+	fmt.Println(node.Addr())
+	ss, err := srv.Accept(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err := ss.Wait(ctx); !errors.Is(err, decode.ErrChunkFailed) {
+		return fmt.Errorf("session: %v (want it failed)", err)
+	}
+	fmt.Println("session failed")
+	return nil
+}
+
+// runBytesPrefillRole reports room 1's first chunk to the decode at addr
+// and says goodbye: both answers carry the decode's Verify error, and must
+// arrive.
+func runBytesPrefillRole(addr string) error {
+	node, err := decode.ListenConfig(decode.NodeConfig{Listen: "127.0.0.1:0"})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := decode.Dial(ctx, node, decode.DialConfig{Decode: addr, Buffers: prefillLayout(itemLen), PageSize: 4, CallTimeout: 5 * time.Second})
+	if err != nil {
+		return err
+	}
+	err = c.Notify(ctx, notice(1, 0, 2, 0, false, system.Succeeded, nil))
+	if !errors.Is(err, decode.ErrChunkFailed) {
+		return fmt.Errorf("notice: want the decode's refusal (ErrChunkFailed), got %w", err)
+	}
+	if _, err := c.Bye(ctx, nil); !errors.Is(err, decode.ErrChunkFailed) {
+		return fmt.Errorf("bye: want the decode's verdict (ErrChunkFailed), got %w", err)
+	}
+	return node.Close(ctx)
+}
+
+// TestRawTextsAcrossProcesses: a Verify error that is not UTF-8 (it
+// quotes the bytes it found) still reaches the prefill, in the answer to
+// its notice and in its goodbye's verdict. A string field that is not
+// UTF-8 cannot be marshaled, and protoactor dropped the answer: the
+// prefill's Notify and Bye timed out instead.
+func TestRawTextsAcrossProcesses(t *testing.T) {
+	dec, addr, lines := startDecodeRole(t, "bytes-decode")
+	runPrefillProcess(t, "bytes-prefill "+addr)
+	verdict, err := lines.ReadString('\n')
+	require.NoError(t, err, "the decode process printed no verdict (its stderr above)")
+	require.Equal(t, "session failed", strings.TrimSpace(verdict))
 	require.NoError(t, dec.Wait(), "the decode process did not end cleanly (its stderr above)")
 }
