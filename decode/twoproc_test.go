@@ -573,7 +573,7 @@ func runBytesPrefillRole(addr string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	c, err := decode.Dial(ctx, node, decode.DialConfig{Decode: addr, Buffers: prefillLayout(itemLen), PageSize: 4, CallTimeout: 5 * time.Second})
+	c, err := decode.Dial(ctx, node, decode.DialConfig{Decode: addr, Buffers: prefillLayout(itemLen), PageSize: 4})
 	if err != nil {
 		return err
 	}
