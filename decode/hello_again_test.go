@@ -19,7 +19,7 @@ import (
 // long as the prefill's node answered heartbeats: no Dial of that prefill
 // got through again.
 func TestLateOfferLeavesNoSession(t *testing.T) {
-	const call = 300 * time.Millisecond
+	const call = 500 * time.Millisecond
 	slow := true
 	r := newRig(t, decode.Config{Admit: func(string, map[string]string) error {
 		if slow { // only the actor calls Admit
