@@ -12,6 +12,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cp"
+	"github.com/kvstream/kvstream/decode/internal/core"
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/messages"
 	"github.com/kvstream/kvstream/messages/wire"
@@ -409,10 +410,7 @@ func (c *Client) receive(ctx actor.Context) {
 		if !ok {
 			return // not this session's (its token is the session's secret)
 		}
-		reason := m.Reason
-		if len(reason) > maxNameLen {
-			reason = reason[:maxNameLen]
-		}
+		reason := core.Clip(m.Reason, maxNameLen)
 		c.cfg.Log.Debug("the decode server cancelled a room", zap.String("decode", c.cfg.Decode), zap.Uint64("room", m.Room), zap.String("reason", reason))
 		for _, f := range fs {
 			f(m.Room, reason)
@@ -434,10 +432,7 @@ func (c *Client) receive(ctx actor.Context) {
 // token is the session's secret) is ignored; the first one calls the
 // OnDrain functions.
 func (c *Client) drained(m *wire.Drain) {
-	reason := m.Reason
-	if len(reason) > maxNameLen {
-		reason = reason[:maxNameLen]
-	}
+	reason := core.Clip(m.Reason, maxNameLen)
 	if reason == "" {
 		reason = "the decode server is draining"
 	}
@@ -605,7 +600,7 @@ func (c *Client) Cancel(ctx context.Context, room uint64, reason string, dropErr
 	if lost := c.Lost(); lost != nil {
 		return lost
 	}
-	msg := &wire.Cancel{Session: c.session, Room: room, Reason: reason, NotQuiesced: errors.Is(dropErr, ErrNotQuiesced)}
+	msg := &wire.Cancel{Session: c.session, Room: room, Reason: wireText(reason), NotQuiesced: errors.Is(dropErr, ErrNotQuiesced)}
 	res, err := c.request(ctx, msg)
 	if err != nil {
 		if lost := c.Lost(); lost != nil {
@@ -710,7 +705,7 @@ func (c *Client) Notify(ctx context.Context, n Notice) error {
 		msg.Status = wire.Status_FAILED
 	}
 	if r.Err != nil {
-		msg.Error = r.Err.Error()
+		msg.Error = wireText(r.Err.Error())
 		msg.NotQuiesced = errors.Is(r.Err, ErrNotQuiesced)
 	}
 	for i := range n.Positions {
@@ -770,7 +765,7 @@ func (c *Client) Bye(ctx context.Context, aborted error) (Summary, error) {
 	}
 	bye := &wire.Bye{Session: c.session, Chunks: c.notices.Load()}
 	if aborted != nil {
-		bye.Aborted = aborted.Error()
+		bye.Aborted = wireText(aborted.Error())
 	}
 	res, err := c.request(ctx, bye)
 	if err != nil {

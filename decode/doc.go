@@ -95,7 +95,9 @@
 // (the pool's regions, keys and transport address, and a session token)
 // or a refusal with a code: VERSION when the versions differ (Dial's error
 // is marked ErrVersion), BAD_INPUT when the layout does not match the pool
-// (ErrBadInput, naming the buffer). Every ChunkNotice carries the session
+// (ErrBadInput, naming the buffer). A Hello its session actor repeats
+// before the session sent anything (Dial's retry when the first answer came
+// after its call timeout) gets the same Offer. Every ChunkNotice carries the session
 // token and must come from the node that said Hello; it is checked against
 // the pool and the room before it changes anything. Bye carries how many
 // notices the prefill sent and whether it stopped early; its answer is the

@@ -20,3 +20,10 @@ func AbandonForTest(c *Client) error {
 func SendToForTest(n *Node, addr, id string, msg any) {
 	n.system.Root.Send(actor.NewPID(addr, id), msg)
 }
+
+// WaitersForTest counts the Wait calls the server keeps for room id.
+func WaitersForTest(s *Server, id uint64) int {
+	var n int
+	_ = s.inActor(func() { n = len(s.waiters[id]) })
+	return n
+}

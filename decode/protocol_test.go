@@ -54,7 +54,10 @@ func TestServerRefusesAnotherVersion(t *testing.T) {
 	assert.Empty(t, offer.Regions, "no pool described to a peer that cannot read it")
 	assert.Empty(t, offer.Session)
 
-	// A second Hello from a session actor that has a session is refused.
+	// The same Hello again from its session actor, which sent nothing yet,
+	// gets the same offer (its first answer may have come after the
+	// prefill's call timeout); one from another session actor of the same
+	// identity is refused.
 	live, err := n.system.Root.SpawnNamed(actor.PropsFromFunc(func(actor.Context) {}), "s1") // a session actor that stays
 	require.NoError(t, err)
 	defer n.stopActor(context.Background(), live)
@@ -63,6 +66,15 @@ func TestServerRefusesAnotherVersion(t *testing.T) {
 	res, err = n.request(context.Background(), srv.pid, hello, time.Second)
 	require.NoError(t, err)
 	require.Equal(t, wire.Code_OK, res.(*wire.Offer).Code, res.(*wire.Offer).Error)
+	first := res.(*wire.Offer).Session
+	res, err = n.request(context.Background(), srv.pid, hello, time.Second)
+	require.NoError(t, err)
+	require.Equal(t, wire.Code_OK, res.(*wire.Offer).Code, res.(*wire.Offer).Error)
+	assert.Equal(t, first, res.(*wire.Offer).Session, "the same session offered again")
+	other, err := n.system.Root.SpawnNamed(actor.PropsFromFunc(func(actor.Context) {}), "s2")
+	require.NoError(t, err)
+	defer n.stopActor(context.Background(), other)
+	hello.SessionId = other.Id
 	res, err = n.request(context.Background(), srv.pid, hello, time.Second)
 	require.NoError(t, err)
 	assert.Equal(t, wire.Code_UNAVAILABLE, res.(*wire.Offer).Code, "one live session per prefill identity")

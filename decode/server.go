@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/cockroachdb/errors"
@@ -377,7 +378,7 @@ func (s *Server) perform(e core.Effect) core.Msg {
 		if e.Reason != "" {
 			s.obs.Refused("notice", e.Reason)
 		}
-		s.ctx.Respond(&wire.NoticeAck{Code: e.Code, Error: e.Text})
+		s.ctx.Respond(&wire.NoticeAck{Code: e.Code, Error: wireText(e.Text)})
 	case core.AnswerBye:
 		if e.Summary.Code == wire.Code_REFUSED || e.Summary.Code == wire.Code_BAD_INPUT {
 			s.obs.Refused("bye", "not_session")
@@ -385,7 +386,11 @@ func (s *Server) perform(e core.Effect) core.Msg {
 		// The goodbye's sender, which may not be the message being
 		// handled now (the answer waited for a revocation).
 		if to := s.byes[e.Reply]; to != nil {
-			s.ctx.Send(to, e.Summary)
+			sum := e.Summary
+			if sum != nil && !utf8.ValidString(sum.Error) {
+				sum = &wire.Summary{Code: sum.Code, Error: wireText(sum.Error), Chunks: sum.Chunks, Failed: sum.Failed}
+			}
+			s.ctx.Send(to, sum)
 		}
 		delete(s.byes, e.Reply)
 	case core.Reply:
@@ -463,11 +468,11 @@ func (s *Server) perform(e core.Effect) core.Msg {
 		if e.Reason != "" {
 			s.obs.Refused("cancel", e.Reason)
 		}
-		s.ctx.Respond(&wire.NoticeAck{Code: e.Code, Error: e.Text})
+		s.ctx.Respond(&wire.NoticeAck{Code: e.Code, Error: wireText(e.Text)})
 	case core.TellCancel:
 		if ss := s.sessions[e.Session]; ss != nil {
 			if pid := actorPID(ss.info.Actor); pid != nil {
-				s.ctx.Request(pid, &wire.Cancel{Session: e.Session, Room: e.Room, Reason: e.Reason})
+				s.ctx.Request(pid, &wire.Cancel{Session: e.Session, Room: e.Room, Reason: wireText(e.Reason)})
 			}
 		}
 	case core.Cancelled:
@@ -494,6 +499,13 @@ func (s *Server) perform(e core.Effect) core.Msg {
 	return nil
 }
 
+// wireText is a text a message carries, valid UTF-8 (a byte that is not
+// becomes U+FFFD): protobuf refuses to marshal a string field that is not,
+// and protoactor then drops the whole message. Texts come from Config
+// callbacks (a Verify error quoting the bytes it found) and the serving
+// stack's calls.
+func wireText(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }
+
 // guard runs a Config callback: a panic in it is that call's error, not
 // the server's end.
 func guard(what string, f func() error) (err error) {
@@ -506,7 +518,7 @@ func guard(what string, f func() error) (err error) {
 }
 
 func (s *Server) answerHello(e core.AnswerHello) {
-	offer := &wire.Offer{Version: ProtocolVersion, Code: e.Code, Error: e.Text}
+	offer := &wire.Offer{Version: ProtocolVersion, Code: e.Code, Error: wireText(e.Text)}
 	if e.Code != wire.Code_OK {
 		s.obs.Refused("hello", e.Reason)
 		s.ctx.Respond(offer)
@@ -758,6 +770,19 @@ func (s *Server) Wait(ctx context.Context, id uint64) (Room, error) {
 		return w.room, public(w.err)
 	case <-ctx.Done():
 		err = errors.Wrapf(ctx.Err(), "wait for room %d", id)
+		// No one waits any more: forget the waiter, or a stack polling
+		// a room with bounded Waits leaves one per call until it ends.
+		_ = s.inActor(func() {
+			ws := s.waiters[id]
+			if i := slices.Index(ws, ch); i >= 0 {
+				ws = slices.Delete(ws, i, i+1)
+			}
+			if len(ws) == 0 {
+				delete(s.waiters, id)
+			} else {
+				s.waiters[id] = ws
+			}
+		})
 	case <-s.stopped:
 		err = closedError("Wait")
 	}
@@ -817,9 +842,7 @@ func (s *Server) State() (State, error) {
 // whose writes could not be stopped keeps the pages out for good: the
 // error is marked ErrNotQuiesced.
 func (s *Server) Cancel(ctx context.Context, id uint64, why string) error {
-	if len(why) > 1024 {
-		why = why[:1024]
-	}
+	why = core.Clip(why, 1024)
 	start := time.Now()
 	settled := make(chan bool, 1)
 	var r core.Reply

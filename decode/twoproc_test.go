@@ -42,6 +42,14 @@ func init() {
 		err = runCancelDecodeRole()
 	case "cancel-prefill":
 		err = runCancelPrefillRole(f[1])
+	case "long-cancel-decode":
+		err = runLongCancelDecodeRole()
+	case "long-cancel-prefill":
+		err = runLongCancelPrefillRole(f[1])
+	case "bytes-decode":
+		err = runBytesDecodeRole()
+	case "bytes-prefill":
+		err = runBytesPrefillRole(f[1])
 	default:
 		err = runPrefillRole(f[1], f[0] == "vanish", f[2], f[3])
 	}
@@ -387,4 +395,208 @@ func runPrefillProcess(t *testing.T, role string) {
 	pre.Env = append(os.Environ(), roleEnv+"="+role)
 	pre.Stdout, pre.Stderr = os.Stderr, os.Stderr
 	require.NoError(t, pre.Run(), "the prefill process failed (its stderr above)")
+}
+
+// longReason is a cancel reason (and a prefill's abort) of 1200 bytes of
+// 3-byte characters: any byte bound cuts it within a character unless it
+// cuts at a boundary, and a string field that is not UTF-8 cannot be
+// marshaled, so protoactor drops the message that carries it.
+var longReason = strings.Repeat("取消", 200)
+
+// longAbort is a prefill's abort of 4200 bytes of the same characters,
+// beyond the 4096 bytes a decode keeps of one.
+var longAbort = strings.Repeat("取消", 700)
+
+// runLongCancelDecodeRole cancels room 1 with longReason once the prefill
+// reported in it, then drains; it prints the verdict once the session
+// ended (aborted by the prefill's goodbye).
+func runLongCancelDecodeRole() error {
+	tr, err := loopback.NewFabric(loopback.Options{}).NewTransport("decode")
+	if err != nil {
+		return err
+	}
+	defer tr.Close()
+	pool, err := hostmem.Alloc(buffers * itemLen * pages)
+	if err != nil {
+		return err
+	}
+	defer pool.Free()
+	node, err := decode.ListenConfig(decode.NodeConfig{Listen: "127.0.0.1:0"})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	defer node.Close(ctx)
+	first := make(chan struct{}, 1)
+	srv, err := decode.New(node, tr, decode.Config{Buffers: decodeBuffers(pool), ByeGrace: time.Hour,
+		Verify: func(*decode.Session, decode.Chunk) error {
+			select {
+			case first <- struct{}{}:
+			default:
+			}
+			return nil
+		}})
+	if err != nil {
+		return err
+	}
+	defer srv.Close(ctx)
+	if err := srv.Expect(1, []int{0, 1, 2, 3}); err != nil {
+		return err
+	}
+	fmt.Println(node.Addr())
+	ss, err := srv.Accept(ctx)
+	if err != nil {
+		return err
+	}
+	<-first
+	cctx, ccancel := context.WithTimeout(ctx, 20*time.Second)
+	defer ccancel()
+	if err := srv.Cancel(cctx, 1, longReason); err != nil {
+		return fmt.Errorf("cancel with a reason of %d bytes: %w", len(longReason), err)
+	}
+	// The prefill says goodbye when told of the drain, which it hears
+	// after its answer to the cancel arrived.
+	go func() { _ = srv.Drain(ctx) }()
+	rep, err := ss.Wait(ctx)
+	if !errors.Is(err, decode.ErrSessionAborted) || rep.Complete {
+		return fmt.Errorf("session: %+v, %v (want it aborted)", rep, err)
+	}
+	fmt.Println("room cancelled, session aborted")
+	return nil
+}
+
+// runLongCancelPrefillRole reports room 1's first chunk to the decode at
+// addr, answers its cancel through Attach, and says goodbye, aborted with
+// longAbort, once the decode drains: the decode's verdict must come back.
+func runLongCancelPrefillRole(addr string) error {
+	node, err := decode.ListenConfig(decode.NodeConfig{Listen: "127.0.0.1:0"})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := decode.Dial(ctx, node, decode.DialConfig{Decode: addr, Buffers: prefillLayout(itemLen), PageSize: 4})
+	if err != nil {
+		return err
+	}
+	release := make(chan struct{})
+	close(release)
+	if err := c.Attach(&dropEngine{release: release}); err != nil {
+		return err
+	}
+	drained := make(chan struct{})
+	c.OnDrain(func(string) { close(drained) })
+	if err := c.Notify(ctx, notice(1, 0, 2, 0, false, system.Succeeded, nil)); err != nil {
+		return err
+	}
+	select {
+	case <-drained:
+	case <-ctx.Done():
+		return errors.New("the decode never drained (its Cancel did not return)")
+	}
+	_, err = c.Bye(ctx, errors.New(longAbort))
+	if !errors.Is(err, decode.ErrSessionAborted) {
+		return fmt.Errorf("bye aborted with a reason of %d bytes: want the decode's verdict (ErrSessionAborted), got %w", len(longAbort), err)
+	}
+	return node.Close(ctx)
+}
+
+// TestLongReasonsAcrossProcesses: a cancel's reason and a goodbye's abort
+// travel cut to their bounds, at a character boundary: the decode's
+// Cancel with a reason of 1200 bytes reaches the prefill, whose Attach
+// answers it with that reason quoted (the decode's Cancel returns), and
+// the prefill's Bye aborted with one of 4200 bytes gets the decode's
+// verdict. Cut
+// within a character, each message could not be marshaled and was
+// dropped: the Cancel never returned, the Bye timed out.
+func TestLongReasonsAcrossProcesses(t *testing.T) {
+	dec, addr, lines := startDecodeRole(t, "long-cancel-decode")
+	runPrefillProcess(t, "long-cancel-prefill "+addr)
+	verdict, err := lines.ReadString('\n')
+	require.NoError(t, err, "the decode process printed no verdict (its stderr above)")
+	require.Equal(t, "room cancelled, session aborted", strings.TrimSpace(verdict))
+	require.NoError(t, dec.Wait(), "the decode process did not end cleanly (its stderr above)")
+}
+
+// rawVerdict is a Verify error that quotes the bytes it found: not UTF-8.
+const rawVerdict = "checksum mismatch: found \xff\xfe\x00\x01"
+
+// runBytesDecodeRole serves one session whose chunks its Verify rejects
+// with rawVerdict, and prints how the session ended.
+func runBytesDecodeRole() error {
+	tr, err := loopback.NewFabric(loopback.Options{}).NewTransport("decode")
+	if err != nil {
+		return err
+	}
+	defer tr.Close()
+	pool, err := hostmem.Alloc(buffers * itemLen * pages)
+	if err != nil {
+		return err
+	}
+	defer pool.Free()
+	node, err := decode.ListenConfig(decode.NodeConfig{Listen: "127.0.0.1:0"})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	defer node.Close(ctx)
+	srv, err := decode.New(node, tr, decode.Config{Buffers: decodeBuffers(pool), ByeGrace: time.Hour,
+		Verify: func(*decode.Session, decode.Chunk) error { return errors.New(rawVerdict) }})
+	if err != nil {
+		return err
+	}
+	defer srv.Close(ctx)
+	if err := srv.Expect(1, []int{0, 1, 2, 3}); err != nil {
+		return err
+	}
+	fmt.Println(node.Addr())
+	ss, err := srv.Accept(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err := ss.Wait(ctx); !errors.Is(err, decode.ErrChunkFailed) {
+		return fmt.Errorf("session: %v (want it failed)", err)
+	}
+	fmt.Println("session failed")
+	return nil
+}
+
+// runBytesPrefillRole reports room 1's first chunk to the decode at addr
+// and says goodbye: both answers carry the decode's Verify error, and must
+// arrive.
+func runBytesPrefillRole(addr string) error {
+	node, err := decode.ListenConfig(decode.NodeConfig{Listen: "127.0.0.1:0"})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := decode.Dial(ctx, node, decode.DialConfig{Decode: addr, Buffers: prefillLayout(itemLen), PageSize: 4})
+	if err != nil {
+		return err
+	}
+	err = c.Notify(ctx, notice(1, 0, 2, 0, false, system.Succeeded, nil))
+	if !errors.Is(err, decode.ErrChunkFailed) {
+		return fmt.Errorf("notice: want the decode's refusal (ErrChunkFailed), got %w", err)
+	}
+	if _, err := c.Bye(ctx, nil); !errors.Is(err, decode.ErrChunkFailed) {
+		return fmt.Errorf("bye: want the decode's verdict (ErrChunkFailed), got %w", err)
+	}
+	return node.Close(ctx)
+}
+
+// TestRawTextsAcrossProcesses: a Verify error that is not UTF-8 (it
+// quotes the bytes it found) still reaches the prefill, in the answer to
+// its notice and in its goodbye's verdict. A string field that is not
+// UTF-8 cannot be marshaled, and protoactor dropped the answer: the
+// prefill's Notify and Bye timed out instead.
+func TestRawTextsAcrossProcesses(t *testing.T) {
+	dec, addr, lines := startDecodeRole(t, "bytes-decode")
+	runPrefillProcess(t, "bytes-prefill "+addr)
+	verdict, err := lines.ReadString('\n')
+	require.NoError(t, err, "the decode process printed no verdict (its stderr above)")
+	require.Equal(t, "session failed", strings.TrimSpace(verdict))
+	require.NoError(t, dec.Wait(), "the decode process did not end cleanly (its stderr above)")
 }

@@ -48,10 +48,7 @@ func (c *Core) bye(m ByeMsg) {
 	var cause error
 	switch {
 	case aborted:
-		text := b.Aborted
-		if len(text) > maxMetadataText {
-			text = text[:maxMetadataText]
-		}
+		text := Clip(b.Aborted, maxMetadataText)
 		cause = errors.Newf("the prefill stopped early: %s", text)
 	case b.Chunks != uint64(s.notices):
 		cause = errors.Newf("the prefill sent %d chunk notices, %d arrived", b.Chunks, s.notices)

@@ -80,10 +80,7 @@ func (c *Core) cancel(m CancelMsg) {
 		c.refuseCancel(wire.Code_REFUSED, "not_session", fmt.Sprintf("room %d cancel: %s", k.Room, why))
 		return
 	}
-	reason := k.Reason
-	if len(reason) > maxReason {
-		reason = reason[:maxReason]
-	}
+	reason := Clip(k.Reason, maxReason)
 	if reason == "" {
 		reason = "no reason given"
 	}

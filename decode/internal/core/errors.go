@@ -1,6 +1,8 @@
 package core
 
 import (
+	"unicode/utf8"
+
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cp"
 	"github.com/kvstream/kvstream/hw/rdma"
@@ -32,3 +34,17 @@ func ClosedError(call string) error {
 // public is how an exported function of this package returns its error,
 // as package decode's do.
 func public(err error) error { return stderrs.Public(err) }
+
+// Clip returns s cut to at most n bytes, at a character boundary: a text
+// a message carries must stay UTF-8, or protobuf refuses to marshal the
+// string field and protoactor drops the whole message (a cancel, an
+// answer, a verdict that never arrives).
+func Clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}

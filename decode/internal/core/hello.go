@@ -53,10 +53,7 @@ func (c *Core) hello(m HelloMsg) {
 		c.refuseHello(wire.Code_UNAVAILABLE, "busy", "hello: another Hello is being answered")
 		return
 	}
-	name := h.Prefill
-	if len(name) > MaxNameLen {
-		name = name[:MaxNameLen]
-	}
+	name := Clip(h.Prefill, MaxNameLen)
 	switch {
 	case h.Version != ProtocolVersion:
 		c.refuseHello(wire.Code_VERSION, "version", "hello from %q: protocol version %d, this decode server speaks %d", name, h.Version, ProtocolVersion)
@@ -70,6 +67,16 @@ func (c *Core) hello(m HelloMsg) {
 	}
 	if err := checkHello(h); err != nil {
 		c.refuseHello(wire.Code_BAD_INPUT, "bad_input", "hello from %q: %v", name, err)
+		return
+	}
+	if s := c.helloAgain(m); s != nil {
+		// Its first answer came after the prefill's call timeout (a slow
+		// Admit or Size) and found no one waiting, and Dial said Hello
+		// again: it gets the session's offer again. Refused, it left the
+		// session open (its node answers heartbeats) and the prefill's
+		// identity busy for as long as its node lived.
+		c.debug("hello again: the session's offer again", "prefill", s.Prefill, "actor", s.Actor)
+		c.emit(AnswerHello{Code: wire.Code_OK, Session: s.Token, Address: slices.Clone(s.address)})
 		return
 	}
 	switch {
@@ -139,6 +146,23 @@ func (c *Core) hello(m HelloMsg) {
 		return
 	}
 	c.admitted(AdmittedMsg{})
+}
+
+// helloAgain is the open session a Hello repeats: the same session actor,
+// node, identity, name, page size and metadata, and nothing sent on it
+// yet.
+func (c *Core) helloAgain(m HelloMsg) *csession {
+	h := m.Hello
+	s := c.sessions.ofActor(h.SessionAddress + "/" + h.SessionId)
+	ident := m.From.Peer
+	if !c.r.TLS {
+		ident = h.Prefill
+	}
+	if s == nil || s.state != sessionOpen || s.notices > 0 || s.Node != m.From.Node || s.Identity != ident ||
+		s.Prefill != h.Prefill || s.PageSize != int(h.PageSize) || !maps.Equal(s.Metadata, h.Metadata) {
+		return nil
+	}
+	return s
 }
 
 // rankText names a session's rank in an error, in a group.

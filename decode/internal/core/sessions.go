@@ -35,6 +35,9 @@ type csession struct {
 	// prefill learns its verdict only once nothing it posts can land.
 	bye   *AnswerBye
 	rooms map[*croom]bool
+	// address is where its Offer sent the prefill (its access point): a
+	// Hello repeated gets the same offer (helloAgain).
+	address []byte
 	// ended are the ids of rooms it reported in that ended and were
 	// forgotten (nobody Expected them), oldest first, at most
 	// MaxRoomsPerSession: a later notice of one is the prefill's mistake,

@@ -31,6 +31,10 @@ type access struct {
 	err  error // Revoke's answer
 }
 
+// acceptMax bounds the connections an access point's listener holds at
+// once (KVS_ACCEPT_MAX; for the tests, which cannot use cgo).
+const acceptMax = int(C.KVS_ACCEPT_MAX)
+
 var (
 	_ rdma.PeerAccessor    = (*Transport)(nil)
 	_ rdma.PeerAccess      = (*access)(nil)
@@ -99,8 +103,11 @@ func (a *access) Revoke() error {
 	return a.err
 }
 
-// RevokeLost cuts off a peer that stopped answering. In WriteMessages it is
-// Revoke. In WriteRMA it does not destroy the worker: with worker-address
+// RevokeLost cuts off a peer that stopped answering. In WriteMessages, and
+// for an access point whose peer connects through its listener, it is
+// Revoke (a client-server setup purges its own wireup: destroying the
+// worker aborts nothing, and a peer connecting afterwards fails at once).
+// Otherwise in WriteRMA it does not destroy the worker: with worker-address
 // wireup (doc.go, "Connection setup") UCX 1.13 aborts the process
 // destroying a worker whose connection setup with a stopped peer is pending
 // (it purges the setup's reply under an assertion that 1.14 removed). The
@@ -120,6 +127,9 @@ func (a *access) RevokeLost() error {
 
 func (a *access) revoke(park bool) error {
 	t := a.t
+	// Parked, a worker would keep its listener (see kvs_access_park), and
+	// a peer connecting to it would wait for an answer that never comes.
+	park = park && !t.accessIP.IsValid()
 	cut := func() {
 		if a.w == nil {
 			return

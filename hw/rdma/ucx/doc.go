@@ -180,8 +180,9 @@
 // destroying a worker whose connection setup with such a peer is pending
 // (ucp_request_send_state_ff asserts on the setup's reply message that
 // ucp_ep_purge_lanes hands it; the assertion was removed in 1.14,
-// openucx/ucx 9ccaf31). In WriteRMA RevokeLost parks the worker (in
-// WriteMessages it is Revoke, above): it leaves the
+// openucx/ucx 9ccaf31). In WriteRMA RevokeLost parks the worker of an
+// access point without a listener (in WriteMessages, and through a
+// listener, it is Revoke, above): it leaves the
 // progress and wait sets and is never destroyed (its sockets stay open,
 // unread, until the process exits). Over rc and dc the NIC applies writes
 // without the worker, so RevokeLost answers rdma.ErrNotQuiesced there.
@@ -230,9 +231,12 @@
 // none.
 //
 // The handler accepts while the access point is not revoked, up to 64
-// connections (a prefill opens one per submitter; a hostile peer gets no
-// more), and refuses the rest with ucp_listener_reject: after a Revoke it
-// refuses every one. The listener and the accepted endpoints go with the
+// connections open at once (a prefill opens one per submitter, and one
+// more each time one broke; a hostile peer gets no more), and refuses the
+// rest with ucp_listener_reject: after a Revoke it refuses every one. An
+// accepted endpoint that failed (its peer closed it, or went away) is
+// closed and frees its place (TestAccessPointTakesReconnections). The
+// listener and the accepted endpoints go with the
 // worker (after Options.RevokeLinger), not before: UCX's tcp connection
 // manager frees a listener while a connection it accepted but has not
 // read the first bytes of still points to it, and calls through it when
@@ -240,7 +244,9 @@
 // prefill SIGSTOPped between its connect and its first send was resumed
 // after its session was revoked; TestHalfOpenConnectionOutlivesRevoke);
 // destroying the worker closes such connections. The window left is the
-// one between the two calls. The same connection manager aborts the
+// one between the two calls. RevokeLost destroys an access point with a
+// listener as Revoke does, never parks it (TestHalfOpenConnectionOutlivesRevokeLost);
+// a parked worker would keep its listener, as it is never destroyed. The same connection manager aborts the
 // process on a connection header that announces fewer bytes than it sends
 // (tcp_sockcm_ep.c:825 in 1.13, :827 in 1.18, "offset <= length"): anyone
 // who reaches a listener's port can abort the receiver with 20 bytes. That

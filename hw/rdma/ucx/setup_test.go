@@ -358,3 +358,147 @@ func TestHalfOpenConnectionOutlivesRevoke(t *testing.T) {
 	}
 	newLiveWriter(t, to, dreg, dst, n)()
 }
+
+// TestHalfOpenConnectionOutlivesRevokeLost: as
+// TestHalfOpenConnectionOutlivesRevoke, for an access point of a WriteRMA
+// transport whose peer connects through its listener, cut off with
+// RevokeLost. Parked (never destroyed), its worker lost its listener while
+// a half-accepted connection still pointed to it, and the header sent
+// afterwards crashed the receiver (UCX 1.13); RevokeLost destroys such an
+// access point as Revoke does. The receiver must survive and serve on, and
+// a peer connecting after the cut fails at once instead of waiting for an
+// answer.
+func TestHalfOpenConnectionOutlivesRevokeLost(t *testing.T) {
+	t.Setenv("UCX_TLS", "tcp")
+	const n = 4 << 10
+	to, err := New(Options{Name: "decode", Writes: WriteRMA, AccessConnect: AccessListener})
+	require.NoError(t, err)
+	defer to.Close()
+	dst, err := hostmem.Alloc(n)
+	require.NoError(t, err)
+	defer dst.Free()
+	dreg, err := to.Register(dst.Addr, n)
+	require.NoError(t, err)
+	defer dreg.Deregister()
+	// late connects to a cut access point and posts: the batch fails.
+	late := func(addr []byte) {
+		from, err := New(Options{Name: "late", Writes: WriteRMA})
+		require.NoError(t, err)
+		defer from.Close()
+		src, err := hostmem.Alloc(n)
+		require.NoError(t, err)
+		defer src.Free()
+		sreg, err := from.Register(src.Addr, uint64(n))
+		require.NoError(t, err)
+		ep, err := from.Connect(addr)
+		require.NoError(t, err)
+		defer ep.Close()
+		rk, err := ep.Import(dreg.Desc())
+		if err != nil {
+			return // refused already
+		}
+		done := make(chan error, 1)
+		if err := ep.Post([]rdma.Write{{Src: src.Addr, Dst: dst.Addr, Len: uint64(n), Local: sreg.Key(), Remote: rk}}, func(err error) { done <- err }); err != nil {
+			return
+		}
+		require.Error(t, waitErr(t, done), "a write through a cut access point")
+	}
+	for round := range 4 {
+		a, err := to.OpenPeerAccess()
+		require.NoError(t, err)
+		ip, port, err := decodeListenAddr(a.Address())
+		require.NoError(t, err, "round %d: the access point listens", round)
+		conns := make([]net.Conn, 3)
+		for i := range conns {
+			conns[i], err = net.Dial("tcp", netip.AddrPortFrom(ip, port).String())
+			require.NoError(t, err, "round %d", round)
+		}
+		require.NoError(t, a.(rdma.LostPeerRevoker).RevokeLost())
+		require.NoError(t, to.do(func() error {
+			assert.Zero(t, int(to.ctx.nparked), "round %d: no access point with a listener is parked", round)
+			return nil
+		}))
+		// The header UCX's connection manager reads whole and hands to
+		// the listener (TestHalfOpenConnectionOutlivesRevoke).
+		hdr := make([]byte, 16)
+		for _, c := range conns {
+			_, _ = c.Write(hdr)
+		}
+		if round == 0 {
+			late(a.Address())
+		}
+		// The connection manager's async thread reads it: a round trip
+		// of the transport's progress goroutine does not wait for that,
+		// the next round's connections and the live writer below do.
+		require.NoError(t, to.do(func() error { return nil }))
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}
+	live := func() {
+		from, err := New(Options{Name: "prefill", Writes: WriteRMA})
+		require.NoError(t, err)
+		defer from.Close()
+		a, err := to.OpenPeerAccess()
+		require.NoError(t, err)
+		defer func() { _ = a.Revoke() }()
+		src, err := hostmem.Alloc(n)
+		require.NoError(t, err)
+		defer src.Free()
+		fillPattern(src.Bytes)
+		sreg, err := from.Register(src.Addr, uint64(n))
+		require.NoError(t, err)
+		ep, err := from.Connect(a.Address())
+		require.NoError(t, err)
+		defer ep.Close()
+		rk, err := ep.Import(dreg.Desc())
+		require.NoError(t, err)
+		done := make(chan error, 1)
+		require.NoError(t, ep.Post([]rdma.Write{{Src: src.Addr, Dst: dst.Addr, Len: uint64(n), Local: sreg.Key(), Remote: rk}}, func(err error) { done <- err }))
+		require.NoError(t, waitErr(t, done))
+		assert.True(t, bytes.Equal(src.Bytes, dst.Bytes), "the live peer's bytes landed")
+	}
+	live()
+}
+
+// TestAccessPointTakesReconnections: a prefill reconnects to its access
+// point each time an endpoint broke (its submitters resume on a fresh
+// connection), many times over a long session. The listener's bound is on
+// the connections open at once, not on those the session ever made: every
+// reconnection is served, each after the peer closed the one before.
+func TestAccessPointTakesReconnections(t *testing.T) {
+	t.Setenv("UCX_TLS", "tcp")
+	const n = 4 << 10
+	to, err := New(Options{Name: "decode", AccessConnect: AccessListener})
+	require.NoError(t, err)
+	defer to.Close()
+	dst, err := hostmem.Alloc(n)
+	require.NoError(t, err)
+	defer dst.Free()
+	dreg, err := to.Register(dst.Addr, n)
+	require.NoError(t, err)
+	defer dreg.Deregister()
+	a, err := to.OpenPeerAccess()
+	require.NoError(t, err)
+	defer func() { _ = a.Revoke() }()
+	from, err := New(Options{Name: "prefill"})
+	require.NoError(t, err)
+	defer from.Close()
+	src, err := hostmem.Alloc(n)
+	require.NoError(t, err)
+	defer src.Free()
+	sreg, err := from.Register(src.Addr, uint64(n))
+	require.NoError(t, err)
+	for round := range 3 * acceptMax {
+		src.Bytes[0] = byte(round)
+		ep, err := from.Connect(a.Address())
+		require.NoError(t, err)
+		rk, err := ep.Import(dreg.Desc())
+		require.NoError(t, err)
+		done := make(chan error, 1)
+		require.NoError(t, ep.Post([]rdma.Write{{Src: src.Addr, Dst: dst.Addr, Len: uint64(n), Local: sreg.Key(), Remote: rk}}, func(err error) { done <- err }))
+		require.NoError(t, waitErr(t, done), "connection %d to the access point", round+1)
+		require.Equal(t, byte(round), dst.Bytes[0], "connection %d: its write landed", round+1)
+		require.NoError(t, ep.Close())
+	}
+}

@@ -460,15 +460,45 @@ static void kvs_unlisten(kvs_wk_t *wk)
 static void kvs_accepted_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
     kvs_wk_t *w = arg;
-    (void)ep;
+    unsigned i;
     (void)status;
-    // The peer is gone: its endpoint fails here and goes with the worker;
-    // the session's loss is the control plane's to declare.
+    // The peer closed the connection, or is gone (the session's loss is
+    // the control plane's to declare): the endpoint leaves the accepted
+    // ones, so that the peer's next connection (a reconnection after a
+    // broken one) is taken, and is closed after this progress (kvs_reap).
     w->ep_errors++;
+    if (w->nfailed == KVS_ACCEPT_MAX) {
+        return; // it keeps its place until the worker goes
+    }
+    for (i = 0; i < w->naccepted; i++) {
+        if (w->accepted[i] == ep) {
+            w->accepted[i] = w->accepted[--w->naccepted];
+            w->failed[w->nfailed++] = ep;
+            break;
+        }
+    }
+}
+
+// Closes the accepted endpoints that failed (kvs_accepted_err_cb), outside
+// UCX's error callback; UCX releases each once its close completed.
+static void kvs_reap(kvs_wk_t *w)
+{
+    ucp_request_param_t param;
+    ucs_status_ptr_t sp;
+
+    while (w->nfailed > 0) {
+        memset(&param, 0, sizeof(param));
+        param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+        param.flags        = UCP_EP_CLOSE_FLAG_FORCE;
+        sp = ucp_ep_close_nbx(w->failed[--w->nfailed], &param);
+        if (sp != NULL && !UCS_PTR_IS_ERR(sp)) {
+            ucp_request_free(sp);
+        }
+    }
 }
 
 // Accepts a peer's connection request, while the access point is not
-// revoked and has accepted fewer than KVS_ACCEPT_MAX; refuses it otherwise.
+// revoked and holds fewer than KVS_ACCEPT_MAX; refuses it otherwise.
 // Called by ucp_worker_progress of the access point's worker.
 static void kvs_conn_cb(ucp_conn_request_h req, void *arg)
 {
@@ -682,8 +712,10 @@ ucs_status_t kvs_access_park(kvs_ctx_t *c, ucp_worker_h w)
     }
     for (i = 0; i < c->naw; i++) {
         if (c->aw[i] == w) {
+            // Its listener stays, as the worker does (see kvs_unlisten):
+            // a connection request now waits for a progress that never
+            // comes, and kvs_conn_cb would refuse it anyway.
             c->awk[i]->revoked = 1;
-            kvs_unlisten(c->awk[i]);
             c->naw--;
             c->aw[i]   = c->aw[c->naw];
             c->awk[i]  = c->awk[c->naw]; // the parked one's stays allocated
@@ -1065,6 +1097,7 @@ unsigned kvs_poll(kvs_ctx_t *c, kvs_event_t *out, unsigned cap,
     // wire-up, flush replies): one round each.
     for (a = 0; a < c->naw; a++) {
         total += ucp_worker_progress(c->aw[a]);
+        kvs_reap(c->awk[a]);
     }
     c->progressed = total;
     if (c->nev == 0 && !c->oom) {

@@ -119,7 +119,7 @@ typedef struct kvs_ctx kvs_ctx_t;
 
 // The most connections an access point's listener accepts (kvs_conn_cb):
 // a peer opens one per submitter, and a hostile one gets no more.
-#define KVS_ACCEPT_MAX 64
+#define KVS_ACCEPT_MAX 64 // open at once; a failed one frees its place
 
 // What a worker's message handlers need: its context and whether the
 // peers connected to it are cut off. One per worker (the transport's own,
@@ -139,10 +139,14 @@ typedef struct {
     uint64_t     acks_lost; // ACKs that could not be sent
     // An access point's sockaddr listener (kvs_access_listen), through
     // which its peer connects; NULL for the transport's own worker, and
-    // once revoked. The endpoints it accepted go with the worker.
+    // once revoked. The endpoints it accepted go with the worker, or
+    // once they failed (the peer closed them, or went away): failed holds
+    // those until kvs_poll closes them, after the worker's progress.
     ucp_listener_h listener;
     ucp_ep_h     accepted[KVS_ACCEPT_MAX];
     unsigned     naccepted;
+    ucp_ep_h     failed[KVS_ACCEPT_MAX];
+    unsigned     nfailed;
     uint64_t     rejected;  // connection requests refused
     uint64_t     ep_errors; // accepted endpoints that failed (peer lost)
 } kvs_wk_t;

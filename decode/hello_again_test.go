@@ -1,0 +1,44 @@
+package decode_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/kvstream/kvstream/decode"
+	"github.com/kvstream/kvstream/system"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestLateOfferLeavesNoSession: a decode slow to answer a Hello (here its
+// Admit, as a pool sized by a large Config.Size can be) answers after the
+// prefill's call timeout; Dial says Hello again and gets the session that
+// first Hello opened. Refused as a second session of the identity, it
+// failed, and the session it left open held the prefill's identity for as
+// long as the prefill's node answered heartbeats: no Dial of that prefill
+// got through again.
+func TestLateOfferLeavesNoSession(t *testing.T) {
+	const call = 500 * time.Millisecond
+	slow := true
+	r := newRig(t, decode.Config{Admit: func(string, map[string]string) error {
+		if slow { // only the actor calls Admit
+			slow = false
+			time.Sleep(3 * call) // the answer comes after the call timeout
+		}
+		return nil
+	}})
+	require.NoError(t, r.srv.Expect(7, []int{4, 5, 6, 7}))
+	c, err := decode.Dial(context.Background(), r.node, decode.DialConfig{Decode: r.srv.Addr(), Buffers: prefillLayout(itemLen), PageSize: 4, Name: "p0",
+		CallTimeout: call, ConnectTimeout: 10 * time.Second})
+	require.NoError(t, err, "Dial after a late answer to its first Hello")
+	st, err := r.srv.State()
+	require.NoError(t, err)
+	assert.Equal(t, 1, st.Sessions, "one session, the one the first Hello opened")
+	require.NoError(t, c.Notify(waitCtx(t), notice(7, 0, 4, 4, true, system.Succeeded, nil)))
+	room, err := r.srv.Wait(waitCtx(t), 7)
+	require.NoError(t, err)
+	assert.True(t, room.Complete)
+	_, err = c.Bye(waitCtx(t), nil)
+	require.NoError(t, err)
+}
