@@ -1,6 +1,7 @@
 package cp
 
 import (
+	"fmt"
 	"math/bits"
 
 	"github.com/cockroachdb/errors"
@@ -222,24 +223,35 @@ func CheckPages(what string, pages []int, capacity int) error {
 }
 
 // checkRuns is CheckPages, returning where the list's runs of consecutive
-// pages start (bit i: pages[i] != pages[i-1]+1, and bit 0). One pass reads
-// the pages and finds the starts; then each run is checked at its ends (its
-// pages are consecutive: inside the pool if both ends are) and marks its
-// pages in the pool's bitmap a word at a time, so that a list of long runs
-// costs a compare per page. A bad list is checked again page by page for
-// the first bad page's error.
+// pages start (bit i: pages[i] != pages[i-1]+1, and bit 0). A list of long
+// runs is read once to find the starts; then each run is checked at its
+// ends (its pages are consecutive: inside the pool if both ends are) and
+// marks its pages in the pool's bitmap a word at a time, so that it costs
+// a compare per page. A list of short runs (its first probePages pages
+// say so) is checked page by page in the same pass that finds its starts
+// (checkStarts): one read of the list, not two. A bad list is checked
+// again page by page for the first bad page's error.
 func checkRuns(what string, pages []int, capacity int) ([]uint64, error) {
 	if len(pages) == 0 {
 		return nil, nil
 	}
 	starts := make([]uint64, (len(pages)+63)/64)
-	runStarts(pages, starts)
-	runs := 0
-	for _, w := range starts {
-		runs += bits.OnesCount64(w)
+	probe := len(pages)
+	if probe > probePages {
+		probe = probePages
 	}
-	if runs > len(pages)/4 {
-		// Short runs: the page-by-page check is the faster.
+	runStarts(pages[:probe], starts)
+	if probe < len(pages) && ones(starts[:probe>>6]) > probe/4 {
+		if err := checkStarts(what, pages, capacity, starts); err != nil {
+			return nil, err
+		}
+		return starts, nil
+	}
+	if probe < len(pages) {
+		runStartsFrom(pages, probe, starts)
+	}
+	if ones(starts) > len(pages)/4 {
+		// Short runs after all: the page-by-page check is the faster.
 		if err := CheckPages(what, pages, capacity); err != nil {
 			return nil, err
 		}
@@ -264,50 +276,136 @@ func checkRuns(what string, pages []int, capacity int) ([]uint64, error) {
 	return starts, nil
 }
 
-// runStarts sets bit i of starts where pages[i] does not continue
-// pages[i-1], and bit 0. The word is shifted in by constant shifts, 64
-// pages to a word.
-func runStarts(pages []int, starts []uint64) {
-	prev := pages[0] - 1
-	full := len(pages) &^ 63
-	for base := 0; base < full; base += 64 {
-		// Four pages a step: four independent compares, one shift (a
-		// quarter faster than a page a step here).
-		var w uint64
-		blk := (*[64]int)(pages[base : base+64])
-		for j := 0; j < 64; j += 4 {
-			a, b, c, d := blk[j], blk[j+1], blk[j+2], blk[j+3]
-			var x uint64
-			if a != prev+1 {
-				x |= 1 << 60
-			}
-			if b != a+1 {
-				x |= 1 << 61
-			}
-			if c != b+1 {
-				x |= 1 << 62
-			}
-			if d != c+1 {
-				x |= 1 << 63
-			}
-			w = w>>4 | x
-			prev = d
-		}
-		starts[base>>6] = w
+// probePages is how many pages at the head of a list decide how checkRuns
+// checks it: more than a quarter of them starting a run, page by page. A
+// multiple of 64.
+const probePages = 1024
+
+// ones is how many bits of bm are set.
+func ones(bm []uint64) int {
+	n := 0
+	for _, w := range bm {
+		n += bits.OnesCount64(w)
 	}
-	if full < len(pages) {
-		var w uint64
-		for _, pg := range pages[full:] {
-			var b uint64
-			if pg != prev+1 {
-				b = 1 << 63
-			}
-			w = w>>1 | b
-			prev = pg
+	return n
+}
+
+// runStarts sets bit i of starts where pages[i] does not continue
+// pages[i-1], and bit 0 (runStartsFrom from 0).
+func runStarts(pages []int, starts []uint64) {
+	runStartsFrom(pages, 0, starts)
+	starts[0] |= 1
+}
+
+// runStartsFrom sets the words of starts from page from on (a multiple of
+// 64): bit i where pages[i] does not continue pages[i-1].
+func runStartsFrom(pages []int, from int, starts []uint64) {
+	prev := pages[from] - 1
+	if from > 0 {
+		prev = pages[from-1]
+	}
+	full := len(pages) &^ 63
+	for base := from; base < full; base += 64 {
+		blk := (*[64]int)(pages[base : base+64])
+		starts[base>>6] = startsWord(blk, prev)
+		prev = blk[63]
+	}
+	if full < len(pages) { // full >= from: from is a multiple of 64
+		starts[full>>6] = startsTail(pages[full:], prev)
+	}
+}
+
+// startsWord is the word of run starts of 64 pages after page prev: bit j
+// where blk[j] does not continue the page before it. The word is shifted
+// in by constant shifts, four pages a step: four independent compares, one
+// shift (a quarter faster than a page a step here).
+func startsWord(blk *[64]int, prev int) uint64 {
+	var w uint64
+	for j := 0; j < 64; j += 4 {
+		a, b, c, d := blk[j], blk[j+1], blk[j+2], blk[j+3]
+		var x uint64
+		if a != prev+1 {
+			x |= 1 << 60
 		}
-		starts[full>>6] = w >> uint(64-(len(pages)-full))
+		if b != a+1 {
+			x |= 1 << 61
+		}
+		if c != b+1 {
+			x |= 1 << 62
+		}
+		if d != c+1 {
+			x |= 1 << 63
+		}
+		w = w>>4 | x
+		prev = d
+	}
+	return w
+}
+
+// startsTail is startsWord for fewer than 64 pages (at least one).
+func startsTail(pages []int, prev int) uint64 {
+	var w uint64
+	for _, pg := range pages {
+		var b uint64
+		if pg != prev+1 {
+			b = 1 << 63
+		}
+		w = w>>1 | b
+		prev = pg
+	}
+	return w >> uint(64-len(pages))
+}
+
+// checkStarts is checkPages that also sets starts as runStarts does, 64
+// pages at a time while they are in the nearest cache: for a list of
+// short runs, whose check is page by page anyway, the list is read from
+// memory once.
+func checkStarts(what string, pages []int, capacity int, starts []uint64) error {
+	seen := make([]uint64, (max(capacity, 0)+63)/64)
+	prev := pages[0] - 1
+	for base := 0; base < len(pages); base += 64 {
+		blk := pages[base:min(base+64, len(pages))]
+		if len(blk) == 64 {
+			starts[base>>6] = startsWord((*[64]int)(blk), prev)
+		} else {
+			starts[base>>6] = startsTail(blk, prev)
+		}
+		prev = blk[len(blk)-1]
+		if i, bad := checkInto(seen, blk, capacity); bad != "" {
+			return badInput("%s page %d at index %d: %s", what, blk[i], base+i, bad)
+		}
 	}
 	starts[0] |= 1
+	return nil
+}
+
+// checkInto marks pages in seen and returns the index of the first page
+// outside the pool of capacity pages or marked already, and why ("" if
+// none). The word of seen being filled stays in a register while the
+// pages fall in it.
+func checkInto(seen []uint64, pages []int, capacity int) (int, string) {
+	cw, cur := -1, uint64(0)
+	for i, pg := range pages {
+		u := uint(pg)
+		if u >= uint(capacity) {
+			return i, fmt.Sprintf("outside the pool of %d pages", capacity)
+		}
+		if w := int(u >> 6); w != cw {
+			if cw >= 0 {
+				seen[cw] = cur
+			}
+			cw, cur = w, seen[w]
+		}
+		bit := uint64(1) << (u & 63)
+		if cur&bit != 0 {
+			return i, "duplicate"
+		}
+		cur |= bit
+	}
+	if cw >= 0 {
+		seen[cw] = cur
+	}
+	return 0, ""
 }
 
 // claim checks the run pages[a:b] (consecutive pages) against the pool
@@ -348,29 +446,11 @@ func checkSlow(what string, pages []int, capacity int) error {
 	return errors.AssertionFailedf("%s pages: the run check found a bad page that the page check did not", what)
 }
 
-// checkPages is the page-by-page check. The word of the bitmap being
-// filled stays in a register while the pages fall in it (consecutive
-// pages: 64 at a time), so that a run of pages is not a chain of loads and
-// stores to one word.
+// checkPages is the page-by-page check.
 func checkPages(what string, pages []int, capacity int) error {
 	seen := make([]uint64, (max(capacity, 0)+63)/64)
-	cw, cur := -1, uint64(0)
-	for i, pg := range pages {
-		u := uint(pg)
-		if u >= uint(capacity) {
-			return badInput("%s page %d at index %d: outside the pool of %d pages", what, pg, i, capacity)
-		}
-		if w := int(u >> 6); w != cw {
-			if cw >= 0 {
-				seen[cw] = cur
-			}
-			cw, cur = w, seen[w]
-		}
-		bit := uint64(1) << (u & 63)
-		if cur&bit != 0 {
-			return badInput("%s page %d at index %d: duplicate", what, pg, i)
-		}
-		cur |= bit
+	if i, bad := checkInto(seen, pages, capacity); bad != "" {
+		return badInput("%s page %d at index %d: %s", what, pages[i], i, bad)
 	}
 	return nil
 }

@@ -201,3 +201,59 @@ func TestRunStartsAndExtractBits(t *testing.T) {
 		}
 	}
 }
+
+// refStarts is where the runs of pages start, written plainly.
+func refStarts(pages []int) []uint64 {
+	out := make([]uint64, (len(pages)+63)/64)
+	for i := range pages {
+		if i == 0 || pages[i] != pages[i-1]+1 {
+			out[i>>6] |= 1 << (i & 63)
+		}
+	}
+	return out
+}
+
+// shuffledRuns is pages lo..hi-1 in runs of runLen, the runs in a drawn
+// order.
+func shuffledRuns(t *rapid.T, label string, lo, hi, runLen int) []int {
+	var out []int
+	blocks := (hi - lo + runLen - 1) / runLen
+	for _, b := range rapid.Permutation(seq(0, blocks)).Draw(t, label) {
+		for p := lo + b*runLen; p < min(lo+(b+1)*runLen, hi); p++ {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// TestCheckRunsEitherWay: a list long enough for its head to decide how it
+// is checked (short runs: page by page in the pass that finds the starts;
+// long runs: a run at a time) gives the plain check's error, or the plain
+// run starts, whichever way it went: a head of short runs and a tail of
+// long ones or the other way round, the change before or after the
+// probe's end, at times a planted fault.
+func TestCheckRunsEitherWay(t *testing.T) {
+	lens := []int{1, 2, 3, 5, 16, 64, 100, 1 << 20}
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(1, 3*probePages+70).Draw(t, "n")
+		at := rapid.IntRange(0, n).Draw(t, "at")
+		pages := append(shuffledRuns(t, "head", 0, at, rapid.SampledFrom(lens).Draw(t, "headRun")),
+			shuffledRuns(t, "tail", at, n, rapid.SampledFrom(lens).Draw(t, "tailRun"))...)
+		pool := n + rapid.IntRange(0, 3).Draw(t, "spare")
+		switch rapid.IntRange(0, 3).Draw(t, "fault") {
+		case 1:
+			pages[rapid.IntRange(0, n-1).Draw(t, "dupAt")] = pages[rapid.IntRange(0, n-1).Draw(t, "dupOf")]
+		case 2:
+			pages[rapid.IntRange(0, n-1).Draw(t, "outAt")] = pool + rapid.IntRange(-1, 2).Draw(t, "out")
+		}
+		want := refCheck("destination", pages, pool)
+		got, err := checkRuns("destination", pages, pool)
+		if want != nil {
+			require.Error(t, err)
+			require.Equal(t, want.Error(), err.Error())
+			return
+		}
+		require.NoError(t, err)
+		require.Equal(t, refStarts(pages), got)
+	})
+}
