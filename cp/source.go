@@ -16,15 +16,17 @@ import (
 type Source struct {
 	st Stride
 	// s is src from the first owned position's page to the last's; owned
-	// page k is s[k*st.Step].
-	s []int
+	// page k is s[k*st.Step], at index off+k*st.Step of src.
+	s   []int
+	off int
 	// brk has bit k set where owned page k does not continue owned page
 	// k-1 on the source side; nil where none does not (one source run).
 	brk []uint64
 }
 
 // NewSource is the source side of StrideRuns(src, chunkPageStart, _, st).
-// A position of st outside the chunk's source pages is an error.
+// A position of st outside the chunk's source pages is an error, and so
+// are more owned positions than a run's length holds (MaxPage).
 func NewSource(src []int, chunkPageStart int, st Stride) (*Source, error) {
 	if st.N == 0 {
 		return &Source{st: st}, nil
@@ -32,6 +34,9 @@ func NewSource(src []int, chunkPageStart int, st Stride) (*Source, error) {
 	last := st.At(st.N - 1)
 	if st.First < chunkPageStart || last-chunkPageStart >= len(src) {
 		return nil, badInput("positions [%d, %d] outside the chunk's %d source pages from position %d", st.First, last, len(src), chunkPageStart)
+	}
+	if st.N > MaxPage {
+		return nil, badInput("%d owned positions: more than a run's length holds (%d)", st.N, MaxPage)
 	}
 	s := src[st.First-chunkPageStart : last-chunkPageStart+1]
 	var brk []uint64
@@ -43,7 +48,7 @@ func NewSource(src []int, chunkPageStart int, st Stride) (*Source, error) {
 			brk[k>>6] |= 1 << (k & 63)
 		}
 	}
-	return &Source{st: st, s: s, brk: brk}, nil
+	return &Source{st: st, s: s, off: st.First - chunkPageStart, brk: brk}, nil
 }
 
 // NewCheckedSource is CheckPages("source", src, capacity) followed by
@@ -62,14 +67,17 @@ func NewCheckedSource(src []int, chunkPageStart int, st Stride, capacity int) (*
 	if st.First < chunkPageStart || last-chunkPageStart >= len(src) {
 		return NewSource(src, chunkPageStart, st) // its error
 	}
-	brk := extractBits(starts, st.First-chunkPageStart, st.N)
+	// st.N <= len(src) <= MaxPage: a list of more distinct pages than
+	// that would have a page beyond MaxPage, found where its run starts.
+	off := st.First - chunkPageStart
+	brk := extractBits(starts, off, st.N)
 	brk[0] &^= 1 // the first owned page starts a run whatever the source
 	for _, w := range brk {
 		if w != 0 {
-			return &Source{st: st, s: src[st.First-chunkPageStart : last-chunkPageStart+1], brk: brk}, nil
+			return &Source{st: st, s: src[off : last-chunkPageStart+1], off: off, brk: brk}, nil
 		}
 	}
-	return &Source{st: st, s: src[st.First-chunkPageStart : last-chunkPageStart+1]}, nil
+	return &Source{st: st, s: src[off : last-chunkPageStart+1], off: off}, nil
 }
 
 // extractBits returns bits [from, from+n) of bm (n > 0, within bm) as a
@@ -104,7 +112,7 @@ func (s *Source) Runs(dstPages []int) ([]Run, error) {
 		return nil, err
 	}
 	d := s.dst(dstPages)
-	return s.fill(d, s.count(d)), nil
+	return s.fill(d, s.count(d))
 }
 
 // CheckedRuns is CheckPages("destination", dstPages, capacity) followed by
@@ -124,13 +132,13 @@ func (s *Source) CheckedRuns(dstPages []int, capacity int) ([]Run, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.fillFrom(dstPages, starts), nil
+	return s.fillFrom(dstPages, starts)
 }
 
 // fillFrom builds the runs of consecutive owned positions from the starts
 // of dstPages's own runs (checkRuns): a run starts where the destination's
 // run does, where the source breaks, and at the first owned position.
-func (s *Source) fillFrom(dstPages []int, starts []uint64) []Run {
+func (s *Source) fillFrom(dstPages []int, starts []uint64) ([]Run, error) {
 	first, n := s.st.First, s.st.N
 	ob := extractBits(starts, first, n)
 	ob[0] |= 1
@@ -145,20 +153,46 @@ func (s *Source) fillFrom(dstPages []int, starts []uint64) []Run {
 	// One run per set bit, in order; a run's length is known at the next.
 	src, d := s.s[:n], dstPages[first:first+n]
 	runs := make([]Run, count)
-	r, prev := 0, 0
+	// big is non-zero once a run's first page does not fit a Run: one
+	// test after the loop, not a branch per run.
+	r, prev, big := 0, 0, 0
 	for q, w := range ob {
 		for w != 0 {
 			i := q<<6 + bits.TrailingZeros64(w)
 			w &= w - 1
 			if r > 0 {
-				runs[r-1].Len = i - prev
+				runs[r-1].Len = int32(i - prev)
 			}
-			runs[r] = Run{Src: src[i], Dst: d[i]}
+			sp, dp := src[i], d[i]
+			big |= sp ^ int(int32(sp)) | dp ^ int(int32(dp))
+			runs[r] = Run{Src: int32(sp), Dst: int32(dp)}
 			r, prev = r+1, i
 		}
 	}
-	runs[r-1].Len = n - prev
-	return runs
+	runs[r-1].Len = int32(n - prev)
+	if big != 0 {
+		return nil, s.tooLarge(runs, d)
+	}
+	return runs, nil
+}
+
+// tooLarge names the first run start whose source or destination page
+// does not fit a Run (its source page first), d being the destination
+// pages from the first owned position (dst). The runs hold the starts
+// truncated; their lengths are right.
+func (s *Source) tooLarge(runs []Run, d []int) error {
+	k := 0 // owned position of the run
+	for _, r := range runs {
+		i := k * s.st.Step
+		if sp := s.s[i]; !fits(sp) {
+			return tooLarge("source", sp, s.off+i)
+		}
+		if dp := d[i]; !fits(dp) {
+			return tooLarge("destination", dp, s.st.First+i)
+		}
+		k += int(r.Len)
+	}
+	return errors.AssertionFailedf("runs: a page beyond %d that no run starts with", MaxPage)
 }
 
 // inRange reports a position beyond dstPages, naming the first and how
@@ -198,21 +232,32 @@ func (s *Source) count(d []int) int {
 
 // fill builds the n runs of d (as count counted them) into a slice of
 // exactly that many.
-func (s *Source) fill(d []int, n int) []Run {
+func (s *Source) fill(d []int, n int) ([]Run, error) {
 	// Locals, not s's fields: the stores into runs could alias them, and
 	// the loop would load them again at every page.
 	step, src, brk := s.st.Step, s.s, s.brk
 	runs := make([]Run, 0, n)
-	r := Run{Src: src[0], Dst: d[0], Len: 1}
+	// The run being built: its first page's index in d and the
+	// destination page that would continue it; big as in fillFrom.
+	at, next, big := 0, d[0]+1, 0
+	add := func(at, next int) {
+		sp, dp := src[at], d[at]
+		big |= sp ^ int(int32(sp)) | dp ^ int(int32(dp))
+		runs = append(runs, Run{Src: int32(sp), Dst: int32(dp), Len: int32(next - dp)})
+	}
 	for k, i := 1, step; i < len(d); k, i = k+1, i+step {
-		if d[i] == r.Dst+r.Len && (brk == nil || brk[k>>6]&(1<<(k&63)) == 0) {
-			r.Len++
+		if d[i] == next && (brk == nil || brk[k>>6]&(1<<(k&63)) == 0) {
+			next++
 			continue
 		}
-		runs = append(runs, r)
-		r = Run{Src: src[i], Dst: d[i], Len: 1}
+		add(at, next)
+		at, next = i, d[i]+1
 	}
-	return append(runs, r)
+	add(at, next)
+	if big != 0 {
+		return nil, s.tooLarge(runs, d)
+	}
+	return runs, nil
 }
 
 // CheckPages rejects negative, out-of-range and duplicate page ids, naming
