@@ -150,26 +150,27 @@ func (s *Source) fillFrom(dstPages []int, starts []uint64) ([]Run, error) {
 		}
 		count += bits.OnesCount64(w)
 	}
-	// One run per set bit, in order; a run's length is known at the next.
+	// One run per set bit, in order; a run's length is known at the next,
+	// and the run is stored then, whole: the run being built stays in
+	// registers (sp, dp: its first pages; at: its position).
 	src, d := s.s[:n], dstPages[first:first+n]
 	runs := make([]Run, count)
 	// big is non-zero once a run's first page does not fit a Run: one
 	// test after the loop, not a branch per run.
-	r, prev, big := 0, 0, 0
+	sp, dp, at, big := src[0], d[0], 0, 0
+	r := 0
+	ob[0] &^= 1
 	for q, w := range ob {
 		for w != 0 {
 			i := q<<6 + bits.TrailingZeros64(w)
 			w &= w - 1
-			if r > 0 {
-				runs[r-1].Len = int32(i - prev)
-			}
-			sp, dp := src[i], d[i]
 			big |= sp ^ int(int32(sp)) | dp ^ int(int32(dp))
-			runs[r] = Run{Src: int32(sp), Dst: int32(dp)}
-			r, prev = r+1, i
+			runs[r] = Run{Src: int32(sp), Dst: int32(dp), Len: int32(i - at)}
+			sp, dp, at, r = src[i], d[i], i, r+1
 		}
 	}
-	runs[r-1].Len = int32(n - prev)
+	big |= sp ^ int(int32(sp)) | dp ^ int(int32(dp))
+	runs[r] = Run{Src: int32(sp), Dst: int32(dp), Len: int32(n - at)}
 	if big != 0 {
 		return nil, s.tooLarge(runs, d)
 	}
