@@ -161,6 +161,21 @@ func (s *Source) fillFrom(dstPages []int, starts []uint64) ([]Run, error) {
 	r := 0
 	ob[0] &^= 1
 	for q, w := range ob {
+		if w == ^uint64(0) && q<<6+64 <= n {
+			// Every page of the word starts a run (a list whose every
+			// page is its own run): 64 runs of one page, no bit search.
+			i0 := q << 6
+			big |= sp ^ int(int32(sp)) | dp ^ int(int32(dp))
+			runs[r] = Run{Src: int32(sp), Dst: int32(dp), Len: int32(i0 - at)}
+			ss, dd, out := (*[64]int)(src[i0:i0+64]), (*[64]int)(d[i0:i0+64]), (*[63]Run)(runs[r+1:r+64])
+			for j := range out {
+				sp, dp := ss[j], dd[j]
+				big |= sp ^ int(int32(sp)) | dp ^ int(int32(dp))
+				out[j] = Run{Src: int32(sp), Dst: int32(dp), Len: 1}
+			}
+			sp, dp, at, r = ss[63], dd[63], i0+63, r+64
+			continue
+		}
 		for w != 0 {
 			i := q<<6 + bits.TrailingZeros64(w)
 			w &= w - 1
