@@ -22,18 +22,6 @@ func tooLarge(what string, pg, i int) error {
 	return badInput("%s page %d at index %d: beyond the largest page index a run holds (%d)", what, pg, i, MaxPage)
 }
 
-// checkFits returns the first page of pages that does not fit a Run, as
-// tooLarge's error. Lists checked against a pool of at most MaxPage+1
-// pages need no such scan.
-func checkFits(what string, pages []int) error {
-	for i, pg := range pages {
-		if !fits(pg) {
-			return tooLarge(what, pg, i)
-		}
-	}
-	return nil
-}
-
 // Coalesce merges (src[i], dst[i]) page pairs into runs. A run breaks where
 // either side is not consecutive. Runs are computed once per chunk and are the
 // same for every buffer, because every buffer is indexed by the same pages.

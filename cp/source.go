@@ -60,15 +60,13 @@ func NewCheckedSource(src []int, chunkPageStart int, st Stride, capacity int) (*
 	if err != nil {
 		return nil, err
 	}
-	if st.N == 0 || st.Step != 1 {
-		return NewSource(src, chunkPageStart, st)
+	if st.N == 0 || st.Step != 1 || st.N > MaxPage {
+		return NewSource(src, chunkPageStart, st) // and its errors
 	}
 	last := st.At(st.N - 1)
 	if st.First < chunkPageStart || last-chunkPageStart >= len(src) {
 		return NewSource(src, chunkPageStart, st) // its error
 	}
-	// st.N <= len(src) <= MaxPage: a list of more distinct pages than
-	// that would have a page beyond MaxPage, found where its run starts.
 	off := st.First - chunkPageStart
 	brk := extractBits(starts, off, st.N)
 	brk[0] &^= 1 // the first owned page starts a run whatever the source
@@ -418,9 +416,9 @@ func startsTail(pages []int, prev int) uint64 {
 }
 
 // checkStarts is checkPages that also sets starts as runStarts does, 64
-// pages at a time while they are in the nearest cache: for a list of
-// short runs, whose check is page by page anyway, the list is read from
-// memory once.
+// pages at a time while they are in the nearest cache, marking the pages
+// with checkScattered: for a list of short runs, whose check is page by
+// page anyway, the list is read from memory once.
 func checkStarts(what string, pages []int, capacity int, starts []uint64) error {
 	seen := make([]uint64, (max(capacity, 0)+63)/64)
 	prev := pages[0] - 1
@@ -527,7 +525,8 @@ func checkSlow(what string, pages []int, capacity int) error {
 	return errors.AssertionFailedf("%s pages: the run check found a bad page that the page check did not", what)
 }
 
-// checkPages is the page-by-page check.
+// checkPages is the page-by-page check (checkInto: fast along runs of
+// consecutive pages).
 func checkPages(what string, pages []int, capacity int) error {
 	seen := make([]uint64, (max(capacity, 0)+63)/64)
 	if i, bad := checkInto(seen, pages, capacity); bad != "" {
