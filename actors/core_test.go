@@ -32,7 +32,7 @@ func layoutMLA(t testing.TB, n, hooks, k int) *plan.Layout {
 func planOf(mode cp.Mode, dests, owned int) *plan.Plan {
 	p := &plan.Plan{Chunk: messages.Chunk{ChunkKey: messages.ChunkKey{Room: 7, Start: 0, End: 16}, Serial: 1}, Mode: mode, Owned: owned}
 	for d := 0; d < dests; d++ {
-		p.Dests = append(p.Dests, plan.Dest{Info: d, Peer: "d", Runs: []cp.Run{{Src: 0, Dst: 0, Len: owned}}})
+		p.Dests = append(p.Dests, plan.Dest{Info: d, Peer: "d", Runs: []cp.Run{{Src: 0, Dst: 0, Len: int32(owned)}}})
 	}
 	return p
 }

@@ -287,7 +287,7 @@ func (w *world) newChunk(t *testing.T, d *datadriven.TestData) string {
 	for i := 0; i < intArg(t, d, "dests", 1); i++ {
 		dst := plan.Dest{Info: i, Peer: "d" + strconv.Itoa(i)}
 		if p.Owned > 0 {
-			dst.Runs = []cp.Run{{Src: 0, Dst: 0, Len: p.Owned}}
+			dst.Runs = []cp.Run{{Src: 0, Dst: 0, Len: int32(p.Owned)}}
 		}
 		p.Dests = append(p.Dests, dst)
 	}

@@ -295,9 +295,9 @@ func TestCoalesceRoundTrip(t *testing.T) {
 		i := 0
 		for j, r := range runs {
 			require.Positive(t, r.Len)
-			for k := 0; k < r.Len; k++ {
-				require.Equal(t, src[i], r.Src+k)
-				require.Equal(t, dst[i], r.Dst+k)
+			for k := range int(r.Len) {
+				require.Equal(t, src[i], int(r.Src)+k)
+				require.Equal(t, dst[i], int(r.Dst)+k)
 				i++
 			}
 			if j > 0 { // maximal: the previous run could not have been extended

@@ -1,14 +1,31 @@
 package cp
 
+import "math"
+
 // Run is a maximal stretch of pages that are consecutive on both sides:
 // source pages [Src, Src+Len) go to destination pages [Dst, Dst+Len).
+// Its fields are 32 bits: a chunk whose every decode page is its own run
+// is 100 000 runs of 12 bytes, not 24, written at every registration. A
+// page beyond MaxPage is an ErrBadInput where runs are made.
 type Run struct {
-	Src, Dst, Len int
+	Src, Dst, Len int32
+}
+
+// MaxPage is the largest page index (and run length) a Run holds.
+const MaxPage = math.MaxInt32
+
+// fits reports whether page index v fits a Run's field.
+func fits(v int) bool { return v == int(int32(v)) }
+
+// tooLarge is the error of a page that does not fit a Run.
+func tooLarge(what string, pg, i int) error {
+	return badInput("%s page %d at index %d: beyond the largest page index a run holds (%d)", what, pg, i, MaxPage)
 }
 
 // Coalesce merges (src[i], dst[i]) page pairs into runs. A run breaks where
 // either side is not consecutive. Runs are computed once per chunk and are the
 // same for every buffer, because every buffer is indexed by the same pages.
+// A page that does not fit a Run (MaxPage) is an error naming it.
 func Coalesce(src, dst []int) ([]Run, error) {
 	if len(src) != len(dst) {
 		return nil, badInput("%d source pages but %d destination pages", len(src), len(dst))
@@ -17,12 +34,18 @@ func Coalesce(src, dst []int) ([]Run, error) {
 	for i := range src {
 		if n := len(runs); n > 0 {
 			r := &runs[n-1]
-			if src[i] == r.Src+r.Len && dst[i] == r.Dst+r.Len {
+			if src[i] == int(r.Src)+int(r.Len) && dst[i] == int(r.Dst)+int(r.Len) && r.Len < MaxPage {
 				r.Len++
 				continue
 			}
 		}
-		runs = append(runs, Run{Src: src[i], Dst: dst[i], Len: 1})
+		switch {
+		case !fits(src[i]):
+			return nil, tooLarge("source", src[i], i)
+		case !fits(dst[i]):
+			return nil, tooLarge("destination", dst[i], i)
+		}
+		runs = append(runs, Run{Src: int32(src[i]), Dst: int32(dst[i]), Len: 1})
 	}
 	return runs, nil
 }
@@ -45,7 +68,7 @@ func StrideRuns(src []int, chunkPageStart int, dstPages []int, st Stride) ([]Run
 func Pages(runs []Run) int {
 	n := 0
 	for _, r := range runs {
-		n += r.Len
+		n += int(r.Len)
 	}
 	return n
 }

@@ -2,6 +2,7 @@ package cp
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/cockroachdb/errors"
@@ -200,4 +201,150 @@ func TestRunStartsAndExtractBits(t *testing.T) {
 			}
 		}
 	}
+}
+
+// refStarts is where the runs of pages start, written plainly.
+func refStarts(pages []int) []uint64 {
+	out := make([]uint64, (len(pages)+63)/64)
+	for i := range pages {
+		if i == 0 || pages[i] != pages[i-1]+1 {
+			out[i>>6] |= 1 << (i & 63)
+		}
+	}
+	return out
+}
+
+// shuffledRuns is pages lo..hi-1 in runs of runLen, the runs in a drawn
+// order.
+func shuffledRuns(t *rapid.T, label string, lo, hi, runLen int) []int {
+	var out []int
+	blocks := (hi - lo + runLen - 1) / runLen
+	for _, b := range rapid.Permutation(seq(0, blocks)).Draw(t, label) {
+		for p := lo + b*runLen; p < min(lo+(b+1)*runLen, hi); p++ {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// TestCheckRunsEitherWay: a list long enough for its head to decide how it
+// is checked (short runs: page by page in the pass that finds the starts;
+// long runs: a run at a time) gives the plain check's error, or the plain
+// run starts, whichever way it went: a head of short runs and a tail of
+// long ones or the other way round, the change before or after the
+// probe's end, at times a planted fault.
+func TestCheckRunsEitherWay(t *testing.T) {
+	lens := []int{1, 2, 3, 5, 16, 64, 100, 1 << 20}
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(1, 3*probePages+70).Draw(t, "n")
+		at := rapid.IntRange(0, n).Draw(t, "at")
+		pages := append(shuffledRuns(t, "head", 0, at, rapid.SampledFrom(lens).Draw(t, "headRun")),
+			shuffledRuns(t, "tail", at, n, rapid.SampledFrom(lens).Draw(t, "tailRun"))...)
+		pool := n + rapid.IntRange(0, 3).Draw(t, "spare")
+		switch rapid.IntRange(0, 3).Draw(t, "fault") {
+		case 1:
+			pages[rapid.IntRange(0, n-1).Draw(t, "dupAt")] = pages[rapid.IntRange(0, n-1).Draw(t, "dupOf")]
+		case 2:
+			pages[rapid.IntRange(0, n-1).Draw(t, "outAt")] = pool + rapid.IntRange(-1, 2).Draw(t, "out")
+		}
+		want := refCheck("destination", pages, pool)
+		got, err := checkRuns("destination", pages, pool)
+		if want != nil {
+			require.Error(t, err)
+			require.Equal(t, want.Error(), err.Error())
+			return
+		}
+		require.NoError(t, err)
+		require.Equal(t, refStarts(pages), got)
+	})
+}
+
+// wideRun is a Run with the int fields runs had before they were 32 bits.
+type wideRun struct{ Src, Dst, Len int }
+
+// wideCoalesce is Coalesce with wide runs, written plainly.
+func wideCoalesce(src, dst []int) []wideRun {
+	var runs []wideRun
+	for i := range src {
+		if n := len(runs); n > 0 && src[i] == runs[n-1].Src+runs[n-1].Len && dst[i] == runs[n-1].Dst+runs[n-1].Len {
+			runs[n-1].Len++
+			continue
+		}
+		runs = append(runs, wideRun{src[i], dst[i], 1})
+	}
+	return runs
+}
+
+// TestNarrowRunsAreTheWideOnes: the 32-bit runs of a checked chunk are the
+// wide runs of the owned pages and their destination pages, field for
+// field, and make the same blocks (the wide runs' blocks computed from
+// their int fields), for both CP rules and lists of long and short runs.
+func TestNarrowRunsAreTheWideOnes(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		total := rapid.OneOf(rapid.IntRange(1, 3000), rapid.IntRange(2000, 3000)).Draw(t, "total")
+		size := rapid.IntRange(1, 4).Draw(t, "cp")
+		c := CP{Size: size, Rank: rapid.IntRange(0, size-1).Draw(t, "rank"), Rule: Rule(rapid.IntRange(0, 1).Draw(t, "rule"))}
+		base := rapid.SampledFrom([]int{0, 1 << 20}).Draw(t, "base")
+		runLen := rapid.OneOf(rapid.SampledFrom([]int{1, 2, 16, total}), rapid.IntRange(1, total))
+		src := shuffledRuns(t, "src", base, base+total, runLen.Draw(t, "srcRun"))
+		dst := shuffledRuns(t, "dst", base, base+total, runLen.Draw(t, "dstRun"))
+		if rapid.Bool().Draw(t, "dstIsSrc") { // the source's runs, long ones included
+			dst = slices.Clone(src)
+		}
+		st, err := c.OwnedStride(total, 0, total)
+		require.NoError(t, err)
+		source, err := NewCheckedSource(src, 0, st, base+total)
+		require.NoError(t, err)
+		got, err := source.CheckedRuns(dst, base+total)
+		require.NoError(t, err)
+
+		owned, pos, err := c.Owned(src, 0, total)
+		require.NoError(t, err)
+		mapped, err := DstPages(dst, pos)
+		require.NoError(t, err)
+		want := wideCoalesce(owned, mapped)
+		require.Len(t, got, len(want))
+		var wantBlocks []Block
+		for i, w := range want {
+			require.Equal(t, w, wideRun{int(got[i].Src), int(got[i].Dst), int(got[i].Len)}, "run %d", i)
+			wantBlocks = append(wantBlocks, Block{Src: 1<<40 + uint64(w.Src)*4096, Dst: 1<<44 + uint64(w.Dst)*4096, Len: uint64(w.Len) * 4096})
+		}
+		require.Equal(t, wantBlocks, AppendBlocks(nil, got, 1<<40, 1<<44, 4096))
+	})
+}
+
+// A run's first page must fit a Run's 32 bits (its length covers the
+// pages after it): beyond, the runs are an error naming the page and its
+// index, whichever way they are made.
+func TestRunsBeyondMaxPage(t *testing.T) {
+	const big = MaxPage + 1
+	_, err := Coalesce([]int{0, big}, []int{5, 9})
+	require.True(t, errors.Is(err, ErrBadInput))
+	assert.EqualError(t, err, "source page 2147483648 at index 1: beyond the largest page index a run holds (2147483647)")
+	_, err = Coalesce([]int{0, 1}, []int{5, -big - 1})
+	assert.EqualError(t, err, "destination page -2147483649 at index 1: beyond the largest page index a run holds (2147483647)")
+	runs, err := Coalesce([]int{MaxPage - 1, MaxPage, big}, []int{0, 1, 2})
+	require.NoError(t, err)
+	assert.Equal(t, []Run{{Src: MaxPage - 1, Dst: 0, Len: 3}}, runs)
+
+	// Every other position (CP 2 shared-KV): Source.Runs.
+	s, err := NewSource(seq(0, 8), 0, Stride{First: 0, Step: 2, N: 4})
+	require.NoError(t, err)
+	_, err = s.Runs([]int{0, 1, 2, 3, 10, 11, big, 13})
+	assert.EqualError(t, err, "destination page 2147483648 at index 6: beyond the largest page index a run holds (2147483647)")
+	s, err = NewSource([]int{0, 1, 2, 3, big, 5, 6, 7}, 0, Stride{First: 0, Step: 2, N: 4})
+	require.NoError(t, err)
+	_, err = s.Runs(seq(100, 8))
+	assert.EqualError(t, err, "source page 2147483648 at index 4: beyond the largest page index a run holds (2147483647)")
+
+	// Consecutive positions: the runs made from the list's run starts
+	// (the pool's check left out: a pool that large is a 256 MB bitmap).
+	s, err = NewSource(seq(0, 300), 0, Stride{First: 0, Step: 1, N: 300})
+	require.NoError(t, err)
+	dst := seq(0, 300)
+	dst[200] = big
+	starts := make([]uint64, (len(dst)+63)/64)
+	runStarts(dst, starts)
+	_, err = s.fillFrom(dst, starts)
+	assert.EqualError(t, err, "destination page 2147483648 at index 200: beyond the largest page index a run holds (2147483647)")
 }

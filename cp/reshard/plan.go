@@ -101,7 +101,7 @@ func (r *Route) AppendBlocks(bs []cp.Block, runs []cp.Run, srcBase, dstBase uint
 		for _, run := range runs {
 			src := srcBase + uint64(run.Src)*r.SrcItem + p.Src
 			dst := dstBase + uint64(run.Dst)*r.DstItem + p.Dst
-			for k := 0; k < run.Len; k++ {
+			for range run.Len {
 				bs = append(bs, cp.Block{Src: src, Dst: dst, Len: p.Len})
 				src += r.SrcItem
 				dst += r.DstItem
@@ -112,7 +112,7 @@ func (r *Route) AppendBlocks(bs []cp.Block, runs []cp.Run, srcBase, dstBase uint
 	for _, run := range runs {
 		src := srcBase + uint64(run.Src)*r.SrcItem
 		dst := dstBase + uint64(run.Dst)*r.DstItem
-		for k := 0; k < run.Len; k++ {
+		for k := range int(run.Len) {
 			for j, p := range r.Pieces {
 				s, d := src+p.Src, dst+p.Dst
 				i := 0
