@@ -520,6 +520,39 @@ func TestRoomCoreDropScopedToPeer(t *testing.T) {
 	assert.False(t, has[AnswerDrop](effs))
 }
 
+// A second Drop of a room (another caller's, or a second decode peer's
+// cancel: each rank of a decode TP group cancels the room toward itself)
+// while the chunks a first Drop took out of the queue are still quiescing
+// waits for them too: it used to answer at once, as for a room with no
+// chunk, and CancelRoom took that for "nothing of the room goes to the
+// peer" and returned nil while its writes could still land.
+func TestRoomCoreSecondDropWaitsForTheFirstsChunks(t *testing.T) {
+	c := NewRoomCore(5)
+	x := messages.Chunk{ChunkKey: messages.ChunkKey{Room: 5, End: 16}, Serial: 1}
+	c.Step(&messages.AddChunk{Chunk: x, Peers: []string{"d1", "d2"}, Reply: make(chan messages.Added, 1)})
+	first, second, third := make(chan []messages.Result, 1), make(chan []messages.Result, 1), make(chan []messages.Result, 1)
+	effs := c.Step(&messages.Drop{Room: 5, Peer: "d1", Reply: first})
+	require.True(t, has[Send](effs))
+	require.False(t, has[AnswerDrop](effs), "the chunk has not quiesced")
+
+	effs = c.Step(&messages.Drop{Room: 5, Peer: "d2", Reply: second})
+	assert.False(t, has[AnswerDrop](effs), "a second Drop answered while the first one's chunk still quiesced")
+	effs = c.Step(&messages.Drop{Room: 5, Reply: third})
+	assert.False(t, has[AnswerDrop](effs), "a third, unscoped Drop answered while the chunk still quiesced")
+
+	res := messages.Result{Chunk: x, Status: messages.Dropped}
+	effs = c.Step(&messages.ChunkDone{Result: res})
+	var answered []chan<- []messages.Result
+	for _, e := range effs {
+		if a, ok := e.(AnswerDrop); ok {
+			answered = append(answered, a.To)
+			assert.Equal(t, []messages.Result{res}, a.Results)
+		}
+	}
+	assert.ElementsMatch(t, []chan<- []messages.Result{first, second, third}, answered, "each Drop answers once the chunk ended")
+	assert.True(t, has[Idle](effs))
+}
+
 func TestManagerCoreStopsOnlyQuietRooms(t *testing.T) {
 	c := NewManagerCore()
 	added := make(chan messages.Added, 1)

@@ -332,3 +332,39 @@ func TestPeerLostFailsInFlightChunksAtOnce(t *testing.T) {
 	defer r.mu.Unlock()
 	assert.Empty(t, r.landings, "nothing landed on the lost peer")
 }
+
+// TestSecondCancelWaitsForTheFirstDrop: a room toward two decode peers (the
+// ranks of a decode TP group each cancel the room toward themselves) whose
+// chunk has writes in flight is cancelled by one peer, then by the other
+// while the first cancel's drop still quiesces. The second cancel used to
+// return nil at once (the room's queue was empty, so "no chunk toward the
+// peer"), and the decode freed its pages while the chunk's writes to it
+// still landed. It must return only once nothing lands there any more.
+func TestSecondCancelWaitsForTheFirstDrop(t *testing.T) {
+	g := testbed.MLA(4, 16, 64)
+	sig := postSignal{posted: make(chan struct{}, 1)}
+	heard := make(chan string, 2)
+	r := newRig(t, rigOpts{geom: g, hooks: 4, group: 2, decodes: 2, link: loopback.Options{Latency: 300 * time.Millisecond},
+		wrap: wrapping(sig.wrap), opts: []system.Option{system.WithRoomCancelled(func(peer string, _ uint64, _ string) { heard <- peer })}})
+	r.register(chunk{room: 1, end: 8, last: true, src: []int{0, 1}, total: 2,
+		infos: []system.DecodeInfo{{Peer: "d0", DstPages: []int{0, 1}}, {Peer: "d1", DstPages: []int{0, 1}}}})
+	r.forward(testbed.Write{Room: 1, SrcPages: []int{0, 1}, Tokens: 8})
+	select {
+	case <-sig.posted:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the forward posted nothing")
+	}
+	first := make(chan error, 1)
+	go func() { first <- r.eng.CancelRoom(context.Background(), "d0", 1, "rank 0 gave up") }()
+	require.Equal(t, "d0", <-heard, "the first cancel's drop is handed over before its callback")
+	require.NoError(t, r.eng.CancelRoom(context.Background(), "d1", 1, "rank 1 gave up"))
+	returned := time.Now()
+	require.NoError(t, <-first)
+
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	require.NotEmpty(t, r.landings)
+	for _, l := range r.landings {
+		assert.False(t, l.At.After(returned), "a write to %s landed %v after the second cancel returned", l.Node, l.At.Sub(returned))
+	}
+}
