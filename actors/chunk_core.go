@@ -699,13 +699,14 @@ func (c *ChunkCore) tornDown(m *messages.TornDown) {
 }
 
 // settle answers once the chunk is complete: everything enqueued was
-// processed, every posted batch completed, and (unless it failed) its
-// forward ended or it never had one.
+// processed, every posted batch completed, and (unless it failed or was
+// dropped: its gate is closed, nothing more goes out) its forward ended or
+// it never had one.
 func (c *ChunkCore) settle() {
 	if c.done || c.tearing || !(c.finishing || c.dropping) {
 		return
 	}
-	if c.finishing && c.err == nil && !c.empty && c.bound && !c.ended {
+	if c.finishing && !c.dropping && c.err == nil && !c.empty && c.bound && !c.ended {
 		return
 	}
 	if c.processed < c.enqueued || c.completed < c.posted || c.quiescing > 0 {

@@ -381,6 +381,30 @@ func TestChunkDropDrains(t *testing.T) {
 	assert.Equal(t, messages.Dropped, ended.Status)
 }
 
+// A chunk being finished while its forward still runs, then dropped,
+// answers DROPPED once what it posted landed, as a dropped chunk that was
+// not being finished does: its gate is closed, nothing it could still owe
+// goes out. It used to wait for its forward's end too (a Finish that
+// succeeds must), so a Drop of a request whose forward stopped without an
+// End held its caller until the drop's timeout.
+func TestChunkDropDuringFinishAnswersBeforeTheForwardEnds(t *testing.T) {
+	l := layoutMLA(t, 8, 8, 4)
+	c := NewChunkCore(l, planOf(cp.PerLayer, 1, 2))
+	c.Step(&messages.Bind{Forward: 1})
+	w := append([]Effect(nil), c.Step(&messages.GroupReady{Forward: 1, Group: 0, Event: fakeEvent{}})...)
+	f, finished := finishMsg()
+	c.Step(f)
+	_, answered := reply(serve(c, w, nil))
+	require.False(t, answered, "a Finish waits for the forward's end")
+	effs := c.Step(&messages.Drop{Room: 7, Timeout: time.Second})
+	r, answered := reply(effs)
+	require.True(t, answered, "dropped with nothing in flight: answer at once, not at the forward's end")
+	assert.Equal(t, messages.Dropped, r.Status)
+	assert.True(t, errors.Is(r.Err, ErrDropped), "%v", r.Err)
+	assert.True(t, c.Done())
+	assert.Empty(t, finished, "the answer is an effect, not yet sent")
+}
+
 func TestChunkCancelByCaller(t *testing.T) {
 	l := layoutMLA(t, 4, 4, 4)
 	c := NewChunkCore(l, planOf(cp.PerLayer, 1, 2))
