@@ -721,6 +721,11 @@ func (c *ChunkCore) answer() {
 	case c.dropping && c.finishing && c.err == nil:
 		res.Status = messages.Dropped
 		res.Err = errors.Mark(errors.Newf("room %d chunk %d: dropped while its Finish waited", c.id.Room, c.id.Start), ErrDropped)
+	case c.dropping && c.finishing:
+		// Failed (a timeout, a batch) before the Drop came: the Finish
+		// hears DROPPED, so its error says ErrDropped too, beside why it
+		// failed.
+		res.Status, res.Err = messages.Dropped, errors.Mark(c.err, ErrDropped)
 	case c.dropping:
 		res.Status, res.Err = messages.Dropped, c.err
 	case c.err != nil:

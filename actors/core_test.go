@@ -405,6 +405,30 @@ func TestChunkDropDuringFinishAnswersBeforeTheForwardEnds(t *testing.T) {
 	assert.Empty(t, finished, "the answer is an effect, not yet sent")
 }
 
+// A chunk that failed while its Finish waited (one batch failed, another
+// still in flight), then was dropped, answers DROPPED: the Finish's error
+// then says ErrDropped, as the Finish contract says of a DROPPED result,
+// beside why the chunk failed. It used to carry only the failure.
+func TestChunkFailedThenDroppedSaysDropped(t *testing.T) {
+	l := layoutMLA(t, 8, 8, 4)
+	c := NewChunkCore(l, planOf(cp.PerLayer, 1, 2))
+	c.Step(&messages.Bind{Forward: 1})
+	c.Step(&messages.GroupReady{Forward: 1, Group: 0, Event: fakeEvent{}})
+	c.Step(&messages.GroupReady{Forward: 1, Group: 1, Event: fakeEvent{}})
+	c.Step(&messages.ForwardEnd{Forward: 1, Event: fakeEvent{}})
+	f, _ := finishMsg()
+	c.Step(f)
+	c.Step(&messages.Submitted{Seq: 0, Posted: true})
+	c.Step(&messages.Submitted{Seq: 1, Posted: true})
+	c.Step(&messages.BatchDone{Seq: 0, Err: errors.New("remote access error")})
+	c.Step(&messages.Drop{Room: 7, Timeout: time.Second})
+	r, answered := reply(c.Step(&messages.BatchDone{Seq: 1}))
+	require.True(t, answered)
+	assert.Equal(t, messages.Dropped, r.Status)
+	assert.True(t, errors.Is(r.Err, ErrDropped), "%v", r.Err)
+	assert.ErrorContains(t, r.Err, "remote access error")
+}
+
 func TestChunkCancelByCaller(t *testing.T) {
 	l := layoutMLA(t, 4, 4, 4)
 	c := NewChunkCore(l, planOf(cp.PerLayer, 1, 2))
