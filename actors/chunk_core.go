@@ -699,13 +699,14 @@ func (c *ChunkCore) tornDown(m *messages.TornDown) {
 }
 
 // settle answers once the chunk is complete: everything enqueued was
-// processed, every posted batch completed, and (unless it failed) its
-// forward ended or it never had one.
+// processed, every posted batch completed, and (unless it failed or was
+// dropped: its gate is closed, nothing more goes out) its forward ended or
+// it never had one.
 func (c *ChunkCore) settle() {
 	if c.done || c.tearing || !(c.finishing || c.dropping) {
 		return
 	}
-	if c.finishing && c.err == nil && !c.empty && c.bound && !c.ended {
+	if c.finishing && !c.dropping && c.err == nil && !c.empty && c.bound && !c.ended {
 		return
 	}
 	if c.processed < c.enqueued || c.completed < c.posted || c.quiescing > 0 {
@@ -720,6 +721,11 @@ func (c *ChunkCore) answer() {
 	case c.dropping && c.finishing && c.err == nil:
 		res.Status = messages.Dropped
 		res.Err = errors.Mark(errors.Newf("room %d chunk %d: dropped while its Finish waited", c.id.Room, c.id.Start), ErrDropped)
+	case c.dropping && c.finishing:
+		// Failed (a timeout, a batch) before the Drop came: the Finish
+		// hears DROPPED, so its error says ErrDropped too, beside why it
+		// failed.
+		res.Status, res.Err = messages.Dropped, errors.Mark(c.err, ErrDropped)
 	case c.dropping:
 		res.Status, res.Err = messages.Dropped, c.err
 	case c.err != nil:

@@ -381,6 +381,54 @@ func TestChunkDropDrains(t *testing.T) {
 	assert.Equal(t, messages.Dropped, ended.Status)
 }
 
+// A chunk being finished while its forward still runs, then dropped,
+// answers DROPPED once what it posted landed, as a dropped chunk that was
+// not being finished does: its gate is closed, nothing it could still owe
+// goes out. It used to wait for its forward's end too (a Finish that
+// succeeds must), so a Drop of a request whose forward stopped without an
+// End held its caller until the drop's timeout.
+func TestChunkDropDuringFinishAnswersBeforeTheForwardEnds(t *testing.T) {
+	l := layoutMLA(t, 8, 8, 4)
+	c := NewChunkCore(l, planOf(cp.PerLayer, 1, 2))
+	c.Step(&messages.Bind{Forward: 1})
+	w := append([]Effect(nil), c.Step(&messages.GroupReady{Forward: 1, Group: 0, Event: fakeEvent{}})...)
+	f, finished := finishMsg()
+	c.Step(f)
+	_, answered := reply(serve(c, w, nil))
+	require.False(t, answered, "a Finish waits for the forward's end")
+	effs := c.Step(&messages.Drop{Room: 7, Timeout: time.Second})
+	r, answered := reply(effs)
+	require.True(t, answered, "dropped with nothing in flight: answer at once, not at the forward's end")
+	assert.Equal(t, messages.Dropped, r.Status)
+	assert.True(t, errors.Is(r.Err, ErrDropped), "%v", r.Err)
+	assert.True(t, c.Done())
+	assert.Empty(t, finished, "the answer is an effect, not yet sent")
+}
+
+// A chunk that failed while its Finish waited (one batch failed, another
+// still in flight), then was dropped, answers DROPPED: the Finish's error
+// then says ErrDropped, as the Finish contract says of a DROPPED result,
+// beside why the chunk failed. It used to carry only the failure.
+func TestChunkFailedThenDroppedSaysDropped(t *testing.T) {
+	l := layoutMLA(t, 8, 8, 4)
+	c := NewChunkCore(l, planOf(cp.PerLayer, 1, 2))
+	c.Step(&messages.Bind{Forward: 1})
+	c.Step(&messages.GroupReady{Forward: 1, Group: 0, Event: fakeEvent{}})
+	c.Step(&messages.GroupReady{Forward: 1, Group: 1, Event: fakeEvent{}})
+	c.Step(&messages.ForwardEnd{Forward: 1, Event: fakeEvent{}})
+	f, _ := finishMsg()
+	c.Step(f)
+	c.Step(&messages.Submitted{Seq: 0, Posted: true})
+	c.Step(&messages.Submitted{Seq: 1, Posted: true})
+	c.Step(&messages.BatchDone{Seq: 0, Err: errors.New("remote access error")})
+	c.Step(&messages.Drop{Room: 7, Timeout: time.Second})
+	r, answered := reply(c.Step(&messages.BatchDone{Seq: 1}))
+	require.True(t, answered)
+	assert.Equal(t, messages.Dropped, r.Status)
+	assert.True(t, errors.Is(r.Err, ErrDropped), "%v", r.Err)
+	assert.ErrorContains(t, r.Err, "remote access error")
+}
+
 func TestChunkCancelByCaller(t *testing.T) {
 	l := layoutMLA(t, 4, 4, 4)
 	c := NewChunkCore(l, planOf(cp.PerLayer, 1, 2))
@@ -518,6 +566,39 @@ func TestRoomCoreDropScopedToPeer(t *testing.T) {
 	}
 	assert.Equal(t, 2, n, "a chunk toward d1 (being finished): the whole room is dropped")
 	assert.False(t, has[AnswerDrop](effs))
+}
+
+// A second Drop of a room (another caller's, or a second decode peer's
+// cancel: each rank of a decode TP group cancels the room toward itself)
+// while the chunks a first Drop took out of the queue are still quiescing
+// waits for them too: it used to answer at once, as for a room with no
+// chunk, and CancelRoom took that for "nothing of the room goes to the
+// peer" and returned nil while its writes could still land.
+func TestRoomCoreSecondDropWaitsForTheFirstsChunks(t *testing.T) {
+	c := NewRoomCore(5)
+	x := messages.Chunk{ChunkKey: messages.ChunkKey{Room: 5, End: 16}, Serial: 1}
+	c.Step(&messages.AddChunk{Chunk: x, Peers: []string{"d1", "d2"}, Reply: make(chan messages.Added, 1)})
+	first, second, third := make(chan []messages.Result, 1), make(chan []messages.Result, 1), make(chan []messages.Result, 1)
+	effs := c.Step(&messages.Drop{Room: 5, Peer: "d1", Reply: first})
+	require.True(t, has[Send](effs))
+	require.False(t, has[AnswerDrop](effs), "the chunk has not quiesced")
+
+	effs = c.Step(&messages.Drop{Room: 5, Peer: "d2", Reply: second})
+	assert.False(t, has[AnswerDrop](effs), "a second Drop answered while the first one's chunk still quiesced")
+	effs = c.Step(&messages.Drop{Room: 5, Reply: third})
+	assert.False(t, has[AnswerDrop](effs), "a third, unscoped Drop answered while the chunk still quiesced")
+
+	res := messages.Result{Chunk: x, Status: messages.Dropped}
+	effs = c.Step(&messages.ChunkDone{Result: res})
+	var answered []chan<- []messages.Result
+	for _, e := range effs {
+		if a, ok := e.(AnswerDrop); ok {
+			answered = append(answered, a.To)
+			assert.Equal(t, []messages.Result{res}, a.Results)
+		}
+	}
+	assert.ElementsMatch(t, []chan<- []messages.Result{first, second, third}, answered, "each Drop answers once the chunk ended")
+	assert.True(t, has[Idle](effs))
 }
 
 func TestManagerCoreStopsOnlyQuietRooms(t *testing.T) {

@@ -12,8 +12,9 @@ import (
 type RoomCore struct {
 	room  uint64
 	queue []queued
-	// finishing are the chunks popped by Finish that have not ended: a Drop
-	// must reach them too, or their writes could land after it returned.
+	// finishing are the chunks popped by Finish or by a Drop that have not
+	// ended: a later Drop must reach them too (and wait for them), or their
+	// writes could land after it returned.
 	finishing []queued
 	live      int // queued + finishing
 	drops     []*dropWait
@@ -107,13 +108,17 @@ func (c *RoomCore) drop(m *messages.Drop) {
 		w.waiting[q.chunk] = true
 		c.out = append(c.out, Unqueue{Chunk: q.chunk}, Send{To: q.chunk, Msg: m})
 	}
-	c.queue = nil
 	// A chunk being finished is dropped too: its Finish then answers
-	// DROPPED, and this Drop waits until its writes quiesced.
+	// DROPPED, and this Drop waits until its writes quiesced. So is one an
+	// earlier Drop took out of the queue and that has not ended yet (a
+	// chunk ignores a second Drop): this Drop too returns only once its
+	// writes quiesced, not at once as for a room with no chunk.
 	for _, f := range c.finishing {
 		w.waiting[f.chunk] = true
 		c.out = append(c.out, Send{To: f.chunk, Msg: m})
 	}
+	c.finishing = append(c.finishing, c.queue...)
+	c.queue = nil
 	if len(w.waiting) == 0 {
 		c.out = append(c.out, AnswerDrop{To: m.Reply, Results: []messages.Result{{Status: messages.Failed, Err: noChunk(c.room, "drop")}}})
 		return

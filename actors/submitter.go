@@ -96,13 +96,16 @@ func SpawnSubmitters(env *Env, cfg PoolConfig) (routerPID, supervisor *actor.PID
 	// Per submitter index, not per instance: a restarted submitter answers
 	// the resumes its predecessor's Works asked for.
 	resuming := make([]atomic.Bool, cfg.Submitters)
+	// Pool-wide: the endpoints restarted submitters retired, which a
+	// PeerLost must close too.
+	retired := &retiredConns{}
 	props := actor.PropsFromFunc(func(ctx actor.Context) {
 		switch ctx.Message().(type) {
 		case *actor.Started:
 			pids := make([]*actor.PID, cfg.Submitters)
 			for i := range pids {
 				pids[i] = ctx.SpawnPrefix(actor.PropsFromProducer(func() actor.Actor {
-					return &submitter{env: env, ready: hub, index: i, resuming: &resuming[i], conns: map[string]*conn{}}
+					return &submitter{env: env, ready: hub, index: i, resuming: &resuming[i], retired: retired, conns: map[string]*conn{}}
 				}, env.props(actor.WithDispatcher(disp))...), "submitter")
 			}
 			ready <- pids
@@ -147,6 +150,7 @@ type submitter struct {
 	// resuming: a resume is on its way to this submitter; the Works that
 	// become ready meanwhile ask for no other (it takes them all).
 	resuming *atomic.Bool
+	retired  *retiredConns // the pool's, shared by every submitter
 	conns    map[string]*conn
 	blocks   []cp.Block
 	writes   []rdma.Write
@@ -155,28 +159,92 @@ type submitter struct {
 }
 
 type conn struct {
+	peer  string
 	ep    rdma.Endpoint
 	keys  []rdma.RemoteKey // per buffer
 	bases []uint64         // per buffer: the peer's page 0
 
 	inflight atomic.Int64 // batches posted on ep and not completed
 	retired  atomic.Bool  // close ep once nothing is in flight
-	close    sync.Once
+	set      *retiredConns
+	closed   atomic.Bool // shut: not a Once, since the Close may fail its batches, whose done comes back here
 }
 
 // retire closes the endpoint once its batches in flight completed: a
 // restarted submitter gets fresh endpoints without failing other chunks'
-// writes that are still landing on a healthy one.
-func (c *conn) retire() {
+// writes that are still landing on a healthy one. Until then it is in rs,
+// where a PeerLost finds it.
+func (c *conn) retire(rs *retiredConns) {
+	c.set = rs // before retired: completed reads it once it sees retired
+	rs.add(c)
 	c.retired.Store(true)
 	if c.inflight.Load() == 0 {
-		c.close.Do(func() { _ = c.ep.Close() })
+		c.shut()
 	}
 }
 
 func (c *conn) completed() {
 	if c.inflight.Add(-1) == 0 && c.retired.Load() {
-		c.close.Do(func() { _ = c.ep.Close() })
+		c.shut()
+	}
+}
+
+// shut closes a retired endpoint, once, and forgets it.
+func (c *conn) shut() {
+	if c.closed.Swap(true) {
+		return
+	}
+	_ = c.ep.Close()
+	c.set.remove(c)
+}
+
+// retiredConns are the endpoints restarted submitters retired and that
+// still have batches in flight. A PeerLost closes those to the lost peer
+// as it closes the current submitters' ones: a decode that crashed is
+// when submitters restart (its endpoints break), and a retired endpoint's
+// batch to it would otherwise hold its chunk until its completion deadline
+// or its finish timeout.
+type retiredConns struct {
+	mu    sync.Mutex
+	conns map[*conn]struct{}
+}
+
+func (rs *retiredConns) add(c *conn) {
+	if rs == nil { // a submitter outside a pool (tests)
+		return
+	}
+	rs.mu.Lock()
+	if rs.conns == nil {
+		rs.conns = map[*conn]struct{}{}
+	}
+	rs.conns[c] = struct{}{}
+	rs.mu.Unlock()
+}
+
+func (rs *retiredConns) remove(c *conn) {
+	if rs == nil {
+		return
+	}
+	rs.mu.Lock()
+	delete(rs.conns, c)
+	rs.mu.Unlock()
+}
+
+// closePeer closes the retired endpoints to peer.
+func (rs *retiredConns) closePeer(peer string) {
+	if rs == nil {
+		return
+	}
+	rs.mu.Lock()
+	var to []*conn
+	for c := range rs.conns {
+		if c.peer == peer {
+			to = append(to, c)
+		}
+	}
+	rs.mu.Unlock()
+	for _, c := range to {
+		c.shut() // without rs.mu: the Close may fail batches, whose done calls completed
 	}
 }
 
@@ -191,7 +259,7 @@ func (s *submitter) Receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
 	case *actor.Restarting:
 		for id, c := range s.conns {
-			c.retire()
+			c.retire(s.retired)
 			delete(s.conns, id)
 		}
 	case *actor.Stopping:
@@ -201,7 +269,7 @@ func (s *submitter) Receive(ctx actor.Context) {
 	case *resume:
 		s.resume(ctx)
 	case *messages.PeerLost:
-		s.disconnect(m.Peer)
+		s.peerLost(m.Peer)
 	}
 }
 
@@ -353,6 +421,13 @@ func (s *submitter) disconnect(peer string) {
 	}
 }
 
+// peerLost closes every endpoint of the submitter to the lost peer, and
+// those a restarted submitter retired.
+func (s *submitter) peerLost(peer string) {
+	s.disconnect(peer)
+	s.retired.closePeer(peer)
+}
+
 func (s *submitter) closeAll() {
 	for id, c := range s.conns {
 		_ = c.ep.Close()
@@ -472,7 +547,7 @@ func (s *submitter) conn(peerID string) (*conn, error) {
 	if err != nil {
 		return nil, errors.Wrapf(err, "connect to peer %q", peerID)
 	}
-	c := &conn{ep: ep, keys: make([]rdma.RemoteKey, len(peer.Buffers)), bases: make([]uint64, len(peer.Buffers))}
+	c := &conn{peer: peerID, ep: ep, keys: make([]rdma.RemoteKey, len(peer.Buffers)), bases: make([]uint64, len(peer.Buffers))}
 	for i, b := range peer.Buffers {
 		if c.keys[i], err = ep.Import(b.Region); err != nil {
 			_ = ep.Close()

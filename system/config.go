@@ -1,6 +1,7 @@
 package system
 
 import (
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -205,6 +206,12 @@ func (c Config) withDefaults(getenv func(string) string) (Config, error) {
 		return c, badInput("group size %d: must be at least 1", c.GroupSize)
 	case c.HookLayers < 1:
 		return c, badInput("hook layers %d: must be at least 1", c.HookLayers)
+	case c.MaxRestarts < 0:
+		// Negative, every restart count is a storm: the engine would
+		// refuse every registration as unhealthy.
+		return c, badInput("max restarts %d: must be at least 0 (0: the default, %d)", c.MaxRestarts, DefaultMaxRestarts)
+	case c.RestartWindow < 0:
+		return c, badInput("restart window %v: must be positive (0: the default, %v)", c.RestartWindow, DefaultRestartWindow)
 	}
 	return c, nil
 }
@@ -245,8 +252,15 @@ func envDuration(getenv func(string) string, name string, def time.Duration) (ti
 	if v == "" {
 		return def, nil
 	}
-	if secs, err := strconv.ParseFloat(v, 64); err == nil && secs > 0 {
-		return time.Duration(secs * float64(time.Second)), nil
+	if secs, err := strconv.ParseFloat(v, 64); err == nil {
+		// Bounded before the conversion: a float beyond int64 (1e10 s,
+		// Inf) converts to a negative duration, and one under a
+		// nanosecond to zero; either would reach the engine's own check,
+		// which does not name the variable (and CheckEnv passed it).
+		if ns := secs * float64(time.Second); ns >= 1 && ns < math.MaxInt64 {
+			return time.Duration(ns), nil
+		}
+		return 0, badInput("%s=%q: want a positive duration such as 30s, at least 1ns and below %v", name, v, time.Duration(math.MaxInt64))
 	}
 	d, err := time.ParseDuration(v)
 	if err != nil || d <= 0 {

@@ -55,8 +55,12 @@ type Engine struct {
 	traceTo   io.Writer
 	traceFile *os.File
 
-	closeMu   sync.RWMutex // held for reading by calls, for writing by Close
-	closed    bool
+	closeMu sync.RWMutex // held for reading by calls, for writing by Close
+	closed  bool
+	// gone is closed, for readers that must not wait for closeMu: Close
+	// waits for the write lock while calls (a Finish, up to its timeout)
+	// hold it for reading, and meanwhile every new reader waits too.
+	gone      atomic.Bool
 	closeDone chan struct{} // closed when the first Close has finished
 	unhealthy atomic.Pointer[error]
 }
@@ -276,6 +280,7 @@ func (e *Engine) Close() (err error) {
 		return nil
 	}
 	e.closed = true
+	e.gone.Store(true)
 	e.closeMu.Unlock()
 	defer close(e.closeDone)
 	for _, room := range e.env.Registry.Rooms() {

@@ -229,6 +229,34 @@ func TestConfigDefaultsAndEnvironment(t *testing.T) {
 	assert.ErrorContains(t, CheckEnv(), EnvFinishTimeout+`="-5": want a positive duration`)
 }
 
+// A finish timeout in seconds beyond a Duration (1e10 s, Inf) or under a
+// nanosecond used to pass CheckEnv and convert to a negative or zero
+// timeout, which New then refused without naming the variable; negative
+// restart bounds were taken as they were, and MaxRestarts -1 made every
+// registration fail as a restart storm. Each is refused naming the value.
+func TestConfigRefusesOutOfRange(t *testing.T) {
+	for _, val := range []string{"1e10", "Inf", "1e-12"} {
+		getenv := func(k string) string {
+			if k == EnvFinishTimeout {
+				return val
+			}
+			return ""
+		}
+		err := checkEnv(getenv)
+		require.Error(t, err, val)
+		assert.True(t, errors.Is(err, ErrBadInput))
+		assert.ErrorContains(t, err, EnvFinishTimeout+`="`+val+`"`)
+		_, err = Config{HookLayers: 1}.withDefaults(getenv)
+		assert.ErrorContains(t, err, EnvFinishTimeout+`="`+val+`"`)
+	}
+	_, err := Config{HookLayers: 1, MaxRestarts: -1}.withDefaults(func(string) string { return "" })
+	assert.True(t, errors.Is(err, ErrBadInput), "%v", err)
+	assert.ErrorContains(t, err, "max restarts -1")
+	_, err = Config{HookLayers: 1, RestartWindow: -time.Second}.withDefaults(func(string) string { return "" })
+	assert.True(t, errors.Is(err, ErrBadInput), "%v", err)
+	assert.ErrorContains(t, err, "restart window -1s")
+}
+
 // KVSTREAM_TRACE=path turns recording on without a code change: the trace
 // is written when the engine closes, and DumpTrace works meanwhile.
 func TestTraceFromEnvironment(t *testing.T) {

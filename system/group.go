@@ -86,22 +86,25 @@ func ChooseGroup(m GroupModel, buffers []Buffer, hookLayers int) (GroupChoice, e
 	if m.ItemScale == 0 {
 		m.ItemScale = 1
 	}
-	// Bytes per layer per forward; layers past the hooks fire no hook.
-	layers := hookLayers
+	// Bytes per hook layer per forward; layers past the hooks fire no hook,
+	// and each of them computes after the hooks. They are counted, not
+	// indexed: a buffer's layer is the caller's value, and one far past the
+	// hooks (a sentinel for "no hook") would size a slice.
+	bytes := make([]float64, hookLayers)
+	var hookless float64
+	after := map[int]bool{}
 	for _, b := range buffers {
-		layers = max(layers, b.Layer+1)
-	}
-	bytes := make([]float64, layers)
-	for _, b := range buffers {
-		if b.Layer >= 0 {
-			bytes[b.Layer] += float64(b.ItemLen) * float64(m.PagesPerForward) * m.ItemScale
+		n := float64(b.ItemLen) * float64(m.PagesPerForward) * m.ItemScale
+		switch {
+		case b.Layer < 0:
+		case b.Layer < hookLayers:
+			bytes[b.Layer] += n
+		default:
+			hookless += n
+			after[b.Layer] = true
 		}
 	}
-	var hookless float64
-	for l := hookLayers; l < layers; l++ {
-		hookless += bytes[l]
-	}
-	end := time.Duration(layers) * m.LayerTime
+	end := time.Duration(hookLayers+len(after)) * m.LayerTime
 	onLink := func(n float64) time.Duration { return time.Duration(n / m.LinkBytesPerSec * float64(time.Second)) }
 
 	var out GroupChoice

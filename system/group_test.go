@@ -1,6 +1,7 @@
 package system
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -85,4 +86,23 @@ func TestAutoGroupConfig(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, DefaultGroupSize, c.GroupSize, "zero GroupSize without AutoGroup still means 8")
 	assert.Nil(t, c.chosen)
+}
+
+// A buffer whose layer lies far past the hooks (a sentinel for "fires no
+// hook": NewLayout takes any layer outside the hooks as hookless) used to
+// size the model's per-layer table: math.MaxInt panicked with an index out
+// of range, 1<<40 was a fatal out-of-memory error that no recover catches.
+// It counts as one hookless layer, as the MTP layer right after the hooks
+// does, and chooses the same K.
+func TestChooseGroupFarHooklessLayer(t *testing.T) {
+	m := GroupModel{LinkBytesPerSec: 50e9, Latency: 10 * time.Microsecond, PagesPerForward: 128, LayerTime: 4096 * time.Microsecond}
+	want, err := ChooseGroup(m, dsv3Buffers(), 61)
+	require.NoError(t, err)
+	for _, layer := range []int{1 << 40, math.MaxInt} {
+		bufs := dsv3Buffers()
+		bufs[61].Layer = layer
+		got, err := ChooseGroup(m, bufs, 61)
+		require.NoError(t, err, "layer %d", layer)
+		assert.Equal(t, want, got, "layer %d", layer)
+	}
 }

@@ -447,14 +447,14 @@ func (g *engineGauges) add(e *Engine) {
 }
 
 // open drops the closed engines (so that the registry does not keep them
-// alive) and returns the rest. g.mu is held.
+// alive) and returns the rest. g.mu is held. It reads Engine.gone, not
+// closed under closeMu: a Close waiting for that lock would hold every
+// scrape, and New of an engine sharing the registry, until the calls in
+// flight returned.
 func (g *engineGauges) open() []*Engine {
 	kept := g.engines[:0]
 	for _, e := range g.engines {
-		e.closeMu.RLock()
-		closed := e.closed
-		e.closeMu.RUnlock()
-		if !closed {
+		if !e.gone.Load() {
 			kept = append(kept, e)
 		}
 	}

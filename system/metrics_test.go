@@ -253,6 +253,58 @@ func TestGaugesOfWorkInFlight(t *testing.T) {
 	assert.Equal(t, 0.0, gauge(t, reg, MetricBytesInFlight), "the teardown failed the batches in flight")
 }
 
+// A scrape while Close waits for a Finish still in flight (Close takes the
+// engine's lock for writing once its calls returned) used to block, and
+// with it every other scrape and any engine joining the registry, until
+// that Finish returned: up to its finish timeout. The gauges ask whether
+// an engine is closed without that lock.
+func TestGaugesDoNotWaitForClose(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	e := newMetricsEngine(t, reg, metricsRig{group: 2, timeout: 10 * time.Minute})
+	ctx := context.Background()
+	_, err := e.Register(ctx, roomSpec(1))
+	require.NoError(t, err)
+	fw, err := e.BeginForward()
+	require.NoError(t, err)
+	finished := make(chan error, 1)
+	go func() { // bound to the forward, which has not ended: it waits
+		_, err := e.Finish(ctx, 1)
+		finished <- err
+	}()
+	require.Eventually(t, func() bool {
+		if e.closeMu.TryLock() {
+			e.closeMu.Unlock()
+			return false
+		}
+		return true
+	}, time.Minute, time.Millisecond, "the Finish holds the engine's lock for reading")
+	closed := make(chan error, 1)
+	go func() { closed <- e.Close() }()
+	require.Eventually(t, func() bool {
+		if e.closeMu.TryRLock() {
+			e.closeMu.RUnlock()
+			return false
+		}
+		return true
+	}, time.Minute, time.Millisecond, "Close waits for the lock")
+
+	gathered := make(chan error, 1)
+	go func() {
+		_, err := reg.Gather()
+		gathered <- err
+	}()
+	select {
+	case err := <-gathered:
+		require.NoError(t, err)
+	case <-time.After(time.Minute): // the Finish would hold Close for ten
+		t.Error("the scrape waited for Close, which waits for the Finish")
+		defer func() { <-gathered }()
+	}
+	require.NoError(t, fw.End())
+	require.NoError(t, <-finished)
+	require.NoError(t, <-closed)
+}
+
 // A completion that fails and completions that never come: both chunks
 // FAILED, the second one by its timeout (its Work is re-sent at each
 // completion deadline, and every post of it is lost: four deadlines do not

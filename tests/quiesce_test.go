@@ -332,3 +332,104 @@ func TestPeerLostFailsInFlightChunksAtOnce(t *testing.T) {
 	defer r.mu.Unlock()
 	assert.Empty(t, r.landings, "nothing landed on the lost peer")
 }
+
+// TestSecondCancelWaitsForTheFirstDrop: a room toward two decode peers (the
+// ranks of a decode TP group each cancel the room toward themselves) whose
+// chunk has writes in flight is cancelled by one peer, then by the other
+// while the first cancel's drop still quiesces. The second cancel used to
+// return nil at once (the room's queue was empty, so "no chunk toward the
+// peer"), and the decode freed its pages while the chunk's writes to it
+// still landed. It must return only once nothing lands there any more.
+func TestSecondCancelWaitsForTheFirstDrop(t *testing.T) {
+	g := testbed.MLA(4, 16, 64)
+	sig := postSignal{posted: make(chan struct{}, 1)}
+	heard := make(chan string, 2)
+	r := newRig(t, rigOpts{geom: g, hooks: 4, group: 2, decodes: 2, link: loopback.Options{Latency: 300 * time.Millisecond},
+		wrap: wrapping(sig.wrap), opts: []system.Option{system.WithRoomCancelled(func(peer string, _ uint64, _ string) { heard <- peer })}})
+	r.register(chunk{room: 1, end: 8, last: true, src: []int{0, 1}, total: 2,
+		infos: []system.DecodeInfo{{Peer: "d0", DstPages: []int{0, 1}}, {Peer: "d1", DstPages: []int{0, 1}}}})
+	r.forward(testbed.Write{Room: 1, SrcPages: []int{0, 1}, Tokens: 8})
+	select {
+	case <-sig.posted:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the forward posted nothing")
+	}
+	first := make(chan error, 1)
+	go func() { first <- r.eng.CancelRoom(context.Background(), "d0", 1, "rank 0 gave up") }()
+	require.Equal(t, "d0", <-heard, "the first cancel's drop is handed over before its callback")
+	require.NoError(t, r.eng.CancelRoom(context.Background(), "d1", 1, "rank 1 gave up"))
+	returned := time.Now()
+	require.NoError(t, <-first)
+
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	require.NotEmpty(t, r.landings)
+	for _, l := range r.landings {
+		assert.False(t, l.At.After(returned), "a write to %s landed %v after the second cancel returned", l.Node, l.At.Sub(returned))
+	}
+}
+
+// refusing is a transport whose connections to one address fail (a decode
+// that refuses them), and whose endpoints say when a batch was posted.
+type refusing struct {
+	rdma.Transport
+	refuse string
+	posted chan struct{}
+}
+
+func (t refusing) Connect(a []byte) (rdma.Endpoint, error) {
+	if string(a) == t.refuse {
+		return nil, errors.Mark(errors.Newf("connect to %s: refused", a), rdma.ErrEndpointBroken)
+	}
+	ep, err := t.Transport.Connect(a)
+	if err != nil {
+		return nil, err
+	}
+	return postSignalEndpoint{Endpoint: ep, s: postSignal{posted: t.posted}}, nil
+}
+
+// TestPeerLostReachesRetiredEndpoints: a submitter that restarts (here: a
+// connection to another decode refused) retires its endpoints, to be
+// closed once their batches landed. PeerLost closed only the endpoints of
+// the current submitters, so a batch in flight to the lost peer on a
+// retired endpoint held its chunk until its completion deadline or its
+// finish timeout, although a crashed decode is exactly when restarts and
+// PeerLost come together. PeerLost closes the retired endpoints to the
+// peer too: the chunk fails at once.
+func TestPeerLostReachesRetiredEndpoints(t *testing.T) {
+	g := testbed.MLA(4, 16, 64)
+	posted := make(chan struct{}, 1)
+	wrap := func(tr rdma.Transport) rdma.Transport {
+		return refusing{Transport: tr, refuse: "decode1", posted: posted}
+	}
+	// The link holds every batch for ten minutes: only an endpoint's close
+	// ends one within the test.
+	r := newRig(t, rigOpts{geom: g, hooks: 4, group: 2, decodes: 2, submitters: 1, timeout: 10 * time.Minute,
+		link: loopback.Options{Latency: 10 * time.Minute}, wrap: wrap})
+	r.register(chunk{room: 1, end: 8, src: []int{0, 1}, total: 2, infos: oneInfo("d0", []int{0, 1})})
+	finished := make(chan error, 1)
+	go func() {
+		_, err := r.eng.Finish(context.Background(), 1)
+		finished <- err
+	}()
+	select {
+	case <-posted:
+	case <-time.After(time.Minute):
+		t.Fatal("the Finish posted nothing")
+	}
+	// The one submitter, with a batch in flight to d0, fails to connect to
+	// d1 and restarts: its endpoint to d0 is retired.
+	r.register(chunk{room: 2, end: 8, src: []int{2, 3}, total: 2, infos: oneInfo("d1", []int{0, 1})})
+	_, err := r.eng.Finish(context.Background(), 2)
+	require.Error(t, err)
+	require.Eventually(t, func() bool { return r.eng.Restarts() > 0 }, time.Minute, time.Millisecond, "the submitter did not restart")
+
+	require.NoError(t, r.eng.PeerLost("d0", errors.New("heartbeats stopped")))
+	select {
+	case err := <-finished:
+		require.Error(t, err)
+		assert.True(t, errors.Is(err, system.ErrPeerLost), "%v", err)
+	case <-time.After(time.Minute): // its completion deadline is 2.5 minutes away, the link would hold it for ten
+		t.Fatal("the chunk waited for its batch to the lost peer on a retired endpoint")
+	}
+}

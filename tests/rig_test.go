@@ -55,6 +55,7 @@ type rigOpts struct {
 	trace      io.Writer // record a message trace, written when the engine closes
 	wrap       func(rdma.Transport) rdma.Transport
 	submitters int
+	opts       []system.Option // more engine options
 }
 
 func newRig(t *testing.T, o rigOpts) *rig {
@@ -114,6 +115,7 @@ func newRig(t *testing.T, o rigOpts) *rig {
 	if o.trace != nil {
 		opts = append(opts, system.WithTrace(o.trace, 0))
 	}
+	opts = append(opts, o.opts...)
 	r.eng, err = system.New(r.cfg, opts...)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = r.eng.Close() })
