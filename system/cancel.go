@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/messages"
@@ -90,7 +91,14 @@ func (e *Engine) CancelRoom(ctx context.Context, peer string, room uint64, reaso
 		return errors.Mark(errors.Newf("cancel room %d: unknown peer %q", room, peer), ErrBadInput)
 	}
 	if len(reason) > maxCancelReason {
-		reason = reason[:maxCancelReason]
+		// Cut at a character's start: a reason cut inside one is not
+		// UTF-8, and the serving stack may pass it on in a protobuf
+		// string, which refuses to marshal it.
+		n := maxCancelReason
+		for n > 0 && !utf8.RuneStart(reason[n]) {
+			n--
+		}
+		reason = reason[:n]
 	}
 	if reason == "" {
 		reason = "no reason given"

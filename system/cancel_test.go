@@ -3,9 +3,11 @@ package system_test
 import (
 	"context"
 	"errors" // the standard library's: what a caller without cockroachdb has
+	"strings"
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/kvstream/kvstream/hw/cuda/sim"
 	"github.com/kvstream/kvstream/system"
@@ -19,6 +21,26 @@ import (
 // none writes the pages the decode freed; a cancel of a room with a chunk
 // queued drops it and refuses the next one; the serving stack hears of
 // each cancelled room once.
+// TestCancelReasonCutAtACharacter: a reason over the bound is cut at the
+// start of a character, so that what the serving stack hears is UTF-8.
+func TestCancelReasonCutAtACharacter(t *testing.T) {
+	var mu sync.Mutex
+	var heard []string
+	e := stdEngine(t, sim.NoFault, 5*time.Second, system.WithRoomCancelled(func(_ string, _ uint64, reason string) {
+		mu.Lock()
+		defer mu.Unlock()
+		heard = append(heard, reason)
+	}))
+	long := strings.Repeat("a", 1023) + "é" + "tail" // the bound (1024) falls inside é
+	require.NoError(t, e.CancelRoom(context.Background(), "d", 7, long))
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, heard, 1, "told before CancelRoom returns")
+	assert.True(t, utf8.ValidString(heard[0]), "%q", heard[0][1000:])
+	assert.Equal(t, strings.Repeat("a", 1023), heard[0])
+	require.NoError(t, e.Close())
+}
+
 func TestCancelRoomRefusesLaterChunks(t *testing.T) {
 	type heard struct {
 		peer   string
