@@ -257,10 +257,15 @@ func envDuration(getenv func(string) string, name string, def time.Duration) (ti
 		// Inf) converts to a negative duration, and one under a
 		// nanosecond to zero; either would reach the engine's own check,
 		// which does not name the variable (and CheckEnv passed it).
-		if ns := secs * float64(time.Second); ns >= 1 && ns < math.MaxInt64 {
+		switch ns := secs * float64(time.Second); {
+		case ns >= 1 && ns < math.MaxInt64:
 			return time.Duration(ns), nil
+		case ns > 0 && ns < 1:
+			return 0, badInput("%s=%q: want a positive duration such as 30s, of at least 1ns", name, v)
+		case ns >= math.MaxInt64:
+			return 0, badInput("%s=%q: want a positive duration such as 30s, below %v", name, v, time.Duration(math.MaxInt64))
 		}
-		return 0, badInput("%s=%q: want a positive duration such as 30s, at least 1ns and below %v", name, v, time.Duration(math.MaxInt64))
+		return 0, badInput("%s=%q: want a positive duration such as 30s", name, v)
 	}
 	d, err := time.ParseDuration(v)
 	if err != nil || d <= 0 {
