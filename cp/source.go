@@ -317,19 +317,21 @@ func checkRuns(what string, pages []int, capacity int) ([]uint64, error) {
 		return starts, nil
 	}
 	seen := make([]uint64, (max(capacity, 0)+63)/64)
-	ok, prev := true, 0
+	prev := 0
 	for q, w := range starts {
 		for w != 0 {
 			i := q<<6 + bits.TrailingZeros64(w)
 			w &= w - 1
 			if i > 0 && !claim(seen, pages, prev, i, capacity) {
-				ok = false
-				break
+				// At once: a run that failed its claim is not known to be
+				// a run (its pages may leave the pool), and a later claim
+				// from it would read past seen.
+				return nil, checkSlow(what, pages, capacity)
 			}
 			prev = i
 		}
 	}
-	if !ok || !claim(seen, pages, prev, len(pages), capacity) {
+	if !claim(seen, pages, prev, len(pages), capacity) {
 		return nil, checkSlow(what, pages, capacity)
 	}
 	return starts, nil

@@ -348,3 +348,27 @@ func TestRunsBeyondMaxPage(t *testing.T) {
 	_, err = s.fillFrom(dst, starts)
 	assert.EqualError(t, err, "destination page 2147483648 at index 200: beyond the largest page index a run holds (2147483647)")
 }
+
+// TestCheckRunsBadRunThenMore: a list of long runs whose second run leaves
+// the pool, with more runs after it in later 64-page words, gets
+// CheckPages's error; the check of runs went on from the bad run and read
+// past its bitmap of the pool (a panic, on a goroutine of the plan's own
+// where a chunk has many destinations).
+func TestCheckRunsBadRunThenMore(t *testing.T) {
+	var pages []int
+	for p := 0; p < 64; p++ {
+		pages = append(pages, p) // 0-63
+	}
+	for p := 150; p < 214; p++ {
+		pages = append(pages, p) // 64-127: leaves the pool of 200 pages at index 114
+	}
+	for p := 64; p < 128; p++ {
+		pages = append(pages, p) // 128-191
+	}
+	pages = append(pages, 130, 131) // 192-193
+	want := CheckPages("destination", pages, 200)
+	require.Error(t, want)
+	var got error
+	require.NotPanics(t, func() { _, got = checkRuns("destination", pages, 200) })
+	require.EqualError(t, got, want.Error())
+}

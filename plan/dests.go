@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cp"
 )
 
@@ -76,6 +77,14 @@ func destRuns(source *cp.Source, work []destWork) {
 func destRun(source *cp.Source, work []destWork, k int) {
 	w := &work[k]
 	w.same = -1
+	// A bug in the check of a page list must fail the registration, not
+	// the process: on a goroutine of destRuns' own no caller's recover
+	// would see it.
+	defer func() {
+		if r := recover(); r != nil {
+			w.same, w.runs, w.err = -1, nil, errors.AssertionFailedf("info %d: planning its destination pages panicked (a bug): %v", w.info, r)
+		}
+	}()
 	for j := range k {
 		if work[j].capacity == w.capacity && equalPages(work[j].pages, w.pages) {
 			// The first equal one: it is no copy of an earlier one itself

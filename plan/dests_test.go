@@ -132,3 +132,27 @@ func seq(from, n int) []int {
 	}
 	return s
 }
+
+// TestDestRunPanicIsAnError: a panic while a destination's list is checked
+// (a bug; here a source that is not there) is that destination's error, on
+// the goroutines destRuns starts as on the caller's, and the plan fails
+// rather than the process.
+func TestDestRunPanicIsAnError(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	pages := make([]int, parallelPages)
+	for i := range pages {
+		pages[i] = i
+	}
+	other := slices.Clone(pages)
+	other[0], other[1] = 1, 0
+	work := []destWork{{info: 0, pages: pages, capacity: len(pages)}, {info: 3, pages: other, capacity: len(pages)}}
+	require.NotPanics(t, func() { destRuns(nil, work) })
+	for _, w := range work {
+		require.Error(t, w.err)
+		assert.True(t, errors.IsAssertionFailure(w.err), "%v", w.err)
+		assert.Contains(t, w.err.Error(), "panicked (a bug)")
+		assert.Nil(t, w.runs)
+		assert.Equal(t, -1, w.same)
+	}
+	assert.Contains(t, work[1].err.Error(), "info 3")
+}
