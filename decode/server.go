@@ -772,7 +772,9 @@ func (s *Server) Wait(ctx context.Context, id uint64) (Room, error) {
 		err = errors.Wrapf(ctx.Err(), "wait for room %d", id)
 		// No one waits any more: forget the waiter, or a stack polling
 		// a room with bounded Waits leaves one per call until it ends.
-		_ = s.inActor(func() {
+		// Sent, not waited for: the actor may be running a slow Admit or
+		// Size, and Wait returns when its ctx ends.
+		s.node.system.Root.Send(s.pid, run{done: make(chan struct{}), f: func() {
 			ws := s.waiters[id]
 			if i := slices.Index(ws, ch); i >= 0 {
 				ws = slices.Delete(ws, i, i+1)
@@ -782,7 +784,7 @@ func (s *Server) Wait(ctx context.Context, id uint64) (Room, error) {
 			} else {
 				s.waiters[id] = ws
 			}
-		})
+		}})
 	case <-s.stopped:
 		err = closedError("Wait")
 	}
