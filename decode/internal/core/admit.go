@@ -102,7 +102,7 @@ func (c *Core) accessed(m AccessMsg) {
 	c.pending = nil
 	s := &csession{SessionInfo: SessionInfo{Token: p.hello.Token, Prefill: h.Prefill, Identity: p.ident, Node: p.hello.From.Node,
 		Actor: h.SessionAddress + "/" + h.SessionId, Rank: p.rank, PageSize: p.pageSize, Metadata: maps.Clone(h.Metadata)},
-		key: p.key, rooms: map[*croom]bool{}, address: slices.Clone(m.Address)}
+		key: p.key, rooms: map[*croom]bool{}, address: slices.Clone(m.Address), layout: slices.Clone(p.layout)}
 	s.report.Prefill = h.Prefill
 	c.sessions.add(s)
 	c.ledger.pageSize = p.pageSize

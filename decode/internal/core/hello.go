@@ -149,8 +149,8 @@ func (c *Core) hello(m HelloMsg) {
 }
 
 // helloAgain is the open session a Hello repeats: the same session actor,
-// node, identity, name, page size and metadata, and nothing sent on it
-// yet.
+// node, identity, name, page size, metadata and buffers, and nothing sent
+// on it yet.
 func (c *Core) helloAgain(m HelloMsg) *csession {
 	h := m.Hello
 	s := c.sessions.ofActor(h.SessionAddress + "/" + h.SessionId)
@@ -159,8 +159,13 @@ func (c *Core) helloAgain(m HelloMsg) *csession {
 		ident = h.Prefill
 	}
 	if s == nil || s.state != sessionOpen || s.notices > 0 || s.Node != m.From.Node || s.Identity != ident ||
-		s.Prefill != h.Prefill || s.PageSize != int(h.PageSize) || !maps.Equal(s.Metadata, h.Metadata) {
+		s.Prefill != h.Prefill || s.PageSize != int(h.PageSize) || !maps.Equal(s.Metadata, h.Metadata) || len(s.layout) != len(h.Buffers) {
 		return nil
+	}
+	for i, b := range h.Buffers {
+		if s.layout[i] != (PrefillBuffer{Name: b.Name, Layer: int(b.Layer), ItemLen: b.ItemLen, Pages: b.Pages}) {
+			return nil
+		}
 	}
 	return s
 }

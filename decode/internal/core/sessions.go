@@ -38,6 +38,10 @@ type csession struct {
 	// address is where its Offer sent the prefill (its access point): a
 	// Hello repeated gets the same offer (helloAgain).
 	address []byte
+	// layout is the prefill's buffers its Hello gave and the pool
+	// matched (or was sized by): a Hello repeated with another is no
+	// repeat.
+	layout []PrefillBuffer
 	// ended are the ids of rooms it reported in that ended and were
 	// forgotten (nobody Expected them), oldest first, at most
 	// MaxRoomsPerSession: a later notice of one is the prefill's mistake,
