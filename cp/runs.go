@@ -6,7 +6,9 @@ import "math"
 // source pages [Src, Src+Len) go to destination pages [Dst, Dst+Len).
 // Its fields are 32 bits: a chunk whose every decode page is its own run
 // is 100 000 runs of 12 bytes, not 24, written at every registration. A
-// page beyond MaxPage is an ErrBadInput where runs are made.
+// run whose first page (on either side) or length does not fit is an
+// ErrBadInput where runs are made; the pages after its first may go past
+// MaxPage, which its users add in 64 bits (Src+Len up to 2^32).
 type Run struct {
 	Src, Dst, Len int32
 }
@@ -25,7 +27,8 @@ func tooLarge(what string, pg, i int) error {
 // Coalesce merges (src[i], dst[i]) page pairs into runs. A run breaks where
 // either side is not consecutive. Runs are computed once per chunk and are the
 // same for every buffer, because every buffer is indexed by the same pages.
-// A page that does not fit a Run (MaxPage) is an error naming it.
+// A run's first page that does not fit a Run (MaxPage) is an error naming
+// it.
 func Coalesce(src, dst []int) ([]Run, error) {
 	if len(src) != len(dst) {
 		return nil, badInput("%d source pages but %d destination pages", len(src), len(dst))

@@ -275,12 +275,17 @@ func (r *rig) endCycle(ctx context.Context, first uint64, rooms int) (endCycle, 
 		return c, errors.Wrap(ctx.Err(), "waiting for the forward's early groups")
 	}
 	landed := r.obs.expect(rooms * r.dests)
-	start := make(chan struct{})
+	start, abort := make(chan struct{}), make(chan struct{})
 	errs := make(chan error, rooms)
 	for i := 0; i < rooms; i++ {
 		room := first + uint64(i)
 		go func() {
-			<-start
+			select {
+			case <-start:
+			case <-abort: // the forward failed: no Finish, the rig's error says why
+				errs <- nil
+				return
+			}
 			res, err := r.eng.Finish(ctx, room)
 			if err == nil && res.Status != system.Succeeded {
 				err = errors.Newf("room %d finished %v, want success", room, res.Status)
@@ -292,18 +297,22 @@ func (r *rig) endCycle(ctx context.Context, first uint64, rooms int) (endCycle, 
 	t0 := time.Now()
 	for l := last + 1; l < r.layers; l++ {
 		if err := fw.LayerEnd(l); err != nil {
-			close(start)
+			close(abort)
 			return c, err
 		}
 	}
-	err = fw.End()
+	if err := fw.End(); err != nil {
+		close(abort)
+		return c, err
+	}
 	close(start)
+	var ferr error
 	for i := 0; i < rooms; i++ {
-		err = errors.CombineErrors(err, <-errs)
+		ferr = errors.CombineErrors(ferr, <-errs)
 	}
 	c.wall, c.cpu = time.Since(t0), cpuTime()-cpu0
-	if err != nil {
-		return c, err
+	if ferr != nil {
+		return c, ferr
 	}
 	select {
 	case <-landed: // every batch of the last group was counted
