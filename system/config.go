@@ -202,6 +202,8 @@ func (c Config) withDefaults(getenv func(string) string) (Config, error) {
 		return c, badInput("submitters %d: must be at least 1", c.Submitters)
 	case c.FinishTimeout <= 0:
 		return c, badInput("finish timeout %v: must be positive", c.FinishTimeout)
+	case c.FinishTimeout > maxDuration:
+		return c, badInput("finish timeout %v: must be at most %v", c.FinishTimeout, maxDuration)
 	case c.GroupSize < 1:
 		return c, badInput("group size %d: must be at least 1", c.GroupSize)
 	case c.HookLayers < 1:
@@ -247,6 +249,10 @@ func envInt(getenv func(string) string, name string, def int) (int, error) {
 	return n, nil
 }
 
+// maxDuration bounds a duration variable: a call waits for its timeout
+// plus a grace (finishGrace), which must not overflow.
+const maxDuration = time.Duration(math.MaxInt64) - finishGrace
+
 func envDuration(getenv func(string) string, name string, def time.Duration) (time.Duration, error) {
 	v := strings.TrimSpace(getenv(name))
 	if v == "" {
@@ -258,18 +264,21 @@ func envDuration(getenv func(string) string, name string, def time.Duration) (ti
 		// nanosecond to zero; either would reach the engine's own check,
 		// which does not name the variable (and CheckEnv passed it).
 		switch ns := secs * float64(time.Second); {
-		case ns >= 1 && ns < math.MaxInt64:
+		case ns >= 1 && ns <= float64(maxDuration):
 			return time.Duration(ns), nil
 		case ns > 0 && ns < 1:
 			return 0, badInput("%s=%q: want a positive duration such as 30s, of at least 1ns", name, v)
-		case ns >= math.MaxInt64:
-			return 0, badInput("%s=%q: want a positive duration such as 30s, below %v", name, v, time.Duration(math.MaxInt64))
+		case ns > float64(maxDuration):
+			return 0, badInput("%s=%q: want a positive duration such as 30s, of at most %v", name, v, maxDuration)
 		}
 		return 0, badInput("%s=%q: want a positive duration such as 30s", name, v)
 	}
 	d, err := time.ParseDuration(v)
-	if err != nil || d <= 0 {
+	switch {
+	case err != nil || d <= 0:
 		return 0, badInput("%s=%q: want a positive duration such as 30s", name, v)
+	case d > maxDuration:
+		return 0, badInput("%s=%q: want a positive duration such as 30s, of at most %v", name, v, maxDuration)
 	}
 	return d, nil
 }

@@ -235,7 +235,10 @@ func TestConfigDefaultsAndEnvironment(t *testing.T) {
 // restart bounds were taken as they were, and MaxRestarts -1 made every
 // registration fail as a restart storm. Each is refused naming the value.
 func TestConfigRefusesOutOfRange(t *testing.T) {
-	for _, val := range []string{"1e10", "Inf", "1e-12"} {
+	// 9223372035 s is below time.Duration's range, but a call waits for
+	// its timeout plus finishGrace, which would overflow; so is a Go
+	// duration that large.
+	for _, val := range []string{"1e10", "Inf", "1e-12", "9223372035", "2562047h47m16s"} {
 		getenv := func(k string) string {
 			if k == EnvFinishTimeout {
 				return val
@@ -249,7 +252,13 @@ func TestConfigRefusesOutOfRange(t *testing.T) {
 		_, err = Config{HookLayers: 1}.withDefaults(getenv)
 		assert.ErrorContains(t, err, EnvFinishTimeout+`="`+val+`"`)
 	}
-	_, err := Config{HookLayers: 1, MaxRestarts: -1}.withDefaults(func(string) string { return "" })
+	_, err := Config{HookLayers: 1, FinishTimeout: maxDuration + 1}.withDefaults(func(string) string { return "" })
+	assert.True(t, errors.Is(err, ErrBadInput), "%v", err)
+	assert.ErrorContains(t, err, "finish timeout")
+	d, err := envDuration(func(string) string { return "9223372030" }, EnvFinishTimeout, DefaultFinishTimeout)
+	require.NoError(t, err)
+	assert.Positive(t, d+finishGrace, "the longest timeout accepted leaves room for the grace")
+	_, err = Config{HookLayers: 1, MaxRestarts: -1}.withDefaults(func(string) string { return "" })
 	assert.True(t, errors.Is(err, ErrBadInput), "%v", err)
 	assert.ErrorContains(t, err, "max restarts -1")
 	_, err = Config{HookLayers: 1, RestartWindow: -time.Second}.withDefaults(func(string) string { return "" })

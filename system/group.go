@@ -86,18 +86,19 @@ func ChooseGroup(m GroupModel, buffers []Buffer, hookLayers int) (GroupChoice, e
 	if m.ItemScale == 0 {
 		m.ItemScale = 1
 	}
-	// Bytes per hook layer per forward; layers past the hooks fire no hook,
-	// and each of them computes after the hooks. They are counted, not
-	// indexed: a buffer's layer is the caller's value, and one far past the
-	// hooks (a sentinel for "no hook") would size a slice.
+	// Bytes per hook layer per forward; layers outside the hooks (past
+	// them, or negative: a sentinel for "no hook") fire no hook, are sent
+	// at the forward's end, and each distinct one computes after the hooks
+	// as the MTP layer does. They are counted, not indexed: a buffer's
+	// layer is the caller's value, and one far past the hooks would size a
+	// slice.
 	bytes := make([]float64, hookLayers)
 	var hookless float64
 	after := map[int]bool{}
 	for _, b := range buffers {
 		n := float64(b.ItemLen) * float64(m.PagesPerForward) * m.ItemScale
 		switch {
-		case b.Layer < 0:
-		case b.Layer < hookLayers:
+		case b.Layer >= 0 && b.Layer < hookLayers:
 			bytes[b.Layer] += n
 		default:
 			hookless += n

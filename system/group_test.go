@@ -93,12 +93,13 @@ func TestAutoGroupConfig(t *testing.T) {
 // size the model's per-layer table: math.MaxInt panicked with an index out
 // of range, 1<<40 was a fatal out-of-memory error that no recover catches.
 // It counts as one hookless layer, as the MTP layer right after the hooks
-// does, and chooses the same K.
+// does, and chooses the same K; so does a negative layer, which the model
+// left out (its bytes, and the batch that sends them at the end).
 func TestChooseGroupFarHooklessLayer(t *testing.T) {
 	m := GroupModel{LinkBytesPerSec: 50e9, Latency: 10 * time.Microsecond, PagesPerForward: 128, LayerTime: 4096 * time.Microsecond}
 	want, err := ChooseGroup(m, dsv3Buffers(), 61)
 	require.NoError(t, err)
-	for _, layer := range []int{1 << 40, math.MaxInt} {
+	for _, layer := range []int{1 << 40, math.MaxInt, -1, math.MinInt} {
 		bufs := dsv3Buffers()
 		bufs[61].Layer = layer
 		got, err := ChooseGroup(m, bufs, 61)
