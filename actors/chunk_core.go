@@ -405,6 +405,10 @@ func (c *ChunkCore) finish(m *messages.Finish) {
 
 func (c *ChunkCore) drop(m *messages.Drop) {
 	if c.dropping {
+		// A later Drop (another decode peer's cancel, the serving stack's
+		// own) is bounded by its own timeout too: the chunk answers every
+		// Drop within whichever timer fires first.
+		c.out = append(c.out, StartTimer{After: m.Timeout - TeardownReserve(m.Timeout)})
 		return
 	}
 	c.dropping = true

@@ -699,3 +699,27 @@ func permutations(xs []string) [][]string {
 	}
 	return out
 }
+
+// TestChunkSecondDropArmsItsTimer: a room sends a second Drop to a chunk a
+// first Drop is still quiescing (another decode peer's cancel, the serving
+// stack's own Drop), and the chunk arms that Drop's timer too: ignored, the
+// second Drop was bounded only by the first one's, and one with a shorter
+// timeout outlived its caller's bound.
+func TestChunkSecondDropArmsItsTimer(t *testing.T) {
+	l := layoutMLA(t, 8, 8, 4)
+	c := NewChunkCore(l, planOf(cp.PerLayer, 1, 2))
+	c.Step(&messages.Bind{Forward: 1})
+	c.Step(&messages.GroupReady{Forward: 1, Group: 0, Event: fakeEvent{}})
+	c.Step(&messages.Submitted{Seq: 0, Posted: true}) // a batch in flight
+	effs := c.Step(&messages.Drop{Room: 7, Timeout: 30 * time.Second})
+	require.True(t, has[StartTimer](effs))
+	require.False(t, c.Done(), "a batch is in flight")
+	effs = c.Step(&messages.Drop{Room: 7, Timeout: time.Second})
+	var after []time.Duration
+	for _, e := range effs {
+		if s, ok := e.(StartTimer); ok {
+			after = append(after, s.After)
+		}
+	}
+	assert.Equal(t, []time.Duration{time.Second - TeardownReserve(time.Second)}, after, "the second Drop (1s) is bounded by its own timer, not only by the first one's 30s")
+}

@@ -433,3 +433,38 @@ func TestPeerLostReachesRetiredEndpoints(t *testing.T) {
 		t.Fatal("the chunk waited for its batch to the lost peer on a retired endpoint")
 	}
 }
+
+// TestSecondDropHonoursItsOwnTimeout: a room dropped once (a first cancel,
+// the default timeout) whose chunk's batch the link holds, then dropped
+// again with a short ctx deadline, is answered within the second Drop's
+// own bound (its timer tears the chunk down): the chunk ignored the second
+// Drop, which waited for the first one's timer, past its own timeout and
+// the engine's grace ("did not answer Drop ... (a bug)").
+func TestSecondDropHonoursItsOwnTimeout(t *testing.T) {
+	g := testbed.MLA(4, 16, 64)
+	sig := postSignal{posted: make(chan struct{}, 1)}
+	heard := make(chan string, 2)
+	r := newRig(t, rigOpts{geom: g, hooks: 4, group: 2, timeout: 30 * time.Second, link: loopback.Options{Latency: 10 * time.Minute},
+		wrap: wrapping(sig.wrap), opts: []system.Option{system.WithRoomCancelled(func(peer string, _ uint64, _ string) { heard <- peer })}})
+	r.register(chunk{room: 1, end: 8, last: true, src: []int{0, 1}, total: 2, infos: oneInfo("d0", []int{0, 1})})
+	r.forward(testbed.Write{Room: 1, SrcPages: []int{0, 1}, Tokens: 8})
+	select {
+	case <-sig.posted:
+	case <-time.After(time.Minute):
+		t.Fatal("the forward posted nothing")
+	}
+	first := make(chan error, 1)
+	go func() { first <- r.eng.CancelRoom(context.Background(), "d0", 1, "first") }()
+	require.Equal(t, "d0", <-heard)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	err := r.eng.Drop(ctx, 1)
+	// End the first drop: close the endpoint holding the batch.
+	require.NoError(t, r.eng.PeerLost("d0", errors.New("probe ends the held batch")))
+	<-first
+	// Its timer tore the chunk down: nothing of it can land any more, the
+	// answer a Drop gives when it quiesced (not the engine's "did not
+	// answer Drop ... (a bug)" past its timeout and grace).
+	require.NoError(t, err, "the second Drop, answered within its own timeout")
+}
