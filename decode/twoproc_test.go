@@ -259,50 +259,89 @@ func TestHeartbeatsFindStoppedDecode(t *testing.T) {
 	require.True(t, errors.Is(err, decode.ErrDecodeLost), "%v", err)
 }
 
+// roleServer is what a decode role serves: a server on a loopback
+// transport with room 1 expected, its node's address printed, and one
+// session accepted.
+type roleServer struct {
+	srv  *decode.Server
+	ss   *decode.Session
+	stop func() // frees what it holds, in order
+}
+
+// startRoleServer starts a roleServer whose chunks verify checks.
+func startRoleServer(ctx context.Context, verify func(*decode.Session, decode.Chunk) error) (*roleServer, error) {
+	var undo []func()
+	stop := func() {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+	}
+	fail := func(err error) (*roleServer, error) {
+		stop()
+		return nil, err
+	}
+	tr, err := loopback.NewFabric(loopback.Options{}).NewTransport("decode")
+	if err != nil {
+		return nil, err
+	}
+	undo = append(undo, func() { _ = tr.Close() })
+	pool, err := hostmem.Alloc(buffers * itemLen * pages)
+	if err != nil {
+		return fail(err)
+	}
+	undo = append(undo, func() { _ = pool.Free() })
+	node, err := decode.ListenConfig(decode.NodeConfig{Listen: "127.0.0.1:0"})
+	if err != nil {
+		return fail(err)
+	}
+	undo = append(undo, func() { _ = node.Close(ctx) })
+	srv, err := decode.New(node, tr, decode.Config{Buffers: decodeBuffers(pool), ByeGrace: time.Hour, Verify: verify})
+	if err != nil {
+		return fail(err)
+	}
+	undo = append(undo, func() { _ = srv.Close(ctx) })
+	if err := srv.Expect(1, []int{0, 1, 2, 3}); err != nil {
+		return fail(err)
+	}
+	fmt.Println(node.Addr())
+	ss, err := srv.Accept(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	return &roleServer{srv: srv, ss: ss, stop: stop}, nil
+}
+
+// startCancelRole is the roleServer of a role that cancels room 1: it
+// returns once the prefill reported its first chunk.
+func startCancelRole(ctx context.Context) (*roleServer, error) {
+	first := make(chan struct{}, 1)
+	r, err := startRoleServer(ctx, func(*decode.Session, decode.Chunk) error {
+		select {
+		case first <- struct{}{}:
+		default:
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	<-first
+	return r, nil
+}
+
 // runCancelDecodeRole serves one session, cancels its room once the
 // prefill reported its first chunk (as a scheduler giving up does), and
 // prints what followed: the cancel returned only once the prefill answered,
 // the pages went to another room, the session ended complete.
 func runCancelDecodeRole() error {
-	tr, err := loopback.NewFabric(loopback.Options{}).NewTransport("decode")
-	if err != nil {
-		return err
-	}
-	defer tr.Close()
-	pool, err := hostmem.Alloc(buffers * itemLen * pages)
-	if err != nil {
-		return err
-	}
-	defer pool.Free()
-	node, err := decode.ListenConfig(decode.NodeConfig{Listen: "127.0.0.1:0"})
-	if err != nil {
-		return err
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	defer node.Close(ctx)
-	first := make(chan struct{}, 1)
-	srv, err := decode.New(node, tr, decode.Config{Buffers: decodeBuffers(pool), ByeGrace: time.Hour,
-		Verify: func(*decode.Session, decode.Chunk) error {
-			select {
-			case first <- struct{}{}:
-			default:
-			}
-			return nil
-		}})
+	r, err := startCancelRole(ctx)
 	if err != nil {
 		return err
 	}
-	defer srv.Close(ctx)
-	if err := srv.Expect(1, []int{0, 1, 2, 3}); err != nil {
-		return err
-	}
-	fmt.Println(node.Addr())
-	ss, err := srv.Accept(ctx)
-	if err != nil {
-		return err
-	}
-	<-first
+	defer r.stop()
+	srv, ss := r.srv, r.ss
 	start := time.Now()
 	if err := srv.Cancel(ctx, 1, "the scheduler gave up"); err != nil {
 		return fmt.Errorf("cancel: %w", err)
@@ -319,17 +358,28 @@ func runCancelDecodeRole() error {
 	return nil
 }
 
+// dialRole is how a prefill role starts: a node of its own, and a
+// session with the decode at addr.
+func dialRole(ctx context.Context, addr string) (*decode.Node, *decode.Client, error) {
+	node, err := decode.ListenConfig(decode.NodeConfig{Listen: "127.0.0.1:0"})
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := decode.Dial(ctx, node, decode.DialConfig{Decode: addr, Buffers: prefillLayout(itemLen), PageSize: 4})
+	if err != nil {
+		_ = node.Close(ctx)
+		return nil, nil, err
+	}
+	return node, c, nil
+}
+
 // runCancelPrefillRole reports room 1's first chunk to the decode at addr,
 // hears its cancel, drops the room (here: nothing in flight), answers, and
 // says goodbye.
 func runCancelPrefillRole(addr string) error {
-	node, err := decode.ListenConfig(decode.NodeConfig{Listen: "127.0.0.1:0"})
-	if err != nil {
-		return err
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	c, err := decode.Dial(ctx, node, decode.DialConfig{Decode: addr, Buffers: prefillLayout(itemLen), PageSize: 4})
+	node, c, err := dialRole(ctx, addr)
 	if err != nil {
 		return err
 	}
@@ -360,12 +410,19 @@ func runCancelPrefillRole(addr string) error {
 // another room, and the session is complete (a cancel is no failure of
 // the prefill's).
 func TestCancelAcrossProcesses(t *testing.T) {
-	dec, addr, lines := startDecodeRole(t, "cancel-decode")
+	runRoles(t, "cancel-decode", "cancel-prefill", "room cancelled, pages free, session complete")
+}
 
-	runPrefillProcess(t, "cancel-prefill "+addr)
-	verdict, err := lines.ReadString('\n')
+// runRoles runs this test binary as a decode process in role decodeRole
+// and, against it, as a prefill process in role prefillRole, and checks
+// the decode's verdict and clean end.
+func runRoles(t *testing.T, decodeRole, prefillRole, verdict string) {
+	t.Helper()
+	dec, addr, lines := startDecodeRole(t, decodeRole)
+	runPrefillProcess(t, prefillRole+" "+addr)
+	got, err := lines.ReadString('\n')
 	require.NoError(t, err, "the decode process printed no verdict (its stderr above)")
-	require.Equal(t, "room cancelled, pages free, session complete", strings.TrimSpace(verdict))
+	require.Equal(t, verdict, strings.TrimSpace(got))
 	require.NoError(t, dec.Wait(), "the decode process did not end cleanly (its stderr above)")
 }
 
@@ -411,45 +468,14 @@ var longAbort = strings.Repeat("取消", 700)
 // reported in it, then drains; it prints the verdict once the session
 // ended (aborted by the prefill's goodbye).
 func runLongCancelDecodeRole() error {
-	tr, err := loopback.NewFabric(loopback.Options{}).NewTransport("decode")
-	if err != nil {
-		return err
-	}
-	defer tr.Close()
-	pool, err := hostmem.Alloc(buffers * itemLen * pages)
-	if err != nil {
-		return err
-	}
-	defer pool.Free()
-	node, err := decode.ListenConfig(decode.NodeConfig{Listen: "127.0.0.1:0"})
-	if err != nil {
-		return err
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	defer node.Close(ctx)
-	first := make(chan struct{}, 1)
-	srv, err := decode.New(node, tr, decode.Config{Buffers: decodeBuffers(pool), ByeGrace: time.Hour,
-		Verify: func(*decode.Session, decode.Chunk) error {
-			select {
-			case first <- struct{}{}:
-			default:
-			}
-			return nil
-		}})
+	r, err := startCancelRole(ctx)
 	if err != nil {
 		return err
 	}
-	defer srv.Close(ctx)
-	if err := srv.Expect(1, []int{0, 1, 2, 3}); err != nil {
-		return err
-	}
-	fmt.Println(node.Addr())
-	ss, err := srv.Accept(ctx)
-	if err != nil {
-		return err
-	}
-	<-first
+	defer r.stop()
+	srv, ss := r.srv, r.ss
 	cctx, ccancel := context.WithTimeout(ctx, 20*time.Second)
 	defer ccancel()
 	if err := srv.Cancel(cctx, 1, longReason); err != nil {
@@ -470,13 +496,9 @@ func runLongCancelDecodeRole() error {
 // addr, answers its cancel through Attach, and says goodbye, aborted with
 // longAbort, once the decode drains: the decode's verdict must come back.
 func runLongCancelPrefillRole(addr string) error {
-	node, err := decode.ListenConfig(decode.NodeConfig{Listen: "127.0.0.1:0"})
-	if err != nil {
-		return err
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	c, err := decode.Dial(ctx, node, decode.DialConfig{Decode: addr, Buffers: prefillLayout(itemLen), PageSize: 4})
+	node, c, err := dialRole(ctx, addr)
 	if err != nil {
 		return err
 	}
@@ -511,12 +533,7 @@ func runLongCancelPrefillRole(addr string) error {
 // within a character, each message could not be marshaled and was
 // dropped: the Cancel never returned, the Bye timed out.
 func TestLongReasonsAcrossProcesses(t *testing.T) {
-	dec, addr, lines := startDecodeRole(t, "long-cancel-decode")
-	runPrefillProcess(t, "long-cancel-prefill "+addr)
-	verdict, err := lines.ReadString('\n')
-	require.NoError(t, err, "the decode process printed no verdict (its stderr above)")
-	require.Equal(t, "room cancelled, session aborted", strings.TrimSpace(verdict))
-	require.NoError(t, dec.Wait(), "the decode process did not end cleanly (its stderr above)")
+	runRoles(t, "long-cancel-decode", "long-cancel-prefill", "room cancelled, session aborted")
 }
 
 // rawVerdict is a Verify error that quotes the bytes it found: not UTF-8.
@@ -525,37 +542,14 @@ const rawVerdict = "checksum mismatch: found \xff\xfe\x00\x01"
 // runBytesDecodeRole serves one session whose chunks its Verify rejects
 // with rawVerdict, and prints how the session ended.
 func runBytesDecodeRole() error {
-	tr, err := loopback.NewFabric(loopback.Options{}).NewTransport("decode")
-	if err != nil {
-		return err
-	}
-	defer tr.Close()
-	pool, err := hostmem.Alloc(buffers * itemLen * pages)
-	if err != nil {
-		return err
-	}
-	defer pool.Free()
-	node, err := decode.ListenConfig(decode.NodeConfig{Listen: "127.0.0.1:0"})
-	if err != nil {
-		return err
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	defer node.Close(ctx)
-	srv, err := decode.New(node, tr, decode.Config{Buffers: decodeBuffers(pool), ByeGrace: time.Hour,
-		Verify: func(*decode.Session, decode.Chunk) error { return errors.New(rawVerdict) }})
+	r, err := startRoleServer(ctx, func(*decode.Session, decode.Chunk) error { return errors.New(rawVerdict) })
 	if err != nil {
 		return err
 	}
-	defer srv.Close(ctx)
-	if err := srv.Expect(1, []int{0, 1, 2, 3}); err != nil {
-		return err
-	}
-	fmt.Println(node.Addr())
-	ss, err := srv.Accept(ctx)
-	if err != nil {
-		return err
-	}
+	defer r.stop()
+	ss := r.ss
 	if _, err := ss.Wait(ctx); !errors.Is(err, decode.ErrChunkFailed) {
 		return fmt.Errorf("session: %v (want it failed)", err)
 	}
@@ -567,13 +561,9 @@ func runBytesDecodeRole() error {
 // and says goodbye: both answers carry the decode's Verify error, and must
 // arrive.
 func runBytesPrefillRole(addr string) error {
-	node, err := decode.ListenConfig(decode.NodeConfig{Listen: "127.0.0.1:0"})
-	if err != nil {
-		return err
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	c, err := decode.Dial(ctx, node, decode.DialConfig{Decode: addr, Buffers: prefillLayout(itemLen), PageSize: 4})
+	node, c, err := dialRole(ctx, addr)
 	if err != nil {
 		return err
 	}
@@ -593,10 +583,5 @@ func runBytesPrefillRole(addr string) error {
 // UTF-8 cannot be marshaled, and protoactor dropped the answer: the
 // prefill's Notify and Bye timed out instead.
 func TestRawTextsAcrossProcesses(t *testing.T) {
-	dec, addr, lines := startDecodeRole(t, "bytes-decode")
-	runPrefillProcess(t, "bytes-prefill "+addr)
-	verdict, err := lines.ReadString('\n')
-	require.NoError(t, err, "the decode process printed no verdict (its stderr above)")
-	require.Equal(t, "session failed", strings.TrimSpace(verdict))
-	require.NoError(t, dec.Wait(), "the decode process did not end cleanly (its stderr above)")
+	runRoles(t, "bytes-decode", "bytes-prefill", "session failed")
 }
