@@ -192,13 +192,18 @@ func killSetupPeer(t *testing.T, to *Transport, a rdma.PeerAccess, desc rdma.Reg
 // newLiveWriter returns a check that a peer in this process connects to a
 // new access point of to and writes n bytes that land in dst.
 func newLiveWriter(t *testing.T, to *Transport, dreg rdma.Region, dst *hostmem.Block, n int) func() {
+	return newLiveWriterOf(t, Options{Name: "prefill"}, to, dreg, dst, n)
+}
+
+// newLiveWriterOf is newLiveWriter with a peer of options opts.
+func newLiveWriterOf(t *testing.T, opts Options, to *Transport, dreg rdma.Region, dst *hostmem.Block, n int) func() {
 	return func() {
+		from, err := New(opts)
+		require.NoError(t, err)
+		defer from.Close()
 		a, err := to.OpenPeerAccess()
 		require.NoError(t, err)
 		defer func() { _ = a.Revoke() }()
-		from, err := New(Options{Name: "prefill"})
-		require.NoError(t, err)
-		defer from.Close()
 		src, err := hostmem.Alloc(n)
 		require.NoError(t, err)
 		defer src.Free()
@@ -435,30 +440,8 @@ func TestHalfOpenConnectionOutlivesRevokeLost(t *testing.T) {
 			_ = c.Close()
 		}
 	}
-	live := func() {
-		from, err := New(Options{Name: "prefill", Writes: WriteRMA})
-		require.NoError(t, err)
-		defer from.Close()
-		a, err := to.OpenPeerAccess()
-		require.NoError(t, err)
-		defer func() { _ = a.Revoke() }()
-		src, err := hostmem.Alloc(n)
-		require.NoError(t, err)
-		defer src.Free()
-		fillPattern(src.Bytes)
-		sreg, err := from.Register(src.Addr, uint64(n))
-		require.NoError(t, err)
-		ep, err := from.Connect(a.Address())
-		require.NoError(t, err)
-		defer ep.Close()
-		rk, err := ep.Import(dreg.Desc())
-		require.NoError(t, err)
-		done := make(chan error, 1)
-		require.NoError(t, ep.Post([]rdma.Write{{Src: src.Addr, Dst: dst.Addr, Len: uint64(n), Local: sreg.Key(), Remote: rk}}, func(err error) { done <- err }))
-		require.NoError(t, waitErr(t, done))
-		assert.True(t, bytes.Equal(src.Bytes, dst.Bytes), "the live peer's bytes landed")
-	}
-	live()
+	// A live peer connects after the half-open ones and writes.
+	newLiveWriterOf(t, Options{Name: "prefill", Writes: WriteRMA}, to, dreg, dst, n)()
 }
 
 // TestAccessPointTakesReconnections: a prefill reconnects to its access
