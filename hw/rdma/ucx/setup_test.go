@@ -189,6 +189,23 @@ func killSetupPeer(t *testing.T, to *Transport, a rdma.PeerAccess, desc rdma.Reg
 	}
 }
 
+// newReceiver returns a transport of opts with n bytes registered, all
+// freed when the test ends (the region, then the memory, then the
+// transport).
+func newReceiver(t *testing.T, opts Options, n int) (*Transport, *hostmem.Block, rdma.Region) {
+	t.Helper()
+	to, err := New(opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = to.Close() })
+	dst, err := hostmem.Alloc(n)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = dst.Free() })
+	dreg, err := to.Register(dst.Addr, uint64(n))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = dreg.Deregister() })
+	return to, dst, dreg
+}
+
 // newLiveWriter returns a check that a peer in this process connects to a
 // new access point of to and writes n bytes that land in dst.
 func newLiveWriter(t *testing.T, to *Transport, dreg rdma.Region, dst *hostmem.Block, n int) func() {
@@ -319,15 +336,7 @@ func TestListenAddresses(t *testing.T) {
 func TestHalfOpenConnectionOutlivesRevoke(t *testing.T) {
 	t.Setenv("UCX_TLS", "tcp")
 	const n = 4 << 10
-	to, err := New(Options{Name: "decode", RevokeLinger: 200 * time.Millisecond, AccessConnect: AccessListener})
-	require.NoError(t, err)
-	defer to.Close()
-	dst, err := hostmem.Alloc(n)
-	require.NoError(t, err)
-	defer dst.Free()
-	dreg, err := to.Register(dst.Addr, n)
-	require.NoError(t, err)
-	defer dreg.Deregister()
+	to, dst, dreg := newReceiver(t, Options{Name: "decode", RevokeLinger: 200 * time.Millisecond, AccessConnect: AccessListener}, n)
 	for round := range 4 {
 		a, err := to.OpenPeerAccess()
 		require.NoError(t, err)
@@ -376,15 +385,7 @@ func TestHalfOpenConnectionOutlivesRevoke(t *testing.T) {
 func TestHalfOpenConnectionOutlivesRevokeLost(t *testing.T) {
 	t.Setenv("UCX_TLS", "tcp")
 	const n = 4 << 10
-	to, err := New(Options{Name: "decode", Writes: WriteRMA, AccessConnect: AccessListener})
-	require.NoError(t, err)
-	defer to.Close()
-	dst, err := hostmem.Alloc(n)
-	require.NoError(t, err)
-	defer dst.Free()
-	dreg, err := to.Register(dst.Addr, n)
-	require.NoError(t, err)
-	defer dreg.Deregister()
+	to, dst, dreg := newReceiver(t, Options{Name: "decode", Writes: WriteRMA, AccessConnect: AccessListener}, n)
 	// late connects to a cut access point and posts: the batch fails.
 	late := func(addr []byte) {
 		from, err := New(Options{Name: "late", Writes: WriteRMA})
