@@ -116,8 +116,9 @@ type Config struct {
 	// marked ErrNotQuiesced.
 	RoomTimeout time.Duration
 	// MaxRoomsPerSession bounds the rooms one session reports in that have
-	// not ended (default 4096): a notice that would open one more is
-	// refused.
+	// not ended, with those nobody Expected that ended but whose pages wait
+	// for the session's revocation (default 4096): a notice that would open
+	// one more is refused.
 	MaxRoomsPerSession int
 	// RevokeTimeout bounds how long a session's end waits for the
 	// transport to cut its peer off (default 10 s); past it, the pages

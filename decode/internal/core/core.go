@@ -45,7 +45,8 @@ type Rules struct {
 //     geometry or Admit; nothing is sized for a refused Hello;
 //   - a room is reported only by sessions of one identity: the one Expect
 //     named, or the first that reports it; a session holds at most
-//     MaxRoomsPerSession rooms not yet ended;
+//     MaxRoomsPerSession rooms not yet ended or, nobody Expected, not
+//     yet forgotten;
 //   - a room completes when its chunks tile the request to its last one,
 //     each reported successful by exactly the ranks owning its pages (a
 //     group of one: the session), and Verify accepted them;

@@ -78,7 +78,7 @@ func (c *Core) notice(m NoticeMsg) {
 		c.refuseNotice(s, n, wire.Code_BAD_INPUT, "room_ended", errors.Newf("room %d chunk [%d, %d): the room already ended (complete: %v)", n.Room, n.Start, n.End, r.complete))
 		return
 	case (r == nil || !r.reporters[s]) && c.openRooms(s) >= c.r.MaxRoomsPerSession:
-		c.refuseNotice(s, n, wire.Code_REFUSED, "room_limit", errors.Newf("room %d: the session already holds %d rooms not ended (Config.MaxRoomsPerSession)", n.Room, c.r.MaxRoomsPerSession))
+		c.refuseNotice(s, n, wire.Code_REFUSED, "room_limit", errors.Newf("room %d: the session already holds %d rooms not ended or not yet quiet (Config.MaxRoomsPerSession)", n.Room, c.r.MaxRoomsPerSession))
 		return
 	}
 	if r == nil {
@@ -109,13 +109,18 @@ func (c *Core) notice(m NoticeMsg) {
 	c.answerDecided(s, r, ch)
 }
 
-// openRooms counts the rooms s reported in that have not ended.
+// openRooms counts the rooms s reported in that have not ended, and those
+// nobody Expected that ended but are not forgotten yet (their pages wait
+// for the session's revocation): the peer made each of them, so a flood
+// of rooms it ends unquiet is bounded too. An Expected room that ended or
+// was released lives as long as the serving stack keeps it.
 func (c *Core) openRooms(s *csession) int {
 	n := 0
 	for r := range s.rooms {
-		if !r.ended() && !r.released {
-			n++
+		if r.expected && (r.ended() || r.released) {
+			continue
 		}
+		n++
 	}
 	return n
 }

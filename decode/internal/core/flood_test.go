@@ -1,0 +1,79 @@
+package core
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/kvstream/kvstream/messages/wire"
+	"github.com/stretchr/testify/require"
+)
+
+// TestNoticeFloodIsBounded: a session's peer announces room after room
+// nobody Expected, each ended at once in a way that leaves its pages
+// unquiet until the session is cut off (a failure the prefill says is not
+// quiesced, a page another room holds). Each such room must count against
+// MaxRoomsPerSession until it is forgotten: past the bound the notice is
+// refused by name, and the core holds at most that many of the session's
+// rooms whatever the number of notices.
+func TestNoticeFloodIsBounded(t *testing.T) {
+	floods := map[string]func(room uint64) *wire.ChunkNotice{
+		"failed not quiesced": func(room uint64) *wire.ChunkNotice {
+			return &wire.ChunkNotice{Room: room, Start: 0, End: 4, Last: true, Status: wire.Status_FAILED, Error: "finish timed out",
+				NotQuiesced: true, Positions: []int64{0}, DstPages: []int64{3}}
+		},
+		"page of another room": func(room uint64) *wire.ChunkNotice {
+			return &wire.ChunkNotice{Room: room, Start: 0, End: 4, Last: true, Status: wire.Status_SUCCEEDED,
+				Positions: []int64{0}, DstPages: []int64{0}}
+		},
+	}
+	for name, flood := range floods {
+		t.Run(name, func(t *testing.T) {
+			const maxRooms, notices = 4, 10000
+			pool := []Buffer{{Name: "K", Base: 1 << 20, ItemLen: 64, Pages: 16}, {Name: "V", Base: 2 << 20, ItemLen: 64, Pages: 16}}
+			c := NewCore(Rules{MaxSessions: 4, MaxRoomsPerSession: maxRooms, AcceptUnknownRooms: true, MaxPoolBytes: 1 << 20}, pool)
+			from := Origin{Node: "n-s1"}
+			step := func(m Msg) []Effect {
+				effs := c.Step(m)
+				for _, e := range effs {
+					if _, ok := e.(CallOpenAccess); ok {
+						effs = append(effs, c.Step(AccessMsg{Address: []byte("ap"), Revocable: true})...)
+					}
+				}
+				return effs
+			}
+			hello := &wire.Hello{Version: ProtocolVersion, Prefill: "mallory", SessionAddress: from.Node, SessionId: "actor-s1", PageSize: 4,
+				Buffers: []*wire.Buffer{{Name: "K", ItemLen: 64, Pages: 16}, {Name: "V", Layer: 1, ItemLen: 64, Pages: 16}}}
+			step(HelloMsg{From: from, Hello: hello, Token: "s1"})
+			require.Equal(t, 1, c.state().Sessions, "the session opened")
+			// Room 1 holds page 0: the flood's page of another room.
+			n := &wire.ChunkNotice{Session: "s1", Room: 1, Start: 0, End: 4, Status: wire.Status_SUCCEEDED, Positions: []int64{0}, DstPages: []int64{0}}
+			require.Equal(t, AnswerNotice{}, answer(t, step(NoticeMsg{From: from, Notice: n})))
+
+			limited := 0
+			for room := uint64(100); room < 100+notices; room++ {
+				n := flood(room)
+				n.Session = "s1"
+				a := answer(t, step(NoticeMsg{From: from, Notice: n}))
+				if a.Reason == "room_limit" {
+					limited++
+					require.Contains(t, a.Text, fmt.Sprintf("room %d: the session already holds %d rooms", room, maxRooms))
+				}
+				require.LessOrEqual(t, len(c.rooms), maxRooms, "after room %d: the core holds %d rooms of one session", room, len(c.rooms))
+				require.NoError(t, c.check())
+			}
+			require.Equal(t, notices-(maxRooms-1), limited, "every notice past the bound refused by name")
+		})
+	}
+}
+
+// answer is the AnswerNotice among effs.
+func answer(t *testing.T, effs []Effect) AnswerNotice {
+	t.Helper()
+	for _, e := range effs {
+		if a, ok := e.(AnswerNotice); ok {
+			return a
+		}
+	}
+	require.Fail(t, "no AnswerNotice", "%v", effs)
+	return AnswerNotice{}
+}
