@@ -27,7 +27,10 @@
 // UCX_MAX_EAGER_LANES=1), with a refusal when any was refused or the access
 // point was revoked. A batch completes when that answer arrived (checked to
 // come back on the batch's own endpoint) and the endpoint's flush
-// completed the messages locally. A refusal breaks the endpoint. The
+// completed the messages locally. A refusal breaks the endpoint. A
+// message sent by UCX's rendezvous protocol (no kvstream peer sends one) is
+// never received: a write is refused, and UCX drops the descriptor once the
+// handler returns (TestRendezvousMessagesRefused). The
 // context has no UCP_FEATURE_RMA, so UCX installs none of its RMA
 // emulation handlers, and a region's key is a kvstream message key (24
 // bytes, beginning with eight zero bytes, which no UCX key does), not a UCX

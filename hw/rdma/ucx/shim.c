@@ -121,7 +121,7 @@ static void kvs_ack(kvs_wk_t *w, ucp_ep_h ep, uint64_t tag, ucs_status_t st)
                          UCP_OP_ATTR_FIELD_USER_DATA;
     // REPLY: the sender checks that the answer came back on the endpoint
     // it sent the FLUSH on.
-    param.flags     = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
+    param.flags     = w->ctx->am_proto | UCP_AM_SEND_FLAG_REPLY;
     param.cb.send   = kvs_ack_done;
     param.user_data = h;
     sp = ucp_am_send_nbx(ep, KVS_AM_ACK, h, sizeof(*h), NULL, 0, &param);
@@ -144,8 +144,10 @@ static ucs_status_t kvs_am_write_cb(void *arg, const void *header,
     kvs_region_t *r;
 
     if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
-        // Never asked for (writes are sent eager): refuse the data.
-        ucp_am_data_release(w->worker, data);
+        // Never asked for (writes are sent eager): refuse the data. UCX
+        // drops a rendezvous descriptor whose handler returns UCS_OK
+        // without receiving it; releasing it here too gave it back twice,
+        // which crashed the receiver in ucp_am_rndv_process_rts.
         goto refuse;
     }
     if (w->revoked || header_length != sizeof(h)) {
@@ -190,9 +192,9 @@ static ucs_status_t kvs_am_flush_cb(void *arg, const void *header,
     ucs_status_t st;
     kvs_am_flush_hdr_t h;
 
-    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
-        ucp_am_data_release(w->worker, data);
-    }
+    // A rendezvous descriptor (never asked for: no payload) is dropped by
+    // UCX once this returns UCS_OK; the header stays valid until then.
+    (void)data;
     (void)length;
     if (header_length != sizeof(h) ||
         !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
@@ -230,9 +232,9 @@ static ucs_status_t kvs_am_ack_cb(void *arg, const void *header,
     kvs_wk_t *w = arg;
     kvs_am_ack_hdr_t h;
 
-    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
-        ucp_am_data_release(w->worker, data);
-    }
+    // A rendezvous descriptor (never asked for: no payload) is dropped by
+    // UCX once this returns UCS_OK; the header stays valid until then.
+    (void)data;
     (void)length;
     if (header_length != sizeof(h) ||
         !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
@@ -329,6 +331,7 @@ ucs_status_t kvs_init(kvs_ctx_t **out, const char **keys, const char **vals,
     }
     c->efd  = -1;
     c->frag = frag;
+    c->am_proto = UCP_AM_SEND_FLAG_EAGER;
     pthread_mutex_init(&c->lock, NULL);
 
     // Reads UCX_* from the environment; the caller's overrides come on top.
@@ -1026,7 +1029,7 @@ int kvs_post(kvs_ctx_t *c, kvs_ep_t *e, const kvs_write_t *ws,
                 r->hdrs[h].pad   = 0;
                 param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS |
                                      (ws[k].memh ? UCP_OP_ATTR_FIELD_MEMH : 0);
-                param.flags        = UCP_AM_SEND_FLAG_EAGER;
+                param.flags        = c->am_proto;
                 param.memh         = (ucp_mem_h)(uintptr_t)ws[k].memh;
                 sp = ucp_am_send_nbx(e->ep, KVS_AM_WRITE, &r->hdrs[h],
                                      sizeof(r->hdrs[h]),
@@ -1045,7 +1048,7 @@ int kvs_post(kvs_ctx_t *c, kvs_ep_t *e, const kvs_write_t *ws,
     if (h > 0) {
         memset(&param, 0, sizeof(param));
         param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-        param.flags        = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
+        param.flags        = c->am_proto | UCP_AM_SEND_FLAG_REPLY;
         r->flush_hdr.tag   = r->id;
         r->flush_hdr.epoch = r->epoch;
         r->flush_hdr.pad   = 0;

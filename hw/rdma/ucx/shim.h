@@ -179,6 +179,9 @@ struct kvs_ctx {
     kvs_region_t   *regs;
     size_t          nregs, cregs;
     uint64_t        frag;
+    // The protocol flag of message writes, FLUSHes and their answers:
+    // eager. Tests play a hostile peer with rendezvous (sendByRendezvous).
+    uint32_t        am_proto;
 };
 
 // Per-batch record, the user_data of the batch's flush request. Owned by

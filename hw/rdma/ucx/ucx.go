@@ -405,6 +405,11 @@ func (t *Transport) initContext() error {
 // Name returns "ucx".
 func (t *Transport) Name() string { return "ucx" }
 
+// sendByRendezvous makes t send its message writes, FLUSHes and their
+// answers by UCX's rendezvous protocol, as no kvstream peer does: tests
+// play a hostile peer with it. Call it before t posts or is written to.
+func (t *Transport) sendByRendezvous() { t.ctx.am_proto = C.UCP_AM_SEND_FLAG_RNDV }
+
 // Address returns the worker address, for peers to Connect to.
 func (t *Transport) Address() []byte { return t.addr }
 
