@@ -513,6 +513,14 @@ func (t *Transport) run(initDone chan<- error) {
 			t.retire(time.Now())
 		}
 		if t.stopping {
+			// Close from a done callback stops the loop at once: the work
+			// queued before it set closed (batches Post accepted, a
+			// Deregister's unmap, a Revoke) still runs, as it does before
+			// the stop item of a Close from outside, or its caller would
+			// wait for ever. Nothing is queued once closed is set.
+			for t.queued.Load() > 0 {
+				t.drainQueue()
+			}
 			t.teardown()
 			return
 		}
