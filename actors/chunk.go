@@ -128,6 +128,14 @@ func (c *hostedChunk) perform(e Effect) {
 		c.env.Registry.ended(e.Result.Chunk)
 		c.env.Observer.Chunk(e.Result)
 		c.log(e.Result)
+		if e.Forget && c.env.Forward != nil { // no forward actor: a chunk outside an engine (tests)
+			c.root.Send(c.env.Forward, &messages.Forget{Chunk: e.Result.Chunk})
+		}
+		// It stops itself, before its room hears that it ended: its room
+		// need not stop it, nor wait to hear it terminate, two hops per
+		// request between its last landing and the room's end. What
+		// reaches it from now on is dropped, as a stopped actor's.
+		c.end()
 		c.root.Send(c.parent, &messages.ChunkDone{Result: e.Result})
 	}
 }

@@ -215,6 +215,17 @@ func (p *process) Stop(*actor.PID) {
 	}
 }
 
+// end stops and terminates p from its own step, once it is over (a chunk
+// that answered): what it held is released already, and it has no
+// children. A Stop that came first finishes the stop instead (its hostStop
+// is queued on this host).
+func (p *process) end() {
+	if p.stopped.Swap(true) {
+		return
+	}
+	p.terminate()
+}
+
 // deliver is the host handing p one message.
 func (p *process) deliver(msg any, sender *actor.PID) {
 	switch m := msg.(type) {

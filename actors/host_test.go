@@ -68,26 +68,34 @@ func (r *hostedRig) chunk(room uint64) (*actor.PID, *hostedChunk) {
 
 // A hosted chunk takes its messages through its host, and stops as an
 // actor does: its parent and a StopFuture's watch hear it terminated, it
-// leaves the registry, and what is sent to it afterwards is dropped.
+// leaves the registry, and what is sent to it afterwards is dropped. One
+// that answered its Finish stops itself, and its parent hears that too.
 func TestHostedChunkLivesAndStopsLikeAnActor(t *testing.T) {
 	before := goleak.IgnoreCurrent()
 	t.Cleanup(func() { goleak.VerifyNone(t, before) }) // after the rig's cleanup
 	r := newHostedRig(t)
 	pid, c := r.chunk(1)
 	require.NotNil(t, c, "the PID names a hosted chunk")
-	reply := make(chan messages.Result, 2)
-	r.env.System.Root.Send(pid, &messages.Finish{Room: 1, Timeout: time.Minute, Reply: reply})
-	res := <-reply
-	assert.Equal(t, messages.Succeeded, res.Status)
-
 	require.NoError(t, r.env.System.Root.StopFuture(pid).Wait(), "the watch of a StopFuture is told")
 	assert.True(t, pid.Equal(<-r.terminated), "the parent is told")
 	assert.Nil(t, r.env.hostedOf(pid), "it left the registry")
 	assert.True(t, c.stopped.Load())
 	// A message after the stop reaches the process through the PID's cached
 	// reference and is dropped: the core never sees it.
+	reply := make(chan messages.Result, 2)
 	c.deliver(&messages.Finish{Room: 1, Timeout: time.Minute, Reply: reply}, nil)
 	assert.Empty(t, reply)
+
+	answered, c := r.chunk(2)
+	require.NotNil(t, c)
+	r.env.System.Root.Send(answered, &messages.Finish{Room: 2, Timeout: time.Minute, Reply: reply})
+	res := <-reply
+	assert.Equal(t, messages.Succeeded, res.Status)
+	assert.True(t, answered.Equal(<-r.terminated), "a chunk that answered stopped itself, and its parent is told")
+	assert.Nil(t, r.env.hostedOf(answered), "it left the registry")
+	require.NoError(t, r.env.System.Root.StopFuture(answered).Wait(), "a watch after it ended is told at once")
+	c.deliver(&messages.Finish{Room: 2, Timeout: time.Minute, Reply: reply}, nil)
+	assert.Empty(t, reply, "what reaches it after it ended is dropped")
 }
 
 // A PoisonPill stops it after what was queued before it, and a room (the

@@ -154,9 +154,9 @@ func (a *hostedRoom) handle(msg any, sender *actor.PID) {
 		case Send:
 			a.root.Send(a.pids[e.To], e.Msg)
 		case StopChunk:
-			a.root.Stop(a.pids[e.Chunk])
+			// The chunk stopped itself before it told the room it ended
+			// (hostedChunk, ChunkEnded).
 			delete(a.pids, e.Chunk)
-			a.root.Send(a.env.Forward, &messages.Forget{Chunk: e.Chunk})
 		case AnswerFinish:
 			e.To <- e.Result
 		case AnswerDrop:
