@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cp"
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/messages"
@@ -144,6 +145,69 @@ func TestHostedRoomStopsItsChunksFirst(t *testing.T) {
 	assert.Error(t, job.Context().Err())
 }
 
+// watchedManager is the manager actor, telling the test how many idle
+// room processes it keeps each time it handled a RoomIdle (on its own
+// goroutine, so the test reads nothing of it while it runs).
+type watchedManager struct {
+	*managerActor
+	idle chan int
+}
+
+func (w *watchedManager) Receive(ctx actor.Context) {
+	w.managerActor.Receive(ctx)
+	if _, ok := ctx.Message().(*messages.RoomIdle); ok {
+		w.idle <- len(w.managerActor.idle)
+	}
+}
+
+// A room that went idle is not stopped but kept, and the next room takes
+// its process: the new room's chunks are its children, its Finish answers
+// for its own chunk, and what the old room held is gone.
+func TestIdleRoomProcessServesTheNextRoom(t *testing.T) {
+	r := newHostedRig(t)
+	env := r.env
+	env.Forward = env.System.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {})) // takes Pending and Forget
+	idle := make(chan int, 4)
+	manager := env.System.Root.Spawn(actor.PropsFromProducer(func() actor.Actor {
+		return &watchedManager{managerActor: &managerActor{env: env, core: NewManagerCore(), rooms: map[uint64]*actor.PID{}}, idle: idle}
+	}, actor.WithDispatcher(env.Dispatcher)))
+	defer func() { require.NoError(t, env.System.Root.StopFuture(manager).Wait()) }()
+	env.Manager = manager
+
+	register := func(room uint64) (parent *actor.PID) {
+		job := NewJob(&plan.Plan{Chunk: messages.Chunk{ChunkKey: messages.ChunkKey{Room: room}, Serial: room}})
+		parents := make(chan *actor.PID, 1)
+		start := StartChunk(env, job)
+		added := make(chan messages.Added, 1)
+		env.System.Root.Send(manager, &messages.AddChunk{Chunk: job.ID(), Reply: added, Start: func(p *actor.PID) *actor.PID {
+			parents <- p
+			return start(p)
+		}})
+		require.Equal(t, job.ID(), (<-added).Chunk)
+		return <-parents
+	}
+	finish := func(room uint64) messages.Result {
+		reply := make(chan messages.Result, 1)
+		env.System.Root.Send(manager, &messages.Finish{Room: room, Timeout: time.Minute, Reply: reply})
+		return <-reply
+	}
+
+	first := register(1)
+	res := finish(1)
+	require.Equal(t, messages.Succeeded, res.Status)
+	require.Equal(t, 1, <-idle, "room 1 went idle, and its process is kept")
+
+	second := register(2)
+	assert.True(t, first.Equal(second), "room 2 took room 1's process")
+	res = finish(2)
+	assert.Equal(t, messages.Succeeded, res.Status)
+	assert.Equal(t, uint64(2), res.Chunk.Room, "the Finish answered for room 2's chunk")
+	require.Equal(t, 1, <-idle)
+	res = finish(1)
+	assert.Equal(t, messages.Failed, res.Status, "room 1 has no chunk any more")
+	assert.True(t, errors.Is(res.Err, ErrNoChunk), "%v", res.Err)
+}
+
 // A forward whose every chunk was forgotten before its end keeps nothing:
 // the shell's grouping of its chunks goes with its End, with no ForwardEnd
 // to fan out.
@@ -169,3 +233,27 @@ type messageCtx struct {
 }
 
 func (c *messageCtx) Message() any { return c.msg }
+
+// A forward's end lets its chunks go: its chunks are not forgotten by
+// message once they saw its end, so the forward actor sends itself a step
+// of nothing after the End's fan-out, and holds no target afterwards.
+func TestForwardEndLetsItsChunksGo(t *testing.T) {
+	r := newHostedRig(t)
+	pid, c := r.chunk(1)
+	require.NotNil(t, c)
+	fw := &forwardActor{core: NewForwardCore(), fan: fanOut{env: r.env, byHost: map[uint64]*hostedForward{}}}
+	ctx := &serveCtx{self: actor.NewPID("local", "forward")}
+	step := func(m any) { fw.Receive(&messageCtx{serveCtx: ctx, msg: m}) }
+	step(&messages.Pending{Chunk: c.job.ID(), PID: pid})
+	step(&messages.Begin{Forward: 1})
+	step(&messages.End{Forward: 1})
+	require.NotEmpty(t, fw.last, "the End fanned out ForwardEnd to the chunk")
+	require.Len(t, ctx.sent, 1, "the forward actor sent itself one message")
+	step(ctx.sent[0])
+	assert.Empty(t, fw.last)
+	for _, e := range fw.core.out[:cap(fw.core.out)] {
+		assert.Nil(t, e, "the core's last effects were cleared")
+	}
+	assert.Empty(t, fw.core.Active(1))
+	assert.Empty(t, fw.core.Pending())
+}
