@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -256,4 +257,81 @@ func TestForwardEndLetsItsChunksGo(t *testing.T) {
 	}
 	assert.Empty(t, fw.core.Active(1))
 	assert.Empty(t, fw.core.Pending())
+}
+
+type spawnRoom struct{}
+
+// A chunk that ends itself while its room stops: the room waits for it only
+// if its stop found it still registered, and then hears it terminate, so
+// the room's stop always completes, whichever comes first.
+func TestRoomStopRacingItsChunksEnd(t *testing.T) {
+	r := newHostedRig(t)
+	env := r.env
+	env.Forward = env.System.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {})) // takes Pending and Forget
+	rooms := make(chan *actor.PID, 1)
+	manager := env.System.Root.Spawn(actor.PropsFromFunc(func(ctx actor.Context) {
+		if _, ok := ctx.Message().(spawnRoom); ok {
+			rooms <- ctx.Spawn(roomProps(env, 7))
+		}
+	}))
+	defer func() { require.NoError(t, env.System.Root.StopFuture(manager).Wait()) }()
+	for i := range 200 {
+		env.System.Root.Send(manager, spawnRoom{})
+		room := <-rooms
+		job := NewJob(&plan.Plan{Chunk: messages.Chunk{ChunkKey: messages.ChunkKey{Room: 7}, Serial: uint64(i + 1)}})
+		added := make(chan messages.Added, 1)
+		env.System.Root.Send(room, &messages.AddChunk{Chunk: job.ID(), Start: StartChunk(env, job), Reply: added})
+		require.Equal(t, job.ID(), (<-added).Chunk)
+		reply := make(chan messages.Result, 1)
+		// The Finish ends the chunk (an empty plan answers at once) on its
+		// host while the room's stop runs on the room's.
+		env.System.Root.Send(room, &messages.Finish{Room: 7, Timeout: time.Minute, Reply: reply})
+		require.NoError(t, env.System.Root.StopFuture(room).Wait(), "round %d: the room's stop completes (within the future's 10 s)", i)
+	}
+}
+
+type nopHosted struct{}
+
+func (nopHosted) handle(any, *actor.PID) {}
+func (nopHosted) stopping() []*actor.PID { return nil }
+
+// A chunk that ends itself tells its hosted room only while the room
+// stops (the one time a room waits for its children): a room whose stop
+// found the chunk still registered set its stopped flag before, and hears
+// it terminate. The hosts here never run: the test reads their queues.
+func TestEndedChunkTellsOnlyAStoppingRoom(t *testing.T) {
+	r := newHostedRig(t)
+	env := r.env
+	roomHost, chunkHost := &chunkHost{env: env, scheduled: true}, &chunkHost{env: env, scheduled: true}
+	room := &process{}
+	roomPID, err := room.register(env, roomHost, nopHosted{}, "room-under-test", nil)
+	require.NoError(t, err)
+	end := func(id string) *actor.PID {
+		c := &process{}
+		pid, err := c.register(env, chunkHost, nopHosted{}, id, roomPID)
+		require.NoError(t, err)
+		require.Same(t, room, c.hostedParent)
+		c.end()
+		assert.True(t, c.stopped.Load())
+		_, live := env.System.ProcessRegistry.GetLocal(id)
+		assert.False(t, live, "it left the registry")
+		return pid
+	}
+	queued := func() []hostItem {
+		roomHost.mu.Lock()
+		defer roomHost.mu.Unlock()
+		return slices.Clone(roomHost.queue)
+	}
+
+	end("chunk-a")
+	assert.Empty(t, queued(), "a room that is not stopping is told nothing")
+
+	room.stopped.Store(true) // as its Stop does, before its host runs the stop
+	b := end("chunk-b")
+	q := queued()
+	require.Len(t, q, 1, "a stopping room hears it terminate")
+	gone, ok := q[0].msg.(childGone)
+	require.True(t, ok, "%T", q[0].msg)
+	assert.True(t, b.Equal(gone.who))
+	env.System.ProcessRegistry.Remove(roomPID)
 }
