@@ -752,7 +752,7 @@ func (c *ChunkCore) answer() {
 	c.done = true
 	// Ended before the reply: when Finish returns, the room no longer counts
 	// the chunk.
-	c.out = append(c.out, ChunkEnded{Result: res})
+	c.out = append(c.out, ChunkEnded{Result: res, Forget: !c.ended})
 	if c.reply != nil {
 		c.out = append(c.out, AnswerFinish{To: c.reply, Result: res})
 	}

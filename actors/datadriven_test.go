@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -488,6 +489,17 @@ func (w *world) stepChunk(b *strings.Builder, indent string, c *ddChunk, msg any
 		case Submit:
 			c.owed = append(c.owed, e.Work)
 		case ChunkEnded:
+			// The shell tells the forward actor to forget the chunk only
+			// if ChunkEnded says so: the forward of the world must list it
+			// nowhere after that.
+			if f := w.forward; f != nil {
+				if e.Forget {
+					f.Step(&messages.Forget{Chunk: e.Result.Chunk})
+				}
+				if lists(f, e.Result.Chunk) {
+					fmt.Fprintf(b, "%s  BUG: the forward still lists the ended chunk\n", indent)
+				}
+			}
 			// The shell tells the room; a room of the world hears it.
 			room := e.Result.Chunk.Room
 			if r, ok := w.rooms[room]; ok {
@@ -498,6 +510,20 @@ func (w *world) stepChunk(b *strings.Builder, indent string, c *ddChunk, msg any
 			}
 		}
 	}
+}
+
+// lists reports whether the forward core would still fan a message out to
+// chunk x: pending, or bound to a forward that has not ended.
+func lists(f *ForwardCore, x messages.Chunk) bool {
+	if slices.Contains(f.Pending(), x) {
+		return true
+	}
+	for fw := range f.forwards {
+		if slices.Contains(f.Active(fw), x) {
+			return true
+		}
+	}
+	return false
 }
 
 // without1 removes the first Work (seq, dest) of ws posted as try (-1:
@@ -749,7 +775,11 @@ func (w *world) effect(e Effect) string {
 	case WatchBatch:
 		return fmt.Sprintf("WatchBatch %s%s after=%s", part(e.Seq, e.Dest), tryText(e.Try), e.After)
 	case ChunkEnded:
-		return fmt.Sprintf("ChunkEnded %s, logged at %s", w.result(e.Result), LogLevel(e.Result))
+		s := fmt.Sprintf("ChunkEnded %s, logged at %s", w.result(e.Result), LogLevel(e.Result))
+		if e.Forget {
+			s += ", the forward told to forget it"
+		}
+		return s
 	case AnswerFinish:
 		s := "AnswerFinish " + w.result(e.Result)
 		if e.Result.Chunk.Serial != 0 {

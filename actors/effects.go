@@ -78,8 +78,9 @@ type Send struct {
 	Msg any
 }
 
-// StopChunk stops an ended chunk's context and makes the forward actor
-// forget it.
+// StopChunk lets go of an ended chunk's context: the room no longer
+// addresses it. The context stopped itself when it ended (ChunkEnded), and
+// made the forward actor forget it where that was needed.
 type StopChunk struct{ Chunk messages.Chunk }
 
 // AnswerDrop answers Drop once every dropped chunk quiesced (the room), or at
@@ -142,8 +143,15 @@ type WatchBatch struct {
 	After          time.Duration
 }
 
-// ChunkEnded tells the room that the chunk is over.
-type ChunkEnded struct{ Result messages.Result }
+// ChunkEnded tells the room that the chunk is over; its context stops. The
+// forward actor is told to forget the chunk only if Forget: a chunk that saw
+// its forward's end is listed there no more (the forward's End dropped its
+// list in the step that sent ForwardEnd), and a message per room to say so
+// would be one more hop at the end of every request.
+type ChunkEnded struct {
+	Result messages.Result
+	Forget bool
+}
 
 // Stray says the chunk ignored a Submitted or BatchDone that answered no
 // Work it sent, or one already answered: a transport or submitter that

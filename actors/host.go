@@ -127,6 +127,9 @@ type process struct {
 	self, parent *actor.PID
 	owner        hosted
 	stopped      atomic.Bool
+	// hostedParent is its parent's process when that is hosted too (a
+	// chunk's room), nil otherwise.
+	hostedParent *process
 
 	mu       sync.Mutex
 	watchers []*actor.PID // told when it terminates (a StopFuture's watch)
@@ -146,6 +149,11 @@ type hostStop struct{}
 // register makes p, run by owner on host, the process of id under parent.
 func (p *process) register(env *Env, host *chunkHost, owner hosted, id string, parent *actor.PID) (*actor.PID, error) {
 	p.env, p.host, p.root, p.owner, p.parent = env, host, env.System.Root, owner, parent
+	if parent != nil {
+		if pp, ok := env.System.ProcessRegistry.GetLocal(parent.Id); ok {
+			p.hostedParent, _ = pp.(*process)
+		}
+	}
 	pid, added := env.System.ProcessRegistry.Add(p, id)
 	if !added {
 		return pid, actor.ErrNameExists
@@ -215,6 +223,31 @@ func (p *process) Stop(*actor.PID) {
 	}
 }
 
+// end stops and terminates p from its own step, once it is over (a chunk
+// that answered): what it held is released already, and it has no
+// children. A Stop that came first finishes the stop instead (its hostStop
+// is queued on this host).
+//
+// A hosted parent hears of it only if it is stopping, the one time it
+// waits for its children (it knows of the end already, by message): one
+// hop fewer on its host per request. A parent whose stop looked up this
+// process before it left the registry, and so waits for it, set its stopped
+// flag before that lookup, which this load comes after.
+func (p *process) end() {
+	if p.stopped.Swap(true) {
+		return
+	}
+	pp := p.hostedParent
+	if pp == nil {
+		p.terminate()
+		return
+	}
+	p.leave()
+	if pp.stopped.Load() {
+		p.terminated(p.parent)
+	}
+}
+
 // deliver is the host handing p one message.
 func (p *process) deliver(msg any, sender *actor.PID) {
 	switch m := msg.(type) {
@@ -261,13 +294,19 @@ func (p *process) recover(msg any) {
 // terminate ends a stopped process: it leaves the registry, and its
 // parent and watchers hear that it terminated.
 func (p *process) terminate() {
+	p.leave()
+	p.terminated(p.parent)
+}
+
+// leave takes p out of the registry and tells its watchers that it
+// terminated.
+func (p *process) leave() {
 	p.env.System.ProcessRegistry.Remove(p.self)
 	p.mu.Lock()
 	p.gone = true
 	watchers := p.watchers
 	p.watchers = nil
 	p.mu.Unlock()
-	p.terminated(p.parent)
 	for _, w := range watchers {
 		p.terminated(w)
 	}

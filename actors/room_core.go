@@ -70,6 +70,18 @@ func (c *RoomCore) Step(msg any) []Effect {
 	return c.out
 }
 
+// Release lets go of what an idle core still references: its last effects
+// (its room's messages and their callers' reply channels) and the arrays of
+// its emptied queues. A core with a chunk or a Drop waiting keeps all.
+func (c *RoomCore) Release() {
+	if c.live != 0 || len(c.drops) != 0 {
+		return
+	}
+	clear(c.out[:cap(c.out)])
+	c.out = c.out[:0]
+	c.queue, c.finishing, c.drops = nil, nil, nil
+}
+
 func (c *RoomCore) add(m *messages.AddChunk) {
 	for _, q := range c.queue {
 		if q.chunk.ChunkKey == m.Chunk.ChunkKey {

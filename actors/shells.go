@@ -45,8 +45,22 @@ func (a *forwardActor) Receive(ctx actor.Context) {
 		// before its end, and then no ForwardEnd fans out: the grouping
 		// made at its Bind goes with its end all the same.
 		delete(a.fan.byHost, m.Forward)
+		// The ForwardEnd fan-out's targets hold the forward's chunks (a
+		// PID caches its process), and its chunks, once they saw it, are
+		// never forgotten by message: a step of nothing lets them go
+		// rather than the next registration, however long away.
+		ctx.Send(ctx.Self(), releaseFanOut)
 	}
 }
+
+// releaseFan is the forward actor's message to itself after a forward's
+// end: its step returns no effect, and the last effects are let go.
+type releaseFan struct{}
+
+// Unrecorded implements trace.Unrecorded: it decides nothing.
+func (*releaseFan) Unrecorded() {}
+
+var releaseFanOut = &releaseFan{}
 
 // ManagerProps returns the manager actor's props. The manager and its rooms
 // run on the engine's Dispatcher, as the chunks do: a Finish called once the
@@ -64,8 +78,24 @@ type managerActor struct {
 	env   *Env
 	core  *ManagerCore
 	rooms map[uint64]*actor.PID
-	last  []Effect
+	// idle are room processes whose room went idle, kept for the next
+	// rooms (at most maxIdleRooms): a room's stop (a message on its host,
+	// the manager hearing it terminate) and the next room's start (a
+	// registration in the actor system) are two hops and a registry
+	// update per request, paid while other requests' last batches are
+	// being posted and answered.
+	idle []*actor.PID
+	last []Effect
 }
+
+// maxIdleRooms bounds the idle room processes the manager keeps: a few
+// hundred bytes each, as many as the rooms in flight a prefill engine
+// usually has.
+const maxIdleRooms = 1024
+
+// reuseRoom hands an idle room process a new room, ahead of the first
+// message the manager routes to it.
+type reuseRoom struct{ room uint64 }
 
 // TraceIdentity implements trace.Traced.
 func (a *managerActor) TraceIdentity() (string, string) { return trace.Manager, "manager" }
@@ -78,11 +108,26 @@ func (a *managerActor) Receive(ctx actor.Context) {
 	for _, e := range a.last {
 		switch e := e.(type) {
 		case SpawnRoom:
-			a.rooms[e.Room] = ctx.Spawn(roomProps(a.env, e.Room))
+			if n := len(a.idle); n > 0 {
+				pid := a.idle[n-1]
+				a.idle[n-1] = nil
+				a.idle = a.idle[:n-1]
+				ctx.Send(pid, &reuseRoom{room: e.Room}) // queued before the Route that follows
+				a.rooms[e.Room] = pid
+			} else {
+				a.rooms[e.Room] = ctx.Spawn(roomProps(a.env, e.Room))
+			}
 		case Route:
 			ctx.Send(a.rooms[e.Room], e.Msg)
 		case StopRoom:
-			ctx.Stop(a.rooms[e.Room])
+			// The core stops a room only once it handled every message
+			// routed to it and holds no chunk: nothing reaches it until it
+			// is handed a new room.
+			if pid := a.rooms[e.Room]; len(a.idle) < maxIdleRooms {
+				a.idle = append(a.idle, pid)
+			} else {
+				ctx.Stop(pid)
+			}
 			delete(a.rooms, e.Room)
 		case AnswerFinish:
 			e.To <- e.Result
@@ -93,8 +138,9 @@ func (a *managerActor) Receive(ctx actor.Context) {
 }
 
 // roomProps are the props of room's actor: a hosted room (host.go), which
-// the manager spawns, addresses and stops as a child and hears terminate;
-// its chunks are its children. A room actor of its own cost a mailbox
+// the manager spawns and addresses as a child, keeps once idle for a later
+// room (reuseRoom), and stops, hearing it terminate, beyond maxIdleRooms or
+// with itself; its chunks are its children. A room actor of its own cost a mailbox
 // activation per message, and its stop, once its last chunk ended, several
 // (the stop, the manager's hearing of it): most of the cost of a request's
 // end after its Finish answered, paid while other rooms' last batches were
@@ -131,6 +177,21 @@ func (a *hostedRoom) stopping() (children []*actor.PID) {
 // handle steps the room's core; the trace records it as a room actor's
 // message when tracing is on.
 func (a *hostedRoom) handle(msg any, sender *actor.PID) {
+	if m, ok := msg.(*reuseRoom); ok {
+		// Idle: no chunk, no Drop waiting (the manager's StopRoom).
+		a.room, a.core = m.room, NewRoomCore(m.room)
+		return
+	}
+	if a.step(msg, sender) {
+		// The manager may keep this process for a later room: it keeps
+		// nothing of this one's.
+		a.core.Release()
+	}
+}
+
+// step steps the room's core and performs its effects, and reports whether
+// the room went idle.
+func (a *hostedRoom) step(msg any, sender *actor.PID) (idle bool) {
 	if rec := a.env.Trace; rec != nil {
 		from := ""
 		if sender != nil {
@@ -154,15 +215,17 @@ func (a *hostedRoom) handle(msg any, sender *actor.PID) {
 		case Send:
 			a.root.Send(a.pids[e.To], e.Msg)
 		case StopChunk:
-			a.root.Stop(a.pids[e.Chunk])
+			// The chunk stopped itself before it told the room it ended
+			// (hostedChunk, ChunkEnded).
 			delete(a.pids, e.Chunk)
-			a.root.Send(a.env.Forward, &messages.Forget{Chunk: e.Chunk})
 		case AnswerFinish:
 			e.To <- e.Result
 		case AnswerDrop:
 			e.To <- e.Results
 		case Idle:
 			a.root.Send(a.env.Manager, &messages.RoomIdle{Room: a.room, Seen: e.Seen})
+			idle = true
 		}
 	}
+	return idle
 }

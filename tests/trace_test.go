@@ -516,45 +516,31 @@ func TestTraceDivergencePrintsExcerpts(t *testing.T) {
 	assert.Contains(t, text, "divergence at record")
 }
 
-// TestTraceLateMessageToAStoppedChunk: a chunk actor stops
-// asynchronously after its room's StopChunk, so a recording may show it
-// handling a submitter's late Submitted after the room's ChunkDone (a
-// timing of the timeout scenario). The replay accepts it while its
-// recorded effects are none, as an ended core's are, and not otherwise.
-func TestTraceLateMessageToAStoppedChunk(t *testing.T) {
-	// A recording that has this timing (testdata/late/timeout.jsonl, kept
-	// apart: the scenario traces are re-recorded and may not).
-	raw, err := os.ReadFile(filepath.Join("testdata", "late", "timeout.jsonl"))
+// TestTraceChunkHandlesNothingAfterItEnded: a chunk stops as it ends
+// (ChunkEnded), so what reaches it later (a submitter's late Submitted, a
+// timer) is dropped unhandled, and the replay counts it in flight. A
+// recording that shows an ended chunk handling a message is a divergence.
+func TestTraceChunkHandlesNothingAfterItEnded(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("testdata", "traces", "timeout.jsonl"))
 	require.NoError(t, err)
 	tr, err := trace.Read(bytes.NewReader(raw))
 	require.NoError(t, err)
+	out, err := replay.Cores(tr.Stream())
+	require.NoError(t, err)
+	require.Nil(t, out.Divergence, "%s", out)
+	require.Equal(t, map[string]int{"FAILED": 1}, out.Statuses)
+
 	ended := indexOf(tr.Records, 0, func(r trace.Record) bool { return len(filter(r.Effects, "ChunkEnded")) > 0 })
 	require.GreaterOrEqual(t, ended, 0)
-	late := indexOf(tr.Records, ended+1, func(r trace.Record) bool { return r.Actor == trace.Chunk && r.Type == "Submitted" })
-	done := indexOf(tr.Records, 0, func(r trace.Record) bool { return r.Actor == trace.Room && r.Type == "ChunkDone" })
-	require.Positive(t, late, "the chunk handles a Submitted after it ended")
-	require.Greater(t, done, late, "the recording has it before the room's ChunkDone")
-	at := done // where the late record lands: just after ChunkDone, once it is removed from before
-	// As a recording with that timing numbers them: in the order the
-	// actors began handling the messages.
-	moved := mutate(tr, func(recs []trace.Record) []trace.Record {
-		l := recs[late]
-		recs = append(recs[:late], recs[late+1:]...)
-		return renumber(append(recs[:at], append([]trace.Record{l}, recs[at:]...)...))
+	chunk := tr.Records[ended]
+	require.Equal(t, trace.Chunk, chunk.Actor)
+	late := mutate(tr, func(recs []trace.Record) []trace.Record {
+		timer := trace.Record{Actor: trace.Chunk, ID: chunk.ID, Type: "Timeout", Msg: map[string]any{}}
+		return renumber(append(recs[:ended+1:ended+1], append([]trace.Record{timer}, recs[ended+1:]...)...))
 	})
-	require.Equal(t, "ChunkDone", moved.Records[at-1].Type)
-	require.Equal(t, "Submitted", moved.Records[at].Type)
-	out, err := replay.Cores(moved.Stream())
+	out, err = replay.Cores(late.Stream())
 	require.NoError(t, err)
-	assert.Nil(t, out.Divergence, "%s", out)
-	assert.Equal(t, map[string]int{"FAILED": 1}, out.Statuses)
-
-	withEffects := mutate(moved, func(recs []trace.Record) []trace.Record {
-		recs[at].Effects = []string{`Submit {}`}
-		return recs
-	})
-	out, err = replay.Cores(withEffects.Stream())
-	require.NoError(t, err)
-	require.NotNil(t, out.Divergence, "a stopped chunk's core answers nothing")
-	assert.Equal(t, "Submitted", out.Divergence.Type)
+	require.NotNil(t, out.Divergence, "an ended chunk handles nothing")
+	assert.Equal(t, "Timeout", out.Divergence.Type)
+	assert.Contains(t, out.Divergence.Reason, "after it ended")
 }

@@ -133,7 +133,8 @@ type replayer struct {
 	chunks  map[string]*actors.ChunkCore
 	inboxes map[string]*inbox // "kind/id"; submitters share "submitter/*"
 	seen    map[string]bool
-	// stopped are the chunks their room stopped, with their ended cores.
+	// stopped are the chunks that ended: a chunk stops as it ends, so a
+	// record of one handling a message afterwards is a divergence.
 	// The actor stops asynchronously, so it may still handle what was in
 	// its mailbox (a submitter's late Submitted): its core answers nothing,
 	// but says a report that answers no work of its.
@@ -616,8 +617,9 @@ func (r *replayer) feed(rec *trace.Record, msg any) ([]any, *Divergence) {
 		effs = core.Step(msg)
 	case trace.Chunk:
 		core := r.chunks[rec.ID]
-		if core == nil {
-			core = r.stopped[rec.ID] // ended: it still checks late reports
+		if core == nil && r.stopped[rec.ID] != nil {
+			return nil, &Divergence{Seq: rec.Seq, Line: rec.Line, Actor: rec.Actor, ID: rec.ID, Type: rec.Type,
+				Reason: "the chunk handled a message after it ended: a chunk stops as it ends, and what reaches it later is dropped unhandled"}
 		}
 		if core == nil {
 			return nil, &Divergence{Seq: rec.Seq, Line: rec.Line, Actor: rec.Actor, ID: rec.ID, Type: rec.Type, Reason: "no such chunk in the replay"}
@@ -666,10 +668,7 @@ func (r *replayer) route(rec *trace.Record, effs []any) {
 		case actors.Send:
 			send(trace.Chunk, trace.ChunkID(e.To), e.Msg)
 		case actors.StopChunk:
-			send(trace.Forward, "forward", &messages.Forget{Chunk: e.Chunk})
-			id := trace.ChunkID(e.Chunk)
-			r.stopped[id] = r.chunks[id]
-			delete(r.chunks, id)
+			// The chunk stopped at its ChunkEnded.
 		case actors.Idle:
 			room, _ := strconv.ParseUint(rec.ID, 10, 64)
 			send(trace.Manager, "manager", &messages.RoomIdle{Room: room, Seen: e.Seen})
@@ -681,6 +680,12 @@ func (r *replayer) route(rec *trace.Record, effs []any) {
 			send(trace.Submitter, "*", &trace.Work{Work: e.Work, Job: e.Work.Chunk}) // the chunk shell attaches the job
 		case actors.ChunkEnded:
 			res := e.Result
+			id := trace.ChunkID(res.Chunk)
+			r.stopped[id] = r.chunks[id] // the chunk stops as it ends
+			delete(r.chunks, id)
+			if e.Forget {
+				send(trace.Forward, "forward", &messages.Forget{Chunk: res.Chunk})
+			}
 			send(trace.Room, strconv.FormatUint(res.Chunk.Room, 10), &messages.ChunkDone{Result: res})
 			cr := ChunkResult{Chunk: trace.ChunkID(res.Chunk), Status: res.Status.String()}
 			if res.Err != nil {
