@@ -28,8 +28,9 @@
 // point was revoked. A batch completes when that answer arrived (checked to
 // come back on the batch's own endpoint) and the endpoint's flush
 // completed the messages locally. A refusal breaks the endpoint. A
-// message sent by UCX's rendezvous protocol (no kvstream peer sends one) is
-// never received: a write is refused, and UCX drops the descriptor once the
+// message sent by UCX's rendezvous protocol (no kvstream peer sends one) has
+// its payload never received: a write is refused, a FLUSH or an answer is
+// acted on from its header alone, and UCX drops the descriptor once the
 // handler returns (TestRendezvousMessagesRefused). The
 // context has no UCP_FEATURE_RMA, so UCX installs none of its RMA
 // emulation handlers, and a region's key is a kvstream message key (24
@@ -321,7 +322,8 @@
 //   - UCX_NET_DEVICES: which NICs/ports, e.g. "mlx5_0:1" or "eth0".
 //   - UCX_ZCOPY_THRESH, UCX_BCOPY_THRESH: where puts switch between copy and
 //     zero-copy protocols. UCX_RNDV_THRESH and UCX_RNDV_SCHEME exist but
-//     govern two-sided (tag/AM/stream) rendezvous, not puts.
+//     govern two-sided (tag/AM/stream) rendezvous, not puts; kvstream's own
+//     messages are sent eager whatever they say (UCP_AM_SEND_FLAG_EAGER).
 //   - UCX_TCP_CM_REUSEADDR: applies to UCX's sockaddr connection
 //     manager, whose listeners access points open (see "Connection
 //     setup"), on ports the kernel picks. UCX_TCP_PORT_RANGE picks the
