@@ -73,12 +73,16 @@ func (c *hostedChunk) handle(msg any, sender *actor.PID) {
 		slot := rec.Begin(trace.Chunk, trace.ChunkID(c.job.ID()), from, msg)
 		defer func() { rec.Finish(slot, trace.Effects(anys(c.core.out))) }()
 	}
+	// Deferred: a panic in a later effect (a bug, recovered by the host)
+	// must not leave registered a chunk its room counts as ended.
+	defer func() {
+		if c.ended {
+			c.end()
+		}
+	}()
 	effs := c.core.Step(msg)
 	for _, e := range effs {
 		c.perform(e)
-	}
-	if c.ended {
-		c.end()
 	}
 }
 

@@ -32,7 +32,9 @@ import (
 // handled one at a time, in the order each sender sent them (it always
 // lives on the same host, whose queue is FIFO); a stopped one takes no
 // message any more (protoactor's dead letters); its parent sees it
-// terminate, a room only once its chunks did.
+// terminate, a room only once its chunks did. A chunk that ends stops itself
+// (end), and then its room hears it terminate only if the room is stopping:
+// it knows of the end by message, and waits for its children only then.
 // A host never blocks: a chunk's effects only compute, send, and answer on
 // buffered channels; what may block (tearing down endpoints, quiescing a
 // broken one) runs on a goroutine of its own and reports back by message.
@@ -119,7 +121,8 @@ type hosted interface {
 // queue, and which stops as an actor does: once Stop is called it takes no
 // message, then (on its host, in order with its messages) it releases what
 // it holds, leaves the registry, and its parent and watchers hear that it
-// terminated.
+// terminated (a hosted parent of a process that ended itself only while it
+// stops: end).
 type process struct {
 	env          *Env
 	host         *chunkHost

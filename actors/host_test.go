@@ -275,7 +275,7 @@ func TestRoomStopRacingItsChunksEnd(t *testing.T) {
 		}
 	}))
 	defer func() { require.NoError(t, env.System.Root.StopFuture(manager).Wait()) }()
-	for i := range 200 {
+	for i := range 500 {
 		env.System.Root.Send(manager, spawnRoom{})
 		room := <-rooms
 		job := NewJob(&plan.Plan{Chunk: messages.Chunk{ChunkKey: messages.ChunkKey{Room: 7}, Serial: uint64(i + 1)}})
@@ -283,9 +283,12 @@ func TestRoomStopRacingItsChunksEnd(t *testing.T) {
 		env.System.Root.Send(room, &messages.AddChunk{Chunk: job.ID(), Start: StartChunk(env, job), Reply: added})
 		require.Equal(t, job.ID(), (<-added).Chunk)
 		reply := make(chan messages.Result, 1)
-		// The Finish ends the chunk (an empty plan answers at once) on its
-		// host while the room's stop runs on the room's.
+		// The Finish ends the chunk (an empty plan answers at once), which
+		// answers before it stops: its stop on its host races the room's
+		// on the room's (a stop issued before the room handled the Finish
+		// would drop it).
 		env.System.Root.Send(room, &messages.Finish{Room: 7, Timeout: time.Minute, Reply: reply})
+		require.Equal(t, messages.Succeeded, (<-reply).Status)
 		require.NoError(t, env.System.Root.StopFuture(room).Wait(), "round %d: the room's stop completes (within the future's 10 s)", i)
 	}
 }

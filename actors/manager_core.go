@@ -5,9 +5,10 @@ import (
 )
 
 // ManagerCore routes registrations, finishes and drops to room actors. A room
-// actor lives while it holds chunks; it is stopped only when it reported idle
-// after handling every message the manager routed to it, so that no message
-// is ever routed to a stopping room.
+// actor lives while it holds chunks; it is retired (StopRoom: the shell stops
+// it, or keeps its process for a later room) only when it reported idle after
+// handling every message the manager routed to it, so that no message is
+// ever routed to a retired room.
 type ManagerCore struct {
 	rooms map[uint64]uint64 // room -> messages routed to it
 	out   []Effect
@@ -21,6 +22,10 @@ func (c *ManagerCore) Rooms() int { return len(c.rooms) }
 
 // Step feeds one message; the returned slice is reused by the next call.
 func (c *ManagerCore) Step(msg any) []Effect {
+	// Cleared, not only truncated: a Route holds its message (a Finish's
+	// context and reply channel, an AddChunk's start and job) until
+	// overwritten.
+	clear(c.out)
 	c.out = c.out[:0]
 	switch m := msg.(type) {
 	case *messages.AddChunk:

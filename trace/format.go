@@ -11,8 +11,12 @@ import (
 
 // Version is the trace format version this code writes and reads. Version
 // 2 records a registration before the chunk it creates (its outcome as
-// the record's effect), and the engine's and its peers' sharding.
-const Version = 2
+// the record's effect), and the engine's and its peers' sharding. Version 3
+// records a chunk that stops as it ends: its ChunkEnded says whether the
+// forward actor forgets it, and its room neither stops it nor sends that
+// Forget. A decode server's trace is the same in both, and version 2 of it
+// is read.
+const Version = 3
 
 // Header is a trace's first line.
 type Header struct {

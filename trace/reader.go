@@ -57,7 +57,10 @@ func NewReader(r io.Reader) (*Reader, error) {
 	if rd.header.Format == 1 {
 		return nil, errors.Newf("trace line %d: format version 1: recorded by an older kvstream, before registrations were recorded ahead of their chunks; this kvstream reads version %d (replay it with the kvstream that recorded it)", rd.line, Version)
 	}
-	if rd.header.Format != Version {
+	if rd.header.Format == 2 && rd.header.Side != SideDecode {
+		return nil, errors.Newf("trace line %d: format version 2: recorded by an older kvstream, whose rooms stopped their chunks and made the forward actor forget them; this kvstream reads version %d (replay it with the kvstream that recorded it)", rd.line, Version)
+	}
+	if rd.header.Format != Version && (rd.header.Format != 2 || rd.header.Side != SideDecode) {
 		return nil, errors.Newf("trace line %d: format version %d, this kvstream reads version %d", rd.line, rd.header.Format, Version)
 	}
 	if rd.header.Records < 0 {

@@ -272,7 +272,8 @@ func FuzzReadTrace(f *testing.F) {
 	f.Add([]byte(testHeader + "\n" + `{"seq":1,"actor":"manager","id":"manager","type":"AddChunk","msg":{"Chunk":"1:0-8#1","Dests":1,"Owned":2}}` + "\n"))
 	f.Add([]byte(testHeader + "\n" + `{"seq":2,"actor":"engine","id":"engine","type":"RegisterCall","msg":{"Room":1,"End":8,"SrcPages":[0,1],"Infos":[{"Peer":"d0","DstPages":[3,4]}]}}` + "\n"))
 	f.Add([]byte(testHeader + "\n" + `{"seq":3,"actor":"forward","id":"forward","type":"Boundary","msg":{"Group":1,"Event":"ev:1"}}` + "\n"))
-	f.Add([]byte(`{"kvstream_trace":2,"config":{"hook_layers":1000000000}}`))
+	f.Add([]byte(`{"kvstream_trace":3,"config":{"hook_layers":1000000000}}`))
+	f.Add([]byte(`{"kvstream_trace":2,"config":{"hook_layers":4}}`))
 	// Decode traces: their header's side and configuration, and records
 	// the reader checks for their names only.
 	if raw, err := os.ReadFile(filepath.Join("..", "decode", "testdata", "traces", "lost_prefill.jsonl")); err == nil {
@@ -282,7 +283,7 @@ func FuzzReadTrace(f *testing.F) {
 	f.Add([]byte(`{"kvstream_trace":2,"side":"decode","decode":{"server":"s","max_sessions":1,"max_rooms_per_session":1,"max_pool_bytes":1,"group":{"size":2000}}}`))
 	f.Add([]byte(`{"kvstream_trace":2,"side":"decode","decode":{"server":"s","max_sessions":1,"max_rooms_per_session":1,"max_pool_bytes":1,"pool":[{"name":"K","item_len":64,"pages":4}]}}` + "\n" +
 		`{"seq":1,"actor":"decode","id":"s","type":"TimerMsg","msg":{"ID":1}}`))
-	f.Add([]byte(`{"kvstream_trace":2,"side":"elsewhere","config":{}}`))
+	f.Add([]byte(`{"kvstream_trace":3,"side":"elsewhere","config":{}}`))
 	f.Add([]byte("# nothing\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		rd, err := NewReader(bytes.NewReader(data))

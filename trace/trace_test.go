@@ -91,10 +91,16 @@ func TestRingKeepsTheLastRecords(t *testing.T) {
 }
 
 func TestReadErrorsNameTheLine(t *testing.T) {
-	_, err := Read(strings.NewReader("# comment\n\n" + `{"kvstream_trace":3}` + "\n"))
-	assert.ErrorContains(t, err, "trace line 3: format version 3")
+	_, err := Read(strings.NewReader("# comment\n\n" + `{"kvstream_trace":4}` + "\n"))
+	assert.ErrorContains(t, err, "trace line 3: format version 4")
 	_, err = Read(strings.NewReader(`{"kvstream_trace":1}` + "\n"))
 	assert.ErrorContains(t, err, "trace line 1: format version 1: recorded by an older kvstream")
+	// An engine's trace of version 2 had rooms stop their chunks: refused by
+	// name; a decode server's, unchanged since, is read.
+	_, err = Read(strings.NewReader(`{"kvstream_trace":2,"config":{}}` + "\n"))
+	assert.ErrorContains(t, err, "trace line 1: format version 2: recorded by an older kvstream, whose rooms stopped their chunks")
+	_, err = Read(strings.NewReader(`{"kvstream_trace":2,"side":"decode","decode":{"server":"s","max_sessions":1,"max_rooms_per_session":1,"max_pool_bytes":1}}` + "\n"))
+	assert.NoError(t, err)
 	_, err = Read(strings.NewReader(testHeader + "\n" + "not json\n"))
 	assert.ErrorContains(t, err, "trace line 2")
 	_, err = Read(strings.NewReader("# only comments\n"))

@@ -135,10 +135,7 @@ type replayer struct {
 	seen    map[string]bool
 	// stopped are the chunks that ended: a chunk stops as it ends, so a
 	// record of one handling a message afterwards is a divergence.
-	// The actor stops asynchronously, so it may still handle what was in
-	// its mailbox (a submitter's late Submitted): its core answers nothing,
-	// but says a report that answers no work of its.
-	stopped map[string]*actors.ChunkCore
+	stopped map[string]bool
 	// worked counts the Work submitters handled whose wait has not ended
 	// (no Waited yet), by chunk, group and destination.
 	worked map[workKey]int
@@ -186,7 +183,7 @@ func Cores(s trace.Stream) (*Outcome, error) {
 	}
 	r := &replayer{header: h, layout: l, out: &Outcome{Summary: Summary{Statuses: map[string]int{}}},
 		manager: actors.NewManagerCore(), forward: actors.NewForwardCore(),
-		rooms: map[uint64]*actors.RoomCore{}, chunks: map[string]*actors.ChunkCore{}, inboxes: map[string]*inbox{}, seen: map[string]bool{}, stopped: map[string]*actors.ChunkCore{}, worked: map[workKey]int{},
+		rooms: map[uint64]*actors.RoomCore{}, chunks: map[string]*actors.ChunkCore{}, inboxes: map[string]*inbox{}, seen: map[string]bool{}, stopped: map[string]bool{}, worked: map[workKey]int{},
 		peers: map[string]*plan.Peer{}, registered: map[string]registration{}, plans: map[string]*plan.Plan{}}
 	if h.Dropped > 0 {
 		// The ring overwrote the first records: the trace starts at
@@ -617,7 +614,7 @@ func (r *replayer) feed(rec *trace.Record, msg any) ([]any, *Divergence) {
 		effs = core.Step(msg)
 	case trace.Chunk:
 		core := r.chunks[rec.ID]
-		if core == nil && r.stopped[rec.ID] != nil {
+		if core == nil && r.stopped[rec.ID] {
 			return nil, &Divergence{Seq: rec.Seq, Line: rec.Line, Actor: rec.Actor, ID: rec.ID, Type: rec.Type,
 				Reason: "the chunk handled a message after it ended: a chunk stops as it ends, and what reaches it later is dropped unhandled"}
 		}
@@ -681,7 +678,7 @@ func (r *replayer) route(rec *trace.Record, effs []any) {
 		case actors.ChunkEnded:
 			res := e.Result
 			id := trace.ChunkID(res.Chunk)
-			r.stopped[id] = r.chunks[id] // the chunk stops as it ends
+			r.stopped[id] = true // the chunk stops as it ends
 			delete(r.chunks, id)
 			if e.Forget {
 				send(trace.Forward, "forward", &messages.Forget{Chunk: res.Chunk})
