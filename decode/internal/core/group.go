@@ -173,6 +173,22 @@ func (r *GroupRoom) Report(rank int, c Chunk) Verdict {
 	return r.decide()
 }
 
+// adds reports whether a successful report of c would add a chunk: a
+// range no rank reported yet. A range that cannot be a chunk adds none
+// (Report fails the room).
+func (r *GroupRoom) adds(c Chunk) bool {
+	rng, err := cp.ChunkRange(c.Start, c.End, r.g.PageSize, c.Last)
+	if err != nil {
+		return false
+	}
+	for _, ch := range r.chunks {
+		if ch.rng.Start == rng.Start && ch.rng.End == rng.End {
+			return false
+		}
+	}
+	return true
+}
+
 // chunk finds or adds the chunk of rng; a range that overlaps another
 // chunk's without being it is an error, as is a second last chunk.
 func (r *GroupRoom) chunk(rng cp.Range) (*groupChunk, error) {
