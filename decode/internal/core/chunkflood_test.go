@@ -141,21 +141,27 @@ func TestChunkBoundCountsChunksNotReports(t *testing.T) {
 
 // BenchmarkChunkFloodOneRoom is the server actor's work for a room fed
 // MaxChunksPerRoom distinct one-page chunks (the most a peer can make one
-// room hold): per op, the whole flood into one Expected room.
+// room hold), in order or from the end: per op, the whole flood into one
+// Expected room.
 func BenchmarkChunkFloodOneRoom(b *testing.B) {
 	for _, n := range []int{1024, 8192} {
-		b.Run(fmt.Sprint(n), func(b *testing.B) {
-			for b.Loop() {
-				b.StopTimer()
-				c, step := chunkFloodCore(b, n, n, true)
-				b.StartTimer()
-				for i := range n {
-					step(onePageChunk(i))
+		for _, order := range []string{"ascending", "descending"} {
+			b.Run(fmt.Sprintf("%d/%s", n, order), func(b *testing.B) {
+				for b.Loop() {
+					b.StopTimer()
+					c, step := chunkFloodCore(b, n, n, true)
+					b.StartTimer()
+					for i := range n {
+						if order == "descending" {
+							i = n - 1 - i
+						}
+						step(onePageChunk(i))
+					}
+					b.StopTimer()
+					require.Len(b, c.rooms[1].chunks, n)
+					b.StartTimer()
 				}
-				b.StopTimer()
-				require.Len(b, c.rooms[1].chunks, n)
-				b.StartTimer()
-			}
-		})
+			})
+		}
 	}
 }
