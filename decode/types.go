@@ -121,9 +121,8 @@ type Config struct {
 	// one more is refused.
 	MaxRoomsPerSession int
 	// MaxChunksPerRoom bounds the distinct chunks one room holds (default
-	// 8192): the notice of one more is refused and fails the room. Every
-	// notice is decided against its room's chunks, so the bound caps what
-	// a peer can make the server's actor keep and do for one room. Real
+	// 8192): the notice of one more is refused and fails the room. It
+	// caps the records a peer can make the server keep for one room. Real
 	// rooms are far below it: a 1M-token prompt prefilled in chunks of 512
 	// tokens is 2048 chunks.
 	MaxChunksPerRoom int

@@ -165,3 +165,42 @@ func BenchmarkChunkFloodOneRoom(b *testing.B) {
 		}
 	}
 }
+
+// TestPositionsPerNoticeAreBounded: under the contiguous rule, in a room
+// nobody Expected, a report's positions wait for the last chunk to be
+// checked. A rank reporting one-page chunks each carrying every position
+// of the pool made the room keep the pool's square (4096 pages: 418 MiB);
+// a notice with more positions than its chunk has pages is refused by
+// name, so that the positions a room keeps stay within its pages.
+func TestPositionsPerNoticeAreBounded(t *testing.T) {
+	const pages = 64
+	pool := []Buffer{{Name: "K", Base: 1 << 20, ItemLen: 64, Pages: pages}}
+	c := NewCore(Rules{MaxSessions: 4, MaxRoomsPerSession: 4, MaxChunksPerRoom: 8192, AcceptUnknownRooms: true, MaxPoolBytes: 1 << 40,
+		Group: &Group{Size: 2, Rule: cp.Contiguous, PageSize: 4}}, pool)
+	effs := c.Step(HelloMsg{From: Origin{Node: "n-s0"}, Token: "s0", Hello: &wire.Hello{Version: ProtocolVersion, Prefill: "m", SessionAddress: "n-s0",
+		SessionId: "a-s0", PageSize: 4, Buffers: []*wire.Buffer{{Name: "K", ItemLen: 64, Pages: 16}}, Metadata: map[string]string{RankKey: "0"}}})
+	require.IsType(t, CallOpenAccess{}, effs[0])
+	c.Step(AccessMsg{Address: []byte("ap"), Revocable: true})
+	require.Equal(t, 1, c.state().Sessions, "the session opened")
+	notice := func(room uint64, i int, pos []int64) AnswerNotice {
+		return answer(t, c.Step(NoticeMsg{From: Origin{Node: "n-s0"}, Notice: &wire.ChunkNotice{Session: "s0", Room: room, Start: int64(4 * i),
+			End: int64(4*i + 4), Status: wire.Status_SUCCEEDED, Positions: pos, DstPages: make([]int64, len(pos))}}))
+	}
+	every := make([]int64, pages)
+	for i := range pages {
+		a := notice(1, i, every)
+		require.Equal(t, wire.Code_BAD_INPUT, a.Code, "chunk %d", i)
+		require.Contains(t, a.Text, fmt.Sprintf("room 1 chunk [%d, %d): %d positions, more than its 1 pages", 4*i, 4*i+4, pages))
+	}
+	require.Nil(t, c.rooms[1], "no room made of refused notices")
+	// One position per one-page chunk is what a rank may send.
+	for i := range pages {
+		require.Equal(t, AnswerNotice{}, notice(2, i, every[:1]), "chunk %d", i)
+	}
+	kept := 0
+	for _, ch := range c.rooms[2].chunks {
+		kept += len(ch.Positions)
+	}
+	require.LessOrEqual(t, kept, pages)
+	require.NoError(t, c.check())
+}
