@@ -263,87 +263,94 @@ func (r *refGroupRoom) Lost(rank int, cause error) Verdict {
 func TestGroupRoomMatchesReference(t *testing.T) {
 	rnd := rand.New(rand.NewPCG(1, 2))
 	for iter := range 20000 {
-		size := 1 + rnd.IntN(4)
-		rule := cp.SharedKV
-		if rnd.IntN(2) == 0 {
-			rule = cp.Contiguous
+		matchReference(t, rnd, iter)
+	}
+}
+
+// FuzzGroupRoomMatchesReference is TestGroupRoomMatchesReference with the
+// fuzzer choosing the random room.
+func FuzzGroupRoomMatchesReference(f *testing.F) {
+	f.Add(uint64(1), uint64(2))
+	f.Fuzz(func(t *testing.T, a, b uint64) { matchReference(t, rand.New(rand.NewPCG(a, b)), 0) })
+}
+
+// matchReference drives a GroupRoom and the reference with one random
+// room's reports, and compares them after each.
+func matchReference(t *testing.T, rnd *rand.Rand, iter int) {
+	size := 1 + rnd.IntN(4)
+	rule := cp.SharedKV
+	if rnd.IntN(2) == 0 {
+		rule = cp.Contiguous
+	}
+	page := 1 + rnd.IntN(4)
+	pages := 1 + rnd.IntN(12)
+	tokens := (pages-1)*page + 1 + rnd.IntN(page)
+	total := 0
+	if rnd.IntN(3) == 0 {
+		total = pages
+		if rnd.IntN(8) == 0 {
+			total = 1 + rnd.IntN(12) // an Expected count the chunks disagree with
 		}
-		page := 1 + rnd.IntN(4)
-		pages := 1 + rnd.IntN(12)
-		tokens := (pages-1)*page + 1 + rnd.IntN(page)
-		total := 0
-		if rnd.IntN(3) == 0 {
-			total = pages
-			if rnd.IntN(8) == 0 {
-				total = 1 + rnd.IntN(12) // an Expected count the chunks disagree with
-			}
-		}
-		g := Group{Size: size, Rule: rule, PageSize: page}
-		got, ref := newGroupRoom(g, 7, total), newRefGroupRoom(g, 7, total)
-		var reps []struct {
+	}
+	g := Group{Size: size, Rule: rule, PageSize: page}
+	got, ref := newGroupRoom(g, 7, total), newRefGroupRoom(g, 7, total)
+	var reps []struct {
+		rank int
+		c    Chunk
+	}
+	add := func(rank int, c Chunk) {
+		reps = append(reps, struct {
 			rank int
 			c    Chunk
-		}
-		add := func(rank int, c Chunk) {
-			reps = append(reps, struct {
-				rank int
-				c    Chunk
-			}{rank, c})
-		}
-		// An honest chunking: each rank reports the positions it owns.
-		for start := 0; start < tokens; {
-			end := min(tokens, start+page*(1+rnd.IntN(4)))
-			last := end == tokens
-			rng, err := cp.ChunkRange(start, end, page, last)
+		}{rank, c})
+	}
+	// An honest chunking: each rank reports the positions it owns.
+	for start := 0; start < tokens; {
+		end := min(tokens, start+page*(1+rnd.IntN(4)))
+		last := end == tokens
+		rng, err := cp.ChunkRange(start, end, page, last)
+		require.NoError(t, err)
+		for rank := range size {
+			_, pos, err := (cp.CP{Size: size, Rank: rank, Rule: rule}).Owned(make([]int, rng.Pages), rng.PageStart, pages)
 			require.NoError(t, err)
-			for rank := range size {
-				_, pos, err := (cp.CP{Size: size, Rank: rank, Rule: rule}).Owned(make([]int, rng.Pages), rng.PageStart, pages)
-				require.NoError(t, err)
-				if len(pos) > 0 || rnd.IntN(16) == 0 {
-					add(rank, Chunk{Room: 7, Start: start, End: end, Last: last, Status: messages.Succeeded, Positions: pos})
-				}
+			if len(pos) > 0 || rnd.IntN(16) == 0 {
+				add(rank, Chunk{Room: 7, Start: start, End: end, Last: last, Status: messages.Succeeded, Positions: pos})
 			}
-			start = end
 		}
-		// Mistakes.
+		start = end
+	}
+	// Mistakes.
+	for range rnd.IntN(3) {
+		rank := rnd.IntN(size + 1)
+		start := page * rnd.IntN(pages+1)
+		end := start + rnd.IntN(3*page)
+		c := Chunk{Room: 7, Start: start, End: end, Last: rnd.IntN(4) == 0, Status: messages.Succeeded}
 		for range rnd.IntN(3) {
-			rank := rnd.IntN(size + 1)
-			start := page * rnd.IntN(pages+1)
-			end := start + rnd.IntN(3*page)
-			c := Chunk{Room: 7, Start: start, End: end, Last: rnd.IntN(4) == 0, Status: messages.Succeeded}
-			for range rnd.IntN(3) {
-				c.Positions = append(c.Positions, rnd.IntN(pages+1))
-			}
-			if rnd.IntN(6) == 0 {
-				c.Status, c.Err = messages.Failed, "link down"
-			}
-			add(rank, c)
+			c.Positions = append(c.Positions, rnd.IntN(pages+1))
 		}
-		if len(reps) > 0 && rnd.IntN(4) == 0 {
-			add(reps[0].rank, reps[0].c) // a duplicate
+		if rnd.IntN(6) == 0 {
+			c.Status, c.Err = messages.Failed, "link down"
 		}
-		rnd.Shuffle(len(reps), func(i, j int) { reps[i], reps[j] = reps[j], reps[i] })
-		if rnd.IntN(2) == 0 {
-			reps = reps[:rnd.IntN(len(reps)+1)] // some never come
+		add(rank, c)
+	}
+	if len(reps) > 0 && rnd.IntN(4) == 0 {
+		add(reps[0].rank, reps[0].c) // a duplicate
+	}
+	rnd.Shuffle(len(reps), func(i, j int) { reps[i], reps[j] = reps[j], reps[i] })
+	if rnd.IntN(2) == 0 {
+		reps = reps[:rnd.IntN(len(reps)+1)] // some never come
+	}
+	for i, rp := range reps {
+		where := fmt.Sprintf("iteration %d report %d (rank %d chunk [%d, %d) last %v positions %v)", iter, i, rp.rank, rp.c.Start, rp.c.End, rp.c.Last, rp.c.Positions)
+		if rnd.IntN(32) == 0 {
+			rank := rnd.IntN(size)
+			require.Equal(t, ref.Lost(rank, errors.New("gone")), got.Lost(rank, errors.New("gone")), "lost rank %d before %s", rank, where)
 		}
-		if iter == -1 {
-			t.Logf("size %d rule %v page %d pages %d tokens %d total %d", size, rule, page, pages, tokens, total)
-			for _, rp := range reps {
-				t.Logf("rank %d %+v", rp.rank, rp.c)
-			}
-		}
-		for i, rp := range reps {
-			where := fmt.Sprintf("iteration %d report %d (rank %d chunk [%d, %d) last %v positions %v)", iter, i, rp.rank, rp.c.Start, rp.c.End, rp.c.Last, rp.c.Positions)
-			if rnd.IntN(32) == 0 {
-				rank := rnd.IntN(size)
-				require.Equal(t, ref.Lost(rank, errors.New("gone")), got.Lost(rank, errors.New("gone")), "lost rank %d before %s", rank, where)
-			}
-			require.Equal(t, ref.Report(rp.rank, rp.c), got.Report(rp.rank, rp.c), where)
-			require.Equal(t, fmt.Sprint(ref.Err()), fmt.Sprint(got.Err()), where)
-			for rank := range size {
-				require.Equal(t, ref.Owes(rank), got.Owes(rank), "Owes(%d) after %s", rank, where)
-				require.Equal(t, ref.Missing(rank), got.Missing(rank), "Missing(%d) after %s", rank, where)
-			}
+		require.Equal(t, ref.Report(rp.rank, rp.c), got.Report(rp.rank, rp.c), where)
+		require.Equal(t, fmt.Sprint(ref.Err()), fmt.Sprint(got.Err()), where)
+		for rank := range size {
+			require.Equal(t, ref.Owes(rank), got.Owes(rank), "Owes(%d) after %s", rank, where)
+			require.Equal(t, ref.Missing(rank), got.Missing(rank), "Missing(%d) after %s", rank, where)
 		}
 	}
 }
