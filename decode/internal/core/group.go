@@ -219,7 +219,8 @@ func (r *GroupRoom) adds(c Chunk) bool {
 }
 
 // chunk finds or adds the chunk of rng; a range that overlaps another
-// chunk's without being it is an error, as is a second last chunk.
+// chunk's without being it is an error, as are a second last chunk and a
+// chunk past the last.
 func (r *GroupRoom) chunk(rng cp.Range) (*groupChunk, error) {
 	if ch := r.byRange[[2]int{rng.Start, rng.End}]; ch != nil {
 		if ch.rng.Last != rng.Last {
@@ -232,6 +233,14 @@ func (r *GroupRoom) chunk(rng cp.Range) (*groupChunk, error) {
 	}
 	if rng.Last && r.last != nil {
 		return nil, errors.Newf("a second last chunk (the first is [%d, %d))", r.last.rng.Start, r.last.rng.End)
+	}
+	// A chunk past the last is no part of the request: the room would
+	// complete holding it.
+	if r.last != nil && rng.End > r.last.rng.End {
+		return nil, errors.Newf("past the last chunk [%d, %d)", r.last.rng.Start, r.last.rng.End)
+	}
+	if rng.Last && r.maxEnd > rng.End {
+		return nil, errors.Newf("the last chunk, but chunks reported reach token %d", r.maxEnd)
 	}
 	ch := &groupChunk{rng: rng, seq: len(r.chunks), reports: map[int][]int{}}
 	r.chunks = append(r.chunks, ch)
@@ -397,8 +406,9 @@ func (r *GroupRoom) Owes(rank int) bool {
 }
 
 // tiled reports whether the chunks seen cover the request from token 0 to
-// the last chunk's end without a gap: they do not overlap, so they leave
-// none when they cover as many tokens as lie before the furthest end.
+// the last chunk's end without a gap: they do not overlap and none lies
+// past the last, so they leave none when they cover as many tokens as lie
+// before the furthest end.
 func (r *GroupRoom) tiled() bool {
 	return r.last != nil && r.covered == r.maxEnd
 }

@@ -106,7 +106,8 @@ func (r *refGroupRoom) Report(rank int, c Chunk) Verdict {
 }
 
 // chunk finds or adds the chunk of rng; a range that overlaps another
-// chunk's without being it is an error, as is a second last chunk.
+// chunk's without being it is an error, as are a second last chunk and a
+// chunk past the last.
 func (r *refGroupRoom) chunk(rng cp.Range) (*refGroupChunk, error) {
 	for _, ch := range r.chunks {
 		if ch.rng.Start == rng.Start && ch.rng.End == rng.End {
@@ -121,6 +122,18 @@ func (r *refGroupRoom) chunk(rng cp.Range) (*refGroupChunk, error) {
 	}
 	if rng.Last && r.last != nil {
 		return nil, errors.Newf("a second last chunk (the first is [%d, %d))", r.last.rng.Start, r.last.rng.End)
+	}
+	if r.last != nil && rng.End > r.last.rng.End {
+		return nil, errors.Newf("past the last chunk [%d, %d)", r.last.rng.Start, r.last.rng.End)
+	}
+	if rng.Last {
+		furthest := 0
+		for _, ch := range r.chunks {
+			furthest = max(furthest, ch.rng.End)
+		}
+		if furthest > rng.End {
+			return nil, errors.Newf("the last chunk, but chunks reported reach token %d", furthest)
+		}
 	}
 	ch := &refGroupChunk{rng: rng, reports: map[int][]int{}}
 	r.chunks = append(r.chunks, ch)
