@@ -271,9 +271,10 @@ func (r *GroupRoom) overlapped(rng cp.Range) *groupChunk {
 			found = ch
 		}
 	}
-	// The spans do not overlap, so they end in the order they start: the
-	// first that ends after rng starts is the only one rng can overlap
-	// that starts before it, and the first of those starting after.
+	// The spans do not overlap, so they end in the order they start: those
+	// rng overlaps are the run from the first that ends after rng starts,
+	// for as long as they start before rng ends (once, as an overlap fails
+	// the room).
 	i := sort.Search(len(r.spans), func(i int) bool { return r.chunks[r.spans[i]].rng.End > rng.Start })
 	for ; i < len(r.spans) && r.chunks[r.spans[i]].rng.Start < rng.End; i++ {
 		take(r.chunks[r.spans[i]])
