@@ -43,11 +43,12 @@ var (
 	// session), geometry, admit (Config.Admit), closed, draining, limit
 	// (MaxSessions), busy, transport (no access point). Notice:
 	// not_session, bad_input, unknown_room, not_owner (another prefill's
-	// room), room_ended, room_limit (MaxRoomsPerSession). Bye:
+	// room), room_ended, room_limit (MaxRoomsPerSession), chunk_limit
+	// (MaxChunksPerRoom). Bye:
 	// not_session. Cancel: not_session, bad_input, not_owner.
 	Refusals = map[string][]string{
 		"hello":  {"version", "bad_input", "identity", "identity_busy", "geometry", "admit", "closed", "draining", "limit", "busy", "transport"},
-		"notice": {"not_session", "bad_input", "unknown_room", "not_owner", "room_ended", "room_limit"},
+		"notice": {"not_session", "bad_input", "unknown_room", "not_owner", "room_ended", "room_limit", "chunk_limit"},
 		"bye":    {"not_session"},
 		"cancel": {"not_session", "bad_input", "not_owner"},
 	}

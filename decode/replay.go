@@ -208,7 +208,11 @@ func Replay(s trace.Stream) (*ReplayOutcome, error) {
 func replayRules(c *trace.DecodeConfig) (core.Rules, []Buffer, error) {
 	r := core.Rules{MaxSessions: c.MaxSessions, MaxRoomsPerSession: c.MaxRoomsPerSession, Prefills: slices.Clone(c.Prefills), TLS: c.TLS,
 		PageSize: c.PageSize, RoomTimeout: time.Duration(c.RoomTimeout), ByeGrace: time.Duration(c.ByeGrace),
-		AcceptUnknownRooms: c.AcceptUnknownRooms, Admit: c.Admit, Verify: c.Verify, Size: c.Size, MaxPoolBytes: c.MaxPoolBytes}
+		AcceptUnknownRooms: c.AcceptUnknownRooms, Admit: c.Admit, Verify: c.Verify, Size: c.Size, MaxPoolBytes: c.MaxPoolBytes,
+		MaxChunksPerRoom: c.MaxChunksPerRoom}
+	if r.MaxChunksPerRoom == 0 {
+		r.MaxChunksPerRoom = DefaultMaxChunksPerRoom
+	}
 	if g := c.Group; g != nil {
 		rule, err := cp.ParseRule(g.Rule)
 		if err != nil {

@@ -57,6 +57,7 @@ const (
 	DefaultID                 = "decode"
 	DefaultMaxSessions        = 64
 	DefaultMaxRoomsPerSession = 4096
+	DefaultMaxChunksPerRoom   = 8192
 	DefaultByeGrace           = 10 * time.Second
 	DefaultRevokeTimeout      = 10 * time.Second
 	// DefaultMaxPoolBytes bounds a pool sized by Config.Size: 64 GiB.
@@ -166,6 +167,8 @@ func New(node *Node, tr rdma.Transport, cfg Config) (_ *Server, err error) {
 		return nil, badInput("MaxSessions %d: must not be negative", cfg.MaxSessions)
 	case cfg.MaxRoomsPerSession < 0:
 		return nil, badInput("MaxRoomsPerSession %d: must not be negative", cfg.MaxRoomsPerSession)
+	case cfg.MaxChunksPerRoom < 0:
+		return nil, badInput("MaxChunksPerRoom %d: must not be negative", cfg.MaxChunksPerRoom)
 	case cfg.ByeGrace < 0:
 		return nil, badInput("ByeGrace %v: must not be negative", cfg.ByeGrace)
 	case cfg.RoomTimeout < 0:
@@ -195,6 +198,9 @@ func New(node *Node, tr rdma.Transport, cfg Config) (_ *Server, err error) {
 	}
 	if cfg.MaxRoomsPerSession == 0 {
 		cfg.MaxRoomsPerSession = DefaultMaxRoomsPerSession
+	}
+	if cfg.MaxChunksPerRoom == 0 {
+		cfg.MaxChunksPerRoom = DefaultMaxChunksPerRoom
 	}
 	if cfg.ByeGrace == 0 {
 		cfg.ByeGrace = DefaultByeGrace
@@ -227,8 +233,8 @@ func New(node *Node, tr rdma.Transport, cfg Config) (_ *Server, err error) {
 		g := *group
 		group = &g
 	}
-	rules := core.Rules{MaxSessions: cfg.MaxSessions, MaxRoomsPerSession: cfg.MaxRoomsPerSession, Prefills: slices.Clone(cfg.Prefills),
-		TLS: node.tls, Group: group, PageSize: cfg.PageSize, RoomTimeout: cfg.RoomTimeout, ByeGrace: cfg.ByeGrace,
+	rules := core.Rules{MaxSessions: cfg.MaxSessions, MaxRoomsPerSession: cfg.MaxRoomsPerSession, MaxChunksPerRoom: cfg.MaxChunksPerRoom,
+		Prefills: slices.Clone(cfg.Prefills), TLS: node.tls, Group: group, PageSize: cfg.PageSize, RoomTimeout: cfg.RoomTimeout, ByeGrace: cfg.ByeGrace,
 		AcceptUnknownRooms: cfg.AcceptUnknownRooms, Admit: cfg.Admit != nil, Verify: cfg.Verify != nil,
 		Size: len(cfg.Buffers) == 0, MaxPoolBytes: cfg.MaxPoolBytes}
 	s.core = core.NewCore(rules, pool)

@@ -108,7 +108,7 @@ func (s *Server) startTrace(cfg Config, actor string, rules core.Rules, pool []B
 func traceConfig(actor string, r core.Rules, pool []Buffer) *trace.DecodeConfig {
 	c := &trace.DecodeConfig{Server: actor, MaxSessions: r.MaxSessions, MaxRoomsPerSession: r.MaxRoomsPerSession, Prefills: r.Prefills,
 		TLS: r.TLS, PageSize: r.PageSize, RoomTimeout: int64(r.RoomTimeout), ByeGrace: int64(r.ByeGrace), AcceptUnknownRooms: r.AcceptUnknownRooms,
-		Admit: r.Admit, Verify: r.Verify, Size: r.Size, MaxPoolBytes: r.MaxPoolBytes}
+		Admit: r.Admit, Verify: r.Verify, Size: r.Size, MaxPoolBytes: r.MaxPoolBytes, MaxChunksPerRoom: r.MaxChunksPerRoom}
 	if g := r.Group; g != nil {
 		c.Group = &trace.DecodeGroup{Size: g.Size, Rule: g.Rule.String(), PageSize: g.PageSize}
 	}

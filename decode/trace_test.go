@@ -445,6 +445,9 @@ func TestTraceConfig(t *testing.T) {
 	assert.ErrorContains(t, err, "Config.TracePath: the trace file")
 	_, err = decode.New(node, tr, decode.Config{Buffers: decodeBuffers(pool), Trace: &w, TraceCapacity: -1})
 	assert.ErrorContains(t, err, "TraceCapacity -1: must not be negative")
+	_, err = decode.New(node, tr, decode.Config{Buffers: decodeBuffers(pool), MaxChunksPerRoom: -1})
+	assert.ErrorIs(t, err, decode.ErrBadInput)
+	assert.ErrorContains(t, err, "MaxChunksPerRoom -1: must not be negative")
 
 	srv, err := decode.New(node, tr, decode.Config{Buffers: decodeBuffers(pool), Trace: &w, TraceCapacity: 2})
 	require.NoError(t, err)
@@ -456,6 +459,7 @@ func TestTraceConfig(t *testing.T) {
 	got, err := trace.Read(&dump)
 	require.NoError(t, err)
 	assert.Equal(t, uint64(1), got.Header.Dropped, "the ring keeps the last two records")
+	assert.Equal(t, decode.DefaultMaxChunksPerRoom, got.Header.Decode.MaxChunksPerRoom, "the header carries the rules, defaults applied")
 	require.Len(t, got.Records, 2)
 	assert.Equal(t, "ReleaseMsg", got.Records[1].Type)
 	_, err = decode.Replay(got.Stream())

@@ -120,6 +120,12 @@ type Config struct {
 	// for the session's revocation (default 4096): a notice that would open
 	// one more is refused.
 	MaxRoomsPerSession int
+	// MaxChunksPerRoom bounds the distinct chunks one room holds (default
+	// 8192): the notice of one more is refused and fails the room. It
+	// caps the records a peer can make the server keep for one room. Real
+	// rooms are far below it: a 1M-token prompt prefilled in chunks of 512
+	// tokens is 2048 chunks.
+	MaxChunksPerRoom int
 	// RevokeTimeout bounds how long a session's end waits for the
 	// transport to cut its peer off (default 10 s); past it, the pages
 	// that peer may write are treated as not quiesced.

@@ -30,6 +30,9 @@ const (
 	// MaxDecodeRooms bounds max_rooms_per_session (decode defaults to
 	// 4096).
 	MaxDecodeRooms = 1 << 24
+	// MaxDecodeChunks bounds max_chunks_per_room (decode defaults to
+	// 8192).
+	MaxDecodeChunks = 1 << 24
 	// MaxDecodePrefills bounds the prefill identities a server serves.
 	MaxDecodePrefills = 1 << 12
 	// MaxDecodePageSize bounds page_size and a group's page size in tokens:
@@ -48,6 +51,7 @@ type DecodeConfig struct {
 	Server             string       `json:"server"`
 	MaxSessions        int          `json:"max_sessions"`
 	MaxRoomsPerSession int          `json:"max_rooms_per_session"`
+	MaxChunksPerRoom   int          `json:"max_chunks_per_room,omitempty"` // 0: recorded before the bound; a replay applies decode's default
 	Prefills           []string     `json:"prefills,omitempty"`
 	TLS                bool         `json:"tls,omitempty"`
 	Group              *DecodeGroup `json:"group,omitempty"`
@@ -159,6 +163,7 @@ func (c *DecodeConfig) Validate() error {
 	}{
 		{"max_sessions", int64(c.MaxSessions), 1, MaxDecodeSessions},
 		{"max_rooms_per_session", int64(c.MaxRoomsPerSession), 1, MaxDecodeRooms},
+		{"max_chunks_per_room", int64(c.MaxChunksPerRoom), 0, MaxDecodeChunks},
 		{"prefills", int64(len(c.Prefills)), 0, MaxDecodePrefills},
 		{"page_size", int64(c.PageSize), 0, MaxDecodePageSize},
 		{"room_timeout_ns", c.RoomTimeout, 0, int64(MaxDecodeTimeout)},

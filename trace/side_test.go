@@ -46,6 +46,7 @@ func TestDecodeHeaderBoundsNameTheField(t *testing.T) {
 		{func(c *DecodeConfig) { c.MaxSessions = 0 }, "trace header: max_sessions 0: must be at least 1"},
 		{func(c *DecodeConfig) { c.MaxSessions = 1 << 40 }, "trace header: max_sessions 1099511627776: above the bound of 65536"},
 		{func(c *DecodeConfig) { c.MaxRoomsPerSession = -1 }, "trace header: max_rooms_per_session -1: must be at least 1"},
+		{func(c *DecodeConfig) { c.MaxChunksPerRoom = -1 }, "trace header: max_chunks_per_room -1: negative"},
 		{func(c *DecodeConfig) { c.PageSize = -1 }, "trace header: page_size -1: negative"},
 		{func(c *DecodeConfig) { c.PageSize = 1 << 21 }, "trace header: page_size 2097152: above the bound of 1048576"},
 		{func(c *DecodeConfig) { c.RoomTimeout = -1 }, "trace header: room_timeout_ns -1: negative"},

@@ -9,6 +9,9 @@ import (
 type Rules struct {
 	MaxSessions        int
 	MaxRoomsPerSession int
+	// MaxChunksPerRoom bounds the distinct chunks a room holds (in a group
+	// each may be reported by every rank owning its pages).
+	MaxChunksPerRoom int
 	// Prefills, when set, are the identities that may open a session.
 	Prefills []string
 	// TLS: identities are verified certificate names (else each Hello
@@ -46,7 +49,7 @@ type Rules struct {
 //   - a room is reported only by sessions of one identity: the one Expect
 //     named, or the first that reports it; a session holds at most
 //     MaxRoomsPerSession rooms not yet ended or, nobody Expected, not
-//     yet forgotten;
+//     yet forgotten; a room holds at most MaxChunksPerRoom chunks;
 //   - a room completes when its chunks tile the request to its last one,
 //     each reported successful by exactly the ranks owning its pages (a
 //     group of one: the session), and Verify accepted them;

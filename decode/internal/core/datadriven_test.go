@@ -120,7 +120,7 @@ func (w *ddWorld) run(t *testing.T, d *datadriven.TestData) string {
 }
 
 func (w *ddWorld) newCore(t *testing.T, d *datadriven.TestData) string {
-	r := Rules{MaxSessions: num(t, d, "max-sessions", 4), MaxRoomsPerSession: num(t, d, "max-rooms", 8),
+	r := Rules{MaxSessions: num(t, d, "max-sessions", 4), MaxRoomsPerSession: num(t, d, "max-rooms", 8), MaxChunksPerRoom: num(t, d, "max-chunks", 64),
 		TLS: d.HasArg("tls"), PageSize: num(t, d, "page", 0), AcceptUnknownRooms: d.HasArg("unknown"),
 		Admit: d.HasArg("admit"), Verify: d.HasArg("verify"), Size: d.HasArg("size"), MaxPoolBytes: 1 << 20,
 		ByeGrace: dur(t, d, "grace", time.Second), RoomTimeout: dur(t, d, "timeout", 0)}

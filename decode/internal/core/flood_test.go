@@ -30,7 +30,7 @@ func TestNoticeFloodIsBounded(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			const maxRooms, notices = 4, 10000
 			pool := []Buffer{{Name: "K", Base: 1 << 20, ItemLen: 64, Pages: 16}, {Name: "V", Base: 2 << 20, ItemLen: 64, Pages: 16}}
-			c := NewCore(Rules{MaxSessions: 4, MaxRoomsPerSession: maxRooms, AcceptUnknownRooms: true, MaxPoolBytes: 1 << 20}, pool)
+			c := NewCore(Rules{MaxSessions: 4, MaxRoomsPerSession: maxRooms, MaxChunksPerRoom: 4, AcceptUnknownRooms: true, MaxPoolBytes: 1 << 20}, pool)
 			from := Origin{Node: "n-s1"}
 			step := func(m Msg) []Effect {
 				effs := c.Step(m)

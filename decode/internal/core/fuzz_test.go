@@ -102,7 +102,7 @@ func FuzzCore(f *testing.F) {
 		if !size {
 			pool = []Buffer{{Name: "k", Base: 1 << 20, ItemLen: 64, Pages: 8}, {Name: "v", Base: 2 << 20, ItemLen: 64, Pages: 8}}
 		}
-		w.core = NewCore(Rules{MaxSessions: 2, MaxRoomsPerSession: 3, AcceptUnknownRooms: len(in) > 1 && in[1]&1 == 1,
+		w.core = NewCore(Rules{MaxSessions: 2, MaxRoomsPerSession: 3, MaxChunksPerRoom: 3, AcceptUnknownRooms: len(in) > 1 && in[1]&1 == 1,
 			Admit: true, Verify: true, Size: size, MaxPoolBytes: 1 << 16, ByeGrace: time.Second, RoomTimeout: time.Second}, pool)
 		for steps := 0; len(w.in) > 0 && steps < 64; steps++ {
 			op := w.byte() % 16
@@ -190,7 +190,7 @@ func FuzzCore(f *testing.F) {
 // bookkeeping was broken on purpose (a page held by a room that was
 // forgotten): the fuzz oracle can fail.
 func TestCoreInvariantsCatchAPlantedBug(t *testing.T) {
-	c := NewCore(Rules{MaxSessions: 1, MaxRoomsPerSession: 1, ByeGrace: time.Second},
+	c := NewCore(Rules{MaxSessions: 1, MaxRoomsPerSession: 1, MaxChunksPerRoom: 4, ByeGrace: time.Second},
 		[]Buffer{{Name: "k", Base: 1, ItemLen: 64, Pages: 8}})
 	require.NoError(t, c.check())
 	effs := c.Step(ExpectMsg{Room: 1, Pages: []int{2, 3}})
@@ -205,7 +205,7 @@ func TestCoreInvariantsCatchAPlantedBug(t *testing.T) {
 // TestCoreCloseReleasesPagesWithThePool is the fuzz finding that a closed
 // core released its pool while a quiet room still listed pages of it.
 func TestCoreCloseReleasesPagesWithThePool(t *testing.T) {
-	c := NewCore(Rules{MaxSessions: 1, MaxRoomsPerSession: 1, ByeGrace: time.Second},
+	c := NewCore(Rules{MaxSessions: 1, MaxRoomsPerSession: 1, MaxChunksPerRoom: 4, ByeGrace: time.Second},
 		[]Buffer{{Name: "k", Base: 1, ItemLen: 64, Pages: 8}})
 	c.Step(ExpectMsg{Room: 1, Pages: []int{2, 3}})
 	effs := c.Step(CloseMsg{})

@@ -87,15 +87,21 @@ func (c *Core) notice(m NoticeMsg) {
 	r.reporters[s] = true
 	r.ident = s.Identity
 	s.rooms[r] = true
+	code, reason := wire.Code_BAD_INPUT, "bad_input"
+	if err == nil && c.overChunkBound(r, ch) {
+		err = errors.Newf("room %d chunk [%d, %d): the room already holds %d chunks (Config.MaxChunksPerRoom)", n.Room, n.Start, n.End, c.r.MaxChunksPerRoom)
+		code, reason = wire.Code_REFUSED, "chunk_limit"
+	}
 	if err == nil {
 		err = c.claim(r, ch)
 	}
 	if err != nil {
-		// The prefill may have written where it should not: the room must
-		// not be decoded, and its pages are quiet only once it is cut off.
+		// The prefill may have written where it should not (or, past the
+		// bound, what the room will never hold): the room must not be
+		// decoded, and its pages are quiet only once it is cut off.
 		r.dirty[s] = true
 		c.failRoom(r, errors.Mark(errors.Mark(errors.Mark(err, ErrBadInput), ErrChunkFailed), ErrNotQuiesced), "bad_input")
-		c.refuseNotice(s, n, wire.Code_BAD_INPUT, "bad_input", err)
+		c.refuseNotice(s, n, code, reason, err)
 		c.settle(r)
 		return
 	}
@@ -123,6 +129,14 @@ func (c *Core) openRooms(s *csession) int {
 		n++
 	}
 	return n
+}
+
+// overChunkBound reports whether ch would be one chunk more than the room
+// may hold (Rules.MaxChunksPerRoom): the bound caps the records a peer
+// makes the room keep, and is checked before the chunk's pages are
+// claimed. A failure is let through: it adds no chunk and ends the room.
+func (c *Core) overChunkBound(r *croom, ch Chunk) bool {
+	return ch.Status == messages.Succeeded && r.group != nil && len(r.group.chunks) >= c.r.MaxChunksPerRoom && r.group.adds(ch)
 }
 
 // lateNotice handles a notice for a room this server released while the
@@ -164,8 +178,16 @@ func (c *Core) checkNotice(s *csession, m *wire.ChunkNotice) (Chunk, error) {
 	case len(m.Error) > maxMetadataText:
 		return Chunk{}, errors.Newf("room %d chunk [%d, %d): an error text of %d bytes (at most %d)", m.Room, m.Start, m.End, len(m.Error), maxMetadataText)
 	}
-	if _, err := cp.ChunkRange(int(m.Start), int(m.End), s.PageSize, m.Last); err != nil {
+	rng, err := cp.ChunkRange(int(m.Start), int(m.End), s.PageSize, m.Last)
+	if err != nil {
 		return Chunk{}, errors.Wrapf(err, "room %d", m.Room)
+	}
+	// A rank reports at most one position per page of the chunk: what the
+	// room keeps of a notice is then bounded by the chunk, and its chunks
+	// do not overlap. (Before its request's page count is known, the
+	// contiguous rule cannot check a report's positions yet.)
+	if len(m.Positions) > rng.Pages {
+		return Chunk{}, errors.Newf("room %d chunk [%d, %d): %d positions, more than its %d pages", m.Room, m.Start, m.End, len(m.Positions), rng.Pages)
 	}
 	ch := Chunk{Room: m.Room, Start: int(m.Start), End: int(m.End), Last: m.Last, Status: st, Err: m.Error,
 		NotQuiesced: m.NotQuiesced, Bytes: m.Bytes, Positions: make([]int, len(m.Positions)), DstPages: make([]int, len(m.DstPages))}
