@@ -24,11 +24,10 @@ import (
 // receives nothing, like a dummy destination.
 func (e *Engine) AddPeer(p Peer) (err error) {
 	defer func() { err = public(err) }()
-	e.closeMu.RLock()
-	defer e.closeMu.RUnlock()
-	if e.closed {
+	if !e.enter() {
 		return closedError("AddPeer")
 	}
+	defer e.leave()
 	rp, err := plan.ResolvePeer(e.layout, p)
 	if err == nil {
 		err = e.env.Peers.Add(rp)
@@ -46,11 +45,10 @@ func (e *Engine) AddPeer(p Peer) (err error) {
 // chunks still quiesce before they answer: closing an endpoint is a barrier
 // (with UCX, a bounded drain; see ErrNotQuiesced).
 func (e *Engine) PeerLost(id string, cause error) error {
-	e.closeMu.RLock()
-	defer e.closeMu.RUnlock()
-	if e.closed {
+	if !e.enter() {
 		return public(closedError("PeerLost"))
 	}
+	defer e.leave()
 	if err := e.env.Peers.Lose(id, cause); err != nil {
 		return public(err)
 	}
@@ -66,11 +64,10 @@ func (e *Engine) PeerLost(id string, cause error) error {
 // The serving stack hears of it through WithPeerDraining, and says Bye to
 // the decode once its rooms there are done. A second call changes nothing.
 func (e *Engine) PeerDraining(id, reason string) error {
-	e.closeMu.RLock()
-	defer e.closeMu.RUnlock()
-	if e.closed {
+	if !e.enter() {
 		return public(closedError("PeerDraining"))
 	}
+	defer e.leave()
 	first, err := e.env.Peers.Drain(id, reason)
 	if err != nil || !first {
 		return public(err)
@@ -95,13 +92,15 @@ func (e *Engine) PeerDraining(id, reason string) error {
 // that a cancelled caller never leaves behind a chunk it was told failed.
 func (e *Engine) Register(ctx context.Context, spec ChunkSpec) (reg Registration, err error) {
 	defer func() { err = public(err) }()
-	e.closeMu.RLock()
-	defer e.closeMu.RUnlock()
+	entered := e.enter()
+	if entered {
+		defer e.leave() // after the trace's record: Close dumps the trace
+	}
 	var slot trace.Slot
 	var begun bool
 	var built *plan.Plan
 	defer func() { e.traceRegister(&spec, reg, err, slot, begun, built) }()
-	if e.closed {
+	if !entered {
 		e.obs.Refused("closed")
 		return Registration{}, closedError("Register")
 	}
@@ -244,11 +243,10 @@ const finishGrace = 5 * time.Second
 // already when Finish was called, the chunk fails at once and posts nothing
 // more (what it posted before still lands or is torn down first).
 func (e *Engine) Finish(ctx context.Context, room uint64) (Result, error) {
-	e.closeMu.RLock()
-	defer e.closeMu.RUnlock()
-	if e.closed {
+	if !e.enter() {
 		return Result{}, public(closedError("Finish"))
 	}
+	defer e.leave()
 	timeout := e.timeout(ctx)
 	call := time.Now()
 	ev, evErr := e.stream.Record()
@@ -277,11 +275,10 @@ func (e *Engine) Finish(ctx context.Context, room uint64) (Result, error) {
 // ErrNotQuiesced says a chunk's teardown could not stop its writes (see
 // Finish): those pages must not be reused.
 func (e *Engine) Drop(ctx context.Context, room uint64) error {
-	e.closeMu.RLock()
-	defer e.closeMu.RUnlock()
-	if e.closed {
+	if !e.enter() {
 		return public(closedError("Drop"))
 	}
+	defer e.leave()
 	return public(e.drop(ctx, room))
 }
 

@@ -55,11 +55,17 @@ type Engine struct {
 	traceTo   io.Writer
 	traceFile *os.File
 
-	closeMu sync.RWMutex // held for reading by calls, for writing by Close
+	closeMu sync.Mutex // orders the Close calls
 	closed  bool
-	// gone is closed, for readers that must not wait for closeMu: Close
-	// waits for the write lock while calls (a Finish, up to its timeout)
-	// hold it for reading, and meanwhile every new reader waits too.
+	// calls counts the calls in flight (enter to leave), with callsClosing
+	// set once Close began: from then on no call enters, and the last one
+	// to leave closes drained, for which Close waits. Not a read lock held
+	// by calls: a call made while Close waited for the write lock queued
+	// behind it, and one made by a callback the engine runs inside a call
+	// (WithRoomCancelled, WithPeerDraining) deadlocked Close.
+	calls   atomic.Int64
+	drained chan struct{}
+	// gone is closed, for readers that must not wait for Close (a scrape).
 	gone      atomic.Bool
 	closeDone chan struct{} // closed when the first Close has finished
 	unhealthy atomic.Pointer[error]
@@ -80,7 +86,7 @@ func New(cfg Config, opts ...Option) (_ *Engine, err error) {
 	if o.log == nil {
 		o.log = defaultLogger()
 	}
-	e := &Engine{cfg: cfg, log: o.log, stream: o.stream, closeDone: make(chan struct{}), obs: o.observers, onDraining: o.draining, onCancelled: o.cancelled,
+	e := &Engine{cfg: cfg, log: o.log, stream: o.stream, closeDone: make(chan struct{}), drained: make(chan struct{}), obs: o.observers, onDraining: o.draining, onCancelled: o.cancelled,
 		restarts: &actors.RestartWindow{Max: cfg.MaxRestarts, Window: cfg.RestartWindow}}
 	defer func() {
 		if err != nil {
@@ -283,6 +289,11 @@ func (e *Engine) Close() (err error) {
 	e.gone.Store(true)
 	e.closeMu.Unlock()
 	defer close(e.closeDone)
+	// The calls in flight (a Finish, up to its timeout) end first; a call
+	// from now on, a callback's included, returns ErrClosed.
+	if e.calls.Or(callsClosing) != 0 {
+		<-e.drained
+	}
 	for _, room := range e.env.Registry.Rooms() {
 		if derr := e.drop(context.Background(), room); errors.Is(derr, ErrNotQuiesced) {
 			err = errors.CombineErrors(err, derr)
@@ -292,6 +303,31 @@ func (e *Engine) Close() (err error) {
 	err = errors.CombineErrors(err, e.closeTrace()) // the actors stopped: the trace is complete
 	e.release()
 	return err
+}
+
+// callsClosing is the bit of Engine.calls that says Close began.
+const callsClosing = 1 << 62
+
+// enter admits a call unless Close began; the caller calls leave when it
+// returns. Close waits for the calls admitted.
+func (e *Engine) enter() bool {
+	for {
+		n := e.calls.Load()
+		if n&callsClosing != 0 {
+			return false
+		}
+		if e.calls.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+// leave ends a call enter admitted; the last one after Close began lets
+// Close go on.
+func (e *Engine) leave() {
+	if e.calls.Add(-1) == callsClosing {
+		close(e.drained)
+	}
 }
 
 func (e *Engine) stopActors() {

@@ -21,11 +21,10 @@ type Forward struct {
 // BeginForward starts a forward. Chunks registered before it bind to it and
 // to no other forward (invariant 4).
 func (e *Engine) BeginForward() (*Forward, error) {
-	e.closeMu.RLock()
-	defer e.closeMu.RUnlock()
-	if e.closed {
+	if !e.enter() {
 		return nil, public(closedError("BeginForward"))
 	}
+	defer e.leave()
 	f := &Forward{e: e, id: e.nextForward.Add(1), boundary: e.boundary}
 	bound := make(chan int, 1)
 	e.system.Root.Send(e.forward, &messages.Begin{Forward: f.id, At: time.Now(), Bound: bound})
