@@ -56,6 +56,41 @@ func (e *Engine) PeerLost(id string, cause error) error {
 	return nil
 }
 
+// RemovePeer forgets a decode peer whose session ended (the serving stack
+// said Bye, or the peer was lost and its rooms answered): its record, its
+// lost or draining mark, and the submitters' endpoints to it, so that a
+// prefill that serves ever-new decode sessions keeps none of the ended
+// ones. The id may be added again (a decode server that restarted). It is
+// refused, changing nothing, while a live chunk (queued, being sent or
+// finished) has a real destination on the peer: finish or drop those
+// rooms first; until then a lost peer's mark still fails what is sent to
+// it. An unknown peer, or one still in use, is ErrBadInput.
+func (e *Engine) RemovePeer(id string) (err error) {
+	defer func() { err = public(err) }()
+	if !e.enter() {
+		return closedError("RemovePeer")
+	}
+	defer e.leave()
+	// No registration is between its checks and its hand-off meanwhile
+	// (Register holds the lock for reading from its check on): one that
+	// found the peer is counted, one after finds it gone.
+	e.cancels.mu.Lock()
+	n := e.env.Registry.ToPeer(id)
+	if n == 0 {
+		err = e.env.Peers.Remove(id)
+	}
+	e.cancels.mu.Unlock()
+	if n > 0 {
+		return errors.Mark(errors.Newf("remove peer %q: %d live chunks send to it; finish or drop their rooms first", id, n), ErrBadInput)
+	}
+	if err != nil {
+		return err
+	}
+	actors.ForgetPeer(e.env, id)
+	e.log.Debug("decode peer removed", zap.String("peer", id))
+	return nil
+}
+
 // PeerDraining tells the engine a decode peer drains (its server is
 // stopping and said so: decode.Client.Attach calls it): from now on a
 // chunk that opens a new room toward it (its first chunk: Start 0, no
@@ -159,9 +194,11 @@ func (e *Engine) Register(ctx context.Context, spec ChunkSpec) (reg Registration
 	built = p
 	job := actors.NewJob(p)
 	reply := make(chan messages.Added, 1)
+	peers := realPeers(&spec)
+	e.env.Registry.Sending(p.Chunk, peers) // before the hand-off: RemovePeer counts it from now on
 	e.system.Root.Send(e.manager, &messages.AddChunk{
 		Chunk: p.Chunk, PerLayer: p.Mode == cp.PerLayer, Owned: p.Owned, Dests: len(p.Dests),
-		Peers: realPeers(&spec), Start: actors.StartChunk(e.env, job), Reply: reply,
+		Peers: peers, Start: actors.StartChunk(e.env, job), Reply: reply,
 	})
 	unlock()
 	select {
@@ -169,6 +206,7 @@ func (e *Engine) Register(ctx context.Context, spec ChunkSpec) (reg Registration
 		reg := registration(a, p.Reason)
 		if a.Existing {
 			job.Release()
+			e.env.Registry.NotSent(p.Chunk)
 			// A concurrent registration of the key won the race: check
 			// against it as the fast path would have.
 			if _, first, ok := e.env.Registry.Lookup(key); ok {
