@@ -56,6 +56,7 @@ func TestCyclesLeaveNothingBehind(t *testing.T) {
 		assert.Zero(t, e.env.Registry.RoomCount(), "live rooms")
 		assert.Zero(t, e.env.Queued.Load(), "Works queued")
 		assert.Zero(t, e.env.InFlight.Load(), "bytes in flight")
+		assert.Zero(t, e.env.Registry.ToPeer("d"), "chunks sending to the peer")
 		// A room terminates after its Finish answered: wait for the
 		// processes to leave the registry (a condition, not a time).
 		require.Eventually(t, func() bool { return processes(e) == before }, time.Minute, time.Millisecond,

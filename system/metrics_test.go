@@ -270,10 +270,10 @@ func TestGaugesDoNotWaitForClose(t *testing.T) {
 		_, err := e.Finish(ctx, 1)
 		finished <- err
 	}()
-	require.Eventually(t, func() bool { return e.calls.Load() == 1 }, time.Minute, time.Millisecond, "the Finish is in flight")
+	require.Eventually(t, func() bool { return e.calls.n.Load() == 1 }, time.Minute, time.Millisecond, "the Finish is in flight")
 	closed := make(chan error, 1)
 	go func() { closed <- e.Close() }()
-	require.Eventually(t, func() bool { return e.calls.Load() == callsClosing|1 }, time.Minute, time.Millisecond, "Close waits for the Finish")
+	require.Eventually(t, func() bool { return e.calls.n.Load() == gateClosed|1 }, time.Minute, time.Millisecond, "Close waits for the Finish")
 
 	gathered := make(chan error, 1)
 	go func() {
