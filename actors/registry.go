@@ -20,6 +20,11 @@ type Registry struct {
 	mu     sync.RWMutex
 	queued map[messages.ChunkKey]registered
 	rooms  map[uint64]int // live contexts per room (queued or finishing)
+	// sending are the decode peers of each chunk's real destinations, from
+	// its hand-off to the manager (Sending) to its end; toPeer counts them
+	// per peer, so that a peer is forgotten only once nothing sends to it.
+	sending map[messages.Chunk][]string
+	toPeer  map[string]int
 }
 
 type registered struct {
@@ -29,7 +34,52 @@ type registered struct {
 
 // NewRegistry returns an empty registry.
 func NewRegistry() *Registry {
-	return &Registry{queued: map[messages.ChunkKey]registered{}, rooms: map[uint64]int{}}
+	return &Registry{queued: map[messages.ChunkKey]registered{}, rooms: map[uint64]int{},
+		sending: map[messages.Chunk][]string{}, toPeer: map[string]int{}}
+}
+
+// Sending records that chunk c, about to be handed to the manager, sends
+// to peers (its real destinations' peers), until it ends or NotSent says
+// it was not spawned.
+func (r *Registry) Sending(c messages.Chunk, peers []string) {
+	if len(peers) == 0 {
+		return
+	}
+	r.mu.Lock()
+	r.sending[c] = peers
+	for _, p := range peers {
+		r.toPeer[p]++
+	}
+	r.mu.Unlock()
+}
+
+// NotSent forgets what Sending recorded for a chunk the manager did not
+// spawn (a concurrent registration of its key won).
+func (r *Registry) NotSent(c messages.Chunk) {
+	r.mu.Lock()
+	r.unsend(c)
+	r.mu.Unlock()
+}
+
+// unsend forgets c's peers; r.mu is held.
+func (r *Registry) unsend(c messages.Chunk) {
+	peers, ok := r.sending[c]
+	if !ok {
+		return
+	}
+	delete(r.sending, c)
+	for _, p := range peers {
+		if r.toPeer[p]--; r.toPeer[p] <= 0 {
+			delete(r.toPeer, p)
+		}
+	}
+}
+
+// ToPeer returns how many live chunks send to a decode peer.
+func (r *Registry) ToPeer(peer string) int {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.toPeer[peer]
 }
 
 // Lookup returns the queued context with key k, and the spec remembered
@@ -112,6 +162,7 @@ func (r *Registry) ended(c messages.Chunk) {
 	if r.rooms[c.Room]--; r.rooms[c.Room] <= 0 {
 		delete(r.rooms, c.Room)
 	}
+	r.unsend(c)
 	r.mu.Unlock()
 }
 
@@ -181,6 +232,27 @@ func (p *Peers) Lost(id string) error {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	return p.lost[id]
+}
+
+// Remove forgets a peer: its record and its lost and draining marks. The
+// id may be added again.
+func (p *Peers) Remove(id string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.peers[id]; !ok {
+		return badInput("unknown peer %q", id)
+	}
+	delete(p.peers, id)
+	delete(p.lost, id)
+	delete(p.drain, id)
+	return nil
+}
+
+// Len returns how many peers the table holds.
+func (p *Peers) Len() int {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return len(p.peers)
 }
 
 // Get returns a peer by id.

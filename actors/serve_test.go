@@ -52,11 +52,13 @@ func serveRig(t *testing.T) (*submitter, *acceptingEndpoint, func(err error) *re
 	l, err := plan.NewLayout([]plan.Buffer{{Name: "KV0", Base: 1 << 20, ItemLen: 64, Pages: 8, Layer: 0}}, []rdma.LocalKey{1}, 1, 1, 16, cp.CP{Size: 1})
 	require.NoError(t, err)
 	ep := &acceptingEndpoint{}
+	peers, rec := NewPeers(), &plan.Peer{ID: "p"}
+	require.NoError(t, peers.Add(rec))
 	s := &submitter{
-		env:      &Env{System: actor.NewActorSystem(), Log: zap.NewNop(), Layout: l, Peers: NewPeers(), Observer: quietObserver{}},
+		env:      &Env{System: actor.NewActorSystem(), Log: zap.NewNop(), Layout: l, Peers: peers, Observer: quietObserver{}},
 		ready:    newReadyHub(true),
 		resuming: &atomic.Bool{},
-		conns:    map[string]*conn{"p": {ep: ep, keys: []rdma.RemoteKey{1}, bases: []uint64{0}}},
+		conns:    map[string]*conn{"p": {peer: "p", rec: rec, ep: ep, keys: []rdma.RemoteKey{1}, bases: []uint64{0}}},
 	}
 	job := NewJob(&plan.Plan{Chunk: messages.Chunk{Serial: 1}, Dests: []plan.Dest{{Peer: "p"}}})
 	n := 0

@@ -160,6 +160,7 @@ type submitter struct {
 
 type conn struct {
 	peer  string
+	rec   *plan.Peer // the record it connected for: a peer removed and added again is another
 	ep    rdma.Endpoint
 	keys  []rdma.RemoteKey // per buffer
 	bases []uint64         // per buffer: the peer's page 0
@@ -272,6 +273,11 @@ func (s *submitter) Receive(ctx actor.Context) {
 		s.peerLost(m.Peer)
 	}
 }
+
+// ForgetPeer closes every submitter's endpoint to a peer the engine
+// forgot (Engine.RemovePeer), as PeerLost does: nothing sends to it any
+// more, and a decode session that ended leaves no connection behind.
+func ForgetPeer(env *Env, peer string) { PeerLost(env, peer) }
 
 // PeerLost closes every submitter's endpoint to a lost peer: the batches in
 // flight on them fail at once, and with them their chunks (closed, and
@@ -466,6 +472,11 @@ func (s *submitter) carry(x *served) {
 // post connects to the destination (on first use), builds the Work's
 // writes and posts them as one batch through the chunk's gate.
 func (s *submitter) post(w *Work, dest *plan.Dest, rec *Batch, res *messages.Submitted) *PostEnded {
+	if w.Job.Context().Err() != nil {
+		// The chunk ended (its gate is closed: nothing would be posted):
+		// connect to nothing, since its peer may have been forgotten.
+		return &PostEnded{}
+	}
 	c, err := s.conn(dest.Peer)
 	if err != nil {
 		return &PostEnded{ConnErr: err}
@@ -536,10 +547,16 @@ func bytesOf(ws []rdma.Write) uint64 {
 // conn returns the endpoint to a peer, connecting and importing its buffers
 // on first use.
 func (s *submitter) conn(peerID string) (*conn, error) {
-	if c, ok := s.conns[peerID]; ok {
-		return c, nil
-	}
 	peer, ok := s.env.Peers.Get(peerID)
+	if c, had := s.conns[peerID]; had {
+		if ok && c.rec == peer {
+			return c, nil
+		}
+		// The peer was removed (and maybe added again, a decode server
+		// that restarted) before this submitter heard: its endpoint and
+		// keys are the old record's.
+		s.disconnect(peerID)
+	}
 	if !ok {
 		return nil, errors.Mark(errors.Newf("unknown peer %q", peerID), rdma.ErrEndpointBroken)
 	}
@@ -547,7 +564,7 @@ func (s *submitter) conn(peerID string) (*conn, error) {
 	if err != nil {
 		return nil, errors.Wrapf(err, "connect to peer %q", peerID)
 	}
-	c := &conn{peer: peerID, ep: ep, keys: make([]rdma.RemoteKey, len(peer.Buffers)), bases: make([]uint64, len(peer.Buffers))}
+	c := &conn{peer: peerID, rec: peer, ep: ep, keys: make([]rdma.RemoteKey, len(peer.Buffers)), bases: make([]uint64, len(peer.Buffers))}
 	for i, b := range peer.Buffers {
 		if c.keys[i], err = ep.Import(b.Region); err != nil {
 			_ = ep.Close()

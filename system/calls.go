@@ -24,11 +24,10 @@ import (
 // receives nothing, like a dummy destination.
 func (e *Engine) AddPeer(p Peer) (err error) {
 	defer func() { err = public(err) }()
-	e.closeMu.RLock()
-	defer e.closeMu.RUnlock()
-	if e.closed {
+	if !e.enter() {
 		return closedError("AddPeer")
 	}
+	defer e.leave()
 	rp, err := plan.ResolvePeer(e.layout, p)
 	if err == nil {
 		err = e.env.Peers.Add(rp)
@@ -46,15 +45,49 @@ func (e *Engine) AddPeer(p Peer) (err error) {
 // chunks still quiesce before they answer: closing an endpoint is a barrier
 // (with UCX, a bounded drain; see ErrNotQuiesced).
 func (e *Engine) PeerLost(id string, cause error) error {
-	e.closeMu.RLock()
-	defer e.closeMu.RUnlock()
-	if e.closed {
+	if !e.enter() {
 		return public(closedError("PeerLost"))
 	}
+	defer e.leave()
 	if err := e.env.Peers.Lose(id, cause); err != nil {
 		return public(err)
 	}
 	actors.PeerLost(e.env, id)
+	return nil
+}
+
+// RemovePeer forgets a decode peer whose session ended (the serving stack
+// said Bye, or the peer was lost and its rooms answered): its record, its
+// lost or draining mark, and the submitters' endpoints to it, so that a
+// prefill that serves ever-new decode sessions keeps none of the ended
+// ones. The id may be added again (a decode server that restarted). It is
+// refused, changing nothing, while a live chunk (queued, being sent or
+// finished) has a real destination on the peer: finish or drop those
+// rooms first; until then a lost peer's mark still fails what is sent to
+// it. An unknown peer, or one still in use, is ErrBadInput.
+func (e *Engine) RemovePeer(id string) (err error) {
+	defer func() { err = public(err) }()
+	if !e.enter() {
+		return closedError("RemovePeer")
+	}
+	defer e.leave()
+	// No registration is between its checks and its hand-off meanwhile
+	// (Register holds the lock for reading from its check on): one that
+	// found the peer is counted, one after finds it gone.
+	e.cancels.mu.Lock()
+	n := e.env.Registry.ToPeer(id)
+	if n == 0 {
+		err = e.env.Peers.Remove(id)
+	}
+	e.cancels.mu.Unlock()
+	if n > 0 {
+		return errors.Mark(errors.Newf("remove peer %q: %d live chunks send to it; finish or drop their rooms first", id, n), ErrBadInput)
+	}
+	if err != nil {
+		return err
+	}
+	actors.ForgetPeer(e.env, id)
+	e.log.Debug("decode peer removed", zap.String("peer", id))
 	return nil
 }
 
@@ -66,11 +99,10 @@ func (e *Engine) PeerLost(id string, cause error) error {
 // The serving stack hears of it through WithPeerDraining, and says Bye to
 // the decode once its rooms there are done. A second call changes nothing.
 func (e *Engine) PeerDraining(id, reason string) error {
-	e.closeMu.RLock()
-	defer e.closeMu.RUnlock()
-	if e.closed {
+	if !e.enter() {
 		return public(closedError("PeerDraining"))
 	}
+	defer e.leave()
 	first, err := e.env.Peers.Drain(id, reason)
 	if err != nil || !first {
 		return public(err)
@@ -95,13 +127,15 @@ func (e *Engine) PeerDraining(id, reason string) error {
 // that a cancelled caller never leaves behind a chunk it was told failed.
 func (e *Engine) Register(ctx context.Context, spec ChunkSpec) (reg Registration, err error) {
 	defer func() { err = public(err) }()
-	e.closeMu.RLock()
-	defer e.closeMu.RUnlock()
+	entered := e.enter()
+	if entered {
+		defer e.leave() // after the trace's record: Close dumps the trace
+	}
 	var slot trace.Slot
 	var begun bool
 	var built *plan.Plan
 	defer func() { e.traceRegister(&spec, reg, err, slot, begun, built) }()
-	if e.closed {
+	if !entered {
 		e.obs.Refused("closed")
 		return Registration{}, closedError("Register")
 	}
@@ -160,9 +194,11 @@ func (e *Engine) Register(ctx context.Context, spec ChunkSpec) (reg Registration
 	built = p
 	job := actors.NewJob(p)
 	reply := make(chan messages.Added, 1)
+	peers := realPeers(&spec)
+	e.env.Registry.Sending(p.Chunk, peers) // before the hand-off: RemovePeer counts it from now on
 	e.system.Root.Send(e.manager, &messages.AddChunk{
 		Chunk: p.Chunk, PerLayer: p.Mode == cp.PerLayer, Owned: p.Owned, Dests: len(p.Dests),
-		Peers: realPeers(&spec), Start: actors.StartChunk(e.env, job), Reply: reply,
+		Peers: peers, Start: actors.StartChunk(e.env, job), Reply: reply,
 	})
 	unlock()
 	select {
@@ -170,6 +206,7 @@ func (e *Engine) Register(ctx context.Context, spec ChunkSpec) (reg Registration
 		reg := registration(a, p.Reason)
 		if a.Existing {
 			job.Release()
+			e.env.Registry.NotSent(p.Chunk)
 			// A concurrent registration of the key won the race: check
 			// against it as the fast path would have.
 			if _, first, ok := e.env.Registry.Lookup(key); ok {
@@ -244,11 +281,10 @@ const finishGrace = 5 * time.Second
 // already when Finish was called, the chunk fails at once and posts nothing
 // more (what it posted before still lands or is torn down first).
 func (e *Engine) Finish(ctx context.Context, room uint64) (Result, error) {
-	e.closeMu.RLock()
-	defer e.closeMu.RUnlock()
-	if e.closed {
+	if !e.enter() {
 		return Result{}, public(closedError("Finish"))
 	}
+	defer e.leave()
 	timeout := e.timeout(ctx)
 	call := time.Now()
 	ev, evErr := e.stream.Record()
@@ -277,11 +313,10 @@ func (e *Engine) Finish(ctx context.Context, room uint64) (Result, error) {
 // ErrNotQuiesced says a chunk's teardown could not stop its writes (see
 // Finish): those pages must not be reused.
 func (e *Engine) Drop(ctx context.Context, room uint64) error {
-	e.closeMu.RLock()
-	defer e.closeMu.RUnlock()
-	if e.closed {
+	if !e.enter() {
 		return public(closedError("Drop"))
 	}
+	defer e.leave()
 	return public(e.drop(ctx, room))
 }
 

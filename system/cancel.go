@@ -82,11 +82,10 @@ func (c *cancelledRooms) record(k peerRoom, err error) (first bool) {
 // The engine keeps the last 4096 rooms cancelled this way.
 func (e *Engine) CancelRoom(ctx context.Context, peer string, room uint64, reason string) (err error) {
 	defer func() { err = public(err) }()
-	e.closeMu.RLock()
-	defer e.closeMu.RUnlock()
-	if e.closed {
+	if !e.enter() {
 		return closedError("CancelRoom")
 	}
+	defer e.leave()
 	if _, ok := e.env.Peers.Get(peer); !ok {
 		return errors.Mark(errors.Newf("cancel room %d: unknown peer %q", room, peer), ErrBadInput)
 	}

@@ -34,7 +34,9 @@
 // finished as before. A serving stack learns of it with one option,
 // WithPeerDraining(func(peer, reason string)): its router sends new
 // requests elsewhere from then on, and says Bye to that decode once its
-// rooms there are done.
+// rooms there are done. Once a decode session ended (Bye said, or the peer
+// lost and its rooms answered), RemovePeer forgets the peer and closes the
+// endpoints to it; the id may be added again.
 //
 // A room is cancelled on either side's initiative: when the prefill gives
 // a room up (its client aborted), Drop it, then tell the decode
@@ -53,6 +55,6 @@
 // The files: types.go names the values a caller passes and gets back,
 // config.go and options.go configure New, engine.go is the lifecycle (New,
 // Close), calls.go the calls of the scheduler and the transfer path
-// (AddPeer, PeerLost, PeerDraining, Register, Finish, Drop), forward.go the
+// (AddPeer, PeerLost, PeerDraining, RemovePeer, Register, Finish, Drop), forward.go the
 // forward loop's hooks.
 package system

@@ -55,11 +55,20 @@ type Engine struct {
 	traceTo   io.Writer
 	traceFile *os.File
 
-	closeMu sync.RWMutex // held for reading by calls, for writing by Close
+	closeMu sync.Mutex // orders the Close calls
 	closed  bool
-	// gone is closed, for readers that must not wait for closeMu: Close
-	// waits for the write lock while calls (a Finish, up to its timeout)
-	// hold it for reading, and meanwhile every new reader waits too.
+	// calls are the calls in flight (enter to leave), which Close waits
+	// for as it begins; from then on a call returns ErrClosed. Not a read
+	// lock held by calls: a call made while Close waited for the write
+	// lock queued behind it, and one made by a callback the engine runs
+	// inside a call (WithRoomCancelled, WithPeerDraining) deadlocked Close.
+	calls gate
+	// records are the forward loop's Records on the stream (a boundary's
+	// LayerEnd, End), which Close waits for before it releases the stream
+	// (WithGPU's is destroyed). Not calls: a Finish that Close waits for
+	// may wait for its forward's End.
+	records gate
+	// gone is closed, for readers that must not wait for Close (a scrape).
 	gone      atomic.Bool
 	closeDone chan struct{} // closed when the first Close has finished
 	unhealthy atomic.Pointer[error]
@@ -283,6 +292,9 @@ func (e *Engine) Close() (err error) {
 	e.gone.Store(true)
 	e.closeMu.Unlock()
 	defer close(e.closeDone)
+	// The calls in flight (a Finish, up to its timeout) end first; a call
+	// from now on, a callback's included, returns ErrClosed.
+	e.calls.close()
 	for _, room := range e.env.Registry.Rooms() {
 		if derr := e.drop(context.Background(), room); errors.Is(derr, ErrNotQuiesced) {
 			err = errors.CombineErrors(err, derr)
@@ -290,8 +302,59 @@ func (e *Engine) Close() (err error) {
 	}
 	e.stopActors()
 	err = errors.CombineErrors(err, e.closeTrace()) // the actors stopped: the trace is complete
+	e.records.close()
 	e.release()
 	return err
+}
+
+// enter admits a call unless Close began; the caller calls leave when it
+// returns.
+func (e *Engine) enter() bool { return e.calls.enter() }
+
+// leave ends a call enter admitted.
+func (e *Engine) leave() { e.calls.leave() }
+
+// gate counts what is in flight and, once closed, admits nothing more:
+// close returns when what it admitted left. Lock-free: enter is on every
+// call's path (Register runs about nine times per request).
+type gate struct {
+	n       atomic.Int64 // in flight, and gateClosed once closed
+	drained chan struct{}
+	once    sync.Once
+}
+
+// gateClosed is the bit of gate.n that says it is closed.
+const gateClosed = 1 << 62
+
+func (g *gate) init() { g.once.Do(func() { g.drained = make(chan struct{}) }) }
+
+func (g *gate) enter() bool {
+	for {
+		n := g.n.Load()
+		if n&gateClosed != 0 {
+			return false
+		}
+		if g.n.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+// leave ends what enter admitted; the last to leave a closed gate lets
+// close return.
+func (g *gate) leave() {
+	if g.n.Add(-1) == gateClosed {
+		g.init()
+		close(g.drained)
+	}
+}
+
+// close admits nothing more and waits for what is in flight; one caller.
+func (g *gate) close() {
+	g.init()
+	if g.n.Or(gateClosed) != 0 {
+		<-g.drained
+	}
 }
 
 func (e *Engine) stopActors() {

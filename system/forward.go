@@ -21,11 +21,10 @@ type Forward struct {
 // BeginForward starts a forward. Chunks registered before it bind to it and
 // to no other forward (invariant 4).
 func (e *Engine) BeginForward() (*Forward, error) {
-	e.closeMu.RLock()
-	defer e.closeMu.RUnlock()
-	if e.closed {
+	if !e.enter() {
 		return nil, public(closedError("BeginForward"))
 	}
+	defer e.leave()
 	f := &Forward{e: e, id: e.nextForward.Add(1), boundary: e.boundary}
 	bound := make(chan int, 1)
 	e.system.Root.Send(e.forward, &messages.Begin{Forward: f.id, At: time.Now(), Bound: bound})
@@ -40,7 +39,9 @@ func (f *Forward) ID() uint64 { return f.id }
 // non-boundary layer it is a comparison and a return; at a group boundary it
 // records one event on the compute stream (here, synchronously: later would
 // capture a later stream position) and hands the group to every chunk bound
-// to this forward.
+// to this forward. Close releases the stream only once a LayerEnd that
+// records returned; after that, a boundary's LayerEnd returns ErrClosed
+// and records nothing.
 func (f *Forward) LayerEnd(l int) error {
 	if uint(l) >= uint(len(f.boundary)) || f.ended {
 		return public(f.badLayer(l))
@@ -59,6 +60,12 @@ func (f *Forward) badLayer(l int) error {
 }
 
 func (f *Forward) atBoundary(l int) error {
+	// Close releases the stream (WithGPU's is destroyed) only once no
+	// Record runs on it.
+	if !f.e.records.enter() {
+		return closedError("LayerEnd")
+	}
+	defer f.e.records.leave()
 	ev, err := f.e.stream.Record()
 	g := f.e.layout.Groups.Of(l)
 	f.e.system.Root.Send(f.e.forward, &messages.Boundary{Forward: f.id, Group: g, Event: ev, Err: err})
@@ -71,6 +78,8 @@ func (f *Forward) atBoundary(l int) error {
 // End is called after the model enqueued the forward's last kernel. It
 // records the end-of-forward event that gates what no group covered (the
 // buffers of layers that fire no hook) and what monolithic chunks send.
+// Once Close is releasing the stream it returns ErrClosed and records
+// nothing.
 func (f *Forward) End() error {
 	if f.ended {
 		return public(badInput("forward %d: End called twice", f.id))
@@ -79,6 +88,10 @@ func (f *Forward) End() error {
 	if f.idle {
 		return nil
 	}
+	if !f.e.records.enter() {
+		return public(closedError("End"))
+	}
+	defer f.e.records.leave()
 	ev, err := f.e.stream.Record()
 	if err == nil {
 		f.e.ends.put(f.id, ev)

@@ -447,10 +447,10 @@ func (g *engineGauges) add(e *Engine) {
 }
 
 // open drops the closed engines (so that the registry does not keep them
-// alive) and returns the rest. g.mu is held. It reads Engine.gone, not
-// closed under closeMu: a Close waiting for that lock would hold every
-// scrape, and New of an engine sharing the registry, until the calls in
-// flight returned.
+// alive) and returns the rest. g.mu is held. It reads Engine.gone, which
+// Close sets as it begins, and waits for nothing: a Close waiting for the
+// calls in flight must not hold every scrape, nor New of an engine
+// sharing the registry, until they returned.
 func (g *engineGauges) open() []*Engine {
 	kept := g.engines[:0]
 	for _, e := range g.engines {
