@@ -79,7 +79,7 @@ type managerActor struct {
 	core  *ManagerCore
 	rooms map[uint64]*actor.PID
 	// idle are room processes whose room went idle, kept for the next
-	// rooms (at most maxIdleRooms): a room's stop (a message on its host,
+	// rooms (at most MaxIdleRooms): a room's stop (a message on its host,
 	// the manager hearing it terminate) and the next room's start (a
 	// registration in the actor system) are two hops and a registry
 	// update per request, paid while other requests' last batches are
@@ -88,10 +88,10 @@ type managerActor struct {
 	last []Effect
 }
 
-// maxIdleRooms bounds the idle room processes the manager keeps: a few
-// hundred bytes each, as many as the rooms in flight a prefill engine
-// usually has.
-const maxIdleRooms = 1024
+// MaxIdleRooms bounds the idle room processes the manager keeps for later
+// rooms: a few hundred bytes each, as many as the rooms in flight a prefill
+// engine usually has.
+const MaxIdleRooms = 1024
 
 // reuseRoom hands an idle room process a new room, ahead of the first
 // message the manager routes to it.
@@ -123,7 +123,7 @@ func (a *managerActor) Receive(ctx actor.Context) {
 			// The core stops a room only once it handled every message
 			// routed to it and holds no chunk: nothing reaches it until it
 			// is handed a new room.
-			if pid := a.rooms[e.Room]; len(a.idle) < maxIdleRooms {
+			if pid := a.rooms[e.Room]; len(a.idle) < MaxIdleRooms {
 				a.idle = append(a.idle, pid)
 			} else {
 				ctx.Stop(pid)
@@ -139,7 +139,7 @@ func (a *managerActor) Receive(ctx actor.Context) {
 
 // roomProps are the props of room's actor: a hosted room (host.go), which
 // the manager spawns and addresses as a child, keeps once idle for a later
-// room (reuseRoom), and stops, hearing it terminate, beyond maxIdleRooms or
+// room (reuseRoom), and stops, hearing it terminate, beyond MaxIdleRooms or
 // with itself; its chunks are its children. A room actor of its own cost a mailbox
 // activation per message, and its stop, once its last chunk ended, several
 // (the stop, the manager's hearing of it): most of the cost of a request's
