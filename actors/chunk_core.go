@@ -329,6 +329,10 @@ const (
 	// workPosted: its Submitted said posted: a batch is in flight until
 	// its BatchDone, or its completion deadline writes it off.
 	workPosted
+	// workRearmed: its watch fired once while the engine had more in
+	// flight than drains within the deadline, and was re-armed for that
+	// drain time: the next firing writes the batch off.
+	workRearmed
 )
 
 // workIndex is the slot of (seq, dest) in c.work, or -1 outside it.
@@ -514,7 +518,8 @@ func (c *ChunkCore) watch(i int) {
 // watch of an earlier post, of a batch that completed or broke, or of a
 // chunk that failed, timed out or was dropped (whose teardown covers the
 // batch) decides nothing; one that fires while the engine has more in
-// flight than MinHealthyRate drains within the deadline is re-armed.
+// flight than MinHealthyRate drains within the deadline is re-armed, once
+// per post.
 func (c *ChunkCore) overdue(m *messages.BatchOverdue) {
 	i := c.workIndex(m.Seq, m.Dest)
 	if i < 0 || c.work == nil || m.Try != c.try(i) || c.work[i]&workPosted == 0 || c.work[i]&(workDone|workBroken) != 0 {
@@ -523,9 +528,13 @@ func (c *ChunkCore) overdue(m *messages.BatchOverdue) {
 	if c.err != nil || c.dropping || c.tearing {
 		return
 	}
-	if wait := drainTime(m.InFlight); wait > c.deadline {
+	if wait := drainTime(m.InFlight); wait > c.deadline && c.work[i]&workRearmed == 0 {
 		// Slow, not lost: a healthy link may still be draining what was
-		// posted ahead of it. Look again once that could have drained.
+		// posted ahead of it. Look again once that could have drained,
+		// once: by then everything in flight at this firing drained, and
+		// what is in flight then (other traffic, or this batch's own bytes,
+		// which count until it is written off) says nothing of this batch.
+		c.work[i] |= workRearmed
 		c.out = append(c.out, WatchBatch{Seq: m.Seq, Dest: m.Dest, Try: m.Try, After: wait})
 		return
 	}
