@@ -109,6 +109,18 @@ type Client struct {
 	// is answering, with how many are left to answer (one goroutine per
 	// room, at most maxCancelling rooms at once).
 	cancelling map[uint64]int
+	// attached is the engine Attach added the decode pool to, which the
+	// session's end removes it from (PeerRemover).
+	attached Engine
+}
+
+// PeerRemover is an Engine that can forget a decode peer whose session
+// ended (system.Engine.RemovePeer: nil once removed, or once the engine
+// closed). When the engine Attach was given is one, Bye (and Close) remove
+// the decode pool from it once the session ended, so that a prefill serving
+// ever-new decode sessions keeps none of the ended ones.
+type PeerRemover interface {
+	RemovePeer(id string) error
 }
 
 var clients atomic.Uint64
@@ -511,6 +523,9 @@ func (c *Client) Attach(eng Engine) error {
 	if err := eng.AddPeer(c.peer); err != nil {
 		return public(err)
 	}
+	c.mu.Lock()
+	c.attached = eng
+	c.mu.Unlock()
 	c.OnLost(func(cause error) { _ = eng.PeerLost(c.peer.ID, cause) })
 	c.OnDrain(func(reason string) { _ = eng.PeerDraining(c.peer.ID, reason) })
 	c.OnCancel(func(room uint64, reason string) {
@@ -758,8 +773,10 @@ func (c *Client) Bye(ctx context.Context, aborted error) (Summary, error) {
 	}
 	c.ended = true
 	lost := c.lost
+	eng := c.attached
 	c.mu.Unlock()
 	defer c.release(ctx)
+	defer c.detach(eng)
 	if lost != nil {
 		return Summary{}, public(lost)
 	}
@@ -784,6 +801,21 @@ func (c *Client) Bye(ctx context.Context, aborted error) (Summary, error) {
 		return sum, public(err)
 	}
 	return sum, nil
+}
+
+// detach removes the decode pool from the engine Attach added it to, when
+// that engine can (PeerRemover). An engine that still sends to it (Bye
+// before every chunk to this decode finished or was dropped) refuses: the
+// peer stays, said at WARN.
+func (c *Client) detach(eng Engine) {
+	r, ok := eng.(PeerRemover)
+	if !ok {
+		return
+	}
+	if err := r.RemovePeer(c.peer.ID); err != nil {
+		c.cfg.Log.Warn("the engine keeps the decode peer after its session ended (finish or drop its rooms, then Engine.RemovePeer)",
+			zap.String("decode", c.cfg.Decode), zap.String("peer", c.peer.ID), zap.Error(err))
+	}
 }
 
 // Close says Bye (as aborted, "closed without Bye") if the session has not

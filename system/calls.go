@@ -64,11 +64,13 @@ func (e *Engine) PeerLost(id string, cause error) error {
 // refused, changing nothing, while a live chunk (queued, being sent or
 // finished) has a real destination on the peer: finish or drop those
 // rooms first; until then a lost peer's mark still fails what is sent to
-// it. An unknown peer, or one still in use, is ErrBadInput.
+// it. An unknown peer, or one still in use, is ErrBadInput. A closed
+// engine holds no peer any more: nil (decode.Client's Bye removes its peer,
+// and a serving stack may close the engine first).
 func (e *Engine) RemovePeer(id string) (err error) {
 	defer func() { err = public(err) }()
 	if !e.enter() {
-		return closedError("RemovePeer")
+		return nil
 	}
 	defer e.leave()
 	// No registration is between its checks and its hand-off meanwhile

@@ -1,0 +1,66 @@
+package decode_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"github.com/kvstream/kvstream/decode"
+	"github.com/kvstream/kvstream/plan"
+	"github.com/kvstream/kvstream/system"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// removingEngine is an engine that can forget a peer (decode.PeerRemover):
+// it records the peers removed.
+type removingEngine struct {
+	mu      sync.Mutex
+	added   []string
+	removed []string
+}
+
+func (e *removingEngine) AddPeer(p plan.Peer) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.added = append(e.added, p.ID)
+	return nil
+}
+func (e *removingEngine) PeerLost(string, error) error      { return nil }
+func (e *removingEngine) PeerDraining(string, string) error { return nil }
+func (e *removingEngine) CancelRoom(context.Context, string, uint64, string) error {
+	return nil
+}
+func (e *removingEngine) RemovePeer(id string) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.removed = append(e.removed, id)
+	return nil
+}
+
+// TestByeRemovesThePeer: the session's end (Bye, or Close without one)
+// removes the decode pool from the engine Attach added it to, once, so that
+// a prefill serving ever-new sessions keeps none of the ended ones; the
+// system engine is such an engine.
+func TestByeRemovesThePeer(t *testing.T) {
+	var _ decode.PeerRemover = (*system.Engine)(nil)
+	r := newRig(t, decode.Config{})
+	for _, bye := range []bool{true, false} {
+		c := r.dial(t)
+		eng := &removingEngine{}
+		require.NoError(t, c.Attach(eng))
+		eng.mu.Lock()
+		assert.Empty(t, eng.removed, "not before the session ends")
+		eng.mu.Unlock()
+		if bye {
+			_, err := c.Bye(waitCtx(t), nil)
+			require.NoError(t, err)
+		} else {
+			require.NoError(t, c.Close(waitCtx(t)))
+		}
+		require.NoError(t, c.Close(waitCtx(t)), "a Close after the end is nothing")
+		eng.mu.Lock()
+		assert.Equal(t, eng.added, eng.removed, "bye=%v: the peer Attach added is removed once", bye)
+		eng.mu.Unlock()
+	}
+}
