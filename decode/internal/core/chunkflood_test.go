@@ -49,9 +49,9 @@ func onePageChunk(i int) NoticeMsg {
 }
 
 // TestChunkFloodPerRoomIsBounded: a session's peer reports chunk after
-// distinct one-page chunk of one room, never the last. Each notice
-// re-decides the room over its chunks, so without a bound the records and
-// the server actor's work grow with what the peer sends. Past
+// distinct one-page chunk of one room, never the last. Without a bound the
+// records (and, before the room's decision was kept up to date report by
+// report, the server actor's work) grow with what the peer sends. Past
 // MaxChunksPerRoom the notice is refused by name, the room fails (the
 // peer may still be writing its pages: not quiesced), and the room holds
 // at most the bound whatever the number of notices.
@@ -184,7 +184,7 @@ func TestPositionsPerNoticeAreBounded(t *testing.T) {
 	require.Equal(t, 1, c.state().Sessions, "the session opened")
 	notice := func(room uint64, i int, pos []int64) AnswerNotice {
 		return answer(t, c.Step(NoticeMsg{From: Origin{Node: "n-s0"}, Notice: &wire.ChunkNotice{Session: "s0", Room: room, Start: int64(4 * i),
-			End: int64(4*i + 4), Status: wire.Status_SUCCEEDED, Positions: pos, DstPages: make([]int64, len(pos))}}))
+			End: int64(4*i + 4), Status: wire.Status_SUCCEEDED, Positions: pos, DstPages: pos}}))
 	}
 	every := make([]int64, pages)
 	for i := range pages {
@@ -195,7 +195,7 @@ func TestPositionsPerNoticeAreBounded(t *testing.T) {
 	require.Nil(t, c.rooms[1], "no room made of refused notices")
 	// One position per one-page chunk is what a rank may send.
 	for i := range pages {
-		require.Equal(t, AnswerNotice{}, notice(2, i, every[:1]), "chunk %d", i)
+		require.Equal(t, AnswerNotice{}, notice(2, i, []int64{int64(i)}), "chunk %d", i)
 	}
 	kept := 0
 	for _, ch := range c.rooms[2].chunks {
@@ -203,4 +203,43 @@ func TestPositionsPerNoticeAreBounded(t *testing.T) {
 	}
 	require.LessOrEqual(t, kept, pages)
 	require.NoError(t, c.check())
+}
+
+// TestReportsClaimAPageOfTheirChunk: a successful report of no page, or of
+// a position outside its chunk's pages, is refused by name before the room
+// keeps anything. Such reports claim no pool page, so, while a room's
+// request page count is unknown, they could fill every room of a session up
+// to MaxChunksPerRoom: with every admitted chunk claiming a page of its
+// own, the pool bounds them across the session's rooms.
+func TestReportsClaimAPageOfTheirChunk(t *testing.T) {
+	c, step := chunkFloodCore(t, 8192, 16, false)
+	pageless := onePageChunk(3)
+	pageless.Notice.Positions, pageless.Notice.DstPages = nil, nil
+	outside := onePageChunk(4)
+	outside.Notice.Positions = []int64{5} // chunk 4 is page 4
+	for _, tc := range []struct {
+		m    NoticeMsg
+		want string
+	}{
+		{pageless, "room 1 chunk [12, 16): a successful chunk of 1 pages reported with no page"},
+		{outside, "room 1 chunk [16, 20): position 5 at index 0 is outside the chunk's pages [4, 5)"},
+	} {
+		var refused string
+		for _, e := range step(tc.m) {
+			if a, ok := e.(AnswerNotice); ok {
+				require.Equal(t, wire.Code_BAD_INPUT, a.Code)
+				refused = a.Text
+			}
+		}
+		require.Contains(t, refused, tc.want)
+	}
+	// A failed report of no page is the prefill saying it sent nothing.
+	failed := onePageChunk(6)
+	failed.Notice.Positions, failed.Notice.DstPages, failed.Notice.Status = nil, nil, wire.Status_FAILED
+	for _, e := range step(failed) {
+		if a, ok := e.(AnswerNotice); ok {
+			require.NotEqual(t, wire.Code_BAD_INPUT, a.Code, "%s", a.Text)
+		}
+	}
+	_ = c
 }

@@ -189,6 +189,16 @@ func (c *Core) checkNotice(s *csession, m *wire.ChunkNotice) (Chunk, error) {
 	if len(m.Positions) > rng.Pages {
 		return Chunk{}, errors.Newf("room %d chunk [%d, %d): %d positions, more than its %d pages", m.Room, m.Start, m.End, len(m.Positions), rng.Pages)
 	}
+	// A rank that sent a chunk owns at least one of its pages, and reports
+	// only those (invariant 5): a successful report of no page, or of a page
+	// outside the chunk, claims no pool page, and such reports could fill
+	// every room of a session up to MaxChunksPerRoom while the contiguous
+	// rule cannot check them yet (its request's page count unknown). Checked
+	// here, every chunk admitted to a room nobody Expected claims a free
+	// pool page, so the pool bounds them across the session's rooms.
+	if st == messages.Succeeded && rng.Pages > 0 && len(m.Positions) == 0 {
+		return Chunk{}, errors.Newf("room %d chunk [%d, %d): a successful chunk of %d pages reported with no page", m.Room, m.Start, m.End, rng.Pages)
+	}
 	ch := Chunk{Room: m.Room, Start: int(m.Start), End: int(m.End), Last: m.Last, Status: st, Err: m.Error,
 		NotQuiesced: m.NotQuiesced, Bytes: m.Bytes, Positions: make([]int, len(m.Positions)), DstPages: make([]int, len(m.DstPages))}
 	for i, p := range m.DstPages {
@@ -199,6 +209,9 @@ func (c *Core) checkNotice(s *csession, m *wire.ChunkNotice) (Chunk, error) {
 		// positions are below the pool's page count.
 		if m.Positions[i] < 0 || m.Positions[i] >= int64(c.ledger.pages) {
 			return Chunk{}, errors.Newf("room %d chunk [%d, %d): position %d at index %d is outside the pool's %d pages", m.Room, m.Start, m.End, m.Positions[i], i, c.ledger.pages)
+		}
+		if m.Positions[i] < int64(rng.PageStart) || m.Positions[i] >= int64(rng.PageStart+rng.Pages) {
+			return Chunk{}, errors.Newf("room %d chunk [%d, %d): position %d at index %d is outside the chunk's pages [%d, %d)", m.Room, m.Start, m.End, m.Positions[i], i, rng.PageStart, rng.PageStart+rng.Pages)
 		}
 		ch.Positions[i], ch.DstPages[i] = int(m.Positions[i]), int(p)
 	}
