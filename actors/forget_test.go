@@ -17,7 +17,8 @@ func TestServeReconnectsToAPeerAddedAgain(t *testing.T) {
 	s, old, work := serveRig(t)
 	fresh := &acceptingEndpoint{}
 	s.env.Transport = connectingTransport{ep: fresh}
-	require.NoError(t, s.env.Peers.Remove("p"))
+	_, err := s.env.Peers.Remove("p")
+	require.NoError(t, err)
 	require.NoError(t, s.env.Peers.Add(&plan.Peer{ID: "p"}))
 	ctx := &serveCtx{self: actor.NewPID("local", "submitter")}
 	s.serve(ctx, []*readyWork{work(nil)})
@@ -31,7 +32,8 @@ func TestServeReconnectsToAPeerAddedAgain(t *testing.T) {
 func TestServeOfAnEndedChunkConnectsToNothing(t *testing.T) {
 	s, _, work := serveRig(t)
 	s.env.Transport = nil // a connect would panic
-	require.NoError(t, s.env.Peers.Remove("p"))
+	_, err := s.env.Peers.Remove("p")
+	require.NoError(t, err)
 	delete(s.conns, "p")
 	rw := work(nil)
 	rw.w.Job = NewJob(&plan.Plan{Chunk: messages.Chunk{Serial: 2}, Dests: []plan.Dest{{Peer: "p"}}})
@@ -70,4 +72,28 @@ func TestRegistryCountsChunksPerPeer(t *testing.T) {
 	assert.Zero(t, r.ToPeer("d"))
 	assert.Empty(t, r.sending)
 	assert.Empty(t, r.toPeer)
+}
+
+// The ForgetPeer of a removed record reaching a submitter after it already
+// connected to the peer added again under its id (a resume queued before
+// it served a new chunk) closes only the old record's endpoint.
+func TestLateForgetSparesTheNewRecordsEndpoint(t *testing.T) {
+	s, _, work := serveRig(t)
+	fresh := &acceptingEndpoint{}
+	s.env.Transport = connectingTransport{ep: fresh}
+	gone, err := s.env.Peers.Remove("p")
+	require.NoError(t, err)
+	again := &plan.Peer{ID: "p"}
+	require.NoError(t, s.env.Peers.Add(again)) // the restarted decode
+	ctx := &serveCtx{self: actor.NewPID("local", "submitter")}
+	s.serve(ctx, []*readyWork{work(nil)}) // reconnects: the old endpoint is the old record's
+	require.Same(t, again, s.conns["p"].rec)
+	s.Receive(&messageCtx{serveCtx: ctx, msg: &forgetPeer{peer: "p", rec: gone}}) // the old record's ForgetPeer arrives
+	c, ok := s.conns["p"]
+	require.True(t, ok, "the new session's endpoint is kept")
+	assert.Same(t, again, c.rec)
+	assert.False(t, fresh.closed.Load(), "its endpoint is not closed")
+	s.Receive(&messageCtx{serveCtx: ctx, msg: &forgetPeer{peer: "p", rec: again}})
+	_, ok = s.conns["p"]
+	assert.False(t, ok, "the forget of its own record closes it")
 }

@@ -234,18 +234,19 @@ func (p *Peers) Lost(id string) error {
 	return p.lost[id]
 }
 
-// Remove forgets a peer: its record and its lost and draining marks. The
-// id may be added again.
-func (p *Peers) Remove(id string) error {
+// Remove forgets a peer: its record, which it returns, and its lost and
+// draining marks. The id may be added again.
+func (p *Peers) Remove(id string) (*plan.Peer, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if _, ok := p.peers[id]; !ok {
-		return badInput("unknown peer %q", id)
+	rec, ok := p.peers[id]
+	if !ok {
+		return nil, badInput("unknown peer %q", id)
 	}
 	delete(p.peers, id)
 	delete(p.lost, id)
 	delete(p.drain, id)
-	return nil
+	return rec, nil
 }
 
 // Len returns how many peers the table holds.

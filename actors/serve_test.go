@@ -38,14 +38,17 @@ func countType[T any](ms []any) (n int) {
 }
 
 // acceptingEndpoint takes every batch and never completes one.
-type acceptingEndpoint struct{ posts atomic.Int64 }
+type acceptingEndpoint struct {
+	posts  atomic.Int64
+	closed atomic.Bool
+}
 
 func (e *acceptingEndpoint) Import(rdma.RegionDesc) (rdma.RemoteKey, error) { return 1, nil }
 func (e *acceptingEndpoint) Post([]rdma.Write, func(error)) error {
 	e.posts.Add(1)
 	return nil
 }
-func (e *acceptingEndpoint) Close() error { return nil }
+func (e *acceptingEndpoint) Close() error { e.closed.Store(true); return nil }
 
 // serveRig is a submitter connected to peer "p", and ready Works toward it.
 func serveRig(t *testing.T) (*submitter, *acceptingEndpoint, func(err error) *readyWork) {

@@ -231,6 +231,24 @@ func (rs *retiredConns) remove(c *conn) {
 	rs.mu.Unlock()
 }
 
+// closeRecord closes the retired endpoints made for a peer record.
+func (rs *retiredConns) closeRecord(rec *plan.Peer) {
+	if rs == nil {
+		return
+	}
+	rs.mu.Lock()
+	var to []*conn
+	for c := range rs.conns {
+		if c.rec == rec {
+			to = append(to, c)
+		}
+	}
+	rs.mu.Unlock()
+	for _, c := range to {
+		c.shut() // without rs.mu: the Close may fail batches, whose done calls completed
+	}
+}
+
 // closePeer closes the retired endpoints to peer.
 func (rs *retiredConns) closePeer(peer string) {
 	if rs == nil {
@@ -271,13 +289,33 @@ func (s *submitter) Receive(ctx actor.Context) {
 		s.resume(ctx)
 	case *messages.PeerLost:
 		s.peerLost(m.Peer)
+	case *forgetPeer:
+		if c, ok := s.conns[m.peer]; ok && c.rec == m.rec {
+			s.disconnect(m.peer)
+		}
+		s.retired.closeRecord(m.rec)
 	}
 }
 
-// ForgetPeer closes every submitter's endpoint to a peer the engine
-// forgot (Engine.RemovePeer), as PeerLost does: nothing sends to it any
-// more, and a decode session that ended leaves no connection behind.
-func ForgetPeer(env *Env, peer string) { PeerLost(env, peer) }
+// ForgetPeer closes every submitter's endpoint made for a peer record the
+// engine forgot (Engine.RemovePeer): nothing sends to it any more, and a
+// decode session that ended leaves no connection behind. Only the
+// endpoints of that record: a submitter that hears of it late may already
+// have connected to the peer added again under its id (a decode server that
+// restarted), whose endpoint is not the old session's.
+func ForgetPeer(env *Env, peer string, rec *plan.Peer) {
+	env.send(env.Submitters, &router.BroadcastMessage{Message: &forgetPeer{peer: peer, rec: rec}})
+}
+
+// forgetPeer is ForgetPeer's message to each submitter.
+type forgetPeer struct {
+	peer string
+	rec  *plan.Peer
+}
+
+// Unrecorded implements trace.Unrecorded: the RemovePeer call is recorded,
+// and no core decides anything of it.
+func (*forgetPeer) Unrecorded() {}
 
 // PeerLost closes every submitter's endpoint to a lost peer: the batches in
 // flight on them fail at once, and with them their chunks (closed, and

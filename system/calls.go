@@ -78,17 +78,24 @@ func (e *Engine) RemovePeer(id string) (err error) {
 	// found the peer is counted, one after finds it gone.
 	e.cancels.mu.Lock()
 	n := e.env.Registry.ToPeer(id)
+	var rec *Peer
 	if n == 0 {
-		err = e.env.Peers.Remove(id)
+		if rec, err = e.env.Peers.Remove(id); err == nil {
+			// The rooms the session cancelled go with it: a decode server
+			// that restarts under the id is another session, whose room of
+			// the same id is another request.
+			e.cancels.forget(id)
+		}
 	}
 	e.cancels.mu.Unlock()
 	if n > 0 {
-		return errors.Mark(errors.Newf("remove peer %q: %d live chunks send to it; finish or drop their rooms first", id, n), ErrBadInput)
+		err = errors.Mark(errors.Newf("remove peer %q: %d live chunks send to it; finish or drop their rooms first", id, n), ErrBadInput)
 	}
+	e.traceRemovePeer(id, err)
 	if err != nil {
 		return err
 	}
-	actors.ForgetPeer(e.env, id)
+	actors.ForgetPeer(e.env, id, rec)
 	e.log.Debug("decode peer removed", zap.String("peer", id))
 	return nil
 }

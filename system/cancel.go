@@ -68,6 +68,20 @@ func (c *cancelledRooms) record(k peerRoom, err error) (first bool) {
 	return true
 }
 
+// forget drops the rooms peer cancelled. The caller holds mu for writing.
+func (c *cancelledRooms) forget(peer string) {
+	kept := c.order[:0]
+	for _, k := range c.order {
+		if k.peer == peer {
+			delete(c.set, k)
+		} else {
+			kept = append(kept, k)
+		}
+	}
+	clear(c.order[len(kept):])
+	c.order = kept
+}
+
 // CancelRoom is a decode peer's cancel of a room (its scheduler gave the
 // request up; decode.Client.Attach calls it): from now on Register refuses
 // every chunk of the room toward that peer (ErrRoomCancelled, also

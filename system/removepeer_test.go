@@ -141,3 +141,20 @@ func TestRemovePeerForgetsIt(t *testing.T) {
 	require.Eventually(t, func() bool { return tr.open.Load() == 0 }, time.Minute, time.Millisecond, "%d open", tr.open.Load())
 	assert.Zero(t, e.env.Registry.ToPeer("d"))
 }
+
+// TestRemovePeerForgetsItsCancelledRooms: the rooms a decode session
+// cancelled go with its peer: a decode server restarted under the same id
+// is another session, and its room of the same id another request.
+func TestRemovePeerForgetsItsCancelledRooms(t *testing.T) {
+	e := newEngine(t, nil)
+	ctx := context.Background()
+	rec, ok := e.env.Peers.Get("d")
+	require.True(t, ok)
+	require.NoError(t, e.CancelRoom(ctx, "d", 1, "the old session gave it up"))
+	_, err := e.Register(ctx, goodSpec())
+	require.ErrorIs(t, err, ErrRoomCancelled, "refused while the session lives")
+	require.NoError(t, e.RemovePeer("d"))
+	require.NoError(t, e.AddPeer(*rec)) // the restarted decode, same id
+	_, err = e.Register(ctx, goodSpec()) // room 1 toward the new session
+	require.NoError(t, err, "the old session's cancel does not refuse the new session's room")
+}

@@ -132,6 +132,17 @@ func (e *Engine) traceAddPeer(p *Peer, err error) {
 	e.trace.Add(trace.Engine, "engine", "", c, nil)
 }
 
+func (e *Engine) traceRemovePeer(id string, err error) {
+	if e.trace == nil {
+		return
+	}
+	c := &trace.RemovePeerCall{ID: id}
+	if err != nil {
+		c.Err = err.Error()
+	}
+	e.trace.Add(trace.Engine, "engine", "", c, nil)
+}
+
 // closeTrace writes the trace at Close.
 func (e *Engine) closeTrace() error {
 	if e.trace == nil {

@@ -322,6 +322,12 @@ func (c *Config) decodeCall(rec *Record) (any, error) {
 			return nil, errors.Wrap(err, "AddPeerCall")
 		}
 		return &call, errors.Wrap(checkAddPeer(&call), "AddPeerCall")
+	case "RemovePeerCall":
+		var call RemovePeerCall
+		if err := remarshal(rec.Msg, &call); err != nil {
+			return nil, errors.Wrap(err, "RemovePeerCall")
+		}
+		return &call, errors.Wrap(checkName("ID", call.ID), "RemovePeerCall")
 	}
 	return nil, nil // other engine records are not re-issued
 }

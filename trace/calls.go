@@ -54,6 +54,12 @@ type AddPeerCall struct {
 	Err      string
 }
 
+// RemovePeerCall is one RemovePeer call: the peer forgotten, or why not.
+type RemovePeerCall struct {
+	ID  string
+	Err string
+}
+
 // Sharding is one side's sharding of the model (plan.Sharding): the side
 // and its rank.
 type Sharding struct {

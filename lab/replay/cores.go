@@ -472,6 +472,10 @@ func (r *replayer) call(rec *trace.Record) (*Divergence, error) {
 			return div("the recorded AddPeer succeeded; the replayed layout refuses the peer", []string{"AddPeer " + call.ID + ": ok"}, []string{err.Error()}), nil
 		}
 		r.peers[call.ID] = p
+	case *trace.RemovePeerCall:
+		if call.Err == "" {
+			delete(r.peers, call.ID)
+		}
 	case *trace.RegisterCall:
 		r.out.Registrations++
 		if call.Chunk == "" || call.Existing || call.Err != "" {

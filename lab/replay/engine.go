@@ -95,7 +95,8 @@ type engineReplay struct {
 	// decodes are the peers' pools by peer id. The injector reads them
 	// from transport goroutines, so additions hold inj.mu.
 	decodes  map[string]*testbed.Decode
-	cleanups []func() // close runs them last first
+	removed  map[string]bool // peers the replay removed (RemovePeerCall)
+	cleanups []func()        // close runs them last first
 
 	pendingWrites []testbed.Write // of the chunks registered since the last forward
 	specs         []system.ChunkSpec
@@ -195,7 +196,7 @@ func surveyTrace(s trace.Stream) (*survey, error) {
 func setupEngine(sv *survey) (_ *engineReplay, err error) {
 	c := sv.header.Config
 	geom := sv.geom
-	r := &engineReplay{cfg: c, recorded: sv.recorded, geom: geom, decodes: map[string]*testbed.Decode{},
+	r := &engineReplay{cfg: c, recorded: sv.recorded, geom: geom, decodes: map[string]*testbed.Decode{}, removed: map[string]bool{},
 		rooms: roomWorkers{replayed: map[uint64][]string{}, results: map[uint64][]system.Result{}, pending: map[uint64][]func(){}}}
 	defer func() {
 		if err != nil {
@@ -279,6 +280,8 @@ func (r *engineReplay) step(ctx context.Context, rec *trace.Record) error {
 	switch {
 	case rec.Actor == trace.Engine && rec.Type == "AddPeerCall":
 		return r.addPeer(rec)
+	case rec.Actor == trace.Engine && rec.Type == "RemovePeerCall":
+		return r.removePeer(rec)
 	case rec.Actor == trace.Engine && rec.Type == "RegisterCall":
 		return r.register(ctx, rec)
 	case rec.Actor == trace.Forward && rec.Type == "Begin":
@@ -315,6 +318,9 @@ func (r *engineReplay) addPeer(rec *trace.Record) error {
 	if call.Err != "" || len(call.Pages) == 0 {
 		return nil
 	}
+	if r.removed[call.ID] {
+		return errors.Newf("%s: engine replay: peer %s is added again after it was removed (a decode server that restarted under its id); the engine replay keeps one decode pool per peer id, which its final check reads: replay the cores only (without --engine)", rec.Where(), call.ID)
+	}
 	tr, err := r.fab.NewTransport(call.ID)
 	if err != nil {
 		return err
@@ -331,6 +337,24 @@ func (r *engineReplay) addPeer(rec *trace.Record) error {
 	if err := r.eng.AddPeer(d.Peer(call.ID)); err != nil {
 		return errors.Wrapf(err, "%s: AddPeer %s", rec.Where(), call.ID)
 	}
+	return nil
+}
+
+// removePeer re-issues a RemovePeer that succeeded when recorded. The
+// peer's decode pool stays: the final check reads what landed there.
+func (r *engineReplay) removePeer(rec *trace.Record) error {
+	c, err := r.cfg.DecodeCall(rec)
+	if err != nil {
+		return err
+	}
+	call := c.(*trace.RemovePeerCall)
+	if call.Err != "" {
+		return nil
+	}
+	if err := r.eng.RemovePeer(call.ID); err != nil {
+		return errors.Wrapf(err, "%s: RemovePeer %s", rec.Where(), call.ID)
+	}
+	r.removed[call.ID] = true
 	return nil
 }
 

@@ -1,0 +1,54 @@
+package tests
+
+import (
+	"bytes"
+	"context"
+	"testing"
+
+	"github.com/kvstream/kvstream/lab/replay"
+	"github.com/kvstream/kvstream/lab/testbed"
+	"github.com/kvstream/kvstream/trace"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestTraceOfARemovedPeerReplays: RemovePeer is recorded as a call, and the
+// submitters' forgetting of the peer's endpoints is not (no core decides
+// anything of it): a trace of a decode session that ended, and of its peer
+// added again (a decode server restarted under its id), replays through the
+// cores. The engine replay re-issues the removal, and says by name that it
+// cannot replay a peer added again (it keeps one decode pool per id).
+func TestTraceOfARemovedPeerReplays(t *testing.T) {
+	record := func(again bool) []byte {
+		var buf bytes.Buffer
+		r := newRig(t, rigOpts{geom: testbed.MLA(4, 16, 64), hooks: 4, group: 2, trace: &buf})
+		r.register(chunk{room: 1, end: 8, last: true, src: []int{0, 1}, total: 2, infos: oneInfo("d0", []int{0, 1})})
+		r.forward(testbed.Write{Room: 1, SrcPages: []int{0, 1}, Tokens: 8})
+		r.finish(1)
+		require.NoError(t, r.eng.RemovePeer("d0"))
+		if again {
+			require.NoError(t, r.eng.AddPeer(r.decodes[0].Peer("d0")))
+			r.register(chunk{room: 2, end: 8, last: true, src: []int{2, 3}, total: 2, infos: oneInfo("d0", []int{2, 3})})
+			r.forward(testbed.Write{Room: 2, SrcPages: []int{2, 3}, Tokens: 8})
+			r.finish(2)
+		}
+		require.NoError(t, r.eng.Close())
+		return buf.Bytes()
+	}
+	for _, again := range []bool{false, true} {
+		raw := record(again)
+		require.Contains(t, string(raw), `"type":"RemovePeerCall"`)
+		open := func() (trace.Stream, error) { return trace.NewReader(bytes.NewReader(raw)) }
+		s, err := open()
+		require.NoError(t, err)
+		out, err := replay.Cores(s)
+		require.NoError(t, err)
+		require.Nil(t, out.Divergence, "again=%v: %s", again, out)
+		_, err = replay.Engine(context.Background(), open)
+		if again {
+			assert.ErrorContains(t, err, "peer d0 is added again after it was removed")
+		} else {
+			assert.NoError(t, err, "the engine replay re-issues the removal")
+		}
+	}
+}
