@@ -517,6 +517,11 @@ func (s *submitter) post(w *Work, dest *plan.Dest, rec *Batch, res *messages.Sub
 	}
 	c, err := s.conn(dest.Peer)
 	if err != nil {
+		if w.Job.Context().Err() != nil {
+			// It ended meanwhile (its timeout), and its peer may have been
+			// removed since: nothing to post, and no restart for it.
+			return &PostEnded{}
+		}
 		return &PostEnded{ConnErr: err}
 	}
 	s.build(w.Buffers, dest, c)
