@@ -19,7 +19,7 @@ func TestNoticeFloodIsBounded(t *testing.T) {
 	floods := map[string]func(room uint64) *wire.ChunkNotice{
 		"failed not quiesced": func(room uint64) *wire.ChunkNotice {
 			return &wire.ChunkNotice{Room: room, Start: 0, End: 4, Last: true, Status: wire.Status_FAILED, Error: "finish timed out",
-				NotQuiesced: true, Positions: []int64{0}, DstPages: []int64{3}}
+				NotQuiesced: true, Positions: []int64{0}, DstPages: []int64{int64(1 + room%15)}} // each on a free page: the not-quiesced path, not a held page
 		},
 		"page of another room": func(room uint64) *wire.ChunkNotice {
 			return &wire.ChunkNotice{Room: room, Start: 0, End: 4, Last: true, Status: wire.Status_SUCCEEDED,

@@ -30,6 +30,13 @@ func (c *Core) check() error {
 	if !c.ledger.sized() && c.sessions.len() > 0 {
 		return errors.Newf("%d sessions without a pool", c.sessions.len())
 	}
+	if c.r.MaxRoomsPerSession > 0 {
+		for s := range c.sessions.all() {
+			if n := c.openRooms(s); n > c.r.MaxRoomsPerSession {
+				return errors.Newf("session %s holds %d rooms, above MaxRoomsPerSession %d", s.Token, n, c.r.MaxRoomsPerSession)
+			}
+		}
+	}
 	return nil
 }
 
