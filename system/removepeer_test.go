@@ -154,7 +154,7 @@ func TestRemovePeerForgetsItsCancelledRooms(t *testing.T) {
 	_, err := e.Register(ctx, goodSpec())
 	require.ErrorIs(t, err, ErrRoomCancelled, "refused while the session lives")
 	require.NoError(t, e.RemovePeer("d"))
-	require.NoError(t, e.AddPeer(*rec)) // the restarted decode, same id
+	require.NoError(t, e.AddPeer(*rec))  // the restarted decode, same id
 	_, err = e.Register(ctx, goodSpec()) // room 1 toward the new session
 	require.NoError(t, err, "the old session's cancel does not refuse the new session's room")
 }
