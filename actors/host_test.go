@@ -213,6 +213,16 @@ func TestIdleRoomProcessServesTheNextRoom(t *testing.T) {
 // the shell's grouping of its chunks goes with its End, with no ForwardEnd
 // to fan out.
 func TestForwardOfForgottenChunksKeepsNothing(t *testing.T) {
+	fw, _, c, step := boundForward(t)
+	require.Len(t, fw.fan.byHost, 1, "its chunks grouped at its Bind")
+	step(&messages.Forget{Chunk: c.job.ID()})
+	step(&messages.End{Forward: 1})
+	assert.Empty(t, fw.fan.byHost)
+}
+
+// boundForward is a forward actor stepped by hand (step), with one hosted
+// chunk bound to its forward 1; ctx records what it sends.
+func boundForward(t *testing.T) (*forwardActor, *serveCtx, *hostedChunk, func(any)) {
 	r := newHostedRig(t)
 	pid, c := r.chunk(1)
 	require.NotNil(t, c)
@@ -221,10 +231,7 @@ func TestForwardOfForgottenChunksKeepsNothing(t *testing.T) {
 	step := func(m any) { fw.Receive(&messageCtx{serveCtx: ctx, msg: m}) }
 	step(&messages.Pending{Chunk: c.job.ID(), PID: pid})
 	step(&messages.Begin{Forward: 1})
-	require.Len(t, fw.fan.byHost, 1, "its chunks grouped at its Bind")
-	step(&messages.Forget{Chunk: c.job.ID()})
-	step(&messages.End{Forward: 1})
-	assert.Empty(t, fw.fan.byHost)
+	return fw, ctx, c, step
 }
 
 // messageCtx is a context whose message is msg.
@@ -239,14 +246,7 @@ func (c *messageCtx) Message() any { return c.msg }
 // message once they saw its end, so the forward actor sends itself a step
 // of nothing after the End's fan-out, and holds no target afterwards.
 func TestForwardEndLetsItsChunksGo(t *testing.T) {
-	r := newHostedRig(t)
-	pid, c := r.chunk(1)
-	require.NotNil(t, c)
-	fw := &forwardActor{core: NewForwardCore(), fan: fanOut{env: r.env, byHost: map[uint64]*hostedForward{}}}
-	ctx := &serveCtx{self: actor.NewPID("local", "forward")}
-	step := func(m any) { fw.Receive(&messageCtx{serveCtx: ctx, msg: m}) }
-	step(&messages.Pending{Chunk: c.job.ID(), PID: pid})
-	step(&messages.Begin{Forward: 1})
+	fw, ctx, _, step := boundForward(t)
 	step(&messages.End{Forward: 1})
 	require.NotEmpty(t, fw.last, "the End fanned out ForwardEnd to the chunk")
 	require.Len(t, ctx.sent, 1, "the forward actor sent itself one message")

@@ -233,31 +233,23 @@ func (rs *retiredConns) remove(c *conn) {
 
 // closeRecord closes the retired endpoints made for a peer record.
 func (rs *retiredConns) closeRecord(rec *plan.Peer) {
-	if rs == nil {
-		return
-	}
-	rs.mu.Lock()
-	var to []*conn
-	for c := range rs.conns {
-		if c.rec == rec {
-			to = append(to, c)
-		}
-	}
-	rs.mu.Unlock()
-	for _, c := range to {
-		c.shut() // without rs.mu: the Close may fail batches, whose done calls completed
-	}
+	rs.closeWhere(func(c *conn) bool { return c.rec == rec })
 }
 
 // closePeer closes the retired endpoints to peer.
 func (rs *retiredConns) closePeer(peer string) {
+	rs.closeWhere(func(c *conn) bool { return c.peer == peer })
+}
+
+// closeWhere closes the retired endpoints that match.
+func (rs *retiredConns) closeWhere(match func(*conn) bool) {
 	if rs == nil {
 		return
 	}
 	rs.mu.Lock()
 	var to []*conn
 	for c := range rs.conns {
-		if c.peer == peer {
+		if match(c) {
 			to = append(to, c)
 		}
 	}

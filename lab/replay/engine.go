@@ -351,8 +351,21 @@ func (r *engineReplay) removePeer(rec *trace.Record) error {
 	if call.Err != "" {
 		return nil
 	}
-	if err := r.eng.RemovePeer(call.ID); err != nil {
-		return errors.Wrapf(err, "%s: RemovePeer %s", rec.Where(), call.ID)
+	// Recorded once no chunk sent to the peer any more; replayed, the
+	// finishes of those chunks run on their rooms' goroutines and may not
+	// have returned yet, though everything they wait for was re-issued
+	// before this record. So the removal is tried until they did, within a
+	// finish timeout.
+	deadline := time.Now().Add(replayTimeout + time.Second)
+	for {
+		err := r.eng.RemovePeer(call.ID)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, system.ErrBadInput) || time.Now().After(deadline) {
+			return errors.Wrapf(err, "%s: RemovePeer %s", rec.Where(), call.ID)
+		}
+		time.Sleep(time.Millisecond)
 	}
 	r.removed[call.ID] = true
 	return nil
