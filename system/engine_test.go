@@ -28,9 +28,16 @@ const (
 	pages   = 16
 )
 
-// newEngine returns an engine over 4 MLA buffers (3 hook layers) and a
-// decode peer "d" with 16 pages, on a private fabric.
-func newEngine(t testing.TB, env map[string]string) *Engine {
+// enginePools is the fabric the engine tests run on: the prefill's
+// transport and 4 MLA buffers of 16 pages in its host memory, and the
+// decode peer "d" of as many pages, its regions registered.
+type enginePools struct {
+	pre     *loopback.Transport
+	buffers []Buffer
+	peer    Peer
+}
+
+func newEnginePools(t testing.TB) enginePools {
 	t.Helper()
 	fab := loopback.NewFabric(loopback.Options{})
 	pre, err := fab.NewTransport("p")
@@ -49,17 +56,25 @@ func newEngine(t testing.TB, env map[string]string) *Engine {
 		}
 		return out
 	}
-	e, err := New(Config{Buffers: MLABuffers(bases(src), itemLen, pages), HookLayers: 3, PageSize: 4},
-		WithTransport(pre), withSimulated(), WithLogger(zap.NewNop()), WithGetenv(func(k string) string { return env[k] }))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = e.Close() })
 	peer := Peer{ID: "d", Address: dec.Address()}
 	for _, base := range bases(dst) {
 		r, err := dec.Register(base, itemLen*pages)
 		require.NoError(t, err)
 		peer.Buffers = append(peer.Buffers, PeerBuffer{Region: r.Desc(), ItemLen: itemLen})
 	}
-	require.NoError(t, e.AddPeer(peer))
+	return enginePools{pre: pre, buffers: MLABuffers(bases(src), itemLen, pages), peer: peer}
+}
+
+// newEngine returns an engine over 4 MLA buffers (3 hook layers) and a
+// decode peer "d" with 16 pages, on a private fabric.
+func newEngine(t testing.TB, env map[string]string) *Engine {
+	t.Helper()
+	p := newEnginePools(t)
+	e, err := New(Config{Buffers: p.buffers, HookLayers: 3, PageSize: 4},
+		WithTransport(p.pre), withSimulated(), WithLogger(zap.NewNop()), WithGetenv(func(k string) string { return env[k] }))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = e.Close() })
+	require.NoError(t, e.AddPeer(p.peer))
 	return e
 }
 

@@ -7,9 +7,7 @@ import (
 
 	"github.com/kvstream/kvstream/hw/cuda"
 	"github.com/kvstream/kvstream/hw/cuda/sim"
-	"github.com/kvstream/kvstream/hw/hostmem"
 	"github.com/kvstream/kvstream/hw/rdma"
-	"github.com/kvstream/kvstream/hw/rdma/loopback"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
@@ -57,34 +55,12 @@ func (s heldStream) Record() (cuda.Event, error) {
 // does not refuse them before: a Finish it waits for may wait for an End,
 // TestGaugesDoNotWaitForClose.)
 func TestCloseWaitsForALayerEndRecording(t *testing.T) {
-	fab := loopback.NewFabric(loopback.Options{})
-	pre, err := fab.NewTransport("p")
-	require.NoError(t, err)
-	dec, err := fab.NewTransport("d")
-	require.NoError(t, err)
-	src, err := hostmem.Alloc(4 * itemLen * pages)
-	require.NoError(t, err)
-	dst, err := hostmem.Alloc(4 * itemLen * pages)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = pre.Close(); _ = dec.Close(); _ = src.Free(); _ = dst.Free() })
-	bases := func(b *hostmem.Block) []uint64 {
-		out := make([]uint64, 4)
-		for i := range out {
-			out[i] = b.Addr + uint64(i*itemLen*pages)
-		}
-		return out
-	}
+	p := newEnginePools(t)
 	hw := &heldHardware{gpu: sim.New(sim.Options{}), entered: make(chan struct{}), letGo: make(chan struct{})}
-	e, err := New(Config{Buffers: MLABuffers(bases(src), itemLen, pages), HookLayers: 3, PageSize: 4, GroupSize: 1},
-		WithTransport(pre), WithHardware(hw), WithLogger(zap.NewNop()), WithGetenv(func(string) string { return "" }))
+	e, err := New(Config{Buffers: p.buffers, HookLayers: 3, PageSize: 4, GroupSize: 1},
+		WithTransport(p.pre), WithHardware(hw), WithLogger(zap.NewNop()), WithGetenv(func(string) string { return "" }))
 	require.NoError(t, err)
-	peer := Peer{ID: "d", Address: dec.Address()}
-	for _, base := range bases(dst) {
-		r, err := dec.Register(base, itemLen*pages)
-		require.NoError(t, err)
-		peer.Buffers = append(peer.Buffers, PeerBuffer{Region: r.Desc(), ItemLen: itemLen})
-	}
-	require.NoError(t, e.AddPeer(peer))
+	require.NoError(t, e.AddPeer(p.peer))
 	_, err = e.Register(t.Context(), goodSpec())
 	require.NoError(t, err)
 	fw, err := e.BeginForward()

@@ -9,9 +9,7 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/actors"
 	"github.com/kvstream/kvstream/cp"
-	"github.com/kvstream/kvstream/hw/hostmem"
 	"github.com/kvstream/kvstream/hw/rdma"
-	"github.com/kvstream/kvstream/hw/rdma/loopback"
 	"github.com/kvstream/kvstream/hw/rdma/rdmafault"
 	"github.com/kvstream/kvstream/messages"
 	"github.com/prometheus/client_golang/prometheus"
@@ -38,43 +36,21 @@ type metricsRig struct {
 // "d" with 16 pages, on a private fabric.
 func newMetricsEngine(t testing.TB, reg prometheus.Registerer, rig metricsRig) *Engine {
 	t.Helper()
-	fab := loopback.NewFabric(loopback.Options{})
-	pre, err := fab.NewTransport("p")
-	require.NoError(t, err)
-	dec, err := fab.NewTransport("d")
-	require.NoError(t, err)
-	src, err := hostmem.Alloc(4 * itemLen * pages)
-	require.NoError(t, err)
-	dst, err := hostmem.Alloc(4 * itemLen * pages)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = pre.Close(); _ = dec.Close(); _ = src.Free(); _ = dst.Free() })
-	bases := func(b *hostmem.Block) []uint64 {
-		out := make([]uint64, 4)
-		for i := range out {
-			out[i] = b.Addr + uint64(i*itemLen*pages)
-		}
-		return out
-	}
-	var tr rdma.Transport = pre
+	p := newEnginePools(t)
+	var tr rdma.Transport = p.pre
 	if rig.faults != nil {
-		tr = rdmafault.Wrap(pre, rig.faults)
+		tr = rdmafault.Wrap(p.pre, rig.faults)
 	}
 	if rig.log == nil {
 		rig.log = zap.NewNop()
 	}
-	e, err := New(Config{Buffers: MLABuffers(bases(src), itemLen, pages), HookLayers: 3, PageSize: 4,
+	e, err := New(Config{Buffers: p.buffers, HookLayers: 3, PageSize: 4,
 		GroupSize: rig.group, FinishTimeout: rig.timeout, SingleDestinationPerLayer: rig.single},
 		WithTransport(tr), withSimulated(), WithLogger(rig.log), WithGetenv(func(k string) string { return rig.env[k] }),
 		WithMetrics(reg))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = e.Close() })
-	peer := Peer{ID: "d", Address: dec.Address()}
-	for _, base := range bases(dst) {
-		r, err := dec.Register(base, itemLen*pages)
-		require.NoError(t, err)
-		peer.Buffers = append(peer.Buffers, PeerBuffer{Region: r.Desc(), ItemLen: itemLen})
-	}
-	require.NoError(t, e.AddPeer(peer))
+	require.NoError(t, e.AddPeer(p.peer))
 	return e
 }
 

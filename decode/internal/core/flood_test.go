@@ -28,23 +28,9 @@ func TestNoticeFloodIsBounded(t *testing.T) {
 	}
 	for name, flood := range floods {
 		t.Run(name, func(t *testing.T) {
-			const maxRooms, notices = 4, 10000
-			pool := []Buffer{{Name: "K", Base: 1 << 20, ItemLen: 64, Pages: 16}, {Name: "V", Base: 2 << 20, ItemLen: 64, Pages: 16}}
-			c := NewCore(Rules{MaxSessions: 4, MaxRoomsPerSession: maxRooms, MaxChunksPerRoom: 4, AcceptUnknownRooms: true, MaxPoolBytes: 1 << 20}, pool)
+			const maxRooms, notices = 4, 10000 // chunkFloodCore's MaxRoomsPerSession
+			c, step := chunkFloodCore(t, 4, 16, false)
 			from := Origin{Node: "n-s1"}
-			step := func(m Msg) []Effect {
-				effs := c.Step(m)
-				for _, e := range effs {
-					if _, ok := e.(CallOpenAccess); ok {
-						effs = append(effs, c.Step(AccessMsg{Address: []byte("ap"), Revocable: true})...)
-					}
-				}
-				return effs
-			}
-			hello := &wire.Hello{Version: ProtocolVersion, Prefill: "mallory", SessionAddress: from.Node, SessionId: "actor-s1", PageSize: 4,
-				Buffers: []*wire.Buffer{{Name: "K", ItemLen: 64, Pages: 16}, {Name: "V", Layer: 1, ItemLen: 64, Pages: 16}}}
-			step(HelloMsg{From: from, Hello: hello, Token: "s1"})
-			require.Equal(t, 1, c.state().Sessions, "the session opened")
 			// Room 1 holds page 0: the flood's page of another room.
 			n := &wire.ChunkNotice{Session: "s1", Room: 1, Start: 0, End: 4, Status: wire.Status_SUCCEEDED, Positions: []int64{0}, DstPages: []int64{0}}
 			require.Equal(t, AnswerNotice{}, answer(t, step(NoticeMsg{From: from, Notice: n})))
