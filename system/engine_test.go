@@ -32,9 +32,11 @@ const (
 // transport and 4 MLA buffers of 16 pages in its host memory, and the
 // decode peer "d" of as many pages, its regions registered.
 type enginePools struct {
+	fab     *loopback.Fabric
 	pre     *loopback.Transport
 	buffers []Buffer
 	peer    Peer
+	dst     []uint64 // the decode buffers' bases in host memory
 }
 
 func newEnginePools(t testing.TB) enginePools {
@@ -62,7 +64,7 @@ func newEnginePools(t testing.TB) enginePools {
 		require.NoError(t, err)
 		peer.Buffers = append(peer.Buffers, PeerBuffer{Region: r.Desc(), ItemLen: itemLen})
 	}
-	return enginePools{pre: pre, buffers: MLABuffers(bases(src), itemLen, pages), peer: peer}
+	return enginePools{fab: fab, pre: pre, buffers: MLABuffers(bases(src), itemLen, pages), peer: peer, dst: bases(dst)}
 }
 
 // newEngine returns an engine over 4 MLA buffers (3 hook layers) and a

@@ -8,9 +8,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/errors"
-	"github.com/kvstream/kvstream/hw/hostmem"
 	"github.com/kvstream/kvstream/hw/rdma"
-	"github.com/kvstream/kvstream/hw/rdma/loopback"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
@@ -50,34 +48,20 @@ func (e *countingEndpoint) Close() error {
 // no record of, and no endpoint to, the ended ones; a peer in use is not
 // removed; a removed id may be added again, lost before or not.
 func TestRemovePeerForgetsIt(t *testing.T) {
-	fab := loopback.NewFabric(loopback.Options{})
-	pre, err := fab.NewTransport("p")
-	require.NoError(t, err)
-	src, err := hostmem.Alloc(4 * itemLen * pages)
-	require.NoError(t, err)
-	dst, err := hostmem.Alloc(4 * itemLen * pages)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = pre.Close(); _ = src.Free(); _ = dst.Free() })
-	bases := func(b *hostmem.Block) []uint64 {
-		out := make([]uint64, 4)
-		for i := range out {
-			out[i] = b.Addr + uint64(i*itemLen*pages)
-		}
-		return out
-	}
-	tr := &countingTransport{Transport: pre}
-	e, err := New(Config{Buffers: MLABuffers(bases(src), itemLen, pages), HookLayers: 3, PageSize: 4},
+	pools := newEnginePools(t)
+	tr := &countingTransport{Transport: pools.pre}
+	e, err := New(Config{Buffers: pools.buffers, HookLayers: 3, PageSize: 4},
 		WithTransport(tr), withSimulated(), WithLogger(zap.NewNop()), WithGetenv(func(string) string { return "" }))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = e.Close() })
 	// decode is a decode session: its transport (a process of its own, in
 	// production) and its peer record.
 	decode := func(id string) Peer {
-		dec, err := fab.NewTransport(id + "-" + fmt.Sprint(time.Now().UnixNano()))
+		dec, err := pools.fab.NewTransport(id + "-" + fmt.Sprint(time.Now().UnixNano()))
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = dec.Close() })
 		p := Peer{ID: id, Address: dec.Address()}
-		for _, base := range bases(dst) {
+		for _, base := range pools.dst {
 			r, err := dec.Register(base, itemLen*pages)
 			require.NoError(t, err)
 			p.Buffers = append(p.Buffers, PeerBuffer{Region: r.Desc(), ItemLen: itemLen})
