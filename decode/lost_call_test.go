@@ -3,7 +3,6 @@ package decode_test
 import (
 	"context"
 	"errors"
-	"syscall"
 	"testing"
 	"time"
 
@@ -34,7 +33,7 @@ func TestCallEndsWhenTheDecodeIsLost(t *testing.T) {
 	lost := make(chan struct{})
 	c.OnLost(func(error) { close(lost) })
 
-	require.NoError(t, dec.Process.Signal(syscall.SIGSTOP))
+	stopDecode(t, dec)
 	notified := make(chan error, 1)
 	go func() { notified <- c.Notify(context.Background(), notice(1, 0, 1, 0, true, system.Succeeded, nil)) }()
 	select {

@@ -2,6 +2,7 @@ package decode_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -245,7 +246,7 @@ func TestHeartbeatsFindStoppedDecode(t *testing.T) {
 	lost := make(chan error, 1)
 	c.OnLost(func(err error) { lost <- err })
 
-	require.NoError(t, dec.Process.Signal(syscall.SIGSTOP))
+	stopDecode(t, dec)
 	stopped := time.Now()
 	select {
 	case err := <-lost:
@@ -442,6 +443,44 @@ func startDecodeRole(t *testing.T, role string) (*exec.Cmd, string, *bufio.Reade
 	addr, err := lines.ReadString('\n')
 	require.NoError(t, err, "the decode process printed no address")
 	return dec, strings.TrimSpace(addr), lines
+}
+
+// stopDecode SIGSTOPs the decode process and returns once every thread of
+// it is stopped (state T in /proc/PID/task/*/stat): kill(2) only queues the
+// stop, and a thread another CPU runs stops when it next enters the
+// kernel, so a message sent right after the signal could still be answered.
+func stopDecode(t *testing.T, dec *exec.Cmd) {
+	t.Helper()
+	require.NoError(t, dec.Process.Signal(syscall.SIGSTOP))
+	pid := dec.Process.Pid
+	deadline := time.Now().Add(10 * time.Second)
+	for !allThreadsStopped(pid) {
+		if time.Now().After(deadline) {
+			t.Fatalf("decode process %d: some thread not stopped 10s after SIGSTOP", pid)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// allThreadsStopped reports whether every thread of process pid is stopped
+// by a signal.
+func allThreadsStopped(pid int) bool {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return false
+	}
+	for _, task := range tasks {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+		if err != nil {
+			return false
+		}
+		// The state follows the command name, which is in parentheses.
+		i := bytes.LastIndexByte(stat, ')')
+		if i < 0 || i+2 >= len(stat) || stat[i+2] != 'T' {
+			return false
+		}
+	}
+	return true
 }
 
 // runPrefillProcess runs this test binary as a prefill process in role
