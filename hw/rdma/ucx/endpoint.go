@@ -486,6 +486,15 @@ func (t *Transport) flushDone(leader *batch, st C.ucs_status_t) {
 		leader.flushOK = true
 		return
 	}
+	if st == C.UCS_OK && !leader.needAck && leader.ep.lstate >= epClosing {
+		// The endpoint's forced close began with the batch in flight, and
+		// no peer's answer confirms its writes: UCX may complete a flush
+		// the close cut short (over shared memory a put to a peer that is
+		// gone is a copy into a segment only this side still maps), and
+		// kvs_ep_close progresses the worker before the close's event
+		// arrives. finishClose fails the batch, as Close says.
+		return
+	}
 	if st == C.UCS_OK {
 		st = leader.ackSt
 	} else if st != C.UCS_ERR_REJECTED {

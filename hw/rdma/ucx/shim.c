@@ -14,6 +14,37 @@
 #include <malloc.h>
 #endif
 
+// ---- One caller into UCX per process ----
+//
+// UCX keeps the async handlers of every worker of the process in one table,
+// keyed by file descriptor. When its async thread finds a worker's context
+// held (a UCP call or a progress on it), it queues the event as missed, by
+// descriptor, and that worker's next ucp_worker_progress handles it. If the
+// handler was removed in between (the connection closed) and the descriptor
+// reused by another worker's new handler, UCX before 1.18 handles the stale
+// event with that other worker's handler and aborts the process first, on
+// ``async.c:643 Assertion `handler->async == async' failed'' (openucx/ucx
+// #9942 skips such events). A decode's access points are workers of one
+// process, and tests run a prefill's transport beside a decode's.
+//
+// Two rules keep a missed event from outliving its handler here:
+//  - every shim call that may add or remove a handler, or progress a worker,
+//    holds kvs_ucx_mu, so the workers of another transport of the process
+//    cannot take a descriptor between a handler's removal and the progress
+//    that drops its missed events;
+//  - a call that removes handlers outside a progress (a forced endpoint
+//    close) progresses that worker once before it returns (kvs_settle).
+// What remains is UCX's own async thread accepting a connection for another
+// access point in that window (docs/DEPLOYMENT.md).
+static pthread_mutex_t kvs_ucx_mu = PTHREAD_MUTEX_INITIALIZER;
+
+// Handles the events w's async context missed while a call held it, now,
+// while the handlers they name are the ones that missed them.
+static void kvs_settle(ucp_worker_h w)
+{
+    ucp_worker_progress(w);
+}
+
 // kvs_push may run inside any UCX call made by the progress goroutine. The lock
 // is uncontended in practice; it is there in case a UCX version ever invokes
 // a handler from its async thread.
@@ -315,9 +346,9 @@ static ucs_status_t kvs_worker_new(kvs_ctx_t *c, ucp_worker_h *w, int *efd,
     return status;
 }
 
-ucs_status_t kvs_init(kvs_ctx_t **out, const char **keys, const char **vals,
-                      int nkv, int wakeup, int rma, uint64_t frag,
-                      const char *name)
+static ucs_status_t kvs_init_locked(kvs_ctx_t **out, const char **keys,
+                                    const char **vals, int nkv, int wakeup,
+                                    int rma, uint64_t frag, const char *name)
 {
     ucp_config_t *config;
     ucp_params_t params;
@@ -383,10 +414,12 @@ err_free:
     return status;
 }
 
-void kvs_destroy(kvs_ctx_t *c)
+static void kvs_access_close_locked(kvs_ctx_t *c, ucp_worker_h w);
+
+static void kvs_destroy_locked(kvs_ctx_t *c)
 {
     while (c->naw > 0) {
-        kvs_access_close(c, c->aw[c->naw - 1]);
+        kvs_access_close_locked(c, c->aw[c->naw - 1]);
     }
     free(c->aw);
     free(c->awk);
@@ -488,6 +521,7 @@ static void kvs_reap(kvs_wk_t *w)
 {
     ucp_request_param_t param;
     ucs_status_ptr_t sp;
+    int closed = 0;
 
     while (w->nfailed > 0) {
         memset(&param, 0, sizeof(param));
@@ -497,6 +531,10 @@ static void kvs_reap(kvs_wk_t *w)
         if (sp != NULL && !UCS_PTR_IS_ERR(sp)) {
             ucp_request_free(sp);
         }
+        closed = 1;
+    }
+    if (closed) {
+        kvs_settle(w->worker);
     }
 }
 
@@ -552,8 +590,8 @@ static int kvs_sockaddr(struct sockaddr_storage *ss, socklen_t *len,
 
 // Opens the access point's listener on ip (IPv6 if v6), on a port the
 // kernel picks; *port is that port.
-ucs_status_t kvs_access_listen(kvs_wk_t *wk, const char *ip, int v6,
-                               uint16_t *port)
+static ucs_status_t kvs_access_listen_locked(kvs_wk_t *wk, const char *ip,
+                                             int v6, uint16_t *port)
 {
     ucp_listener_params_t params;
     ucp_listener_attr_t attr;
@@ -595,7 +633,8 @@ ucs_status_t kvs_access_listen(kvs_wk_t *wk, const char *ip, int v6,
 // packed remote keys belong to the context, so every region is writable
 // through any of its workers, and destroying the worker closes exactly the
 // connections peers made to it.
-ucs_status_t kvs_access_open(kvs_ctx_t *c, ucp_worker_h *w, kvs_wk_t **wkp)
+static ucs_status_t kvs_access_open_locked(kvs_ctx_t *c, ucp_worker_h *w,
+                                           kvs_wk_t **wkp)
 {
     ucs_status_t status;
     kvs_wk_t *wk;
@@ -661,7 +700,7 @@ void kvs_access_revoke(kvs_wk_t *wk)
 // with them the connections peers made to it (over TCP the sockets close,
 // unread; over RDMA the queue pairs and DC targets are destroyed), so that
 // UCX applies nothing more that arrives for it.
-void kvs_access_close(kvs_ctx_t *c, ucp_worker_h w)
+static void kvs_access_close_locked(kvs_ctx_t *c, ucp_worker_h w)
 {
     kvs_wk_t *wk = NULL;
     size_t i;
@@ -842,7 +881,8 @@ ucs_status_t kvs_mem_unmap(kvs_ctx_t *c, ucp_mem_h memh)
     return ucp_mem_unmap(c->context, memh);
 }
 
-ucs_status_t kvs_ep_create(kvs_ctx_t *c, kvs_ep_t *e, const void *addr)
+static ucs_status_t kvs_ep_create_locked(kvs_ctx_t *c, kvs_ep_t *e,
+                                         const void *addr)
 {
     ucp_ep_params_t params;
 
@@ -860,8 +900,9 @@ ucs_status_t kvs_ep_create(kvs_ctx_t *c, kvs_ep_t *e, const void *addr)
 
 // Connects to an access point's listener at ip:port (UCX's client-server
 // connection establishment; see kvs_conn_cb for why).
-ucs_status_t kvs_ep_connect(kvs_ctx_t *c, kvs_ep_t *e, const char *ip, int v6,
-                            uint16_t port)
+static ucs_status_t kvs_ep_connect_locked(kvs_ctx_t *c, kvs_ep_t *e,
+                                          const char *ip, int v6,
+                                          uint16_t port)
 {
     ucp_ep_params_t params;
     struct sockaddr_storage ss;
@@ -887,7 +928,7 @@ ucs_status_t kvs_ep_connect(kvs_ctx_t *c, kvs_ep_t *e, const char *ip, int v6,
 
 // Starts a forced close. The KVS_EV_EP_CLOSED event is queued whether the
 // close completes now or later, so Go has a single path for it.
-ucs_status_t kvs_ep_close(kvs_ctx_t *c, kvs_ep_t *e)
+static ucs_status_t kvs_ep_close_locked(kvs_ctx_t *c, kvs_ep_t *e)
 {
     ucp_request_param_t param;
     ucs_status_ptr_t sp;
@@ -899,6 +940,7 @@ ucs_status_t kvs_ep_close(kvs_ctx_t *c, kvs_ep_t *e)
     param.cb.send      = kvs_close_cb;
     param.user_data    = e;
     sp = ucp_ep_close_nbx(e->ep, &param);
+    kvs_settle(c->worker);
     if (sp == NULL) {
         kvs_push(c, e->id, KVS_EV_EP_CLOSED, UCS_OK);
         return UCS_OK;
@@ -913,7 +955,7 @@ ucs_status_t kvs_ep_close(kvs_ctx_t *c, kvs_ep_t *e)
 
 // Flushes everything posted on the endpoint so far; KVS_EV_EP_DRAINED is
 // queued when that completed at the target (or failed).
-void kvs_ep_drain(kvs_ctx_t *c, kvs_ep_t *e)
+static void kvs_ep_drain_locked(kvs_ctx_t *c, kvs_ep_t *e)
 {
     ucp_request_param_t param;
     ucs_status_ptr_t sp;
@@ -965,8 +1007,9 @@ void kvs_rkey_destroy(uint64_t rkey)
 // first failure (UCS_OK if none), and the flush still runs, so that every
 // batch is reported only once nothing of it is still in flight. r is the
 // flush's record: its KVS_EV_BATCH event carries the flush's status.
-int kvs_post(kvs_ctx_t *c, kvs_ep_t *e, const kvs_write_t *ws,
-             const uint32_t *counts, int32_t *errs, size_t nb, kvs_req_t *r)
+static int kvs_post_locked(kvs_ctx_t *c, kvs_ep_t *e, const kvs_write_t *ws,
+                           const uint32_t *counts, int32_t *errs, size_t nb,
+                           kvs_req_t *r)
 {
     ucp_request_param_t param;
     ucs_status_ptr_t sp;
@@ -1083,8 +1126,8 @@ int kvs_post(kvs_ctx_t *c, kvs_ep_t *e, const kvs_write_t *ws,
 // count, with bit 31 set if an event was lost. The progress count goes to
 // c->progressed, so the caller can tell idle from busy without passing a
 // pointer (which would make cgo allocate on every call).
-unsigned kvs_poll(kvs_ctx_t *c, kvs_event_t *out, unsigned cap,
-                  unsigned max_iter)
+static unsigned kvs_poll_locked(kvs_ctx_t *c, kvs_event_t *out, unsigned cap,
+                                unsigned max_iter)
 {
     unsigned total = 0, n, i;
     size_t k, a;
@@ -1135,19 +1178,21 @@ int kvs_wait(kvs_ctx_t *c, long timeout_us)
         nanosleep(&ts, NULL);
         return 0;
     }
+    // Arming is a UCP call on every worker (see kvs_ucx_mu); the sleep
+    // itself holds nothing.
+    pthread_mutex_lock(&kvs_ucx_mu);
     for (i = 0; i <= c->naw; i++) {
         ucp_worker_h w = i == 0 ? c->worker : c->aw[i - 1];
         status = ucp_worker_arm(w);
-        if (status == UCS_ERR_BUSY) {
-            return 1;
-        }
         if (status != UCS_OK) {
-            return -1;
+            pthread_mutex_unlock(&kvs_ucx_mu);
+            return status == UCS_ERR_BUSY ? 1 : -1;
         }
         c->pfd[i].fd      = i == 0 ? c->efd : c->aefd[i - 1];
         c->pfd[i].events  = POLLIN;
         c->pfd[i].revents = 0;
     }
+    pthread_mutex_unlock(&kvs_ucx_mu);
     // EINTR (Go's preemption signals) just ends the nap early.
     ppoll(c->pfd, 1 + c->naw, &ts, NULL);
     return 0;
@@ -1156,4 +1201,113 @@ int kvs_wait(kvs_ctx_t *c, long timeout_us)
 ucs_status_t kvs_signal(kvs_ctx_t *c)
 {
     return ucp_worker_signal(c->worker);
+}
+
+// ---- The calls Go makes, each under kvs_ucx_mu (see the top) ----
+
+ucs_status_t kvs_init(kvs_ctx_t **out, const char **keys, const char **vals,
+                      int nkv, int wakeup, int rma, uint64_t frag,
+                      const char *name)
+{
+    ucs_status_t status;
+
+    pthread_mutex_lock(&kvs_ucx_mu);
+    status = kvs_init_locked(out, keys, vals, nkv, wakeup, rma, frag, name);
+    pthread_mutex_unlock(&kvs_ucx_mu);
+    return status;
+}
+
+void kvs_destroy(kvs_ctx_t *c)
+{
+    pthread_mutex_lock(&kvs_ucx_mu);
+    kvs_destroy_locked(c);
+    pthread_mutex_unlock(&kvs_ucx_mu);
+}
+
+ucs_status_t kvs_access_listen(kvs_wk_t *wk, const char *ip, int v6,
+                               uint16_t *port)
+{
+    ucs_status_t status;
+
+    pthread_mutex_lock(&kvs_ucx_mu);
+    status = kvs_access_listen_locked(wk, ip, v6, port);
+    pthread_mutex_unlock(&kvs_ucx_mu);
+    return status;
+}
+
+ucs_status_t kvs_access_open(kvs_ctx_t *c, ucp_worker_h *w, kvs_wk_t **wkp)
+{
+    ucs_status_t status;
+
+    pthread_mutex_lock(&kvs_ucx_mu);
+    status = kvs_access_open_locked(c, w, wkp);
+    pthread_mutex_unlock(&kvs_ucx_mu);
+    return status;
+}
+
+void kvs_access_close(kvs_ctx_t *c, ucp_worker_h w)
+{
+    pthread_mutex_lock(&kvs_ucx_mu);
+    kvs_access_close_locked(c, w);
+    pthread_mutex_unlock(&kvs_ucx_mu);
+}
+
+ucs_status_t kvs_ep_create(kvs_ctx_t *c, kvs_ep_t *e, const void *addr)
+{
+    ucs_status_t status;
+
+    pthread_mutex_lock(&kvs_ucx_mu);
+    status = kvs_ep_create_locked(c, e, addr);
+    pthread_mutex_unlock(&kvs_ucx_mu);
+    return status;
+}
+
+ucs_status_t kvs_ep_connect(kvs_ctx_t *c, kvs_ep_t *e, const char *ip, int v6,
+                            uint16_t port)
+{
+    ucs_status_t status;
+
+    pthread_mutex_lock(&kvs_ucx_mu);
+    status = kvs_ep_connect_locked(c, e, ip, v6, port);
+    pthread_mutex_unlock(&kvs_ucx_mu);
+    return status;
+}
+
+ucs_status_t kvs_ep_close(kvs_ctx_t *c, kvs_ep_t *e)
+{
+    ucs_status_t status;
+
+    pthread_mutex_lock(&kvs_ucx_mu);
+    status = kvs_ep_close_locked(c, e);
+    pthread_mutex_unlock(&kvs_ucx_mu);
+    return status;
+}
+
+void kvs_ep_drain(kvs_ctx_t *c, kvs_ep_t *e)
+{
+    pthread_mutex_lock(&kvs_ucx_mu);
+    kvs_ep_drain_locked(c, e);
+    pthread_mutex_unlock(&kvs_ucx_mu);
+}
+
+int kvs_post(kvs_ctx_t *c, kvs_ep_t *e, const kvs_write_t *ws,
+             const uint32_t *counts, int32_t *errs, size_t nb, kvs_req_t *r)
+{
+    int acked;
+
+    pthread_mutex_lock(&kvs_ucx_mu);
+    acked = kvs_post_locked(c, e, ws, counts, errs, nb, r);
+    pthread_mutex_unlock(&kvs_ucx_mu);
+    return acked;
+}
+
+unsigned kvs_poll(kvs_ctx_t *c, kvs_event_t *out, unsigned cap,
+                  unsigned max_iter)
+{
+    unsigned k;
+
+    pthread_mutex_lock(&kvs_ucx_mu);
+    k = kvs_poll_locked(c, out, cap, max_iter);
+    pthread_mutex_unlock(&kvs_ucx_mu);
+    return k;
 }
