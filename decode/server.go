@@ -64,6 +64,15 @@ const (
 	DefaultMaxPoolBytes = 64 << 30
 )
 
+// The largest Config.MaxRoomsPerSession and Config.MaxChunksPerRoom New
+// takes: a server's trace records them, and a trace holding more does not
+// replay (trace.MaxDecodeRooms, trace.MaxDecodeChunks). Real bounds are
+// thousands.
+const (
+	MaxRoomsPerSessionLimit = trace.MaxDecodeRooms
+	MaxChunksPerRoomLimit   = trace.MaxDecodeChunks
+)
+
 // ProtocolVersion is the control protocol version this package speaks
 // (messages/wire: Hello.version, Offer.version).
 const ProtocolVersion = core.ProtocolVersion
@@ -169,8 +178,12 @@ func New(node *Node, tr rdma.Transport, cfg Config) (_ *Server, err error) {
 		return nil, badInput("MaxSessions %d: must not be negative", cfg.MaxSessions)
 	case cfg.MaxRoomsPerSession < 0:
 		return nil, badInput("MaxRoomsPerSession %d: must not be negative", cfg.MaxRoomsPerSession)
+	case cfg.MaxRoomsPerSession > MaxRoomsPerSessionLimit:
+		return nil, badInput("MaxRoomsPerSession %d: want 0 (the default, %d) to %d", cfg.MaxRoomsPerSession, DefaultMaxRoomsPerSession, MaxRoomsPerSessionLimit)
 	case cfg.MaxChunksPerRoom < 0:
 		return nil, badInput("MaxChunksPerRoom %d: must not be negative", cfg.MaxChunksPerRoom)
+	case cfg.MaxChunksPerRoom > MaxChunksPerRoomLimit:
+		return nil, badInput("MaxChunksPerRoom %d: want 0 (the default, %d) to %d", cfg.MaxChunksPerRoom, DefaultMaxChunksPerRoom, MaxChunksPerRoomLimit)
 	case cfg.ByeGrace < 0:
 		return nil, badInput("ByeGrace %v: must not be negative", cfg.ByeGrace)
 	case cfg.RoomTimeout < 0:
