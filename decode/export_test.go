@@ -2,6 +2,7 @@ package decode
 
 import (
 	"context"
+	"slices"
 
 	"github.com/asynkron/protoactor-go/actor"
 )
@@ -26,4 +27,21 @@ func WaitersForTest(s *Server, id uint64) int {
 	var n int
 	_ = s.inActor(func() { n = len(s.waiters[id]) })
 	return n
+}
+
+// SetMaxUnacceptedForTest lowers the bound on the ended sessions s keeps
+// for Accept (MaxUnaccepted).
+func SetMaxUnacceptedForTest(s *Server, n int) {
+	s.acceptMu.Lock()
+	defer s.acceptMu.Unlock()
+	s.maxUnaccepted = n
+}
+
+// UnacceptedForTest is the sessions s keeps for Accept, oldest first, once
+// the actor handled what reached it before the call (a Hello answered).
+func UnacceptedForTest(s *Server) []*Session {
+	_ = s.inActor(func() {})
+	s.acceptMu.Lock()
+	defer s.acceptMu.Unlock()
+	return slices.Clone(s.accepted)
 }

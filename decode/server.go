@@ -64,6 +64,15 @@ const (
 	DefaultMaxPoolBytes = 64 << 30
 )
 
+// The largest Config.MaxRoomsPerSession and Config.MaxChunksPerRoom New
+// takes: a server's trace records them, and a trace holding more does not
+// replay (trace.MaxDecodeRooms, trace.MaxDecodeChunks). Real bounds are
+// thousands.
+const (
+	MaxRoomsPerSessionLimit = trace.MaxDecodeRooms
+	MaxChunksPerRoomLimit   = trace.MaxDecodeChunks
+)
+
 // ProtocolVersion is the control protocol version this package speaks
 // (messages/wire: Hello.version, Offer.version).
 const ProtocolVersion = core.ProtocolVersion
@@ -130,9 +139,11 @@ type Server struct {
 	stopped chan struct{} // closed when the actor stopped
 
 	acceptMu sync.Mutex
-	accepted []*Session
+	accepted []*Session    // said Hello, not yet Accepted (keepAccepted bounds the ended ones)
 	acceptCh chan struct{} // closed and replaced when a session arrives
 	closed   bool          // no more Accept
+	// maxUnaccepted is MaxUnaccepted (a test lowers it).
+	maxUnaccepted int
 }
 
 type waitResult struct {
@@ -167,8 +178,12 @@ func New(node *Node, tr rdma.Transport, cfg Config) (_ *Server, err error) {
 		return nil, badInput("MaxSessions %d: must not be negative", cfg.MaxSessions)
 	case cfg.MaxRoomsPerSession < 0:
 		return nil, badInput("MaxRoomsPerSession %d: must not be negative", cfg.MaxRoomsPerSession)
+	case cfg.MaxRoomsPerSession > MaxRoomsPerSessionLimit:
+		return nil, badInput("MaxRoomsPerSession %d: want 0 (the default, %d) to %d", cfg.MaxRoomsPerSession, DefaultMaxRoomsPerSession, MaxRoomsPerSessionLimit)
 	case cfg.MaxChunksPerRoom < 0:
 		return nil, badInput("MaxChunksPerRoom %d: must not be negative", cfg.MaxChunksPerRoom)
+	case cfg.MaxChunksPerRoom > MaxChunksPerRoomLimit:
+		return nil, badInput("MaxChunksPerRoom %d: want 0 (the default, %d) to %d", cfg.MaxChunksPerRoom, DefaultMaxChunksPerRoom, MaxChunksPerRoomLimit)
 	case cfg.ByeGrace < 0:
 		return nil, badInput("ByeGrace %v: must not be negative", cfg.ByeGrace)
 	case cfg.RoomTimeout < 0:
@@ -217,7 +232,7 @@ func New(node *Node, tr rdma.Transport, cfg Config) (_ *Server, err error) {
 	}
 	s := &Server{node: node, tr: tr, cfg: cfg, log: log, obs: cfg.Observer, key: node.Addr() + "/" + name, access: map[string]rdma.PeerAccess{},
 		sessions: map[string]*Session{}, waiters: map[uint64][]chan waitResult{}, timers: map[uint64]*time.Timer{}, byes: map[string]*actor.PID{}, cancels: map[uint64][]chan bool{}, drained: make(chan struct{}),
-		stopped: make(chan struct{}), acceptCh: make(chan struct{})}
+		stopped: make(chan struct{}), acceptCh: make(chan struct{}), maxUnaccepted: MaxUnaccepted}
 	if s.obs == nil {
 		s.obs = nopObserver{}
 	}
@@ -569,7 +584,7 @@ func (s *Server) opened(info core.SessionInfo) {
 	// session opened in between is ended by that CloseMsg, and no Accept
 	// takes it.
 	if !s.closed {
-		s.accepted = append(s.accepted, ss)
+		s.accepted = keepAccepted(append(s.accepted, ss), s.maxUnaccepted)
 		close(s.acceptCh)
 		s.acceptCh = make(chan struct{})
 	}
@@ -908,15 +923,28 @@ func (s *Server) Cancel(ctx context.Context, id uint64, why string) error {
 	}
 }
 
-// Accept returns the next prefill session that said Hello (sessions are
-// served whether or not anyone accepts them; Accept is how the serving
-// stack learns of them, to log them or to wait for their end). It returns
-// within ctx.
+// MaxUnaccepted bounds the sessions that ended and that Accept has not
+// returned which a Server keeps: past it, the oldest of them are dropped.
+// A session still open is never dropped (Config.MaxSessions bounds those
+// open, Config.RevokeTimeout how long an ending one waits for its
+// revocation), so a server nobody Accepts from keeps at most this many
+// sessions besides its live ones, and what they hold (their reports).
+const MaxUnaccepted = 1024
+
+// Accept returns the next prefill session that said Hello, in the order
+// they said it (sessions are served whether or not anyone accepts them;
+// Accept is how the serving stack learns of them, to log them or to wait
+// for their end). A session that ended before Accept took it may be gone:
+// once more than MaxUnaccepted sessions wait to be accepted, the oldest
+// that ended are dropped, so a stack that never calls Accept does not
+// keep every session for the server's life. Every session still open
+// is returned. It returns within ctx.
 func (s *Server) Accept(ctx context.Context) (*Session, error) {
 	for {
 		s.acceptMu.Lock()
 		if len(s.accepted) > 0 {
 			ss := s.accepted[0]
+			s.accepted[0] = nil // the array does not keep it
 			s.accepted = s.accepted[1:]
 			s.acceptMu.Unlock()
 			return ss, nil
@@ -933,6 +961,27 @@ func (s *Server) Accept(ctx context.Context) (*Session, error) {
 			return nil, public(errors.Wrap(ctx.Err(), "accept a prefill session"))
 		}
 	}
+}
+
+// keepAccepted drops the oldest sessions of list that ended until it holds
+// at most max, keeping the order; sessions still open all stay, however
+// many. The slots it empties are cleared: the array does not keep what it
+// dropped.
+func keepAccepted(list []*Session, max int) []*Session {
+	excess := len(list) - max
+	if excess <= 0 {
+		return list
+	}
+	out := list[:0]
+	for _, ss := range list {
+		if excess > 0 && ss.ended() {
+			excess--
+			continue
+		}
+		out = append(out, ss)
+	}
+	clear(list[len(out):])
+	return out
 }
 
 // Drain stops taking sessions (a Hello is answered ErrUnavailable) and

@@ -50,6 +50,16 @@ func (s *Session) Wait(ctx context.Context) (SessionReport, error) {
 	return s.report, s.err
 }
 
+// ended says whether the session ended (finish ran).
+func (s *Session) ended() bool {
+	select {
+	case <-s.done:
+		return true
+	default:
+		return false
+	}
+}
+
 // finish reports the session's end, once (the server's actor calls it).
 func (s *Session) finish(r SessionReport, err error) {
 	s.report, s.err = r, err

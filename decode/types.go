@@ -117,12 +117,14 @@ type Config struct {
 	RoomTimeout time.Duration
 	// MaxRoomsPerSession bounds the rooms one session reports in that have
 	// not ended, with those nobody Expected that ended but whose pages wait
-	// for the session's revocation (default 4096): a notice that would open
-	// one more is refused.
+	// for the session's revocation (default 4096, at most
+	// MaxRoomsPerSessionLimit): a notice that would open one more is
+	// refused.
 	MaxRoomsPerSession int
 	// MaxChunksPerRoom bounds the distinct chunks one room holds (default
-	// 8192): the notice of one more is refused and fails the room. It
-	// caps the records a peer can make the server keep for one room. Real
+	// 8192, at most MaxChunksPerRoomLimit): the notice of one more is
+	// refused and fails the room. It caps the records a peer can make the
+	// server keep for one room. Real
 	// rooms are far below it: a 1M-token prompt prefilled in chunks of 512
 	// tokens is 2048 chunks.
 	MaxChunksPerRoom int

@@ -1,19 +1,50 @@
 package main
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/decode"
 	"github.com/kvstream/kvstream/lab/service"
 	"github.com/kvstream/kvstream/lab/simsession"
 	"github.com/kvstream/kvstream/lab/workload"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // maxPoolMiB bounds --max-pool-mib: 1 TiB.
 const maxPoolMiB = 1 << 20
+
+// sessionBounds are kvstream decode's bounds on what one prefill session
+// may make a server hold (decode.Config.MaxRoomsPerSession and
+// MaxChunksPerRoom); 0 is the library's default.
+type sessionBounds struct{ rooms, chunks int }
+
+func (b *sessionBounds) add(fl *pflag.FlagSet) {
+	fl.IntVar(&b.rooms, "max-rooms-per-session", 0, fmt.Sprintf(
+		"the most rooms one prefill session may hold open; a notice that would open one more is refused (0: the default, %d)", decode.DefaultMaxRoomsPerSession))
+	fl.IntVar(&b.chunks, "max-chunks-per-room", 0, fmt.Sprintf(
+		"the most chunks one room may hold; the notice of one more is refused and fails the room (0: the default, %d)", decode.DefaultMaxChunksPerRoom))
+}
+
+// check refuses what decode.New would, naming the flag.
+func (b sessionBounds) check() error {
+	switch {
+	case b.rooms < 0 || b.rooms > decode.MaxRoomsPerSessionLimit:
+		return errors.Newf("--max-rooms-per-session %d: want 0 (the default, %d) to %d", b.rooms, decode.DefaultMaxRoomsPerSession, decode.MaxRoomsPerSessionLimit)
+	case b.chunks < 0 || b.chunks > decode.MaxChunksPerRoomLimit:
+		return errors.Newf("--max-chunks-per-room %d: want 0 (the default, %d) to %d", b.chunks, decode.DefaultMaxChunksPerRoom, decode.MaxChunksPerRoomLimit)
+	}
+	return nil
+}
+
+// apply sets the bounds of every server cfg starts.
+func (b sessionBounds) apply(cfg *simsession.DecodeProcessConfig) {
+	cfg.MaxRoomsPerSession, cfg.MaxChunksPerRoom = b.rooms, b.chunks
+}
 
 // newDecode is `kvstream decode`: its flags over
 // simsession.RunDecodeProcess, which s may adjust (a test's hooks).
@@ -25,6 +56,7 @@ func newDecode(s seams) *cobra.Command {
 	var wait time.Duration
 	var sessions int
 	var maxPool uint64
+	var bounds sessionBounds
 	var verbose bool
 	var record string
 	var shard workload.Config // its TP and PP degrees only
@@ -76,6 +108,9 @@ says what each plane trusts.`,
 			case maxPool == 0 || maxPool > maxPoolMiB:
 				return errors.Newf("--max-pool-mib %d: want 1 to %d", maxPool, maxPoolMiB)
 			}
+			if err := bounds.check(); err != nil {
+				return err
+			}
 			sharded := shard.PrefillTP != 0 || shard.DecodeTP != 0 || shard.PrefillPP != 0 || shard.DecodePP != 0
 			if !sharded && (cmd.Flags().Changed("model") || cmd.Flags().Changed("page-order")) {
 				return errors.New("--model and --page-order apply to a sharded decode (--prefill-tp, --decode-tp, --prefill-pp, --decode-pp); unsharded, the pool takes the prefill's geometry")
@@ -110,6 +145,7 @@ says what each plane trusts.`,
 			defer pl.close(&err)
 			cfg := simsession.DecodeProcessConfig{Node: pl.node, Transport: pl.tr, TransportName: transport, MaxPoolBytes: maxPool << 20,
 				Prefills: prefills, Sessions: sessions, Wait: wait, DrainTimeout: of.drain, TracePath: record, Ops: ops, Out: cmd.OutOrStdout(), Log: log}
+			bounds.apply(&cfg)
 			if sharded {
 				cfg.Shard = &workload.Shard{Model: model, PrefillTP: shard.PrefillTP, DecodeTP: shard.DecodeTP,
 					PrefillPP: shard.PrefillPP, DecodePP: shard.DecodePP, Order: order}
@@ -128,13 +164,14 @@ says what each plane trusts.`,
 	fl.DurationVar(&wait, "wait", 0, "stop serving (and drain) after this long (0: no limit)")
 	of.add(fl)
 	fl.Uint64Var(&maxPool, "max-pool-mib", 4096, "the most memory the decode pool sized for a prefill may take (sharded: each rank's)")
+	bounds.add(fl)
 	fl.StringVar(&model, "model", workload.Defaults().Preset.Name, "sharded: the prefill's model preset: "+strings.Join(workload.PresetNames(), ", "))
 	addShardFlags(fl, &shard, &pageOrder)
 	fl.BoolVar(&verbose, "verbose", false, "log at DEBUG")
 	fl.StringVar(&record, "record", "", "write each server's message trace to this file when it stops (sharded: FILE-<server name>; replay it with kvstream replay)")
 	groupFlags(cmd, slices.Concat(netGroups, []flagGroup{
 		{groupModel, []string{"model", "prefill-tp", "decode-tp", "prefill-pp", "decode-pp", "page-order", "max-pool-mib"}},
-		{groupRun, []string{"sessions", "wait", "verbose", "record"}},
+		{groupRun, []string{"sessions", "max-rooms-per-session", "max-chunks-per-room", "wait", "verbose", "record"}},
 		{groupOps, []string{"metrics-addr", "drain-timeout"}}})...)
 	return cmd
 }

@@ -31,6 +31,10 @@ type DecodeProcessConfig struct {
 	// prefills served.
 	MaxPoolBytes uint64
 	Prefills     []string
+	// MaxRoomsPerSession and MaxChunksPerRoom are every server's
+	// (decode.Config's fields of the same names; 0: decode's default).
+	MaxRoomsPerSession int
+	MaxChunksPerRoom   int
 	// Sessions, if positive, stops the process once that many prefill
 	// sessions that did something ended; Wait, if positive, stops serving
 	// after that long. DrainTimeout bounds the drain.
@@ -61,6 +65,17 @@ type decodeProcess interface {
 	Close(context.Context) error
 }
 
+// serverOptions are what cfg sets in every server's decode.Config.
+func (cfg DecodeProcessConfig) serverOptions(obs decode.Observer) []Option {
+	opts := []Option{WithObserver(obs), func(c *decode.Config) {
+		c.MaxRoomsPerSession, c.MaxChunksPerRoom = cfg.MaxRoomsPerSession, cfg.MaxChunksPerRoom
+	}}
+	if cfg.TracePath != "" {
+		opts = append(opts, func(c *decode.Config) { c.TracePath = cfg.TracePath })
+	}
+	return opts
+}
+
 // RunDecodeProcess is `kvstream decode`: it serves prefill processes, one
 // after another and at once, until SIGTERM or SIGINT (then it drains:
 // no new session, those in flight end within the drain timeout), until
@@ -76,10 +91,7 @@ func RunDecodeProcess(cfg DecodeProcessConfig) (err error) {
 	}
 	var d decodeProcess
 	ranks := ""
-	opts := []Option{WithObserver(metrics)}
-	if cfg.TracePath != "" {
-		opts = append(opts, func(c *decode.Config) { c.TracePath = cfg.TracePath })
-	}
+	opts := cfg.serverOptions(metrics)
 	if s := cfg.Shard; s != nil {
 		sd, err := StartShardedDecode(cfg.Node, cfg.Transport, *s, cfg.MaxPoolBytes, cfg.Prefills, cfg.Log, opts...)
 		if err != nil {

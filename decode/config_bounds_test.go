@@ -1,0 +1,48 @@
+package decode_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/kvstream/kvstream/decode"
+	"github.com/kvstream/kvstream/hw/hostmem"
+	"github.com/kvstream/kvstream/hw/rdma/loopback"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestSessionBoundsChecked: New refuses a MaxRoomsPerSession or
+// MaxChunksPerRoom below 0 or above its limit (a trace recording it would
+// not replay), naming the field and the value, and takes the limit itself.
+func TestSessionBoundsChecked(t *testing.T) {
+	tr, err := loopback.NewFabric(loopback.Options{}).NewTransport("decode")
+	require.NoError(t, err)
+	defer tr.Close()
+	pool, err := hostmem.Alloc(buffers * itemLen * pages)
+	require.NoError(t, err)
+	defer pool.Free()
+	node, err := decode.Listen("127.0.0.1:0", nil)
+	require.NoError(t, err)
+	defer node.Close(context.Background())
+	for _, tc := range []struct {
+		cfg  decode.Config
+		want string
+	}{
+		{decode.Config{MaxRoomsPerSession: -1}, "MaxRoomsPerSession -1: must not be negative"},
+		{decode.Config{MaxRoomsPerSession: decode.MaxRoomsPerSessionLimit + 1},
+			fmt.Sprintf("MaxRoomsPerSession %d: want 0 (the default, 4096) to %d", decode.MaxRoomsPerSessionLimit+1, decode.MaxRoomsPerSessionLimit)},
+		{decode.Config{MaxChunksPerRoom: -1}, "MaxChunksPerRoom -1: must not be negative"},
+		{decode.Config{MaxChunksPerRoom: decode.MaxChunksPerRoomLimit + 1},
+			fmt.Sprintf("MaxChunksPerRoom %d: want 0 (the default, 8192) to %d", decode.MaxChunksPerRoomLimit+1, decode.MaxChunksPerRoomLimit)},
+	} {
+		tc.cfg.Buffers = decodeBuffers(pool)
+		_, err := decode.New(node, tr, tc.cfg)
+		assert.ErrorIs(t, err, decode.ErrBadInput, tc.want)
+		assert.ErrorContains(t, err, tc.want)
+	}
+	srv, err := decode.New(node, tr, decode.Config{Buffers: decodeBuffers(pool), MaxRoomsPerSession: decode.MaxRoomsPerSessionLimit,
+		MaxChunksPerRoom: decode.MaxChunksPerRoomLimit})
+	require.NoError(t, err)
+	require.NoError(t, srv.Close(waitCtx(t)))
+}
