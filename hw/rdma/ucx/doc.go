@@ -310,20 +310,23 @@
 // message writes (and, in WriteRMA over TCP and shared memory, UCX's
 // emulated puts) when it progresses its workers.
 //
-// The Transports of one process make their UCP calls one at a time (one
+// The Transports of one process make every UCP call that may add or remove
+// one of UCX's async handlers, or progress a worker, one at a time (one
 // mutex in shim.c, never held while a progress goroutine sleeps or runs Go
 // code), and a forced endpoint close progresses its worker once before it
 // returns. UCX keys every worker's async handlers by file descriptor in one
-// table, and UCX before 1.18 (openucx/ucx#9942) handles an event a worker
-// missed while a call held it with whatever handler holds that descriptor
-// when the worker next progresses: after a close and the descriptor's reuse
-// by another worker, that is the other worker's, and UCX aborts
-// (async.c:643, "handler->async == async"). A prefill's Transport beside a
-// decode's in one process did that in about one of 50 runs of
-// TestAccessPointTakesReconnections' 192 reconnections on a loaded VM
-// before, in none of 400 after. UCX's own async thread accepting a
-// connection for another access point inside that window can still do it
-// on 1.13 (docs/DEPLOYMENT.md).
+// table, and a UCX without openucx/ucx#9942 (1.13 here) hands an event a
+// worker missed while a call held it to whatever handler holds that
+// descriptor when the worker next progresses: after a close and the
+// descriptor's reuse by another worker, the other worker's, and a UCX built
+// with assertions aborts (async.c:643, "handler->async == async"). A
+// prefill's Transport beside a decode's in one process did that in about
+// one of 50 runs of TestAccessPointTakesReconnections' 192 reconnections on
+// a loaded VM before, in none of 500 after. It costs Transports that share
+// a process (tests, kvstream bench transport) the overlap of their progress
+// loops; a Transport alone in its process, as in production, takes the
+// mutex uncontended. Not covered: UCX's async thread closing an accepted
+// connection itself (docs/DEPLOYMENT.md).
 //
 // # Configuration
 //

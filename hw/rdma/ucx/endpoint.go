@@ -490,9 +490,11 @@ func (t *Transport) flushDone(leader *batch, st C.ucs_status_t) {
 		// The endpoint's forced close began with the batch in flight, and
 		// no peer's answer confirms its writes: UCX may complete a flush
 		// the close cut short (over shared memory a put to a peer that is
-		// gone is a copy into a segment only this side still maps), and
-		// kvs_ep_close progresses the worker before the close's event
-		// arrives. finishClose fails the batch, as Close says.
+		// gone is a copy into a segment only this side still maps).
+		// kvs_ep_close queues the close's event before the progress that
+		// settles it, so finishClose has failed such a batch already; this
+		// holds whatever order the events come in. finishClose fails the
+		// batch, as Close says.
 		return
 	}
 	if st == C.UCS_OK {

@@ -21,11 +21,12 @@
 // held (a UCP call or a progress on it), it queues the event as missed, by
 // descriptor, and that worker's next ucp_worker_progress handles it. If the
 // handler was removed in between (the connection closed) and the descriptor
-// reused by another worker's new handler, UCX before 1.18 handles the stale
-// event with that other worker's handler and aborts the process first, on
-// ``async.c:643 Assertion `handler->async == async' failed'' (openucx/ucx
-// #9942 skips such events). A decode's access points are workers of one
-// process, and tests run a prefill's transport beside a decode's.
+// reused by another worker's new handler, a UCX without openucx/ucx#9942
+// (1.13 here) hands the stale event to that other worker's handler: built
+// with assertions, as Debian's is, it aborts first, on
+// ``async.c:643 Assertion `handler->async == async' failed''. A decode's
+// access points are workers of one process, and tests run a prefill's
+// transport beside a decode's.
 //
 // Two rules keep a missed event from outliving its handler here:
 //  - every shim call that may add or remove a handler, or progress a worker,
@@ -34,12 +35,15 @@
 //    that drops its missed events;
 //  - a call that removes handlers outside a progress (a forced endpoint
 //    close) progresses that worker once before it returns (kvs_settle).
-// What remains is UCX's own async thread accepting a connection for another
-// access point in that window (docs/DEPLOYMENT.md).
+// Not covered: UCX's async thread closing an accepted connection that failed
+// before its request reached UCP; its missed event waits for that access
+// point's next progress, and a handler added meanwhile can take its
+// descriptor (docs/DEPLOYMENT.md).
 static pthread_mutex_t kvs_ucx_mu = PTHREAD_MUTEX_INITIALIZER;
 
-// Handles the events w's async context missed while a call held it, now,
-// while the handlers they name are the ones that missed them.
+// Drops the events w's async context missed while a call held it whose
+// handlers the call removed, before another worker can take their
+// descriptors (ucp_worker_progress ends by handling w's missed events).
 static void kvs_settle(ucp_worker_h w)
 {
     ucp_worker_progress(w);
@@ -940,17 +944,20 @@ static ucs_status_t kvs_ep_close_locked(kvs_ctx_t *c, kvs_ep_t *e)
     param.cb.send      = kvs_close_cb;
     param.user_data    = e;
     sp = ucp_ep_close_nbx(e->ep, &param);
-    kvs_settle(c->worker);
     if (sp == NULL) {
         kvs_push(c, e->id, KVS_EV_EP_CLOSED, UCS_OK);
-        return UCS_OK;
-    }
-    if (UCS_PTR_IS_ERR(sp)) {
+    } else if (UCS_PTR_IS_ERR(sp)) {
         // The endpoint is released anyway (ucp.h), only with an error.
         kvs_push(c, e->id, KVS_EV_EP_CLOSED, UCS_PTR_STATUS(sp));
-        return UCS_PTR_STATUS(sp);
     }
-    return UCS_INPROGRESS;
+    // After the close's event (a forced close completes at once): what the
+    // settling progress completes of the endpoint's batches, Go finds
+    // already failed by the close.
+    kvs_settle(c->worker);
+    if (sp == NULL) {
+        return UCS_OK;
+    }
+    return UCS_PTR_IS_ERR(sp) ? UCS_PTR_STATUS(sp) : UCS_INPROGRESS;
 }
 
 // Flushes everything posted on the endpoint so far; KVS_EV_EP_DRAINED is
