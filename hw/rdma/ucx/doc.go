@@ -310,10 +310,12 @@
 // message writes (and, in WriteRMA over TCP and shared memory, UCX's
 // emulated puts) when it progresses its workers.
 //
-// The Transports of one process make every UCP call that may add or remove
-// one of UCX's async handlers, or progress a worker, one at a time (one
-// mutex in shim.c, never held while a progress goroutine sleeps or runs Go
-// code), and a forced endpoint close progresses its worker once before it
+// The Transports of one process share one lock in shim.c, never held while
+// a progress goroutine sleeps or runs Go code: a UCP call that may add one
+// of UCX's async handlers (a worker, a listener, a client connection, the
+// progress of an access point that accepts connections) takes it
+// exclusively, every other call that may remove one or progress a worker
+// shared; and a forced endpoint close progresses its worker once before it
 // returns. UCX keys every worker's async handlers by file descriptor in one
 // table, and a UCX without openucx/ucx#9942 (1.13 here) hands an event a
 // worker missed while a call held it to whatever handler holds that
@@ -322,11 +324,10 @@
 // with assertions aborts (async.c:643, "handler->async == async"). A
 // prefill's Transport beside a decode's in one process did that in about
 // one of 50 runs of TestAccessPointTakesReconnections' 192 reconnections on
-// a loaded VM before, in none of 500 after. It costs Transports that share
-// a process (tests, kvstream bench transport) the overlap of their progress
-// loops; a Transport alone in its process, as in production, takes the
-// mutex uncontended. Not covered: UCX's async thread closing an accepted
-// connection itself (docs/DEPLOYMENT.md).
+// a loaded VM before. Transports that only send and receive progress side
+// by side under the shared lock; a Transport alone in its process, as in
+// production, never waits for it. Not covered: UCX's async thread closing
+// an accepted connection itself (docs/DEPLOYMENT.md).
 //
 // # Configuration
 //

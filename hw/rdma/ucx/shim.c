@@ -29,17 +29,52 @@
 // transport beside a decode's.
 //
 // Two rules keep a missed event from outliving its handler here:
-//  - every shim call that may add or remove a handler, or progress a worker,
-//    holds kvs_ucx_mu, so the workers of another transport of the process
-//    cannot take a descriptor between a handler's removal and the progress
-//    that drops its missed events;
+//  - a shim call that may add a handler (a worker, a listener, a client
+//    connection, the progress of an access point that accepts connections)
+//    holds kvs_ucx_rw exclusively, and every other call that may remove one
+//    or progress a worker holds it shared, so no transport of the process
+//    takes a descriptor between a handler's removal and the progress that
+//    drops its missed events, and transports that only send and receive
+//    still progress side by side;
 //  - a call that removes handlers outside a progress (a forced endpoint
 //    close) progresses that worker once before it returns (kvs_settle).
 // Not covered: UCX's async thread closing an accepted connection that failed
 // before its request reached UCP; its missed event waits for that access
 // point's next progress, and a handler added meanwhile can take its
 // descriptor (docs/DEPLOYMENT.md).
-static pthread_mutex_t kvs_ucx_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_rwlock_t kvs_ucx_rw;
+static pthread_once_t kvs_ucx_once = PTHREAD_ONCE_INIT;
+
+static void kvs_ucx_rw_init(void)
+{
+    pthread_rwlockattr_t a;
+
+    pthread_rwlockattr_init(&a);
+#ifdef __GLIBC__
+    // glibc prefers readers by default: two progress loops that keep the
+    // lock shared between them would hold a Connect off for ever.
+    pthread_rwlockattr_setkind_np(&a, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+#endif
+    pthread_rwlock_init(&kvs_ucx_rw, &a);
+    pthread_rwlockattr_destroy(&a);
+}
+
+// kvs_enter takes kvs_ucx_rw, exclusively for a call that may add an async
+// handler; kvs_leave releases it. No call under it takes it again.
+static void kvs_enter(int adds)
+{
+    pthread_once(&kvs_ucx_once, kvs_ucx_rw_init);
+    if (adds) {
+        pthread_rwlock_wrlock(&kvs_ucx_rw);
+    } else {
+        pthread_rwlock_rdlock(&kvs_ucx_rw);
+    }
+}
+
+static void kvs_leave(void)
+{
+    pthread_rwlock_unlock(&kvs_ucx_rw);
+}
 
 // Drops the events w's async context missed while a call held it whose
 // handlers the call removed, before another worker can take their
@@ -1185,21 +1220,21 @@ int kvs_wait(kvs_ctx_t *c, long timeout_us)
         nanosleep(&ts, NULL);
         return 0;
     }
-    // Arming is a UCP call on every worker (see kvs_ucx_mu); the sleep
+    // Arming is a UCP call on every worker (see kvs_ucx_rw); the sleep
     // itself holds nothing.
-    pthread_mutex_lock(&kvs_ucx_mu);
+    kvs_enter(0);
     for (i = 0; i <= c->naw; i++) {
         ucp_worker_h w = i == 0 ? c->worker : c->aw[i - 1];
         status = ucp_worker_arm(w);
         if (status != UCS_OK) {
-            pthread_mutex_unlock(&kvs_ucx_mu);
+            kvs_leave();
             return status == UCS_ERR_BUSY ? 1 : -1;
         }
         c->pfd[i].fd      = i == 0 ? c->efd : c->aefd[i - 1];
         c->pfd[i].events  = POLLIN;
         c->pfd[i].revents = 0;
     }
-    pthread_mutex_unlock(&kvs_ucx_mu);
+    kvs_leave();
     // EINTR (Go's preemption signals) just ends the nap early.
     ppoll(c->pfd, 1 + c->naw, &ts, NULL);
     return 0;
@@ -1210,7 +1245,7 @@ ucs_status_t kvs_signal(kvs_ctx_t *c)
     return ucp_worker_signal(c->worker);
 }
 
-// ---- The calls Go makes, each under kvs_ucx_mu (see the top) ----
+// ---- The calls Go makes, each under kvs_ucx_rw (see the top) ----
 
 ucs_status_t kvs_init(kvs_ctx_t **out, const char **keys, const char **vals,
                       int nkv, int wakeup, int rma, uint64_t frag,
@@ -1218,17 +1253,17 @@ ucs_status_t kvs_init(kvs_ctx_t **out, const char **keys, const char **vals,
 {
     ucs_status_t status;
 
-    pthread_mutex_lock(&kvs_ucx_mu);
+    kvs_enter(1);
     status = kvs_init_locked(out, keys, vals, nkv, wakeup, rma, frag, name);
-    pthread_mutex_unlock(&kvs_ucx_mu);
+    kvs_leave();
     return status;
 }
 
 void kvs_destroy(kvs_ctx_t *c)
 {
-    pthread_mutex_lock(&kvs_ucx_mu);
+    kvs_enter(0);
     kvs_destroy_locked(c);
-    pthread_mutex_unlock(&kvs_ucx_mu);
+    kvs_leave();
 }
 
 ucs_status_t kvs_access_listen(kvs_wk_t *wk, const char *ip, int v6,
@@ -1236,9 +1271,9 @@ ucs_status_t kvs_access_listen(kvs_wk_t *wk, const char *ip, int v6,
 {
     ucs_status_t status;
 
-    pthread_mutex_lock(&kvs_ucx_mu);
+    kvs_enter(1);
     status = kvs_access_listen_locked(wk, ip, v6, port);
-    pthread_mutex_unlock(&kvs_ucx_mu);
+    kvs_leave();
     return status;
 }
 
@@ -1246,26 +1281,26 @@ ucs_status_t kvs_access_open(kvs_ctx_t *c, ucp_worker_h *w, kvs_wk_t **wkp)
 {
     ucs_status_t status;
 
-    pthread_mutex_lock(&kvs_ucx_mu);
+    kvs_enter(1);
     status = kvs_access_open_locked(c, w, wkp);
-    pthread_mutex_unlock(&kvs_ucx_mu);
+    kvs_leave();
     return status;
 }
 
 void kvs_access_close(kvs_ctx_t *c, ucp_worker_h w)
 {
-    pthread_mutex_lock(&kvs_ucx_mu);
+    kvs_enter(0);
     kvs_access_close_locked(c, w);
-    pthread_mutex_unlock(&kvs_ucx_mu);
+    kvs_leave();
 }
 
 ucs_status_t kvs_ep_create(kvs_ctx_t *c, kvs_ep_t *e, const void *addr)
 {
     ucs_status_t status;
 
-    pthread_mutex_lock(&kvs_ucx_mu);
+    kvs_enter(1);
     status = kvs_ep_create_locked(c, e, addr);
-    pthread_mutex_unlock(&kvs_ucx_mu);
+    kvs_leave();
     return status;
 }
 
@@ -1274,9 +1309,9 @@ ucs_status_t kvs_ep_connect(kvs_ctx_t *c, kvs_ep_t *e, const char *ip, int v6,
 {
     ucs_status_t status;
 
-    pthread_mutex_lock(&kvs_ucx_mu);
+    kvs_enter(1);
     status = kvs_ep_connect_locked(c, e, ip, v6, port);
-    pthread_mutex_unlock(&kvs_ucx_mu);
+    kvs_leave();
     return status;
 }
 
@@ -1284,17 +1319,17 @@ ucs_status_t kvs_ep_close(kvs_ctx_t *c, kvs_ep_t *e)
 {
     ucs_status_t status;
 
-    pthread_mutex_lock(&kvs_ucx_mu);
+    kvs_enter(0);
     status = kvs_ep_close_locked(c, e);
-    pthread_mutex_unlock(&kvs_ucx_mu);
+    kvs_leave();
     return status;
 }
 
 void kvs_ep_drain(kvs_ctx_t *c, kvs_ep_t *e)
 {
-    pthread_mutex_lock(&kvs_ucx_mu);
+    kvs_enter(0);
     kvs_ep_drain_locked(c, e);
-    pthread_mutex_unlock(&kvs_ucx_mu);
+    kvs_leave();
 }
 
 int kvs_post(kvs_ctx_t *c, kvs_ep_t *e, const kvs_write_t *ws,
@@ -1302,10 +1337,25 @@ int kvs_post(kvs_ctx_t *c, kvs_ep_t *e, const kvs_write_t *ws,
 {
     int acked;
 
-    pthread_mutex_lock(&kvs_ucx_mu);
+    kvs_enter(0);
     acked = kvs_post_locked(c, e, ws, counts, errs, nb, r);
-    pthread_mutex_unlock(&kvs_ucx_mu);
+    kvs_leave();
     return acked;
+}
+
+// kvs_accepts says whether an access point of c has a listener: its
+// progress may accept a connection, which adds a handler. Only c's progress
+// goroutine sets or clears a listener, and it is the caller.
+static int kvs_accepts(const kvs_ctx_t *c)
+{
+    size_t a;
+
+    for (a = 0; a < c->naw; a++) {
+        if (c->awk[a]->listener != NULL) {
+            return 1;
+        }
+    }
+    return 0;
 }
 
 unsigned kvs_poll(kvs_ctx_t *c, kvs_event_t *out, unsigned cap,
@@ -1313,8 +1363,8 @@ unsigned kvs_poll(kvs_ctx_t *c, kvs_event_t *out, unsigned cap,
 {
     unsigned k;
 
-    pthread_mutex_lock(&kvs_ucx_mu);
+    kvs_enter(kvs_accepts(c));
     k = kvs_poll_locked(c, out, cap, max_iter);
-    pthread_mutex_unlock(&kvs_ucx_mu);
+    kvs_leave();
     return k;
 }
