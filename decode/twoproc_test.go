@@ -2,7 +2,6 @@ package decode_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -14,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvstream/kvstream/cluster/etcdproc"
 	"github.com/kvstream/kvstream/decode"
 	"github.com/kvstream/kvstream/hw/hostmem"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
@@ -446,41 +446,20 @@ func startDecodeRole(t *testing.T, role string) (*exec.Cmd, string, *bufio.Reade
 }
 
 // stopDecode SIGSTOPs the decode process and returns once every thread of
-// it is stopped (state T in /proc/PID/task/*/stat): kill(2) only queues the
-// stop, and a thread another CPU runs stops when it next enters the
-// kernel, so a message sent right after the signal could still be answered.
+// it is stopped: kill(2) only queues the stop, and until the thread that
+// takes it runs, the others go on, so a message sent right after the signal
+// could still be answered.
 func stopDecode(t *testing.T, dec *exec.Cmd) {
 	t.Helper()
 	require.NoError(t, dec.Process.Signal(syscall.SIGSTOP))
 	pid := dec.Process.Pid
 	deadline := time.Now().Add(10 * time.Second)
-	for !allThreadsStopped(pid) {
+	for !etcdproc.ThreadsStopped(pid) {
 		if time.Now().After(deadline) {
 			t.Fatalf("decode process %d: some thread not stopped 10s after SIGSTOP", pid)
 		}
 		time.Sleep(time.Millisecond)
 	}
-}
-
-// allThreadsStopped reports whether every thread of process pid is stopped
-// by a signal.
-func allThreadsStopped(pid int) bool {
-	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-	if err != nil {
-		return false
-	}
-	for _, task := range tasks {
-		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
-		if err != nil {
-			return false
-		}
-		// The state follows the command name, which is in parentheses.
-		i := bytes.LastIndexByte(stat, ')')
-		if i < 0 || i+2 >= len(stat) || stat[i+2] != 'T' {
-			return false
-		}
-	}
-	return true
 }
 
 // runPrefillProcess runs this test binary as a prefill process in role

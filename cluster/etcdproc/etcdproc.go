@@ -298,7 +298,7 @@ func (p *Proc) Pause() error {
 	}
 	pid := p.cmd.Process.Pid
 	deadline := time.Now().Add(5 * time.Second)
-	for !stopped(pid) {
+	for !ThreadsStopped(pid) {
 		if time.Now().After(deadline) {
 			return errors.Newf("etcdproc: etcd (pid %d) not stopped 5s after SIGSTOP", pid)
 		}
@@ -317,9 +317,12 @@ func (p *Proc) Resume() error {
 	return errors.Wrap(p.cmd.Process.Signal(syscall.SIGCONT), "etcdproc: resume")
 }
 
-// stopped reads the state of every thread from /proc: 'T' is stopped by a
-// signal.
-func stopped(pid int) bool {
+// ThreadsStopped reports whether every thread of process pid is stopped by
+// a signal ('T' in /proc/PID/task/*/stat). kill(2) only queues a SIGSTOP:
+// until the thread that takes it runs, the others go on, so whoever pauses
+// a process to test what a hung peer does (Pause here; tests of other
+// processes too) waits for this.
+func ThreadsStopped(pid int) bool {
 	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
 	if err != nil {
 		return false
