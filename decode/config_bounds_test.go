@@ -1,13 +1,10 @@
 package decode_test
 
 import (
-	"context"
 	"fmt"
 	"testing"
 
 	"github.com/kvstream/kvstream/decode"
-	"github.com/kvstream/kvstream/hw/hostmem"
-	"github.com/kvstream/kvstream/hw/rdma/loopback"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -16,15 +13,7 @@ import (
 // MaxChunksPerRoom below 0 or above its limit (a trace recording it would
 // not replay), naming the field and the value, and takes the limit itself.
 func TestSessionBoundsChecked(t *testing.T) {
-	tr, err := loopback.NewFabric(loopback.Options{}).NewTransport("decode")
-	require.NoError(t, err)
-	defer tr.Close()
-	pool, err := hostmem.Alloc(buffers * itemLen * pages)
-	require.NoError(t, err)
-	defer pool.Free()
-	node, err := decode.Listen("127.0.0.1:0", nil)
-	require.NoError(t, err)
-	defer node.Close(context.Background())
+	tr, bufs, node := newServerParts(t)
 	for _, tc := range []struct {
 		cfg  decode.Config
 		want string
@@ -36,12 +25,12 @@ func TestSessionBoundsChecked(t *testing.T) {
 		{decode.Config{MaxChunksPerRoom: decode.MaxChunksPerRoomLimit + 1},
 			fmt.Sprintf("MaxChunksPerRoom %d: want 0 (the default, 8192) to %d", decode.MaxChunksPerRoomLimit+1, decode.MaxChunksPerRoomLimit)},
 	} {
-		tc.cfg.Buffers = decodeBuffers(pool)
+		tc.cfg.Buffers = bufs
 		_, err := decode.New(node, tr, tc.cfg)
 		assert.ErrorIs(t, err, decode.ErrBadInput, tc.want)
 		assert.ErrorContains(t, err, tc.want)
 	}
-	srv, err := decode.New(node, tr, decode.Config{Buffers: decodeBuffers(pool), MaxRoomsPerSession: decode.MaxRoomsPerSessionLimit,
+	srv, err := decode.New(node, tr, decode.Config{Buffers: bufs, MaxRoomsPerSession: decode.MaxRoomsPerSessionLimit,
 		MaxChunksPerRoom: decode.MaxChunksPerRoomLimit})
 	require.NoError(t, err)
 	require.NoError(t, srv.Close(waitCtx(t)))

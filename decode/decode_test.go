@@ -67,6 +67,23 @@ func newRig(t testing.TB, cfg decode.Config) *rig {
 	return &rig{node: node, srv: srv, pool: pool, tr: tr}
 }
 
+// newServerParts gives what decode.New takes besides its Config, released
+// when t ends: a loopback transport, the buffers of a fresh pool, and a
+// node on loopback.
+func newServerParts(t *testing.T) (*loopback.Transport, []decode.Buffer, *decode.Node) {
+	t.Helper()
+	tr, err := loopback.NewFabric(loopback.Options{}).NewTransport("decode")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tr.Close() })
+	pool, err := hostmem.Alloc(buffers * itemLen * pages)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pool.Free() })
+	node, err := decode.Listen("127.0.0.1:0", nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = node.Close(context.Background()) })
+	return tr, decodeBuffers(pool), node
+}
+
 func decodeBuffers(pool *hostmem.Block) []decode.Buffer {
 	out := make([]decode.Buffer, buffers)
 	for b := range out {
