@@ -279,10 +279,14 @@
 // replaced the endpoint's configuration, and UCX 1.18 then asserts on the
 // put through it (proto_common.inl:219, "thresh_elem->proto_config.
 // ep_cfg_index == ep->cfg_index"): AccessAuto gives worker addresses
-// there. A peer that learns the access point's worker address during the
-// setup (UCX sends it) and deliberately connects by it, then dies, can
-// still reach the REP abort on 1.13: listeners, like worker addresses, go
-// only to an authenticated peer.
+// there, and a WriteRMA Transport on UCX 1.18 or later refuses to Connect
+// to a listener's address (an access point set to AccessListener), with an
+// error that says so, rather than abort at its first put (seen on 1.18.1
+// in TestHalfOpenConnectionOutlivesRevokeLost, about one run in ten). A
+// peer that learns the access point's worker address during the setup (UCX
+// sends it) and deliberately connects by it, then dies, can still reach the
+// REP abort on 1.13: listeners, like worker addresses, go only to an
+// authenticated peer.
 //
 // # Threading
 //

@@ -194,6 +194,10 @@ func (t *Transport) Connect(addr []byte) (rdma.Endpoint, error) {
 		if lip, lport, err = decodeListenAddr(addr); err != nil {
 			return nil, errors.Mark(err, rdma.ErrEndpointBroken)
 		}
+		if v := ucxVersion(); t.opts.Writes == WriteRMA && assertsOnEarlyKeys(v) {
+			return nil, errors.Mark(errors.Newf("ucx: connect to %v: an access point's listener, and UCX %d.%d asserts on a put through a client-server endpoint whose remote key was unpacked before its setup completed (proto_common.inl:219), which aborts this process; in WriteRMA the access point must give out its worker address (AccessAuto or AccessWorkerAddress)",
+				netip.AddrPortFrom(lip, lport), v[0], v[1]), rdma.ErrEndpointBroken)
+		}
 	} else if err := checkWorkerAddress(waddr); err != nil {
 		return nil, errors.Mark(err, rdma.ErrEndpointBroken)
 	}
