@@ -14,7 +14,7 @@
 #include <malloc.h>
 #endif
 
-// ---- One caller into UCX per process ----
+// ---- UCX's async handlers, shared by the workers of the process ----
 //
 // UCX keeps the async handlers of every worker of the process in one table,
 // keyed by file descriptor. When its async thread finds a worker's context
