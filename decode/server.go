@@ -64,11 +64,12 @@ const (
 	DefaultMaxPoolBytes = 64 << 30
 )
 
-// The largest Config.MaxRoomsPerSession and Config.MaxChunksPerRoom New
-// takes: a server's trace records them, and a trace holding more does not
-// replay (trace.MaxDecodeRooms, trace.MaxDecodeChunks). Real bounds are
-// thousands.
+// The largest Config.MaxSessions, MaxRoomsPerSession and MaxChunksPerRoom
+// New takes: a server's trace records them, and a trace holding more does
+// not replay (trace.MaxDecodeSessions, MaxDecodeRooms, MaxDecodeChunks).
+// Real bounds are tens to thousands.
 const (
+	MaxSessionsLimit        = trace.MaxDecodeSessions
 	MaxRoomsPerSessionLimit = trace.MaxDecodeRooms
 	MaxChunksPerRoomLimit   = trace.MaxDecodeChunks
 )
@@ -176,6 +177,8 @@ func New(node *Node, tr rdma.Transport, cfg Config) (_ *Server, err error) {
 		return nil, badInput("decode.New: Config has neither Buffers nor Size")
 	case cfg.MaxSessions < 0:
 		return nil, badInput("MaxSessions %d: must not be negative", cfg.MaxSessions)
+	case cfg.MaxSessions > MaxSessionsLimit:
+		return nil, badInput("MaxSessions %d: want 0 (the default, %d) to %d", cfg.MaxSessions, DefaultMaxSessions, MaxSessionsLimit)
 	case cfg.MaxRoomsPerSession < 0:
 		return nil, badInput("MaxRoomsPerSession %d: must not be negative", cfg.MaxRoomsPerSession)
 	case cfg.MaxRoomsPerSession > MaxRoomsPerSessionLimit:

@@ -139,7 +139,8 @@ type Config struct {
 	// fails (err says why, as Wait would), on a goroutine of its own: a
 	// process serving rooms it did not Expect learns of them here.
 	OnRoomEnd func(r Room, err error)
-	// MaxSessions bounds the live prefill sessions (default 64).
+	// MaxSessions bounds the live prefill sessions (default 64, at most
+	// MaxSessionsLimit).
 	MaxSessions int
 	// ByeGrace bounds how long a session whose Bye was answered waits for
 	// the prefill to leave before it reports its end (default 10 s). The
