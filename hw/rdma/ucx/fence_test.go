@@ -50,14 +50,19 @@ func TestEpochFence(t *testing.T) {
 			require.NoError(t, err)
 			return ep.(*Endpoint), rk
 		}
-		// post writes source page s over both destination pages.
+		// post writes source page s over both destination pages: the
+		// batch's outcome, or Post's own refusal of an endpoint already
+		// closed (a revoked access point's refusal of the connection can
+		// reach the sender before its Post).
 		post := func(ep *Endpoint, rk rdma.RemoteKey, s int) error {
 			ch := make(chan error, 1)
 			ws := []rdma.Write{
 				{Src: src.Addr + uint64(s*page), Dst: dst.Addr, Len: page, Local: sreg.Key(), Remote: rk},
 				{Src: src.Addr + uint64(s*page), Dst: dst.Addr + page, Len: page, Local: sreg.Key(), Remote: rk},
 			}
-			require.NoError(t, ep.Post(ws, func(err error) { ch <- err }))
+			if err := ep.Post(ws, func(err error) { ch <- err }); err != nil {
+				return err
+			}
 			return waitErr(t, ch)
 		}
 		want := func(v byte) {
