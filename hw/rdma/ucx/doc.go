@@ -365,6 +365,15 @@
 //     shared-memory transports refuse endpoints in error handling mode peer
 //     unless it is y, so New sets it to y unless the environment or
 //     Options.Config sets it.
+//   - UCX_TCP_MAX_POLL: how many socket events one progress of a tcp
+//     interface takes from epoll and handles in turn (UCX's default 16).
+//     Handling one, a connection reset, can close another endpoint of the
+//     same batch, whose event then fails UCX's assertion that its endpoint
+//     is not closed (tcp_iface.c, 1.13 to at least 1.18) and aborts the
+//     process: a decode resumed after its prefill gave it up, 2 of 12 runs
+//     of that pause under load. A closed endpoint's events leave epoll with
+//     it, so New sets it to 1 wherever UCX_TLS may select tcp, unless the
+//     environment or Options.Config sets it.
 //   - UCX_LOG_LEVEL, UCX_HANDLE_ERRORS: UCX logging and signal handling.
 //
 // # Limits

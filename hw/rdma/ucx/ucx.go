@@ -180,6 +180,17 @@ func (o Options) defaults() [][2]string {
 	if usesSharedMemory(o.tls()) {
 		d = append(d, [2]string{"MM_ERROR_HANDLING", "y"})
 	}
+	// One socket event per progress of a tcp interface: UCX handles a
+	// batch of epoll events one after the other, and handling one (a
+	// connection reset) can close another endpoint of the same batch,
+	// whose event then fails UCX's assertion that its endpoint is not
+	// closed and aborts the process (tcp_iface.c, 1.13 to at least 1.18;
+	// a decode resumed after its prefill gave it up). Events of a closed
+	// endpoint leave the epoll set with it, so a batch of one cannot hold
+	// a stale one.
+	if usesTCP(o.tls()) {
+		d = append(d, [2]string{"TCP_MAX_POLL", "1"})
+	}
 	if ib, _ := os.ReadDir("/sys/class/infiniband"); len(ib) > 0 {
 		d = append(d, [2]string{"IB_REG_METHODS", "direct"})
 	}
@@ -204,6 +215,20 @@ func usesSharedMemory(tls string) bool {
 	for _, name := range strings.Split(tls, ",") {
 		switch strings.TrimPrefix(name, `\`) {
 		case "all", "sm", "shm", "mm", "posix", "sysv":
+			return true
+		}
+	}
+	return false
+}
+
+// usesTCP reports whether a UCX_TLS value may select UCX's tcp transport.
+func usesTCP(tls string) bool {
+	if tls == "" || strings.HasPrefix(tls, "^") {
+		return true // "all", or everything but some
+	}
+	for _, name := range strings.Split(tls, ",") {
+		switch strings.TrimPrefix(name, `\`) {
+		case "all", "tcp":
 			return true
 		}
 	}

@@ -712,3 +712,35 @@ func TestMessageWritesAreChecked(t *testing.T) {
 		assert.Equal(t, make([]byte, 2*n), f.dst.Bytes, "nothing landed")
 	})
 }
+
+// TestDefaultsFollowTLS: New pins one socket event per tcp progress
+// (TCP_MAX_POLL) wherever UCX_TLS may select tcp, and the shared-memory
+// error handling wherever it may select shared memory; a variable for a
+// transport not in use would draw UCX's warning.
+func TestDefaultsFollowTLS(t *testing.T) {
+	for _, c := range []struct {
+		tls      string
+		tcp, shm bool
+	}{
+		{"", true, true},
+		{"tcp", true, false},
+		{`\tcp,self`, true, false},
+		{"sm,self", false, true},
+		{"rc,cuda_copy", false, false},
+		{"^ib", true, true},
+		{"all", true, true},
+	} {
+		d := Options{Config: map[string]string{"TLS": c.tls}}.defaults()
+		got := map[string]string{}
+		for _, kv := range d {
+			got[kv[0]] = kv[1]
+		}
+		_, tcp := got["TCP_MAX_POLL"]
+		_, shm := got["MM_ERROR_HANDLING"]
+		assert.Equal(t, c.tcp, tcp, "TLS=%q: TCP_MAX_POLL set", c.tls)
+		assert.Equal(t, c.shm, shm, "TLS=%q: MM_ERROR_HANDLING set", c.tls)
+		if tcp {
+			assert.Equal(t, "1", got["TCP_MAX_POLL"], "TLS=%q", c.tls)
+		}
+	}
+}
