@@ -51,16 +51,21 @@ func TestDecodeSessionBoundFlags(t *testing.T) {
 	} {
 		_, err := parse(tc.args...)
 		require.EqualError(t, err, tc.want)
-		// The command refuses it before it starts anything.
-		root := newRoot()
-		root.SetArgs(append([]string{"decode", "--listen", "127.0.0.1:0"}, tc.args...))
-		require.EqualError(t, root.Execute(), tc.want)
+		// Both commands refuse it before they start anything (a
+		// decode-instance without etcd would fail later, on etcd).
+		for _, cmd := range [][]string{{"decode", "--listen", "127.0.0.1:0"}, {"decode-instance"}} {
+			root := newRoot()
+			root.SetArgs(append(cmd, tc.args...))
+			require.EqualError(t, root.Execute(), tc.want, "%v", cmd)
+		}
 	}
 
-	out, err := run(t, "decode", "--help")
-	require.NoError(t, err)
-	_, runFlags, ok := strings.Cut(out, "Run flags:")
-	require.True(t, ok, "decode --help has no run flags:\n%s", out)
-	require.Regexp(t, `--max-rooms-per-session int +the most rooms one prefill session may hold open.*\(0: the default, 4096\)`, runFlags)
-	require.Regexp(t, `--max-chunks-per-room int +the most chunks one room may hold.*\(0: the default, 8192\)`, runFlags)
+	for _, cmd := range []string{"decode", "decode-instance"} {
+		out, err := run(t, cmd, "--help")
+		require.NoError(t, err)
+		_, runFlags, ok := strings.Cut(out, "Run flags:")
+		require.True(t, ok, "%s --help has no run flags:\n%s", cmd, out)
+		require.Regexp(t, `--max-rooms-per-session int +the most rooms one prefill session may hold open.*\(0: the default, 4096\)`, runFlags, cmd)
+		require.Regexp(t, `--max-chunks-per-room int +the most chunks one room may hold.*\(0: the default, 8192\)`, runFlags, cmd)
+	}
 }

@@ -28,6 +28,7 @@ func newDecodeInstance() *cobra.Command {
 	var maxPoolMiB uint64
 	var verbose bool
 	var roomTimeout time.Duration
+	var bounds sessionBounds
 	cmd := &cobra.Command{
 		Use:   "decode-instance",
 		Short: "A decode instance of a cluster: serve a CP group's ranks at once, found by id on etcd",
@@ -46,6 +47,9 @@ Off loopback the control plane needs mutual TLS (--tls-dir or --tls-ca/--tls-cer
 with client TLS takes --etcd-tls-dir or --etcd-ca/--etcd-cert/--etcd-key.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) (err error) {
+			if err := bounds.check(); err != nil {
+				return err
+			}
 			r, err := cp.ParseRule(rule)
 			if err != nil {
 				return errors.Wrap(err, "--cp-rule")
@@ -83,7 +87,8 @@ with client TLS takes --etcd-tls-dir or --etcd-ca/--etcd-cert/--etcd-key.`,
 			return launch.RunDecodeInstance(sd.Context(), sd.Hard(), launch.DecodeInstanceConfig{
 				ID: id, Node: pl.node, Transport: pl.tr, Provider: prov,
 				Group: decode.Group{Size: size, Rule: r, PageSize: pageSize}, RoomTimeout: roomTimeout,
-				MaxPoolBytes: maxPoolMiB << 20, DrainTimeout: of.drain, Ops: ops, Out: cmd.OutOrStdout(), Log: log,
+				MaxPoolBytes: maxPoolMiB << 20, MaxRoomsPerSession: bounds.rooms, MaxChunksPerRoom: bounds.chunks,
+				DrainTimeout: of.drain, Ops: ops, Out: cmd.OutOrStdout(), Log: log,
 			})
 		},
 	}
@@ -98,11 +103,12 @@ with client TLS takes --etcd-tls-dir or --etcd-ca/--etcd-cert/--etcd-key.`,
 	fl.Uint64Var(&maxPoolMiB, "max-pool-mib", 4096, "the most memory the decode pool sized for the prefill may take")
 	fl.DurationVar(&roomTimeout, "room-timeout", 2*time.Minute, "fail a room not complete this long after its first notice (0: never)")
 	fl.BoolVar(&verbose, "verbose", false, "log at DEBUG")
+	bounds.add(fl)
 	of.add(fl)
 	groupFlags(cmd, slices.Concat([]flagGroup{{groupCluster, []string{"id", "etcd", "etcd-tls-dir", "etcd-ca", "etcd-cert", "etcd-key", "cluster-prefix", "member-ttl"}}},
 		netGroups, []flagGroup{
 			{groupModel, []string{"cp", "cp-rule", "page-size", "max-pool-mib"}},
-			{groupRun, []string{"room-timeout", "verbose"}},
+			{groupRun, []string{"room-timeout", "max-rooms-per-session", "max-chunks-per-room", "verbose"}},
 			{groupOps, []string{"metrics-addr", "drain-timeout"}}})...)
 	return cmd
 }

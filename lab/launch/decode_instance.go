@@ -33,6 +33,11 @@ type DecodeInstanceConfig struct {
 	Group        decode.Group
 	RoomTimeout  time.Duration
 	MaxPoolBytes uint64
+	// MaxRoomsPerSession and MaxChunksPerRoom bound what one rank's
+	// session may make the server hold (decode.Config's fields of the
+	// same names; 0: decode's default).
+	MaxRoomsPerSession int
+	MaxChunksPerRoom   int
 	// DrainTimeout bounds the drain (service.DefaultDrainTimeout when
 	// zero).
 	DrainTimeout time.Duration
@@ -41,6 +46,12 @@ type DecodeInstanceConfig struct {
 	Ops *service.Ops
 	Out io.Writer
 	Log *zap.Logger
+}
+
+// serverOptions are what cfg sets in the server's decode.Config beyond
+// the group's own.
+func (cfg DecodeInstanceConfig) serverOptions() []simsession.Option {
+	return []simsession.Option{simsession.WithSessionBounds(cfg.MaxRoomsPerSession, cfg.MaxChunksPerRoom)}
 }
 
 // RunDecodeInstance serves the ranks of a CP group at once, each over its
@@ -95,7 +106,7 @@ func RunDecodeInstance(accept, hard context.Context, cfg DecodeInstanceConfig) (
 			}
 			rowMu.Unlock()
 			out.Emit(e)
-		}, log)
+		}, log, cfg.serverOptions()...)
 	if err != nil {
 		return err
 	}

@@ -49,6 +49,13 @@ func WithObserver(obs decode.Observer) Option {
 	return func(c *decode.Config) { c.Observer = obs }
 }
 
+// WithSessionBounds sets what one prefill session may make a server hold
+// (decode.Config.MaxRoomsPerSession and MaxChunksPerRoom; 0: decode's
+// default).
+func WithSessionBounds(rooms, chunks int) Option {
+	return func(c *decode.Config) { c.MaxRoomsPerSession, c.MaxChunksPerRoom = rooms, chunks }
+}
+
 // StartDecode serves prefill sessions on node over tr; the pool it sizes
 // for a prefill holds at most maxPoolBytes.
 // prefills, when set, are the certificate names of the prefills it serves.

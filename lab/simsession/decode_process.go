@@ -67,9 +67,7 @@ type decodeProcess interface {
 
 // serverOptions are what cfg sets in every server's decode.Config.
 func (cfg DecodeProcessConfig) serverOptions(obs decode.Observer) []Option {
-	opts := []Option{WithObserver(obs), func(c *decode.Config) {
-		c.MaxRoomsPerSession, c.MaxChunksPerRoom = cfg.MaxRoomsPerSession, cfg.MaxChunksPerRoom
-	}}
+	opts := []Option{WithObserver(obs), WithSessionBounds(cfg.MaxRoomsPerSession, cfg.MaxChunksPerRoom)}
 	if cfg.TracePath != "" {
 		opts = append(opts, func(c *decode.Config) { c.TracePath = cfg.TracePath })
 	}

@@ -38,11 +38,12 @@ func BatchSeed(seed uint64, batch int) uint64 { return seed + uint64(batch) }
 // ranks write into together: rooms complete once every owning rank reported
 // (decode.Config.Group), each page is checked against the model's pattern
 // of its batch, and onRoomEnd hears of every room's end.
-// A room not complete within roomTimeout (if positive) fails.
+// A room not complete within roomTimeout (if positive) fails; opts adjust
+// the server's decode.Config last.
 func StartGroupDecode(node *decode.Node, tr rdma.Transport, maxPoolBytes uint64, group decode.Group, roomTimeout time.Duration, id string,
-	onRoomEnd func(decode.Room, error), log *zap.Logger) (*Decode, error) {
+	onRoomEnd func(decode.Room, error), log *zap.Logger, opts ...Option) (*Decode, error) {
 	d := &Decode{tr: tr}
-	srv, err := decode.New(node, tr, decode.Config{
+	cfg := decode.Config{
 		ID:                 id,
 		RoomTimeout:        roomTimeout,
 		Size:               func(l []decode.PrefillBuffer) ([]decode.Buffer, error) { return d.size(l, maxPoolBytes) },
@@ -52,7 +53,11 @@ func StartGroupDecode(node *decode.Node, tr rdma.Transport, maxPoolBytes uint64,
 		Verify:             d.verifyBatch,
 		OnRoomEnd:          onRoomEnd,
 		Log:                log,
-	})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	srv, err := decode.New(node, tr, cfg)
 	if err != nil {
 		return nil, err
 	}
