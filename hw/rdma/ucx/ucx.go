@@ -14,6 +14,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -208,27 +209,20 @@ func (o Options) tls() string {
 
 // usesSharedMemory reports whether a UCX_TLS value may select UCX's
 // shared-memory (mm) transports.
-func usesSharedMemory(tls string) bool {
-	if tls == "" || strings.HasPrefix(tls, "^") {
-		return true // "all", or everything but some
-	}
-	for _, name := range strings.Split(tls, ",") {
-		switch strings.TrimPrefix(name, `\`) {
-		case "all", "sm", "shm", "mm", "posix", "sysv":
-			return true
-		}
-	}
-	return false
-}
+func usesSharedMemory(tls string) bool { return tlsMaySelect(tls, "sm", "shm", "mm", "posix", "sysv") }
 
 // usesTCP reports whether a UCX_TLS value may select UCX's tcp transport.
-func usesTCP(tls string) bool {
+func usesTCP(tls string) bool { return tlsMaySelect(tls, "tcp") }
+
+// tlsMaySelect reports whether a UCX_TLS value may select a transport of
+// names (UCX's names and aliases of it): unset, "all" and "^..." (all but
+// some) may select any.
+func tlsMaySelect(tls string, names ...string) bool {
 	if tls == "" || strings.HasPrefix(tls, "^") {
-		return true // "all", or everything but some
+		return true
 	}
 	for _, name := range strings.Split(tls, ",") {
-		switch strings.TrimPrefix(name, `\`) {
-		case "all", "tcp":
+		if name = strings.TrimPrefix(name, `\`); name == "all" || slices.Contains(names, name) {
 			return true
 		}
 	}
