@@ -74,46 +74,6 @@ func TestRegistryCountsChunksPerPeer(t *testing.T) {
 	assert.Empty(t, r.toPeer)
 }
 
-// PeerIdle's channel closes when the last live chunk to the peer ends (or
-// was not spawned), not before; a peer nothing sends to is idle at once; a
-// chunk sent to the peer after it went idle makes a new channel; CloseIdle
-// closes the channels waited on, and every later one.
-func TestRegistryPeerIdle(t *testing.T) {
-	r := NewRegistry()
-	closed := func(ch <-chan struct{}) bool {
-		select {
-		case <-ch:
-			return true
-		default:
-			return false
-		}
-	}
-	assert.True(t, closed(r.PeerIdle("d")), "nothing sends to d")
-	a := messages.Chunk{ChunkKey: messages.ChunkKey{Room: 1}, Serial: 1}
-	b := messages.Chunk{ChunkKey: messages.ChunkKey{Room: 2}, Serial: 2}
-	r.Sending(a, []string{"d", "e"})
-	r.Sending(b, []string{"d"})
-	r.spawned(a, true)
-	d, e := r.PeerIdle("d"), r.PeerIdle("e")
-	require.False(t, closed(d))
-	require.False(t, closed(e))
-	r.ended(a)
-	assert.False(t, closed(d), "b still sends to d")
-	assert.True(t, closed(e), "a was e's last")
-	r.NotSent(b)
-	assert.True(t, closed(d), "b was not spawned: d's last")
-	assert.Empty(t, r.idle)
-
-	c := messages.Chunk{ChunkKey: messages.ChunkKey{Room: 3}, Serial: 3}
-	r.Sending(c, []string{"d"})
-	again := r.PeerIdle("d")
-	require.False(t, closed(again), "busy again")
-	r.CloseIdle()
-	assert.True(t, closed(again), "the engine closed")
-	assert.True(t, closed(r.PeerIdle("d")), "and every later one")
-	assert.Equal(t, 1, r.ToPeer("d"), "CloseIdle counts nothing")
-}
-
 // The ForgetPeer of a removed record reaching a submitter after it already
 // connected to the peer added again under its id (a resume queued before
 // it served a new chunk) closes only the old record's endpoint.

@@ -25,19 +25,7 @@ type Registry struct {
 	// per peer, so that a peer is forgotten only once nothing sends to it.
 	sending map[messages.Chunk][]string
 	toPeer  map[string]int
-	// idle are PeerIdle's channels, closed when no live chunk sends to
-	// their peer any more, or at CloseIdle (idleDone: every later
-	// PeerIdle's channel is closed already).
-	idle     map[string]chan struct{}
-	idleDone bool
 }
-
-// closedIdle is the channel PeerIdle returns for a peer nothing sends to.
-var closedIdle = func() chan struct{} {
-	ch := make(chan struct{})
-	close(ch)
-	return ch
-}()
 
 type registered struct {
 	added messages.Added
@@ -47,7 +35,7 @@ type registered struct {
 // NewRegistry returns an empty registry.
 func NewRegistry() *Registry {
 	return &Registry{queued: map[messages.ChunkKey]registered{}, rooms: map[uint64]int{},
-		sending: map[messages.Chunk][]string{}, toPeer: map[string]int{}, idle: map[string]chan struct{}{}}
+		sending: map[messages.Chunk][]string{}, toPeer: map[string]int{}}
 }
 
 // Sending records that chunk c, about to be handed to the manager, sends
@@ -83,41 +71,7 @@ func (r *Registry) unsend(c messages.Chunk) {
 	for _, p := range peers {
 		if r.toPeer[p]--; r.toPeer[p] <= 0 {
 			delete(r.toPeer, p)
-			if ch, ok := r.idle[p]; ok {
-				close(ch)
-				delete(r.idle, p)
-			}
 		}
-	}
-}
-
-// PeerIdle returns a channel closed once no live chunk sends to a decode
-// peer (closed already if none does now), or once CloseIdle ran: when a
-// RemovePeer was refused for the chunks still sending to it, the time to
-// try again.
-func (r *Registry) PeerIdle(peer string) <-chan struct{} {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.idleDone || r.toPeer[peer] == 0 {
-		return closedIdle
-	}
-	ch, ok := r.idle[peer]
-	if !ok {
-		ch = make(chan struct{})
-		r.idle[peer] = ch
-	}
-	return ch
-}
-
-// CloseIdle closes every PeerIdle channel, and those asked for later: the
-// engine closes, and no chunk will end on its own any more.
-func (r *Registry) CloseIdle() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.idleDone = true
-	for p, ch := range r.idle {
-		close(ch)
-		delete(r.idle, p)
 	}
 }
 

@@ -123,18 +123,6 @@ type PeerRemover interface {
 	RemovePeer(id string) error
 }
 
-// PeerIdler is a PeerRemover that tells when nothing sends to a peer any
-// more (system.Engine.PeerIdle: a channel closed then, or once the engine
-// closed). When the session ends before every chunk to the decode ended
-// (a Bye on a lost decode, before the serving stack dropped its rooms
-// there), RemovePeer is refused; with a PeerIdler the Client tries again
-// each time the peer goes idle, until it is removed or refused for
-// another reason, instead of leaving it to the serving stack.
-type PeerIdler interface {
-	PeerRemover
-	PeerIdle(id string) <-chan struct{}
-}
-
 var clients atomic.Uint64
 
 // Dial opens a session with the decode server at cfg.Decode: it sends the
@@ -817,61 +805,16 @@ func (c *Client) Bye(ctx context.Context, aborted error) (Summary, error) {
 
 // detach removes the decode pool from the engine Attach added it to, when
 // that engine can (PeerRemover). An engine that still sends to it (Bye
-// before every chunk to this decode finished or was dropped) refuses: a
-// PeerIdler's peer is removed once it goes idle (removeWhenIdle); any
-// other's stays, said at WARN.
+// before every chunk to this decode finished or was dropped) refuses: the
+// peer stays, said at WARN.
 func (c *Client) detach(eng Engine) {
 	r, ok := eng.(PeerRemover)
 	if !ok {
 		return
 	}
-	err := r.RemovePeer(c.peer.ID)
-	if err == nil {
-		return
-	}
-	if w, ok := eng.(PeerIdler); ok && !isClosed(w.PeerIdle(c.peer.ID)) {
-		c.cfg.Log.Debug("the decode peer is removed once its last chunk ended",
+	if err := r.RemovePeer(c.peer.ID); err != nil {
+		c.cfg.Log.Warn("the engine keeps the decode peer after its session ended (finish or drop its rooms, then Engine.RemovePeer)",
 			zap.String("decode", c.cfg.Decode), zap.String("peer", c.peer.ID), zap.Error(err))
-		go c.removeWhenIdle(w)
-		return
-	}
-	c.keptPeer(err)
-}
-
-// removeWhenIdle removes the decode peer from w once nothing sends to it:
-// again after a chunk registered toward it meanwhile, and not at all if w
-// refuses it while idle (another reason than chunks in flight, said at
-// WARN). An engine that closes makes its peers idle, and RemovePeer then
-// returns nil.
-func (c *Client) removeWhenIdle(w PeerIdler) {
-	for {
-		<-w.PeerIdle(c.peer.ID)
-		err := w.RemovePeer(c.peer.ID)
-		if err == nil {
-			c.cfg.Log.Debug("decode peer removed after its last chunk", zap.String("decode", c.cfg.Decode), zap.String("peer", c.peer.ID))
-			return
-		}
-		if isClosed(w.PeerIdle(c.peer.ID)) {
-			c.keptPeer(err)
-			return
-		}
-	}
-}
-
-// keptPeer says at WARN that the engine keeps the decode peer.
-func (c *Client) keptPeer(err error) {
-	c.cfg.Log.Warn("the engine keeps the decode peer after its session ended (finish or drop its rooms, then Engine.RemovePeer)",
-		zap.String("decode", c.cfg.Decode), zap.String("peer", c.peer.ID), zap.Error(err))
-}
-
-// isClosed reports whether ch is closed (PeerIdle's channels are never
-// sent on).
-func isClosed(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
 	}
 }
 

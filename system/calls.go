@@ -100,14 +100,6 @@ func (e *Engine) RemovePeer(id string) (err error) {
 	return nil
 }
 
-// PeerIdle returns a channel closed once no live chunk sends to the decode
-// peer id any more (closed already if none does now), or once the engine
-// closed: a RemovePeer refused for the chunks still sending to the peer
-// may be tried again then (decode.Client does, after a Bye before its
-// rooms there ended). A chunk registered toward the peer meanwhile makes
-// it busy again.
-func (e *Engine) PeerIdle(id string) <-chan struct{} { return e.env.Registry.PeerIdle(id) }
-
 // PeerDraining tells the engine a decode peer drains (its server is
 // stopping and said so: decode.Client.Attach calls it): from now on a
 // chunk that opens a new room toward it (its first chunk: Start 0, no

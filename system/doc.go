@@ -36,8 +36,7 @@
 // requests elsewhere from then on, and says Bye to that decode once its
 // rooms there are done. Once a decode session ended (Bye said, or the peer
 // lost and its rooms answered), RemovePeer forgets the peer and closes the
-// endpoints to it; the id may be added again. It is refused while a live
-// chunk sends to the peer; PeerIdle says when to try again.
+// endpoints to it; the id may be added again.
 //
 // A room is cancelled on either side's initiative: when the prefill gives
 // a room up (its client aborted), Drop it, then tell the decode

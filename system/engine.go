@@ -301,8 +301,6 @@ func (e *Engine) Close() (err error) {
 		}
 	}
 	e.stopActors()
-	// No chunk ends on its own any more: PeerIdle's waiters go on.
-	e.env.Registry.CloseIdle()
 	err = errors.CombineErrors(err, e.closeTrace()) // the actors stopped: the trace is complete
 	e.records.close()
 	e.release()
