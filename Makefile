@@ -33,10 +33,10 @@ proto:
 # server.go patched to set gRPC's logger once at init instead of at every
 # node start, a write that raced with the gRPC goroutines of a test's other
 # nodes (scripts/test-overlay.sh says why and checks that the patch fits).
-RACE := -race -modfile=$(CURDIR)/.overlay/go.mod
+RACE := -race -modfile=.overlay/go.mod
 
 overlay:
-	@scripts/test-overlay.sh
+	@GO="$(GO)" scripts/test-overlay.sh
 
 # The whole suite under -race. The reliability suite runs on its own so that
 # its summary line is printed; the UCX transport's tests run when libucx is

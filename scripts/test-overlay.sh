@@ -18,6 +18,7 @@
 # is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+go="${GO:-go}"
 out=.overlay
 mod=github.com/asynkron/protoactor-go
 # sha256 of the upstream remote/server.go at go.mod's version: when
@@ -26,20 +27,25 @@ mod=github.com/asynkron/protoactor-go
 # once).
 want=07ca73d9f0fa272039f91c0de8f8cc08614e65205f89be63c73efd3216b03e57
 
-dir=$(go list -m -f '{{.Dir}}' "$mod")
+dir=$("$go" list -m -f '{{.Dir}}' "$mod")
 if [ -z "$dir" ]; then
-  go mod download "$mod"
-  dir=$(go list -m -f '{{.Dir}}' "$mod")
+  "$go" mod download "$mod"
+  dir=$("$go" list -m -f '{{.Dir}}' "$mod")
 fi
 got=$(sha256sum "$dir/remote/server.go" | cut -d' ' -f1)
 if [ "$got" != "$want" ]; then
   echo "test-overlay: $dir/remote/server.go is not the file scripts/testdata/protoactor/server.go was derived from (sha256 $got, want $want): re-derive the copy from it and update want in $0" >&2
   exit 1
 fi
+# A copy left half made (its files read-only, as in the module cache)
+# would stop rm.
+[ -d "$out/protoactor-go" ] && chmod -R u+w "$out/protoactor-go"
 rm -rf "$out/protoactor-go"
 mkdir -p "$out"
 cp -r "$dir" "$out/protoactor-go"
 chmod -R u+w "$out/protoactor-go"
 cp scripts/testdata/protoactor/server.go "$out/protoactor-go/remote/server.go"
 cp go.sum "$out/go.sum"
-{ cat go.mod; echo; echo "replace $mod => $(pwd)/$out/protoactor-go"; } >"$out/go.mod"
+# Relative to the module's root, which go resolves it against with
+# -modfile too.
+{ cat go.mod; echo; echo "replace $mod => ./$out/protoactor-go"; } >"$out/go.mod"
