@@ -360,7 +360,8 @@
 //     registration, and on a real NIC the writes would silently go to the old
 //     pages. New therefore sets RCACHE_ENABLE=n, and IB_REG_METHODS=direct
 //     on hosts with InfiniBand devices, unless the environment or
-//     Options.Config sets them.
+//     Options.Config sets them (IB_REG_METHODS through the environment, as
+//     UCX_TCP_MAX_POLL below; not run here: no InfiniBand device).
 //   - UCX_MM_ERROR_HANDLING (UCX_POSIX_/UCX_SYSV_ERROR_HANDLING): the
 //     shared-memory transports refuse endpoints in error handling mode peer
 //     unless it is y, so New sets it to y unless the environment or
@@ -373,7 +374,10 @@
 //     process: a decode resumed after its prefill gave it up, 2 of 12 runs
 //     of that pause under load. A closed endpoint's events leave epoll with
 //     it, so New sets it to 1 wherever UCX_TLS may select tcp, unless the
-//     environment or Options.Config sets it.
+//     environment or Options.Config sets it. It sets it in the process's
+//     environment (UCX_TCP_MAX_POLL, under the shim's exclusive lock):
+//     given to ucp_config_modify, a transport's prefixed variable reaches
+//     no interface in UCX 1.13, which only warns "invalid configuration".
 //   - UCX_LOG_LEVEL, UCX_HANDLE_ERRORS: UCX logging and signal handling.
 //
 // # Limits

@@ -1259,6 +1259,17 @@ ucs_status_t kvs_init(kvs_ctx_t **out, const char **keys, const char **vals,
     return status;
 }
 
+// Sets an environment variable the process has not set. Under the
+// exclusive lock: UCX reads its variables from the environment when a
+// context or a worker reads its configuration, which the shim does only
+// under that lock, and setenv must not race a reader.
+void kvs_setenv_default(const char *name, const char *val)
+{
+    kvs_enter(1);
+    setenv(name, val, 0);
+    kvs_leave();
+}
+
 void kvs_destroy(kvs_ctx_t *c)
 {
     kvs_enter(0);

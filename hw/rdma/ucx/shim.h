@@ -211,6 +211,7 @@ ucs_status_t kvs_init(kvs_ctx_t **out, const char **keys, const char **vals,
                       int nkv, int wakeup, int rma, uint64_t frag,
                       const char *name);
 void         kvs_destroy(kvs_ctx_t *c);
+void         kvs_setenv_default(const char *name, const char *val);
 ucs_status_t kvs_address(ucp_worker_h w, void **buf, size_t *len);
 
 ucs_status_t kvs_access_open(kvs_ctx_t *c, ucp_worker_h *w, kvs_wk_t **wk);

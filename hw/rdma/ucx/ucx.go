@@ -181,6 +181,16 @@ func (o Options) defaults() [][2]string {
 	if usesSharedMemory(o.tls()) {
 		d = append(d, [2]string{"MM_ERROR_HANDLING", "y"})
 	}
+	return d
+}
+
+// envDefaults are set in the process's environment, where neither it nor
+// Options.Config sets them, before the context reads its configuration: a
+// transport's own variable (a prefixed one, as TCP_MAX_POLL or
+// IB_REG_METHODS) given to ucp_config_modify reaches no interface in UCX
+// 1.13, which warns "invalid configuration" instead; the environment
+// reaches it in every version. doc.go says why each.
+func (o Options) envDefaults() [][2]string {
 	// One socket event per progress of a tcp interface: UCX handles a
 	// batch of epoll events one after the other, and handling one (a
 	// connection reset) can close another endpoint of the same batch,
@@ -189,13 +199,29 @@ func (o Options) defaults() [][2]string {
 	// a decode resumed after its prefill gave it up). Events of a closed
 	// endpoint leave the epoll set with it, so a batch of one cannot hold
 	// a stale one.
+	var d [][2]string
 	if usesTCP(o.tls()) {
 		d = append(d, [2]string{"TCP_MAX_POLL", "1"})
 	}
 	if ib, _ := os.ReadDir("/sys/class/infiniband"); len(ib) > 0 {
 		d = append(d, [2]string{"IB_REG_METHODS", "direct"})
 	}
-	return d
+	return slices.DeleteFunc(d, func(kv [2]string) bool {
+		_, set := o.Config[kv[0]]
+		return set
+	})
+}
+
+// cGetenv is name's value in the C environment, which UCX reads (Go's
+// os.Getenv does not see what C's setenv changed).
+func cGetenv(name string) string {
+	n := C.CString(name)
+	defer C.free(unsafe.Pointer(n))
+	v := C.getenv(n)
+	if v == nil {
+		return ""
+	}
+	return C.GoString(v)
 }
 
 // tls is the UCX_TLS value the context reads: Options.Config's, else the
@@ -208,25 +234,36 @@ func (o Options) tls() string {
 }
 
 // usesSharedMemory reports whether a UCX_TLS value may select UCX's
-// shared-memory (mm) transports.
-func usesSharedMemory(tls string) bool { return tlsMaySelect(tls, "sm", "shm", "mm", "posix", "sysv") }
+// shared-memory (mm) transports: posix or sysv, which sm, shm and mm name
+// together.
+func usesSharedMemory(tls string) bool {
+	return tlsMaySelect(tls, []string{"sm", "shm", "mm"}, "posix", "sysv")
+}
 
 // usesTCP reports whether a UCX_TLS value may select UCX's tcp transport.
-func usesTCP(tls string) bool { return tlsMaySelect(tls, "tcp") }
+func usesTCP(tls string) bool { return tlsMaySelect(tls, []string{"tcp"}) }
 
-// tlsMaySelect reports whether a UCX_TLS value may select a transport of
-// names (UCX's names and aliases of it): unset, "all" and "^..." (all but
-// some) may select any.
-func tlsMaySelect(tls string, names ...string) bool {
-	if tls == "" || strings.HasPrefix(tls, "^") {
+// tlsMaySelect reports whether a UCX_TLS value may select one of the
+// transports parts, which each of groups names together ("all" too): an
+// unset value may select any; "^..." (all but those listed) any unless it
+// lists a group, or every part.
+func tlsMaySelect(tls string, groups []string, parts ...string) bool {
+	if tls == "" {
 		return true
 	}
-	for _, name := range strings.Split(tls, ",") {
-		if name = strings.TrimPrefix(name, `\`); name == "all" || slices.Contains(names, name) {
-			return true
-		}
+	except := strings.HasPrefix(tls, "^")
+	listed := map[string]bool{}
+	for _, name := range strings.Split(strings.TrimPrefix(tls, "^"), ",") {
+		listed[strings.TrimPrefix(name, `\`)] = true
 	}
-	return false
+	anyListed := func(names []string) bool {
+		return slices.ContainsFunc(names, func(n string) bool { return listed[n] })
+	}
+	if except {
+		allParts := len(parts) > 0 && !slices.ContainsFunc(parts, func(n string) bool { return !listed[n] })
+		return !anyListed(groups) && !allParts
+	}
+	return listed["all"] || anyListed(groups) || anyListed(parts)
 }
 
 // Transport is one UCP context and worker, driven by one progress
@@ -402,6 +439,12 @@ func (t *Transport) initContext() error {
 	rma := C.int(0)
 	if t.opts.Writes == WriteRMA {
 		rma = 1
+	}
+	for _, kv := range t.opts.envDefaults() {
+		k, v := C.CString("UCX_"+kv[0]), C.CString(kv[1])
+		C.kvs_setenv_default(k, v)
+		C.free(unsafe.Pointer(k))
+		C.free(unsafe.Pointer(v))
 	}
 	var ctx *C.kvs_ctx_t
 	st := C.kvs_init(&ctx, ckeys, cvals, C.int(len(keys)), wakeup, rma, C.uint64_t(t.opts.Fragment), name)

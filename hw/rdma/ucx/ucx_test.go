@@ -21,7 +21,12 @@ import (
 	"go.uber.org/goleak"
 )
 
+// tcpMaxPollAtStart is UCX_TCP_MAX_POLL in the C environment before any
+// test made a Transport.
+var tcpMaxPollAtStart string
+
 func TestMain(m *testing.M) {
+	tcpMaxPollAtStart = cGetenv("UCX_TCP_MAX_POLL")
 	if os.Getenv(peerEnv) != "" {
 		os.Exit(runPeer())
 	}
@@ -714,8 +719,9 @@ func TestMessageWritesAreChecked(t *testing.T) {
 }
 
 // TestDefaultsFollowTLS: New pins one socket event per tcp progress
-// (TCP_MAX_POLL) wherever UCX_TLS may select tcp, and the shared-memory
-// error handling wherever it may select shared memory; a variable for a
+// (UCX_TCP_MAX_POLL, through the environment) wherever UCX_TLS may select
+// tcp and Options.Config does not set it, and the shared-memory error
+// handling wherever it may select shared memory; a variable for a
 // transport not in use would draw UCX's warning.
 func TestDefaultsFollowTLS(t *testing.T) {
 	for _, c := range []struct {
@@ -723,24 +729,56 @@ func TestDefaultsFollowTLS(t *testing.T) {
 		tcp, shm bool
 	}{
 		{"", true, true},
+		{"all", true, true},
 		{"tcp", true, false},
 		{`\tcp,self`, true, false},
 		{"sm,self", false, true},
+		{"posix,self", false, true},
 		{"rc,cuda_copy", false, false},
 		{"^ib", true, true},
-		{"all", true, true},
+		{"^tcp", false, true},
+		{"^sm", true, false},
+		{"^posix", true, true},
+		{"^posix,sysv", true, false},
 	} {
-		d := Options{Config: map[string]string{"TLS": c.tls}}.defaults()
+		o := Options{Config: map[string]string{"TLS": c.tls}}
 		got := map[string]string{}
-		for _, kv := range d {
+		for _, kv := range o.defaults() {
 			got[kv[0]] = kv[1]
 		}
-		_, tcp := got["TCP_MAX_POLL"]
 		_, shm := got["MM_ERROR_HANDLING"]
-		assert.Equal(t, c.tcp, tcp, "TLS=%q: TCP_MAX_POLL set", c.tls)
 		assert.Equal(t, c.shm, shm, "TLS=%q: MM_ERROR_HANDLING set", c.tls)
-		if tcp {
-			assert.Equal(t, "1", got["TCP_MAX_POLL"], "TLS=%q", c.tls)
+		assert.NotContains(t, got, "TCP_MAX_POLL", "TLS=%q: a tcp variable goes through the environment", c.tls)
+		if c.tcp {
+			assert.Equal(t, "1", envDefault(o, "TCP_MAX_POLL"), "TLS=%q", c.tls)
+		} else {
+			assert.Empty(t, envDefault(o, "TCP_MAX_POLL"), "TLS=%q", c.tls)
 		}
 	}
+	o := Options{Config: map[string]string{"TLS": "tcp", "TCP_MAX_POLL": "4"}}
+	assert.Empty(t, envDefault(o, "TCP_MAX_POLL"), "Options.Config sets it")
+}
+
+// envDefault is o.envDefaults' value for key ("" if none).
+func envDefault(o Options, key string) string {
+	for _, kv := range o.envDefaults() {
+		if kv[0] == key {
+			return kv[1]
+		}
+	}
+	return ""
+}
+
+// TestTCPMaxPollReachesUCX: a Transport over tcp leaves UCX_TCP_MAX_POLL=1
+// in the C environment UCX reads its configuration from, where the process
+// did not set it (through ucp_config_modify, UCX 1.13 applied it to no
+// interface).
+func TestTCPMaxPollReachesUCX(t *testing.T) {
+	if tcpMaxPollAtStart != "" {
+		t.Skipf("the environment sets UCX_TCP_MAX_POLL=%s", tcpMaxPollAtStart)
+	}
+	tr, err := New(Options{Config: map[string]string{"TLS": "tcp"}})
+	require.NoError(t, err)
+	require.NoError(t, tr.Close())
+	assert.Equal(t, "1", cGetenv("UCX_TCP_MAX_POLL"))
 }
