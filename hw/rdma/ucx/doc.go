@@ -372,12 +372,12 @@
 //     same batch, whose event then fails UCX's assertion that its endpoint
 //     is not closed (tcp_iface.c, 1.13 to at least 1.18) and aborts the
 //     process: a decode resumed after its prefill gave it up, 2 of 12 runs
-//     of that pause under load on 1.18.1. A closed endpoint's events leave epoll with
-//     it, so New sets it to 1 wherever UCX_TLS may select tcp, unless the
-//     environment or Options.Config sets it. It sets it in the process's
-//     environment (UCX_TCP_MAX_POLL, under the shim's exclusive lock):
-//     given to ucp_config_modify, a transport's prefixed variable reaches
-//     no interface in UCX 1.13, which only warns "invalid configuration".
+//     of that pause under load on 1.18.1. A closed endpoint's events leave
+//     epoll with it, so New sets it to 1 wherever UCX_TLS may select tcp,
+//     unless the environment or Options.Config sets it. It sets it in the
+//     process's environment (under the shim's exclusive lock): given to
+//     ucp_config_modify, a transport's prefixed variable reaches no
+//     interface in UCX 1.13, which only warns "invalid configuration".
 //   - UCX_LOG_LEVEL, UCX_HANDLE_ERRORS: UCX logging and signal handling.
 //
 // # Limits
