@@ -3,13 +3,13 @@ package decode_test
 import (
 	"context"
 	"errors"
-	"net"
 	"testing"
 	"time"
 
 	"github.com/kvstream/kvstream/decode"
 	"github.com/kvstream/kvstream/hw/hostmem"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
+	"github.com/kvstream/kvstream/internal/nettest"
 	"github.com/kvstream/kvstream/netsec"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -33,12 +33,9 @@ func dialCtx(t *testing.T) context.Context {
 // have, a Hello refused.
 func TestDialSaysWhy(t *testing.T) {
 	r := newRig(t, decode.Config{MaxSessions: 1})
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	nobody := l.Addr().String()
-	require.NoError(t, l.Close())
+	nobody := nettest.Refusing(t)
 
-	_, err = decode.Dial(dialCtx(t), r.node, patient(nobody))
+	_, err := decode.Dial(dialCtx(t), r.node, patient(nobody))
 	assert.True(t, errors.Is(err, decode.ErrUnreachable), "%v", err)
 	assert.ErrorContains(t, err, "nothing listening at "+nobody)
 

@@ -1,11 +1,11 @@
 package decode_test
 
 import (
-	"net"
 	"runtime"
 	"testing"
 
 	"github.com/kvstream/kvstream/decode"
+	"github.com/kvstream/kvstream/internal/nettest"
 	"github.com/kvstream/kvstream/messages/wire"
 	"github.com/stretchr/testify/require"
 )
@@ -25,10 +25,7 @@ func TestPeerNodesCostLittle(t *testing.T) {
 	r := newRig(t, decode.Config{})
 	gone := make([]string, 11)
 	for i := range gone {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		gone[i] = l.Addr().String()
-		require.NoError(t, l.Close())
+		gone[i] = nettest.Refusing(t)
 	}
 	decode.SendToForTest(r.node, gone[0], "kvstream-prefill", &wire.Summary{})
 	var before, after runtime.MemStats

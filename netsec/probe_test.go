@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/internal/nettest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -75,10 +76,7 @@ func TestProbeSaysWhy(t *testing.T) {
 		_, _ = conn.Read(b[:])
 	})
 	good := tlsServer(decodeTLS)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	nobody := l.Addr().String()
-	l.Close()
+	nobody := nettest.Refusing(t)
 
 	ctx := func() context.Context {
 		c, cancel := context.WithTimeout(context.Background(), 5*time.Second)

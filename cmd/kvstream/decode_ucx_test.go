@@ -17,6 +17,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/kvstream/kvstream/decode"
+	"github.com/kvstream/kvstream/internal/nettest"
 	"github.com/kvstream/kvstream/lab/metricsdoc"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -116,12 +117,6 @@ func TestUCXPrefillSaysWhy(t *testing.T) {
 	dir := devCerts(t)
 	env := []string{"UCX_TLS=tcp"}
 	oneRequest := []string{"--model", "small", "--requests", "1", "--prompt-tokens", "512", "--chunk-tokens", "512", "--page-size", "16"}
-	free := func() string {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		defer l.Close()
-		return l.Addr().String()
-	}
 	fails := func(want string, args ...string) {
 		t.Helper()
 		pre := startCLI(t, env, append(append([]string{"prefill"}, args...), oneRequest...)...)
@@ -131,8 +126,8 @@ func TestUCXPrefillSaysWhy(t *testing.T) {
 		assert.NotContains(t, pre.errOut(), "future: timeout", "a refusal is an answer, not a timeout")
 		t.Logf("%q after %v", want, time.Since(start).Round(time.Millisecond))
 	}
-	fails("nothing listening at", "--decode", free(), "--connect-timeout", "0")
-	fails("within --connect-timeout 300ms", "--decode", free(), "--connect-timeout", "300ms")
+	fails("nothing listening at", "--decode", nettest.Refusing(t), "--connect-timeout", "0")
+	fails("within --connect-timeout 300ms", "--decode", nettest.Refusing(t), "--connect-timeout", "300ms")
 	metrics := httptest.NewServer(http.NotFoundHandler())
 	defer metrics.Close()
 	fails("answered HTTP, not the control plane: is it a metrics port (--metrics-addr)?", "--decode", strings.TrimPrefix(metrics.URL, "http://"))
@@ -147,9 +142,12 @@ func TestUCXPrefillSaysWhy(t *testing.T) {
 	requireServedOnce(t, dec, pre)
 
 	// The prefill first, the decode a moment later on the address it dials.
-	later := free()
+	// The port is held until the decode is about to listen, so that no
+	// other process, the prefill's own node included, is given it.
+	later, release := nettest.Reserve(t)
 	pre = startCLI(t, env, append([]string{"prefill", "--decode", later, "--connect-timeout", "1m"}, oneRequest...)...)
 	time.Sleep(500 * time.Millisecond)
+	release()
 	dec = startCLI(t, env, "decode", "--listen", later, "--sessions", "1", "--wait", "3m")
 	requireServedOnce(t, dec, pre)
 }
