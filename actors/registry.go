@@ -25,6 +25,10 @@ type Registry struct {
 	// per peer, so that a peer is forgotten only once nothing sends to it.
 	sending map[messages.Chunk][]string
 	toPeer  map[string]int
+	// watched are the peers whose last chunk someone waits for
+	// (WatchIdle): onIdle hears each once, when its count reaches 0.
+	watched map[string]bool
+	onIdle  func(peer string)
 }
 
 type registered struct {
@@ -35,7 +39,30 @@ type registered struct {
 // NewRegistry returns an empty registry.
 func NewRegistry() *Registry {
 	return &Registry{queued: map[messages.ChunkKey]registered{}, rooms: map[uint64]int{},
-		sending: map[messages.Chunk][]string{}, toPeer: map[string]int{}}
+		sending: map[messages.Chunk][]string{}, toPeer: map[string]int{}, watched: map[string]bool{}}
+}
+
+// OnPeerIdle sets what hears that a watched peer's last live chunk ended
+// (WatchIdle). It is called on the goroutine of the chunk that ended, after
+// the registry's lock is released, before the chunk answers its Finish or
+// Drop; it must not block. Set it before the first chunk is sent.
+func (r *Registry) OnPeerIdle(f func(peer string)) {
+	r.mu.Lock()
+	r.onIdle = f
+	r.mu.Unlock()
+}
+
+// WatchIdle returns how many live chunks send to peer and, when some do,
+// has OnPeerIdle's function hear the moment the last of them ends (once).
+// Counting and watching under one lock, no chunk's end falls between them.
+func (r *Registry) WatchIdle(peer string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := r.toPeer[peer]
+	if n > 0 {
+		r.watched[peer] = true
+	}
+	return n
 }
 
 // Sending records that chunk c, about to be handed to the manager, sends
@@ -57,21 +84,38 @@ func (r *Registry) Sending(c messages.Chunk, peers []string) {
 // spawn (a concurrent registration of its key won).
 func (r *Registry) NotSent(c messages.Chunk) {
 	r.mu.Lock()
-	r.unsend(c)
+	idle, f := r.unsend(c)
 	r.mu.Unlock()
+	notifyIdle(idle, f)
 }
 
-// unsend forgets c's peers; r.mu is held.
-func (r *Registry) unsend(c messages.Chunk) {
+// unsend forgets c's peers, and returns those of them watched whose last
+// chunk it was, with the function that hears of them; r.mu is held.
+func (r *Registry) unsend(c messages.Chunk) (idle []string, onIdle func(string)) {
 	peers, ok := r.sending[c]
 	if !ok {
-		return
+		return nil, nil
 	}
 	delete(r.sending, c)
 	for _, p := range peers {
 		if r.toPeer[p]--; r.toPeer[p] <= 0 {
 			delete(r.toPeer, p)
+			if r.watched[p] {
+				delete(r.watched, p)
+				idle = append(idle, p)
+			}
 		}
+	}
+	return idle, r.onIdle
+}
+
+// notifyIdle tells f of the peers unsend found idle; no lock is held.
+func notifyIdle(idle []string, f func(string)) {
+	if f == nil {
+		return
+	}
+	for _, p := range idle {
+		f(p)
 	}
 }
 
@@ -162,8 +206,9 @@ func (r *Registry) ended(c messages.Chunk) {
 	if r.rooms[c.Room]--; r.rooms[c.Room] <= 0 {
 		delete(r.rooms, c.Room)
 	}
-	r.unsend(c)
+	idle, f := r.unsend(c)
 	r.mu.Unlock()
+	notifyIdle(idle, f)
 }
 
 // Peers is the table of decode peers, written by AddPeer and read by

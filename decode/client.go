@@ -123,6 +123,16 @@ type PeerRemover interface {
 	RemovePeer(id string) error
 }
 
+// IdlePeerRemover is a PeerRemover that can also remove a peer still sent
+// to, the moment its last chunk ends (system.Engine.RemovePeerWhenIdle). Bye
+// and Close use it when the engine is one, so that a session that ends
+// before its rooms there did (a Close on an error path) leaves no peer
+// behind either.
+type IdlePeerRemover interface {
+	PeerRemover
+	RemovePeerWhenIdle(id string) error
+}
+
 var clients atomic.Uint64
 
 // Dial opens a session with the decode server at cfg.Decode: it sends the
@@ -804,15 +814,21 @@ func (c *Client) Bye(ctx context.Context, aborted error) (Summary, error) {
 }
 
 // detach removes the decode pool from the engine Attach added it to, when
-// that engine can (PeerRemover). An engine that still sends to it (Bye
-// before every chunk to this decode finished or was dropped) refuses: the
-// peer stays, said at WARN.
+// that engine can. An IdlePeerRemover removes it now, or once its last
+// chunk ends if the session ended before its rooms there did. A
+// PeerRemover only can refuse a peer still sent to (Bye before every chunk
+// to this decode finished or was dropped): the peer stays, said at WARN.
 func (c *Client) detach(eng Engine) {
-	r, ok := eng.(PeerRemover)
-	if !ok {
+	var err error
+	switch r := eng.(type) {
+	case IdlePeerRemover:
+		err = r.RemovePeerWhenIdle(c.peer.ID)
+	case PeerRemover:
+		err = r.RemovePeer(c.peer.ID)
+	default:
 		return
 	}
-	if err := r.RemovePeer(c.peer.ID); err != nil {
+	if err != nil {
 		c.cfg.Log.Warn("the engine keeps the decode peer after its session ended (finish or drop its rooms, then Engine.RemovePeer)",
 			zap.String("decode", c.cfg.Decode), zap.String("peer", c.peer.ID), zap.Error(err))
 	}

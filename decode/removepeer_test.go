@@ -38,29 +38,55 @@ func (e *removingEngine) RemovePeer(id string) error {
 	return nil
 }
 
+// idleRemovingEngine can also remove a peer once idle
+// (decode.IdlePeerRemover): it records those removals apart.
+type idleRemovingEngine struct {
+	removingEngine
+	whenIdle []string
+}
+
+func (e *idleRemovingEngine) RemovePeerWhenIdle(id string) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.whenIdle = append(e.whenIdle, id)
+	return nil
+}
+
 // TestByeRemovesThePeer: the session's end (Bye, or Close without one)
 // removes the decode pool from the engine Attach added it to, once, so that
 // a prefill serving ever-new sessions keeps none of the ended ones; the
 // system engine is such an engine.
 func TestByeRemovesThePeer(t *testing.T) {
-	var _ decode.PeerRemover = (*system.Engine)(nil)
+	var _ decode.IdlePeerRemover = (*system.Engine)(nil)
 	r := newRig(t, decode.Config{})
-	for _, bye := range []bool{true, false} {
-		c := r.dial(t)
-		eng := &removingEngine{}
-		require.NoError(t, c.Attach(eng))
-		eng.mu.Lock()
-		assert.Empty(t, eng.removed, "not before the session ends")
-		eng.mu.Unlock()
-		if bye {
-			_, err := c.Bye(waitCtx(t), nil)
-			require.NoError(t, err)
-		} else {
-			require.NoError(t, c.Close(waitCtx(t)))
+	for _, idle := range []bool{false, true} {
+		for _, bye := range []bool{true, false} {
+			c := r.dial(t)
+			eng := &idleRemovingEngine{}
+			var attached decode.Engine = &eng.removingEngine
+			if idle {
+				attached = eng
+			}
+			require.NoError(t, c.Attach(attached))
+			eng.mu.Lock()
+			assert.Empty(t, eng.removed, "not before the session ends")
+			assert.Empty(t, eng.whenIdle, "not before the session ends")
+			eng.mu.Unlock()
+			if bye {
+				_, err := c.Bye(waitCtx(t), nil)
+				require.NoError(t, err)
+			} else {
+				require.NoError(t, c.Close(waitCtx(t)))
+			}
+			require.NoError(t, c.Close(waitCtx(t)), "a Close after the end is nothing")
+			eng.mu.Lock()
+			if idle {
+				assert.Equal(t, eng.added, eng.whenIdle, "bye=%v: the peer Attach added is removed once, when idle", bye)
+				assert.Empty(t, eng.removed, "bye=%v: RemovePeerWhenIdle, not RemovePeer", bye)
+			} else {
+				assert.Equal(t, eng.added, eng.removed, "bye=%v: the peer Attach added is removed once", bye)
+			}
+			eng.mu.Unlock()
 		}
-		require.NoError(t, c.Close(waitCtx(t)), "a Close after the end is nothing")
-		eng.mu.Lock()
-		assert.Equal(t, eng.added, eng.removed, "bye=%v: the peer Attach added is removed once", bye)
-		eng.mu.Unlock()
 	}
 }

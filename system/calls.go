@@ -80,23 +80,17 @@ func (e *Engine) RemovePeer(id string) (err error) {
 	n := e.env.Registry.ToPeer(id)
 	var rec *Peer
 	if n == 0 {
-		if rec, err = e.env.Peers.Remove(id); err == nil {
-			// The rooms the session cancelled go with it: a decode server
-			// that restarts under the id is another session, whose room of
-			// the same id is another request.
-			e.cancels.forget(id)
-		}
+		rec, err = e.removeLocked(id)
 	}
 	e.cancels.mu.Unlock()
 	if n > 0 {
-		err = errors.Mark(errors.Newf("remove peer %q: %d live chunks send to it; finish or drop their rooms first", id, n), ErrBadInput)
+		err = errors.Mark(errors.Newf("remove peer %q: %d live chunks send to it; finish or drop their rooms first (or RemovePeerWhenIdle)", id, n), ErrBadInput)
 	}
 	e.traceRemovePeer(id, err)
 	if err != nil {
 		return err
 	}
-	actors.ForgetPeer(e.env, id, rec)
-	e.log.Debug("decode peer removed", zap.String("peer", id))
+	e.forgetPeer(id, rec)
 	return nil
 }
 
@@ -184,6 +178,10 @@ func (e *Engine) Register(ctx context.Context, spec ChunkSpec) (reg Registration
 			e.obs.Refused("peer_lost")
 			return Registration{}, lost
 		}
+	}
+	if err := e.removingError(&spec); err != nil {
+		e.obs.Refused("peer_removed")
+		return Registration{}, err
 	}
 	if spec.Start == 0 && !e.env.Registry.HasRoom(spec.Room) {
 		for _, in := range spec.Infos {

@@ -36,7 +36,10 @@
 // requests elsewhere from then on, and says Bye to that decode once its
 // rooms there are done. Once a decode session ended (Bye said, or the peer
 // lost and its rooms answered), RemovePeer forgets the peer and closes the
-// endpoints to it; the id may be added again.
+// endpoints to it; the id may be added again. RemovePeerWhenIdle does the
+// same for a session that ended before its rooms there did: the peer goes
+// the moment its last chunk ends, and until then no new chunk is sent to
+// it (decode.Client's Bye and Close call it).
 //
 // A room is cancelled on either side's initiative: when the prefill gives
 // a room up (its client aborted), Drop it, then tell the decode

@@ -48,8 +48,12 @@ type Engine struct {
 	// onCancelled: WithRoomCancelled
 	onCancelled []func(peer string, room uint64, reason string)
 	cancels     cancelledRooms // rooms decode peers cancelled (CancelRoom)
-	restarts    *actors.RestartWindow
-	ends        forwardEnds // recent end-of-forward events, for Finish
+	// removing are the decode peers whose removal waits for their last
+	// live chunk (RemovePeerWhenIdle), with the record each was marked on;
+	// guarded by cancels.mu, the registration lock.
+	removing map[string]*plan.Peer
+	restarts *actors.RestartWindow
+	ends     forwardEnds // recent end-of-forward events, for Finish
 
 	trace     *trace.Recorder
 	traceTo   io.Writer
@@ -192,6 +196,7 @@ func (e *Engine) spawnActors() (err error) {
 	)
 	e.env = &actors.Env{System: e.system, Log: e.log, Layout: e.layout, Peers: actors.NewPeers(), Transport: e.transport, Trace: e.trace,
 		Registry: actors.NewRegistry(), Dispatcher: actors.NewDispatcher(0), Observer: e.obs}
+	e.env.Registry.OnPeerIdle(e.peerIdle)
 	root := e.system.Root
 	if e.forward, err = root.SpawnNamed(actors.ForwardProps(e.env), "forward"); err != nil {
 		return err

@@ -147,7 +147,7 @@ func newFamilies() *families {
 		registrations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricRegistrations,
 			Help: "Registrations that created a chunk context, by mode (per_layer, monolithic) and the guard's reason."}, []string{"mode", "reason"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricRegistrationsRefused,
-			Help: "Registrations refused, by reason (bad_input, unhealthy, closed, peer_lost, peer_draining, room_cancelled, cancelled)."}, []string{"reason"}),
+			Help: "Registrations refused, by reason (bad_input, unhealthy, closed, peer_lost, peer_removed, peer_draining, room_cancelled, cancelled)."}, []string{"reason"}),
 		chunks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricChunks,
 			Help: "Chunk contexts ended, by status (success, failed, dropped)."}, []string{"status"}),
 		timeouts: prometheus.NewCounter(prometheus.CounterOpts{Name: MetricTimeouts,
@@ -218,7 +218,7 @@ var (
 	statusLabels = [...]string{messages.Succeeded: "success", messages.Failed: "failed", messages.Dropped: "dropped"}
 	// refuseLabels are every class Engine.Register refuses with, so that
 	// each series exists at 0 from the start.
-	refuseLabels = [...]string{"bad_input", "unhealthy", "closed", "peer_lost", "peer_draining", "room_cancelled", "cancelled"}
+	refuseLabels = [...]string{"bad_input", "unhealthy", "closed", "peer_lost", "peer_removed", "peer_draining", "room_cancelled", "cancelled"}
 	// restartLabels are the reasons actors.SpawnSubmitters reports.
 	restartLabels = [...]string{"endpoint", "device", "panic"}
 	// exposedPhaseLabels and batchPhaseLabels are the phases of

@@ -142,3 +142,112 @@ func TestRemovePeerForgetsItsCancelledRooms(t *testing.T) {
 	_, err = e.Register(ctx, goodSpec()) // room 1 toward the new session
 	require.NoError(t, err, "the old session's cancel does not refuse the new session's room")
 }
+
+// TestRemovePeerWhenIdle: a decode session that ends before its rooms there
+// did (decode.Client's Close on an error path) leaves no peer behind: the
+// removal waits for the peer's last live chunk, finished or dropped, and
+// has happened when that chunk's Finish or Drop returns; meanwhile no new
+// chunk is sent to the peer. A peer idle already goes at once.
+func TestRemovePeerWhenIdle(t *testing.T) {
+	pools := newEnginePools(t)
+	tr := &countingTransport{Transport: pools.pre}
+	e, err := New(Config{Buffers: pools.buffers, HookLayers: 3, PageSize: 4},
+		WithTransport(tr), withSimulated(), WithLogger(zap.NewNop()), WithGetenv(func(string) string { return "" }))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = e.Close() })
+	spec := func(room uint64) ChunkSpec {
+		s := goodSpec()
+		s.Room = room
+		return s
+	}
+	ctx := context.Background()
+
+	require.ErrorIs(t, e.RemovePeerWhenIdle("nobody"), ErrBadInput)
+	require.NoError(t, e.AddPeer(pools.peer))
+	require.NoError(t, e.RemovePeerWhenIdle("d"), "idle: removed at once")
+	require.Zero(t, e.env.Peers.Len())
+
+	for _, end := range []string{"finish", "drop"} {
+		require.NoError(t, e.AddPeer(pools.peer), end)
+		_, err = e.Register(ctx, spec(1))
+		require.NoError(t, err)
+		_, err = e.Register(ctx, spec(2))
+		require.NoError(t, err)
+		require.NoError(t, e.RemovePeerWhenIdle("d"), "%s: a peer in use is marked, not refused", end)
+		require.NoError(t, e.RemovePeerWhenIdle("d"), "a second call changes nothing")
+		require.Equal(t, 1, e.env.Peers.Len(), "%s: kept while 2 chunks send to it", end)
+
+		_, err = e.Register(ctx, spec(3))
+		require.ErrorIs(t, err, ErrPeerLost, "%s: no new chunk toward a peer being removed", end)
+		assert.ErrorContains(t, err, `register room 3: decode peer "d" is being removed (its session ended): nothing registered`)
+		assert.ErrorIs(t, e.RemovePeer("d"), ErrBadInput, "RemovePeer still refuses a peer in use")
+
+		if end == "finish" {
+			res, err := e.Finish(ctx, 1)
+			require.NoError(t, err)
+			require.Equal(t, Succeeded, res.Status)
+			require.Equal(t, 1, e.env.Peers.Len(), "kept while room 2's chunk sends to it")
+			res, err = e.Finish(ctx, 2)
+			require.NoError(t, err)
+			require.Equal(t, Succeeded, res.Status)
+		} else {
+			require.NoError(t, e.Drop(ctx, 1))
+			require.Equal(t, 1, e.env.Peers.Len(), "kept while room 2's chunk sends to it")
+			require.NoError(t, e.Drop(ctx, 2))
+		}
+		require.Zero(t, e.env.Peers.Len(), "%s: removed when the last chunk's answer returned", end)
+		assert.Zero(t, e.env.Registry.ToPeer("d"))
+		e.cancels.mu.RLock()
+		assert.Empty(t, e.removing, "no removal left pending")
+		e.cancels.mu.RUnlock()
+		require.Eventually(t, func() bool { return tr.open.Load() == 0 }, time.Minute, time.Millisecond,
+			"%s: the submitters close their endpoints to the removed peer: %d open", end, tr.open.Load())
+	}
+
+	// Added again under its id, the peer is another session's: served.
+	require.NoError(t, e.AddPeer(pools.peer))
+	_, err = e.Register(ctx, spec(4))
+	require.NoError(t, err)
+	res, err := e.Finish(ctx, 4)
+	require.NoError(t, err)
+	require.Equal(t, Succeeded, res.Status)
+	require.Equal(t, 1, e.env.Peers.Len())
+}
+
+// TestRemovalWhenIdleSparesANewRecord: the removal is bound to the record
+// it was asked for. Should the peer have been removed and added again
+// under its id between its last chunk's end and the removal (the window
+// peerIdle closes under the registration lock), the new session's record
+// stays.
+func TestRemovalWhenIdleSparesANewRecord(t *testing.T) {
+	e := newEngine(t, nil)
+	old, ok := e.env.Peers.Get("d")
+	require.True(t, ok)
+	require.NoError(t, e.RemovePeer("d"))
+	require.NoError(t, e.AddPeer(*old)) // a new record under the same id
+	e.cancels.mu.Lock()
+	e.removing = map[string]*Peer{"d": old}
+	e.cancels.mu.Unlock()
+	e.peerIdle("d")
+	cur, ok := e.env.Peers.Get("d")
+	require.True(t, ok, "the new record stays")
+	assert.NotSame(t, old, cur)
+	e.cancels.mu.RLock()
+	assert.Empty(t, e.removing, "the stale mark is gone")
+	e.cancels.mu.RUnlock()
+	_, err := e.Register(context.Background(), goodSpec())
+	require.NoError(t, err, "the new session is sent to")
+
+	// The same call with the mark on the current record removes it.
+	e.cancels.mu.Lock()
+	e.removing = map[string]*Peer{"d": cur}
+	e.cancels.mu.Unlock()
+	e.peerIdle("d")
+	_, ok = e.env.Peers.Get("d")
+	assert.True(t, ok, "not while room 1's chunk sends to it")
+	res, err := e.Finish(context.Background(), 1)
+	require.NoError(t, err)
+	require.Equal(t, Succeeded, res.Status)
+	_, ok = e.env.Peers.Get("d")
+	assert.False(t, ok, "removed once its chunk ended (the watch was armed again)")
+}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvstream/kvstream/lab/replay"
 	"github.com/kvstream/kvstream/lab/testbed"
+	"github.com/kvstream/kvstream/system"
 	"github.com/kvstream/kvstream/trace"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -19,14 +20,31 @@ import (
 // cores. The engine replay re-issues the removal, and says by name that it
 // cannot replay a peer added again (it keeps one decode pool per id).
 func TestTraceOfARemovedPeerReplays(t *testing.T) {
-	record := func(again bool) []byte {
+	// how: "now" removes the peer after its room finished, "again" adds it
+	// again after, "when-idle" asks for the removal before the room
+	// finished (RemovePeerWhenIdle: recorded when its chunk ended).
+	record := func(how string) []byte {
 		var buf bytes.Buffer
 		r := newRig(t, rigOpts{geom: testbed.MLA(4, 16, 64), hooks: 4, group: 2, trace: &buf})
 		r.register(chunk{room: 1, end: 8, last: true, src: []int{0, 1}, total: 2, infos: oneInfo("d0", []int{0, 1})})
 		r.forward(testbed.Write{Room: 1, SrcPages: []int{0, 1}, Tokens: 8})
+		// A registration toward d0 (refused, so nothing to replay) says
+		// whether the peer is there.
+		toD0 := func() error {
+			_, err := r.eng.Register(context.Background(), r.spec(chunk{room: 9, end: 8, last: true, src: []int{4, 5}, total: 2, infos: oneInfo("d0", []int{4, 5})}))
+			require.Error(t, err, "%s: a chunk toward d0 now", how)
+			return err
+		}
+		if how == "when-idle" {
+			require.NoError(t, r.eng.RemovePeerWhenIdle("d0"))
+			assert.ErrorIs(t, toD0(), system.ErrPeerLost, "kept, refusing new chunks, until room 1's chunk ends")
+		}
 		r.finish(1)
-		require.NoError(t, r.eng.RemovePeer("d0"))
-		if again {
+		if how != "when-idle" {
+			require.NoError(t, r.eng.RemovePeer("d0"))
+		}
+		assert.ErrorContains(t, toD0(), `unknown peer "d0"`, "%s: removed", how)
+		if how == "again" {
 			require.NoError(t, r.eng.AddPeer(r.decodes[0].Peer("d0")))
 			r.register(chunk{room: 2, end: 8, last: true, src: []int{2, 3}, total: 2, infos: oneInfo("d0", []int{2, 3})})
 			r.forward(testbed.Write{Room: 2, SrcPages: []int{2, 3}, Tokens: 8})
@@ -35,20 +53,20 @@ func TestTraceOfARemovedPeerReplays(t *testing.T) {
 		require.NoError(t, r.eng.Close())
 		return buf.Bytes()
 	}
-	for _, again := range []bool{false, true} {
-		raw := record(again)
+	for _, how := range []string{"now", "again", "when-idle"} {
+		raw := record(how)
 		require.Contains(t, string(raw), `"type":"RemovePeerCall"`)
 		open := func() (trace.Stream, error) { return trace.NewReader(bytes.NewReader(raw)) }
 		s, err := open()
 		require.NoError(t, err)
 		out, err := replay.Cores(s)
 		require.NoError(t, err)
-		require.Nil(t, out.Divergence, "again=%v: %s", again, out)
+		require.Nil(t, out.Divergence, "%s: %s", how, out)
 		_, err = replay.Engine(context.Background(), open)
-		if again {
+		if how == "again" {
 			assert.ErrorContains(t, err, "peer d0 is added again after it was removed")
 		} else {
-			assert.NoError(t, err, "the engine replay re-issues the removal")
+			assert.NoError(t, err, "%s: the engine replay re-issues the removal", how)
 		}
 	}
 }

@@ -71,7 +71,7 @@ func TestObservabilityMatchesAScrape(t *testing.T) {
 	require.NoError(t, err)
 	diffs := metricsdoc.Compare(doc, served, []string{"kvstream_"}, "kvstream_active_contexts", "kvstream_rooms_in_flight", "kvstream_bytes_in_flight", "kvstream_submit_queue_depth", "kvstream_healthy")
 	assert.Empty(t, diffs, "docs/OBSERVABILITY.md and a scrape of kvstream sim differ")
-	assert.Equal(t, []string{"bad_input", "cancelled", "closed", "peer_draining", "peer_lost", "room_cancelled", "unhealthy"}, served["kvstream_registrations_refused_total"].Labels["reason"])
+	assert.Equal(t, []string{"bad_input", "cancelled", "closed", "peer_draining", "peer_lost", "peer_removed", "room_cancelled", "unhealthy"}, served["kvstream_registrations_refused_total"].Labels["reason"])
 	assert.NotContains(t, body, `run="`, "no label the documentation does not list")
 	if promtool, err := exec.LookPath("promtool"); err == nil {
 		lint := exec.Command(promtool, "check", "metrics")

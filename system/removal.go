@@ -1,0 +1,149 @@
+package system
+
+import (
+	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/actors"
+	"github.com/kvstream/kvstream/plan"
+	"go.uber.org/zap"
+)
+
+// RemovePeerWhenIdle forgets a decode peer whose session ended, as
+// RemovePeer does, without refusing a peer still in use: it removes the
+// peer now when no live chunk sends to it, else the moment the last of
+// those chunks ends (finished, failed or dropped: the serving stack still
+// ends their rooms, and their writes are quiesced as always before the
+// record and the endpoints go). From this call until the removal, Register
+// refuses every new chunk toward the peer (ErrPeerLost: its session ended,
+// nothing it is sent can be used). decode.Client's Bye and Close call it,
+// so that a session that ends before its rooms did leaves no peer behind
+// in a prefill that serves ever-new decode sessions. A second call before
+// the removal changes nothing. An unknown peer is ErrBadInput; a closed
+// engine holds no peer any more (nil).
+//
+// The removal is bound to the record the call found: a peer removed
+// meanwhile (RemovePeer) and added again under the same id is another
+// session's, and stays.
+func (e *Engine) RemovePeerWhenIdle(id string) (err error) {
+	defer func() { err = public(err) }()
+	if !e.enter() {
+		return nil
+	}
+	defer e.leave()
+	e.cancels.mu.Lock()
+	rec, ok := e.env.Peers.Get(id)
+	_, marked := e.removing[id]
+	n := 0
+	switch {
+	case !ok:
+		err = errors.Mark(errors.Newf("remove peer %q when idle: unknown peer", id), ErrBadInput)
+	case marked:
+	default:
+		// Counted and watched under the registry's lock, and no
+		// registration toward the peer is between its check and its
+		// hand-off (Register holds this lock for reading from its check
+		// on): every chunk that sends to it is counted, and the end of the
+		// last one is heard (peerIdle).
+		if n = e.env.Registry.WatchIdle(id); n > 0 {
+			if e.removing == nil {
+				e.removing = map[string]*plan.Peer{}
+			}
+			e.removing[id] = rec
+		} else {
+			rec, err = e.removeLocked(id)
+		}
+	}
+	e.cancels.mu.Unlock()
+	switch {
+	case err != nil:
+		e.traceRemovePeer(id, err)
+		return err
+	case marked:
+		return nil
+	case n > 0:
+		e.log.Debug("decode peer to be removed once its last chunk ends; new chunks toward it are refused",
+			zap.String("peer", id), zap.Int("live_chunks", n))
+		return nil
+	}
+	e.traceRemovePeer(id, nil)
+	e.forgetPeer(id, rec)
+	return nil
+}
+
+// peerIdle is the registry's word that the last live chunk toward a
+// watched peer ended: the removal RemovePeerWhenIdle deferred happens now,
+// if the peer still holds the record it was marked on. It runs on the
+// goroutine of the chunk that ended, before that chunk answers its Finish
+// or Drop, so that the caller who ended the peer's last room finds it
+// removed; the registration lock's holders never wait on a chunk.
+func (e *Engine) peerIdle(id string) {
+	if !e.enter() {
+		return
+	}
+	defer e.leave()
+	e.cancels.mu.Lock()
+	marked, ok := e.removing[id]
+	cur, held := e.env.Peers.Get(id)
+	var err error
+	switch {
+	case !ok:
+	case e.env.Registry.WatchIdle(id) > 0:
+		// Not reachable while the mark refuses registrations toward the
+		// peer; should a chunk send to it anyway, the watch is armed again
+		// and the removal waits for that chunk too.
+		ok = false
+	case !held || cur != marked:
+		// Removed meanwhile (RemovePeer), and perhaps added again: that is
+		// another session's record.
+		delete(e.removing, id)
+		ok = false
+	default:
+		_, err = e.removeLocked(id)
+	}
+	e.cancels.mu.Unlock()
+	if !ok {
+		return
+	}
+	e.traceRemovePeer(id, err)
+	if err != nil {
+		e.log.Warn("decode peer not removed after its last chunk ended", zap.String("peer", id), zap.Error(err))
+		return
+	}
+	e.forgetPeer(id, marked)
+}
+
+// removeLocked forgets a peer's record, its marks, the rooms its session
+// cancelled and a pending removal; the caller holds cancels.mu for writing
+// and has checked that no live chunk sends to the peer.
+func (e *Engine) removeLocked(id string) (*plan.Peer, error) {
+	rec, err := e.env.Peers.Remove(id)
+	if err != nil {
+		return nil, err
+	}
+	// The rooms the session cancelled go with it: a decode server that
+	// restarts under the id is another session, whose room of the same id
+	// is another request.
+	e.cancels.forget(id)
+	delete(e.removing, id)
+	return rec, nil
+}
+
+// forgetPeer closes the submitters' endpoints to a removed peer.
+func (e *Engine) forgetPeer(id string, rec *plan.Peer) {
+	actors.ForgetPeer(e.env, id, rec)
+	e.log.Debug("decode peer removed", zap.String("peer", id))
+}
+
+// removingError is why Register refuses a chunk toward a peer whose removal
+// waits for its last chunk, or nil; the caller holds cancels.mu.
+func (e *Engine) removingError(spec *ChunkSpec) error {
+	if len(e.removing) == 0 {
+		return nil
+	}
+	for _, in := range spec.Infos {
+		if _, ok := e.removing[in.Peer]; ok && !in.Dummy {
+			return errors.Mark(errors.Mark(errors.Newf("register room %d: decode peer %q is being removed (its session ended): nothing registered", spec.Room, in.Peer),
+				ErrPeerLost), ErrEndpointBroken)
+		}
+	}
+	return nil
+}
