@@ -35,9 +35,11 @@ import (
 // terminate, a room only once its chunks did. A chunk that ends stops itself
 // (end), and then its room hears it terminate only if the room is stopping:
 // it knows of the end by message, and waits for its children only then.
-// A host never blocks: a chunk's effects only compute, send, and answer on
-// buffered channels; what may block (tearing down endpoints, quiescing a
-// broken one) runs on a goroutine of its own and reports back by message.
+// A host never blocks on a chunk: a chunk's effects only compute, send, and
+// answer on buffered channels (the removal of a peer whose last chunk ended
+// may wait for the engine's registration lock, whose holders never wait on
+// a chunk); what may block (tearing down endpoints, quiescing a broken one)
+// runs on a goroutine of its own and reports back by message.
 
 // hostBudget is how many messages a host handles before it yields its
 // worker to the other hosts, the rooms and the manager (protoactor's

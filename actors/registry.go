@@ -43,9 +43,11 @@ func NewRegistry() *Registry {
 }
 
 // OnPeerIdle sets what hears that a watched peer's last live chunk ended
-// (WatchIdle). It is called on the goroutine of the chunk that ended, after
-// the registry's lock is released, before the chunk answers its Finish or
-// Drop; it must not block. Set it before the first chunk is sent.
+// (WatchIdle). It is called where the end was seen, after the registry's
+// lock is released: on the chunk's host before the chunk answers its Finish
+// or Drop, or on Register's goroutine for a chunk not handed over (NotSent).
+// It may take a lock whose holders never wait on a chunk, nothing longer:
+// a host waits with it. Set it before the first chunk is sent.
 func (r *Registry) OnPeerIdle(f func(peer string)) {
 	r.mu.Lock()
 	r.onIdle = f

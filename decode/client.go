@@ -124,13 +124,14 @@ type PeerRemover interface {
 }
 
 // IdlePeerRemover is a PeerRemover that can also remove a peer still sent
-// to, the moment its last chunk ends (system.Engine.RemovePeerWhenIdle). Bye
-// and Close use it when the engine is one, so that a session that ends
-// before its rooms there did (a Close on an error path) leaves no peer
-// behind either.
+// to, the moment its last chunk ends, and only while it holds the pool this
+// session added (system.Engine.RemovePeerWhenIdle). Bye and Close use it
+// when the engine is one, so that a session that ends before its rooms
+// there did (a Close on an error path) leaves no peer behind either, and a
+// late Close never removes a later session's peer of the same id.
 type IdlePeerRemover interface {
 	PeerRemover
-	RemovePeerWhenIdle(id string) error
+	RemovePeerWhenIdle(p plan.Peer) error
 }
 
 var clients atomic.Uint64
@@ -816,13 +817,13 @@ func (c *Client) Bye(ctx context.Context, aborted error) (Summary, error) {
 // detach removes the decode pool from the engine Attach added it to, when
 // that engine can. An IdlePeerRemover removes it now, or once its last
 // chunk ends if the session ended before its rooms there did. A
-// PeerRemover only can refuse a peer still sent to (Bye before every chunk
-// to this decode finished or was dropped): the peer stays, said at WARN.
+// PeerRemover only refuses a peer still sent to (Bye before every chunk to
+// this decode finished or was dropped): the peer stays, said at WARN.
 func (c *Client) detach(eng Engine) {
 	var err error
 	switch r := eng.(type) {
 	case IdlePeerRemover:
-		err = r.RemovePeerWhenIdle(c.peer.ID)
+		err = r.RemovePeerWhenIdle(c.peer)
 	case PeerRemover:
 		err = r.RemovePeer(c.peer.ID)
 	default:

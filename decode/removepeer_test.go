@@ -45,10 +45,10 @@ type idleRemovingEngine struct {
 	whenIdle []string
 }
 
-func (e *idleRemovingEngine) RemovePeerWhenIdle(id string) error {
+func (e *idleRemovingEngine) RemovePeerWhenIdle(p plan.Peer) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.whenIdle = append(e.whenIdle, id)
+	e.whenIdle = append(e.whenIdle, p.ID)
 	return nil
 }
 

@@ -3,6 +3,7 @@ package plan
 import (
 	"bytes"
 	"fmt"
+	"reflect"
 	"slices"
 	"unsafe"
 
@@ -33,6 +34,28 @@ type Peer struct {
 // Route returns the peer's route from this prefill rank, computed by
 // ResolvePeer; nil without a sharding (buffers one for one, whole pages).
 func (p *Peer) Route() *Route { return p.route }
+
+// SamePool reports whether q describes the decode pool p does: the same
+// id, transport address, buffers (regions, their keys and page sizes) and
+// sharding. A decode session that ended and one added since under the same
+// id differ at least in their address where the decode gives each session
+// an access point of its own (as the decode server does wherever its
+// transport can revoke one).
+func (p *Peer) SamePool(q *Peer) bool {
+	switch {
+	case p.ID != q.ID, !bytes.Equal(p.Address, q.Address), len(p.Buffers) != len(q.Buffers):
+		return false
+	case (p.Sharding == nil) != (q.Sharding == nil), p.Sharding != nil && !reflect.DeepEqual(*p.Sharding, *q.Sharding):
+		return false
+	}
+	for i, b := range p.Buffers {
+		c := q.Buffers[i]
+		if b.ItemLen != c.ItemLen || b.Region.Addr != c.Region.Addr || b.Region.Len != c.Region.Len || !bytes.Equal(b.Region.Key, c.Region.Key) {
+			return false
+		}
+	}
+	return true
+}
 
 // PeerBuffer is one decode buffer: its registered region and page size.
 type PeerBuffer struct {

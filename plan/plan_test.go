@@ -5,6 +5,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cp"
+	"github.com/kvstream/kvstream/cp/reshard"
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -245,4 +246,41 @@ func TestCloneForSharesWhatThePlanFoundEqual(t *testing.T) {
 	assert.Same(t, &c.Infos[0].DstPages[0], &c.Infos[1].DstPages[0])
 	assert.NotSame(t, &c.Infos[1].DstPages[0], &c.Infos[2].DstPages[0])
 	assert.NotSame(t, &s.Infos[0].DstPages[0], &c.Infos[0].DstPages[0])
+}
+
+// TestSamePool: a peer is the same pool as a copy of itself, and as no
+// peer that differs in any field a decode session gives it.
+func TestSamePool(t *testing.T) {
+	base := func() Peer {
+		return Peer{ID: "d", Address: []byte("ap-1"), Buffers: []PeerBuffer{
+			{Region: rdma.RegionDesc{Addr: 4096, Len: 8192, Key: []byte{1, 2}}, ItemLen: 64},
+			{Region: rdma.RegionDesc{Addr: 65536, Len: 8192, Key: []byte{3}}, ItemLen: 64},
+		}}
+	}
+	p := base()
+	same := base()
+	require.True(t, p.SamePool(&same), "an equal copy")
+	for name, mod := range map[string]func(*Peer){
+		"id":        func(q *Peer) { q.ID = "e" },
+		"address":   func(q *Peer) { q.Address = []byte("ap-2") },
+		"a buffer":  func(q *Peer) { q.Buffers = q.Buffers[:1] },
+		"an addr":   func(q *Peer) { q.Buffers[1].Region.Addr++ },
+		"a length":  func(q *Peer) { q.Buffers[0].Region.Len-- },
+		"a key":     func(q *Peer) { q.Buffers[1].Region.Key = []byte{4} },
+		"item len":  func(q *Peer) { q.Buffers[0].ItemLen = 32 },
+		"sharding":  func(q *Peer) { q.Sharding = &Sharding{Rank: reshard.Rank{TP: 1}} },
+		"its stage": func(q *Peer) { q.Sharding = &Sharding{Side: reshard.Side{Stages: []int{2}}} },
+	} {
+		q := base()
+		if name == "its stage" {
+			p := base()
+			p.Sharding = &Sharding{Side: reshard.Side{Stages: []int{1}}}
+			mod(&q)
+			require.False(t, p.SamePool(&q), name)
+			continue
+		}
+		mod(&q)
+		require.False(t, p.SamePool(&q), name)
+		require.False(t, q.SamePool(&p), name)
+	}
 }

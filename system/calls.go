@@ -29,10 +29,15 @@ func (e *Engine) AddPeer(p Peer) (err error) {
 	}
 	defer e.leave()
 	rp, err := plan.ResolvePeer(e.layout, p)
+	// Added and recorded under the registration lock, which removals hold
+	// while they remove and record: a trace never has an id added again
+	// before the removal that freed it.
+	e.cancels.mu.RLock()
 	if err == nil {
 		err = e.env.Peers.Add(rp)
 	}
 	e.traceAddPeer(&p, err)
+	e.cancels.mu.RUnlock()
 	return err
 }
 
@@ -81,12 +86,11 @@ func (e *Engine) RemovePeer(id string) (err error) {
 	var rec *Peer
 	if n == 0 {
 		rec, err = e.removeLocked(id)
-	}
-	e.cancels.mu.Unlock()
-	if n > 0 {
+	} else {
 		err = errors.Mark(errors.Newf("remove peer %q: %d live chunks send to it; finish or drop their rooms first (or RemovePeerWhenIdle)", id, n), ErrBadInput)
 	}
-	e.traceRemovePeer(id, err)
+	e.traceRemovePeer(id, err) // under the lock, as AddPeer's record
+	e.cancels.mu.Unlock()
 	if err != nil {
 		return err
 	}

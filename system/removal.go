@@ -7,36 +7,38 @@ import (
 	"go.uber.org/zap"
 )
 
-// RemovePeerWhenIdle forgets a decode peer whose session ended, as
-// RemovePeer does, without refusing a peer still in use: it removes the
-// peer now when no live chunk sends to it, else the moment the last of
-// those chunks ends (finished, failed or dropped: the serving stack still
-// ends their rooms, and their writes are quiesced as always before the
-// record and the endpoints go). From this call until the removal, Register
+// RemovePeerWhenIdle forgets the decode peer p, added by AddPeer for a
+// session that ended, as RemovePeer does, without refusing a peer still in
+// use: it removes the peer now when no live chunk sends to it, else the
+// moment the last of those chunks ends (finished, failed or dropped: the
+// serving stack still ends their rooms, and their writes are quiesced as
+// always before the record and the endpoints go), before that chunk's
+// Finish or Drop returns. From this call until the removal, Register
 // refuses every new chunk toward the peer (ErrPeerLost: its session ended,
-// nothing it is sent can be used). decode.Client's Bye and Close call it,
-// so that a session that ends before its rooms did leaves no peer behind
-// in a prefill that serves ever-new decode sessions. A second call before
-// the removal changes nothing. An unknown peer is ErrBadInput; a closed
-// engine holds no peer any more (nil).
+// nothing sent to it can be used). decode.Client's Bye and Close call it,
+// so that a session that ends before its rooms there did leaves no peer
+// behind in a prefill that serves ever-new decode sessions.
 //
-// The removal is bound to the record the call found: a peer removed
-// meanwhile (RemovePeer) and added again under the same id is another
-// session's, and stays.
-func (e *Engine) RemovePeerWhenIdle(id string) (err error) {
+// The removal is bound to p's record: only a peer that still holds the
+// pool p describes (plan.Peer.SamePool) is removed, so that a late call for
+// a session that ended does not remove a later session's peer added under
+// the same id. A peer not held any more (removed already, or added again
+// with another pool) is nil: nothing of that session is left. A second call
+// before the removal changes nothing; a closed engine holds no peer (nil).
+func (e *Engine) RemovePeerWhenIdle(p Peer) (err error) {
 	defer func() { err = public(err) }()
 	if !e.enter() {
 		return nil
 	}
 	defer e.leave()
+	id := p.ID
 	e.cancels.mu.Lock()
-	rec, ok := e.env.Peers.Get(id)
+	rec, held := e.env.Peers.Get(id)
+	held = held && rec.SamePool(&p)
 	_, marked := e.removing[id]
 	n := 0
 	switch {
-	case !ok:
-		err = errors.Mark(errors.Newf("remove peer %q when idle: unknown peer", id), ErrBadInput)
-	case marked:
+	case !held, marked:
 	default:
 		// Counted and watched under the registry's lock, and no
 		// registration toward the peer is between its check and its
@@ -48,15 +50,19 @@ func (e *Engine) RemovePeerWhenIdle(id string) (err error) {
 				e.removing = map[string]*plan.Peer{}
 			}
 			e.removing[id] = rec
-		} else {
-			rec, err = e.removeLocked(id)
+		} else if rec, err = e.removeLocked(id); err == nil {
+			// Recorded under the lock, so that an AddPeer of the id
+			// after the removal is recorded after it too.
+			e.traceRemovePeer(id, nil)
 		}
 	}
 	e.cancels.mu.Unlock()
 	switch {
 	case err != nil:
-		e.traceRemovePeer(id, err)
 		return err
+	case !held:
+		e.log.Debug("decode peer to remove is not held any more (removed, or added again with another pool)", zap.String("peer", id))
+		return nil
 	case marked:
 		return nil
 	case n > 0:
@@ -64,51 +70,46 @@ func (e *Engine) RemovePeerWhenIdle(id string) (err error) {
 			zap.String("peer", id), zap.Int("live_chunks", n))
 		return nil
 	}
-	e.traceRemovePeer(id, nil)
 	e.forgetPeer(id, rec)
 	return nil
 }
 
 // peerIdle is the registry's word that the last live chunk toward a
-// watched peer ended: the removal RemovePeerWhenIdle deferred happens now,
-// if the peer still holds the record it was marked on. It runs on the
-// goroutine of the chunk that ended, before that chunk answers its Finish
-// or Drop, so that the caller who ended the peer's last room finds it
-// removed; the registration lock's holders never wait on a chunk.
+// watched peer ended: the removal RemovePeerWhenIdle deferred happens now.
+// The mark names the record it was asked for; a removal of the peer
+// meanwhile (RemovePeer) took the mark with it, so a record added since is
+// never marked. It runs where the chunk's end was seen (the chunk's host,
+// before the chunk answers its Finish or Drop; Register's goroutine for a
+// chunk it did not hand over), and may wait for the registration lock,
+// whose holders never wait on a chunk.
 func (e *Engine) peerIdle(id string) {
 	if !e.enter() {
 		return
 	}
 	defer e.leave()
 	e.cancels.mu.Lock()
-	marked, ok := e.removing[id]
-	cur, held := e.env.Peers.Get(id)
+	rec, marked := e.removing[id]
 	var err error
 	switch {
-	case !ok:
+	case !marked:
 	case e.env.Registry.WatchIdle(id) > 0:
 		// Not reachable while the mark refuses registrations toward the
 		// peer; should a chunk send to it anyway, the watch is armed again
 		// and the removal waits for that chunk too.
-		ok = false
-	case !held || cur != marked:
-		// Removed meanwhile (RemovePeer), and perhaps added again: that is
-		// another session's record.
-		delete(e.removing, id)
-		ok = false
+		marked = false
 	default:
-		_, err = e.removeLocked(id)
+		if _, err = e.removeLocked(id); err == nil {
+			e.traceRemovePeer(id, nil)
+		}
 	}
 	e.cancels.mu.Unlock()
-	if !ok {
-		return
-	}
-	e.traceRemovePeer(id, err)
-	if err != nil {
+	switch {
+	case !marked:
+	case err != nil:
 		e.log.Warn("decode peer not removed after its last chunk ended", zap.String("peer", id), zap.Error(err))
-		return
+	default:
+		e.forgetPeer(id, rec)
 	}
-	e.forgetPeer(id, marked)
 }
 
 // removeLocked forgets a peer's record, its marks, the rooms its session

@@ -147,7 +147,9 @@ func TestRemovePeerForgetsItsCancelledRooms(t *testing.T) {
 // did (decode.Client's Close on an error path) leaves no peer behind: the
 // removal waits for the peer's last live chunk, finished or dropped, and
 // has happened when that chunk's Finish or Drop returns; meanwhile no new
-// chunk is sent to the peer. A peer idle already goes at once.
+// chunk is sent to the peer. A peer idle already goes at once. The removal
+// is bound to the pool it was asked for: a later session's peer added
+// under the same id stays.
 func TestRemovePeerWhenIdle(t *testing.T) {
 	pools := newEnginePools(t)
 	tr := &countingTransport{Transport: pools.pre}
@@ -155,27 +157,46 @@ func TestRemovePeerWhenIdle(t *testing.T) {
 		WithTransport(tr), withSimulated(), WithLogger(zap.NewNop()), WithGetenv(func(string) string { return "" }))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = e.Close() })
+	// session is a decode session under id "d": a transport of its own
+	// (its access point, in production), so another address each time.
+	sessions := 0
+	session := func() Peer {
+		sessions++
+		dec, err := pools.fab.NewTransport(fmt.Sprintf("d-session-%d", sessions))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = dec.Close() })
+		p := Peer{ID: "d", Address: dec.Address()}
+		for _, base := range pools.dst {
+			r, err := dec.Register(base, itemLen*pages)
+			require.NoError(t, err)
+			p.Buffers = append(p.Buffers, PeerBuffer{Region: r.Desc(), ItemLen: itemLen})
+		}
+		return p
+	}
 	spec := func(room uint64) ChunkSpec {
 		s := goodSpec()
 		s.Room = room
 		return s
 	}
 	ctx := context.Background()
+	held := func() bool { _, ok := e.env.Peers.Get("d"); return ok }
 
-	require.ErrorIs(t, e.RemovePeerWhenIdle("nobody"), ErrBadInput)
-	require.NoError(t, e.AddPeer(pools.peer))
-	require.NoError(t, e.RemovePeerWhenIdle("d"), "idle: removed at once")
-	require.Zero(t, e.env.Peers.Len())
+	p := session()
+	require.NoError(t, e.RemovePeerWhenIdle(p), "a peer not held: nothing of its session is left")
+	require.NoError(t, e.AddPeer(p))
+	require.NoError(t, e.RemovePeerWhenIdle(p), "idle: removed at once")
+	require.False(t, held())
 
 	for _, end := range []string{"finish", "drop"} {
-		require.NoError(t, e.AddPeer(pools.peer), end)
+		p := session()
+		require.NoError(t, e.AddPeer(p), end)
 		_, err = e.Register(ctx, spec(1))
 		require.NoError(t, err)
 		_, err = e.Register(ctx, spec(2))
 		require.NoError(t, err)
-		require.NoError(t, e.RemovePeerWhenIdle("d"), "%s: a peer in use is marked, not refused", end)
-		require.NoError(t, e.RemovePeerWhenIdle("d"), "a second call changes nothing")
-		require.Equal(t, 1, e.env.Peers.Len(), "%s: kept while 2 chunks send to it", end)
+		require.NoError(t, e.RemovePeerWhenIdle(p), "%s: a peer in use is marked, not refused", end)
+		require.NoError(t, e.RemovePeerWhenIdle(p), "a second call changes nothing")
+		require.True(t, held(), "%s: kept while 2 chunks send to it", end)
 
 		_, err = e.Register(ctx, spec(3))
 		require.ErrorIs(t, err, ErrPeerLost, "%s: no new chunk toward a peer being removed", end)
@@ -186,16 +207,16 @@ func TestRemovePeerWhenIdle(t *testing.T) {
 			res, err := e.Finish(ctx, 1)
 			require.NoError(t, err)
 			require.Equal(t, Succeeded, res.Status)
-			require.Equal(t, 1, e.env.Peers.Len(), "kept while room 2's chunk sends to it")
+			require.True(t, held(), "kept while room 2's chunk sends to it")
 			res, err = e.Finish(ctx, 2)
 			require.NoError(t, err)
 			require.Equal(t, Succeeded, res.Status)
 		} else {
 			require.NoError(t, e.Drop(ctx, 1))
-			require.Equal(t, 1, e.env.Peers.Len(), "kept while room 2's chunk sends to it")
+			require.True(t, held(), "kept while room 2's chunk sends to it")
 			require.NoError(t, e.Drop(ctx, 2))
 		}
-		require.Zero(t, e.env.Peers.Len(), "%s: removed when the last chunk's answer returned", end)
+		require.False(t, held(), "%s: removed when the last chunk's answer returned", end)
 		assert.Zero(t, e.env.Registry.ToPeer("d"))
 		e.cancels.mu.RLock()
 		assert.Empty(t, e.removing, "no removal left pending")
@@ -204,50 +225,30 @@ func TestRemovePeerWhenIdle(t *testing.T) {
 			"%s: the submitters close their endpoints to the removed peer: %d open", end, tr.open.Load())
 	}
 
-	// Added again under its id, the peer is another session's: served.
-	require.NoError(t, e.AddPeer(pools.peer))
+	// A late call for an ended session, after its peer was removed and a
+	// later session added under the same id, idle or busy: the later
+	// session's peer stays, unmarked, and is sent to.
+	old := session()
+	require.NoError(t, e.AddPeer(old))
+	require.NoError(t, e.RemovePeer("d"))
+	later := session()
+	require.NoError(t, e.AddPeer(later))
+	require.NoError(t, e.RemovePeerWhenIdle(old), "idle")
+	require.True(t, held(), "the later session's peer stays")
 	_, err = e.Register(ctx, spec(4))
 	require.NoError(t, err)
-	res, err := e.Finish(ctx, 4)
-	require.NoError(t, err)
-	require.Equal(t, Succeeded, res.Status)
-	require.Equal(t, 1, e.env.Peers.Len())
-}
-
-// TestRemovalWhenIdleSparesANewRecord: the removal is bound to the record
-// it was asked for. Should the peer have been removed and added again
-// under its id between its last chunk's end and the removal (the window
-// peerIdle closes under the registration lock), the new session's record
-// stays.
-func TestRemovalWhenIdleSparesANewRecord(t *testing.T) {
-	e := newEngine(t, nil)
-	old, ok := e.env.Peers.Get("d")
-	require.True(t, ok)
-	require.NoError(t, e.RemovePeer("d"))
-	require.NoError(t, e.AddPeer(*old)) // a new record under the same id
-	e.cancels.mu.Lock()
-	e.removing = map[string]*Peer{"d": old}
-	e.cancels.mu.Unlock()
-	e.peerIdle("d")
-	cur, ok := e.env.Peers.Get("d")
-	require.True(t, ok, "the new record stays")
-	assert.NotSame(t, old, cur)
+	require.NoError(t, e.RemovePeerWhenIdle(old), "busy")
 	e.cancels.mu.RLock()
-	assert.Empty(t, e.removing, "the stale mark is gone")
+	assert.Empty(t, e.removing, "the later session's peer is not marked")
 	e.cancels.mu.RUnlock()
-	_, err := e.Register(context.Background(), goodSpec())
-	require.NoError(t, err, "the new session is sent to")
-
-	// The same call with the mark on the current record removes it.
-	e.cancels.mu.Lock()
-	e.removing = map[string]*Peer{"d": cur}
-	e.cancels.mu.Unlock()
-	e.peerIdle("d")
-	_, ok = e.env.Peers.Get("d")
-	assert.True(t, ok, "not while room 1's chunk sends to it")
-	res, err := e.Finish(context.Background(), 1)
-	require.NoError(t, err)
-	require.Equal(t, Succeeded, res.Status)
-	_, ok = e.env.Peers.Get("d")
-	assert.False(t, ok, "removed once its chunk ended (the watch was armed again)")
+	_, err = e.Register(ctx, spec(5))
+	require.NoError(t, err, "the later session takes new rooms")
+	for _, room := range []uint64{4, 5} {
+		res, err := e.Finish(ctx, room)
+		require.NoError(t, err)
+		require.Equal(t, Succeeded, res.Status)
+	}
+	require.True(t, held(), "the later session's peer stays after its rooms")
+	require.NoError(t, e.RemovePeerWhenIdle(later))
+	require.False(t, held())
 }

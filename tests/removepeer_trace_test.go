@@ -36,7 +36,7 @@ func TestTraceOfARemovedPeerReplays(t *testing.T) {
 			return err
 		}
 		if how == "when-idle" {
-			require.NoError(t, r.eng.RemovePeerWhenIdle("d0"))
+			require.NoError(t, r.eng.RemovePeerWhenIdle(r.decodes[0].Peer("d0")))
 			assert.ErrorIs(t, toD0(), system.ErrPeerLost, "kept, refusing new chunks, until room 1's chunk ends")
 		}
 		r.finish(1)
@@ -56,6 +56,11 @@ func TestTraceOfARemovedPeerReplays(t *testing.T) {
 	for _, how := range []string{"now", "again", "when-idle"} {
 		raw := record(how)
 		require.Contains(t, string(raw), `"type":"RemovePeerCall"`)
+		// The removal is recorded where it happened: after room 1's
+		// Finish, even when it was asked for before it.
+		finish := bytes.Index(raw, []byte(`"type":"Finish"`))
+		require.GreaterOrEqual(t, finish, 0)
+		assert.Greater(t, bytes.Index(raw, []byte(`"type":"RemovePeerCall"`)), finish, how)
 		open := func() (trace.Stream, error) { return trace.NewReader(bytes.NewReader(raw)) }
 		s, err := open()
 		require.NoError(t, err)
