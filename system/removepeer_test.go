@@ -43,31 +43,45 @@ func (e *countingEndpoint) Close() error {
 	return e.Endpoint.Close()
 }
 
-// TestRemovePeerForgetsIt: a prefill that serves ever-new decode sessions
-// (each a peer added, sent to, and removed once its rooms are done) keeps
-// no record of, and no endpoint to, the ended ones; a peer in use is not
-// removed; a removed id may be added again, lost before or not.
-func TestRemovePeerForgetsIt(t *testing.T) {
+// session is a decode session's peer under id: a transport of its own on
+// the pools' fabric, named name (a process of its own, or its access point,
+// in production: another address each time), with the decode pool's
+// buffers registered there.
+func (p enginePools) session(t *testing.T, id, name string) Peer {
+	t.Helper()
+	dec, err := p.fab.NewTransport(name)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = dec.Close() })
+	peer := Peer{ID: id, Address: dec.Address()}
+	for _, base := range p.dst {
+		r, err := dec.Register(base, itemLen*pages)
+		require.NoError(t, err)
+		peer.Buffers = append(peer.Buffers, PeerBuffer{Region: r.Desc(), ItemLen: itemLen})
+	}
+	return peer
+}
+
+// newCountingEngine is an engine on the pools' fabric, with no peer yet,
+// whose transport counts the endpoints open.
+func newCountingEngine(t *testing.T) (enginePools, *countingTransport, *Engine) {
+	t.Helper()
 	pools := newEnginePools(t)
 	tr := &countingTransport{Transport: pools.pre}
 	e, err := New(Config{Buffers: pools.buffers, HookLayers: 3, PageSize: 4},
 		WithTransport(tr), withSimulated(), WithLogger(zap.NewNop()), WithGetenv(func(string) string { return "" }))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = e.Close() })
-	// decode is a decode session: its transport (a process of its own, in
-	// production) and its peer record.
-	decode := func(id string) Peer {
-		dec, err := pools.fab.NewTransport(id + "-" + fmt.Sprint(time.Now().UnixNano()))
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = dec.Close() })
-		p := Peer{ID: id, Address: dec.Address()}
-		for _, base := range pools.dst {
-			r, err := dec.Register(base, itemLen*pages)
-			require.NoError(t, err)
-			p.Buffers = append(p.Buffers, PeerBuffer{Region: r.Desc(), ItemLen: itemLen})
-		}
-		return p
-	}
+	return pools, tr, e
+}
+
+// TestRemovePeerForgetsIt: a prefill that serves ever-new decode sessions
+// (each a peer added, sent to, and removed once its rooms are done) keeps
+// no record of, and no endpoint to, the ended ones; a peer in use is not
+// removed; a removed id may be added again, lost before or not.
+func TestRemovePeerForgetsIt(t *testing.T) {
+	pools, tr, e := newCountingEngine(t)
+	var err error
+	decode := func(id string) Peer { return pools.session(t, id, id+"-"+fmt.Sprint(time.Now().UnixNano())) }
 	spec := func(room uint64, peer string) ChunkSpec {
 		s := goodSpec()
 		s.Room, s.Infos[0].Peer = room, peer
@@ -151,27 +165,13 @@ func TestRemovePeerForgetsItsCancelledRooms(t *testing.T) {
 // is bound to the pool it was asked for: a later session's peer added
 // under the same id stays.
 func TestRemovePeerWhenIdle(t *testing.T) {
-	pools := newEnginePools(t)
-	tr := &countingTransport{Transport: pools.pre}
-	e, err := New(Config{Buffers: pools.buffers, HookLayers: 3, PageSize: 4},
-		WithTransport(tr), withSimulated(), WithLogger(zap.NewNop()), WithGetenv(func(string) string { return "" }))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = e.Close() })
-	// session is a decode session under id "d": a transport of its own
-	// (its access point, in production), so another address each time.
+	pools, tr, e := newCountingEngine(t)
+	var err error
+	// session is a decode session under id "d", another address each time.
 	sessions := 0
 	session := func() Peer {
 		sessions++
-		dec, err := pools.fab.NewTransport(fmt.Sprintf("d-session-%d", sessions))
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = dec.Close() })
-		p := Peer{ID: "d", Address: dec.Address()}
-		for _, base := range pools.dst {
-			r, err := dec.Register(base, itemLen*pages)
-			require.NoError(t, err)
-			p.Buffers = append(p.Buffers, PeerBuffer{Region: r.Desc(), ItemLen: itemLen})
-		}
-		return p
+		return pools.session(t, "d", fmt.Sprintf("d-session-%d", sessions))
 	}
 	spec := func(room uint64) ChunkSpec {
 		s := goodSpec()

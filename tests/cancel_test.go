@@ -7,12 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvstream/kvstream/decode"
-	"github.com/kvstream/kvstream/hw/cuda/sim"
 	"github.com/kvstream/kvstream/system"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
 )
 
 // TestDecodeCancelMidTransfer: a real engine streams a room layer group by
@@ -28,20 +25,12 @@ func TestDecodeCancelMidTransfer(t *testing.T) {
 	const layers, itemLen, pages = pairLayers, pairItemLen, pairPages
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	node, srv, dpool, prefillTr, ppool, dst := newLoopbackPair(t)
-	for i := range ppool.Bytes {
-		ppool.Bytes[i] = 0xab
+	pe := newPairEngine(t, 0)
+	srv, dpool, dst, eng := pe.srv, pe.dpool, pe.dst, pe.eng
+	for i := range pe.ppool.Bytes {
+		pe.ppool.Bytes[i] = 0xab
 	}
-	gpu := sim.New(sim.Options{})
-	defer gpu.Close()
-	cfg := system.Config{Buffers: system.MLABuffers([]uint64{ppool.Addr, ppool.Addr + itemLen*pages}, itemLen, pages),
-		HookLayers: layers, GroupSize: 1, PageSize: 16}
-	eng, err := system.New(cfg, system.WithStream(gpu.NewStream("compute")), system.WithTransport(prefillTr), system.WithLogger(zap.NewNop()))
-	require.NoError(t, err)
-	defer eng.Close()
-	sess, err := decode.Dial(ctx, node, decode.DialConfig{Decode: srv.Addr(), Buffers: cfg.Buffers, PageSize: cfg.PageSize})
-	require.NoError(t, err)
-	require.NoError(t, sess.Attach(eng))
+	sess := pe.dial(ctx, t)
 	spec := system.ChunkSpec{Room: 1, Start: 0, End: 32, Last: true, SrcPages: []int{0, 1}, TotalPages: 2,
 		Infos: []system.DecodeInfo{{Peer: sess.Peer().ID, DstPages: dst}}}
 	reg, err := eng.Register(ctx, spec)
@@ -80,22 +69,13 @@ func TestDecodeCancelBetweenChunks(t *testing.T) {
 	const layers, itemLen, pages = pairLayers, pairItemLen, pairPages
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	node, srv, dpool, prefillTr, ppool, dst := newLoopbackPair(t)
-	for i := range ppool.Bytes {
-		ppool.Bytes[i] = 0xab
-	}
-	gpu := sim.New(sim.Options{})
-	defer gpu.Close()
 	heard := make(chan uint64, 4)
-	cfg := system.Config{Buffers: system.MLABuffers([]uint64{ppool.Addr, ppool.Addr + itemLen*pages}, itemLen, pages),
-		HookLayers: layers, GroupSize: 1, PageSize: 16}
-	eng, err := system.New(cfg, system.WithStream(gpu.NewStream("compute")), system.WithTransport(prefillTr), system.WithLogger(zap.NewNop()),
-		system.WithRoomCancelled(func(_ string, room uint64, _ string) { heard <- room }))
-	require.NoError(t, err)
-	defer eng.Close()
-	sess, err := decode.Dial(ctx, node, decode.DialConfig{Decode: srv.Addr(), Buffers: cfg.Buffers, PageSize: cfg.PageSize})
-	require.NoError(t, err)
-	require.NoError(t, sess.Attach(eng))
+	pe := newPairEngine(t, 0, system.WithRoomCancelled(func(_ string, room uint64, _ string) { heard <- room }))
+	srv, dpool, dst, eng := pe.srv, pe.dpool, pe.dst, pe.eng
+	for i := range pe.ppool.Bytes {
+		pe.ppool.Bytes[i] = 0xab
+	}
+	sess := pe.dial(ctx, t)
 	chunk := func(start int, src int) system.ChunkSpec {
 		return system.ChunkSpec{Room: 1, Start: start, End: start + 16, Last: start == 16, SrcPages: []int{src}, TotalPages: 2,
 			Infos: []system.DecodeInfo{{Peer: sess.Peer().ID, DstPages: dst}}}
@@ -109,7 +89,7 @@ func TestDecodeCancelBetweenChunks(t *testing.T) {
 	}
 
 	// The first chunk (page 5) is sent.
-	_, err = eng.Register(ctx, chunk(0, 0))
+	_, err := eng.Register(ctx, chunk(0, 0))
 	require.NoError(t, err)
 	forward()
 	res, err := eng.Finish(ctx, 1)

@@ -7,11 +7,9 @@ import (
 	"time"
 
 	"github.com/kvstream/kvstream/decode"
-	"github.com/kvstream/kvstream/hw/cuda/sim"
 	"github.com/kvstream/kvstream/system"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
 )
 
 // TestClientClosedMidTransferLeavesNoPeer: a prefill's decode.Client closed
@@ -22,30 +20,18 @@ import (
 // is served. Before, the peer stayed for good (said at WARN) and every
 // later session's Attach was refused: "peer already added".
 func TestClientClosedMidTransferLeavesNoPeer(t *testing.T) {
-	const layers, itemLen, pages = pairLayers, pairItemLen, pairPages
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	node, srv, _, prefillTr, ppool, dst := newLoopbackPair(t)
-	gpu := sim.New(sim.Options{})
-	defer gpu.Close()
-	cfg := system.Config{Buffers: system.MLABuffers([]uint64{ppool.Addr, ppool.Addr + itemLen*pages}, itemLen, pages),
-		HookLayers: layers, GroupSize: 1, PageSize: 16, FinishTimeout: 10 * time.Second}
-	eng, err := system.New(cfg, system.WithStream(gpu.NewStream("compute")), system.WithTransport(prefillTr), system.WithLogger(zap.NewNop()))
-	require.NoError(t, err)
-	defer eng.Close()
-	dial := func() *decode.Client {
-		sess, err := decode.Dial(ctx, node, decode.DialConfig{Decode: srv.Addr(), Buffers: cfg.Buffers, PageSize: cfg.PageSize})
-		require.NoError(t, err)
-		require.NoError(t, sess.Attach(eng))
-		return sess
-	}
+	pe := newPairEngine(t, 10*time.Second)
+	srv, dst, eng := pe.srv, pe.dst, pe.eng
+	dial := func() *decode.Client { return pe.dial(ctx, t) }
 	spec := func(sess *decode.Client, room uint64, dst []int) system.ChunkSpec {
 		return system.ChunkSpec{Room: room, Start: 0, End: 32, Last: true, SrcPages: []int{0, 1}, TotalPages: 2,
 			Infos: []system.DecodeInfo{{Peer: sess.Peer().ID, DstPages: dst}}}
 	}
 
 	first := dial()
-	_, err = eng.Register(ctx, spec(first, 1, dst))
+	_, err := eng.Register(ctx, spec(first, 1, dst))
 	require.NoError(t, err)
 	fw, err := eng.BeginForward()
 	require.NoError(t, err)
