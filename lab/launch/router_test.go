@@ -121,8 +121,19 @@ func TestRouterWaitsForARestart(t *testing.T) {
 	f := newFakeCluster("decode-0")
 	r := f.router("decode-0", "decode-1")
 	r.poll = 5 * time.Millisecond
+	// decode-1 registers again once the router said it waits for it, not
+	// after a sleep that a starved test could outlast before it picks.
+	said := make(chan struct{}, 1)
+	waiting := r.waiting
+	r.waiting = func(what string) {
+		waiting(what)
+		select {
+		case said <- struct{}{}:
+		default:
+		}
+	}
 	go func() {
-		time.Sleep(50 * time.Millisecond) // decode-1 registers again later
+		<-said
 		f.mu.Lock()
 		f.live = []string{"decode-0", "decode-1"}
 		f.mu.Unlock()
