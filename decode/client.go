@@ -128,7 +128,9 @@ type PeerRemover interface {
 // session added (system.Engine.RemovePeerWhenIdle). Bye and Close use it
 // when the engine is one, so that a session that ends before its rooms
 // there did (a Close on an error path) leaves no peer behind either, and a
-// late Close never removes a later session's peer of the same id.
+// late Close does not remove a later session's peer of the same id where
+// the decode server gives each session an access point of its own (a
+// transport that can revoke one: UCX, the loopback fabric).
 type IdlePeerRemover interface {
 	PeerRemover
 	RemovePeerWhenIdle(p plan.Peer) error

@@ -58,6 +58,7 @@
 // The files: types.go names the values a caller passes and gets back,
 // config.go and options.go configure New, engine.go is the lifecycle (New,
 // Close), calls.go the calls of the scheduler and the transfer path
-// (AddPeer, PeerLost, PeerDraining, RemovePeer, Register, Finish, Drop), forward.go the
+// (AddPeer, PeerLost, PeerDraining, RemovePeer, Register, Finish, Drop),
+// removal.go RemovePeerWhenIdle and the removal it defers, forward.go the
 // forward loop's hooks.
 package system

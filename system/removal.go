@@ -7,8 +7,8 @@ import (
 	"go.uber.org/zap"
 )
 
-// RemovePeerWhenIdle forgets the decode peer p, added by AddPeer for a
-// session that ended, as RemovePeer does, without refusing a peer still in
+// RemovePeerWhenIdle forgets the decode peer p (as passed to AddPeer,
+// Sharding included) of a session that ended, as RemovePeer does, without refusing a peer still in
 // use: it removes the peer now when no live chunk sends to it, else the
 // moment the last of those chunks ends (finished, failed or dropped: the
 // serving stack still ends their rooms, and their writes are quiesced as
@@ -22,7 +22,9 @@ import (
 // The removal is bound to p's record: only a peer that still holds the
 // pool p describes (plan.Peer.SamePool) is removed, so that a late call for
 // a session that ended does not remove a later session's peer added under
-// the same id. A peer not held any more (removed already, or added again
+// the same id, wherever sessions differ in their pools (the decode server
+// gives each session an access point of its own where its transport can
+// revoke one: UCX and the loopback fabric do). A peer not held any more (removed already, or added again
 // with another pool) is nil: nothing of that session is left. A second call
 // before the removal changes nothing; a closed engine holds no peer (nil).
 func (e *Engine) RemovePeerWhenIdle(p Peer) (err error) {

@@ -142,12 +142,11 @@ func TestUCXPrefillSaysWhy(t *testing.T) {
 	requireServedOnce(t, dec, pre)
 
 	// The prefill first, the decode a moment later on the address it dials.
-	// The port is held until the decode is about to listen, so that no
-	// other process, the prefill's own node included, is given it.
-	later, release := nettest.Reserve(t)
+	// The port is held, for the decode's listener only, so that no other
+	// process, the prefill's own node included, is given it.
+	later := nettest.ListenLater(t)
 	pre = startCLI(t, env, append([]string{"prefill", "--decode", later, "--connect-timeout", "1m"}, oneRequest...)...)
 	time.Sleep(500 * time.Millisecond)
-	release()
 	dec = startCLI(t, env, "decode", "--listen", later, "--sessions", "1", "--wait", "3m")
 	requireServedOnce(t, dec, pre)
 }

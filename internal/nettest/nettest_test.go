@@ -1,3 +1,5 @@
+//go:build unix
+
 package nettest
 
 import (
@@ -10,31 +12,50 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestReservedPortRefusesAndStaysTaken: a dial to a reserved address is
-// refused, a listen on it fails while it is held, and succeeds once it is
-// released.
-func TestReservedPortRefusesAndStaysTaken(t *testing.T) {
-	addr, release := Reserve(t)
+// TestRefusingStaysTaken: a dial to a Refusing address is refused, and a
+// listen on it fails while the test runs.
+func TestRefusingStaysTaken(t *testing.T) {
+	addr := Refusing(t)
 	_, err := net.DialTimeout("tcp", addr, 5*time.Second)
-	require.Error(t, err)
 	require.True(t, errors.Is(err, syscall.ECONNREFUSED), "%v", err)
-
 	_, err = net.Listen("tcp", addr)
-	require.Error(t, err, "the port is still held")
-	require.True(t, errors.Is(err, syscall.EADDRINUSE), "%v", err)
-
-	release()
-	release()
-	l, err := net.Listen("tcp", addr)
-	require.NoError(t, err, "released, the port is free again")
-	require.NoError(t, l.Close())
+	require.True(t, errors.Is(err, syscall.EADDRINUSE), "the port is held: %v", err)
 }
 
-// TestPortZeroAvoidsReserved: binds to port 0 never get a held port.
-func TestPortZeroAvoidsReserved(t *testing.T) {
+// TestListenLaterTakesAListener: a ListenLater address refuses dials until
+// a listener binds it, which it may while the port is held; then dials
+// reach that listener.
+func TestListenLaterTakesAListener(t *testing.T) {
+	addr := ListenLater(t)
+	_, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	require.True(t, errors.Is(err, syscall.ECONNREFUSED), "%v", err)
+	l, err := net.Listen("tcp", addr)
+	require.NoError(t, err, "a listener binds the held port")
+	defer l.Close()
+	accepted := make(chan error, 1)
+	go func() {
+		c, err := l.Accept()
+		if err == nil {
+			_ = c.Close()
+		}
+		accepted <- err
+	}()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	require.NoError(t, err)
+	require.NoError(t, c.Close())
+	require.NoError(t, <-accepted)
+}
+
+// TestPortZeroAvoidsHeld: binds to port 0 never get a held port, of
+// either kind.
+func TestPortZeroAvoidsHeld(t *testing.T) {
 	held := map[string]bool{}
-	for range 64 {
-		held[Refusing(t)] = true
+	for i := range 64 {
+		if i%2 == 0 {
+			held[Refusing(t)] = true
+		} else {
+			held[ListenLater(t)] = true
+		}
 	}
 	require.Len(t, held, 64)
 	for range 256 {
