@@ -3,6 +3,8 @@ package tests
 import (
 	"bufio"
 	"encoding/json"
+	"go/parser"
+	"go/token"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -125,6 +127,33 @@ func goPackages(t *testing.T, root string) map[string][]string {
 		}
 	}
 	return pkgs
+}
+
+// TestEveryPackageSaysWhatItIsFor checks that every package of the module
+// has a doc.go whose package comment names it ("Package x ..." or, for a
+// program, "Command x ..."): one package, one purpose, said where a reader
+// looks first.
+func TestEveryPackageSaysWhatItIsFor(t *testing.T) {
+	root, err := filepath.Abs("..")
+	require.NoError(t, err)
+	pkgs := goPackages(t, root)
+	require.NotEmpty(t, pkgs)
+	for pkg := range pkgs {
+		path := filepath.Join(root, filepath.FromSlash(pkg), "doc.go")
+		f, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.PackageClauseOnly|parser.ParseComments)
+		if err != nil {
+			t.Errorf("package %s has no readable doc.go: %v", pkg, err)
+			continue
+		}
+		name := f.Name.Name
+		want := "Package " + name + " "
+		if name == "main" {
+			want = "Command " + filepath.Base(pkg) + " "
+		}
+		if f.Doc == nil || !strings.HasPrefix(f.Doc.Text(), want) {
+			t.Errorf("%s: its package comment must begin %q", path, want)
+		}
+	}
 }
 
 // TestLayersPointDown checks the package table of docs/ARCHITECTURE.md
