@@ -1,6 +1,8 @@
 package decode
 
 import (
+	"net"
+	"strconv"
 	"testing"
 
 	"github.com/cockroachdb/errors"
@@ -13,26 +15,35 @@ import (
 // TestAdvertised: a node on all interfaces advertises a routable address
 // (never [::]); an explicit one is used as given, with the listen port.
 func TestAdvertised(t *testing.T) {
-	adv, port, err := advertised("127.0.0.1", 9100, "")
+	adv, port, lease, err := advertised("127.0.0.1", 9100, "")
 	require.NoError(t, err)
 	require.Equal(t, "", adv)
 	require.Equal(t, 9100, port)
-	adv, port, err = advertised("0.0.0.0", 9100, "10.1.2.3")
+	require.Nil(t, lease, "no port chosen, none held")
+	adv, port, _, err = advertised("0.0.0.0", 9100, "10.1.2.3")
 	require.NoError(t, err)
 	require.Equal(t, "10.1.2.3:9100", adv)
 	require.Equal(t, 9100, port)
-	adv, _, err = advertised("127.0.0.1", 0, "localhost:9200")
+	adv, _, _, err = advertised("127.0.0.1", 0, "localhost:9200")
 	require.NoError(t, err)
 	require.Equal(t, "localhost:9200", adv)
 	if _, rerr := RoutableIP(); rerr == nil {
-		adv, port, err = advertised("0.0.0.0", 0, "")
+		adv, port, lease, err = advertised("0.0.0.0", 0, "")
 		require.NoError(t, err)
 		require.NotZero(t, port)
 		require.NotContains(t, adv, "[::]")
 		require.NotContains(t, adv, "0.0.0.0")
+		// The chosen port is held for the node's listener alone: nothing
+		// else is given it before the node listens.
+		require.NotNil(t, lease)
+		require.Equal(t, port, lease.Port)
+		l, lerr := net.Listen("tcp", net.JoinHostPort("0.0.0.0", strconv.Itoa(port)))
+		require.NoError(t, lerr, "the node's listener binds the held port")
+		require.NoError(t, l.Close())
+		lease.Release()
 	}
 	for _, bad := range []string{"[::]:9100", "0.0.0.0", ":9100", "h:x", "h:70000"} {
-		_, _, err := advertised("0.0.0.0", 9100, bad)
+		_, _, _, err := advertised("0.0.0.0", 9100, bad)
 		require.Error(t, err, bad)
 		require.True(t, errors.Is(err, ErrBadInput), bad)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/remote"
 	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/internal/portlease"
 	"github.com/kvstream/kvstream/netsec"
 	"go.uber.org/zap"
 	"go.uber.org/zap/exp/zapslog"
@@ -119,9 +120,14 @@ func ListenConfig(cfg NodeConfig) (_ *Node, err error) {
 	if hb.Misses >= 0 && (hb.Interval <= 0 || hb.Misses < 1 || hb.Misses > 1000) {
 		return nil, badInput("heartbeat: interval %v must be positive and misses %d within [1, 1000] (negative: off)", hb.Interval, hb.Misses)
 	}
-	advertise, port, err := advertised(host, port, cfg.Advertise)
+	advertise, port, lease, err := advertised(host, port, cfg.Advertise)
 	if err != nil {
 		return nil, err
+	}
+	if lease != nil {
+		// The chosen port stays held until the remote listens on it
+		// (below, before this returns).
+		defer lease.Release()
 	}
 	system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
 		// protoactor's remote logs a lost gRPC connection at ERROR even when
@@ -203,22 +209,23 @@ func ListenConfig(cfg NodeConfig) (_ *Node, err error) {
 // advertised is the address to advertise ("" when the listener's own
 // address will do) and the port to listen on: when a host is advertised
 // and the listen port is 0, a free port is chosen first, since protoactor
-// advertises exactly what it is given.
-func advertised(host string, port int, advertise string) (string, int, error) {
+// advertises exactly what it is given, and held by the lease returned
+// (nil when none was chosen) until the node listens on it.
+func advertised(host string, port int, advertise string) (string, int, *portlease.Lease, error) {
 	advHost, advPort := advertise, ""
 	if advertise != "" {
 		if h, p, err := net.SplitHostPort(advertise); err == nil {
 			advHost, advPort = h, p
 		} else if strings.Contains(advertise, ":") && net.ParseIP(advertise) == nil {
-			return "", 0, errors.Mark(errors.Wrapf(err, "advertise address %q", advertise), ErrBadInput)
+			return "", 0, nil, errors.Mark(errors.Wrapf(err, "advertise address %q", advertise), ErrBadInput)
 		}
 		if advHost == "" || isUnspecified(advHost) {
-			return "", 0, badInput("advertise address %q: peers cannot dial an unspecified host", advertise)
+			return "", 0, nil, badInput("advertise address %q: peers cannot dial an unspecified host", advertise)
 		}
 		if advPort != "" {
 			p, err := strconv.Atoi(advPort)
 			if err != nil || p < 0 || p > 65535 {
-				return "", 0, badInput("advertise address %q: port %q is not a number in [0, 65535]", advertise, advPort)
+				return "", 0, nil, badInput("advertise address %q: port %q is not a number in [0, 65535]", advertise, advPort)
 			}
 			if p == 0 {
 				advPort = ""
@@ -226,26 +233,27 @@ func advertised(host string, port int, advertise string) (string, int, error) {
 		}
 	}
 	if advHost == "" && !isUnspecified(host) {
-		return "", port, nil // the listener's address is what peers dial
+		return "", port, nil, nil // the listener's address is what peers dial
 	}
 	if advHost == "" {
 		ip, err := RoutableIP()
 		if err != nil {
-			return "", 0, errors.Mark(errors.Wrapf(err, "listen address %q is on all interfaces: give an address to advertise", net.JoinHostPort(host, strconv.Itoa(port))), ErrBadInput)
+			return "", 0, nil, errors.Mark(errors.Wrapf(err, "listen address %q is on all interfaces: give an address to advertise", net.JoinHostPort(host, strconv.Itoa(port))), ErrBadInput)
 		}
 		advHost = ip.String()
 	}
+	var lease *portlease.Lease
 	if advPort == "" {
 		if port == 0 {
-			p, err := freePort(host)
+			l, err := freePort(host)
 			if err != nil {
-				return "", 0, err
+				return "", 0, nil, err
 			}
-			port = p
+			lease, port = l, l.Port
 		}
 		advPort = strconv.Itoa(port)
 	}
-	return net.JoinHostPort(advHost, advPort), port, nil
+	return net.JoinHostPort(advHost, advPort), port, lease, nil
 }
 
 func isUnspecified(host string) bool {
@@ -256,15 +264,24 @@ func isUnspecified(host string) bool {
 	return ip != nil && ip.IsUnspecified()
 }
 
-// freePort picks a free port on host. Another process may take it before
-// the node listens; the listen then fails with an error.
-func freePort(host string) (int, error) {
-	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-	if err != nil {
-		return 0, errors.Wrapf(err, "pick a free port on %q", host)
+// freePort holds a free port of host (a name is resolved first) that a
+// listener may bind, and nothing else, until the lease is released:
+// listening on port 0 and closing would free it at once, for any other
+// bind or connection to take before the node listens.
+func freePort(host string) (*portlease.Lease, error) {
+	ip := host
+	if host != "" && net.ParseIP(host) == nil {
+		a, err := net.ResolveIPAddr("ip", host)
+		if err != nil {
+			return nil, errors.Wrapf(err, "pick a free port on %q", host)
+		}
+		ip = a.IP.String()
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	l, err := portlease.Take(ip, true)
+	if err != nil {
+		return nil, errors.Wrapf(err, "pick a free port on %q", host)
+	}
+	return l, nil
 }
 
 // RoutableIP is the address a node listening on all interfaces advertises:

@@ -7,7 +7,6 @@ import (
 	"crypto/x509"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -17,6 +16,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/internal/portlease"
 )
 
 // ErrNoBinary marks Start's failure to find an etcd binary.
@@ -121,46 +121,43 @@ func Start(o Options) (*Proc, error) {
 	p := &Proc{o: o, log: &boundedBuffer{max: 64 << 10}}
 	var last error
 	for range attempts {
+		var held []*portlease.Lease
 		if pick {
-			c, pe, err := freePorts()
-			if err != nil {
-				return nil, errors.Wrap(err, "etcdproc: free ports")
+			// Both ports are held for etcd (its listeners set
+			// SO_REUSEADDR) until it started: no other bind or
+			// connection is given them meanwhile.
+			for range 2 {
+				l, err := portlease.Take("127.0.0.1", true)
+				if err != nil {
+					release(held)
+					return nil, errors.Wrap(err, "etcdproc: free ports")
+				}
+				held = append(held, l)
 			}
 			scheme := "http"
 			if o.TLS != nil {
 				scheme = "https"
 			}
-			p.o.ClientURL = fmt.Sprintf("%s://127.0.0.1:%d", scheme, c)
-			p.o.PeerURL = fmt.Sprintf("http://127.0.0.1:%d", pe)
+			p.o.ClientURL = fmt.Sprintf("%s://127.0.0.1:%d", scheme, held[0].Port)
+			p.o.PeerURL = fmt.Sprintf("http://127.0.0.1:%d", held[1].Port)
 		}
-		if last = p.start(); last == nil {
+		last = p.start()
+		release(held)
+		if last == nil {
 			return p, nil
 		}
 	}
 	return nil, last
 }
 
+func release(ls []*portlease.Lease) {
+	for _, l := range ls {
+		l.Release()
+	}
+}
+
 // Endpoint is the client URL to give an etcd client.
 func (p *Proc) Endpoint() string { return p.o.ClientURL }
-
-func freePorts() (int, int, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	var ports []int
-	for range 2 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return 0, 0, err
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports[0], ports[1], nil
-}
 
 // start runs the process on p's URLs and data directory and waits for its
 // health check.

@@ -1,9 +1,9 @@
 package nettest
 
 import (
-	"net"
-	"strconv"
 	"testing"
+
+	"github.com/kvstream/kvstream/internal/portlease"
 )
 
 // Refusing is an address of 127.0.0.1 that refuses connections until the
@@ -24,4 +24,13 @@ func ListenLater(t testing.TB) string {
 	return hold(t, true)
 }
 
-func loopbackAddr(port int) string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) }
+// hold holds a free port of 127.0.0.1 (portlease) until the test ends.
+func hold(t testing.TB, shared bool) string {
+	t.Helper()
+	l, err := portlease.Take("127.0.0.1", shared)
+	if err != nil {
+		t.Fatalf("nettest: %v", err)
+	}
+	t.Cleanup(l.Release)
+	return l.Addr("127.0.0.1")
+}

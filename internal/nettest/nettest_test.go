@@ -45,24 +45,3 @@ func TestListenLaterTakesAListener(t *testing.T) {
 	require.NoError(t, c.Close())
 	require.NoError(t, <-accepted)
 }
-
-// TestPortZeroAvoidsHeld: binds to port 0 never get a held port, of
-// either kind.
-func TestPortZeroAvoidsHeld(t *testing.T) {
-	held := map[string]bool{}
-	for i := range 64 {
-		if i%2 == 0 {
-			held[Refusing(t)] = true
-		} else {
-			held[ListenLater(t)] = true
-		}
-	}
-	require.Len(t, held, 64)
-	for range 256 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		addr := l.Addr().String()
-		require.NoError(t, l.Close())
-		require.False(t, held[addr], "port 0 gave %s, which is held", addr)
-	}
-}

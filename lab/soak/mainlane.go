@@ -3,17 +3,19 @@ package soak
 import (
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/kvstream/kvstream/internal/portlease"
 )
 
 // run is how one main-lane prefill went.
 type run struct {
-	name     string // its node's address: the session's name on the decode
+	name     string           // its node's address: the session's name on the decode
+	port     *portlease.Lease // holds name's port until the episode ended
 	c        *child
 	injected bool
 	legit    bool     // it ran to its end, every byte equal
@@ -37,6 +39,8 @@ func (s *soak) mainEpisode(i int, k Kind, rng *rand.Rand) bool {
 		s.mu.Unlock()
 		return false
 	}
+	// Its name stays its own until the decode ended its session.
+	defer r.port.Release()
 	switch k {
 	case Clean:
 		r.c.wait(runBound)
@@ -55,8 +59,8 @@ func (s *soak) mainEpisode(i int, k Kind, rng *rand.Rand) bool {
 		r.c.kill()
 	}
 	if strings.Contains(r.c.output(), "address already in use") {
-		// Another process took the port between its probe and the prefill:
-		// nothing ran.
+		// Another listener bound the held port first (one that sets
+		// SO_REUSEADDR may): nothing ran.
 		fmt.Fprintf(s.cfg.Log, "soak: #%d %s: its port %s was taken: not run\n", i, k, r.name)
 		return false
 	}
@@ -85,23 +89,24 @@ func (s *soak) mainEpisode(i int, k Kind, rng *rand.Rand) bool {
 }
 
 // startPrefill starts a kvstream prefill with the soak's workload, on a
-// port of its own: the decode names its session by it.
+// port of its own, held for it (portlease) until the episode releases it:
+// the decode names its session by it.
 func (s *soak) startPrefill() (*run, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := portlease.Take("127.0.0.1", true)
 	if err != nil {
 		return nil, err
 	}
-	name := l.Addr().String()
-	_ = l.Close()
+	name := port.Addr("127.0.0.1")
 	args := slices.Concat([]string{"prefill", "--decode", s.dec.addr, "--listen", name, "--model", "small",
 		"--resident", strconv.Itoa(s.cfg.Workload.Requests), "--seed", strconv.FormatUint(s.cfg.Seed, 10),
 		"--no-progress", "--heartbeat", s.cfg.Heartbeat.String(), "--connect-timeout", "30s",
 		"--finish-timeout", finishTimeout.String()}, s.cfg.Workload.Flags())
 	c, err := startChild(s.cfg.Command, nil, args...)
 	if err != nil {
+		port.Release()
 		return nil, err
 	}
-	return &run{name: name, c: c}, nil
+	return &run{name: name, port: port, c: c}, nil
 }
 
 // instant is a random instant within the first 60% of a legitimate run's

@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"math"
-	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/internal/portlease"
 )
 
 // UCX's own benchmark, run beside the transport's runs: `ucx_perftest -t
@@ -51,22 +51,27 @@ func (p perftestRun) run(ctx context.Context) (float64, error) {
 		env = append(env, "UCX_ALLOC_PRIO="+p.allocPrio)
 	}
 	for attempt := 0; ; attempt++ {
-		port, err := freePort()
+		// The server's port is held for it (ucx_perftest binds it with
+		// SO_REUSEADDR) until it exited: no other bind or connection is
+		// given it meanwhile.
+		lease, err := portlease.Take("127.0.0.1", true)
 		if err != nil {
-			return 0, err
+			return 0, errors.Wrap(err, "a port for ucx_perftest")
 		}
-		srv := exec.CommandContext(ctx, p.path, "-p", strconv.Itoa(port))
+		srv := exec.CommandContext(ctx, p.path, "-p", strconv.Itoa(lease.Port))
 		srv.Env = env
 		var srvOut bytes.Buffer
 		srv.Stdout, srv.Stderr = &srvOut, &srvOut
 		if err := srv.Start(); err != nil {
+			lease.Release()
 			return 0, errors.Wrapf(err, "start %s (the ucx-utils package has it)", p.path)
 		}
-		bps, refused, err := p.client(ctx, env, port)
+		bps, refused, err := p.client(ctx, env, lease.Port)
 		if err != nil || refused {
 			_ = srv.Process.Kill()
 		}
 		werr := srv.Wait()
+		lease.Release()
 		switch {
 		case refused && attempt < maxPerftestStarts && ctx.Err() == nil:
 			time.Sleep(20 * time.Millisecond) // the server was not listening yet
@@ -145,16 +150,6 @@ func parsePerftest(out []byte, size uint64) (float64, error) {
 		return bps, nil
 	}
 	return 0, errors.Newf("no figures in ucx_perftest's output: %s", tail(string(out)))
-}
-
-// freePort is a TCP port nobody listens on right now.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, errors.Wrap(err, "find a free port for ucx_perftest")
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // tail is the end of a process's output, for an error message.
