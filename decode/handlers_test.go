@@ -37,6 +37,7 @@ func TestAdvertised(t *testing.T) {
 		// else is given it before the node listens.
 		require.NotNil(t, lease)
 		require.Equal(t, port, lease.Port)
+		heldForListener(t, port)
 		l, lerr := net.Listen("tcp", net.JoinHostPort("0.0.0.0", strconv.Itoa(port)))
 		require.NoError(t, lerr, "the node's listener binds the held port")
 		require.NoError(t, l.Close())

@@ -275,7 +275,7 @@ func freePort(host string) (*portlease.Lease, error) {
 		if err != nil {
 			return nil, errors.Wrapf(err, "pick a free port on %q", host)
 		}
-		ip = a.IP.String()
+		ip = a.String() // with its zone, if any
 	}
 	l, err := portlease.Take(ip, true)
 	if err != nil {

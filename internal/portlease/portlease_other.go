@@ -1,19 +1,27 @@
-//go:build !unix
+//go:build !linux
 
 package portlease
 
-import "net"
+import (
+	"net"
+	"net/netip"
+)
 
-// take, where no socket can be held bound without listening from Go's
-// standard library, takes a free port and frees it: the port may be given
-// to another socket before its listener binds it.
-func take(ip net.IP, _ bool) (*Lease, error) {
-	l, err := net.ListenTCP("tcp", &net.TCPAddr{IP: ip})
+// take, where a socket held bound without listening is not known to leave
+// the port to an SO_REUSEADDR listener (the BSDs want SO_REUSEPORT of both,
+// which Go's listener does not set), takes a free port and frees it: the
+// port may be given to another socket before its listener binds it.
+func take(addr netip.Addr, _ bool) (*Lease, error) {
+	var ta *net.TCPAddr
+	if addr.IsValid() {
+		ta = net.TCPAddrFromAddrPort(netip.AddrPortFrom(addr, 0))
+	}
+	l, err := net.ListenTCP("tcp", ta)
 	if err != nil {
 		return nil, err
 	}
 	defer l.Close()
-	return &Lease{Port: l.Addr().(*net.TCPAddr).Port, fd: -1}, nil
+	return &Lease{Port: l.Addr().(*net.TCPAddr).Port}, nil
 }
 
 // Release frees the port (already free here).

@@ -1,18 +1,24 @@
-//go:build unix
+//go:build linux
 
 package portlease
 
 import (
 	"net"
+	"net/netip"
+	"strconv"
 	"syscall"
 
 	"github.com/cockroachdb/errors"
 )
 
-func take(ip net.IP, shared bool) (*Lease, error) {
-	sa, family := sockaddr(ip)
+func take(addr netip.Addr, shared bool) (*Lease, error) {
+	every := !addr.IsValid() || addr.IsUnspecified()
+	sa, family, err := sockaddr(addr, every)
+	if err != nil {
+		return nil, err
+	}
 	fd, err := socket(family)
-	if err != nil && ip == nil && family == syscall.AF_INET6 {
+	if err != nil && every && family == syscall.AF_INET6 {
 		// No IPv6 here: every interface is IPv4's.
 		sa, family = &syscall.SockaddrInet4{}, syscall.AF_INET
 		fd, err = socket(family)
@@ -20,7 +26,7 @@ func take(ip net.IP, shared bool) (*Lease, error) {
 	if err != nil {
 		return nil, errors.Wrap(err, "socket")
 	}
-	l := &Lease{fd: fd}
+	l := &Lease{fd: fd, held: true}
 	fail := func(what string, err error) (*Lease, error) {
 		l.Release()
 		return nil, errors.Wrap(err, what)
@@ -30,7 +36,7 @@ func take(ip net.IP, shared bool) (*Lease, error) {
 			return fail("SO_REUSEADDR", err)
 		}
 	}
-	if family == syscall.AF_INET6 && (ip == nil || ip.IsUnspecified()) {
+	if family == syscall.AF_INET6 && every {
 		// Every interface, IPv4's too, as Go's listener on ":port" takes
 		// them: the port is held for both families.
 		if err := syscall.SetsockoptInt(fd, syscall.IPPROTO_IPV6, syscall.IPV6_V6ONLY, 0); err != nil {
@@ -67,25 +73,35 @@ func socket(family int) (int, error) {
 	return fd, err
 }
 
-// sockaddr is ip's port-0 address and family; nil is every interface,
-// IPv6's dual-stack one, as Go listens on it.
-func sockaddr(ip net.IP) (syscall.Sockaddr, int) {
-	if ip4 := ip.To4(); ip4 != nil {
-		sa := &syscall.SockaddrInet4{}
-		copy(sa.Addr[:], ip4)
-		return sa, syscall.AF_INET
+// sockaddr is addr's port-0 address and family. Every interface is IPv6's
+// dual-stack address, as Go listens on it (0.0.0.0 included: IPv4's alone
+// would leave the port's IPv6 side to anyone).
+func sockaddr(addr netip.Addr, every bool) (syscall.Sockaddr, int, error) {
+	switch {
+	case every:
+		return &syscall.SockaddrInet6{}, syscall.AF_INET6, nil
+	case addr.Is4():
+		return &syscall.SockaddrInet4{Addr: addr.As4()}, syscall.AF_INET, nil
 	}
-	sa := &syscall.SockaddrInet6{}
-	if ip != nil {
-		copy(sa.Addr[:], ip.To16())
+	sa := &syscall.SockaddrInet6{Addr: addr.As16()}
+	if zone := addr.Zone(); zone != "" {
+		ifi, err := net.InterfaceByName(zone)
+		if err != nil {
+			n, nerr := strconv.Atoi(zone)
+			if nerr != nil {
+				return nil, 0, errors.Wrapf(err, "zone %q", zone)
+			}
+			ifi = &net.Interface{Index: n}
+		}
+		sa.ZoneId = uint32(ifi.Index)
 	}
-	return sa, syscall.AF_INET6
+	return sa, syscall.AF_INET6, nil
 }
 
 // Release frees the port. It may be called more than once.
 func (l *Lease) Release() {
-	if l.fd >= 0 {
+	if l.held {
 		_ = syscall.Close(l.fd)
-		l.fd = -1
+		l.held = false
 	}
 }
