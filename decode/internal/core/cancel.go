@@ -86,10 +86,7 @@ func (c *Core) cancel(m CancelMsg) {
 	}
 	// The answer to the server's Cancel: the room is released, waiting
 	// for this session's writes to stop.
-	for _, r := range sortedRooms(c.ledger.lingering) {
-		if r.id != k.Room || !r.dirty[s] || !errors.Is(r.err, ErrCancelled) {
-			continue
-		}
+	for _, r := range c.ledger.lingeringOf(k.Room, func(r *croom) bool { return r.dirty[s] && errors.Is(r.err, ErrCancelled) }) {
 		if k.NotQuiesced {
 			// Its pages wait for the session's access to be revoked.
 			c.warn("cancelled room: the prefill could not stop its writes", "room", r.id, "prefill", s.Prefill, "reason", reason)

@@ -144,22 +144,18 @@ func (c *Core) overChunkBound(r *croom, ch Chunk) bool {
 // told so, without blame), and a final notice (the last chunk, or a
 // failure that quiesced) means the session writes it no more.
 func (c *Core) lateNotice(s *csession, n *wire.ChunkNotice, ch Chunk, err error) bool {
-	late := false
-	for _, r := range sortedRooms(c.ledger.lingering) {
-		if r.id != n.Room || !r.reporters[s] && !r.dirty[s] {
-			continue
-		}
-		late = true
+	late := c.ledger.lingeringOf(n.Room, func(r *croom) bool { return r.reporters[s] || r.dirty[s] })
+	for _, r := range late {
 		if err == nil && (ch.Last || ch.Status != messages.Succeeded && !ch.NotQuiesced) {
 			delete(r.dirty, s)
 			c.settle(r)
 		}
 	}
-	if late {
+	if len(late) > 0 {
 		c.emit(AnswerNotice{Code: wire.Code_ROOM_FAILED, Text: fmt.Sprintf("room %d chunk [%d, %d): the decode server released the room before this chunk", n.Room, n.Start, n.End)})
 		c.debug("notice of a released room", "prefill", s.Prefill, "room", n.Room, "start", n.Start, "end", n.End)
 	}
-	return late
+	return len(late) > 0
 }
 
 // checkNotice turns a notice into a Chunk, checking what needs no room:

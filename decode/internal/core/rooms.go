@@ -111,6 +111,22 @@ func (c *Core) roomsByID() []*croom {
 // rooms of one id in the order they were created: the effects they
 // produce come out in the same order whenever the same messages are
 // stepped in, so that a replay returns what the recording did.
+// lingeringOf lists, in id order, the lingering rooms of id room that
+// match: found before they are sorted, so that a peer's message about a
+// room not live (the first notice of a room not yet expected, a cancel, or
+// a guess) costs no sort of every lingering room, and no allocation when
+// none matches.
+func (l *ledger) lingeringOf(room uint64, match func(*croom) bool) []*croom {
+	var rs []*croom
+	for r := range l.lingering {
+		if r.id == room && match(r) {
+			rs = append(rs, r)
+		}
+	}
+	slices.SortFunc(rs, byID)
+	return rs
+}
+
 func sortedRooms(set map[*croom]bool) []*croom {
 	return slices.SortedFunc(maps.Keys(set), byID)
 }
