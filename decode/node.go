@@ -45,7 +45,6 @@ type Node struct {
 	beats  map[*heartbeat]bool // running monitors, stopped by Close at the latest
 	closed bool
 	done   chan struct{}
-	err    error
 }
 
 // NodeConfig configures a Node.

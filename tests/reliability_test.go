@@ -190,7 +190,6 @@ type relRoom struct {
 	room     uint64
 	tokens   int
 	chunks   []int // token ends
-	peers    []int // real destinations (indexes into live peers at generation)
 	dummy    bool  // all destinations dummy
 	src, dst []int // per position
 	dropAt   int   // forward index to drop in (-1: never), after layer dropLayer
@@ -208,7 +207,6 @@ type relRoom struct {
 	registered []time.Time
 	mode       system.Mode
 	window     int // first decode page of the room
-	peerIDs    []string
 	peerRefs   []*relPeer
 }
 

@@ -82,8 +82,7 @@ func drawScenario(t *rapid.T) *scenario {
 
 	nRooms := rapid.IntRange(1, 4).Draw(t, "rooms")
 	maxTokens := 40 * s.pageSize
-	type need struct{ src, dst int }
-	var total need
+	var total struct{ src int }
 	for i := 0; i < nRooms; i++ {
 		r := roomSpec{room: uint64(100 + i), tokens: rapid.IntRange(1, maxTokens).Draw(t, "tokens")}
 		chunks := rapid.IntRange(1, 4).Draw(t, "chunks")

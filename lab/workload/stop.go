@@ -17,7 +17,6 @@ type stopper struct {
 	ctx     context.Context
 	drain   <-chan struct{}
 	started []bool
-	skipped int
 }
 
 func newStopper(ctx context.Context, drain <-chan struct{}, requests int) *stopper {

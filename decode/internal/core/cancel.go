@@ -86,7 +86,8 @@ func (c *Core) cancel(m CancelMsg) {
 	}
 	// The answer to the server's Cancel: the room is released, waiting
 	// for this session's writes to stop.
-	for _, r := range c.ledger.lingeringOf(k.Room, func(r *croom) bool { return r.dirty[s] && errors.Is(r.err, ErrCancelled) }) {
+	if rs := c.ledger.lingeringOf(k.Room, func(r *croom) bool { return r.dirty[s] && errors.Is(r.err, ErrCancelled) }); len(rs) > 0 {
+		r := rs[0] // the earliest, where rooms reused its id
 		if k.NotQuiesced {
 			// Its pages wait for the session's access to be revoked.
 			c.warn("cancelled room: the prefill could not stop its writes", "room", r.id, "prefill", s.Prefill, "reason", reason)
