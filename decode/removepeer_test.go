@@ -20,23 +20,21 @@ type removingEngine struct {
 	removed []string
 }
 
-func (e *removingEngine) AddPeer(p plan.Peer) error {
+// record appends id to one of the engine's lists.
+func (e *removingEngine) record(to *[]string, id string) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.added = append(e.added, p.ID)
+	*to = append(*to, id)
 	return nil
 }
+
+func (e *removingEngine) AddPeer(p plan.Peer) error         { return e.record(&e.added, p.ID) }
 func (e *removingEngine) PeerLost(string, error) error      { return nil }
 func (e *removingEngine) PeerDraining(string, string) error { return nil }
 func (e *removingEngine) CancelRoom(context.Context, string, uint64, string) error {
 	return nil
 }
-func (e *removingEngine) RemovePeer(id string) error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.removed = append(e.removed, id)
-	return nil
-}
+func (e *removingEngine) RemovePeer(id string) error { return e.record(&e.removed, id) }
 
 // idleRemovingEngine can also remove a peer once idle
 // (decode.IdlePeerRemover): it records those removals apart.
@@ -46,10 +44,7 @@ type idleRemovingEngine struct {
 }
 
 func (e *idleRemovingEngine) RemovePeerWhenIdle(p plan.Peer) error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.whenIdle = append(e.whenIdle, p.ID)
-	return nil
+	return e.record(&e.whenIdle, p.ID)
 }
 
 // TestByeRemovesThePeer: the session's end (Bye, or Close without one)
