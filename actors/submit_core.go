@@ -78,6 +78,15 @@ type SubmitCore struct {
 // NewSubmitCore returns the core of a Work whose destination is peer.
 func NewSubmitCore(peer string) *SubmitCore { return &SubmitCore{peer: peer} }
 
+// reset makes c the core of a new Work whose destination is peer, keeping
+// the array of its effects (its elements cleared): a submitter reuses its
+// cores from one serve to the next, so that deciding a Work allocates
+// nothing.
+func (c *SubmitCore) reset(peer string) {
+	clear(c.out[:cap(c.out)]) // the last Work's errors may go
+	*c = SubmitCore{peer: peer, out: c.out[:0]}
+}
+
 // Step feeds one report (*WaitEnded, then *PostEnded after each PostBatch)
 // and returns the effects to perform, in order. The returned slice is reused
 // by the next call.

@@ -25,10 +25,7 @@ func TestSubmitCoreDecisions(t *testing.T) {
 	refused := errors.New("batch too large")
 	unreachable := errors.New("connect refused")
 
-	type step struct {
-		in   any
-		want []Effect
-	}
+	type step = submitStep
 	failed := func(err error) AnswerWork { return AnswerWork{Outcome: WorkFailed, Err: err} }
 	cases := []struct {
 		name  string
@@ -87,35 +84,80 @@ func TestSubmitCoreDecisions(t *testing.T) {
 			{&PostEnded{Err: refused, Writes: 3}, []Effect{failed(errors.Wrapf(refused, "post 3 writes to d0"))}},
 		}},
 	}
+	// Each case runs on a fresh core, and on one core reset after every
+	// case before it, as a submitter reuses its cores: a reused core
+	// decides as a fresh one.
+	reused := NewSubmitCore("d1")
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			c := NewSubmitCore("d0")
-			var last AnswerWork
-			for i, s := range tc.steps {
-				got := append([]Effect(nil), c.Step(s.in)...)
-				require.Len(t, got, len(s.want), "step %d: %v", i, got)
-				for j := range got {
-					assert.IsType(t, s.want[j], got[j], "step %d effect %d", i, j)
-					if a, ok := got[j].(AnswerWork); ok {
-						w := s.want[j].(AnswerWork)
-						assert.Equal(t, w.Outcome, a.Outcome, "step %d", i)
-						if w.Err == nil {
-							assert.NoError(t, a.Err, "step %d", i)
-						} else {
-							assert.EqualError(t, a.Err, w.Err.Error(), "step %d", i)
-						}
-						last = a
-						continue
-					}
-					assert.Equal(t, s.want[j], got[j], "step %d effect %d", i, j)
-				}
-			}
-			if tc.errIs != nil {
-				assert.True(t, errors.Is(last.Err, tc.errIs), "%v is not %v", last.Err, tc.errIs)
-			}
-			assert.Empty(t, c.Step(&PostEnded{Posted: true}), "an answered Work decides nothing more")
+			runSubmitSteps(t, NewSubmitCore("d0"), tc.steps, tc.errIs)
+		})
+		t.Run(tc.name+"/reused", func(t *testing.T) {
+			reused.reset("d0")
+			runSubmitSteps(t, reused, tc.steps, tc.errIs)
 		})
 	}
+}
+
+// submitStep is one report fed to a SubmitCore and the effects it must
+// return.
+type submitStep = struct {
+	in   any
+	want []Effect
+}
+
+// runSubmitSteps feeds steps to c and checks the effects of each, that the
+// final answer's error carries errIs (when set), and that an answered Work
+// decides nothing more.
+func runSubmitSteps(t *testing.T, c *SubmitCore, steps []submitStep, errIs error) {
+	t.Helper()
+	var last AnswerWork
+	for i, s := range steps {
+		got := append([]Effect(nil), c.Step(s.in)...)
+		require.Len(t, got, len(s.want), "step %d: %v", i, got)
+		for j := range got {
+			assert.IsType(t, s.want[j], got[j], "step %d effect %d", i, j)
+			if a, ok := got[j].(AnswerWork); ok {
+				w := s.want[j].(AnswerWork)
+				assert.Equal(t, w.Outcome, a.Outcome, "step %d", i)
+				if w.Err == nil {
+					assert.NoError(t, a.Err, "step %d", i)
+				} else {
+					assert.EqualError(t, a.Err, w.Err.Error(), "step %d", i)
+				}
+				last = a
+				continue
+			}
+			assert.Equal(t, s.want[j], got[j], "step %d effect %d", i, j)
+		}
+	}
+	if errIs != nil {
+		assert.True(t, errors.Is(last.Err, errIs), "%v is not %v", last.Err, errIs)
+	}
+	assert.Empty(t, c.Step(&PostEnded{Posted: true}), "an answered Work decides nothing more")
+}
+
+// A reset core lets go of its last Work's effects (their errors) while it
+// keeps their array, and deciding a posted Work on it then allocates no
+// more than its answer.
+func TestResetSubmitCoreKeepsOnlyItsArray(t *testing.T) {
+	c := NewSubmitCore("d0")
+	c.Step(&WaitEnded{Err: errors.New("event wait failed")})
+	require.NotEmpty(t, c.out)
+	c.reset("d1")
+	require.Empty(t, c.out)
+	for i, e := range c.out[:cap(c.out)] {
+		assert.Nil(t, e, "effect %d of the last Work still referenced", i)
+	}
+	assert.Equal(t, "d1", c.peer)
+
+	waited, posted := &WaitEnded{}, &PostEnded{Posted: true}
+	allocs := testing.AllocsPerRun(100, func() {
+		c.reset("d0")
+		c.Step(waited)
+		c.Step(posted)
+	})
+	assert.LessOrEqual(t, allocs, 1.0, "the answer (an interface holding a struct) is the one allocation")
 }
 
 // The Finish caller's context reaches the shell inside StartTimer: the core

@@ -155,6 +155,7 @@ type submitter struct {
 	blocks   []cp.Block
 	writes   []rdma.Write
 	taken    []*readyWork // reused by resume
+	wake     func()       // asks this submitter for a resume (start)
 	serving  []served     // reused by serve
 }
 
@@ -334,12 +335,18 @@ type waited struct {
 // the instance that is current when it arrives, a restarted one with fresh
 // endpoints included.)
 func (s *submitter) start(ctx actor.Context, w *Work) {
-	root, self, resuming := ctx.ActorSystem().Root, ctx.Self(), s.resuming
-	s.ready.add(w, time.Now(), func() {
-		if !resuming.Swap(true) {
-			root.Send(self, resumeMsg)
+	if s.wake == nil {
+		// One per submitter instance, not per Work. It holds no instance:
+		// a restarted submitter keeps its PID and its index's flag, and
+		// answers the resumes its predecessor's Works ask for.
+		root, self, resuming := ctx.ActorSystem().Root, ctx.Self(), s.resuming
+		s.wake = func() {
+			if !resuming.Swap(true) {
+				root.Send(self, resumeMsg)
+			}
 		}
-	})
+	}
+	s.ready.add(w, time.Now(), s.wake)
 }
 
 // resume tells a submitter that a Work's wait ended: it posts the most
@@ -382,15 +389,29 @@ func (s *submitter) resume(ctx actor.Context) {
 }
 
 // served is one Work being served: its core, its answer, its batch record.
+// The submitter keeps them from one serve to the next (serving), and with
+// them their cores' arrays of effects.
 type served struct {
 	w       *Work
 	wt      waited
-	core    *SubmitCore
+	core    SubmitCore
 	res     *messages.Submitted
 	rec     Batch
 	effs    []Effect
 	failure error
 }
+
+// reuse makes x the serving of w toward peer, keeping its core's array of
+// effects.
+func (x *served) reuse(w *Work, wt waited, peer string) {
+	core := x.core
+	*x = served{w: w, wt: wt, core: core}
+	x.core.reset(peer)
+}
+
+// release lets go of what x's Work referenced, keeping its core's array
+// of effects for the next.
+func (x *served) release() { x.reuse(nil, waited{}, "") }
 
 // serve carries out what each Work's SubmitCore decides (carry), each
 // posted as its own batch, and answers each chunk, in order, before a
@@ -410,8 +431,13 @@ func (s *submitter) serve(ctx actor.Context, ready []*readyWork) {
 			s.ready.requeue(ready[i+1:])
 			ready = ready[:i+1]
 		}
-		sv = append(sv, served{w: w, wt: rw.wt, core: NewSubmitCore(dest.Peer)})
+		if len(sv) < cap(sv) {
+			sv = sv[:len(sv)+1]
+		} else {
+			sv = append(sv, served{})
+		}
 		x := &sv[len(sv)-1]
+		x.reuse(w, rw.wt, dest.Peer)
 		x.res = &messages.Submitted{Seq: w.Seq, Dest: w.Dest, WaitStart: rw.wt.start, WaitEnd: rw.wt.end}
 		x.rec = Batch{Chunk: w.Chunk, Seq: w.Seq, Dest: w.Dest, Submitter: s.index, WaitStart: rw.wt.start, WaitEnd: rw.wt.end, EventDone: eventDone(w.Event)}
 		x.effs = x.core.Step(&WaitEnded{Err: rw.wt.err, Cancelled: w.Job.Context().Err() != nil, PeerLost: s.env.Peers.Lost(dest.Peer)})
@@ -431,7 +457,9 @@ func (s *submitter) serve(ctx actor.Context, ready []*readyWork) {
 			break
 		}
 	}
-	clear(sv)
+	for i := range sv {
+		sv[i].release()
+	}
 	s.serving = sv[:0]
 	if failure != nil {
 		// The resume being handled is lost with the panic, and with it
