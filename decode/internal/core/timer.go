@@ -46,9 +46,12 @@ func (c *Core) timerFired(m TimerMsg) {
 		if r.ended() || r.released || c.rooms[r.id] != r {
 			return
 		}
-		// Ranks that did not report may still be writing.
+		// Ranks that did not report may still be writing; not one whose
+		// access is revoked already (it said Bye and waits out ByeGrace):
+		// no revocation would come to clear its mark, and the room's pages
+		// would be held for ever.
 		for s := range c.sessions.all() {
-			if s.state != sessionEnding && (c.r.Group != nil || r.reporters[s] || s.Identity == r.ident || r.ident == "" && (r.from == "" || s.Identity == r.from)) {
+			if s.state != sessionEnding && !s.revoked && (c.r.Group != nil || r.reporters[s] || s.Identity == r.ident || r.ident == "" && (r.from == "" || s.Identity == r.from)) {
 				r.dirty[s] = true
 			}
 		}
