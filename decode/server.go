@@ -114,7 +114,7 @@ type Server struct {
 	sized    bool          // the pool came from Config.Size
 	access   map[string]rdma.PeerAccess
 	sessions map[string]*Session
-	waiters  map[uint64][]chan waitResult
+	waiters  map[uint64][]waiter // by room id
 	timers   map[uint64]*time.Timer
 	reply    chan core.Reply // the call being answered
 	ctx      actor.Context
@@ -150,6 +150,14 @@ type Server struct {
 type waitResult struct {
 	room Room
 	err  error
+}
+
+// waiter is a Wait on one room: the instance its Lookup found, since a
+// room released before its end was published may end after its id was
+// Expected again, and its end is not the newer room's.
+type waiter struct {
+	instance uint64
+	ch       chan waitResult
 }
 
 // call is a request of this process to the actor.
@@ -234,7 +242,7 @@ func New(node *Node, tr rdma.Transport, cfg Config) (_ *Server, err error) {
 		log = zap.NewNop()
 	}
 	s := &Server{node: node, tr: tr, cfg: cfg, log: log, obs: cfg.Observer, key: node.Addr() + "/" + name, access: map[string]rdma.PeerAccess{},
-		sessions: map[string]*Session{}, waiters: map[uint64][]chan waitResult{}, timers: map[uint64]*time.Timer{}, byes: map[string]*actor.PID{}, cancels: map[uint64][]chan bool{}, drained: make(chan struct{}),
+		sessions: map[string]*Session{}, waiters: map[uint64][]waiter{}, timers: map[uint64]*time.Timer{}, byes: map[string]*actor.PID{}, cancels: map[uint64][]chan bool{}, drained: make(chan struct{}),
 		stopped: make(chan struct{}), acceptCh: make(chan struct{}), maxUnaccepted: MaxUnaccepted}
 	if s.obs == nil {
 		s.obs = nopObserver{}
@@ -465,10 +473,7 @@ func (s *Server) perform(e core.Effect) core.Msg {
 		s.ended(e)
 	case core.RoomEnded:
 		s.obs.RoomEnded(e.Outcome)
-		for _, w := range s.waiters[e.Room.ID] {
-			w <- waitResult{room: e.Room, err: e.Err}
-		}
-		delete(s.waiters, e.Room.ID)
+		s.wake(e)
 		if f := s.cfg.OnRoomEnd; f != nil {
 			go f(e.Room, public(e.Err))
 		}
@@ -778,7 +783,7 @@ func (s *Server) Wait(ctx context.Context, id uint64) (Room, error) {
 	if ierr := s.inActor(func() {
 		r = s.step(core.LookupMsg{Room: id})[0].(core.Reply)
 		if r.Err == nil && !r.Ended {
-			s.waiters[id] = append(s.waiters[id], ch)
+			s.waiters[id] = append(s.waiters[id], waiter{instance: r.Instance, ch: ch})
 		}
 	}); ierr != nil {
 		return Room{}, public(ierr)
@@ -799,15 +804,7 @@ func (s *Server) Wait(ctx context.Context, id uint64) (Room, error) {
 		// Sent, not waited for: the actor may be running a slow Admit or
 		// Size, and Wait returns when its ctx ends.
 		s.node.system.Root.Send(s.pid, run{done: make(chan struct{}), f: func() {
-			ws := s.waiters[id]
-			if i := slices.Index(ws, ch); i >= 0 {
-				ws = slices.Delete(ws, i, i+1)
-			}
-			if len(ws) == 0 {
-				delete(s.waiters, id)
-			} else {
-				s.waiters[id] = ws
-			}
+			s.keepWaiters(id, func(w waiter) bool { return w.ch != ch })
 		}})
 	case <-s.stopped:
 		err = closedError("Wait")
@@ -1061,4 +1058,27 @@ func newToken() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
+}
+
+// wake answers the Waits on the room that ended, and keeps those on a
+// newer room of its id.
+func (s *Server) wake(e core.RoomEnded) {
+	s.keepWaiters(e.Room.ID, func(w waiter) bool {
+		if w.instance != e.Instance {
+			return true
+		}
+		w.ch <- waitResult{room: e.Room, err: e.Err} // buffered: one answer per Wait
+		return false
+	})
+}
+
+// keepWaiters keeps the Waits on room id that keep says to, and forgets
+// the id when none is left.
+func (s *Server) keepWaiters(id uint64, keep func(waiter) bool) {
+	ws := slices.DeleteFunc(s.waiters[id], func(w waiter) bool { return !keep(w) })
+	if len(ws) == 0 {
+		delete(s.waiters, id)
+	} else {
+		s.waiters[id] = ws
+	}
 }

@@ -137,7 +137,11 @@ type Config struct {
 	Observer Observer
 	// OnRoomEnd, if set, is called once per room when it completes or
 	// fails (err says why, as Wait would), on a goroutine of its own: a
-	// process serving rooms it did not Expect learns of them here.
+	// process serving rooms it did not Expect learns of them here. A room
+	// Released while its failure waited for a lost prefill's access to be
+	// revoked is reported once that revocation ended, which may be after
+	// its id was Expected again: its Room is the released one's (its
+	// pages), and the newer room's end is reported on its own.
 	OnRoomEnd func(r Room, err error)
 	// MaxSessions bounds the live prefill sessions (default 64, at most
 	// MaxSessionsLimit).

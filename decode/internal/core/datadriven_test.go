@@ -306,7 +306,7 @@ func effectText(e Effect) string {
 		case e.Err != nil:
 			return "Reply" + errSuffix(e.Err)
 		case e.Room.ID != 0 || e.Ended:
-			return fmt.Sprintf("Reply room=%d ended=%v complete=%v chunks=%d", e.Room.ID, e.Ended, e.Room.Complete, len(e.Room.Chunks))
+			return fmt.Sprintf("Reply room=%d instance=%d ended=%v complete=%v chunks=%d", e.Room.ID, e.Instance, e.Ended, e.Room.Complete, len(e.Room.Chunks))
 		case e.Drained:
 			return "Reply ok drained"
 		}
@@ -334,7 +334,7 @@ func effectText(e Effect) string {
 		}
 		return s
 	case RoomEnded:
-		s := fmt.Sprintf("RoomEnded room=%d outcome=%s chunks=%d", e.Room.ID, e.Outcome, len(e.Room.Chunks))
+		s := fmt.Sprintf("RoomEnded room=%d instance=%d outcome=%s chunks=%d", e.Room.ID, e.Instance, e.Outcome, len(e.Room.Chunks))
 		if e.Err != nil {
 			s += errSuffix(e.Err)
 		}

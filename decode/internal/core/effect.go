@@ -58,7 +58,8 @@ type (
 		Drained bool
 		State   State
 		// Instance is the room a cancel took effect on (CancelRoomMsg):
-		// its CancelSettled carries it.
+		// its CancelSettled carries it; or the room Lookup found, which
+		// its RoomEnded carries.
 		Instance uint64
 	}
 )
@@ -112,6 +113,11 @@ type (
 		Room    Room
 		Err     error
 		Outcome string
+		// Instance names the room among the rooms of its id, as Lookup's
+		// Reply does: a room released before its failure was published
+		// ends after its id may have been Expected again, and its end is
+		// not the newer room's.
+		Instance uint64
 	}
 	// ArmTimer asks for a TimerMsg with ID after After.
 	ArmTimer struct {

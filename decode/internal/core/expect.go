@@ -121,5 +121,5 @@ func (c *Core) lookup(m LookupMsg) {
 		c.emit(Reply{Err: BadInput("room %d is unknown: Expect it first", m.Room)})
 		return
 	}
-	c.emit(Reply{Room: r.snapshot(), Err: r.err, Ended: r.complete || r.err != nil})
+	c.emit(Reply{Room: r.snapshot(), Err: r.err, Ended: r.complete || r.err != nil, Instance: r.born})
 }

@@ -65,7 +65,7 @@ func (c *Core) publishFailure(r *croom, err error, outcome string) {
 			}
 		}
 	}
-	c.emit(RoomEnded{Room: r.snapshot(), Err: err, Outcome: outcome})
+	c.emit(RoomEnded{Room: r.snapshot(), Err: err, Outcome: outcome, Instance: r.born})
 	c.warn("room failed", "room", r.id, "outcome", outcome, "error", err.Error())
 }
 

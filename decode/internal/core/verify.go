@@ -67,7 +67,7 @@ func (c *Core) decide(s *csession, r *croom, ch Chunk) {
 	case Complete:
 		r.complete = true
 		s.report.Rooms++
-		c.emit(RoomEnded{Room: r.snapshot(), Outcome: "complete"})
+		c.emit(RoomEnded{Room: r.snapshot(), Outcome: "complete", Instance: r.born})
 		c.debug("room complete", "room", r.id, "prefill", s.Prefill)
 	case Failed:
 		err := r.group.err
