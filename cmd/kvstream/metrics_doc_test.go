@@ -24,8 +24,8 @@ var observability = filepath.Join("..", "..", "docs", "OBSERVABILITY.md")
 // serves is in docs/OBSERVABILITY.md's table with its type, labels and
 // label values (no undocumented label, such as the `run` the sim once
 // added), every documented value has a series (registrations refused by
-// each of the six reasons at 0), and every documented family is served,
-// but for the three gauges computed from open engines, which the page
+// each of the eight reasons at 0), and every documented family is served,
+// but for the five gauges computed from open engines, which the page
 // says are not reported once none is open.
 func TestObservabilityMatchesAScrape(t *testing.T) {
 	doc, err := metricsdoc.Doc(observability, "Metrics")
