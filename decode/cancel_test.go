@@ -116,8 +116,8 @@ func TestDecodeCancelsARoom(t *testing.T) {
 
 // TestDecodeCancelNotQuietUnlessDropped: the prefill answers that its
 // writes stopped only when its engine's CancelRoom returned nil; an engine
-// that failed otherwise (closed, a bug's timeout: not marked
-// ErrNotQuiesced) keeps the room's pages out.
+// that failed otherwise (closed, or any error not marked ErrNotQuiesced)
+// keeps the room's pages out.
 func TestDecodeCancelNotQuietUnlessDropped(t *testing.T) {
 	core, logs := observer.New(zap.WarnLevel)
 	r := newRig(t, decode.Config{Log: zap.New(core)})

@@ -275,15 +275,30 @@ func (e *Engine) timeout(ctx context.Context) time.Duration {
 	return timeout
 }
 
-// finishGrace bounds how long Finish waits past the chunk's own deadline for
-// its answer: the chunk answers at its deadline after a teardown, so only a
-// bug can use this margin. It keeps "never hang" true even then.
+// finishGrace bounds how long Finish, Drop and a decode peer's cancel wait
+// past the chunk's own deadline for its answer. The chunk answers at its
+// deadline once its teardown ended, which closes its endpoints: a close the
+// transport lets take longer (a UCX close that drains toward a stalled
+// peer), or a bug, outlasts this margin, and the call fails with
+// unanswered's error instead of hanging.
 const finishGrace = 5 * time.Second
+
+// unanswered is the error of a call on room the engine did not answer
+// within bound: the chunk's teardown is still under way (or a bug kept the
+// answer), so its writes may still land. It is marked ErrNotQuiesced, so
+// that the caller keeps the room's decode pages out of other rooms, and
+// ErrTimeout.
+func unanswered(call string, room uint64, bound time.Duration) error {
+	return errors.Mark(errors.Mark(errors.Newf("room %d: the engine did not answer %s within %v: the chunk's teardown is still under way (or a bug kept its answer), and its writes may still land", room, call, bound), ErrNotQuiesced), ErrTimeout)
+}
 
 // Finish waits for the room's front chunk (chunks finish in send order) and
 // returns its result. It returns within the finish timeout (or ctx's
 // deadline, if sooner), and only when no write of the chunk can land any
-// more. A failed chunk returns its result and an error marked with its
+// more; if the chunk's teardown outlasts that by 5 s (a transport whose
+// endpoint close drains longer), Finish returns then, with status Failed
+// and an error marked ErrNotQuiesced and ErrTimeout: the chunk's writes may
+// still land, so its decode pages must not be reused. A failed chunk returns its result and an error marked with its
 // class (ErrTimeout, ErrEndpointBroken, ErrEventWait, ErrDeviceLost); a
 // chunk dropped while Finish waited returns status Dropped and ErrDropped; a
 // room with no chunk to finish (unknown, or all finished or dropped) returns
@@ -293,7 +308,10 @@ const finishGrace = 5 * time.Second
 // more (what it posted before still lands or is torn down first).
 func (e *Engine) Finish(ctx context.Context, room uint64) (Result, error) {
 	if !e.enter() {
-		return Result{}, public(closedError("Finish"))
+		err := public(closedError("Finish"))
+		// Failed, not the zero Status (Succeeded): a caller that builds its
+		// notice from the result whatever the error must not say success.
+		return Result{Status: Failed, Err: err}, err
 	}
 	defer e.leave()
 	timeout := e.timeout(ctx)
@@ -310,8 +328,9 @@ func (e *Engine) Finish(ctx context.Context, room uint64) (Result, error) {
 		}
 		r.Err = public(r.Err)
 		return r, r.Err
-	case <-time.After(timeout + finishGrace):
-		return Result{}, public(errors.AssertionFailedf("room %d: the engine did not answer Finish within %v (a bug)", room, timeout+finishGrace))
+	case <-time.After(timeout + e.grace):
+		err := public(unanswered("Finish", room, timeout+e.grace))
+		return Result{Status: Failed, Err: err}, err
 	}
 }
 
@@ -321,8 +340,9 @@ func (e *Engine) Finish(ctx context.Context, room uint64) (Result, error) {
 // decode pages may be reused; within the finish timeout. Dropping a room
 // with no chunk (unknown, or all finished or dropped) is ErrNoChunk, also
 // ErrBadInput. An error marked
-// ErrNotQuiesced says a chunk's teardown could not stop its writes (see
-// Finish): those pages must not be reused.
+// ErrNotQuiesced says a chunk's teardown could not stop its writes, or
+// had not within the finish timeout and 5 s more (see Finish): those
+// pages must not be reused.
 func (e *Engine) Drop(ctx context.Context, room uint64) error {
 	if !e.enter() {
 		return public(closedError("Drop"))
@@ -338,8 +358,8 @@ func (e *Engine) drop(ctx context.Context, room uint64) error {
 	select {
 	case rs := <-reply:
 		return dropResult(rs)
-	case <-time.After(timeout + finishGrace):
-		return errors.AssertionFailedf("room %d: the engine did not answer Drop within %v (a bug)", room, timeout+finishGrace)
+	case <-time.After(timeout + e.grace):
+		return unanswered("Drop", room, timeout+e.grace)
 	}
 }
 

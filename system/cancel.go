@@ -137,7 +137,7 @@ func (e *Engine) CancelRoom(ctx context.Context, peer string, room uint64, reaso
 			return nil // nothing of it goes to the peer
 		}
 		return err
-	case <-time.After(timeout + finishGrace):
-		return errors.AssertionFailedf("room %d: the engine did not answer a decode peer's cancel within %v (a bug)", room, timeout+finishGrace)
+	case <-time.After(timeout + e.grace):
+		return unanswered("a decode peer's cancel", room, timeout+e.grace)
 	}
 }

@@ -23,7 +23,10 @@ import (
 
 // Engine is the prefill side of kvstream.
 type Engine struct {
-	cfg    Config
+	cfg Config
+	// grace is finishGrace; a test shortens it (at most finishGrace: the
+	// bound on timeouts leaves room for that much).
+	grace  time.Duration
 	log    *zap.Logger
 	env    *actors.Env
 	system *actor.ActorSystem
@@ -93,7 +96,7 @@ func New(cfg Config, opts ...Option) (_ *Engine, err error) {
 	if o.log == nil {
 		o.log = defaultLogger()
 	}
-	e := &Engine{cfg: cfg, log: o.log, stream: o.stream, closeDone: make(chan struct{}), obs: o.observers, onDraining: o.draining, onCancelled: o.cancelled,
+	e := &Engine{cfg: cfg, grace: finishGrace, log: o.log, stream: o.stream, closeDone: make(chan struct{}), obs: o.observers, onDraining: o.draining, onCancelled: o.cancelled,
 		restarts: &actors.RestartWindow{Max: cfg.MaxRestarts, Window: cfg.RestartWindow}}
 	defer func() {
 		if err != nil {

@@ -439,7 +439,7 @@ func TestPeerLostReachesRetiredEndpoints(t *testing.T) {
 // again with a short ctx deadline, is answered within the second Drop's
 // own bound (its timer tears the chunk down): the chunk ignored the second
 // Drop, which waited for the first one's timer, past its own timeout and
-// the engine's grace ("did not answer Drop ... (a bug)").
+// the engine's grace ("did not answer Drop within ...").
 func TestSecondDropHonoursItsOwnTimeout(t *testing.T) {
 	g := testbed.MLA(4, 16, 64)
 	sig := postSignal{posted: make(chan struct{}, 1)}
@@ -465,6 +465,6 @@ func TestSecondDropHonoursItsOwnTimeout(t *testing.T) {
 	<-first
 	// Its timer tore the chunk down: nothing of it can land any more, the
 	// answer a Drop gives when it quiesced (not the engine's "did not
-	// answer Drop ... (a bug)" past its timeout and grace).
+	// answer Drop within ..." past its timeout and grace).
 	require.NoError(t, err, "the second Drop, answered within its own timeout")
 }
