@@ -7,6 +7,7 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cp"
 	"github.com/kvstream/kvstream/messages/wire"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -242,4 +243,58 @@ func TestReportsClaimAPageOfTheirChunk(t *testing.T) {
 		}
 	}
 	_ = c
+}
+
+// TestPagelessChunksAreBoundedByThePool: a successful non-last chunk
+// shorter than a page claims no pool page. In a group whose owner rule
+// cannot check a report before the room's last chunk (contiguous), the
+// pool does not bound such chunks of rooms nobody Expected as it bounds
+// the others: a rank that reports them room after room is refused by name
+// once its rooms hold as many as the pool has pages (the room fails, not
+// quiesced), and the count is given back when its rooms are forgotten.
+func TestPagelessChunksAreBoundedByThePool(t *testing.T) {
+	const pages, perRoom = 16, 6
+	pool := []Buffer{{Name: "K", Base: 1 << 20, ItemLen: 64, Pages: pages}}
+	c := NewCore(Rules{MaxSessions: 4, MaxRoomsPerSession: 64, MaxChunksPerRoom: 64, AcceptUnknownRooms: true, MaxPoolBytes: 1 << 40,
+		Group: &Group{Size: 2, Rule: cp.Contiguous, PageSize: 4}}, pool)
+	from := Origin{Node: "n-s1"}
+	c.Step(HelloMsg{From: from, Token: "s1", Hello: &wire.Hello{Version: ProtocolVersion, Prefill: "mallory", SessionAddress: from.Node,
+		SessionId: "actor-s1", PageSize: 4, Buffers: []*wire.Buffer{{Name: "K", ItemLen: 64, Pages: 16}}, Metadata: map[string]string{RankKey: "0"}}})
+	c.Step(AccessMsg{Address: []byte("ap"), Revocable: true})
+	require.Equal(t, 1, c.state().Sessions, "the session opened")
+	// pageless is room's chunk i: tokens [4i, 4i+1), not the last: no whole
+	// page, so none to claim.
+	pageless := func(room uint64, i int) NoticeMsg {
+		return NoticeMsg{From: from, Notice: &wire.ChunkNotice{Session: "s1", Room: room, Start: int64(4 * i), End: int64(4*i + 1), Status: wire.Status_SUCCEEDED}}
+	}
+	admitted := 0
+	var refused *AnswerNotice
+	var room uint64
+	for room = 1; refused == nil && room <= 8; room++ {
+		for i := range perRoom {
+			a := answer(t, c.Step(pageless(room, i)))
+			if a.Code != wire.Code_OK {
+				refused = &a
+				break
+			}
+			admitted++
+		}
+	}
+	require.NotNil(t, refused, "pageless chunks past the pool's pages are refused")
+	assert.Equal(t, pages, admitted, "as many as the pool has pages")
+	assert.Equal(t, wire.Code_REFUSED, refused.Code)
+	assert.Equal(t, "chunk_limit", refused.Reason)
+	assert.Contains(t, refused.Text, "a successful chunk of no page, and the session's rooms nobody Expected already hold 16 such chunks (as many as the pool has pages)")
+	assert.Zero(t, c.state().PagesHeld, "none claimed a page")
+
+	// The rank fails the other rooms, its writes stopped: they end and are
+	// forgotten, their count is given back, and a pageless chunk is
+	// admitted again.
+	for r := uint64(1); r < room-1; r++ {
+		failed := NoticeMsg{From: from, Notice: &wire.ChunkNotice{Session: "s1", Room: r, Start: 4 * perRoom, End: 4*perRoom + 2, Last: true,
+			Status: wire.Status_FAILED, Error: "prefill failed"}}
+		c.Step(failed)
+	}
+	require.Equal(t, wire.Code_OK, answer(t, c.Step(pageless(100, 0))).Code, "the rooms forgotten gave their count back")
+	require.NoError(t, c.check())
 }

@@ -30,6 +30,17 @@ func (c *Core) check() error {
 	if !c.ledger.sized() && c.sessions.len() > 0 {
 		return errors.Newf("%d sessions without a pool", c.sessions.len())
 	}
+	for s := range c.sessions.all() {
+		// The session's count of pageless chunks is what its rooms not
+		// forgotten hold, and within the pool's pages.
+		n := 0
+		for r := range s.rooms {
+			n += r.pageless[s]
+		}
+		if n != s.pageless || s.pageless > c.ledger.pages {
+			return errors.Newf("session %s counts %d pageless chunks, its rooms hold %d (the pool has %d pages)", s.Token, s.pageless, n, c.ledger.pages)
+		}
+	}
 	if c.r.MaxRoomsPerSession > 0 {
 		for s := range c.sessions.all() {
 			if n := c.openRooms(s); n > c.r.MaxRoomsPerSession {

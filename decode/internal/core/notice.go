@@ -92,6 +92,11 @@ func (c *Core) notice(m NoticeMsg) {
 		err = errors.Newf("room %d chunk [%d, %d): the room already holds %d chunks (Config.MaxChunksPerRoom)", n.Room, n.Start, n.End, c.r.MaxChunksPerRoom)
 		code, reason = wire.Code_REFUSED, "chunk_limit"
 	}
+	pageless := err == nil && !r.expected && ch.Status == messages.Succeeded && len(ch.Positions) == 0
+	if pageless && s.pageless >= c.ledger.pages {
+		err = errors.Newf("room %d chunk [%d, %d): a successful chunk of no page, and the session's rooms nobody Expected already hold %d such chunks (as many as the pool has pages)", n.Room, n.Start, n.End, s.pageless)
+		code, reason = wire.Code_REFUSED, "chunk_limit"
+	}
 	if err == nil {
 		err = c.claim(r, ch)
 	}
@@ -106,6 +111,13 @@ func (c *Core) notice(m NoticeMsg) {
 		return
 	}
 	r.chunks = append(r.chunks, ch)
+	if pageless {
+		if r.pageless == nil {
+			r.pageless = map[*csession]int{}
+		}
+		r.pageless[s]++
+		s.pageless++
+	}
 	s.report.Chunks++
 	if ch.Status == messages.Succeeded && c.r.Verify {
 		c.pending = &pending{session: s, room: r, chunk: ch}
@@ -190,8 +202,11 @@ func (c *Core) checkNotice(s *csession, m *wire.ChunkNotice) (Chunk, error) {
 	// outside the chunk, claims no pool page, and such reports could fill
 	// every room of a session up to MaxChunksPerRoom while the contiguous
 	// rule cannot check them yet (its request's page count unknown). Checked
-	// here, every chunk admitted to a room nobody Expected claims a free
-	// pool page, so the pool bounds them across the session's rooms.
+	// here, every chunk of pages admitted to a room nobody Expected claims
+	// a free pool page, so the pool bounds them across the session's rooms;
+	// a chunk of no page (a non-last chunk shorter than a page) claims none,
+	// and the session's count of those is bounded by the pool's pages
+	// (notice: csession.pageless).
 	if st == messages.Succeeded && rng.Pages > 0 && len(m.Positions) == 0 {
 		return Chunk{}, errors.Newf("room %d chunk [%d, %d): a successful chunk of %d pages reported with no page", m.Room, m.Start, m.End, rng.Pages)
 	}

@@ -14,9 +14,13 @@ type croom struct {
 	ident     string      // the identity that reports it, once one did
 	group     *GroupRoom  // from its first report (the page size is the session's)
 	reporters map[*csession]bool
-	chunks    []Chunk
-	complete  bool
-	err       error // its published failure
+	// pageless are, per session, its successful chunks of no page in
+	// this room (nobody Expected it): csession.pageless, given back when
+	// the room is forgotten.
+	pageless map[*csession]int
+	chunks   []Chunk
+	complete bool
+	err      error // its published failure
 	// pendingErr is a failure decided while some lost sessions' access is
 	// still being revoked (awaiting): published once they answered, marked
 	// ErrNotQuiesced unless every revocation was confirmed.

@@ -90,6 +90,7 @@ func (c *Core) settle(r *croom) {
 		delete(c.rooms, r.id)
 	}
 	for s := range r.reporters {
+		s.pageless -= r.pageless[s]
 		delete(s.rooms, r)
 		if !r.expected && !r.released {
 			if len(s.ended) >= c.r.MaxRoomsPerSession {

@@ -35,6 +35,12 @@ type csession struct {
 	// prefill learns its verdict only once nothing it posts can land.
 	bye   *AnswerBye
 	rooms map[*croom]bool
+	// pageless counts the successful chunks of no page (a non-last chunk
+	// shorter than a page) it reported in rooms nobody Expected that are
+	// not forgotten: such a chunk claims no pool page, so the pool does not
+	// bound them as it bounds the others; this count, at most the pool's
+	// pages, does.
+	pageless int
 	// address is where its Offer sent the prefill (its access point): a
 	// Hello repeated gets the same offer (helloAgain).
 	address []byte
