@@ -260,18 +260,20 @@ func (p *Peers) Draining(id string) error {
 	return p.drain[id]
 }
 
-// Lose marks a peer gone: work for it fails at once from now on.
-func (p *Peers) Lose(id string, cause error) error {
+// Lose marks a peer gone: work for it fails at once from now on. It
+// returns the record it marked.
+func (p *Peers) Lose(id string, cause error) (*plan.Peer, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if _, ok := p.peers[id]; !ok {
-		return badInput("unknown peer %q", id)
+	rec, ok := p.peers[id]
+	if !ok {
+		return nil, badInput("unknown peer %q", id)
 	}
 	if cause == nil {
 		cause = errors.New("no cause given")
 	}
 	p.lost[id] = errors.Mark(errors.Mark(errors.Wrapf(cause, "peer %q lost", id), ErrPeerLost), rdma.ErrEndpointBroken)
-	return nil
+	return rec, nil
 }
 
 // Lost returns why a peer was lost, or nil.

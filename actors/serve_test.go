@@ -172,3 +172,26 @@ func (c capturing) Post(ws []rdma.Write, done func(error)) error {
 	*c.done = done
 	return c.acceptingEndpoint.Post(ws, done)
 }
+
+// A PeerLost closes only the endpoints made for the record lost: a
+// submitter that hears of it late, having connected to the peer added
+// again under its id since (a decode server that restarted), keeps that
+// endpoint, while it closes the lost record's (current or retired).
+func TestPeerLostClosesOnlyTheLostRecordsEndpoints(t *testing.T) {
+	lostRec, newRec := &plan.Peer{ID: "p"}, &plan.Peer{ID: "p"}
+	retiredEP, currentEP := &acceptingEndpoint{}, &acceptingEndpoint{}
+	s := &submitter{retired: &retiredConns{}, conns: map[string]*conn{}}
+	old := &conn{peer: "p", rec: lostRec, ep: retiredEP}
+	old.inflight.Add(1) // a batch still in flight: retired, not closed yet
+	old.retire(s.retired)
+	s.conns["p"] = &conn{peer: "p", rec: newRec, ep: currentEP}
+
+	s.peerLost(&messages.PeerLost{Peer: "p", Record: lostRec})
+	assert.True(t, retiredEP.closed.Load(), "the lost record's endpoint is closed")
+	assert.False(t, currentEP.closed.Load(), "the new record's endpoint is kept")
+	require.Contains(t, s.conns, "p")
+
+	s.peerLost(&messages.PeerLost{Peer: "p", Record: newRec})
+	assert.True(t, currentEP.closed.Load(), "a loss of the new record closes its endpoint")
+	assert.NotContains(t, s.conns, "p")
+}

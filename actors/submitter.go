@@ -237,11 +237,6 @@ func (rs *retiredConns) closeRecord(rec *plan.Peer) {
 	rs.closeWhere(func(c *conn) bool { return c.rec == rec })
 }
 
-// closePeer closes the retired endpoints to peer.
-func (rs *retiredConns) closePeer(peer string) {
-	rs.closeWhere(func(c *conn) bool { return c.peer == peer })
-}
-
 // closeWhere closes the retired endpoints that match.
 func (rs *retiredConns) closeWhere(match func(*conn) bool) {
 	if rs == nil {
@@ -281,7 +276,7 @@ func (s *submitter) Receive(ctx actor.Context) {
 	case *resume:
 		s.resume(ctx)
 	case *messages.PeerLost:
-		s.peerLost(m.Peer)
+		s.peerLost(m)
 	case *forgetPeer:
 		if c, ok := s.conns[m.peer]; ok && c.rec == m.rec {
 			s.disconnect(m.peer)
@@ -313,9 +308,11 @@ func (*forgetPeer) Unrecorded() {}
 // PeerLost closes every submitter's endpoint to a lost peer: the batches in
 // flight on them fail at once, and with them their chunks (closed, and
 // quiesced by the transport's Close), instead of waiting out their
-// timeouts for a peer that will never answer.
-func PeerLost(env *Env, peer string) {
-	env.send(env.Submitters, &router.BroadcastMessage{Message: &messages.PeerLost{Peer: peer}})
+// timeouts for a peer that will never answer. Only the endpoints made for
+// rec, the record lost: a submitter that hears of it late may have
+// connected to the peer added again under its id since.
+func PeerLost(env *Env, peer string, rec *plan.Peer) {
+	env.send(env.Submitters, &router.BroadcastMessage{Message: &messages.PeerLost{Peer: peer, Record: rec}})
 }
 
 // waited is how a group's event wait ended.
@@ -486,10 +483,15 @@ func (s *submitter) disconnect(peer string) {
 }
 
 // peerLost closes every endpoint of the submitter to the lost peer, and
-// those a restarted submitter retired.
-func (s *submitter) peerLost(peer string) {
-	s.disconnect(peer)
-	s.retired.closePeer(peer)
+// those a restarted submitter retired: those made for the record lost,
+// when the message names it.
+func (s *submitter) peerLost(m *messages.PeerLost) {
+	rec, _ := m.Record.(*plan.Peer)
+	lost := func(c *conn) bool { return c.peer == m.Peer && (rec == nil || c.rec == rec) }
+	if c, ok := s.conns[m.Peer]; ok && lost(c) {
+		s.disconnect(m.Peer)
+	}
+	s.retired.closeWhere(lost)
 }
 
 func (s *submitter) closeAll() {

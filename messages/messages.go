@@ -208,7 +208,15 @@ type ForwardEnd struct {
 // endpoint to it, which fails the batches still in flight there at once
 // (the transport's Close is a barrier), so their chunks fail closed now
 // rather than at their finish timeout.
-type PeerLost struct{ Peer string }
+type PeerLost struct {
+	Peer string
+	// Record is the engine's record of the peer that was lost (a
+	// *plan.Peer, which this package cannot name): a submitter that hears
+	// of the loss late may already have connected to the peer added again
+	// under its id (a decode server that restarted), whose endpoint is
+	// not the lost one's. Nil: every endpoint to Peer.
+	Record any `trace:"-"`
+}
 
 // Finish asks for the room's front chunk to complete within Timeout. Event
 // was recorded on the compute stream when Finish was called: it gates what is

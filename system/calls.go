@@ -54,10 +54,11 @@ func (e *Engine) PeerLost(id string, cause error) error {
 		return public(closedError("PeerLost"))
 	}
 	defer e.leave()
-	if err := e.env.Peers.Lose(id, cause); err != nil {
+	rec, err := e.env.Peers.Lose(id, cause)
+	if err != nil {
 		return public(err)
 	}
-	actors.PeerLost(e.env, id)
+	actors.PeerLost(e.env, id, rec)
 	return nil
 }
 
