@@ -42,3 +42,48 @@ func TestLateOfferLeavesNoSession(t *testing.T) {
 	_, err = c.Bye(waitCtx(t), nil)
 	require.NoError(t, err)
 }
+
+// TestDialThatGaveUpLeavesNoLockout: a Dial with no connect timeout gives
+// up on a Hello answered after its call timeout and stops its session
+// actor, while the decode opens the session. The prefill's node answers
+// heartbeats, so only its actor's end says the session is gone: the next
+// Dial, from another actor on that node, ends it (its access revoked
+// first) and gets a session of its own. It was refused as a second session
+// of the identity for as long as the prefill's process lived.
+func TestDialThatGaveUpLeavesNoLockout(t *testing.T) {
+	const call = 500 * time.Millisecond
+	slow := true
+	r := newRig(t, decode.Config{Admit: func(string, map[string]string) error {
+		if slow { // only the actor calls Admit
+			slow = false
+			time.Sleep(3 * call) // the answer comes after the call timeout
+		}
+		return nil
+	}})
+	require.NoError(t, r.srv.Expect(7, []int{4, 5, 6, 7}))
+	cfg := decode.DialConfig{Decode: r.srv.Addr(), Buffers: prefillLayout(itemLen), PageSize: 4, Name: "p0", CallTimeout: call}
+	_, err := decode.Dial(context.Background(), r.node, cfg)
+	require.Error(t, err, "the first Dial gives up on its Hello")
+
+	cfg.CallTimeout, cfg.ConnectTimeout = 10*time.Second, 10*time.Second
+	c, err := decode.Dial(context.Background(), r.node, cfg)
+	require.NoError(t, err, "a later Dial of the prefill gets a session")
+	for ctx := waitCtx(t); ; {
+		st, err := r.srv.State()
+		require.NoError(t, err)
+		if st.Sessions == 1 {
+			break // the first Dial's session ended
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%d sessions: the first Dial's session did not end", st.Sessions)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	require.NoError(t, c.Notify(waitCtx(t), notice(7, 0, 4, 4, true, system.Succeeded, nil)))
+	room, err := r.srv.Wait(waitCtx(t), 7)
+	require.NoError(t, err)
+	assert.True(t, room.Complete)
+	_, err = c.Bye(waitCtx(t), nil)
+	require.NoError(t, err)
+}

@@ -99,7 +99,9 @@ func (c *Core) departed(m DepartedMsg) {
 		c.end(s)
 	case s.state == sessionOpen:
 		// Anyone holding the prefill's certificate (anyone at all, in the
-		// clear) can send a Terminated: the heartbeats decide.
+		// clear) can send a Terminated: the heartbeats decide, unless the
+		// session's own node says Hello again for its identity (hello).
+		s.departed = true
 		c.debug("prefill session actor reported gone; the session goes on while its node answers heartbeats", "prefill", s.Prefill, "actor", m.Actor)
 	}
 }

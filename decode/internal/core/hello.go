@@ -69,6 +69,17 @@ func (c *Core) hello(m HelloMsg) {
 		c.refuseHello(wire.Code_BAD_INPUT, "bad_input", "hello from %q: %v", name, err)
 		return
 	}
+	if s := c.departedFor(m); s != nil {
+		// Its session actor was reported gone, and its own node (whose
+		// heartbeats would keep it open for as long as the process
+		// lives) says Hello for its identity from another actor: a Dial
+		// that gave up on its Hello, answered after the prefill's call
+		// timeout (a slow Admit or Size), and a Dial after it. It ends as
+		// lost, its access revoked first, and this Hello goes on: refused,
+		// the prefill's identity stayed busy (and the session held a place
+		// of MaxSessions) until an operator's Disconnect.
+		c.peerLost(PeerLostMsg{Session: s.Token, Cause: errors.Newf("its session actor %s went away, and its node said Hello again from %s/%s", s.Actor, h.SessionAddress, h.SessionId)})
+	}
 	if s := c.helloAgain(m); s != nil {
 		// Its first answer came after the prefill's call timeout (a slow
 		// Admit or Size) and found no one waiting, and Dial said Hello
@@ -206,4 +217,30 @@ func checkHello(m *wire.Hello) error {
 		}
 	}
 	return nil
+}
+
+// departedFor is the open session a Hello from m's node would replace: of
+// the Hello's identity (and rank, in a group), on the same node, its
+// session actor reported gone, and not the Hello's own actor (that is a
+// Hello again). Nil when there is none, or the Hello names no rank a
+// group has (it is refused below).
+func (c *Core) departedFor(m HelloMsg) *csession {
+	h := m.Hello
+	ident := m.From.Peer
+	if !c.r.TLS {
+		ident = h.Prefill
+	}
+	key := ident
+	if g := c.r.Group; g != nil {
+		r, err := strconv.Atoi(h.Metadata[RankKey])
+		if err != nil || r < 0 || r >= g.Size {
+			return nil
+		}
+		key = "rank " + strconv.Itoa(r)
+	}
+	s := c.sessions.live(key)
+	if s == nil || !s.departed || s.state != sessionOpen || s.Node != m.From.Node || s.Identity != ident || s.Actor == h.SessionAddress+"/"+h.SessionId {
+		return nil
+	}
+	return s
 }

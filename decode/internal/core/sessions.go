@@ -29,6 +29,10 @@ type csession struct {
 	err     error // why it is not complete
 	lost    error
 	said    bool // said goodbye without stopping early
+	// departed: its session actor was reported gone while it was open (a
+	// suspicion: see departed); a Hello from its node for its identity
+	// from another actor then ends it (hello).
+	departed bool
 	// revoking: its Revoke went out; revoked: the RevokedMsg came back.
 	revoking, revoked bool
 	// bye is the Bye's answer, held until the access is revoked: the
