@@ -627,12 +627,24 @@ func (r *relEngine) driveForward(sc *relScenario, k int, writes []testbed.Write,
 			if rm.dropAt == k && rm.dropLyr == l {
 				start := time.Now()
 				err := r.eng.Drop(ctx, rm.room)
-				if time.Since(start) >= relTimeout {
+				took := time.Since(start)
+				if took >= relTimeout {
 					out.timeoutHappened = true // the drop timed out and tore endpoints down
 				}
 				rm.returns = append(rm.returns, time.Now())
 				rm.results = append(rm.results, system.Result{Status: system.Dropped, Err: err})
 				r.count(fDropMid)
+				// A Drop returns nil once the room's writes stopped: the
+				// loopback's teardown always stops them. An error (the
+				// engine gave up waiting, ErrNotQuiesced) is excused only
+				// as an overrun is, by a stall at least as long.
+				r.withinBound(sc.n, rm.room, "Drop", start, took)
+				if err != nil && !r.excused(start, took) {
+					r.stats.mu.Lock()
+					r.stats.unexplained++
+					r.stats.mu.Unlock()
+					r.stats.problem("scenario %d room %d: Drop failed after %v: %v", sc.n, rm.room, took, err)
+				}
 			}
 		}
 	}
@@ -689,25 +701,42 @@ func (r *relEngine) finishForward(sc *relScenario, k int, inFwd []*relRoom, out 
 			r.t.Errorf("scenario %d: finish room %d: %v", n, rm.room, err)
 		}
 		rm.results = append(rm.results, res)
-		if over := took - (relTimeout + relHangSlack); over > 0 {
-			// A Finish past its bound is a hang unless this process was
-			// stalled (starved of CPU) for at least the overrun: its
-			// timer could not fire any sooner than the process ran.
-			st := r.probe.Stalled(start, start.Add(took))
-			r.stats.mu.Lock()
-			if st >= over {
-				r.stats.starvedHangs++
-				r.stats.mu.Unlock()
-			} else {
-				r.stats.hangs++
-				r.stats.mu.Unlock()
-				r.stats.problem("scenario %d room %d: Finish took %v (the process was stalled %v of it)", n, rm.room, took, st)
-			}
-		}
+		r.withinBound(n, rm.room, "Finish", start, took)
 		if errors.Is(err, system.ErrTimeout) {
 			out.timeoutHappened = true
 		}
 	}
+}
+
+// withinBound counts a call on room (a Finish, a Drop) that took longer
+// than its timeout and the slack as a hang, unless this process was
+// stalled (starved of CPU) for at least the overrun: its timer could not
+// fire any sooner than the process ran (then it counts it as such). It
+// reports whether the call kept its bound.
+func (r *relEngine) withinBound(n int, room uint64, call string, start time.Time, took time.Duration) bool {
+	over := took - (relTimeout + relHangSlack)
+	if over <= 0 {
+		return true
+	}
+	st := r.probe.Stalled(start, start.Add(took))
+	r.stats.mu.Lock()
+	defer r.stats.mu.Unlock()
+	if st >= over {
+		r.stats.starvedHangs++
+		return false
+	}
+	r.stats.hangs++
+	if len(r.stats.problems) < 20 {
+		r.stats.problems = append(r.stats.problems, fmt.Sprintf("scenario %d room %d: %s took %v (the process was stalled %v of it)", n, room, call, took, st))
+	}
+	return false
+}
+
+// excused reports whether a call that took took from start overran its
+// bound while this process was stalled for at least the overrun.
+func (r *relEngine) excused(start time.Time, took time.Duration) bool {
+	over := took - (relTimeout + relHangSlack)
+	return over > 0 && r.probe.Stalled(start, start.Add(took)) >= over
 }
 
 func describe(touched map[chunkRef][]string) string {
