@@ -479,7 +479,9 @@ func (c *Client) drained(m *wire.Drain) {
 // OnDrain calls f (on a goroutine of the node) once the decode server said
 // it drains (it is stopping): register no new room toward it, finish the
 // rooms in flight and say Bye, so that it stops as soon as they are done.
-// f is called at once if it already did.
+// If it already did, f is called at once, on the caller's goroutine
+// (Attach relies on it: the engine knows the peer drains when Attach
+// returns), so f must not take a lock its caller holds.
 func (c *Client) OnDrain(f func(reason string)) {
 	c.mu.Lock()
 	reason := c.drain

@@ -198,11 +198,27 @@ type rank struct {
 // the first time (or after the instance was lost): the one place a rank
 // resolves an instance, from the resolver's followed membership.
 func (k *rank) session(ctx context.Context, dec string, geom testbed.Geometry) (*decode.Client, error) {
+	c, opened, err := k.openSession(ctx, dec, geom)
+	if err != nil || !opened {
+		return c, err
+	}
+	// The instance drains (it is stopping): once no batch of this rank
+	// runs there, goodbye, so that its drain ends now rather than at its
+	// drain timeout. The router sends it no new batch meanwhile. Asked
+	// without k.mu held: a drain said before this call runs the callback
+	// at once, here, and spawnBye takes k.mu (it deadlocked the rank).
+	c.OnDrain(func(string) { k.spawnBye(func() { k.goodbye(dec, c) }) })
+	return c, nil
+}
+
+// openSession is session's lookup and dial, under k.mu; opened says the
+// session is new.
+func (k *rank) openSession(ctx context.Context, dec string, geom testbed.Geometry) (_ *decode.Client, opened bool, _ error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if c := k.sessions[dec]; c != nil {
 		if c.Lost() == nil {
-			return c, nil
+			return c, false, nil
 		}
 		// The instance went away (and may be back under a new address):
 		// this is the one case where the rank resolves it again.
@@ -211,23 +227,23 @@ func (k *rank) session(ctx context.Context, dec string, geom testbed.Geometry) (
 	}
 	m, err := resolvePatiently(ctx, k.res, dec, resolvePatience)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	c, err := saying(k.out, k.id, fmt.Sprintf("a session with decode instance %s at %s", dec, m.Addr), func() (*decode.Client, error) {
-		return decode.Dial(ctx, k.node, decode.DialConfig{Decode: m.Addr, DecodeName: k.decodeName, Buffers: simsession.LayoutOf(geom), PageSize: k.cfg.PageSize, Name: k.id, Log: k.log,
+		return dialDecode(ctx, k.node, decode.DialConfig{Decode: m.Addr, DecodeName: k.decodeName, Buffers: simsession.LayoutOf(geom), PageSize: k.cfg.PageSize, Name: k.id, Log: k.log,
 			Metadata: map[string]string{simsession.SeedKey: strconv.FormatUint(k.cfg.Seed, 10), decode.RankKey: strconv.Itoa(k.cfg.CP.Rank)}})
 	})
 	if err != nil {
-		return nil, errors.Wrapf(err, "session with decode instance %s at %s", dec, m.Addr)
+		return nil, false, errors.Wrapf(err, "session with decode instance %s at %s", dec, m.Addr)
 	}
 	k.dials++
 	k.sessions[dec] = c
-	// The instance drains (it is stopping): once no batch of this rank
-	// runs there, goodbye, so that its drain ends now rather than at its
-	// drain timeout. The router sends it no new batch meanwhile.
-	c.OnDrain(func(string) { k.spawnBye(func() { k.goodbye(dec, c) }) })
-	return c, nil
+	return c, true, nil
 }
+
+// dialDecode is decode.Dial; a test makes the instance drain before the
+// rank hears of its session.
+var dialDecode = decode.Dial
 
 // spawnBye runs a goodbye on its own goroutine unless the rank is past
 // closeByes: OnDrain calls it from a goroutine of the node, which may run
