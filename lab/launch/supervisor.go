@@ -320,15 +320,27 @@ func (s *Supervisor) Stop(grace time.Duration) {
 				wait = append(wait, c)
 			}
 		}
+		// One deadline for them all, and a kill for each one still there
+		// at it: a timer's channel fires once, so a second node that
+		// ignored its stop was waited for without bound.
 		deadline := time.NewTimer(grace)
 		defer deadline.Stop()
+		late := false
 		for _, c := range wait {
 			c.mu.Lock()
 			exited, p := c.exited, c.cmd.Process
 			c.mu.Unlock()
+			if !late {
+				select {
+				case <-exited:
+					continue
+				case <-deadline.C:
+					late = true
+				}
+			}
 			select {
 			case <-exited:
-			case <-deadline.C:
+			default:
 				_ = p.Kill()
 				<-exited
 			}
