@@ -79,7 +79,7 @@ type injector struct {
 	// SIGTERM; registered says whether one is registered again by its
 	// new process; openOn lists the batches open on one, ranks is the
 	// number of ranks whose forwards each needs; ctx ends the restarts
-	// (the run's end).
+	// (the run's end: its drain or its cut).
 	decodes    []string
 	term       func(id string) (pid int, err error)
 	registered func(id string) bool

@@ -205,8 +205,13 @@ func Up(accept, hard context.Context, cfg Config) (rep *Report, err error) {
 	}
 
 	u.sup = NewSupervisor(cfg.Exe, cfg.Env, cfg.Stderr)
+	// The injected faults end with the run: at the drain too, not only at
+	// a second signal, or the drain waited for a rolling restart of every
+	// remaining decode instance, far past --drain-timeout.
+	faultCtx, endFaults := untilEither(accept, hard)
+	defer endFaults()
 	u.inj = &injector{fault: cfg.Fault, batch: cfg.FaultBatch, pause: cfg.FaultFor, kill: u.sup.Kill, struck: u.book.faulted,
-		lastRank: fmt.Sprintf("%s-r%d", Group, cfg.Ranks-1), say: u.status, term: u.sup.Term, ctx: hard,
+		lastRank: fmt.Sprintf("%s-r%d", Group, cfg.Ranks-1), say: u.status, term: u.sup.Term, ctx: faultCtx,
 		registered: func(id string) bool { live, _ := u.live(); return slices.Contains(live, id) },
 		openOn:     u.book.openOn, ranks: cfg.Ranks}
 	// hard ending (a second signal) cuts every node at once, whatever Up
@@ -540,4 +545,12 @@ func (u *up) await(hard context.Context, bt *batch) {
 	} else {
 		u.m.failed.Inc()
 	}
+}
+
+// untilEither returns a context that ends when a or b does, with its
+// cause, and the function that releases it.
+func untilEither(a, b context.Context) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(b)
+	stop := context.AfterFunc(a, func() { cancel(context.Cause(a)) })
+	return ctx, func() { stop(); cancel(nil) }
 }

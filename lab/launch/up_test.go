@@ -2,10 +2,12 @@ package launch
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 
 	"github.com/kvstream/kvstream/cluster"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -77,4 +79,28 @@ func TestUpWaitsForItsOwnNodes(t *testing.T) {
 	_, err = local2.Register(ctx, cluster.Member{ID: "g0-r1", Role: cluster.RolePrefill, Addr: "127.0.0.1:9101", Group: Group, Rank: 1, Size: 2})
 	require.NoError(t, err)
 	eventually("")
+}
+
+// TestFaultsEndWithTheDrain: the context up gives its fault injector ends
+// at the drain (the first signal) with its cause, and at a cut (the
+// second) too: a rolling restart waited only for the cut, holding the
+// drain past --drain-timeout.
+func TestFaultsEndWithTheDrain(t *testing.T) {
+	for _, first := range []string{"drain", "cut"} {
+		accept, drain := context.WithCancelCause(context.Background())
+		hard, cut := context.WithCancelCause(context.Background())
+		ctx, release := untilEither(accept, hard)
+		require.NoError(t, ctx.Err(), "running")
+		why := errors.New(first)
+		if first == "drain" {
+			drain(why)
+		} else {
+			cut(why)
+		}
+		<-ctx.Done()
+		assert.Equal(t, why, context.Cause(ctx), first)
+		release()
+		drain(nil)
+		cut(nil)
+	}
 }
