@@ -80,7 +80,10 @@ type named struct {
 //     passes), 503 with the failing checks otherwise;
 //   - /readyz: 200 "ok" while the command accepts work (every Ready check
 //     passes and the drain has not begun), 503 with the reasons otherwise;
-//     ?verbose lists every check.
+//     ?verbose lists every check. Until the command added its first Ready
+//     check it is starting, not ready: a command serves its endpoint
+//     before it registered or serves (which may take a member TTL or a
+//     cluster's start), and a load balancer must not send it work then.
 func Start(cfg Config) (*Ops, error) {
 	if cfg.ShutdownGrace <= 0 {
 		cfg.ShutdownGrace = DefaultShutdownGrace
@@ -176,6 +179,9 @@ func (o *Ops) checks(ready bool) []result {
 	}
 	list = append([]named(nil), list...)
 	o.mu.Unlock()
+	if ready && len(list) == 0 {
+		return []result{{"starting", errors.New("no readiness check yet: the command has not come up")}}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), o.cfg.CheckTimeout)
 	defer cancel()
 	out := make([]result, len(list))

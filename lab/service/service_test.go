@@ -55,6 +55,12 @@ func TestOpsEndpoints(t *testing.T) {
 	assert.Equal(t, http.StatusOK, code)
 	assert.Equal(t, "ok\n", body)
 
+	// No readiness check yet: the command is starting, not ready.
+	code, body = get(t, ops.Addr(), "/readyz")
+	assert.Equal(t, http.StatusServiceUnavailable, code)
+	assert.Contains(t, body, "[-]starting")
+	assert.ErrorContains(t, ops.Readiness(), "starting")
+
 	registered := false
 	ops.Ready("registered", func(context.Context) error {
 		if !registered {
