@@ -39,8 +39,9 @@ overlay:
 	@GO="$(GO)" scripts/test-overlay.sh
 
 # The whole suite under -race. The reliability suite runs on its own so that
-# its summary line is printed; the UCX transport's tests run when libucx is
-# installed (pkg-config ucx), and say so when not. The command's UCX tests
+# its summary line is printed; the UCX transport's tests (and buildinfo's
+# ucx-tagged TestReadUCX) run when libucx is installed (pkg-config ucx), and
+# say so when not. The command's UCX tests
 # start processes that mostly wait (heartbeats, drains, etcd): they run three
 # at a time. The alert rules' tests run when promtool is installed.
 test: vet overlay
@@ -57,8 +58,8 @@ test-alerts:
 
 test-ucx: overlay
 	@if pkg-config --exists ucx 2>/dev/null; then \
-		$(GO) vet -tags ucx ./hw/rdma/ucx/ ./cmd/kvstream/ ./lab/xferbench/ && \
-		$(GO) test $(RACE) -count=1 -timeout 5m -tags ucx ./hw/rdma/ucx/ ./lab/xferbench/ && \
+		$(GO) vet -tags ucx ./hw/rdma/ucx/ ./cmd/kvstream/ ./lab/xferbench/ ./lab/buildinfo/ && \
+		$(GO) test $(RACE) -count=1 -timeout 5m -tags ucx ./hw/rdma/ucx/ ./lab/xferbench/ ./lab/buildinfo/ && \
 		$(GO) test $(RACE) -count=1 -timeout 2m -tags ucx -run 'UCX' ./tests/ && \
 		$(GO) test $(RACE) -count=1 -timeout 6m -parallel 3 -tags ucx -run 'TwoProcess|AcrossProcesses|PeerKilled|UCX|Perftest|Readme|ClaimPattern' ./cmd/kvstream/; \
 	else \

@@ -32,7 +32,8 @@ func dialCtx(t *testing.T) context.Context {
 // instead of timing out: nothing listening, a server name the node does not
 // have, a Hello refused.
 func TestDialSaysWhy(t *testing.T) {
-	r := newRig(t, decode.Config{MaxSessions: 1})
+	limited := &limitRefusals{seen: make(chan struct{}, 16)}
+	r := newRig(t, decode.Config{MaxSessions: 1, Observer: limited})
 	nobody := nettest.Refusing(t)
 
 	_, err := decode.Dial(dialCtx(t), r.node, patient(nobody))
@@ -52,17 +53,56 @@ func TestDialSaysWhy(t *testing.T) {
 	assert.True(t, errors.Is(err, decode.ErrUnavailable), "%v", err)
 	assert.ErrorContains(t, err, "already 1 sessions")
 
+	limited.wait(t) // that refusal
+
 	// With a connect timeout the unavailable is retried: the first
-	// session's goodbye makes room.
+	// session's goodbye, said once the server refused this Dial too (so
+	// that every run retries), makes room.
 	cfg.ConnectTimeout = 15 * time.Second
+	bye := make(chan error, 1)
 	go func() {
-		time.Sleep(200 * time.Millisecond)
-		_, _ = c.Bye(context.Background(), nil)
+		select {
+		case <-limited.seen:
+			_, err := c.Bye(context.Background(), nil)
+			bye <- err
+		case <-time.After(20 * time.Second):
+			bye <- errors.New("the retrying Dial was never refused")
+		}
 	}()
 	c2, err := decode.Dial(dialCtx(t), r.node, cfg)
 	require.NoError(t, err)
+	require.NoError(t, <-bye)
 	require.NoError(t, c2.Close(context.Background()))
 }
+
+// limitRefusals is an Observer that signals each Hello refused for the
+// server's session bound (MaxSessions). It never blocks the server's
+// actor: a signal with the buffer full is dropped (a retrying Dial is
+// refused a dozen times at most in its 15 s).
+type limitRefusals struct{ seen chan struct{} }
+
+func (o *limitRefusals) Refused(message, reason string) {
+	if message == "hello" && reason == "limit" {
+		select {
+		case o.seen <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// wait returns at the next signalled refusal.
+func (o *limitRefusals) wait(t *testing.T) {
+	t.Helper()
+	select {
+	case <-o.seen:
+	case <-dialCtx(t).Done():
+		t.Fatal("no Hello refused for the session bound")
+	}
+}
+func (*limitRefusals) SessionEnded(string) {}
+func (*limitRefusals) RoomEnded(string)    {}
+func (*limitRefusals) Verified(uint64)     {}
+func (*limitRefusals) Quarantined(int)     {}
 
 // TestDialSaysWhyWithTLS: with mutual TLS, a decode certificate without
 // the expected name is an authentication failure before anything is said.

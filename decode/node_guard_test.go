@@ -93,8 +93,10 @@ func TestNodeAnswersARequestForAnActorItDoesNotServe(t *testing.T) {
 	require.NoError(t, err, "the stray process failed (its stderr above)")
 	ms, err := strconv.Atoi(strings.TrimSpace(string(out)))
 	require.NoError(t, err, "the stray process printed %q", out)
+	// No bound on the time here: the stray process already failed unless
+	// the answer was a dead letter, which a request its sender waited out
+	// (strayTimeout) is not, and a loaded machine may take long for either.
 	t.Logf("answered in %d ms", ms)
-	assert.Less(t, time.Duration(ms)*time.Millisecond, 5*time.Second, "answered, not timed out (%v)", strayTimeout)
 	answered := logs.FilterMessage("netsec: answered a request for an actor this node does not serve").All()
 	require.Len(t, answered, 1)
 	f := answered[0].ContextMap()

@@ -77,11 +77,13 @@ func TestQuickSweep(t *testing.T) {
 		}
 
 		// Physical bounds: no call takes less than a cycle (0.1 ns at any
-		// clock this runs on), a boundary does more than a non-boundary
-		// layer, a room holds at least its chunk's plan and actors (above
-		// 100 bytes), and no plan of 100 000 pages takes under 10 µs.
+		// clock this runs on), a room holds at least its chunk's plan and
+		// actors (above 100 bytes), and no plan of 100 000 pages takes
+		// under 10 µs. Not that a boundary takes longer than a
+		// non-boundary layer: two wall-clock figures of single runs, which
+		// a stall in one of them orders either way (the benchmark's
+		// figures are for reading, not for a test's oracle).
 		require.Greater(t, r.LayerEndNs, 0.1)
-		require.Greater(t, r.BoundaryNs, r.LayerEndNs)
 		require.InDelta(t, r.BoundaryNs/float64(p.Rooms), r.BoundaryNsPerContext, 1e-6)
 		require.GreaterOrEqual(t, r.BoundaryCPUNsPerContext, 0.0)
 		require.GreaterOrEqual(t, r.BoundaryAllocs, 0.0)

@@ -22,14 +22,20 @@ func TestResidencyWaitsForEveryRank(t *testing.T) {
 	require.NoError(t, rs.admit(ctx, 1))
 	assert.Empty(t, released, "rooms 0 and 1 take free slots")
 
-	admitted := make(chan error)
-	go func() { admitted <- rs.admit(ctx, 2) }() // room 0's slot
-	rs.finished(0)                               // one rank of two
-	select {
-	case err := <-admitted:
-		t.Fatalf("room 2 admitted before room 0's second rank finished (%v)", err)
-	default:
-	}
+	// Room 2 takes room 0's slot. After one rank of two finished room 0,
+	// an admit that may not wait gives up: it would have waited (a
+	// goroutine's admit checked at once could not tell, it may not have
+	// run yet).
+	rs.finished(0) // one rank of two
+	impatient, giveUp := context.WithCancel(ctx)
+	giveUp()
+	require.ErrorIs(t, rs.admit(impatient, 2), context.Canceled, "room 2 admitted before room 0's second rank finished")
+	assert.Empty(t, released, "a cancelled wait releases nothing")
+	require.Equal(t, 1, rs.slotWaits())
+	// An admit that waits is woken by the last rank's finish.
+	admitted := make(chan error, 1)
+	go func() { admitted <- rs.admit(ctx, 2) }()
+	require.Eventually(t, func() bool { return rs.slotWaits() == 2 }, 10*time.Second, time.Millisecond, "room 2's admit never waited")
 	rs.finished(0)
 	require.NoError(t, <-admitted)
 	assert.Equal(t, []int{0}, released)
