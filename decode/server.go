@@ -271,7 +271,7 @@ func New(node *Node, tr rdma.Transport, cfg Config) (_ *Server, err error) {
 	// Open: a Hello from any authenticated peer reaches the core, which
 	// answers it, a refusal included.
 	node.policy.Open(name)
-	props := actor.PropsFromFunc(s.receive, actor.WithReceiverMiddleware(recoverMiddleware(log)))
+	props := actor.PropsFromFunc(s.receive, actor.WithReceiverMiddleware(recoverMiddleware(log.With(zap.String("server", s.key)))))
 	if s.pid, err = node.system.Root.SpawnNamed(props, name); err != nil {
 		s.deregister()
 		s.dropTrace()
@@ -580,7 +580,7 @@ func (s *Server) opened(info core.SessionInfo) {
 	})
 	if err != nil {
 		s.log.Warn("prefill session without heartbeats: a lost prefill is noticed only by its rooms' timeouts",
-			zap.String("prefill", info.Prefill), zap.String("error", err.Error()))
+			zap.String("server", s.key), zap.String("prefill", info.Prefill), zap.String("error", err.Error()))
 	}
 	ss.heartbeat = hb
 	// Lifecycle lines at INFO (never per room or layer): an operator sees
