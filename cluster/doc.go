@@ -10,7 +10,9 @@
 // quick start and unit tests. Open picks one from Config. On etcd a record
 // counts as a member only when its key is attached to the live lease the
 // record names, and a live member puts its record back, at its next
-// keep-alive, when someone else overwrote or deleted it.
+// keep-alive, when someone else overwrote or deleted it, unless another live
+// member registered the same identity meanwhile: then its registration ends
+// with ErrConflict rather than the two overwriting each other.
 //
 // Discovery is a session-time concern. A Resolver answers repeated lookups
 // from memory and, following a role's watch, picks a live member per

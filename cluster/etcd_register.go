@@ -13,8 +13,9 @@ import (
 )
 
 // etcdReg holds one member's key: a keep-alive goroutine renews its lease,
-// puts the member's record back when someone else rewrote or deleted it,
-// and rejoins under a new lease when the old one was lost (etcd unreachable
+// puts the member's record back when someone else rewrote or deleted it
+// (and ends the registration if another live member took the key), and
+// rejoins under a new lease when the old one was lost (etcd unreachable
 // for longer than the TTL, or the lease revoked by someone else).
 type etcdReg struct {
 	p      *Etcd
@@ -231,22 +232,37 @@ func isLeaseGone(err error) bool { return errors.Is(err, rpctypes.ErrLeaseNotFou
 
 // keep renews the lease until Close, and at every keep-alive answer (every
 // TTL/3) puts the member's record back if someone else rewrote or deleted
-// it. When the keep-alive ends without a Close, etcd expired the lease or
-// did not answer for a whole TTL; keep then renews the same lease if it
-// still exists (etcd restarted within the TTL and renewed it: nobody saw
-// the member leave), and registers the member under a new lease otherwise.
+// it, or ends the registration (ErrConflict) if another live member took
+// the key meanwhile (see reassert). When the keep-alive ends without a
+// Close, etcd expired the lease or did not answer for a whole TTL; keep
+// then renews the same lease if it still exists (etcd restarted within the
+// TTL and renewed it: nobody saw the member leave), and registers the
+// member under a new lease otherwise.
 func (r *etcdReg) keep(lease clientv3.LeaseID) {
 	defer r.p.wg.Done()
 	defer close(r.exited)
 	log := r.p.log.With(zap.String("role", string(r.m.Role)), zap.String("id", r.m.ID))
 	backoff := 100 * time.Millisecond
 	for {
-		ch, err := r.p.cli.KeepAlive(r.ctx, lease)
+		// A context per keep-alive: ending the registration from inside
+		// the loop below must stop the client's renewals too.
+		kctx, kcancel := context.WithCancel(r.ctx)
+		ch, err := r.p.cli.KeepAlive(kctx, lease)
 		if err == nil {
 			for range ch {
-				r.reassert(log, lease)
+				if cerr := r.reassert(log, lease); cerr != nil {
+					kcancel()
+					log.Warn("cluster: registration ended: identity taken by another live member", warnErr(cerr))
+					// The lease holds nothing: do not leave it to its TTL.
+					if rerr := r.p.revoke(lease); rerr != nil {
+						log.Debug("cluster: revoking the lease of an ended registration failed", zap.Int64("lease", int64(lease)), zap.Error(rerr))
+					}
+					r.end(cerr)
+					return
+				}
 			}
 		}
+		kcancel()
 		if r.ctx.Err() != nil {
 			return
 		}
@@ -303,41 +319,91 @@ func (r *etcdReg) keep(lease clientv3.LeaseID) {
 }
 
 // reassert puts the member's record back under its own lease when the key
-// no longer holds exactly that (deleted, or overwritten without a lease or
-// under another one): etcd detaches a key from its lease when it is
-// overwritten, so the lease lives on while readers, rightly, no longer
-// take the record as a member's, and nothing else would ever write it
-// again. One transaction compares and puts, so a record that is intact
-// costs a read. A put under a lease that just expired fails; the
-// keep-alive's end then registers the member again.
-func (r *etcdReg) reassert(log *zap.Logger, lease clientv3.LeaseID) {
+// no longer holds exactly that and no other live member holds it: when it
+// was deleted, rewritten under this registration's lease, or rewritten in
+// a record that is not a member's (no lease, a lease that is gone, or a
+// lease other than the one the record names; see unearned). etcd detaches
+// a key from its lease when it is overwritten, so the lease lives on while
+// readers, rightly, no longer take the record as a member's, and nothing
+// else would ever write it again. A record that another live member wrote
+// under its own lease is left alone: the identity went to another process
+// (an operator deleted this member's key to let a restarted process in),
+// and putting it back would have the two overwrite each other at every
+// keep-alive. reassert then returns an error marked ErrConflict that names
+// the holder, and the registration ends with it. A record that is intact
+// costs one transaction; a put is made only if the key is still what was
+// read, so a member that registers meanwhile is not overwritten. A put
+// under a lease that just expired fails; the keep-alive's end then
+// registers the member again. Failures to reach etcd are left to the next
+// keep-alive.
+func (r *etcdReg) reassert(log *zap.Logger, lease clientv3.LeaseID) error {
 	val := value(r.m, lease)
 	ctx, cancel := r.p.opCtx(r.ctx)
 	defer cancel()
 	resp, err := r.p.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.Value(r.key), "=", val), clientv3.Compare(clientv3.LeaseValue(r.key), "=", lease)).
-		Else(clientv3.OpPut(r.key, val, clientv3.WithLease(lease), clientv3.WithPrevKV())).
+		Else(clientv3.OpGet(r.key)).
 		Commit()
-	switch {
-	case err != nil:
+	if err != nil {
 		// etcd away or the lease just lost: the keep-alive says so.
 		if r.ctx.Err() == nil {
 			log.Debug("cluster: checking the member's record failed", zap.Int64("lease", int64(lease)), zap.Error(err))
 		}
-		return
-	case resp.Succeeded:
-		return
+		return nil
 	}
-	found := "no record (deleted)"
-	if put := resp.Responses[0].GetResponsePut(); put != nil && put.PrevKv != nil {
-		v := put.PrevKv.Value
+	if resp.Succeeded {
+		return nil
+	}
+	var (
+		found string
+		cmp   clientv3.Cmp // the key is still what was found
+	)
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	if len(kvs) == 0 {
+		found = "no record (deleted)"
+		cmp = clientv3.Compare(clientv3.CreateRevision(r.key), "=", 0)
+	} else {
+		kv := kvs[0]
+		v := kv.Value
 		if len(v) > 256 {
 			v = v[:256]
 		}
-		found = fmt.Sprintf("%q under lease %x", v, put.PrevKv.Lease)
+		found = fmt.Sprintf("%q under lease %x", v, kv.Lease)
+		cmp = clientv3.Compare(clientv3.ModRevision(r.key), "=", kv.ModRevision)
+		if kv.Lease != int64(lease) {
+			m, named, derr := r.p.decode(r.key, kv.Value)
+			live, lerr := r.p.liveLeases(ctx, []int64{kv.Lease})
+			if lerr != nil {
+				if r.ctx.Err() == nil {
+					log.Debug("cluster: checking the lease of the member's record failed", zap.Int64("lease", int64(lease)), zap.Error(lerr))
+				}
+				return nil
+			}
+			// A record that does not parse names no lease: no member's.
+			if unearned(kv.Lease, named, live) == "" && derr == nil {
+				return errors.Mark(errors.Newf("%s %q at %s: the identity was taken by %s %q at %s, a live member (lease %x), after this member's record was deleted or rewritten; not putting it back",
+					r.m.Role, r.m.ID, r.m.Addr, m.Role, m.ID, m.Addr, kv.Lease), ErrConflict)
+			}
+		}
+	}
+	put, err := r.p.cli.Txn(ctx).
+		If(cmp).
+		Then(clientv3.OpPut(r.key, val, clientv3.WithLease(lease))).
+		Commit()
+	switch {
+	case err != nil:
+		if r.ctx.Err() == nil {
+			log.Debug("cluster: putting the member's record back failed", zap.Int64("lease", int64(lease)), zap.Error(err))
+		}
+		return nil
+	case !put.Succeeded:
+		// Changed since it was read: the next keep-alive looks again.
+		log.Debug("cluster: the member's record changed while being put back", zap.Int64("lease", int64(lease)), zap.String("found", found))
+		return nil
 	}
 	log.Warn("cluster: the member's record was rewritten or deleted by someone else: put it back under its lease",
 		zap.String("key", r.key), zap.Int64("lease", int64(lease)), zap.String("found", found))
+	return nil
 }
 
 // renewOnce reports whether lease still exists (and renews it); false with

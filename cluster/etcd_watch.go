@@ -13,9 +13,10 @@ import (
 // Watch implements Provider. A watch on an unreachable etcd fails at once
 // (ErrUnavailable) since its listing does. Afterwards the
 // watch survives etcd restarts (the client resumes from the last revision
-// seen); when it cannot resume (the revision was compacted away), it lists
-// the role again and reports the difference, so the caller's view stays
-// exact either way.
+// seen); when it cannot resume (the revision was compacted away, or the
+// etcd member it is attached to lost its leader), it lists the role again,
+// retrying until etcd answers, and reports the difference, so the caller's
+// view stays exact either way.
 func (p *Etcd) Watch(ctx context.Context, role Role) ([]Member, <-chan Event, error) {
 	if err := role.Validate(); err != nil {
 		return nil, nil, err
@@ -97,15 +98,34 @@ func (w *etcdWatch) sync(ms []Member) bool {
 func (w *etcdWatch) run(rev int64) {
 	log := w.p.log.With(zap.String("role", string(w.role)))
 	prefix := w.p.rolePrefix(w.role)
+	// again paces watches that fail as soon as they open (one etcd member
+	// without a leader behind a client whose listings reach another).
+	again := 100 * time.Millisecond
 	for {
+		opened := time.Now()
 		// A context per attempt: breaking out of the loop below must end
 		// the client's watch stream too, or each resync would leave one.
+		// WithRequireLeader: an etcd member cut off from its leader
+		// delivers no events and no error on its own, so without it the
+		// view would go stale for the partition's length; with it the
+		// stream fails ("no leader") and the listing below retries until
+		// a member with a leader answers.
 		actx, acancel := context.WithCancel(w.ctx)
-		wch := w.p.cli.Watch(actx, prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithPrevKV())
+		wch := w.p.cli.Watch(clientv3.WithRequireLeader(actx), prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithPrevKV())
 		ok := w.consume(wch, prefix, &rev, log)
 		acancel()
 		if !ok || w.ctx.Err() != nil {
 			return
+		}
+		if time.Since(opened) < time.Second {
+			select {
+			case <-w.ctx.Done():
+				return
+			case <-time.After(again):
+			}
+			again = min(2*again, 2*time.Second)
+		} else {
+			again = 100 * time.Millisecond
 		}
 		// The channel closed without our cancel (or reported an error):
 		// list again until etcd answers, then carry on from there.

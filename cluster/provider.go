@@ -36,9 +36,12 @@ type Registration interface {
 	// Member is the registered record.
 	Member() Member
 	// Done is closed when the registration ended for good: Close, the
-	// provider closing, or (etcd) a rejoin after a lost lease that found
-	// the identity taken by another member. A lost lease alone does not
-	// end it: the registration rejoins as soon as etcd answers again.
+	// provider closing, or (etcd) the identity taken by another live
+	// member, found by a rejoin after a lost lease or by the keep-alive's
+	// check of the member's record (someone deleted the key and another
+	// process registered the same role and id); Err is then marked
+	// ErrConflict. A lost lease alone does not end it: the registration
+	// rejoins as soon as etcd answers again.
 	Done() <-chan struct{}
 	// Err says why Done closed (nil after a clean Close).
 	Err() error

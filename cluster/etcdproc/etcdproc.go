@@ -56,6 +56,9 @@ type Options struct {
 	// TLS, when set, makes etcd serve its clients over TLS and require a
 	// client certificate of the CA (the picked client URL is https).
 	TLS *TLS
+	// Args are further etcd flags, appended to those Start sets (a test
+	// that needs "--strict-reconfig-check=false", say).
+	Args []string
 }
 
 // TLS is etcd's client-facing TLS, as operators run it: its certificate
@@ -193,6 +196,7 @@ func (p *Proc) start() error {
 			return err
 		}
 	}
+	args = append(args, p.o.Args...)
 	cmd := exec.Command(p.o.Binary, args...)
 	var out io.Writer = p.log
 	if p.o.Output != nil {
