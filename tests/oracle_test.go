@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvstream/kvstream/cp"
 	"github.com/kvstream/kvstream/hw/cuda"
+	"github.com/kvstream/kvstream/hw/cuda/sim"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -55,7 +56,16 @@ func TestOracleCatchesReadBeforeWrite(t *testing.T) {
 
 	for _, perLayer := range []bool{true, false} {
 		lied := &failRecorder{}
-		out := run(t, s, runOpts{perLayer: perLayer, wrapStream: func(st cuda.Stream) cuda.Stream { return lyingStream{st} }})
+		out := run(t, s, runOpts{perLayer: perLayer, wrapStream: func(st cuda.Stream) cuda.Stream {
+			// A kernel an hour long heads the stream, so that no layer is
+			// written before the run ends (closing the GPU cuts it short):
+			// every transfer the lie lets go reads garbage, however late a
+			// starved sender reads. With the layers' own 2 ms, a sender
+			// that stalled past them read written bytes and the lie went
+			// uncaught.
+			require.NoError(t, st.(*sim.Stream).Launch(sim.Kernel{Name: "hold the layers", Duration: time.Hour}))
+			return lyingStream{st}
+		}})
 		lied.run(func() { checkOracle(lied, s, out) })
 		out.free()
 		require.NotEmpty(t, lied.msgs, "per-layer=%v: a transfer that reads before the write must be caught", perLayer)

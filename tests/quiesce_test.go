@@ -2,6 +2,8 @@ package tests
 
 import (
 	"context"
+	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -135,10 +137,20 @@ func TestNotQuiescedReachesOtherChunks(t *testing.T) {
 	assert.True(t, errors.Is(err, system.ErrNotQuiesced), "B: %v", err)
 }
 
-// overlap records how many endpoint Closes run at once. Each Close waits
-// (up to 200 ms) for a second one to start, so that closes made one after
-// another show a maximum of 1 and concurrent ones at least 2.
-type overlap struct{ inClose, most, closes atomic.Int32 }
+// overlap records how many endpoint Closes run at once. Each Close holds
+// until a second one has started (together is closed) or the test releases
+// it: closes made together all go on as soon as the second one starts,
+// however late the scheduler runs it, while closes made one after another
+// leave the first one held, with a maximum of 1, until the test gives up.
+type overlap struct {
+	inClose, most, closes atomic.Int32
+	together, release     chan struct{}
+	once                  sync.Once
+}
+
+func newOverlap() *overlap {
+	return &overlap{together: make(chan struct{}), release: make(chan struct{})}
+}
 
 func (o *overlap) wrap(ep rdma.Endpoint) rdma.Endpoint { return &overlapEndpoint{Endpoint: ep, t: o} }
 
@@ -153,8 +165,12 @@ func (e *overlapEndpoint) Close() error {
 	e.t.closes.Add(1)
 	for m := e.t.most.Load(); n > m && !e.t.most.CompareAndSwap(m, n); m = e.t.most.Load() {
 	}
-	for i := 0; i < 200 && e.t.inClose.Load() < 2; i++ {
-		time.Sleep(time.Millisecond)
+	if n >= 2 {
+		e.t.once.Do(func() { close(e.t.together) })
+	}
+	select {
+	case <-e.t.together:
+	case <-e.t.release:
 	}
 	return e.Endpoint.Close()
 }
@@ -167,19 +183,42 @@ func (e *overlapEndpoint) Close() error {
 // before any teardown.
 func TestTeardownClosesEndpointsTogether(t *testing.T) {
 	g := testbed.MLA(8, 16, 64)
-	tr := &overlap{}
+	tr := newOverlap()
 	r := newRig(t, rigOpts{geom: g, hooks: 8, group: 1, timeout: 250 * time.Millisecond, submitters: 4,
 		wrap:      wrapping(tr.wrap),
 		netFaults: func(rdmafault.BatchInfo) rdmafault.Fault { return rdmafault.Fault{Kind: rdmafault.LoseCompletion} }})
+	// Registered after the rig's: runs before the engine's Close, whose
+	// endpoint Closes must not be held when this test failed.
+	var released sync.Once
+	release := func() { released.Do(func() { close(tr.release) }) }
+	t.Cleanup(release)
 	r.register(chunk{room: 1, end: 8, last: true, src: []int{0, 1}, total: 2, infos: oneInfo("d0", []int{0, 1})})
 	r.forward(testbed.Write{Room: 1, SrcPages: []int{0, 1}, Tokens: 8})
 	require.Eventually(t, func() bool { r.mu.Lock(); defer r.mu.Unlock(); return len(r.landings) >= 8 },
 		5*time.Second, time.Millisecond, "the forward's batches were not all posted")
 	// The drop's teardown closes the endpoints of the batches that never
-	// complete.
-	require.NoError(t, r.eng.Drop(context.Background(), 1))
+	// complete (the round-robin router put them on all four submitters).
+	dropped := make(chan error, 1)
+	go func() { dropped <- r.eng.Drop(context.Background(), 1) }()
+	// Closes made together meet as soon as the second one starts; the
+	// bound only ends a test whose first Close waits for a second that
+	// never comes while it is open (closes one after another): no
+	// scheduler delays a started goroutine by half a minute.
+	var err error
+	returned := false
+	select {
+	case <-tr.together:
+	case err = <-dropped:
+		returned = true
+	case <-time.After(30 * time.Second):
+	}
+	release()
+	if !returned {
+		err = <-dropped
+	}
 	require.GreaterOrEqual(t, tr.closes.Load(), int32(2), "the chunk's batches were in flight on several endpoints")
 	assert.GreaterOrEqual(t, tr.most.Load(), int32(2), "endpoint closes ran one after another")
+	require.NoError(t, err) // one after another, the held first Close outlasts the Drop's bound
 }
 
 // heldClose makes every endpoint Close block until release is closed;
@@ -213,6 +252,9 @@ func TestSecondEngineCloseWaits(t *testing.T) {
 	r := newRig(t, rigOpts{geom: g, hooks: 4, group: 2, timeout: 500 * time.Millisecond,
 		wrap:      wrapping(tr.wrap),
 		netFaults: func(rdmafault.BatchInfo) rdmafault.Fault { return rdmafault.Fault{Kind: rdmafault.LoseCompletion} }})
+	var released sync.Once
+	release := func() { released.Do(func() { close(tr.release) }) }
+	t.Cleanup(release) // before the rig's engine Close, on a failure
 	r.register(chunk{room: 1, end: 8, last: true, src: []int{0, 1}, total: 2, infos: oneInfo("d0", []int{0, 1})})
 	r.forward(testbed.Write{Room: 1, SrcPages: []int{0, 1}, Tokens: 8})
 	// A batch in flight (landed, its completion lost): dropping the room
@@ -221,16 +263,75 @@ func TestSecondEngineCloseWaits(t *testing.T) {
 		5*time.Second, time.Millisecond, "no batch was posted")
 	first, second := make(chan struct{}), make(chan struct{})
 	go func() { _ = r.eng.Close(); close(first) }()
-	<-tr.closing // the first Close is tearing the room down
-	go func() { _ = r.eng.Close(); close(second) }()
-	select {
-	case <-second:
-		t.Error("a second Close returned while the first was still tearing down")
-	case <-time.After(20 * time.Millisecond): // can only pass wrongly on a slow machine, never fail wrongly
+	<-tr.closing // the first Close is tearing the room down, held there
+	go func() { _ = closeAgain(r.eng); close(second) }()
+	// The second Close must park inside Engine.Close, not return: seen on
+	// its goroutine's stack, whenever the scheduler gets to run it. The
+	// bound only ends a test whose second Close neither returned nor
+	// parked there.
+	deadline := time.Now().Add(time.Minute)
+	for !blockedIn("tests.closeAgain(", "system.(*Engine).Close(") {
+		select {
+		case <-second:
+			release()
+			t.Fatal("a second Close returned while the first was still tearing down")
+		default:
+		}
+		if time.Now().After(deadline) {
+			release()
+			t.Fatal("the second Close neither returned nor waited inside Engine.Close")
+		}
+		time.Sleep(100 * time.Microsecond)
 	}
-	close(tr.release)
+	release()
 	<-first
 	<-second
+}
+
+// closeAgain is the second Close's own frame, which tells its goroutine
+// from the first one's on a stack dump.
+//
+//go:noinline
+func closeAgain(e *system.Engine) error { return e.Close() }
+
+// blockedIn reports whether a goroutine whose stack holds frame is blocked
+// (not running, runnable or in a system call) with top, past the runtime's
+// own frames, as its innermost function: parked there, not somewhere it
+// calls. system/callback_close_test.go has the same idea; this package
+// cannot import a test file.
+func blockedIn(frame, top string) bool {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if !strings.Contains(g, frame) {
+			continue
+		}
+		lines := strings.Split(g, "\n")
+		head := lines[0]
+		st := head[strings.Index(head, "[")+1 : strings.LastIndex(head, "]")]
+		st, _, _ = strings.Cut(st, ",") // "chan receive, 2 minutes"
+		if st == "running" || st == "runnable" || st == "syscall" {
+			continue
+		}
+		// Function lines alternate with their file:line lines (tab-indented).
+		for _, l := range lines[1:] {
+			if strings.HasPrefix(l, "\t") || strings.HasPrefix(l, "runtime.") {
+				continue
+			}
+			if strings.Contains(l, top) {
+				return true
+			}
+			break
+		}
+	}
+	return false
 }
 
 // postSignal wraps endpoints so that a test learns when a batch was posted.

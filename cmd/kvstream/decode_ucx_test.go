@@ -141,12 +141,24 @@ func TestUCXPrefillSaysWhy(t *testing.T) {
 	pre := startCLI(t, env, append([]string{"prefill", "--decode", addr, "--tls-dir", dir}, oneRequest...)...)
 	requireServedOnce(t, dec, pre)
 
-	// The prefill first, the decode a moment later on the address it dials.
-	// The port is held, for the decode's listener only, so that no other
-	// process, the prefill's own node included, is given it.
+	// The prefill first, the decode on the address it dials once the
+	// prefill was refused there and said it retries (at DEBUG, hence
+	// --verbose): its first attempt certainly came before the decode
+	// listened. The port is held, for the decode's listener only, so that
+	// no other process, the prefill's own node included, is given it.
 	later := nettest.ListenLater(t)
-	pre = startCLI(t, env, append([]string{"prefill", "--decode", later, "--connect-timeout", "1m"}, oneRequest...)...)
-	time.Sleep(500 * time.Millisecond)
+	pre = startCLI(t, env, append([]string{"prefill", "--decode", later, "--connect-timeout", "1m", "--verbose"}, oneRequest...)...)
+	retrying := regexp.MustCompile(`decode server not ready: retrying.*` + regexp.QuoteMeta(later))
+	// Polled: the lines channel drops lines when full, the output does not.
+	for deadline := time.After(2 * time.Minute); !retrying.MatchString(pre.errOut()); {
+		select {
+		case <-pre.done:
+			t.Fatalf("the prefill ended before it retried: %v\nstdout:\n%s\nstderr:\n%s", pre.err, pre.out(), pre.errOut())
+		case <-deadline:
+			t.Fatalf("the prefill did not say it retries; stderr:\n%s", pre.errOut())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 	dec = startCLI(t, env, "decode", "--listen", later, "--sessions", "1", "--wait", "3m")
 	requireServedOnce(t, dec, pre)
 }

@@ -6,7 +6,9 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -202,39 +204,50 @@ func (a attacker) conn() *grpc.ClientConn {
 	return conn
 }
 
-// send sends one batch on a fresh stream and returns how the stream ended
-// (nil: the node did not refuse it within a second).
+// send sends one batch on a fresh stream, then a probe on the same stream,
+// and returns how the stream ended (nil: the node took the batch and kept
+// the stream open). The probe is a second ConnectRequest, which protoactor
+// answers on the stream with a ConnectResponse; the node reads a stream's
+// messages in order, so the probe's answer comes only once the batch was
+// taken, and a refusal cuts the stream before it. Neither a late refusal
+// nor a slow cut is mistaken for the other outcome, as a fixed wait would.
 func (a attacker) send(b *remote.MessageBatch) error {
 	conn := a.conn()
 	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	// Only a node that neither answers nor cuts the stream meets this
+	// bound: that fails the test, whatever the attack's expected outcome.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	s, err := remote.NewRemotingClient(conn).Receive(ctx)
 	if err != nil {
 		return err
 	}
-	if err := s.Send(&remote.RemoteMessage{MessageType: &remote.RemoteMessage_ConnectRequest{ConnectRequest: &remote.ConnectRequest{
-		ConnectionType: &remote.ConnectRequest_ServerConnection{ServerConnection: &remote.ServerConnection{SystemId: "rogue", Address: "127.0.0.1:1"}}}}}); err != nil {
-		return err
-	}
-	if err := s.Send(&remote.RemoteMessage{MessageType: &remote.RemoteMessage_MessageBatch{MessageBatch: b}}); err != nil {
-		return err
-	}
-	done := make(chan error, 1)
-	go func() {
-		for {
-			if _, err := s.Recv(); err != nil {
-				done <- err
-				return
+	connect := &remote.RemoteMessage{MessageType: &remote.RemoteMessage_ConnectRequest{ConnectRequest: &remote.ConnectRequest{
+		ConnectionType: &remote.ConnectRequest_ServerConnection{ServerConnection: &remote.ServerConnection{SystemId: "rogue", Address: "127.0.0.1:1"}}}}}
+	for _, m := range []*remote.RemoteMessage{connect, {MessageType: &remote.RemoteMessage_MessageBatch{MessageBatch: b}}, connect} {
+		// io.EOF: the node already ended the stream; Recv says how.
+		if err := s.Send(m); err != nil {
+			if errors.Is(err, io.EOF) {
+				break
 			}
+			return err
 		}
-	}()
-	select {
-	case err := <-done:
-		return err
-	case <-time.After(time.Second):
-		return nil
 	}
+	// One ConnectResponse answers the first ConnectRequest, a second the
+	// probe.
+	for answers := 0; answers < 2; {
+		m, err := s.Recv()
+		if ctx.Err() != nil {
+			a.t.Fatalf("the node neither answered the probe nor ended the stream within a minute (last: %v)", err)
+		}
+		if err != nil {
+			return err // io.EOF too: the stream ended without the probe's answer
+		}
+		if m.GetConnectResponse() != nil {
+			answers++
+		}
+	}
+	return nil
 }
 
 func batch(target, sender *actor.PID, m proto.Message) *remote.MessageBatch {
