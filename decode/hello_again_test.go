@@ -11,15 +11,13 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestLateOfferLeavesNoSession: a decode slow to answer a Hello (here its
-// Admit, as a pool sized by a large Config.Size can be) answers after the
-// prefill's call timeout; Dial says Hello again and gets the session that
-// first Hello opened. Refused as a second session of the identity, it
-// failed, and the session it left open held the prefill's identity for as
-// long as the prefill's node answered heartbeats: no Dial of that prefill
-// got through again.
-func TestLateOfferLeavesNoSession(t *testing.T) {
-	const call = 500 * time.Millisecond
+// call is the prefill's call timeout in these tests.
+const call = 500 * time.Millisecond
+
+// lateAnswerRig is a decode server, room 7 Expected, whose first Admit
+// (and so its answer to the first Hello) takes three call timeouts, as a
+// pool sized by a large Config.Size can.
+func lateAnswerRig(t *testing.T) *rig {
 	slow := true
 	r := newRig(t, decode.Config{Admit: func(string, map[string]string) error {
 		if slow { // only the actor calls Admit
@@ -29,6 +27,18 @@ func TestLateOfferLeavesNoSession(t *testing.T) {
 		return nil
 	}})
 	require.NoError(t, r.srv.Expect(7, []int{4, 5, 6, 7}))
+	return r
+}
+
+// TestLateOfferLeavesNoSession: a decode slow to answer a Hello (here its
+// Admit, as a pool sized by a large Config.Size can be) answers after the
+// prefill's call timeout; Dial says Hello again and gets the session that
+// first Hello opened. Refused as a second session of the identity, it
+// failed, and the session it left open held the prefill's identity for as
+// long as the prefill's node answered heartbeats: no Dial of that prefill
+// got through again.
+func TestLateOfferLeavesNoSession(t *testing.T) {
+	r := lateAnswerRig(t)
 	c, err := decode.Dial(context.Background(), r.node, decode.DialConfig{Decode: r.srv.Addr(), Buffers: prefillLayout(itemLen), PageSize: 4, Name: "p0",
 		CallTimeout: call, ConnectTimeout: 10 * time.Second})
 	require.NoError(t, err, "Dial after a late answer to its first Hello")
@@ -51,16 +61,7 @@ func TestLateOfferLeavesNoSession(t *testing.T) {
 // first) and gets a session of its own. It was refused as a second session
 // of the identity for as long as the prefill's process lived.
 func TestDialThatGaveUpLeavesNoLockout(t *testing.T) {
-	const call = 500 * time.Millisecond
-	slow := true
-	r := newRig(t, decode.Config{Admit: func(string, map[string]string) error {
-		if slow { // only the actor calls Admit
-			slow = false
-			time.Sleep(3 * call) // the answer comes after the call timeout
-		}
-		return nil
-	}})
-	require.NoError(t, r.srv.Expect(7, []int{4, 5, 6, 7}))
+	r := lateAnswerRig(t)
 	cfg := decode.DialConfig{Decode: r.srv.Addr(), Buffers: prefillLayout(itemLen), PageSize: 4, Name: "p0", CallTimeout: call}
 	_, err := decode.Dial(context.Background(), r.node, cfg)
 	require.Error(t, err, "the first Dial gives up on its Hello")

@@ -2,12 +2,11 @@ package system_test
 
 import (
 	"context"
-	"runtime"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvstream/kvstream/hw/cuda/sim"
+	"github.com/kvstream/kvstream/internal/stacks"
 	"github.com/kvstream/kvstream/system"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -17,30 +16,7 @@ import (
 // (not running, runnable or in a system call), and, if state is not empty,
 // blocked in that state (runtime.Stack's "[sync.RWMutex.RLock]").
 func blockedIn(frame, state string) bool {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-	for _, g := range strings.Split(string(buf), "\n\n") {
-		if !strings.Contains(g, frame) {
-			continue
-		}
-		head, _, _ := strings.Cut(g, "\n")
-		st := head[strings.Index(head, "[")+1 : strings.LastIndex(head, "]")]
-		st, _, _ = strings.Cut(st, ",") // "chan receive, 2 minutes"
-		if st == "running" || st == "runnable" || st == "syscall" {
-			continue
-		}
-		if state == "" || st == state {
-			return true
-		}
-	}
-	return false
+	return stacks.Blocked(frame, func(g stacks.Goroutine) bool { return state == "" || g.State == state })
 }
 
 // poll waits until cond holds (a condition polled, not a time hoped for).

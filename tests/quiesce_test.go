@@ -2,7 +2,6 @@ package tests
 
 import (
 	"context"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,6 +12,7 @@ import (
 	"github.com/kvstream/kvstream/hw/rdma"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
 	"github.com/kvstream/kvstream/hw/rdma/rdmafault"
+	"github.com/kvstream/kvstream/internal/stacks"
 	"github.com/kvstream/kvstream/lab/testbed"
 	"github.com/kvstream/kvstream/system"
 	"github.com/stretchr/testify/assert"
@@ -294,44 +294,11 @@ func TestSecondEngineCloseWaits(t *testing.T) {
 //go:noinline
 func closeAgain(e *system.Engine) error { return e.Close() }
 
-// blockedIn reports whether a goroutine whose stack holds frame is blocked
-// (not running, runnable or in a system call) with top, past the runtime's
-// own frames, as its innermost function: parked there, not somewhere it
-// calls. system/callback_close_test.go has the same idea; this package
-// cannot import a test file.
+// blockedIn reports whether a goroutine whose stack holds frame is parked
+// with top as its innermost function outside the runtime's: parked there,
+// not somewhere it calls.
 func blockedIn(frame, top string) bool {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-	for _, g := range strings.Split(string(buf), "\n\n") {
-		if !strings.Contains(g, frame) {
-			continue
-		}
-		lines := strings.Split(g, "\n")
-		head := lines[0]
-		st := head[strings.Index(head, "[")+1 : strings.LastIndex(head, "]")]
-		st, _, _ = strings.Cut(st, ",") // "chan receive, 2 minutes"
-		if st == "running" || st == "runnable" || st == "syscall" {
-			continue
-		}
-		// Function lines alternate with their file:line lines (tab-indented).
-		for _, l := range lines[1:] {
-			if strings.HasPrefix(l, "\t") || strings.HasPrefix(l, "runtime.") {
-				continue
-			}
-			if strings.Contains(l, top) {
-				return true
-			}
-			break
-		}
-	}
-	return false
+	return stacks.Blocked(frame, func(g stacks.Goroutine) bool { return strings.Contains(g.Innermost(), top) })
 }
 
 // postSignal wraps endpoints so that a test learns when a batch was posted.
