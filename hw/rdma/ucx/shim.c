@@ -203,6 +203,43 @@ static void kvs_ack(kvs_wk_t *w, ucp_ep_h ep, uint64_t tag, ucs_status_t st)
     }
 }
 
+// kvs_nack_set records that a write arriving on ep (NULL: it named no
+// connection) was refused.
+static void kvs_nack_set(kvs_wk_t *w, ucp_ep_h ep)
+{
+    unsigned i;
+
+    if (ep == NULL) {
+        w->nack_all = 1;
+        return;
+    }
+    for (i = 0; i < w->nnacked; i++) {
+        if (w->nacked[i] == ep) {
+            return;
+        }
+    }
+    if (w->nnacked == KVS_NACK_MAX) {
+        w->nack_all = 1;
+        return;
+    }
+    w->nacked[w->nnacked++] = ep;
+}
+
+// kvs_nack_take reports whether a write arriving on ep was refused since
+// its last FLUSH, and forgets it: the FLUSH on ep answers for them.
+static int kvs_nack_take(kvs_wk_t *w, ucp_ep_h ep)
+{
+    unsigned i;
+
+    for (i = 0; i < w->nnacked; i++) {
+        if (w->nacked[i] == ep) {
+            w->nacked[i] = w->nacked[--w->nnacked];
+            return 1;
+        }
+    }
+    return w->nack_all;
+}
+
 static ucs_status_t kvs_am_write_cb(void *arg, const void *header,
                                     size_t header_length, void *data,
                                     size_t length,
@@ -249,7 +286,8 @@ static ucs_status_t kvs_am_write_cb(void *arg, const void *header,
 
 refuse:
     w->refused++;
-    w->nack = 1;
+    kvs_nack_set(w, (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ?
+                        param->reply_ep : NULL);
     return UCS_OK;
 }
 
@@ -281,7 +319,7 @@ static ucs_status_t kvs_am_flush_cb(void *arg, const void *header,
         // fence rose were refused (and the peer re-sends them).
         kvs_ack(w, param->reply_ep, h.tag, KVS_STALE);
         return UCS_OK;
-    } else if (w->nack) {
+    } else if (kvs_nack_take(w, param->reply_ep)) {
         st = UCS_ERR_INVALID_ADDR;
     } else {
         st = UCS_OK;
@@ -289,7 +327,6 @@ static ucs_status_t kvs_am_flush_cb(void *arg, const void *header,
             w->epoch = h.epoch;
         }
     }
-    w->nack = 0;
     kvs_ack(w, param->reply_ep, h.tag, st);
     return UCS_OK;
 }
@@ -542,6 +579,9 @@ static void kvs_accepted_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
     // ones, so that the peer's next connection (a reconnection after a
     // broken one) is taken, and is closed after this progress (kvs_reap).
     w->ep_errors++;
+    // Its refused writes are no later connection's (the pointer may be
+    // reused once it is closed).
+    (void)kvs_nack_take(w, ep);
     if (w->nfailed == KVS_ACCEPT_MAX) {
         return; // it keeps its place until the worker goes
     }
@@ -1114,7 +1154,9 @@ static int kvs_post_locked(kvs_ctx_t *c, kvs_ep_t *e, const kvs_write_t *ws,
                 r->hdrs[h].pad   = 0;
                 param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS |
                                      (ws[k].memh ? UCP_OP_ATTR_FIELD_MEMH : 0);
-                param.flags        = c->am_proto;
+                // REPLY: the receiver tells this connection's refused
+                // writes from another's (kvs_nack_set).
+                param.flags        = c->am_proto | UCP_AM_SEND_FLAG_REPLY;
                 param.memh         = (ucp_mem_h)(uintptr_t)ws[k].memh;
                 sp = ucp_am_send_nbx(e->ep, KVS_AM_WRITE, &r->hdrs[h],
                                      sizeof(r->hdrs[h]),

@@ -121,6 +121,10 @@ typedef struct kvs_ctx kvs_ctx_t;
 // a peer opens one per submitter, and a hostile one gets no more.
 #define KVS_ACCEPT_MAX 64 // open at once; a failed one frees its place
 
+// The most connections of one worker with a refused write not yet
+// answered by a FLUSH that the worker tells apart (kvs_wk_t.nacked).
+#define KVS_NACK_MAX 128
+
 // What a worker's message handlers need: its context and whether the
 // peers connected to it are cut off. One per worker (the transport's own,
 // and each access point's).
@@ -128,7 +132,16 @@ typedef struct {
     kvs_ctx_t   *ctx;
     ucp_worker_h worker;
     int          revoked;  // set by kvs_access_revoke: apply nothing more
-    int          nack;     // a write was refused since the last FLUSH
+    // The connections on which a write was refused since their last
+    // FLUSH (by the endpoint a reply goes back on: writes are sent with
+    // UCP_AM_SEND_FLAG_REPLY). Per connection, not per worker: an access
+    // point takes one connection per submitter, and a FLUSH must answer
+    // for its own connection's writes only (kvs_nack_take). nack_all: a
+    // refused write that named no connection, or more connections than
+    // nacked holds: every FLUSH from then on is answered as refused.
+    ucp_ep_h     nacked[KVS_NACK_MAX];
+    unsigned     nnacked;
+    int          nack_all;
     // Epoch fence (doc.go, "Epochs"): set on access points, whose single
     // peer counts epochs for them; epoch is the highest applied.
     int          fence;
