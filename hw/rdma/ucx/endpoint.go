@@ -566,7 +566,16 @@ func (t *Transport) flushed(leader *batch, st C.ucs_status_t) {
 		leader.acked = true // no answer is awaited any more
 		leader.ep.awaiting--
 	}
-	group := append(t.gdone[:0], leader.followers...)
+	// A done callback may Close an endpoint, which progresses the worker
+	// from here and may report another group: that one must not reuse the
+	// array this one iterates.
+	var group []*batch
+	t.flushDepth++
+	if t.flushDepth == 1 {
+		group = append(t.gdone[:0], leader.followers...)
+	} else {
+		group = append(group, leader.followers...)
+	}
 	group = append(group, leader)
 	clear(leader.followers)
 	leader.followers = leader.followers[:0]
@@ -595,7 +604,9 @@ func (t *Transport) flushed(leader *batch, st C.ucs_status_t) {
 		t.complete(b, err, true)
 	}
 	clear(group)
-	t.gdone = group[:0]
+	if t.flushDepth--; t.flushDepth == 0 {
+		t.gdone = group[:0]
+	}
 }
 
 // startClose tears an endpoint down. Unless force is set (or
@@ -722,6 +733,11 @@ func (e *Endpoint) Close() error {
 			return nil
 		}
 		t.startClose(e, nil, false)
+		// Already draining (another goroutine's Close) with every FLUSH
+		// answered, as when this runs in the done callback of the batch
+		// whose answer was the last one awaited: no event will come to
+		// say so (ackDone looks once its callbacks returned), so look now.
+		t.maybeDrained(e)
 		if !t.progressUntil(func() bool { return e.lstate == epClosed }, timeout) {
 			return tooLong
 		}

@@ -303,9 +303,14 @@ type Transport struct {
 	woke     bool          // a done callback ran since the last yield
 	eprecs   []*C.kvs_ep_t // every endpoint record, freed after the worker
 	evbuf    []C.kvs_event_t
-	stopping bool
+	// pending are the events kvs_poll returned, handled in order from
+	// pendingAt (pollOnce), by a nested pollOnce too.
+	pending   []C.kvs_event_t
+	pendingAt int
+	stopping  bool
 	// Scratch of startGroup and flushed.
 	group, gdone []*batch
+	flushDepth   int // flushed calls under way (a done callback's Close nests one)
 	gws          []C.kvs_write_t
 	gcounts      []C.uint32_t
 	gerrs        []C.int32_t
@@ -674,16 +679,21 @@ func (t *Transport) sleep() {
 
 // pollOnce progresses the worker and handles the events it produced. buf is
 // the caller's: nested calls (a done callback closing an endpoint) use their
-// own.
+// own. The events go through t.pending, which a nested call handles first:
+// an event behind the one whose callback closes an endpoint (the end of
+// that endpoint's drain) may be what the nested call waits for.
 func (t *Transport) pollOnce(buf []C.kvs_event_t) bool {
 	k := uint32(C.kvs_poll(t.ctx, &buf[0], C.unsigned(len(buf)), 16))
 	n := t.ctx.progressed
 	oom := k&0x80000000 != 0
 	k &^= 0x80000000
-	for i := range int(k) {
-		ev := buf[i]
+	t.pending = append(t.pending, buf[:k]...)
+	for t.pendingAt < len(t.pending) {
+		ev := t.pending[t.pendingAt]
+		t.pendingAt++
 		t.handle(uint64(ev.id), uint64(ev.aux), int(ev.kind), C.ucs_status_t(ev.status))
 	}
+	t.pending, t.pendingAt = t.pending[:0], 0
 	if oom {
 		// An event was lost: some batch would never complete. Fail
 		// closed: tear every endpoint down.
