@@ -1,6 +1,7 @@
 package driver
 
 import (
+	"sync"
 	"sync/atomic"
 
 	"github.com/cockroachdb/errors"
@@ -9,9 +10,15 @@ import (
 
 // Stream is a CUstream of a Device. Its methods are safe for concurrent use.
 type Stream struct {
-	dev    *Device
-	h      uintptr // CUstream; 0 is the legacy default stream
-	owned  bool    // created by NewStream, so Close destroys it
+	dev   *Device
+	h     uintptr // CUstream; 0 is the legacy default stream
+	owned bool    // created by NewStream, so Close destroys it
+	// use is held shared by every call on the stream from its check of
+	// closed to the driver's return, and by Close exclusively: a call
+	// that passed the check never reaches the driver with a destroyed
+	// CUstream (a freed pointer, which a new stream may reuse). Device.Close
+	// takes the device's lock instead, which every driver call holds.
+	use    sync.RWMutex
 	closed atomic.Bool
 }
 
@@ -60,6 +67,8 @@ func (s *Stream) Device() *Device { return s.dev }
 
 // call is Device.call that also fails once the stream was closed.
 func (s *Stream) call(op string, f func(a *api) Result) error {
+	s.use.RLock()
+	defer s.use.RUnlock()
 	if s.closed.Load() {
 		return errors.Wrap(ErrClosed, "stream")
 	}
@@ -78,6 +87,8 @@ func (s *Stream) Record() (cuda.Event, error) {
 
 // RecordEvent is Record returning the concrete type.
 func (s *Stream) RecordEvent() (*Event, error) {
+	s.use.RLock()
+	defer s.use.RUnlock()
 	if s.closed.Load() {
 		return nil, errors.Wrap(ErrClosed, "stream")
 	}
@@ -115,8 +126,11 @@ func (s *Stream) MemsetD8Async(dst DevicePtr, v byte, n int) error {
 // Close destroys a stream created by NewStream (after the device finished
 // its work: cuStreamDestroy does not wait but releases resources once the
 // work is done). For a wrapped stream it only stops use through the wrapper.
-// Closing twice is a no-op.
+// Closing twice is a no-op. It waits for the calls under way on the
+// stream.
 func (s *Stream) Close() error {
+	s.use.Lock()
+	defer s.use.Unlock()
 	if !s.closed.CompareAndSwap(false, true) || !s.owned {
 		return nil
 	}
