@@ -36,6 +36,13 @@ func ChunkRange(start, end, pageSize int, last bool) (Range, error) {
 			end = start
 		}
 	}
-	pages := (end - start + pageSize - 1) / pageSize
+	// Divided before rounded up: end - start + pageSize - 1 overflows for
+	// an end near math.MaxInt (the range then "needed" a negative page
+	// count). end - start cannot overflow: 0 <= start <= end.
+	n := end - start
+	pages := n / pageSize
+	if n%pageSize != 0 {
+		pages++
+	}
 	return Range{Start: start, End: end, PageStart: start / pageSize, Pages: pages, Last: last}, nil
 }

@@ -18,8 +18,15 @@ func NewGroups(f, k int) (Groups, error) {
 	return Groups{F: f, K: k}, nil
 }
 
-// Count is the number of groups.
-func (g Groups) Count() int { return (g.F + g.K - 1) / g.K }
+// Count is the number of groups. It divides before it adds, so that no F
+// and K (math.MaxInt layers included) overflow: (F+K-1)/K wrapped to a
+// negative count.
+func (g Groups) Count() int {
+	if g.F <= 0 {
+		return 0
+	}
+	return (g.F-1)/g.K + 1
+}
 
 // Of returns the group of hook layer l.
 func (g Groups) Of(l int) int { return l / g.K }
@@ -27,5 +34,10 @@ func (g Groups) Of(l int) int { return l / g.K }
 // Boundary reports whether hook layer l closes its group.
 func (g Groups) Boundary(l int) bool { return (l+1)%g.K == 0 || l == g.F-1 }
 
-// Layers returns the hook layers [lo, hi) of group i.
-func (g Groups) Layers(i int) (lo, hi int) { return i * g.K, min((i+1)*g.K, g.F) }
+// Layers returns the hook layers [lo, hi) of group i (0 <= i < Count()).
+// hi is lo plus what is left of F, at most K: (i+1)*K may exceed the int
+// range where F and K are close to it.
+func (g Groups) Layers(i int) (lo, hi int) {
+	lo = i * g.K
+	return lo, lo + min(g.K, g.F-lo)
+}

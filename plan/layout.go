@@ -16,6 +16,25 @@ func badInput(format string, args ...any) error {
 	return errors.Mark(errors.Newf(format, args...), ErrBadInput)
 }
 
+// Bounds on a layout and on a decode peer's buffers: each well above what a
+// real deployment reaches, and low enough that what the engine sizes from
+// it (a table per group, a page count) stays small. They are package
+// trace's bounds on a trace header (trace.MaxHookLayers, MaxPages,
+// MaxItemLen), which this package may not import (plan and trace are one
+// layer, docs/ARCHITECTURE.md); package system's tests check that they
+// agree.
+const (
+	// MaxHookLayers bounds the hook layers F: the deepest served models
+	// have a few hundred layers, and the layout holds an entry per group.
+	MaxHookLayers = 4096
+	// MaxPages bounds a buffer's pages, the prefill's or a decode peer's:
+	// 16 Mi pages hold 16 Mi tokens even at page size 1.
+	MaxPages = 1 << 24
+	// MaxItemLen bounds the bytes of one page of one buffer: 256 MiB.
+	// Times MaxPages, a buffer's length is at most 2^52 bytes.
+	MaxItemLen = 1 << 28
+)
+
 // Buffer is one KV tensor of the prefill pool.
 type Buffer struct {
 	Name    string // for logs: "K3", "V3", "KV12", "MTP0"
@@ -59,6 +78,10 @@ func NewLayout(bufs []Buffer, keys []rdma.LocalKey, hookLayers, groupSize, pageS
 	if len(keys) != len(bufs) {
 		return nil, errors.AssertionFailedf("%d keys for %d buffers", len(keys), len(bufs))
 	}
+	if hookLayers > MaxHookLayers {
+		// Before the group table is sized from it.
+		return nil, badInput("hook layers %d: must be at most %d", hookLayers, MaxHookLayers)
+	}
 	g, err := cp.NewGroups(hookLayers, groupSize)
 	if err != nil {
 		return nil, err
@@ -75,10 +98,16 @@ func NewLayout(bufs []Buffer, keys []rdma.LocalKey, hookLayers, groupSize, pageS
 		switch {
 		case b.ItemLen == 0:
 			return nil, badInput("buffer %d (%s): zero item length", i, b.Name)
+		case b.ItemLen > MaxItemLen:
+			return nil, badInput("buffer %d (%s): item length %d: must be at most %d", i, b.Name, b.ItemLen, MaxItemLen)
 		case b.Pages < 1:
 			return nil, badInput("buffer %d (%s): %d pages", i, b.Name, b.Pages)
+		case b.Pages > MaxPages:
+			return nil, badInput("buffer %d (%s): %d pages: must be at most %d", i, b.Name, b.Pages, MaxPages)
 		case b.Base == 0:
 			return nil, badInput("buffer %d (%s): nil base address", i, b.Name)
+		case b.Base+b.ItemLen*uint64(b.Pages) < b.Base: // both factors bounded above: the product fits
+			return nil, badInput("buffer %d (%s): [%#x, +%d) wraps around the address space", i, b.Name, b.Base, b.ItemLen*uint64(b.Pages))
 		}
 		l.all = append(l.all, i)
 		if b.Layer >= 0 && b.Layer < hookLayers {

@@ -3,6 +3,7 @@ package plan
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"reflect"
 	"slices"
 	"unsafe"
@@ -63,8 +64,36 @@ type PeerBuffer struct {
 	ItemLen uint64
 }
 
-// Pages is the buffer's capacity in pages.
-func (b PeerBuffer) Pages() int { return int(b.Region.Len / b.ItemLen) }
+// Pages is the buffer's capacity in pages (ResolvePeer bounds it by
+// MaxPages). Of a buffer it did not check, a zero item length holds none,
+// and a count beyond the int range is math.MaxInt, never negative.
+func (b PeerBuffer) Pages() int {
+	if b.ItemLen == 0 {
+		return 0
+	}
+	return int(min(b.Region.Len/b.ItemLen, math.MaxInt))
+}
+
+// checkRegion checks peer buffer i's region as a page store: a whole
+// number of pages of its item length, at least one and at most MaxPages,
+// within the address space. Every later use (the page capacity, the
+// blocks' remote addresses) relies on it.
+func checkRegion(peer string, i int, b PeerBuffer) error {
+	r := b.Region
+	switch {
+	case b.ItemLen == 0:
+		return badInput("peer %q buffer %d: zero item length", peer, i)
+	case r.Len < b.ItemLen:
+		return badInput("peer %q buffer %d: region of %d bytes holds no page", peer, i, r.Len)
+	case r.Len%b.ItemLen != 0:
+		return badInput("peer %q buffer %d: region of %d bytes is not a whole number of %d-byte pages", peer, i, r.Len, b.ItemLen)
+	case r.Len/b.ItemLen > MaxPages:
+		return badInput("peer %q buffer %d: region of %d bytes holds %d pages of %d bytes: must be at most %d", peer, i, r.Len, r.Len/b.ItemLen, b.ItemLen, MaxPages)
+	case r.Addr+r.Len < r.Addr:
+		return badInput("peer %q buffer %d: region [%#x, +%d) wraps around the address space", peer, i, r.Addr, r.Len)
+	}
+	return nil
+}
 
 // ValidatePeer checks a peer against the layout (see ResolvePeer).
 func ValidatePeer(l *Layout, p Peer) error {
@@ -77,7 +106,10 @@ func ValidatePeer(l *Layout, p Peer) error {
 // lengths. With one: the pairing of both sides must reshard
 // (reshard.NewPlan: an impossible pairing is an ErrBadInput naming the
 // values), the peer's buffers must be its stage's, of its side's item
-// length, and the copy carries the peer's Route from this rank.
+// length, and the copy carries the peer's Route from this rank. Either
+// way each buffer's region must be a whole number of pages of its item
+// length, at most MaxPages, and must not wrap around the address space;
+// every error names the peer and the buffer.
 func ResolvePeer(l *Layout, p Peer) (*Peer, error) {
 	switch {
 	case p.ID == "":
@@ -89,17 +121,22 @@ func ResolvePeer(l *Layout, p Peer) (*Peer, error) {
 		if err != nil {
 			return nil, err
 		}
+		for i, b := range p.Buffers {
+			if err := checkRegion(p.ID, i, b); err != nil {
+				return nil, err
+			}
+		}
 		p.route = r
 		return &p, nil
 	case len(p.Buffers) != len(l.Buffers):
 		return nil, badInput("peer %q has %d buffers, the prefill layout %d", p.ID, len(p.Buffers), len(l.Buffers))
 	}
 	for i, b := range p.Buffers {
-		switch {
-		case b.ItemLen != l.Buffers[i].ItemLen:
+		if b.ItemLen != l.Buffers[i].ItemLen {
 			return nil, badInput("peer %q buffer %d: item length %d, prefill %d", p.ID, i, b.ItemLen, l.Buffers[i].ItemLen)
-		case b.Region.Len < b.ItemLen:
-			return nil, badInput("peer %q buffer %d: region of %d bytes holds no page", p.ID, i, b.Region.Len)
+		}
+		if err := checkRegion(p.ID, i, b); err != nil {
+			return nil, err
 		}
 	}
 	p.route = nil // only ResolvePeer sets it

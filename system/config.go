@@ -11,6 +11,7 @@ import (
 	"github.com/kvstream/kvstream/cp"
 	"github.com/kvstream/kvstream/cp/reshard"
 	"github.com/kvstream/kvstream/plan"
+	"github.com/kvstream/kvstream/trace"
 )
 
 // Buffer is one KV tensor of the prefill pool (Config.Buffers; MLABuffers
@@ -18,8 +19,9 @@ import (
 //
 //	Name    for logs: "K3", "V3", "KV12", "MTP0"
 //	Base    address of page 0, in memory the transport can register
-//	ItemLen bytes of ONE page of this buffer
-//	Pages   capacity in pages
+//	ItemLen bytes of ONE page of this buffer, 1 to MaxItemLen (256 MiB)
+//	Pages   capacity in pages, 1 to MaxPages (16 Mi); Base + ItemLen ×
+//	        Pages must not wrap around the address space
 //	Layer   the hook layer whose LayerEnd follows this buffer's write; a
 //	        layer outside [0, HookLayers) fires no hook (the MTP layer) and
 //	        its buffers are sent at the end of the forward
@@ -32,6 +34,21 @@ const (
 	DefaultFinishTimeout = 30 * time.Second
 	DefaultMaxRestarts   = 10
 	DefaultRestartWindow = 10 * time.Second
+)
+
+// Bounds New checks a Config against: each well above what a real
+// deployment reaches, and low enough that what the engine sizes from it (a
+// table per hook layer and per group, a submitter actor each, the pool's
+// registration) stays small. They are the bounds of a trace's header
+// (package trace), so that every engine's configuration can be recorded
+// and replayed.
+const (
+	MaxHookLayers = trace.MaxHookLayers // Config.HookLayers: 4096
+	MaxSubmitters = trace.MaxSubmitters // Config.Submitters, KVSTREAM_SUBMITTERS: 1024
+	MaxPageSize   = trace.MaxPageSize   // Config.PageSize, tokens: 1<<16
+	MaxCPSize     = trace.MaxCPSize     // Config.CP.Size: 1024
+	MaxPages      = trace.MaxPages      // a Buffer's Pages: 1<<24
+	MaxItemLen    = trace.MaxItemLen    // a Buffer's ItemLen, bytes: 1<<28
 )
 
 // Environment variables that override the defaults (not explicit Config
@@ -51,6 +68,7 @@ type Config struct {
 	Buffers []Buffer
 	// HookLayers is F: the model calls LayerEnd for layers 0..F-1. Buffers
 	// whose layer is outside that range (the MTP layer) are sent at the end.
+	// 1 to MaxHookLayers (4096).
 	HookLayers int
 	// GroupSize is K: consecutive hook layers per submit (default 8).
 	GroupSize int
@@ -59,11 +77,13 @@ type Config struct {
 	// why). GroupSize must then be zero: both set is ErrBadInput. Without
 	// it a zero GroupSize still means KVSTREAM_GROUP_SIZE or 8.
 	AutoGroup *GroupModel
-	// PageSize is tokens per page.
+	// PageSize is tokens per page: 1 to MaxPageSize (65536).
 	PageSize int
-	// CP is this rank's context-parallel group (zero means a group of one).
+	// CP is this rank's context-parallel group (zero means a group of one);
+	// its Size is at most MaxCPSize (1024).
 	CP cp.CP
-	// Submitters is the size of the submitter pool (default 4).
+	// Submitters is the size of the submitter pool (default 4), at most
+	// MaxSubmitters (1024): each is an actor and a transfer worker.
 	Submitters int
 	// FinishTimeout bounds Finish and Drop (default 30 s).
 	FinishTimeout time.Duration
@@ -88,7 +108,9 @@ type Config struct {
 	Sharding *Sharding
 	// Replicas chooses which replica of a replicated head (TP above the KV
 	// heads, the MLA latent) sends it to each decode rank; used only with
-	// Sharding (default reshard.SpreadReplicas).
+	// Sharding (default reshard.SpreadReplicas). Any other value than
+	// SpreadReplicas and FirstReplica is ErrBadInput, with or without a
+	// Sharding.
 	Replicas reshard.ReplicaRule
 	// MaxRestarts and RestartWindow bound submitter restarts (default 10
 	// within 10 s, over the pool): beyond, the engine is unhealthy and
@@ -133,10 +155,11 @@ func KVBuffers(kBases, vBases []uint64, itemLen uint64, pages int) []Buffer {
 func CheckEnv() error { return checkEnv(os.Getenv) }
 
 func checkEnv(getenv func(string) string) error {
-	for _, name := range []string{EnvGroupSize, EnvSubmitters} {
-		if _, err := envInt(getenv, name, 1); err != nil {
-			return err
-		}
+	if _, err := envInt(getenv, EnvGroupSize, 1, math.MaxInt); err != nil {
+		return err
+	}
+	if _, err := envInt(getenv, EnvSubmitters, 1, MaxSubmitters); err != nil {
+		return err
 	}
 	if _, err := envDuration(getenv, EnvFinishTimeout, DefaultFinishTimeout); err != nil {
 		return err
@@ -158,6 +181,14 @@ func (c Config) withDefaults(getenv func(string) string) (Config, error) {
 	if c.CP.Size == 0 {
 		c.CP.Size = 1
 	}
+	// Hook layers first: AutoGroup's model, and New after it, size tables
+	// from them.
+	switch {
+	case c.HookLayers < 1:
+		return c, badInput("hook layers %d: must be at least 1", c.HookLayers)
+	case c.HookLayers > MaxHookLayers:
+		return c, badInput("hook layers %d: must be at most %d", c.HookLayers, MaxHookLayers)
+	}
 	var err error
 	if c.AutoGroup != nil {
 		if c.GroupSize != 0 {
@@ -170,12 +201,12 @@ func (c Config) withDefaults(getenv func(string) string) (Config, error) {
 		c.GroupSize, c.chosen = ch.K, &ch
 	}
 	if c.GroupSize == 0 {
-		if c.GroupSize, err = envInt(getenv, EnvGroupSize, DefaultGroupSize); err != nil {
+		if c.GroupSize, err = envInt(getenv, EnvGroupSize, DefaultGroupSize, math.MaxInt); err != nil {
 			return c, err
 		}
 	}
 	if c.Submitters == 0 {
-		if c.Submitters, err = envInt(getenv, EnvSubmitters, DefaultSubmitters); err != nil {
+		if c.Submitters, err = envInt(getenv, EnvSubmitters, DefaultSubmitters, MaxSubmitters); err != nil {
 			return c, err
 		}
 	}
@@ -200,14 +231,21 @@ func (c Config) withDefaults(getenv func(string) string) (Config, error) {
 	switch {
 	case c.Submitters < 1:
 		return c, badInput("submitters %d: must be at least 1", c.Submitters)
+	case c.Submitters > MaxSubmitters:
+		// One actor and transfer worker each, started by New.
+		return c, badInput("submitters %d: must be at most %d", c.Submitters, MaxSubmitters)
 	case c.FinishTimeout <= 0:
 		return c, badInput("finish timeout %v: must be positive", c.FinishTimeout)
 	case c.FinishTimeout > maxDuration:
 		return c, badInput("finish timeout %v: must be at most %v", c.FinishTimeout, maxDuration)
 	case c.GroupSize < 1:
 		return c, badInput("group size %d: must be at least 1", c.GroupSize)
-	case c.HookLayers < 1:
-		return c, badInput("hook layers %d: must be at least 1", c.HookLayers)
+	case c.PageSize > MaxPageSize:
+		return c, badInput("page size %d: must be at most %d", c.PageSize, MaxPageSize)
+	case c.CP.Size > MaxCPSize:
+		return c, badInput("CP size %d: must be at most %d", c.CP.Size, MaxCPSize)
+	case c.Replicas != reshard.SpreadReplicas && c.Replicas != reshard.FirstReplica:
+		return c, badInput("replicas %d: unknown: want %d (reshard.SpreadReplicas) or %d (reshard.FirstReplica)", int(c.Replicas), reshard.SpreadReplicas, reshard.FirstReplica)
 	case c.MaxRestarts < 0:
 		// Negative, every restart count is a storm: the engine would
 		// refuse every registration as unhealthy.
@@ -237,14 +275,18 @@ func (c Config) getenv(f func(string) string) func(string) string {
 	return f
 }
 
-func envInt(getenv func(string) string, name string, def int) (int, error) {
+// envInt reads a positive integer variable of at most hi.
+func envInt(getenv func(string) string, name string, def, hi int) (int, error) {
 	v := strings.TrimSpace(getenv(name))
 	if v == "" {
 		return def, nil
 	}
 	n, err := strconv.Atoi(v)
-	if err != nil || n < 1 {
+	switch {
+	case err != nil || n < 1:
 		return 0, badInput("%s=%q: want a positive integer", name, v)
+	case n > hi:
+		return 0, badInput("%s=%q: want a positive integer of at most %d", name, v, hi)
 	}
 	return n, nil
 }

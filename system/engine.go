@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"math/bits"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -173,14 +174,21 @@ func (e *Engine) openHardware(o *options) error {
 }
 
 // registerPool registers every prefill buffer with the transport and
-// returns their local keys, in buffer order.
+// returns their local keys, in buffer order. Every buffer is checked before
+// any is registered: a bad one is an error that names it (index and name)
+// and its value, and registers nothing.
 func (e *Engine) registerPool() ([]rdma.LocalKey, error) {
+	lens := make([]uint64, len(e.cfg.Buffers))
+	for i, b := range e.cfg.Buffers {
+		n, err := bufferLen(i, b)
+		if err != nil {
+			return nil, err
+		}
+		lens[i] = n
+	}
 	keys := make([]rdma.LocalKey, len(e.cfg.Buffers))
 	for i, b := range e.cfg.Buffers {
-		if b.ItemLen == 0 || b.Pages < 1 {
-			return nil, badInput("buffer %d (%s): item length %d, %d pages", i, b.Name, b.ItemLen, b.Pages)
-		}
-		r, err := rdma.RegisterMemory(e.transport, b.Base, b.ItemLen*uint64(b.Pages), b.Memory)
+		r, err := rdma.RegisterMemory(e.transport, b.Base, lens[i], b.Memory)
 		if err != nil {
 			return nil, errors.Wrapf(err, "register buffer %d (%s, %s memory)", i, b.Name, b.Memory)
 		}
@@ -188,6 +196,29 @@ func (e *Engine) registerPool() ([]rdma.LocalKey, error) {
 		keys[i] = r.Key()
 	}
 	return keys, nil
+}
+
+// bufferLen is the bytes buffer i spans, ItemLen × Pages, checked: both
+// within their bounds (MaxItemLen, MaxPages), a product that does not wrap
+// (math/bits.Mul64: a wrapped one registered a few bytes while the layout
+// addressed pages far beyond them), and an end within the address space.
+func bufferLen(i int, b Buffer) (uint64, error) {
+	switch {
+	case b.ItemLen == 0 || b.Pages < 1:
+		return 0, badInput("buffer %d (%s): item length %d, %d pages", i, b.Name, b.ItemLen, b.Pages)
+	case b.ItemLen > MaxItemLen:
+		return 0, badInput("buffer %d (%s): item length %d: must be at most %d", i, b.Name, b.ItemLen, MaxItemLen)
+	case b.Pages > MaxPages:
+		return 0, badInput("buffer %d (%s): %d pages: must be at most %d", i, b.Name, b.Pages, MaxPages)
+	}
+	hi, n := bits.Mul64(b.ItemLen, uint64(b.Pages))
+	switch {
+	case hi != 0:
+		return 0, badInput("buffer %d (%s): item length %d × %d pages overflows 64 bits", i, b.Name, b.ItemLen, b.Pages)
+	case b.Base+n < b.Base:
+		return 0, badInput("buffer %d (%s): [%#x, +%d) wraps around the address space", i, b.Name, b.Base, n)
+	}
+	return n, nil
 }
 
 // spawnActors starts the actor system: the forward actor, the submitter

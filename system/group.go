@@ -38,7 +38,10 @@ type GroupModel struct {
 	// MaxBatches bounds the batches per forward (zero: DefaultMaxBatches).
 	MaxBatches int
 	// ItemScale is the model's bytes per byte of a buffer's ItemLen (zero
-	// means 1): a simulation keeps pages smaller than the model's.
+	// means 1): a simulation keeps pages smaller than the model's. Finite
+	// and not negative; so is LinkBytesPerSec, and positive. The modeled
+	// forward (its layers, their bytes on the link, the overhead and the
+	// latency) must stay within a Duration's range.
 	ItemScale float64
 }
 
@@ -61,6 +64,40 @@ type GroupChoice struct {
 	Candidates []GroupCandidate `json:"candidates"`
 }
 
+// maxHorizon bounds the modeled length of one forward and its sends: every
+// instant the model computes (a layer's end, a batch's start, its landing)
+// is at most it, with room to spare below the int64 nanoseconds of a
+// Duration for the rounding of its float link times.
+const maxHorizon = time.Duration(1 << 62)
+
+// checkHorizon checks that the model of a forward of layers layers stays
+// within maxHorizon, before it is computed: a product or sum beyond a
+// Duration wrapped around to a meaningless K (a layer time of
+// math.MaxInt64/2, a link rate or item scale that makes a layer's bytes
+// take longer than a Duration holds). The error names the field.
+func checkHorizon(m *GroupModel, layers int, bytes []float64, hookless float64) error {
+	if m.LayerTime > 0 && int64(layers) > int64(maxHorizon/m.LayerTime) {
+		return badInput("auto group: layer time %v: %d layers of it exceed %v", m.LayerTime, layers, maxHorizon)
+	}
+	end := time.Duration(layers) * m.LayerTime
+	total := hookless
+	for _, n := range bytes {
+		total += n
+	}
+	// Each buffer's bytes are finite and not negative (finite factors),
+	// but their product or sum may reach +Inf; so may the link time.
+	link := total / m.LinkBytesPerSec * float64(time.Second)
+	if !(link <= float64(maxHorizon)) {
+		return badInput("auto group: link rate %v bytes/s, item scale %v: %.4g bytes per forward take %.4g s, beyond %v",
+			m.LinkBytesPerSec, m.ItemScale, total, link/float64(time.Second), maxHorizon)
+	}
+	if float64(end)+float64(m.BatchOverhead)+float64(m.Latency)+link > float64(maxHorizon) {
+		return badInput("auto group: layer time %v × %d layers, batch overhead %v, latency %v and %v on the link exceed %v",
+			m.LayerTime, layers, m.BatchOverhead, m.Latency, time.Duration(link), maxHorizon)
+	}
+	return nil
+}
+
 // ChooseGroup picks K for buffers (hook layers 0..hookLayers-1, the rest
 // hookless) under m: the smallest K within the batch bound whose last group
 // lands before the forward ends (it hides under the hookless layers, and a
@@ -70,12 +107,23 @@ func ChooseGroup(m GroupModel, buffers []Buffer, hookLayers int) (GroupChoice, e
 	switch {
 	case hookLayers < 1:
 		return GroupChoice{}, badInput("auto group: hook layers %d: must be at least 1", hookLayers)
-	case m.LinkBytesPerSec <= 0 || math.IsNaN(m.LinkBytesPerSec) || math.IsInf(m.LinkBytesPerSec, 0):
-		return GroupChoice{}, badInput("auto group: link rate %v bytes/s: must be positive", m.LinkBytesPerSec)
+	case hookLayers > MaxHookLayers:
+		// The model tries every K up to it, each over every layer.
+		return GroupChoice{}, badInput("auto group: hook layers %d: must be at most %d", hookLayers, MaxHookLayers)
+	case !(m.LinkBytesPerSec > 0) || math.IsInf(m.LinkBytesPerSec, 0): // NaN is not > 0
+		return GroupChoice{}, badInput("auto group: link rate %v bytes/s: must be positive and finite", m.LinkBytesPerSec)
 	case m.PagesPerForward < 1:
 		return GroupChoice{}, badInput("auto group: pages per forward %d: must be at least 1", m.PagesPerForward)
-	case m.LayerTime < 0 || m.Latency < 0 || m.BatchOverhead < 0 || m.MaxBatches < 0 || m.ItemScale < 0:
-		return GroupChoice{}, badInput("auto group: negative layer time, latency, overhead, batch bound or item scale in %+v", m)
+	case m.LayerTime < 0:
+		return GroupChoice{}, badInput("auto group: layer time %v: must not be negative", m.LayerTime)
+	case m.Latency < 0:
+		return GroupChoice{}, badInput("auto group: latency %v: must not be negative", m.Latency)
+	case m.BatchOverhead < 0:
+		return GroupChoice{}, badInput("auto group: batch overhead %v: must not be negative (0: the default, %v)", m.BatchOverhead, DefaultBatchOverhead)
+	case m.MaxBatches < 0:
+		return GroupChoice{}, badInput("auto group: max batches %d: must not be negative (0: the default, %d)", m.MaxBatches, DefaultMaxBatches)
+	case !(m.ItemScale >= 0) || math.IsInf(m.ItemScale, 0): // NaN is not >= 0
+		return GroupChoice{}, badInput("auto group: item scale %v: must be positive and finite (0: 1)", m.ItemScale)
 	}
 	if m.BatchOverhead == 0 {
 		m.BatchOverhead = DefaultBatchOverhead
@@ -104,6 +152,9 @@ func ChooseGroup(m GroupModel, buffers []Buffer, hookLayers int) (GroupChoice, e
 			hookless += n
 			after[b.Layer] = true
 		}
+	}
+	if err := checkHorizon(&m, hookLayers+len(after), bytes, hookless); err != nil {
+		return GroupChoice{}, err
 	}
 	end := time.Duration(hookLayers+len(after)) * m.LayerTime
 	onLink := func(n float64) time.Duration { return time.Duration(n / m.LinkBytesPerSec * float64(time.Second)) }
