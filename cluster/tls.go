@@ -3,6 +3,7 @@ package cluster
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"io"
 	"os"
 
 	"github.com/cockroachdb/errors"
@@ -28,9 +29,9 @@ func (f TLSFiles) Config() (*tls.Config, error) {
 	}
 	c := &tls.Config{MinVersion: tls.VersionTLS12}
 	if f.CA != "" {
-		pem, err := os.ReadFile(f.CA)
+		pem, err := readPEM("CA file", f.CA)
 		if err != nil {
-			return nil, errors.Mark(errors.Wrap(err, "etcd TLS: CA file"), ErrInvalid)
+			return nil, err
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
@@ -39,11 +40,42 @@ func (f TLSFiles) Config() (*tls.Config, error) {
 		c.RootCAs = pool
 	}
 	if f.Cert != "" {
-		cert, err := tls.LoadX509KeyPair(f.Cert, f.Key)
+		certPEM, err := readPEM("certificate file", f.Cert)
+		if err != nil {
+			return nil, err
+		}
+		keyPEM, err := readPEM("key file", f.Key)
+		if err != nil {
+			return nil, err
+		}
+		cert, err := tls.X509KeyPair(certPEM, keyPEM)
 		if err != nil {
 			return nil, errors.Mark(errors.Wrapf(err, "etcd TLS: certificate %s with key %s", f.Cert, f.Key), ErrInvalid)
 		}
 		c.Certificates = []tls.Certificate{cert}
 	}
 	return c, nil
+}
+
+// MaxPEMBytes bounds each TLS file Config reads: a CA bundle or a chain is
+// a few KiB, and an endless file (/dev/zero as --etcd-ca) is refused at
+// the bound instead of read whole.
+const MaxPEMBytes = 1 << 20
+
+// readPEM reads path, at most MaxPEMBytes; errors say what the file is,
+// its path and the bound, marked ErrInvalid.
+func readPEM(what, path string) ([]byte, error) {
+	fh, err := os.Open(path)
+	if err != nil {
+		return nil, errors.Mark(errors.Wrapf(err, "etcd TLS: %s", what), ErrInvalid)
+	}
+	defer fh.Close() //nolint:errcheck // read only
+	b, err := io.ReadAll(io.LimitReader(fh, MaxPEMBytes+1))
+	if err != nil {
+		return nil, errors.Mark(errors.Wrapf(err, "etcd TLS: %s %s", what, path), ErrInvalid)
+	}
+	if len(b) > MaxPEMBytes {
+		return nil, errors.Mark(errors.Newf("etcd TLS: %s %s: longer than the bound of %d MiB for a PEM file", what, path, MaxPEMBytes>>20), ErrInvalid)
+	}
+	return b, nil
 }

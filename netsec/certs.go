@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -28,6 +29,38 @@ const (
 )
 
 var nodeName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+
+// hostLabel is one label of an RFC 1123 host name: letters, digits and
+// hyphens, 1 to 63 of them, neither first nor last a hyphen.
+var hostLabel = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$`)
+
+// CheckHost accepts what a certificate may name as a host a peer dials:
+// an IP address, or an RFC 1123 host name (labels of letters, digits and
+// hyphens, at most 63 bytes each and 253 in all, the last not all digits,
+// which would be a malformed IP address such as 999.1.1.1). A port, a
+// space, a wildcard or an empty name is refused, naming the value: it
+// would be written into the certificate as a DNS name no peer can dial.
+func CheckHost(h string) error {
+	if net.ParseIP(h) != nil {
+		return nil
+	}
+	bad := func() error {
+		return errors.Newf("host %.80q: want an IP address or a host name (labels of letters, digits and '-', at most 63 bytes each, 253 in all; no port, space or wildcard)", h)
+	}
+	if h == "" || len(h) > 253 {
+		return bad()
+	}
+	labels := strings.Split(h, ".")
+	for _, l := range labels {
+		if !hostLabel.MatchString(l) {
+			return bad()
+		}
+	}
+	if strings.Trim(labels[len(labels)-1], "0123456789") == "" {
+		return bad()
+	}
+	return nil
+}
 
 // GenerateDevCerts writes a development CA and one certificate per node
 // into dir (created if missing), all ECDSA P-256, and returns each node's
@@ -55,13 +88,13 @@ func GenerateDevCerts(dir string, nodes, hosts []string) (map[string]Files, erro
 	ips := []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}
 	dns := []string{"localhost"}
 	for _, h := range hosts {
-		switch ip := net.ParseIP(h); {
-		case ip != nil:
+		if err := CheckHost(h); err != nil {
+			return nil, errors.Wrap(err, "certs")
+		}
+		if ip := net.ParseIP(h); ip != nil {
 			ips = append(ips, ip)
-		case h != "" && len(h) <= 253:
+		} else {
 			dns = append(dns, h)
-		default:
-			return nil, errors.Newf("certs: host %q is neither an IP address nor a DNS name", h)
 		}
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
+	"io"
 	"os"
 	"time"
 
@@ -31,15 +32,23 @@ func LoadTLS(f Files) (*TLS, error) {
 	if f.CA == "" || f.Cert == "" || f.Key == "" {
 		return nil, errors.Newf("tls: CA %q, certificate %q and key %q must all be given", f.CA, f.Cert, f.Key)
 	}
-	caPEM, err := os.ReadFile(f.CA)
+	caPEM, err := ReadPEMFile("CA file", f.CA)
 	if err != nil {
-		return nil, errors.Wrapf(err, "tls: CA file")
+		return nil, err
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(caPEM) {
 		return nil, errors.Newf("tls: CA file %s holds no PEM certificate", f.CA)
 	}
-	cert, err := tls.LoadX509KeyPair(f.Cert, f.Key)
+	certPEM, err := ReadPEMFile("certificate file", f.Cert)
+	if err != nil {
+		return nil, err
+	}
+	keyPEM, err := ReadPEMFile("key file", f.Key)
+	if err != nil {
+		return nil, err
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
 		return nil, errors.Wrapf(err, "tls: certificate %s with key %s", f.Cert, f.Key)
 	}
@@ -62,6 +71,29 @@ func LoadTLS(f Files) (*TLS, error) {
 		}
 	}
 	return &TLS{cert: cert, pool: pool}, nil
+}
+
+// MaxPEMBytes bounds each PEM file LoadTLS reads: a CA bundle or a chain
+// is a few KiB, and an endless file (/dev/zero as --tls-ca once grew the
+// process past 4.2 GB) is refused at the bound instead of read whole.
+const MaxPEMBytes = 1 << 20
+
+// ReadPEMFile reads path, at most MaxPEMBytes; errors say what the file
+// is ("CA file", "certificate file", "key file"), its path and the bound.
+func ReadPEMFile(what, path string) ([]byte, error) {
+	fh, err := os.Open(path)
+	if err != nil {
+		return nil, errors.Wrapf(err, "tls: %s", what)
+	}
+	defer fh.Close() //nolint:errcheck // read only
+	b, err := io.ReadAll(io.LimitReader(fh, MaxPEMBytes+1))
+	if err != nil {
+		return nil, errors.Wrapf(err, "tls: %s %s", what, path)
+	}
+	if len(b) > MaxPEMBytes {
+		return nil, errors.Newf("tls: %s %s: longer than the bound of %d MiB for a PEM file", what, path, MaxPEMBytes>>20)
+	}
+	return b, nil
 }
 
 // Errors of CheckValidity, for errors.Is.

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/cockroachdb/errors"
@@ -187,13 +188,18 @@ func (s *Sharding) check(side string) error {
 }
 
 // checkName bounds a name's length (it is printed) and refuses invalid
-// UTF-8.
+// UTF-8 and control characters: replay prints names raw, and a NUL or a
+// terminal escape in an actor's id reached the terminal as such.
 func checkName(field, s string) error {
 	if len(s) > MaxNameLen {
 		return errors.Newf("%s: %d bytes, above the bound of %d", field, len(s), MaxNameLen)
 	}
 	if !utf8.ValidString(s) {
 		return errors.Newf("%s %q: not UTF-8", field, s)
+	}
+	if i := strings.IndexFunc(s, unicode.IsControl); i >= 0 {
+		r, _ := utf8.DecodeRuneInString(s[i:])
+		return errors.Newf("%s %q: control character %U at byte %d", field, s, r, i)
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 
+	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/netsec"
 	"github.com/spf13/cobra"
 )
@@ -20,6 +21,13 @@ never overwrites a file. ` + netsec.CAKeyFile + ` signs anything: keep it off th
 production.`,
 		Args: oneArg("DIR", "the directory to write the certificates into"),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			// Before anything is written: each host goes into every
+			// certificate as an IP address or a DNS name.
+			for _, h := range hosts {
+				if err := netsec.CheckHost(h); err != nil {
+					return errors.Wrap(err, "--hosts")
+				}
+			}
 			files, err := netsec.GenerateDevCerts(args[0], nodes, hosts)
 			if err != nil {
 				return err
@@ -30,7 +38,7 @@ production.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringSliceVar(&hosts, "hosts", nil, "more IP addresses or DNS names every certificate names (comma-separated)")
+	cmd.Flags().StringSliceVar(&hosts, "hosts", nil, "more IP addresses or host names (letters, digits, '-' and '.'; no port or wildcard) every certificate names (comma-separated)")
 	cmd.Flags().StringSliceVar(&nodes, "nodes", []string{"decode", "prefill"}, "node names, one certificate each (the certificate's name)")
 	return cmd
 }

@@ -129,6 +129,10 @@ func (n *netFlags) check(node string) (*netsec.TLS, error) {
 		return nil, errors.Wrapf(err, "%s %s", caFlag, files.CA)
 	case caFlag == "--tls-dir":
 		return nil, errors.Wrapf(err, "--tls-dir %s", n.tlsDir)
+	case strings.Contains(err.Error(), "tls: certificate file"):
+		return nil, errors.Wrapf(err, "--tls-cert %s", files.Cert)
+	case strings.Contains(err.Error(), "tls: key file"):
+		return nil, errors.Wrapf(err, "--tls-key %s", files.Key)
 	}
 	return nil, errors.Wrapf(err, "--tls-cert %s, --tls-key %s", files.Cert, files.Key)
 }

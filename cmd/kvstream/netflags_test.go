@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -50,6 +51,10 @@ func TestNetFlagsNameTheFlag(t *testing.T) {
 		{[]string{"prefill", "--tls-ca", garbage, "--tls-cert", garbage, "--tls-key", "k"}, "--tls-key: k"},
 		{[]string{"prefill", "--tls-ca", garbage, "--tls-cert", garbage, "--tls-key", garbage}, "--tls-ca " + garbage + ": tls: CA file " + garbage + " holds no PEM certificate"},
 		{[]string{"prefill", "--tls-ca", ca, "--tls-cert", garbage, "--tls-key", garbage}, "--tls-cert " + garbage + ", --tls-key " + garbage + ": tls: certificate"},
+		// Read through a bound: /dev/zero grew decode past 4.2 GB.
+		{[]string{"decode", "--tls-ca", "/dev/zero", "--tls-cert", "/dev/zero", "--tls-key", "/dev/zero"}, "--tls-ca /dev/zero: tls: CA file /dev/zero: longer than the bound of 1 MiB for a PEM file"},
+		{[]string{"decode", "--tls-ca", ca, "--tls-cert", "/dev/zero", "--tls-key", "/dev/zero"}, "--tls-cert /dev/zero: tls: certificate file /dev/zero: longer than the bound of 1 MiB"},
+		{[]string{"prefill", "--tls-ca", ca, "--tls-cert", certs["decode"].Cert, "--tls-key", "/dev/zero"}, "--tls-key /dev/zero: tls: key file /dev/zero: longer than the bound of 1 MiB"},
 		{[]string{"decode", "--prefill-name", "prefill"}, "--prefill-name"},
 		{[]string{"prefill", "--decode", "0.0.0.0:9100"}, "--decode"},
 		{[]string{"prefill", "--decode", "nohostport"}, "--decode"},
@@ -125,4 +130,20 @@ func TestDataAddrIsTheBoundAddress(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "lo", ifc)
 	require.Equal(t, "127.0.0.1", bound.String())
+}
+
+// TestCertsRefusesBadHosts: kvstream certs --hosts takes IP addresses and
+// host names; a port, a space, a wildcard or a malformed IP address (each
+// once written into every certificate as a DNS name) is refused naming
+// --hosts and the value, and nothing is written.
+func TestCertsRefusesBadHosts(t *testing.T) {
+	for _, h := range []string{"1.2.3.4:80", "a b", "*", "999.1.1.1", "*.example"} {
+		dir := filepath.Join(t.TempDir(), "c")
+		root := newRoot()
+		root.SetArgs([]string{"certs", dir, "--hosts", "10.0.0.7," + h})
+		err := root.Execute()
+		require.Error(t, err, h)
+		require.Contains(t, err.Error(), fmt.Sprintf("--hosts: host %q: want an IP address or a host name", h))
+		require.NoDirExists(t, dir, "%s: nothing written", h)
+	}
 }

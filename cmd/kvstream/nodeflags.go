@@ -98,6 +98,10 @@ func (f *clusterFlags) tls(own bool) (*tls.Config, *etcdproc.TLS, error) {
 		return nil, nil, errors.Wrapf(err, "--etcd-tls-dir %s", f.etcdTLSDir)
 	case strings.Contains(err.Error(), "CA file"):
 		return nil, nil, errors.Wrapf(err, "--etcd-ca %s", files.CA)
+	case strings.Contains(err.Error(), "etcd TLS: certificate file"):
+		return nil, nil, errors.Wrapf(err, "--etcd-cert %s", files.Cert)
+	case strings.Contains(err.Error(), "etcd TLS: key file"):
+		return nil, nil, errors.Wrapf(err, "--etcd-key %s", files.Key)
 	default:
 		return nil, nil, errors.Wrapf(err, "--etcd-cert %s, --etcd-key %s", files.Cert, files.Key)
 	}
