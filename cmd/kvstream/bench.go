@@ -138,6 +138,14 @@ type hostReport struct {
 	Wake   hostprobe.Wake   `json:"wake"`
 }
 
+// Bounds of bench host's durations: far above what a measurement needs
+// (the defaults are 2 s and 300 µs), low enough that a typo ("100000h")
+// does not hold a CPU or the terminal for days.
+const (
+	maxHostDuration = 10 * time.Minute
+	maxHostIdle     = time.Second
+)
+
 // newBenchHost is `kvstream bench host`: the machine's stalls and wake-up
 // cost, which bound how near the sim's exposed times can come to their
 // floors (docs/PERFORMANCE.md).
@@ -169,14 +177,16 @@ docs/PERFORMANCE.md ("The machine") gives what it measured on the machine its fi
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			switch {
-			case duration <= 0:
-				return errors.Newf("--duration %v: must be positive", duration)
+			case duration <= 0 || duration > maxHostDuration:
+				return errors.Newf("--duration %v: must be positive and at most %v (the probe spins a CPU all along)", duration, maxHostDuration)
 			case threshold <= 0:
 				return errors.Newf("--threshold %v: must be positive", threshold)
 			case wakes <= 0 || wakes > hostprobe.MaxWakes:
 				return errors.Newf("--wakes %d: must be 1 to %d", wakes, hostprobe.MaxWakes)
-			case idle <= 0:
-				return errors.Newf("--idle %v: must be positive", idle)
+			case idle <= 0 || idle > maxHostIdle:
+				return errors.Newf("--idle %v: must be positive and at most %v", idle, maxHostIdle)
+			case time.Duration(wakes)*idle > maxHostDuration: // both bounded: no overflow
+				return errors.Newf("--wakes %d x --idle %v: the wake probe would sleep %v, above the bound of %v", wakes, idle, time.Duration(wakes)*idle, maxHostDuration)
 			}
 			var rep hostReport
 			var err error

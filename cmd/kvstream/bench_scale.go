@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -93,22 +95,55 @@ docs/PERFORMANCE.md ("The cost curve") gives the figures, the targets and the pl
 	return cmd
 }
 
+// Bounds of bench scale's inputs: a report (--from) is read through a
+// limit (the committed docs/scale.json is 14 KiB; /dev/zero once grew the
+// process past 3.7 GB), and --budget, the time of each timed loop
+// (default 200 ms), is bounded far above what a measurement needs.
+const (
+	maxScaleReport = 4 << 20
+	maxScaleBudget = 10 * time.Second
+)
+
+// readScaleReport reads a report of bench scale --json (--from), at most
+// maxScaleReport bytes, and checks its rows: a known axis and a value of
+// at least 1 (the curves are log-log); errors name the file, the row and
+// the field.
+func readScaleReport(from string) (*scalebench.Report, error) {
+	f, err := os.Open(from)
+	if err != nil {
+		return nil, errors.Wrapf(err, "--from %s", from)
+	}
+	defer f.Close() //nolint:errcheck // read only
+	raw, err := io.ReadAll(io.LimitReader(f, maxScaleReport+1))
+	if err != nil {
+		return nil, errors.Wrapf(err, "--from %s", from)
+	}
+	if len(raw) > maxScaleReport {
+		return nil, errors.Newf("--from %s: longer than the bound of %d MiB for a report of kvstream bench scale --json", from, maxScaleReport>>20)
+	}
+	var rep scalebench.Report
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		return nil, errors.Wrapf(err, "--from %s: not a report of kvstream bench scale --json", from)
+	}
+	if len(rep.Rows) == 0 {
+		return nil, errors.Newf("--from %s: no rows", from)
+	}
+	for i, r := range rep.Rows {
+		if !slices.Contains(scalebench.Axes, r.Axis) {
+			return nil, errors.Newf("--from %s: row %d: axis %.64q: want %s", from, i+1, r.Axis, strings.Join(scalebench.Axes, ", "))
+		}
+		if r.Value < 1 {
+			return nil, errors.Newf("--from %s: row %d (%s): value %d: must be at least 1", from, i+1, r.Axis, r.Value)
+		}
+	}
+	rep.Slopes = scalebench.Slopes(&rep)
+	return &rep, nil
+}
+
 // runScale measures a sweep, or reads one (--from).
 func runScale(cmd *cobra.Command, from, axis string, quick, noSim, quiet bool, budget time.Duration, simRuns int) (*scalebench.Report, error) {
 	if from != "" {
-		raw, err := os.ReadFile(from)
-		if err != nil {
-			return nil, errors.Wrapf(err, "--from %s", from)
-		}
-		var rep scalebench.Report
-		if err := json.Unmarshal(raw, &rep); err != nil {
-			return nil, errors.Wrapf(err, "--from %s: not a report of kvstream bench scale --json", from)
-		}
-		if len(rep.Rows) == 0 {
-			return nil, errors.Newf("--from %s: no rows", from)
-		}
-		rep.Slopes = scalebench.Slopes(&rep)
-		return &rep, nil
+		return readScaleReport(from)
 	}
 	cfg := scalebench.Full()
 	if quick {
@@ -120,6 +155,9 @@ func runScale(cmd *cobra.Command, from, axis string, quick, noSim, quiet bool, b
 		}
 	}
 	if cmd.Flags().Changed("budget") {
+		if budget <= 0 || budget > maxScaleBudget {
+			return nil, errors.Newf("--budget %v: must be positive and at most %v (each timed loop; a sweep runs dozens)", budget, maxScaleBudget)
+		}
 		cfg.Budget = budget
 	}
 	cfg.Sim = !noSim

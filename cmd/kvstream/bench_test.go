@@ -163,6 +163,10 @@ func TestBenchHostBadFlags(t *testing.T) {
 		{[]string{"--wakes", "0"}, "--wakes 0: must be 1 to 1000000"},
 		{[]string{"--wakes", "1000001"}, "--wakes 1000001: must be 1 to 1000000"},
 		{[]string{"--idle", "0s"}, "--idle 0s: must be positive"},
+		// Unbounded, a typo held a CPU (or the terminal) for years.
+		{[]string{"--duration", "100000h"}, "--duration 100000h0m0s: must be positive and at most 10m0s"},
+		{[]string{"--idle", "100000h"}, "--idle 100000h0m0s: must be positive and at most 1s"},
+		{[]string{"--wakes", "1000000", "--idle", "1s"}, "--wakes 1000000 x --idle 1s: the wake probe would sleep 277h46m40s, above the bound of 10m0s"},
 	} {
 		_, err := runBenchCLI(t, append([]string{"host"}, tc.args...)...)
 		require.ErrorContains(t, err, tc.want, tc.args)

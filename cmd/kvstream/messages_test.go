@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/kvstream/kvstream/netsec"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -17,6 +18,9 @@ func TestCommandsNameWhatIsWrong(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "no-such-dir")
 	garbage := filepath.Join(t.TempDir(), "garbage.pem")
 	require.NoError(t, os.WriteFile(garbage, []byte("not PEM"), 0o600))
+	certs, err := netsec.GenerateDevCerts(filepath.Join(t.TempDir(), "c"), []string{"n"}, nil)
+	require.NoError(t, err)
+	certPath := certs["n"].Cert
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -36,6 +40,10 @@ func TestCommandsNameWhatIsWrong(t *testing.T) {
 		{[]string{"up", "--etcd", "http://127.0.0.1:1", "--etcd-ca", garbage}, "--etcd-ca " + garbage + ": etcd TLS: CA file " + garbage + " holds no PEM certificate"},
 		{[]string{"decode-instance", "--etcd", "http://127.0.0.1:1", "--etcd-tls-dir", missing}, "--etcd-tls-dir: " + filepath.Join(missing, "ca.pem")},
 		{[]string{"prefill-rank", "--etcd", "http://127.0.0.1:1", "--etcd-cert", garbage, "--etcd-key", garbage}, "--etcd-cert " + garbage + ", --etcd-key " + garbage + ": etcd TLS: certificate"},
+		// Read through a bound: /dev/zero grew the process without one.
+		{[]string{"up", "--etcd", "http://127.0.0.1:1", "--etcd-ca", "/dev/zero"}, "--etcd-ca /dev/zero: etcd TLS: CA file /dev/zero: longer than the bound of 1 MiB for a PEM file"},
+		{[]string{"decode-instance", "--etcd", "http://127.0.0.1:1", "--etcd-cert", "/dev/zero", "--etcd-key", "/dev/zero"}, "--etcd-cert /dev/zero: etcd TLS: certificate file /dev/zero: longer than the bound of 1 MiB"},
+		{[]string{"prefill-rank", "--etcd", "http://127.0.0.1:1", "--etcd-cert", certPath, "--etcd-key", "/dev/zero"}, "--etcd-key /dev/zero: etcd TLS: key file /dev/zero: longer than the bound of 1 MiB"},
 		{append(append([]string{}, quick...), "--plot", filepath.Join(missing, "t.png")),
 			`--plot "` + filepath.Join(missing, "t.png") + `": directory "` + missing + `" does not exist`},
 		{append(append([]string{}, quick...), "--trace-out", filepath.Join(missing, "t.json")), `--trace-out "` + filepath.Join(missing, "t.json") + `": directory`},

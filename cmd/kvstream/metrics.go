@@ -52,6 +52,9 @@ func addMetricsFlags(cmd *cobra.Command) *metricsFlags {
 // goroutine ended. It may be called more than once.
 func (m *metricsFlags) start() (reg *prometheus.Registry, stop func(), err error) {
 	stop = func() {}
+	if err := m.check(); err != nil {
+		return nil, stop, err
+	}
 	if m.addr == "" {
 		return nil, stop, nil
 	}
@@ -92,6 +95,18 @@ func (m *metricsFlags) start() (reg *prometheus.Registry, stop func(), err error
 		})
 	}
 	return reg, stop, nil
+}
+
+// check refuses a negative --metrics-linger, and a linger without
+// --metrics-addr (nothing would be served while the command waits).
+func (m *metricsFlags) check() error {
+	switch {
+	case m.linger < 0:
+		return errors.Newf("--metrics-linger %v: must not be negative (0: stop serving when the work ends)", m.linger)
+	case m.linger > 0 && m.addr == "":
+		return errors.Newf("--metrics-linger %v: needs --metrics-addr (there is no metrics server to keep serving)", m.linger)
+	}
+	return nil
 }
 
 func (m *metricsFlags) errOut() io.Writer {

@@ -73,6 +73,11 @@ chunks still finish) and exits non-zero. --metrics-addr serves the engine's metr
 			if err != nil {
 				return err
 			}
+			// The workload's own bounds (the sharding included) before a
+			// node or a transport is opened.
+			if err := cfg.Check(); err != nil {
+				return err
+			}
 			for _, name := range []string{"link-gbps", "link-latency-us", "time-scale"} {
 				if cmd.Flags().Changed(name) {
 					return errors.Newf("--%s %s: prefill runs on real time over a real link (the sim's link model does not apply)", name, cmd.Flags().Lookup(name).Value)

@@ -289,6 +289,22 @@ func TestSimBadFlags(t *testing.T) {
 		{[]string{"sim", "--fault", "endpoint-broken:2"}, `--fault "endpoint-broken:2": rate "2" must be a probability per batch within [0, 1]`},
 		{[]string{"sim", "--fault", "cosmic-ray:0.1"}, `--fault "cosmic-ray:0.1": unknown fault "cosmic-ray", want one of endpoint-broken`},
 		{[]string{"sim", "--gpu", "cuda:0", "--model", "small", "--requests", "2"}, "fixed check workload (16 buffers, 4 requests, K = 4) and takes no --model, --requests"},
+		// PP sized a stage list before it was bounded: a makeslice panic,
+		// out of memory, 2.4 GB before failing, a wrong message.
+		{[]string{"sim", "--decode-pp", "9223372036854775807"}, "--decode-pp 9223372036854775807: must be within [0, 4096]"},
+		{[]string{"sim", "--prefill-pp", "1000000000000"}, "--prefill-pp 1000000000000: must be within [0, 4096]"},
+		{[]string{"sim", "--prefill-pp", "300000000"}, "--prefill-pp 300000000: must be within [0, 4096]"},
+		{[]string{"sim", "--prefill-pp", "100000"}, "--prefill-pp 100000: must be within [0, 4096]"},
+		{[]string{"sim", "--prefill-pp", "63"}, "--prefill-pp 63 (--model dsv3, 62 layers): PP 63: more stages than the 62 layers"},
+		{[]string{"prefill", "--prefill-pp", "300000000"}, "--prefill-pp 300000000: must be within [0, 4096]"},
+		// Negative degrees ran unsharded and succeeded.
+		{[]string{"sim", "--decode-tp", "-1"}, "--decode-tp -1: must be within [0, 1024]"},
+		{[]string{"sim", "--prefill-tp", "-1"}, "--prefill-tp -1: must be within [0, 1024]"},
+		{[]string{"sim", "--prefill-pp", "-1"}, "--prefill-pp -1: must be within [0, 4096]"},
+		{[]string{"sim", "--decode-pp", "-4"}, "--decode-pp -4: must be within [0, 4096]"},
+		{[]string{"prefill", "--decode-tp", "-1"}, "--decode-tp -1: must be within [0, 1024]"},
+		{[]string{"sim", "--metrics-linger", "-5s"}, "--metrics-linger -5s: must not be negative"},
+		{[]string{"sim", "--metrics-linger", "5s"}, "--metrics-linger 5s: needs --metrics-addr"},
 	} {
 		_, err := run(t, tc.args...)
 		require.Error(t, err, "%v", tc.args)
@@ -495,7 +511,7 @@ func TestSimShardedBadPairing(t *testing.T) {
 		{[]string{"--model", "llama70b", "--prefill-tp", "8", "--decode-tp", "12"}, "--prefill-tp 8 --decode-tp 12 (--model llama70b): decode: TP 12 is not a multiple of the 8 KV heads it replicates"},
 		{[]string{"--model", "llama70b", "--prefill-tp", "4", "--scale", "3"}, "--scale 3: a sharded run scales the head dim, and 3 does not divide llama70b's 128"},
 		{[]string{"--prefill-tp", "2", "--page-order", "diagonal"}, `--page-order "diagonal": want head-major or token-major`},
-		{[]string{"--model", "small", "--prefill-pp", "12"}, "--prefill-tp 0 --decode-tp 0 --prefill-pp 12 --decode-pp 0 (--model small): prefill: PP stage 0 holds layers [0, 0): empty"},
+		{[]string{"--model", "small", "--prefill-pp", "12"}, "--prefill-pp 12 (--model small, 9 layers): PP 12: more stages than the 9 layers (each stage holds at least one)"},
 		{[]string{"--prefill-tp", "2", "--plot", "x.png"}, "--trace-out and --plot draw one prefill rank; a sharded run (--prefill-tp 2 --decode-tp 0) has several"},
 	} {
 		_, err := run(t, append([]string{"sim"}, tc.args...)...)

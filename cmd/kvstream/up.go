@@ -81,7 +81,7 @@ the ranks' link is real.`,
 	fl.StringVar(&f.fault, "fault", "", "inject a failure: kill-decode, kill-prefill, pause-etcd or rolling-restart")
 	fl.IntVar(&f.faultBatch, "fault-batch", 1, "the batch whose first forward triggers --fault")
 	fl.DurationVar(&f.faultFor, "fault-for", 3*time.Second, "how long pause-etcd freezes etcd (at most 10m)")
-	fl.DurationVar(&f.roomTimeout, "room-timeout", 2*time.Minute, "a decode instance fails a room not complete this long after its first notice")
+	fl.DurationVar(&f.roomTimeout, "room-timeout", 2*time.Minute, "a decode instance fails a room not complete this long after its first notice (0: never)")
 	fl.BoolVar(&f.jsonOut, "json", false, "print the report as one JSON object")
 	fl.BoolVar(&f.sim.verbose, "verbose", false, "log at DEBUG")
 	f.cluster.add(fl, true)

@@ -50,6 +50,9 @@ with client TLS takes --etcd-tls-dir or --etcd-ca/--etcd-cert/--etcd-key.`,
 			if err := bounds.check(); err != nil {
 				return err
 			}
+			if roomTimeout < 0 {
+				return errors.Newf("--room-timeout %v: want 0 (rooms never time out) or more", roomTimeout)
+			}
 			r, err := cp.ParseRule(rule)
 			if err != nil {
 				return errors.Wrap(err, "--cp-rule")

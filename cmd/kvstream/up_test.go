@@ -22,6 +22,9 @@ func TestUpRefusesBadFlags(t *testing.T) {
 		{[]string{"--fault", "pause-etcd", "--etcd", "http://127.0.0.1:2379"}, "needs the etcd up starts"},
 		{[]string{"--cp", "2"}, "not up's"},
 		{[]string{"--batches", "2", "--fault", "kill-decode", "--fault-batch", "2"}, "--fault-batch 2"},
+		// A negative batch never comes: the fault was never injected.
+		{[]string{"--fault", "kill-decode", "--fault-batch", "-5"}, "--fault-batch -5: want a batch of the run, counted from 0"},
+		{[]string{"--room-timeout", "-1s"}, "--room-timeout -1s: want 0 (rooms never time out) or more"},
 		{[]string{"--fault", "pause-etcd", "--fault-for", "1000000h"}, "--fault-for 1000000h0m0s: want 0 to 10m0s"},
 		{[]string{"--link-gbps", "100"}, "--link-gbps: up does not take it (the ranks' link is real)"},
 		{[]string{"--time-scale", "2"}, "--time-scale: up does not take it"},
@@ -59,6 +62,7 @@ func TestClusterNodesRefuseBadFlags(t *testing.T) {
 		{[]string{"decode-instance", "--etcd", "http://127.0.0.1:1", "--etcd-tls-dir", "/x", "--etcd-key", "k"}, "give one or the other"},
 		{[]string{"decode-instance", "--etcd", "http://127.0.0.1:1", "--etcd-tls-dir", "/nonexistent"}, "/nonexistent/ca.pem"},
 		{[]string{"decode-instance", "--etcd", "https://127.0.0.1:1", "--etcd-cert", "c"}, "go together"},
+		{[]string{"decode-instance", "--etcd", "http://127.0.0.1:1", "--room-timeout", "-1s"}, "--room-timeout -1s: want 0 (rooms never time out) or more"},
 	} {
 		_, err := run(t, tc.args...)
 		if assert.Error(t, err, "%v", tc.args) {

@@ -122,12 +122,34 @@ func (s *Side) PP() int {
 	return len(s.Stages) - 1
 }
 
-// EvenStages splits layers into pp stages of sizes differing by at most
-// one, as Side.Stages (nil: one stage). More stages than layers leave one
-// empty, which NewPlan names.
+// SplitStages splits layers into pp stages of sizes differing by at most
+// one, as Side.Stages (nil: one stage, for pp 0 or 1). It refuses, before
+// allocating anything, a negative pp, layers outside [1, MaxLayers] and
+// more stages than layers (a stage holds at least one layer): pp sizes
+// the list, and may come from a flag or the network.
+func SplitStages(layers, pp int) ([]int, error) {
+	switch {
+	case pp < 0:
+		return nil, badInput("PP %d: must not be negative", pp)
+	case layers < 1 || layers > MaxLayers:
+		return nil, badInput("PP %d over %d layers: the layers must be in [1, %d]", pp, layers, MaxLayers)
+	case pp > layers:
+		return nil, badInput("PP %d: more stages than the %d layers (each stage holds at least one)", pp, layers)
+	}
+	return EvenStages(layers, pp), nil
+}
+
+// EvenStages is SplitStages for a pp and layers the caller bounded. One it
+// would refuse (a negative pp, more stages than layers, layers outside [1,
+// MaxLayers]) gives, without allocating from pp, a list of one boundary,
+// which Side.Validate (so NewPlan) refuses: never a list sized from an
+// unchecked pp.
 func EvenStages(layers, pp int) []int {
-	if pp <= 1 {
+	if pp == 0 || pp == 1 {
 		return nil
+	}
+	if pp < 0 || layers < 1 || layers > MaxLayers || pp > layers {
+		return []int{0}
 	}
 	out := make([]int, pp+1)
 	for s := range out {
@@ -199,8 +221,9 @@ func (s *Side) Validate(what string) error {
 		return nil
 	}
 	switch n := len(s.Stages); {
-	case n < 2 || n-1 > MaxLayers:
-		return badInput("%s: %d PP stage boundaries: need at least 2 (first layer, end)", what, n)
+	case n < 2 || n-1 > s.Layers:
+		return badInput("%s: %d PP stage boundaries (%d stages) for %d layers: want 2 to %d (the first layer and each stage's end; a stage holds at least one layer)",
+			what, n, n-1, s.Layers, s.Layers+1)
 	case s.Stages[0] != 0 || s.Stages[n-1] != s.Layers:
 		return badInput("%s: PP stages span layers [%d, %d), the model has [0, %d)", what, s.Stages[0], s.Stages[n-1], s.Layers)
 	}

@@ -41,6 +41,10 @@ func TestPairingErrorsNameTheValues(t *testing.T) {
 		{"heads per rank", with(func(p *Pairing) { p.Prefill.HeadsPerRank = 4 }), "prefill: 4 KV heads per rank, but 8 KV heads over TP 4 give 2"},
 		{"stages miss layers", with(func(p *Pairing) { p.Decode.Stages = []int{0, 3, 5} }), "decode: PP stages span layers [0, 5), the model has [0, 6)"},
 		{"empty stage", with(func(p *Pairing) { p.Prefill.Stages = []int{0, 3, 3, 6} }), "prefill: PP stage 1 holds layers [3, 3): empty"},
+		// More boundaries than the layers can hold once said "need at least 2".
+		{"more stages than layers", with(func(p *Pairing) { p.Prefill.Stages = make([]int, 100001) }),
+			"prefill: 100001 PP stage boundaries (100000 stages) for 6 layers: want 2 to 7"},
+		{"one boundary", with(func(p *Pairing) { p.Decode.Stages = []int{0} }), "decode: 1 PP stage boundaries (0 stages) for 6 layers: want 2 to 7"},
 		{"zero TP", with(func(p *Pairing) { p.Decode.TP = 0 }), "decode: TP 0"},
 		{"zero page size", with(func(p *Pairing) { p.Prefill.PageSize = 0 }), "prefill: page size 0"},
 		{"unknown order", with(func(p *Pairing) { p.Decode.Order = 5 }), "decode: page order 5"},

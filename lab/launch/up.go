@@ -100,6 +100,11 @@ func (c *Config) Check() error {
 		return errors.New("--fault pause-etcd needs the etcd up starts (no --etcd)")
 	case c.FaultFor < 0 || c.FaultFor > MaxFaultFor:
 		return errors.Newf("--fault-for %v: want 0 to %v (launch.MaxFaultFor)", c.FaultFor, MaxFaultFor)
+	case c.FaultBatch < 0:
+		// A negative batch never comes: the fault was never injected.
+		return errors.Newf("--fault-batch %d: want a batch of the run, counted from 0", c.FaultBatch)
+	case c.RoomTimeout < 0:
+		return errors.Newf("--room-timeout %v: want 0 (rooms never time out) or more", c.RoomTimeout)
 	}
 	if c.Batches == 0 {
 		c.Batches = 2 * c.Decodes
@@ -108,7 +113,7 @@ func (c *Config) Check() error {
 		return errors.New("launch: no node binary (Config.Exe)")
 	}
 	if c.Fault != NoFault && c.FaultBatch >= c.Batches {
-		return errors.Newf("--fault-batch %d: the run has %d batches", c.FaultBatch, c.Batches)
+		return errors.Newf("--fault-batch %d: the run has %d batches (0 to %d)", c.FaultBatch, c.Batches, c.Batches-1)
 	}
 	if c.UpTimeout <= 0 {
 		c.UpTimeout = 2 * time.Minute

@@ -5,7 +5,9 @@ import (
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/cp/reshard"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
+	"github.com/kvstream/kvstream/system"
 )
 
 // MaxModeledNs is the longest duration, in nanoseconds, that a run may
@@ -107,6 +109,18 @@ func (c Config) checkBounds() error {
 		return errors.Newf("--finish-timeout %v: must not be negative", c.FinishTimeout)
 	case c.MemoryBudget < 0 || c.MemoryBudget > MaxMemoryBudget:
 		return errors.Newf("memory budget %d bytes: must be within [0, %d]", c.MemoryBudget, int64(MaxMemoryBudget))
+	}
+	// The sharding degrees, sharded run or not: a negative one once ran
+	// unsharded and succeeded. PP is bounded by the model's layers too
+	// (shardedGeometry), before a stage list is sized from it.
+	for _, d := range []struct {
+		flag   string
+		v, max int
+	}{{"--prefill-tp", c.PrefillTP, reshard.MaxTP}, {"--decode-tp", c.DecodeTP, reshard.MaxTP},
+		{"--prefill-pp", c.PrefillPP, reshard.MaxLayers}, {"--decode-pp", c.DecodePP, reshard.MaxLayers}} {
+		if d.v < 0 || d.v > d.max {
+			return errors.Mark(errors.Newf("%s %d: must be within [0, %d] (0: unsharded)", d.flag, d.v, d.max), system.ErrBadInput)
+		}
 	}
 	if c.PageSize > 0 && c.Requests > 0 {
 		pages := (c.PromptTokens + c.PageSize - 1) / c.PageSize // both factors bounded: no overflow

@@ -195,6 +195,14 @@ type geometry struct {
 	preSide, decSide reshard.Side
 }
 
+// Check validates the configuration as a run does, before anything is
+// allocated, naming the flag and the value: a command calls it to refuse
+// bad flags before it opens a node or a transport.
+func (c Config) Check() error {
+	_, err := c.validate()
+	return err
+}
+
 func (c Config) validate() (geometry, error) {
 	var g geometry
 	err := c.checkBounds()

@@ -53,7 +53,15 @@ func (c Config) shardedGeometry(g *geometry) error {
 	if c.PrefillTP < 0 || c.DecodeTP < 0 || c.PrefillPP < 0 || c.DecodePP < 0 {
 		return errors.Mark(errors.Newf("%s: TP and PP degrees must not be negative", c.tpFlags()), system.ErrBadInput)
 	}
-	pre.Stages, dec.Stages = reshard.EvenStages(g.layers, c.PrefillPP), reshard.EvenStages(g.layers, c.DecodePP)
+	// PP is bounded by the layers before a stage list is sized from it
+	// (--decode-pp 9223372036854775807 panicked in makeslice).
+	var err error
+	if pre.Stages, err = reshard.SplitStages(g.layers, c.PrefillPP); err != nil {
+		return badFlag(err, "--prefill-pp %d (--model %s, %d layers)", c.PrefillPP, p.Name, g.layers)
+	}
+	if dec.Stages, err = reshard.SplitStages(g.layers, c.DecodePP); err != nil {
+		return badFlag(err, "--decode-pp %d (--model %s, %d layers)", c.DecodePP, p.Name, g.layers)
+	}
 	pair := reshard.Pairing{Prefill: pre, Decode: dec}
 	if _, err := reshard.NewPlan(&pair, reshard.Rank{}); err != nil {
 		return badFlag(err, "%s", c.tpFlags())
