@@ -3,10 +3,9 @@ package cluster
 import (
 	"crypto/tls"
 	"crypto/x509"
-	"io"
-	"os"
 
 	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/internal/fileread"
 )
 
 // TLSFiles are an etcd client's TLS files, as operators run etcd (its
@@ -65,17 +64,12 @@ const MaxPEMBytes = 1 << 20
 // readPEM reads path, at most MaxPEMBytes; errors say what the file is,
 // its path and the bound, marked ErrInvalid.
 func readPEM(what, path string) ([]byte, error) {
-	fh, err := os.Open(path)
-	if err != nil {
-		return nil, errors.Mark(errors.Wrapf(err, "etcd TLS: %s", what), ErrInvalid)
-	}
-	defer fh.Close() //nolint:errcheck // read only
-	b, err := io.ReadAll(io.LimitReader(fh, MaxPEMBytes+1))
-	if err != nil {
-		return nil, errors.Mark(errors.Wrapf(err, "etcd TLS: %s %s", what, path), ErrInvalid)
-	}
-	if len(b) > MaxPEMBytes {
+	b, err := fileread.Read(path, MaxPEMBytes)
+	switch {
+	case errors.Is(err, fileread.ErrTooLong):
 		return nil, errors.Mark(errors.Newf("etcd TLS: %s %s: longer than the bound of %d MiB for a PEM file", what, path, MaxPEMBytes>>20), ErrInvalid)
+	case err != nil:
+		return nil, errors.Mark(errors.Wrapf(err, "etcd TLS: %s", what), ErrInvalid)
 	}
 	return b, nil
 }

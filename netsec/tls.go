@@ -4,11 +4,10 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
-	"io"
-	"os"
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/internal/fileread"
 )
 
 // Files names the PEM files of one node: the CA that signs every node of
@@ -81,17 +80,12 @@ const MaxPEMBytes = 1 << 20
 // ReadPEMFile reads path, at most MaxPEMBytes; errors say what the file
 // is ("CA file", "certificate file", "key file"), its path and the bound.
 func ReadPEMFile(what, path string) ([]byte, error) {
-	fh, err := os.Open(path)
-	if err != nil {
-		return nil, errors.Wrapf(err, "tls: %s", what)
-	}
-	defer fh.Close() //nolint:errcheck // read only
-	b, err := io.ReadAll(io.LimitReader(fh, MaxPEMBytes+1))
-	if err != nil {
-		return nil, errors.Wrapf(err, "tls: %s %s", what, path)
-	}
-	if len(b) > MaxPEMBytes {
+	b, err := fileread.Read(path, MaxPEMBytes)
+	switch {
+	case errors.Is(err, fileread.ErrTooLong):
 		return nil, errors.Newf("tls: %s %s: longer than the bound of %d MiB for a PEM file", what, path, MaxPEMBytes>>20)
+	case err != nil:
+		return nil, errors.Wrapf(err, "tls: %s", what)
 	}
 	return b, nil
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/kvstream/kvstream/internal/fileread"
 	"github.com/kvstream/kvstream/lab/scalebench"
 	"github.com/spf13/cobra"
 )
@@ -109,17 +110,12 @@ const (
 // at least 1 (the curves are log-log); errors name the file, the row and
 // the field.
 func readScaleReport(from string) (*scalebench.Report, error) {
-	f, err := os.Open(from)
-	if err != nil {
-		return nil, errors.Wrapf(err, "--from %s", from)
-	}
-	defer f.Close() //nolint:errcheck // read only
-	raw, err := io.ReadAll(io.LimitReader(f, maxScaleReport+1))
-	if err != nil {
-		return nil, errors.Wrapf(err, "--from %s", from)
-	}
-	if len(raw) > maxScaleReport {
+	raw, err := fileread.Read(from, maxScaleReport)
+	switch {
+	case errors.Is(err, fileread.ErrTooLong):
 		return nil, errors.Newf("--from %s: longer than the bound of %d MiB for a report of kvstream bench scale --json", from, maxScaleReport>>20)
+	case err != nil:
+		return nil, errors.Wrapf(err, "--from %s", from)
 	}
 	var rep scalebench.Report
 	if err := json.Unmarshal(raw, &rep); err != nil {
