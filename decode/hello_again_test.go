@@ -45,12 +45,7 @@ func TestLateOfferLeavesNoSession(t *testing.T) {
 	st, err := r.srv.State()
 	require.NoError(t, err)
 	assert.Equal(t, 1, st.Sessions, "one session, the one the first Hello opened")
-	require.NoError(t, c.Notify(waitCtx(t), notice(7, 0, 4, 4, true, system.Succeeded, nil)))
-	room, err := r.srv.Wait(waitCtx(t), 7)
-	require.NoError(t, err)
-	assert.True(t, room.Complete)
-	_, err = c.Bye(waitCtx(t), nil)
-	require.NoError(t, err)
+	serveRoom7(t, r, c)
 }
 
 // TestDialThatGaveUpLeavesNoLockout: a Dial with no connect timeout gives
@@ -81,6 +76,13 @@ func TestDialThatGaveUpLeavesNoLockout(t *testing.T) {
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
+	serveRoom7(t, r, c)
+}
+
+// serveRoom7 has the session c complete room 7 (its one chunk) on r and
+// say goodbye: the session serves.
+func serveRoom7(t *testing.T, r *rig, c *decode.Client) {
+	t.Helper()
 	require.NoError(t, c.Notify(waitCtx(t), notice(7, 0, 4, 4, true, system.Succeeded, nil)))
 	room, err := r.srv.Wait(waitCtx(t), 7)
 	require.NoError(t, err)
