@@ -34,6 +34,9 @@ func (e *Engine) AddPeer(p Peer) (err error) {
 	// before the removal that freed it.
 	e.cancels.mu.RLock()
 	if err == nil {
+		err = e.traceable(&p)
+	}
+	if err == nil {
 		err = e.env.Peers.Add(rp)
 	}
 	e.traceAddPeer(&p, err)
@@ -197,6 +200,9 @@ func (e *Engine) Register(ctx context.Context, spec ChunkSpec) (reg Registration
 		}
 	}
 	p, err := plan.BuildPlan(e.layout, e.env.Peers.Get, &spec, e.cfg.policy())
+	if err == nil {
+		err = e.traceableRegister(&spec)
+	}
 	if err != nil {
 		e.obs.Refused("bad_input")
 		return Registration{}, err

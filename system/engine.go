@@ -62,6 +62,7 @@ type Engine struct {
 	trace     *trace.Recorder
 	traceTo   io.Writer
 	traceFile *os.File
+	traceCfg  trace.Config // the trace's header: what its records are checked against
 
 	closeMu sync.Mutex // orders the Close calls
 	closed  bool

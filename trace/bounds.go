@@ -204,6 +204,23 @@ func checkName(field, s string) error {
 	return nil
 }
 
+// Name returns s as a trace records a name it was handed (a refused
+// call's peer id): s itself when a trace can hold it, else s quoted in Go
+// syntax (control characters and invalid UTF-8 escaped) and cut to fit
+// MaxNameLen, so that what the engine writes its reader reads back.
+func Name(s string) string {
+	if checkName("", s) == nil {
+		return s
+	}
+	q := strconv.Quote(s)
+	if len(q) <= MaxNameLen {
+		return q
+	}
+	// Excerpt's tail, "… (n bytes)", takes at most 30 bytes; a cut inside
+	// an escape is harmless: it is a printable excerpt, not Go syntax.
+	return Excerpt(q, MaxNameLen-30)
+}
+
 // CheckRecord validates a record against the header's geometry, before a
 // replay sizes anything with it: the messages a replay feeds from outside
 // decode, and their groups, destinations, pages and tokens are in range;
@@ -357,6 +374,11 @@ func registered(effects []string, call *RegisterCall) error {
 	return nil
 }
 
+// CheckRegister validates a Register call against the header's geometry
+// as a reader does: a writer checks a call with it before it records one.
+// The configuration must have passed Validate.
+func (c *Config) CheckRegister(call *RegisterCall) error { return c.checkRegister(call) }
+
 func (c *Config) checkRegister(call *RegisterCall) error {
 	maxPages := c.maxPages()
 	maxTokens := MaxPages * c.PageSize // a request may span more than this rank's pool
@@ -395,6 +417,10 @@ func checkPages(field string, list []int, pages int) error {
 	}
 	return nil
 }
+
+// Check validates an AddPeer call as a reader does: a writer checks a
+// call with it before it records one, so that what it writes reads back.
+func (call *AddPeerCall) Check() error { return checkAddPeer(call) }
 
 func checkAddPeer(call *AddPeerCall) error {
 	if err := checkName("ID", call.ID); err != nil {

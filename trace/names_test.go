@@ -1,11 +1,13 @@
 package trace
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"pgregory.net/rapid"
 )
 
 // TestNamesRefuseControlCharacters: a name replay prints (an actor, an
@@ -39,4 +41,29 @@ func TestNamesRefuseControlCharacters(t *testing.T) {
 	_, err = NewReader(strings.NewReader(hdr + "\n"))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), `engine_version "v1\x1b[31m": control character U+001B at byte 2`)
+}
+
+// Name makes any string a name a trace holds: itself when it is one,
+// else quoted and cut to MaxNameLen; whatever a caller hands the engine, its
+// refused call's record reads back.
+func TestNameIsAlwaysAName(t *testing.T) {
+	assert.Equal(t, "d0", Name("d0"))
+	assert.Equal(t, `"d\n"`, Name("d\n"))
+	assert.Equal(t, `"\xff"`, Name("\xff"))
+	long := Name(strings.Repeat("é", MaxNameLen))
+	assert.LessOrEqual(t, len(long), MaxNameLen)
+	assert.Contains(t, long, fmt.Sprintf("(%d bytes)", 2*MaxNameLen+2), "the cut says how long the quoted id was")
+	rapid.Check(t, func(t *rapid.T) {
+		s := rapid.String().Draw(t, "s")
+		if rapid.Bool().Draw(t, "long") {
+			s = strings.Repeat(s+"\x00", rapid.IntRange(1, 100).Draw(t, "times"))
+		}
+		n := Name(s)
+		if err := checkName("name", n); err != nil {
+			t.Fatalf("Name(%q) = %q: %v", s, n, err)
+		}
+		if checkName("", s) == nil && n != s {
+			t.Fatalf("Name(%q) = %q changed a name a trace holds", s, n)
+		}
+	})
 }
