@@ -185,6 +185,7 @@ type rank struct {
 
 	mu       sync.Mutex
 	sessions map[string]*decode.Client // by decode instance id
+	dialing  map[string]*dialing       // sessions being opened, by decode instance id
 	active   map[string]int            // batches running, by decode instance id
 	byes     sync.WaitGroup            // goodbyes to draining instances in progress
 	byesDone bool                      // closeByes began: no goodbye starts any more
@@ -211,34 +212,76 @@ func (k *rank) session(ctx context.Context, dec string, geom testbed.Geometry) (
 	return c, nil
 }
 
-// openSession is session's lookup and dial, under k.mu; opened says the
-// session is new.
+// dialing is a session being opened: the batches for its instance that
+// come meanwhile wait for it rather than dial again.
+type dialing struct {
+	done chan struct{} // closed once c and err are set
+	c    *decode.Client
+	err  error
+}
+
+// openSession is session's lookup and dial; opened says the session is
+// new. The resolution and the dial (up to resolvePatience, and a dial's
+// timeout) run without k.mu, which every batch's begin and end take: a
+// slow or partitioned instance holds up only the batches for it, not the
+// rank's batches for the others.
 func (k *rank) openSession(ctx context.Context, dec string, geom testbed.Geometry) (_ *decode.Client, opened bool, _ error) {
 	k.mu.Lock()
-	defer k.mu.Unlock()
+	if d := k.dialing[dec]; d != nil {
+		k.mu.Unlock()
+		select {
+		case <-d.done:
+			return d.c, false, d.err
+		case <-ctx.Done():
+			return nil, false, errors.Wrapf(ctx.Err(), "waiting for the session with decode instance %s", dec)
+		}
+	}
+	var lost *decode.Client
 	if c := k.sessions[dec]; c != nil {
 		if c.Lost() == nil {
+			k.mu.Unlock()
 			return c, false, nil
 		}
 		// The instance went away (and may be back under a new address):
 		// this is the one case where the rank resolves it again.
-		_ = c.Close(ctx)
+		lost = c
 		delete(k.sessions, dec)
 	}
+	d := &dialing{done: make(chan struct{})}
+	if k.dialing == nil {
+		k.dialing = map[string]*dialing{}
+	}
+	k.dialing[dec] = d
+	k.mu.Unlock()
+	if lost != nil {
+		_ = lost.Close(ctx)
+	}
+	d.c, d.err = k.dial(ctx, dec, geom)
+	k.mu.Lock()
+	delete(k.dialing, dec)
+	if d.err == nil {
+		k.dials++
+		k.sessions[dec] = d.c
+	}
+	k.mu.Unlock()
+	close(d.done)
+	return d.c, d.err == nil, d.err
+}
+
+// dial resolves decode instance dec and opens a session with it.
+func (k *rank) dial(ctx context.Context, dec string, geom testbed.Geometry) (*decode.Client, error) {
 	m, err := resolvePatiently(ctx, k.res, dec, resolvePatience)
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
 	c, err := saying(k.out, k.id, fmt.Sprintf("a session with decode instance %s at %s", dec, m.Addr), func() (*decode.Client, error) {
 		return dialDecode(ctx, k.node, decode.DialConfig{Decode: m.Addr, DecodeName: k.decodeName, Buffers: simsession.LayoutOf(geom), PageSize: k.cfg.PageSize, Name: k.id, Log: k.log,
 			Metadata: map[string]string{simsession.SeedKey: strconv.FormatUint(k.cfg.Seed, 10), decode.RankKey: strconv.Itoa(k.cfg.CP.Rank)}})
 	})
 	if err != nil {
-		return nil, false, errors.Wrapf(err, "session with decode instance %s at %s", dec, m.Addr)
+		return nil, errors.Wrapf(err, "session with decode instance %s at %s", dec, m.Addr)
 	}
-	k.dials++
-	k.sessions[dec] = c
-	return c, true, nil
+	return c, nil
 }
 
 // dialDecode is decode.Dial; a test makes the instance drain before the

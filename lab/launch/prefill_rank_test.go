@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/errors"
 	"github.com/kvstream/kvstream/cluster"
 	"github.com/kvstream/kvstream/decode"
 	"github.com/kvstream/kvstream/hw/rdma/loopback"
@@ -121,4 +122,64 @@ func TestSessionWithAnInstanceThatDrainsAtOnce(t *testing.T) {
 		t.Fatal("no goodbye: the instance's drain did not end")
 	}
 	k.closeByes()
+}
+
+// A decode instance slow to answer a dial (or partitioned: the dial waits
+// out its timeout) holds up only the batches for it: the rank dialed under
+// the lock every batch's begin and end take, so its batches for every
+// other instance waited behind that dial. A second batch for the slow
+// instance waits for the same dial's outcome.
+func TestSlowDialHoldsUpOnlyItsInstance(t *testing.T) {
+	local := cluster.NewLocal()
+	res := cluster.NewResolver(local)
+	t.Cleanup(func() { res.Close(); _ = local.Close() })
+	_, err := local.Register(context.Background(), cluster.Member{ID: "slow", Role: cluster.RoleDecode, Addr: "127.0.0.1:1"})
+	require.NoError(t, err)
+	release, entered := make(chan struct{}), make(chan struct{}, 4)
+	dialDecode = func(context.Context, *decode.Node, decode.DialConfig) (*decode.Client, error) {
+		entered <- struct{}{}
+		<-release
+		return nil, errors.New("refused on purpose")
+	}
+	t.Cleanup(func() { dialDecode = decode.Dial })
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(release) }) })
+
+	k := &rank{cfg: smallWorkload(), id: "g0-r0", res: res, log: zap.NewNop(), out: NewEmitter(io.Discard),
+		sessions: map[string]*decode.Client{}, active: map[string]int{}}
+	geom := testbed.MLA(2, 64, 8)
+	got := make(chan error, 2)
+	go func() { _, err := k.session(context.Background(), "slow", geom); got <- err }()
+	select {
+	case <-entered:
+	case <-time.After(time.Minute):
+		t.Fatal("the dial did not start")
+	}
+	go func() { _, err := k.session(context.Background(), "slow", geom); got <- err }()
+
+	other := make(chan struct{})
+	go func() {
+		k.begin("fast")
+		k.end("fast")
+		_ = k.row()
+		close(other)
+	}()
+	select {
+	case <-other:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a batch for another instance waited for the slow instance's dial")
+	}
+	once.Do(func() { close(release) })
+	for range 2 {
+		select {
+		case err := <-got:
+			require.ErrorContains(t, err, "refused on purpose")
+		case <-time.After(time.Minute):
+			t.Fatal("a session call for the slow instance did not return")
+		}
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	assert.Empty(t, k.sessions, "a failed dial leaves no session")
+	assert.Empty(t, k.dialing, "nor a dial in progress")
 }
