@@ -60,20 +60,24 @@ func (f *InFlight) Started() int64 {
 	return f.started
 }
 
-// Wait returns nil once nothing is in flight, or ctx's error.
+// Wait returns nil once nothing is in flight, or ctx's error. Work added
+// after the count fell to zero is waited for too: a session accepted
+// while a drain waits (before its Stop took effect) is in flight, and the
+// idle moment that came before it is no end of the work.
 func (f *InFlight) Wait(ctx context.Context) error {
-	f.mu.Lock()
-	idle := f.idle
-	n := f.n
-	f.mu.Unlock()
-	if n == 0 {
-		return nil
-	}
-	select {
-	case <-idle:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+	for {
+		f.mu.Lock()
+		idle := f.idle
+		n := f.n
+		f.mu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-idle:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/kvstream/kvstream/internal/stacks"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -160,6 +161,31 @@ func TestInFlight(t *testing.T) {
 	require.NoError(t, <-waited)
 	assert.Equal(t, int64(2), f.Started())
 	assert.Panics(t, f.Done)
+}
+
+// A Wait that saw work in flight returns only once none is: work added
+// after the count fell to zero (a session accepted while the drain
+// waited, before its Stop took effect) is waited for too. Wait returned
+// at the idle moment in between, and the drain's goodbye then cut the
+// new session as if the work had ended.
+func TestInFlightWaitsForWorkAddedAfterIdle(t *testing.T) {
+	var f InFlight
+	f.Add()
+	waited := make(chan error, 1)
+	go func() { waited <- f.Wait(context.Background()) }()
+	// Parked in its select: it holds the idle channel of the first work.
+	require.Eventually(t, func() bool { return stacks.Blocked("(*InFlight).Wait", nil) }, time.Minute, time.Millisecond)
+	f.Done()
+	f.Add()
+	// Parked again, on the new work's channel: it did not return.
+	require.Eventually(t, func() bool { return stacks.Blocked("(*InFlight).Wait", nil) || len(waited) > 0 }, time.Minute, time.Millisecond)
+	select {
+	case err := <-waited:
+		t.Fatalf("Wait returned (%v) with %d in flight", err, f.Count())
+	default:
+	}
+	f.Done()
+	require.NoError(t, <-waited)
 }
 
 // TestDrainFinishesInFlight: work that ends within the timeout is not
