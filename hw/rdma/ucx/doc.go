@@ -26,8 +26,15 @@
 // connection was handled (one lane per endpoint, delivered in order:
 // UCX_MAX_EAGER_LANES=1), with a refusal when any was refused or the access
 // point was revoked. A batch completes when that answer arrived (checked to
-// come back on the batch's own endpoint) and the endpoint's flush
-// completed the messages locally. A refusal breaks the endpoint. A
+// come back on the batch's own endpoint), the endpoint's flush completed
+// the messages locally, and UCX completed each write it took as a request:
+// a write that fails after ucp_am_send_nbx returned fails its batch and
+// breaks the endpoint (UCX 1.13 over shared memory fails the first message
+// of a fresh connection that way, "mm_ep.c: Invalid am_short_iov length",
+// and its FLUSH behind it is still answered: the shim released such a
+// request unseen, and the batch reported success with the bytes never
+// written; TestFirstWriteOnAFreshConnection). A refusal breaks the
+// endpoint. A
 // message sent by UCX's rendezvous protocol (no kvstream peer sends one) has
 // its payload never received: a write is refused, a FLUSH or an answer is
 // acted on from its header alone, and UCX drops the descriptor once the

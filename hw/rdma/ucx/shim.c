@@ -117,14 +117,42 @@ static void kvs_push(kvs_ctx_t *c, uint64_t id, int kind, ucs_status_t status)
     kvs_push_aux(c, id, 0, kind, status);
 }
 
-static void kvs_flush_cb(void *request, ucs_status_t status, void *user_data)
+// kvs_report queues a batch's completion: its flush's status, or the
+// first of its writes that failed. Once its writes all completed: a write
+// still in flight reports it when it completes (kvs_write_cb).
+static void kvs_report(kvs_req_t *r, ucs_status_t status)
 {
-    kvs_req_t *r = user_data;
+    if (r->writes_out > 0) {
+        r->report_due = 1;
+        r->report_st  = status;
+        return;
+    }
     if (status == UCS_OK && r->first_err != UCS_OK) {
         status = r->first_err;
     }
     kvs_push(r->ctx, r->id, KVS_EV_BATCH, status);
+}
+
+static void kvs_flush_cb(void *request, ucs_status_t status, void *user_data)
+{
+    kvs_report(user_data, status);
     ucp_request_free(request);
+}
+
+// A write UCX completed after kvs_post returned: a failure fails its batch
+// (UCX reports it nowhere else once the request is done).
+static void kvs_write_cb(void *request, ucs_status_t status, void *user_data)
+{
+    kvs_req_t *r = user_data;
+
+    ucp_request_free(request);
+    if (status != UCS_OK && r->first_err == UCS_OK) {
+        r->first_err = status;
+    }
+    if (--r->writes_out == 0 && r->report_due) {
+        r->report_due = 0;
+        kvs_report(r, r->report_st);
+    }
 }
 
 static void kvs_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
@@ -1099,8 +1127,10 @@ static int kvs_post_locked(kvs_ctx_t *c, kvs_ep_t *e, const kvs_write_t *ws,
     uint64_t off, n;
     int acked = 0, oom = 0;
 
-    r->ctx       = c;
-    r->first_err = UCS_OK;
+    r->ctx        = c;
+    r->first_err  = UCS_OK;
+    r->writes_out = 0;
+    r->report_due = 0;
     for (b = 0; b < nb; b++) {
         for (i = 0; i < counts[b]; i++, k++) {
             if (ws[k].rkey == 0 && ws[k].len > 0) {
@@ -1128,7 +1158,11 @@ static int kvs_post_locked(kvs_ctx_t *c, kvs_ep_t *e, const kvs_write_t *ws,
             if (ws[k].rkey != 0) {
                 // Passing the source's memh spares UCX a registration
                 // lookup.
-                param.op_attr_mask = ws[k].memh ? UCP_OP_ATTR_FIELD_MEMH : 0;
+                param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                     UCP_OP_ATTR_FIELD_USER_DATA |
+                                     (ws[k].memh ? UCP_OP_ATTR_FIELD_MEMH : 0);
+                param.cb.send      = kvs_write_cb;
+                param.user_data    = r;
                 param.memh         = (ucp_mem_h)(uintptr_t)ws[k].memh;
                 sp = ucp_put_nbx(e->ep, (void*)(uintptr_t)ws[k].src,
                                  ws[k].len, ws[k].dst,
@@ -1136,9 +1170,7 @@ static int kvs_post_locked(kvs_ctx_t *c, kvs_ep_t *e, const kvs_write_t *ws,
                 if (UCS_PTR_IS_ERR(sp)) {
                     errs[b] = UCS_PTR_STATUS(sp);
                 } else if (sp != NULL) {
-                    // Completion is tracked by the flush; the request is
-                    // released by UCX when it completes.
-                    ucp_request_free(sp);
+                    r->writes_out++; // kvs_write_cb releases it
                 }
                 continue;
             }
@@ -1153,10 +1185,14 @@ static int kvs_post_locked(kvs_ctx_t *c, kvs_ep_t *e, const kvs_write_t *ws,
                 r->hdrs[h].epoch = r->epoch;
                 r->hdrs[h].pad   = 0;
                 param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS |
+                                     UCP_OP_ATTR_FIELD_CALLBACK |
+                                     UCP_OP_ATTR_FIELD_USER_DATA |
                                      (ws[k].memh ? UCP_OP_ATTR_FIELD_MEMH : 0);
                 // REPLY: the receiver tells this connection's refused
                 // writes from another's (kvs_nack_set).
                 param.flags        = c->am_proto | UCP_AM_SEND_FLAG_REPLY;
+                param.cb.send      = kvs_write_cb;
+                param.user_data    = r;
                 param.memh         = (ucp_mem_h)(uintptr_t)ws[k].memh;
                 sp = ucp_am_send_nbx(e->ep, KVS_AM_WRITE, &r->hdrs[h],
                                      sizeof(r->hdrs[h]),
@@ -1166,7 +1202,7 @@ static int kvs_post_locked(kvs_ctx_t *c, kvs_ep_t *e, const kvs_write_t *ws,
                 if (UCS_PTR_IS_ERR(sp)) {
                     errs[b] = UCS_PTR_STATUS(sp);
                 } else if (sp != NULL) {
-                    ucp_request_free(sp);
+                    r->writes_out++; // kvs_write_cb releases it
                 }
             }
         }
@@ -1198,9 +1234,9 @@ static int kvs_post_locked(kvs_ctx_t *c, kvs_ep_t *e, const kvs_write_t *ws,
     param.user_data    = r;
     sp = ucp_ep_flush_nbx(e->ep, &param);
     if (sp == NULL) {
-        kvs_push(c, r->id, KVS_EV_BATCH, r->first_err);
+        kvs_report(r, UCS_OK);
     } else if (UCS_PTR_IS_ERR(sp)) {
-        kvs_push(c, r->id, KVS_EV_BATCH, UCS_PTR_STATUS(sp));
+        kvs_report(r, UCS_PTR_STATUS(sp));
     }
     return acked;
 }

@@ -202,7 +202,16 @@ struct kvs_ctx {
 typedef struct {
     kvs_ctx_t   *ctx;
     uint64_t     id;
-    ucs_status_t first_err; // the first put that failed to start, if any
+    ucs_status_t first_err; // the first write that failed, if any
+    // Writes UCX took as requests and has not completed: the batch's
+    // flush reports once they did (report_st holds its status meanwhile),
+    // so that a write that fails after kvs_post returned (UCX 1.13 over
+    // shared memory fails the first message of a fresh connection with
+    // "Invalid am_short_iov length") fails its batch instead of passing
+    // unseen.
+    uint32_t     writes_out;
+    int          report_due;
+    ucs_status_t report_st;
     // Message writes' headers and the FLUSH's tag: UCX reads a message's
     // header when it sends it, which may be after kvs_post returned, so
     // they live here until the batch's flush completed.
