@@ -68,10 +68,13 @@ func CheckHost(h string) error {
 // serves as both server and client (each node dials and accepts), and
 // names 127.0.0.1, ::1, localhost and every entry of hosts (IP addresses or
 // DNS names) so that a peer dialling any of them verifies it. It never
-// overwrites a file: an existing one is an error naming it. Production
-// deployments should use certificates from their own CA instead; the CA key
-// written here signs anything.
-func GenerateDevCerts(dir string, nodes, hosts []string) (map[string]Files, error) {
+// overwrites a file: an existing one is an error naming it, found before
+// anything is written, and a run that fails removes what it wrote, so that
+// it writes the CA and every node's files or none of them (a partial run
+// left a ca.pem that failed every rerun). Production deployments should
+// use certificates from their own CA instead; the CA key written here
+// signs anything.
+func GenerateDevCerts(dir string, nodes, hosts []string) (_ map[string]Files, err error) {
 	if len(nodes) == 0 {
 		return nil, errors.New("certs: no node names")
 	}
@@ -97,8 +100,38 @@ func GenerateDevCerts(dir string, nodes, hosts []string) (map[string]Files, erro
 			dns = append(dns, h)
 		}
 	}
+	// Every file this run writes, checked before any is.
+	caPath := filepath.Join(dir, CAFile)
+	targets := []string{caPath, filepath.Join(dir, CAKeyFile)}
+	for _, n := range nodes {
+		targets = append(targets, filepath.Join(dir, n+".pem"), filepath.Join(dir, n+".key"))
+	}
+	for _, p := range targets {
+		switch _, err := os.Lstat(p); {
+		case err == nil:
+			return nil, errors.Wrapf(os.ErrExist, "certs: nothing written: %s", p)
+		case !errors.Is(err, os.ErrNotExist):
+			return nil, errors.Wrapf(err, "certs: %s", p)
+		}
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, errors.Wrap(err, "certs: directory")
+	}
+	// A file created since the check, or a failed write, ends the run
+	// with nothing of it left.
+	var written []string
+	defer func() {
+		if err != nil {
+			for _, p := range written {
+				_ = os.Remove(p)
+			}
+		}
+	}()
+	wrote := func(path string, err error) error {
+		if err == nil {
+			written = append(written, path)
+		}
+		return err
 	}
 
 	now := time.Now()
@@ -119,11 +152,10 @@ func GenerateDevCerts(dir string, nodes, hosts []string) (map[string]Files, erro
 	if err != nil {
 		return nil, errors.Wrap(err, "certs: CA certificate")
 	}
-	caPath := filepath.Join(dir, CAFile)
-	if err := writePEM(caPath, "CERTIFICATE", caDER, 0o644); err != nil {
+	if err := wrote(caPath, writePEM(caPath, "CERTIFICATE", caDER, 0o644)); err != nil {
 		return nil, err
 	}
-	if err := writeKey(filepath.Join(dir, CAKeyFile), caKey); err != nil {
+	if err := wrote(filepath.Join(dir, CAKeyFile), writeKey(filepath.Join(dir, CAKeyFile), caKey)); err != nil {
 		return nil, err
 	}
 
@@ -147,10 +179,10 @@ func GenerateDevCerts(dir string, nodes, hosts []string) (map[string]Files, erro
 			return nil, errors.Wrapf(err, "certs: certificate of %s", n)
 		}
 		f := Files{CA: caPath, Cert: filepath.Join(dir, n+".pem"), Key: filepath.Join(dir, n+".key")}
-		if err := writePEM(f.Cert, "CERTIFICATE", der, 0o644); err != nil {
+		if err := wrote(f.Cert, writePEM(f.Cert, "CERTIFICATE", der, 0o644)); err != nil {
 			return nil, err
 		}
-		if err := writeKey(f.Key, key); err != nil {
+		if err := wrote(f.Key, writeKey(f.Key, key)); err != nil {
 			return nil, err
 		}
 		out[n] = f
@@ -181,15 +213,20 @@ func writeKey(path string, key *ecdsa.PrivateKey) error {
 }
 
 // writePEM creates path exclusively: regenerating must never silently
-// replace a CA that other hosts already trust.
+// replace a CA that other hosts already trust. A file it created and could
+// not write whole it removes.
 func writePEM(path, kind string, der []byte, mode os.FileMode) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
 	if err != nil {
 		return errors.Wrapf(err, "certs: %s", path)
 	}
-	if err := pem.Encode(f, &pem.Block{Type: kind, Bytes: der}); err != nil {
-		_ = f.Close()
+	err = pem.Encode(f, &pem.Block{Type: kind, Bytes: der})
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = os.Remove(path)
 		return errors.Wrapf(err, "certs: %s", path)
 	}
-	return errors.Wrapf(f.Close(), "certs: %s", path)
+	return nil
 }

@@ -72,6 +72,34 @@ func TestGenerateDevCertsNeverOverwrites(t *testing.T) {
 	require.Equal(t, before, after)
 }
 
+// A node's existing file fails the run before anything is written: the
+// CA and the earlier nodes' files were written first, and a rerun then
+// failed on ca.pem.
+func TestGenerateDevCertsWritesAllOrNothing(t *testing.T) {
+	dir := t.TempDir()
+	existing := filepath.Join(dir, "prefill.pem")
+	require.NoError(t, os.WriteFile(existing, []byte("mine"), 0o644))
+	_, err := GenerateDevCerts(dir, []string{"decode", "prefill"}, nil)
+	require.ErrorContains(t, err, existing)
+	require.ErrorIs(t, err, os.ErrExist)
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	require.Equal(t, []string{"prefill.pem"}, names, "a failed run left files")
+	b, err := os.ReadFile(existing)
+	require.NoError(t, err)
+	require.Equal(t, "mine", string(b))
+
+	// Once the file is out of the way, the rerun writes everything.
+	require.NoError(t, os.Remove(existing))
+	files, err := GenerateDevCerts(dir, []string{"decode", "prefill"}, nil)
+	require.NoError(t, err)
+	require.Len(t, files, 2)
+}
+
 func TestGenerateDevCertsRefusesBadInput(t *testing.T) {
 	for name, tc := range map[string]struct {
 		nodes, hosts []string

@@ -60,6 +60,12 @@ func addWritesFlag(fl *pflag.FlagSet, v *string) {
 	fl.StringVar(v, "ucx-writes", "messages", "how a UCX peer writes this process's memory: messages (checked and applied by the receiver, revocable on every UCX transport) or rma (UCX puts: RDMA NICs and GPUs, between trusted peers; both sides must agree)")
 }
 
+// maxHeartbeatMisses bounds the unanswered heartbeats before a loss
+// (--heartbeat / --heartbeat-interval - 1), as decode.ListenConfig and
+// netsec.HeartbeatConfig do: checked with the flags, it names them before
+// anything starts.
+const maxHeartbeatMisses = 1000
+
 // heartbeatConfig is the heartbeat pacing the flags ask for: Misses < 0
 // when off.
 func (n *netFlags) heartbeatConfig() (netsec.HeartbeatConfig, error) {
@@ -73,7 +79,12 @@ func (n *netFlags) heartbeatConfig() (netsec.HeartbeatConfig, error) {
 	case n.hbInterval < 10*time.Millisecond || n.hbInterval > n.heartbeat/2:
 		return netsec.HeartbeatConfig{}, errors.Newf("--heartbeat-interval %v: want 10ms to half of --heartbeat %v (at least one unanswered heartbeat before a loss)", n.hbInterval, n.heartbeat)
 	}
-	return netsec.HeartbeatConfig{Interval: n.hbInterval, Misses: int(n.heartbeat/n.hbInterval) - 1}, nil
+	misses := int(n.heartbeat/n.hbInterval) - 1
+	if misses > maxHeartbeatMisses {
+		return netsec.HeartbeatConfig{}, errors.Newf("--heartbeat %v, --heartbeat-interval %v: %d unanswered heartbeats before a loss (--heartbeat / --heartbeat-interval - 1), want at most %d: a longer interval or a shorter --heartbeat",
+			n.heartbeat, n.hbInterval, misses, maxHeartbeatMisses)
+	}
+	return netsec.HeartbeatConfig{Interval: n.hbInterval, Misses: misses}, nil
 }
 
 // check validates the flags; node names this node's files in --tls-dir.

@@ -39,6 +39,12 @@ func TestNetFlagsNameTheFlag(t *testing.T) {
 		{[]string{"decode", "--sessions", "-1"}, "--sessions"},
 		{[]string{"decode", "--heartbeat", "2s", "--heartbeat-interval", "1500ms"}, "--heartbeat-interval 1.5s"},
 		{[]string{"decode", "--heartbeat-interval", "1ms"}, "--heartbeat-interval"},
+		// More misses than the node's bound (1000): named here, before the
+		// metrics endpoint or the node starts, not by the node as
+		// "--listen/--advertise: heartbeat: ...".
+		{[]string{"decode", "--heartbeat", "10m", "--heartbeat-interval", "10ms"}, "--heartbeat 10m0s, --heartbeat-interval 10ms: 59999 unanswered heartbeats"},
+		{[]string{"prefill", "--heartbeat", "20s", "--heartbeat-interval", "10ms"}, "--heartbeat 20s, --heartbeat-interval 10ms: 1999 unanswered heartbeats"},
+		{[]string{"up", "--heartbeat", "10m", "--heartbeat-interval", "10ms"}, "--heartbeat-interval 10ms"},
 		{[]string{"decode", "--data-addr", "127.0.0.3"}, "--data-addr 127.0.0.3: the UCX data plane would listen on 127.0.0.1"},
 		{[]string{"decode", "--data-addr", "192.0.2.77"}, "--data-addr 192.0.2.77"},
 		{[]string{"decode", "--max-pool-mib", "0"}, "--max-pool-mib"},
@@ -146,4 +152,16 @@ func TestCertsRefusesBadHosts(t *testing.T) {
 		require.Contains(t, err.Error(), fmt.Sprintf("--hosts: host %q: want an IP address or a host name", h))
 		require.NoDirExists(t, dir, "%s: nothing written", h)
 	}
+}
+
+// TestHeartbeatMissesBound: --heartbeat / --heartbeat-interval - 1
+// unanswered heartbeats may reach the node's bound (1000), not pass it.
+func TestHeartbeatMissesBound(t *testing.T) {
+	n := netFlags{heartbeat: 10010 * time.Millisecond, hbInterval: 10 * time.Millisecond}
+	hb, err := n.heartbeatConfig()
+	require.NoError(t, err)
+	require.Equal(t, netsec.HeartbeatConfig{Interval: 10 * time.Millisecond, Misses: 1000}, hb)
+	n.heartbeat += 10 * time.Millisecond
+	_, err = n.heartbeatConfig()
+	require.ErrorContains(t, err, "--heartbeat 10.02s, --heartbeat-interval 10ms: 1001 unanswered heartbeats")
 }

@@ -50,7 +50,7 @@ func newUpMetrics(reg prometheus.Registerer) (*upMetrics, error) {
 		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{Name: MetricUpBatchesInFlight, Help: "Batches started and not ended."}),
 		nodes: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricUpNodes,
 			Help: "Node processes running, by role (decode, prefill)."}, []string{"role"}),
-		restarts: prometheus.NewCounter(prometheus.CounterOpts{Name: MetricUpRestarts, Help: "Node processes restarted under their id (kill-decode)."}),
+		restarts: prometheus.NewCounter(prometheus.CounterOpts{Name: MetricUpRestarts, Help: "Node processes restarted under their id (kill-decode, rolling-restart), counted once the restart started."}),
 	}
 	m.complete, m.failed = m.batches.WithLabelValues("complete"), m.batches.WithLabelValues("failed")
 	m.nodes.WithLabelValues("decode")

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -258,13 +259,14 @@ func Up(accept, hard context.Context, cfg Config) (rep *Report, err error) {
 	if err := u.waitUp(accept); err != nil {
 		return nil, err
 	}
-	ready := true
+	// ended is read by /readyz's handler (another goroutine): atomic.
+	var ended atomic.Bool
 	if cfg.Ops != nil {
 		cfg.Ops.Ready("cluster", func(context.Context) error {
 			if id, gone := u.sup.AnyGone(cluster.RolePrefill); gone {
 				return errors.Newf("prefill rank %s exited", id)
 			}
-			if !ready {
+			if ended.Load() {
 				return errors.New("the run ended")
 			}
 			return nil
@@ -280,6 +282,11 @@ func Up(accept, hard context.Context, cfg Config) (rep *Report, err error) {
 	var drainMu sync.Mutex
 	var drainTimer *time.Timer
 	stopDrainWatch := context.AfterFunc(accept, func() {
+		// /readyz fails first, as the drain begins, not once the batches
+		// in flight ended (up to --drain-timeout later).
+		if cfg.Ops != nil {
+			cfg.Ops.SetDraining()
+		}
 		drainMu.Lock()
 		defer drainMu.Unlock()
 		drainAt = time.Now()
@@ -323,7 +330,7 @@ func Up(accept, hard context.Context, cfg Config) (rep *Report, err error) {
 	}
 	started, _ := rt.run(accept, hard, cfg.Batches)
 	u.inj.wait()
-	ready = false
+	ended.Store(true)
 	elapsed := time.Since(t0)
 	u.sup.Stop(cfg.DrainTimeout)
 
@@ -428,11 +435,14 @@ func (u *up) exited(ev ChildEvent) {
 	}
 	u.inj.exited(ev.ID, ev.ExitErr)
 	if u.inj.restart(ev.ID, u.sup.Stopping()) {
-		u.inj.note("%s restarted after the fault", ev.ID)
-		u.m.restarts.Inc()
+		// Counted once it happened: Restart fails when the supervisor
+		// began stopping since, or the process could not be started.
 		if err := u.sup.Restart(ev.ID); err != nil {
 			u.inj.note("restart %s: %v", ev.ID, err)
+			return
 		}
+		u.inj.note("%s restarted after the fault", ev.ID)
+		u.m.restarts.Inc()
 	}
 }
 

@@ -1,12 +1,28 @@
 package launch
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/kvstream/kvstream/cluster"
+	"github.com/kvstream/kvstream/cluster/etcdproc"
+	"github.com/kvstream/kvstream/lab/service"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -103,4 +119,252 @@ func TestFaultsEndWithTheDrain(t *testing.T) {
 		drain(nil)
 		cut(nil)
 	}
+}
+
+// upNodeEnv makes the test binary a node of Up's for
+// TestUpReadinessFailsAsTheDrainBegins: unlike the supervisor's fake node
+// (main_test.go) it takes Up's arguments and registers on Up's etcd, so
+// that Up comes up; it runs no batch (a batch given to it stays in flight
+// until the drain's end cuts it) and says on stderr when it got one.
+const upNodeEnv = "KVSTREAM_LAUNCH_UP_NODE"
+
+func init() {
+	if os.Getenv(upNodeEnv) != "" {
+		os.Exit(upNode(os.Args[1:]))
+	}
+}
+
+// upNode is the node upNodeEnv runs: args are Up's (the command, then
+// "--flag value" pairs).
+func upNode(args []string) int {
+	fail := func(err error) int { fmt.Fprintln(os.Stderr, "up node:", err); return 2 }
+	if len(args) == 0 || len(args[1:])%2 != 0 {
+		return fail(fmt.Errorf("arguments %q: want a command and --flag value pairs", args))
+	}
+	flags := map[string]string{}
+	for i := 1; i < len(args); i += 2 {
+		flags[args[i]] = args[i+1]
+	}
+	m := cluster.Member{ID: flags["--id"], Role: cluster.RoleDecode}
+	if args[0] == "prefill-rank" {
+		rank, err := strconv.Atoi(flags["--cp-rank"])
+		if err != nil {
+			return fail(err)
+		}
+		size, err := strconv.Atoi(flags["--cp"])
+		if err != nil {
+			return fail(err)
+		}
+		m = cluster.Member{ID: fmt.Sprintf("%s-r%d", flags["--cp-group"], rank), Role: cluster.RolePrefill,
+			Group: flags["--cp-group"], Rank: rank, Size: size}
+	}
+	ttl, err := time.ParseDuration(flags["--member-ttl"])
+	if err != nil {
+		return fail(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0") // the address it announces, its own
+	if err != nil {
+		return fail(err)
+	}
+	defer ln.Close()
+	m.Addr = ln.Addr().String()
+	prov, err := cluster.Open(cluster.Config{Endpoints: strings.Split(flags["--etcd"], ","), Prefix: flags["--cluster-prefix"], TTL: ttl})
+	if err != nil {
+		return fail(err)
+	}
+	defer prov.Close()
+	reg, err := prov.Register(context.Background(), m)
+	if err != nil {
+		return fail(err)
+	}
+	defer reg.Close()
+	out := NewEmitter(os.Stdout)
+	out.Emit(Event{Event: EventReady, ID: m.ID, Addr: m.Addr, Pid: os.Getpid()})
+	term := make(chan os.Signal, 1)
+	signal.Notify(term, syscall.SIGTERM)
+	lines := make(chan string)
+	go func() {
+		sc := bufio.NewScanner(os.Stdin)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	for {
+		select {
+		case <-term:
+			return 0
+		case l, ok := <-lines:
+			if !ok {
+				return 0
+			}
+			if c, err := ParseCommand(l); err == nil {
+				fmt.Fprintf(os.Stderr, "holds batch %d\n", c.Batch)
+			}
+		}
+	}
+}
+
+// watchedWriter is a syncBuffer whose lines a test waits for.
+type watchedWriter struct {
+	syncBuffer
+	mu      sync.Mutex
+	changed chan struct{} // closed at the next Write
+}
+
+func (w *watchedWriter) Write(p []byte) (int, error) {
+	n, err := w.syncBuffer.Write(p)
+	w.mu.Lock()
+	if w.changed != nil {
+		close(w.changed)
+		w.changed = nil
+	}
+	w.mu.Unlock()
+	return n, err
+}
+
+// waitFor waits until what was written holds text; it fails when ended is
+// closed first (Up returned) or after bound (a safety net, not the
+// oracle: every wait of the test is for an event).
+func (w *watchedWriter) waitFor(t *testing.T, text string, ended <-chan struct{}, bound time.Duration) {
+	t.Helper()
+	deadline := time.NewTimer(bound)
+	defer deadline.Stop()
+	for {
+		w.mu.Lock()
+		if w.changed == nil {
+			w.changed = make(chan struct{})
+		}
+		changed := w.changed
+		w.mu.Unlock()
+		if strings.Contains(w.String(), text) {
+			return
+		}
+		select {
+		case <-changed:
+		case <-ended:
+			t.Fatalf("up returned before writing %q:\n%s", text, w.String())
+		case <-deadline.C:
+			t.Fatalf("no %q within %v:\n%s", text, bound, w.String())
+		}
+	}
+}
+
+// TestUpReadinessFailsAsTheDrainBegins: up's /readyz fails as soon as its
+// drain begins (the first signal), while a batch is still in flight, not
+// only once every batch in flight ended (up to --drain-timeout later; it
+// stayed 200 for the whole drain). Under -race this also checks that the
+// handler's goroutine reads up's state safely (a plain bool, written by
+// Up's goroutine, once was).
+func TestUpReadinessFailsAsTheDrainBegins(t *testing.T) {
+	if _, err := etcdproc.Binary(); err != nil {
+		t.Skip(err)
+	}
+	ops, err := service.Start(service.Config{Addr: "127.0.0.1:0"})
+	require.NoError(t, err)
+	defer ops.Close(context.Background())
+	tr := &http.Transport{DisableKeepAlives: true}
+	defer tr.CloseIdleConnections()
+	readyz := func() (int, string) {
+		t.Helper()
+		resp, err := (&http.Client{Transport: tr, Timeout: time.Minute}).Get("http://" + ops.Addr() + "/readyz")
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, string(b)
+	}
+	inFlight := func() float64 {
+		t.Helper()
+		mfs, err := ops.Registry().Gather()
+		require.NoError(t, err)
+		for _, mf := range mfs {
+			if mf.GetName() == MetricUpBatchesInFlight {
+				return mf.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		t.Fatalf("no %s served", MetricUpBatchesInFlight)
+		return 0
+	}
+
+	accept, drain := context.WithCancelCause(context.Background())
+	defer drain(nil)
+	hard, cut := context.WithCancelCause(context.Background())
+	defer cut(nil)
+	var stderr watchedWriter
+	var rep *Report
+	var upErr error
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		rep, upErr = Up(accept, hard, Config{Exe: os.Args[0], Env: append(os.Environ(), upNodeEnv+"=1"),
+			Ranks: 1, Decodes: 1, Batches: 1, Requests: 1, PageSize: 16, Transport: "tcp",
+			Prefix: "/kvstream/up-test-" + strconv.Itoa(os.Getpid()),
+			// Only the cut below ends the batch: the drain, and the batch's
+			// own bound (2×FinishTimeout + 2 minutes), would wait longer.
+			FinishTimeout: 10 * time.Minute, DrainTimeout: 10 * time.Minute, Ops: ops, Stderr: &stderr})
+	}()
+	// The batch is in flight (its rank holds it: no room will ever end).
+	stderr.waitFor(t, "g0-r0: holds batch 0", ended, 3*time.Minute)
+	code, body := readyz()
+	require.Equal(t, http.StatusOK, code, "the run goes on: %s", body)
+	require.Equal(t, 1.0, inFlight())
+
+	drain(errors.New("test drain"))
+	stderr.waitFor(t, "up: draining (test drain)", ended, 3*time.Minute)
+	code, body = readyz()
+	assert.Equal(t, http.StatusServiceUnavailable, code, "/readyz while the drain waits for the batch in flight: %s", body)
+	assert.Contains(t, body, "[-]draining")
+	require.Equal(t, 1.0, inFlight(), "the batch is still in flight")
+
+	cut(errors.New("test cut"))
+	<-ended
+	require.NoError(t, upErr)
+	require.NotNil(t, rep.Drain)
+	assert.Equal(t, "test drain", rep.Drain.Reason)
+	code, body = readyz()
+	assert.Equal(t, http.StatusServiceUnavailable, code, "/readyz once the run ended: %s", body)
+}
+
+// TestRestartsCountOnlyRestarts: kvstream_up_node_restarts_total counts a
+// node's restart once its new process started; a restart that failed (the
+// binary could not be started; the supervisor stopping) is a note, not a
+// count (it was counted before Restart, whatever Restart returned).
+func TestRestartsCountOnlyRestarts(t *testing.T) {
+	for _, tc := range []struct {
+		name, exe string
+		restarts  float64
+		note      string
+	}{
+		{"started", os.Args[0], 1, "decode-0 restarted after the fault"},
+		{"exec fails", filepath.Join(t.TempDir(), "no-such-kvstream"), 0, "restart decode-0: start node decode-0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sup := NewSupervisor(tc.exe, nil, nil)
+			defer sup.Close()
+			spec := fakeSpec("decode-0", cluster.RoleDecode, 0)
+			sup.mu.Lock()
+			sup.children[spec.ID] = &child{spec: spec}
+			sup.mu.Unlock()
+			m, err := newUpMetrics(nil)
+			require.NoError(t, err)
+			u := &up{sup: sup, book: newBook(1, 1), m: m, inj: &injector{fault: KillDecode, killed: spec.ID}}
+			u.exited(ChildEvent{ID: spec.ID, Role: cluster.RoleDecode, Exit: true, ExitErr: errors.New("signal: killed")})
+			assert.Equal(t, tc.restarts, counted(t, m.restarts))
+			notes := u.inj.Notes()
+			require.Len(t, notes, 1, "%q", notes)
+			assert.Contains(t, notes[0], tc.note)
+			if tc.restarts > 0 {
+				assert.True(t, sup.State(spec.ID).Running, "restarted")
+			}
+		})
+	}
+}
+
+// counted is a counter's value.
+func counted(t *testing.T, c prometheus.Counter) float64 {
+	t.Helper()
+	var m dto.Metric
+	require.NoError(t, c.Write(&m))
+	return m.GetCounter().GetValue()
 }
