@@ -39,8 +39,10 @@ func Middleware(r *Recorder) actor.ReceiverMiddleware {
 				sender = env.Sender.Id
 			}
 			slot := r.Begin(kind, id, sender, env.Message)
+			// Deferred: a record left open by a panic would end every
+			// later snapshot before it (Recorder.Snapshot).
+			defer func() { r.Finish(slot, Effects(t.TraceEffects())) }()
 			next(c, env)
-			r.Finish(slot, Effects(t.TraceEffects()))
 		}
 	}
 }

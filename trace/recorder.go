@@ -17,8 +17,11 @@ type Recorder struct {
 	start  time.Time
 	header Header
 
-	mu      sync.Mutex
-	ring    []Record
+	mu   sync.Mutex
+	ring []Record
+	// open marks the ring's records begun and not finished: a snapshot
+	// ends before the first of them (its effects are not known yet).
+	open    []bool
 	next    int
 	full    bool
 	seq     uint64
@@ -33,7 +36,7 @@ func NewRecorder(capacity int, header Header) *Recorder {
 	now := time.Now()
 	header.Format = Version
 	header.StartedUnixNano = now.UnixNano()
-	return &Recorder{start: now, header: header, ring: make([]Record, capacity)}
+	return &Recorder{start: now, header: header, ring: make([]Record, capacity), open: make([]bool, capacity)}
 }
 
 // Add records that actor (kind, id) handled msg and its core returned
@@ -76,6 +79,7 @@ func (r *Recorder) begin(rec Record) Slot {
 	}
 	slot := Slot{seq: r.seq, idx: r.next}
 	r.ring[r.next] = rec
+	r.open[r.next] = true
 	r.next++
 	if r.next == len(r.ring) {
 		r.next, r.full = 0, true
@@ -85,26 +89,39 @@ func (r *Recorder) begin(rec Record) Slot {
 
 // Finish adds the effects of a begun record (unless the ring overwrote it).
 func (r *Recorder) Finish(s Slot, effects []string) {
-	if len(effects) == 0 {
-		return
-	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.ring[s.idx].Seq == s.seq {
-		r.ring[s.idx].Effects = effects
+		r.open[s.idx] = false
+		if len(effects) > 0 {
+			r.ring[s.idx].Effects = effects
+		}
 	}
 }
 
-// Snapshot returns the trace recorded so far, oldest record first.
+// Snapshot returns the trace recorded so far, oldest record first. It ends
+// before the first record begun and not finished (a DumpTrace while an
+// actor handles a message, or while a registration waits for its answer):
+// that record's effects are not known yet, and a replay would find them
+// missing; the records after it are left out too, so that the trace is
+// what was recorded up to a moment, numbered without a gap.
 func (r *Recorder) Snapshot() *Trace {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	t := &Trace{Header: r.header}
 	t.Header.Dropped = r.dropped
-	if r.full {
-		t.Records = append(t.Records, r.ring[r.next:]...)
+	add := func(recs []Record, open []bool) bool {
+		for i := range recs {
+			if open[i] {
+				return false
+			}
+			t.Records = append(t.Records, recs[i])
+		}
+		return true
 	}
-	t.Records = append(t.Records, r.ring[:r.next]...)
+	if !r.full || add(r.ring[r.next:], r.open[r.next:]) {
+		add(r.ring[:r.next], r.open[:r.next])
+	}
 	t.Header.Records = len(t.Records)
 	return t
 }

@@ -1,8 +1,10 @@
 package replay
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -94,6 +96,10 @@ type Summary struct {
 	// never shows handled: in mailboxes when the engine stopped its actors,
 	// or when the trace was taken.
 	InFlight int
+	// InFlightMessages names the first MaxExcerptLines of them, oldest
+	// first: "to room/1, sent by chunk/1:0-8#1 at record 24: ChunkDone
+	// {...}".
+	InFlightMessages []string
 }
 
 // ChunkResult is one chunk's outcome in a replay.
@@ -151,6 +157,22 @@ type replayer struct {
 	peerSeqs   []string // "id at record n", for divergences
 	registered map[string]registration
 	plans      map[string]*plan.Plan // AddChunk handled, until SpawnChunk
+	lost       map[string]uint64     // chunks of registrations that lost a race (their record), until their room answers
+
+	// What the replay saw begin, for a trace whose ring dropped records
+	// (header dropped > 0): records about anything else (a room spawned,
+	// a chunk spawned, a forward begun, a peer added or removed before the
+	// trace's first record) are skipped, since their beginning is not in
+	// the trace. Unused for a whole trace.
+	rooms0    map[uint64]bool // SpawnRoom replayed
+	chunks0   map[string]bool // SpawnChunk replayed
+	forwards0 map[uint64]bool // Begin replayed
+	peers0    map[string]bool // AddPeerCall or RemovePeerCall replayed
+	// peerLive counts the live chunks (spawned, not ended) per peer they
+	// send to, for a RemovePeerCall's check.
+	peerLive map[string]int
+	// chunkPeers are the peers of each live chunk's real destinations.
+	chunkPeers map[string][]string
 }
 
 // workKey names one Work: its chunk, group (or Rest) and destination.
@@ -164,6 +186,11 @@ type registration struct {
 	seq  uint64
 	line int
 	plan *plan.Plan
+	// lost: the registration lost a race with a concurrent one of its key;
+	// its AddChunk must find the winner's chunk queued (no SpawnChunk).
+	lost bool
+	// peers are its real destinations' peers, which its AddChunk lists.
+	peers []string
 }
 
 // Cores replays a trace through fresh functional cores, one record at a
@@ -184,7 +211,9 @@ func Cores(s trace.Stream) (*Outcome, error) {
 	r := &replayer{header: h, layout: l, out: &Outcome{Summary: Summary{Statuses: map[string]int{}}},
 		manager: actors.NewManagerCore(), forward: actors.NewForwardCore(),
 		rooms: map[uint64]*actors.RoomCore{}, chunks: map[string]*actors.ChunkCore{}, inboxes: map[string]*inbox{}, seen: map[string]bool{}, stopped: map[string]bool{}, worked: map[workKey]int{},
-		peers: map[string]*plan.Peer{}, registered: map[string]registration{}, plans: map[string]*plan.Plan{}}
+		peers: map[string]*plan.Peer{}, registered: map[string]registration{}, plans: map[string]*plan.Plan{},
+		lost: map[string]uint64{}, rooms0: map[uint64]bool{}, chunks0: map[string]bool{}, forwards0: map[uint64]bool{}, peers0: map[string]bool{},
+		peerLive: map[string]int{}, chunkPeers: map[string][]string{}}
 	if h.Dropped > 0 {
 		// The ring overwrote the first records: the trace starts at
 		// Dropped+1.
@@ -303,6 +332,16 @@ func (r *replayer) step(rec *trace.Record) (*Divergence, error) {
 			return div(fmt.Sprintf("submitter %q: want one of the header's %d submitters", trace.Excerpt(rec.ID, 64), r.header.Config.Submitters), []string{rec.ID}, nil), nil
 		}
 	}
+	if r.header.Dropped > 0 {
+		skip, err := r.cut(rec)
+		if err != nil {
+			return nil, err
+		}
+		if skip {
+			r.out.Skipped++ // its beginning was overwritten in the ring
+			return nil, nil
+		}
+	}
 	if rec.Actor == trace.Submitter && rec.Type == "Waited" {
 		return r.waited(rec)
 	}
@@ -314,8 +353,24 @@ func (r *replayer) step(rec *trace.Record) (*Divergence, error) {
 		}
 		msg = m
 		if add, ok := m.(*messages.AddChunk); ok {
+			if r.header.Dropped > 0 {
+				if _, ok := r.registered[trace.ChunkID(add.Chunk)]; !ok && !r.rooms0[add.Chunk.Room] {
+					// Its registration came before the trace's first
+					// record (or was skipped, naming a peer added before
+					// it): the room is replayed from a spawn whose
+					// registrations the trace holds.
+					r.out.Skipped++
+					return nil, nil
+				}
+			}
 			if d := r.addChunk(rec, add); d != nil {
 				return d, nil
+			}
+		}
+		if b, ok := m.(*messages.Begin); ok && r.header.Dropped > 0 {
+			r.forwards0[b.Forward] = true
+			if err := r.primeBegin(rec); err != nil {
+				return nil, err
 			}
 		}
 	} else {
@@ -345,11 +400,25 @@ func (r *replayer) step(rec *trace.Record) (*Divergence, error) {
 				}
 			}
 		}
-		if found < 0 {
-			if r.header.Dropped > 0 && !r.seen[k] {
-				r.out.Skipped++ // its beginning was overwritten in the ring
+		if found < 0 && r.header.Dropped > 0 && rec.Actor == trace.Forward && (rec.Type == "Pending" || rec.Type == "Forget") {
+			// A chunk spawned before the trace's first record tells the
+			// forward actor it waits for a forward, or that it ended: fed
+			// as recorded, so that the forward actor's fan-outs stay those
+			// recorded.
+			if c, err := trace.ParseChunkID(msgString(rec.Msg, "Chunk")); err == nil && !r.chunks0[trace.ChunkID(c)] {
+				if rec.Type == "Pending" {
+					r.forward.Step(&messages.Pending{Chunk: c})
+				} else {
+					r.forward.Step(&messages.Forget{Chunk: c})
+				}
+				if len(rec.Effects) > 0 {
+					return div("the forward actor's effects differ from the recorded ones", rec.Effects, nil), nil
+				}
+				r.out.Skipped++
 				return nil, nil
 			}
+		}
+		if found < 0 {
 			var pending []string
 			if box != nil {
 				for i, l := range box.lines {
@@ -381,6 +450,18 @@ func (r *replayer) step(rec *trace.Record) (*Divergence, error) {
 	got := trace.Effects(effs)
 	if !equal(got, rec.Effects) {
 		return div("the replayed core's effects differ from the recorded ones", rec.Effects, got), nil
+	}
+	if add, ok := msg.(*messages.AddChunk); ok && rec.Actor == trace.Room {
+		id := trace.ChunkID(add.Chunk)
+		if seq, lost := r.lost[id]; lost {
+			delete(r.lost, id)
+			for _, e := range effs {
+				if _, spawn := e.(actors.SpawnChunk); spawn {
+					return div(fmt.Sprintf("the registration at record %d lost a race with one of its key (its outcome: the chunk existed), but its room added its chunk", seq), rec.Effects, nil), nil
+				}
+			}
+			delete(r.plans, id) // no chunk spawned: its plan goes
+		}
 	}
 	r.route(rec, effs)
 	return nil, nil
@@ -429,6 +510,9 @@ func (r *replayer) waited(rec *trace.Record) (*Divergence, error) {
 
 // deliver puts a message an actor sent into its receiver's inbox.
 func (r *replayer) deliver(to, from string, seq uint64, line string, msg any) {
+	if r.header.Dropped > 0 && !r.whole(to) {
+		return // an actor whose beginning was dropped: its records are skipped
+	}
 	r.seen[to] = true
 	b := r.inboxes[to]
 	if b == nil {
@@ -467,30 +551,73 @@ func (r *replayer) call(rec *trace.Record) (*Divergence, error) {
 			r.peerSeqs[len(r.peerSeqs)-1] += " (refused)"
 			return nil, nil
 		}
+		if _, ok := r.peers[call.ID]; ok {
+			return div(fmt.Sprintf("the recorded AddPeer of %s succeeded, but the peer was added already and not removed (the engine refuses an id it has): %s", call.ID, r.peerRecords()),
+				[]string{"AddPeer " + call.ID + ": ok"}, []string{"AddPeer " + call.ID + ": refused, already added"}), nil
+		}
 		p, err := plan.ResolvePeer(r.layout, recordedPeer(call))
 		if err != nil {
 			return div("the recorded AddPeer succeeded; the replayed layout refuses the peer", []string{"AddPeer " + call.ID + ": ok"}, []string{err.Error()}), nil
 		}
 		r.peers[call.ID] = p
+		r.peers0[call.ID] = true
 	case *trace.RemovePeerCall:
-		if call.Err == "" {
-			delete(r.peers, call.ID)
+		if call.Err != "" {
+			return nil, nil
 		}
+		if _, ok := r.peers[call.ID]; !ok {
+			if r.header.Dropped > 0 && !r.peers0[call.ID] {
+				r.peers0[call.ID] = true // added before the trace's first record; removed now
+				r.out.Skipped++
+				return nil, nil
+			}
+			return div(fmt.Sprintf("the recorded RemovePeer of %s succeeded, but no such peer is added (the engine refuses an unknown id): %s", call.ID, r.peerRecords()),
+				[]string{"RemovePeer " + call.ID + ": ok"}, []string{"RemovePeer " + call.ID + ": refused, unknown peer"}), nil
+		}
+		if n := r.peerLive[call.ID]; n > 0 {
+			var live []string
+			for c, peers := range r.chunkPeers {
+				if slices.Contains(peers, call.ID) {
+					live = append(live, c)
+				}
+			}
+			sort.Strings(live)
+			return div(fmt.Sprintf("the recorded RemovePeer of %s succeeded, but %d live chunks send to it (the engine removes a peer once none does)", call.ID, n),
+				[]string{"RemovePeer " + call.ID + ": ok"}, append([]string{"RemovePeer " + call.ID + ": refused, live chunks:"}, live...)), nil
+		}
+		delete(r.peers, call.ID)
+		r.peerSeqs = append(r.peerSeqs, fmt.Sprintf("%s removed at record %d", call.ID, rec.Seq))
 	case *trace.RegisterCall:
 		r.out.Registrations++
-		if call.Chunk == "" || call.Existing || call.Err != "" {
+		// A registration handed its chunk to the manager when it was
+		// begun with a new chunk and built a plan: it succeeded, or it lost
+		// a race with a concurrent registration of its key (Existing, or
+		// refused against the winner's spec) while its AddChunk, with its
+		// own serial, still went to the manager, whose room answered
+		// Existing. One found registered at once names the existing chunk
+		// and built no plan.
+		handedOff := call.Chunk != "" && ((!call.Existing && call.Err == "") || call.Plan != 0)
+		if !handedOff {
 			return nil, nil // no chunk added for it
 		}
 		chunk, err := trace.ParseChunkID(call.Chunk)
 		if err != nil {
 			return nil, errors.Wrapf(err, "%s", rec.Where())
 		}
+		if r.header.Dropped > 0 {
+			for _, in := range call.Infos {
+				if !in.Dummy && !r.peers0[in.Peer] {
+					r.out.Skipped++ // its peer was added before the trace's first record
+					return nil, nil
+				}
+			}
+		}
 		p, err := plan.BuildPlan(r.layout, r.peer, specOf(call), Policy(r.header.Config))
 		if err != nil {
 			return div("the recorded registration added a chunk; the replayed plan refuses it (its pages or peers differ from what the engine had: "+r.peerRecords()+")",
 				[]string{"Register " + call.Chunk + ": ok"}, []string{err.Error()}), nil
 		}
-		if len(rec.Effects) > 0 && (call.PerLayer != (p.Mode == cp.PerLayer) || call.Plan != p.Digest()) {
+		if len(rec.Effects) > 0 && ((call.PerLayer != (p.Mode == cp.PerLayer) && !call.Existing && call.Err == "") || call.Plan != p.Digest()) {
 			return div("the replayed plan differs from the one the recorded registration built (its pages, peers or mode)", rec.Effects,
 				[]string{fmt.Sprintf("per layer %v (%s), plan %d", p.Mode == cp.PerLayer, p.Reason, p.Digest())}), nil
 		}
@@ -498,7 +625,7 @@ func (r *replayer) call(rec *trace.Record) (*Divergence, error) {
 			return div(fmt.Sprintf("the registration names chunk %s but registers room %d from token %d", call.Chunk, call.Room, call.Start), []string{call.Chunk}, nil), nil
 		}
 		p.Chunk = chunk
-		r.registered[call.Chunk] = registration{seq: rec.Seq, line: rec.Line, plan: p}
+		r.registered[call.Chunk] = registration{seq: rec.Seq, line: rec.Line, plan: p, lost: call.Existing || call.Err != "", peers: realPeers(call)}
 	}
 	return nil, nil
 }
@@ -547,7 +674,7 @@ func specOf(call *trace.RegisterCall) *plan.ChunkSpec {
 // registration built.
 func (r *replayer) addChunk(rec *trace.Record, m *messages.AddChunk) *Divergence {
 	id := trace.ChunkID(m.Chunk)
-	got := fmt.Sprintf("AddChunk %s: per layer %v, %d pages owned, %d destinations", id, m.PerLayer, m.Owned, m.Dests)
+	got := fmt.Sprintf("AddChunk %s: per layer %v, %d pages owned, %d destinations, peers %q", id, m.PerLayer, m.Owned, m.Dests, m.Peers)
 	reg, ok := r.registered[id]
 	if !ok {
 		reason := "the manager added a chunk no recorded registration built (its RegisterCall is missing)"
@@ -560,13 +687,28 @@ func (r *replayer) addChunk(rec *trace.Record, m *messages.AddChunk) *Divergence
 	}
 	delete(r.registered, id)
 	p := reg.plan
-	want := fmt.Sprintf("AddChunk %s: per layer %v, %d pages owned, %d destinations", id, p.Mode == cp.PerLayer, p.Owned, len(p.Dests))
+	want := fmt.Sprintf("AddChunk %s: per layer %v, %d pages owned, %d destinations, peers %q", id, p.Mode == cp.PerLayer, p.Owned, len(p.Dests), reg.peers)
 	if got != want {
 		return &Divergence{Seq: rec.Seq, Line: rec.Line, Actor: rec.Actor, ID: rec.ID, Type: rec.Type,
 			Reason: fmt.Sprintf("the chunk differs from the plan of its registration (record %d)", reg.seq), Recorded: []string{got}, Replayed: []string{want}}
 	}
 	r.plans[id] = p
+	if reg.lost {
+		r.lost[id] = reg.seq
+	}
 	return nil
+}
+
+// realPeers are the decode peers of a registration's real destinations,
+// as the engine lists them in its AddChunk: the infos' order, once each.
+func realPeers(call *trace.RegisterCall) []string {
+	var out []string
+	for _, in := range call.Infos {
+		if !in.Dummy && !slices.Contains(out, in.Peer) {
+			out = append(out, in.Peer)
+		}
+	}
+	return out
 }
 
 // atEnd checks what the trace left: as many records as its header says
@@ -576,8 +718,23 @@ func (r *replayer) addChunk(rec *trace.Record, m *messages.AddChunk) *Divergence
 // trace taken while it runs has messages in flight; one handled out of its
 // sender's order was caught when it was.
 func (r *replayer) atEnd() *Divergence {
-	for _, b := range r.inboxes {
+	type flight struct {
+		seq  uint64
+		line string
+	}
+	var fl []flight
+	for to, b := range r.inboxes {
 		r.out.InFlight += len(b.lines)
+		for i, l := range b.lines {
+			fl = append(fl, flight{b.sentBy[i], fmt.Sprintf("to %s, sent by %s at record %d: %s", to, b.senders[i], b.sentBy[i], l)})
+		}
+	}
+	sort.Slice(fl, func(i, j int) bool { return fl[i].seq < fl[j].seq || fl[i].seq == fl[j].seq && fl[i].line < fl[j].line })
+	for i, f := range fl {
+		if i == MaxExcerptLines {
+			break
+		}
+		r.out.InFlightMessages = append(r.out.InFlightMessages, f.line)
 	}
 	if h := r.header; h.Records > 0 && r.out.Records != h.Records {
 		reason := fmt.Sprintf("the header says the trace holds %d records; it holds %d, the last being record %d", h.Records, r.out.Records, r.lastSeq)
@@ -645,6 +802,7 @@ func (r *replayer) route(rec *trace.Record, effs []any) {
 	for _, e := range effs {
 		switch e := e.(type) {
 		case actors.SpawnRoom:
+			r.rooms0[e.Room] = true
 			r.rooms[e.Room] = actors.NewRoomCore(e.Room)
 			r.out.Rooms++
 			r.seen[key(trace.Room, strconv.FormatUint(e.Room, 10))] = true
@@ -661,6 +819,11 @@ func (r *replayer) route(rec *trace.Record, effs []any) {
 				if e.Add.PerLayer {
 					p.Mode = cp.PerLayer
 				}
+			}
+			r.chunks0[id] = true
+			r.chunkPeers[id] = e.Add.Peers
+			for _, peer := range e.Add.Peers {
+				r.peerLive[peer]++
 			}
 			r.chunks[id] = actors.NewChunkCore(r.layout, p)
 			r.out.Chunks++
@@ -684,6 +847,12 @@ func (r *replayer) route(rec *trace.Record, effs []any) {
 			id := trace.ChunkID(res.Chunk)
 			r.stopped[id] = true // the chunk stops as it ends
 			delete(r.chunks, id)
+			for _, peer := range r.chunkPeers[id] {
+				if r.peerLive[peer]--; r.peerLive[peer] <= 0 {
+					delete(r.peerLive, peer)
+				}
+			}
+			delete(r.chunkPeers, id)
 			if e.Forget {
 				send(trace.Forward, "forward", &messages.Forget{Chunk: res.Chunk})
 			}
@@ -726,6 +895,19 @@ func (o *Outcome) String() string {
 	if o.Skipped > 0 {
 		fmt.Fprintf(&b, "\n%d records skipped: the trace's ring dropped their actors' beginnings", o.Skipped)
 	}
+	if o.InFlight > 0 {
+		// Not a divergence by itself (an engine stops its actors at Close
+		// with messages in their mailboxes, a trace taken while it runs
+		// has messages in flight), but never silent: a lost message shows
+		// here, and a person decides.
+		fmt.Fprintf(&b, "\n%d messages sent and never handled (in mailboxes when the actors stopped, in flight when the trace was taken, or lost):", o.InFlight)
+		for _, l := range o.InFlightMessages {
+			fmt.Fprintf(&b, "\n  %s", trace.Excerpt(l, MaxExcerpt))
+		}
+		if n := o.InFlight - len(o.InFlightMessages); n > 0 {
+			fmt.Fprintf(&b, "\n  … and %d more", n)
+		}
+	}
 	if o.Divergence != nil {
 		fmt.Fprintf(&b, "\n%s", o.Divergence)
 	} else {
@@ -742,4 +924,144 @@ func sortedCounts(m map[string]int) string {
 	}
 	sort.Strings(st)
 	return strings.Join(st, ", ")
+}
+
+// cut reports whether a record of a trace whose ring dropped records is
+// about something whose beginning was dropped: a room or a chunk spawned
+// before the trace's first record, a forward begun before it, a submitter's
+// Work or wait for such a chunk, or the manager's call or report for such a
+// room. Such a record is skipped; what began in the trace replays whole.
+func (r *replayer) cut(rec *trace.Record) (bool, error) {
+	switch rec.Actor {
+	case trace.Room:
+		room, err := strconv.ParseUint(rec.ID, 10, 64)
+		return err == nil && !r.rooms0[room], nil
+	case trace.Chunk:
+		return !r.chunks0[rec.ID], nil
+	case trace.Submitter:
+		c, err := trace.ParseChunkID(msgString(rec.Msg, "Chunk"))
+		return err == nil && !r.chunks0[trace.ChunkID(c)], nil
+	case trace.Manager:
+		switch rec.Type {
+		case "AddChunk":
+			c, err := trace.ParseChunkID(msgString(rec.Msg, "Chunk"))
+			if err != nil || r.rooms0[c.Room] {
+				return false, nil
+			}
+			// A room unknown to the replay is replayed from its spawn: an
+			// AddChunk is skipped when the recording shows it routed to
+			// the room as to one that exists, and nothing else.
+			m, err := trace.Decode(rec)
+			if err != nil {
+				return false, errors.Wrapf(err, "%s", rec.Where())
+			}
+			if !equal(rec.Effects, trace.Effects([]any{actors.Route{Room: c.Room, Msg: m}})) {
+				return false, nil
+			}
+			delete(r.registered, trace.ChunkID(c))
+			return true, nil
+		case "Finish", "Drop", "RoomIdle":
+			room, ok := msgUint(rec.Msg, "Room")
+			return ok && !r.rooms0[room], nil
+		}
+	case trace.Forward:
+		switch rec.Type {
+		case "Boundary", "End":
+			f, ok := msgUint(rec.Msg, "Forward")
+			return ok && !r.forwards0[f], nil
+		}
+	}
+	return false, nil
+}
+
+// whole says whether an inbox's actor began in a trace whose ring dropped
+// records (the manager, the forward actor and the submitters always did).
+func (r *replayer) whole(to string) bool {
+	kind, id, _ := strings.Cut(to, "/")
+	switch kind {
+	case trace.Chunk:
+		return r.chunks0[id]
+	case trace.Room:
+		room, err := strconv.ParseUint(id, 10, 64)
+		return err == nil && r.rooms0[room]
+	}
+	return true
+}
+
+// primeBegin gives the forward core, before a Begin of a trace whose ring
+// dropped records, the pending chunks the recording shows it binding when
+// some of them were spawned before the trace's first record: the chunks
+// whose spawn the trace holds must be pending in the same order, or the
+// effects differ (a divergence). Nothing is primed otherwise.
+func (r *replayer) primeBegin(rec *trace.Record) error {
+	var bound []string
+	for _, e := range rec.Effects {
+		name, body, _ := strings.Cut(e, " ")
+		if name != "FanOut" {
+			continue
+		}
+		var f struct {
+			Msg struct{ Type string }
+			To  []struct{ Chunk string }
+		}
+		if err := json.Unmarshal([]byte(body), &f); err != nil || f.Msg.Type != "Bind" {
+			continue
+		}
+		for _, t := range f.To {
+			bound = append(bound, t.Chunk)
+		}
+	}
+	var known, unknown []string
+	for _, id := range bound {
+		if r.chunks0[id] {
+			known = append(known, id)
+		} else {
+			unknown = append(unknown, id)
+		}
+	}
+	pending := r.forward.Pending()
+	var whole []string
+	for _, c := range pending {
+		if id := trace.ChunkID(c); r.chunks0[id] {
+			whole = append(whole, id)
+		}
+	}
+	if len(unknown) == 0 || !slices.Equal(whole, known) {
+		return nil
+	}
+	for _, c := range pending {
+		r.forward.Step(&messages.Forget{Chunk: c})
+	}
+	for _, id := range bound {
+		c, err := trace.ParseChunkID(id)
+		if err != nil {
+			return errors.Wrapf(err, "%s", rec.Where())
+		}
+		r.forward.Step(&messages.Pending{Chunk: c})
+	}
+	return nil
+}
+
+// msgString is a recorded message's string field ("" if none).
+func msgString(msg any, field string) string {
+	m, _ := msg.(map[string]any)
+	s, _ := m[field].(string)
+	return s
+}
+
+// msgUint is a recorded message's unsigned integer field.
+func msgUint(msg any, field string) (uint64, bool) {
+	m, _ := msg.(map[string]any)
+	switch v := m[field].(type) {
+	case json.Number:
+		n, err := strconv.ParseUint(v.String(), 10, 64)
+		return n, err == nil
+	case float64:
+		return uint64(v), v >= 0
+	case uint64:
+		return v, true
+	case int:
+		return uint64(v), v >= 0
+	}
+	return 0, false
 }

@@ -62,6 +62,10 @@ func Engine(ctx context.Context, open func() (trace.Stream, error)) (*EngineOutc
 	if s.Header().Side == trace.SideDecode {
 		return nil, errors.New("a decode server's trace: its replay is the decode core's (Cores, kvstream replay without --engine); an engine replay re-issues an engine's calls")
 	}
+	if sh := s.Header().Config.Sharding; sh != nil {
+		return nil, errors.Newf("engine replay: the trace's engine reshards (header \"sharding\": side %v rank %v, replicas %d); the engine replay re-issues calls to an unsharded engine and checks bytes one for one, so it cannot replay it faithfully: replay the cores only (without --engine), which rebuild each peer's route",
+			sh.Side, sh.Rank, s.Header().Config.Replicas)
+	}
 	sv, err := surveyTrace(s)
 	if err != nil {
 		return nil, err
@@ -86,6 +90,7 @@ func Engine(ctx context.Context, open func() (trace.Stream, error)) (*EngineOutc
 type engineReplay struct {
 	cfg      trace.Config
 	recorded map[uint64][]string // chunk statuses per room, as recorded
+	sv       *survey
 	geom     testbed.Geometry
 	inj      *injector
 	fab      *loopback.Fabric
@@ -147,13 +152,39 @@ type survey struct {
 	geom     testbed.Geometry
 	recorded map[uint64][]string // chunk statuses per room
 	failing  map[string]string   // "room:start" -> chunk, of the chunks that failed
+	// For a trace whose ring dropped records (header dropped > 0): the
+	// rooms the trace holds whole, whose first record is a registration
+	// that added a chunk, naming peers added in the trace. The others'
+	// calls and outcomes are passed over (their beginning is not there).
+	partial    bool
+	whole      map[uint64]bool
+	seen       map[uint64]bool
+	peersAdded map[string]bool
 }
+
+// room notes a record about a room: whole if its first is a registration
+// that added a chunk (add) to peers the trace added.
+func (sv *survey) room(room uint64, add bool, infos []trace.InfoCall) {
+	if sv.seen[room] {
+		return
+	}
+	sv.seen[room] = true
+	ok := add
+	for _, in := range infos {
+		ok = ok && (in.Dummy || sv.peersAdded[in.Peer])
+	}
+	sv.whole[room] = ok
+}
+
+// skips says whether the replay passes over a room's calls.
+func (sv *survey) skips(room uint64) bool { return sv.partial && !sv.whole[room] }
 
 // surveyTrace validates the header, reads every chunk's recorded status and
 // checks that the prefill pool and every peer's decode pool fit in
 // MaxEngineBytes, before the replay allocates any of them.
 func surveyTrace(s trace.Stream) (*survey, error) {
-	sv := &survey{header: s.Header(), recorded: map[uint64][]string{}, failing: map[string]string{}}
+	sv := &survey{header: s.Header(), recorded: map[uint64][]string{}, failing: map[string]string{},
+		partial: s.Header().Dropped > 0, whole: map[uint64]bool{}, seen: map[uint64]bool{}, peersAdded: map[string]bool{}}
 	c := sv.header.Config
 	var err error
 	if sv.geom, err = engineGeometry(c); err != nil {
@@ -178,15 +209,59 @@ func surveyTrace(s trace.Stream) (*survey, error) {
 				return nil, err
 			}
 			peer := call.(*trace.AddPeerCall)
+			if peer.Err == "" && peer.Sharding != nil {
+				return nil, errors.Newf("%s: engine replay: peer %s reshards (its AddPeer has a sharding); the engine replay gives its decode pools no sharding and checks bytes one for one, so it cannot replay it faithfully: replay the cores only (without --engine)",
+					rec.Where(), peer.ID)
+			}
 			if peer.Err == "" && len(peer.Pages) > 0 && !poolBytes(&total, sv.geom, peer.Pages[0]) {
 				return nil, errors.Newf("%s: engine replay: the decode pool of peer %s (%d pages) brings the pools above the bound of %d bytes; replay the cores only",
 					rec.Where(), peer.ID, peer.Pages[0], uint64(MaxEngineBytes))
+			}
+		}
+		if sv.partial {
+			if err := sv.rooms(&rec); err != nil {
+				return nil, err
 			}
 		}
 		if err := sv.outcomes(&rec); err != nil {
 			return nil, err
 		}
 	}
+}
+
+// rooms notes, for a trace whose ring dropped records, which rooms it
+// holds whole.
+func (sv *survey) rooms(rec *trace.Record) error {
+	switch {
+	case rec.Actor == trace.Engine && (rec.Type == "AddPeerCall" || rec.Type == "RegisterCall"):
+		c, err := sv.header.Config.DecodeCall(rec)
+		if err != nil {
+			return err
+		}
+		switch call := c.(type) {
+		case *trace.AddPeerCall:
+			if call.Err == "" {
+				sv.peersAdded[call.ID] = true
+			}
+		case *trace.RegisterCall:
+			switch {
+			case call.Chunk != "" && !call.Existing && call.Err == "":
+				sv.room(call.Room, true, call.Infos)
+			case call.Existing:
+				sv.room(call.Room, false, nil)
+			}
+		}
+	case rec.Actor == trace.Manager && (rec.Type == "Finish" || rec.Type == "Drop"):
+		room, ok := msgUint(rec.Msg, "Room")
+		if ok {
+			sv.room(room, false, nil)
+		}
+	case rec.Actor == trace.Chunk:
+		if c, err := trace.ParseChunkID(rec.ID); err == nil {
+			sv.room(c.Room, false, nil)
+		}
+	}
+	return nil
 }
 
 // setupEngine opens a fresh engine of the surveyed configuration on the
@@ -196,7 +271,7 @@ func surveyTrace(s trace.Stream) (*survey, error) {
 func setupEngine(sv *survey) (_ *engineReplay, err error) {
 	c := sv.header.Config
 	geom := sv.geom
-	r := &engineReplay{cfg: c, recorded: sv.recorded, geom: geom, decodes: map[string]*testbed.Decode{}, removed: map[string]bool{},
+	r := &engineReplay{cfg: c, recorded: sv.recorded, sv: sv, geom: geom, decodes: map[string]*testbed.Decode{}, removed: map[string]bool{},
 		rooms: roomWorkers{replayed: map[uint64][]string{}, results: map[uint64][]system.Result{}, pending: map[uint64][]func(){}}}
 	defer func() {
 		if err != nil {
@@ -295,6 +370,9 @@ func (r *engineReplay) step(ctx context.Context, rec *trace.Record) error {
 			return errors.Wrapf(err, "%s", rec.Where())
 		}
 		room := m.(*messages.Finish).Room
+		if r.sv.skips(room) {
+			return nil // a room whose beginning the ring dropped
+		}
 		r.rooms.do(room, r.finish(ctx, room))
 	case rec.Actor == trace.Manager && rec.Type == "Drop":
 		m, err := trace.Decode(rec)
@@ -302,6 +380,9 @@ func (r *engineReplay) step(ctx context.Context, rec *trace.Record) error {
 			return errors.Wrapf(err, "%s", rec.Where())
 		}
 		room := m.(*messages.Drop).Room
+		if r.sv.skips(room) {
+			return nil
+		}
 		r.rooms.do(room, r.drop(ctx, room))
 	}
 	return nil
@@ -321,15 +402,19 @@ func (r *engineReplay) addPeer(rec *trace.Record) error {
 	if r.removed[call.ID] {
 		return errors.Newf("%s: engine replay: peer %s is added again after it was removed (a decode server that restarted under its id); the engine replay keeps one decode pool per peer id, which its final check reads: replay the cores only (without --engine)", rec.Where(), call.ID)
 	}
+	if _, ok := r.decodes[call.ID]; ok {
+		return errors.Newf("%s: engine replay: peer %s is added again while it is added (the engine refuses an id it has)", rec.Where(), call.ID)
+	}
 	tr, err := r.fab.NewTransport(call.ID)
 	if err != nil {
-		return err
+		return errors.Wrapf(err, "%s: AddPeer %s", rec.Where(), call.ID)
 	}
 	pg := r.geom
 	pg.Pages = call.Pages[0]
 	d, err := testbed.NewDecode(tr, pg)
 	if err != nil {
-		return err
+		_ = tr.Close()
+		return errors.Wrapf(err, "%s: AddPeer %s", rec.Where(), call.ID)
 	}
 	r.inj.mu.Lock()
 	r.decodes[call.ID] = d
@@ -379,7 +464,7 @@ func (r *engineReplay) register(ctx context.Context, rec *trace.Record) error {
 		return err
 	}
 	call := c.(*trace.RegisterCall)
-	if call.Err != "" || call.Existing {
+	if call.Err != "" || call.Existing || r.sv.skips(call.Room) {
 		return nil
 	}
 	spec := system.ChunkSpec{Room: call.Room, Start: call.Start, End: call.End, Last: call.Last, SrcPages: call.SrcPages, TotalPages: call.TotalPages}
@@ -548,6 +633,9 @@ func (sv *survey) outcomes(rec *trace.Record) error {
 		c, err := trace.ParseChunkID(ended.Result.Chunk)
 		if err != nil {
 			return errors.Wrapf(err, "%s: ChunkEnded", rec.Where())
+		}
+		if sv.skips(c.Room) {
+			continue
 		}
 		if ended.Result.Status != "DROPPED" {
 			sv.recorded[c.Room] = append(sv.recorded[c.Room], trace.Excerpt(ended.Result.Status, 16))
