@@ -40,9 +40,14 @@
 // acted on from its header alone, and UCX drops the descriptor once the
 // handler returns (TestRendezvousMessagesRefused). The
 // context has no UCP_FEATURE_RMA, so UCX installs none of its RMA
-// emulation handlers, and a region's key is a kvstream message key (24
+// emulation handlers, and a region's key is a kvstream message key (32
 // bytes, beginning with eight zero bytes, which no UCX key does), not a UCX
-// remote key. Host memory only: the receiver applies writes with memcpy.
+// remote key. Besides its slot and generation (small counters), a key holds
+// the region's secret, 64 random bits each write must carry: a peer writes
+// only the regions whose keys it was given, not another region of the same
+// transport (another decode server's pool, where several share one) by
+// naming its slot (TestForgedKeyRefused). Host memory only: the receiver
+// applies writes with memcpy.
 //
 // This mode exists because of what UCX's RMA does where the hardware has
 // none. Over tcp and shared-memory FIFOs UCX 1.13 (and 1.18, and its master

@@ -112,6 +112,7 @@ type remote struct {
 	addr, len uint64
 	rkey      C.uint64_t
 	slot, gen uint32
+	secret    uint64 // a message key's (parseMessageKey)
 }
 
 // batch is one Post on its way through the progress goroutine. Batches and
@@ -313,13 +314,13 @@ func (e *Endpoint) Import(d rdma.RegionDesc) (rdma.RemoteKey, error) {
 		return 0, errors.Mark(errors.Newf("ucx: import [%#x, +%d) with a %d-byte key: malformed descriptor", d.Addr, d.Len, len(d.Key)), rdma.ErrInvalidWrite)
 	}
 	t := e.t
-	if slot, gen, ok := parseMessageKey(d.Key); ok {
+	if slot, gen, secret, ok := parseMessageKey(d.Key); ok {
 		t.mu.Lock()
 		defer t.mu.Unlock()
 		if e.err != nil {
 			return 0, errors.Mark(e.err, rdma.ErrEndpointBroken)
 		}
-		e.remotes = append(e.remotes, remote{addr: d.Addr, len: d.Len, slot: slot, gen: gen})
+		e.remotes = append(e.remotes, remote{addr: d.Addr, len: d.Len, slot: slot, gen: gen, secret: secret})
 		return rdma.RemoteKey(len(e.remotes) - 1), nil
 	}
 	if t.opts.Writes != WriteRMA {
@@ -415,13 +416,14 @@ func (e *Endpoint) Post(ws []rdma.Write, done func(error)) error {
 			return errors.Mark(errors.Newf("ucx: write %d: destination [%#x, +%d) outside its region [%#x, +%d)", i, w.Dst, w.Len, dst.addr, dst.len), rdma.ErrInvalidWrite)
 		}
 		b.ws = append(b.ws, C.kvs_write_t{
-			src:  C.uint64_t(w.Src),
-			dst:  C.uint64_t(w.Dst),
-			len:  C.uint64_t(w.Len),
-			rkey: dst.rkey,
-			memh: C.uint64_t(uintptr(unsafe.Pointer(src.memh))),
-			slot: C.uint32_t(dst.slot),
-			gen:  C.uint32_t(dst.gen),
+			src:    C.uint64_t(w.Src),
+			dst:    C.uint64_t(w.Dst),
+			len:    C.uint64_t(w.Len),
+			rkey:   dst.rkey,
+			memh:   C.uint64_t(uintptr(unsafe.Pointer(src.memh))),
+			slot:   C.uint32_t(dst.slot),
+			gen:    C.uint32_t(dst.gen),
+			secret: C.uint64_t(dst.secret),
 		})
 	}
 	t.nextBatch++

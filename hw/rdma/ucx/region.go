@@ -9,6 +9,7 @@ package ucx
 import "C"
 
 import (
+	"crypto/rand"
 	"encoding/binary"
 	"fmt"
 	"os"
@@ -34,29 +35,45 @@ type region struct {
 
 // A message key is what a message-mode region gives peers in place of a
 // UCX remote key: the region's slot and generation in this side's table
-// (kvs_region_set). It begins with eight zero bytes, a memory-domain map
-// no UCX key has, then a magic and a version; Import tells the two apart
-// by it.
-const messageKeyLen = 24
+// (kvs_region_set), and 64 random bits, the region's secret, which every
+// write to it must carry. Slot and generation are small counters: without
+// the secret a peer given one region's key could name another region of
+// the same transport (another decode server's pool, beside its own) and
+// write it. It begins with eight zero bytes, a memory-domain map no UCX
+// key has, then a magic and a version; Import tells the two apart by it.
+const messageKeyLen = 32
+
+// messageKeyVersion is the key format: 2 added the secret.
+const messageKeyVersion = "KVSWMSG\x02"
 
 var messageKeyMagic = [8]byte{0, 0, 0, 0, 0, 0, 0, 0}
 
-func messageKey(slot, gen uint32) []byte {
+func messageKey(slot, gen uint32, secret uint64) []byte {
 	k := make([]byte, messageKeyLen)
 	copy(k, messageKeyMagic[:])
-	copy(k[8:], "KVSWMSG\x01")
+	copy(k[8:], messageKeyVersion)
 	binary.LittleEndian.PutUint32(k[16:], slot)
 	binary.LittleEndian.PutUint32(k[20:], gen)
+	binary.LittleEndian.PutUint64(k[24:], secret)
 	return k
 }
 
 // parseMessageKey reads a message key; ok is false for anything else (a
 // UCX remote key, or garbage Import's other checks refuse).
-func parseMessageKey(k []byte) (slot, gen uint32, ok bool) {
-	if len(k) != messageKeyLen || string(k[:8]) != string(messageKeyMagic[:]) || string(k[8:16]) != "KVSWMSG\x01" {
-		return 0, 0, false
+func parseMessageKey(k []byte) (slot, gen uint32, secret uint64, ok bool) {
+	if len(k) != messageKeyLen || string(k[:8]) != string(messageKeyMagic[:]) || string(k[8:16]) != messageKeyVersion {
+		return 0, 0, 0, false
 	}
-	return binary.LittleEndian.Uint32(k[16:]), binary.LittleEndian.Uint32(k[20:]), true
+	return binary.LittleEndian.Uint32(k[16:]), binary.LittleEndian.Uint32(k[20:]), binary.LittleEndian.Uint64(k[24:]), true
+}
+
+// newSecret is a region's secret: 64 bits from the system's random source.
+func newSecret() (uint64, error) {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return 0, errors.Wrap(err, "ucx: a region's secret")
+	}
+	return binary.LittleEndian.Uint64(b[:]), nil
 }
 
 // allocation is a region whose memory UCX allocated.
@@ -197,13 +214,18 @@ func (t *Transport) mapRegion(addr, length uint64, mt C.int, alloc bool) (*regio
 			r.mem = unsafe.Slice((*byte)(at), length)
 		}
 		if messages {
+			secret, err := newSecret()
+			if err != nil {
+				C.kvs_mem_unmap(t.ctx, r.memh)
+				return err
+			}
 			var slot, gen C.uint32_t
-			if st := C.kvs_region_set(t.ctx, C.uint64_t(r.addr), C.uint64_t(length), &slot, &gen); st != C.UCS_OK {
+			if st := C.kvs_region_set(t.ctx, C.uint64_t(r.addr), C.uint64_t(length), C.uint64_t(secret), &slot, &gen); st != C.UCS_OK {
 				C.kvs_mem_unmap(t.ctx, r.memh)
 				return errors.Mark(statusErr(st, "ucx: register [%#x, +%d)", r.addr, length), rdma.ErrInvalidWrite)
 			}
 			r.slot, r.table = uint32(slot), true
-			r.packed = messageKey(uint32(slot), uint32(gen))
+			r.packed = messageKey(uint32(slot), uint32(gen), secret)
 		} else {
 			r.packed = C.GoBytes(rkey, C.int(n))
 			C.ucp_rkey_buffer_release(rkey)

@@ -301,7 +301,8 @@ static ucs_status_t kvs_am_write_cb(void *arg, const void *header,
         goto refuse;
     }
     r = &c->regs[h.slot];
-    if (!r->live || r->gen != h.gen || h.dst < r->addr || length > r->len ||
+    if (!r->live || r->gen != h.gen || r->secret != h.secret ||
+        h.dst < r->addr || length > r->len ||
         h.dst - r->addr > r->len - length) {
         goto refuse;
     }
@@ -879,7 +880,7 @@ ucs_status_t kvs_access_park(kvs_ctx_t *c, ucp_worker_h w)
 // Adds [addr, +len) to the table of regions message writes may land in,
 // in a free slot (a cleared one gets a new generation).
 ucs_status_t kvs_region_set(kvs_ctx_t *c, uint64_t addr, uint64_t len,
-                            uint32_t *slot, uint32_t *gen)
+                            uint64_t secret, uint32_t *slot, uint32_t *gen)
 {
     size_t i;
 
@@ -901,7 +902,8 @@ ucs_status_t kvs_region_set(kvs_ctx_t *c, uint64_t addr, uint64_t len,
     c->regs[i].addr = addr;
     c->regs[i].len  = len;
     c->regs[i].gen++;
-    c->regs[i].live = 1;
+    c->regs[i].live   = 1;
+    c->regs[i].secret = secret;
     *slot           = (uint32_t)i;
     *gen            = c->regs[i].gen;
     return UCS_OK;
@@ -1184,6 +1186,7 @@ static int kvs_post_locked(kvs_ctx_t *c, kvs_ep_t *e, const kvs_write_t *ws,
                 r->hdrs[h].dst  = ws[k].dst + off;
                 r->hdrs[h].epoch = r->epoch;
                 r->hdrs[h].pad   = 0;
+                r->hdrs[h].secret = ws[k].secret;
                 param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS |
                                      UCP_OP_ATTR_FIELD_CALLBACK |
                                      UCP_OP_ATTR_FIELD_USER_DATA |

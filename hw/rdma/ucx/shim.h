@@ -44,15 +44,16 @@ enum {
 };
 
 // A WRITE's header: which region (its slot and generation in the
-// receiver's table), where in it, and the sender's epoch for this receiver
-// (doc.go, "Epochs"). 24 bytes, copied out of the message before use (a
-// header need not be aligned).
+// receiver's table, and the region's secret from its key), where in it,
+// and the sender's epoch for this receiver (doc.go, "Epochs"). 32 bytes,
+// copied out of the message before use (a header need not be aligned).
 typedef struct {
     uint32_t slot;
     uint32_t gen;
     uint64_t dst;
     uint32_t epoch;
     uint32_t pad;
+    uint64_t secret;
 } kvs_am_write_hdr_t;
 
 // A FLUSH's header: the batch tag its ACK carries back, and the epoch of
@@ -102,6 +103,7 @@ typedef struct {
     uint64_t memh; // ucp_mem_h of the source region
     uint32_t slot; // a message write's region in the receiver's table
     uint32_t gen;
+    uint64_t secret; // that region's secret, from its key
 } kvs_write_t;
 
 // One region of the receiver's table of memory that message writes may
@@ -113,6 +115,10 @@ typedef struct {
     uint64_t len;
     uint32_t gen;
     int      live;
+    // secret: 64 random bits of the region's key, which a write must
+    // carry: slot and generation are small counters a peer could guess,
+    // and a peer holds the keys of the regions offered to it only.
+    uint64_t secret;
 } kvs_region_t;
 
 typedef struct kvs_ctx kvs_ctx_t;
@@ -244,7 +250,7 @@ ucs_status_t kvs_access_listen(kvs_wk_t *wk, const char *ip, int v6,
                                uint16_t *port);
 
 ucs_status_t kvs_region_set(kvs_ctx_t *c, uint64_t addr, uint64_t len,
-                            uint32_t *slot, uint32_t *gen);
+                            uint64_t secret, uint32_t *slot, uint32_t *gen);
 void         kvs_region_clear(kvs_ctx_t *c, uint32_t slot);
 void         kvs_req_free(kvs_req_t *r);
 
