@@ -3,6 +3,7 @@ package netsec
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"runtime/debug"
 	"strings"
@@ -85,8 +86,10 @@ func orDefault(log *slog.Logger) *slog.Logger {
 // on log (nil: slog.Default()) with the peer's name and address. A stream
 // that ends on a message that cannot be read (not protobuf, a message
 // that does not decode as its type, one over the size limit) is logged
-// at WARN the same way. ServerOptions adds the answer to a request for an
-// actor the node does not serve (see ErrNotServed).
+// at WARN the same way. It also bounds the watches of local actors that
+// a stream delivers and takes back those it still holds when it ends (see
+// watchSet, MaxWatchesPerStream). ServerOptions adds the answer to a
+// request for an actor the node does not serve (see ErrNotServed).
 func StreamGuard(local func() string, authorize Authorize, log *slog.Logger) grpc.StreamServerInterceptor {
 	return streamGuard(local, authorize, nil, log)
 }
@@ -110,6 +113,9 @@ func streamGuard(local func() string, authorize Authorize, answer answerer, log 
 		if p, ok := peer.FromContext(ss.Context()); ok {
 			g.addr = fmt.Sprint(p.Addr)
 		}
+		// Deferred after recoverAs, so run before it: a stream that ended
+		// any way, a panic included, takes back the watches it set.
+		defer g.release(srv, handler)
 		err = handler(srv, g)
 		g.unreadable(err)
 		return err
@@ -137,6 +143,9 @@ type guardedStream struct {
 	// refused: the stream ends on a batch refuse logged. Set and read on
 	// the handler's goroutine, the one that calls RecvMsg.
 	refused bool
+	// watches are the watches of local actors that this stream delivered
+	// and did not take back; only the handler's goroutine touches them.
+	watches watchSet
 }
 
 // refuse logs a refused batch for the operator and ends the stream.
@@ -199,14 +208,15 @@ func (g *guardedStream) RecvMsg(m any) error {
 	if err := ValidateBatch(b, g.local()); err != nil {
 		return g.refuse(codes.InvalidArgument, err)
 	}
+	kept := b.Envelopes
+	type stray struct {
+		e   *remote.MessageEnvelope
+		env Envelope
+		why error
+	}
+	var strays []stray
 	if g.authorize != nil {
-		kept := make([]*remote.MessageEnvelope, 0, len(b.Envelopes))
-		type stray struct {
-			e   *remote.MessageEnvelope
-			env Envelope
-			why error
-		}
-		var strays []stray
+		kept = make([]*remote.MessageEnvelope, 0, len(b.Envelopes))
 		for _, e := range b.Envelopes {
 			env := envelopeOf(b, e)
 			err := g.authorize(g.peer, env)
@@ -219,15 +229,209 @@ func (g *guardedStream) RecvMsg(m any) error {
 				return g.refuse(codes.PermissionDenied, errors.Wrapf(err, "peer %q", g.peer.Name()))
 			}
 		}
-		// Answered only once the whole batch passed: a batch refused
-		// delivers nothing and answers nothing.
-		for _, s := range strays {
-			g.stray(s.e, s.env, s.why)
-		}
-		b.Envelopes = kept
 	}
+	if code, err := g.watches.admit(b, kept); err != nil {
+		return g.refuse(code, errors.Wrapf(err, "peer %q", g.peer.Name()))
+	}
+	// Answered only once the whole batch passed: a batch refused
+	// delivers nothing and answers nothing.
+	for _, s := range strays {
+		g.stray(s.e, s.env, s.why)
+	}
+	b.Envelopes = kept
 	stampPeer(b, g.peer.Name())
 	return nil
+}
+
+// Bounds on the watches one stream holds (see watchSet). A peer node sets
+// one watch per session of its actors with this node's actors (a
+// prefill's session actor watches the decode server; the server watches
+// it back): far below either bound.
+const (
+	// MaxWatchesPerStream bounds the watches of local actors that one
+	// stream holds at once.
+	MaxWatchesPerStream = 1024
+	// MaxWatchBytesPerStream bounds the bytes of their PIDs' addresses and
+	// ids, which the watched actors keep.
+	MaxWatchBytesPerStream = 256 << 10
+)
+
+// watchKey is one watch that a stream delivered: the watched local actor
+// and the watcher's id (its address is the stream's one watcher address).
+type watchKey struct{ targetAddr, target, watcher string }
+
+// watchSet bounds what a peer makes this node's actors hold by watching
+// them. protoactor adds every Watch's watcher to the target's watchers,
+// without limit, for as long as the target lives, and sends each a
+// Terminated when it stops, dialling its address. Legitimately a peer
+// node's actors watch this node's over the stream of that node's
+// endpoint: one address, a watch per session, each taken back by an
+// Unwatch, and useless once the stream ends (protoactor on the watcher's
+// side reports every actor it watched on this node terminated when its
+// connection ends, and never sends that Watch again). So a stream holds
+// at most MaxWatchesPerStream watches of MaxWatchBytesPerStream bytes,
+// all by watchers at one address, and the watches it still holds when it
+// ends are taken back (release). The zero value is an empty set.
+type watchSet struct {
+	addr  string // the watchers' address: the first Watch's; "" before one
+	held  map[watchKey]bool
+	bytes int
+}
+
+// admit applies the Watches and Unwatches among envs (a batch's envelopes
+// to deliver, in order) to the set, all or nothing: a Watch over a bound
+// or by a watcher at another address than the stream's refuses the batch
+// (the code to end the stream with, and why), and the set stays as it
+// was. A repeated Watch is one watch (protoactor keeps a set); an Unwatch
+// of a watch the set does not hold is delivered and changes nothing.
+func (w *watchSet) admit(b *remote.MessageBatch, envs []*remote.MessageEnvelope) (codes.Code, error) {
+	var next map[watchKey]bool // this batch's changes: true held, false taken back
+	addr, n, bytes := w.addr, len(w.held), w.bytes
+	for _, e := range envs {
+		name := b.TypeNames[e.TypeId]
+		if name != "actor.Watch" && name != "actor.Unwatch" {
+			continue
+		}
+		who, err := watcherOf(name, e.MessageData)
+		if err != nil {
+			return codes.InvalidArgument, err // ValidateBatch decoded it already
+		}
+		t := b.Targets[e.Target]
+		k := watchKey{targetAddr: t.Address, target: t.Id, watcher: who.Id}
+		held, changed := next[k]
+		if !changed {
+			held = w.held[k]
+		}
+		cost := len(k.targetAddr) + len(k.target) + len(k.watcher) + len(addr)
+		if name == "actor.Unwatch" {
+			if held && who.Address == addr {
+				if next == nil {
+					next = map[watchKey]bool{}
+				}
+				next[k] = false
+				n, bytes = n-1, bytes-cost
+			}
+			continue
+		}
+		if addr == "" {
+			addr = who.Address
+			cost += len(addr)
+		}
+		switch {
+		case who.Address != addr:
+			return codes.PermissionDenied, errors.Newf("Watch of %q by a watcher at %q: this stream's watchers are at %q", t.Id, who.Address, addr)
+		case held:
+			continue
+		case n >= MaxWatchesPerStream:
+			return codes.ResourceExhausted, errors.Newf("Watch of %q: the stream holds %d watches already (at most %d)", t.Id, n, MaxWatchesPerStream)
+		case bytes+cost > MaxWatchBytesPerStream:
+			return codes.ResourceExhausted, errors.Newf("Watch of %q: the stream's watches would hold %d bytes (at most %d)", t.Id, bytes+cost, MaxWatchBytesPerStream)
+		}
+		if next == nil {
+			next = map[watchKey]bool{}
+		}
+		next[k] = true
+		n, bytes = n+1, bytes+cost
+	}
+	if next == nil {
+		return codes.OK, nil
+	}
+	w.addr, w.bytes = addr, bytes
+	if w.held == nil {
+		w.held = map[watchKey]bool{}
+	}
+	for k, held := range next {
+		if held {
+			w.held[k] = true
+		} else {
+			delete(w.held, k)
+		}
+	}
+	return codes.OK, nil
+}
+
+// unwatches is a batch that takes back every watch of the set, nil when it
+// holds none.
+func (w *watchSet) unwatches() *remote.MessageBatch {
+	if len(w.held) == 0 {
+		return nil
+	}
+	b := &remote.MessageBatch{TypeNames: []string{"actor.Unwatch"}}
+	targets := map[[2]string]int32{}
+	for k := range w.held {
+		t := [2]string{k.targetAddr, k.target}
+		i, ok := targets[t]
+		if !ok {
+			i = int32(len(b.Targets))
+			targets[t] = i
+			b.Targets = append(b.Targets, actor.NewPID(k.targetAddr, k.target))
+		}
+		data, err := proto.Marshal(&actor.Unwatch{Watcher: actor.NewPID(w.addr, k.watcher)})
+		if err != nil {
+			continue // a PID always marshals
+		}
+		b.Envelopes = append(b.Envelopes, &remote.MessageEnvelope{Target: i, TypeId: 0, MessageData: data, SerializerId: protoSerializer})
+	}
+	return b
+}
+
+// release takes back the watches that the stream still holds once its
+// handler returned: it runs the handler (protoactor's endpoint reader)
+// once more, on a stream that carries their Unwatches and then ends, so
+// that they reach the watched actors the way the Watches did, after them.
+// The handler, not this guard, holds the actor system that delivers them.
+func (g *guardedStream) release(srv any, handler grpc.StreamHandler) {
+	b := g.watches.unwatches()
+	g.watches = watchSet{}
+	if b == nil {
+		return
+	}
+	if err := handler(srv, &releaseStream{ServerStream: g.ServerStream, batch: b}); err != nil {
+		g.log.Warn("netsec: could not take back the watches of an ended stream", "peer", g.peer.Name(), "addr", g.addr,
+			"watches", len(b.Envelopes), "error", err.Error())
+	}
+}
+
+// releaseStream hands protoactor's endpoint reader one batch, then the end
+// of the stream; what the reader would send back goes nowhere.
+type releaseStream struct {
+	grpc.ServerStream
+	batch *remote.MessageBatch
+}
+
+func (s *releaseStream) RecvMsg(m any) error {
+	rm, ok := m.(*remote.RemoteMessage)
+	if !ok || s.batch == nil {
+		return io.EOF
+	}
+	rm.MessageType = &remote.RemoteMessage_MessageBatch{MessageBatch: s.batch}
+	s.batch = nil
+	return nil
+}
+
+func (s *releaseStream) SendMsg(any) error { return nil }
+
+// watcherOf decodes the watcher of a Watch or an Unwatch.
+func watcherOf(typeName string, data []byte) (*actor.PID, error) {
+	var who *actor.PID
+	switch typeName {
+	case "actor.Watch":
+		var m actor.Watch
+		if err := proto.Unmarshal(data, &m); err != nil {
+			return nil, errors.Wrap(err, typeName)
+		}
+		who = m.Watcher
+	case "actor.Unwatch":
+		var m actor.Unwatch
+		if err := proto.Unmarshal(data, &m); err != nil {
+			return nil, errors.Wrap(err, typeName)
+		}
+		who = m.Watcher
+	}
+	if who == nil {
+		return nil, errors.Newf("%s without a watcher", typeName)
+	}
+	return who, nil
 }
 
 // stampPeer sets PeerHeader on every envelope to the verified peer name,
