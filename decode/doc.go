@@ -63,8 +63,10 @@
 // CancelRoom returned nil, and Server.Cancel returns then, the pages back
 // in the pool: within one group's transfer and a round trip. It waits for
 // the room it cancelled, not for a later room of the same id. When one
-// session (a rank of a group) cancels a room, or a rank's failed chunk
-// fails it, its pages also wait for the other sessions that still owe it. The prefill cancels a
+// session (a rank of a group) cancels a room, or a rank's failed chunk or
+// loss fails it, its pages also wait for the other sessions that still
+// owe it (each until it reports a chunk that ends its writes, cancels the
+// room, or its access is revoked). The prefill cancels a
 // room itself with the engine's Drop, then Client.Cancel. A room has one
 // outcome whichever side comes first.
 //
@@ -103,7 +105,13 @@
 // notices the prefill sent and whether it stopped early; its answer is the
 // decode side's verdict, sent once the session's access to the pool is
 // revoked (nothing the prefill posts afterwards lands). Each side watches the other's session actor, so a
-// vanished peer is reported (ErrPrefillLost, ErrDecodeLost). Drain (decode
+// vanished peer is reported (ErrPrefillLost, ErrDecodeLost). On the decode
+// side that report is a suspicion (anyone holding the prefill's
+// certificate can forge one, and a connection that broke and came back
+// sends one): the session goes on while its node answers heartbeats; with
+// Config.DepartedGrace set, one that says nothing more (a Dial that gave
+// up on its Hello, a Client closed without Bye) ends as lost, its access
+// revoked first, once the grace passed. Drain (decode
 // to prefill) and Cancel (either way) carry the session token too; version
 // 3 added them, and a peer of version 2 is refused at Hello.
 //
@@ -133,5 +141,8 @@
 // traces"). Without tracing the Server records nothing.
 //
 // Close methods take a context; every wait in this package is bounded by
-// one.
+// one, also while the Server's actor runs a slow Config callback (Admit,
+// Size, Verify): a call it has not taken when its ctx ends returns ctx's
+// error (Close's, Drain's: taken once the actor is free; Wait's, Cancel's:
+// never run, nothing changed).
 package decode

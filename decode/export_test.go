@@ -25,7 +25,7 @@ func SendToForTest(n *Node, addr, id string, msg any) {
 // WaitersForTest counts the Wait calls the server keeps for room id.
 func WaitersForTest(s *Server, id uint64) int {
 	var n int
-	_ = s.inActor(func() { n = len(s.waiters[id]) })
+	_ = s.inActor(context.Background(), func() { n = len(s.waiters[id]) })
 	return n
 }
 
@@ -40,7 +40,7 @@ func SetMaxUnacceptedForTest(s *Server, n int) {
 // UnacceptedForTest is the sessions s keeps for Accept, oldest first, once
 // the actor handled what reached it before the call (a Hello answered).
 func UnacceptedForTest(s *Server) []*Session {
-	_ = s.inActor(func() {})
+	_ = s.inActor(context.Background(), func() {})
 	s.acceptMu.Lock()
 	defer s.acceptMu.Unlock()
 	return slices.Clone(s.accepted)

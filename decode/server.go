@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -129,6 +130,11 @@ type Server struct {
 	// yet.
 	cancels    map[uint64][]chan bool
 	settledNow map[uint64]bool
+	// cancelStarts are when the Server.Cancel calls began, by the
+	// instance of the room each cancelled, until it settles: its
+	// settlement is observed then (CancelObserver), whether or not the
+	// call still waits.
+	cancelStarts map[uint64]time.Time
 
 	// The message trace, when recording (trace.go): nil otherwise.
 	rec       *trace.Recorder
@@ -166,11 +172,28 @@ type call struct {
 	reply chan core.Reply
 }
 
-// run asks the actor to run f (state it owns, read from outside).
+// run asks the actor to run f (state it owns, read from outside). done is
+// closed once f ran, or was skipped: a caller that gave up first (its
+// ctx ended) takes state (runAbandoned), and the actor then skips f, so
+// that nothing f would change changes after its caller returned.
 type run struct {
-	f    func()
-	done chan struct{}
+	f     func()
+	done  chan struct{}
+	state *atomic.Int32 // nil: f runs whatever its caller does
 }
+
+// The states of a run: the actor takes it to run f, or its caller to
+// abandon it, whichever comes first.
+const (
+	runPending int32 = iota
+	runTaken
+	runAbandoned
+)
+
+// stopServer stops the server's actor once it handled what reached it
+// before (Close): a system stop would skip a call still queued behind a
+// slow Config callback, its CloseMsg included.
+type stopServer struct{}
 
 // New registers the pool's buffers with tr and serves prefill sessions on
 // node. Close it before the node, and before freeing the pool.
@@ -197,6 +220,8 @@ func New(node *Node, tr rdma.Transport, cfg Config) (_ *Server, err error) {
 		return nil, badInput("MaxChunksPerRoom %d: want 0 (the default, %d) to %d", cfg.MaxChunksPerRoom, DefaultMaxChunksPerRoom, MaxChunksPerRoomLimit)
 	case cfg.ByeGrace < 0:
 		return nil, badInput("ByeGrace %v: must not be negative", cfg.ByeGrace)
+	case cfg.DepartedGrace < 0:
+		return nil, badInput("DepartedGrace %v: must not be negative", cfg.DepartedGrace)
 	case cfg.RoomTimeout < 0:
 		return nil, badInput("RoomTimeout %v: must not be negative", cfg.RoomTimeout)
 	case cfg.RevokeTimeout < 0:
@@ -242,7 +267,7 @@ func New(node *Node, tr rdma.Transport, cfg Config) (_ *Server, err error) {
 		log = zap.NewNop()
 	}
 	s := &Server{node: node, tr: tr, cfg: cfg, log: log, obs: cfg.Observer, key: node.Addr() + "/" + name, access: map[string]rdma.PeerAccess{},
-		sessions: map[string]*Session{}, waiters: map[uint64][]waiter{}, timers: map[uint64]*time.Timer{}, byes: map[string]*actor.PID{}, cancels: map[uint64][]chan bool{}, drained: make(chan struct{}),
+		sessions: map[string]*Session{}, waiters: map[uint64][]waiter{}, timers: map[uint64]*time.Timer{}, byes: map[string]*actor.PID{}, cancels: map[uint64][]chan bool{}, cancelStarts: map[uint64]time.Time{}, drained: make(chan struct{}),
 		stopped: make(chan struct{}), acceptCh: make(chan struct{}), maxUnaccepted: MaxUnaccepted}
 	if s.obs == nil {
 		s.obs = nopObserver{}
@@ -360,7 +385,7 @@ func (s *Server) receive(ctx actor.Context) {
 		s.drive(core.ByeMsg{From: origin(ctx), Bye: m, Reply: id})
 	case *actor.Terminated:
 		if m.Who != nil {
-			s.drive(core.DepartedMsg{Actor: m.Who.Address + "/" + m.Who.Id})
+			s.drive(core.DepartedMsg{Actor: m.Who.Address + "/" + m.Who.Id, Grace: s.departedGrace()})
 		}
 	case core.TimerMsg:
 		delete(s.timers, m.ID)
@@ -372,8 +397,19 @@ func (s *Server) receive(ctx actor.Context) {
 		s.drive(m.msg)
 		s.reply = nil
 	case run:
-		m.f()
-		close(m.done)
+		func() {
+			defer close(m.done) // also when f panics: its caller does not wait for ever
+			if m.state == nil || m.state.CompareAndSwap(runPending, runTaken) {
+				m.f()
+			}
+		}()
+	case stopServer:
+		// Timers pending would only send to a stopped actor.
+		for id, t := range s.timers {
+			t.Stop()
+			delete(s.timers, id)
+		}
+		ctx.Stop(ctx.Self())
 	case *actor.Stopped:
 		close(s.stopped)
 	}
@@ -381,6 +417,12 @@ func (s *Server) receive(ctx actor.Context) {
 		so.ServerState(s.key, s.core.State())
 	}
 }
+
+// departedGrace is how long a session whose actor was reported gone (a
+// Terminated), and that says nothing since, stays open before it ends as
+// lost (core.DepartedMsg.Grace): Config.DepartedGrace, 0 (never) unless
+// set.
+func (s *Server) departedGrace() time.Duration { return s.cfg.DepartedGrace }
 
 // origin is who sent the message being handled.
 func origin(ctx actor.Context) core.Origin {
@@ -510,7 +552,14 @@ func (s *Server) perform(e core.Effect) core.Msg {
 		}
 	case core.CancelSettled:
 		if s.settledNow != nil {
-			s.settledNow[e.Instance] = e.NotQuiesced
+			s.settledNow[e.Instance] = e.NotQuiesced // the Cancel driving this step observes it
+		}
+		// Observed when the room settles, whether or not its Cancel still
+		// waits (its ctx may have ended): every cancel from the decode
+		// side is in the histogram.
+		if start, ok := s.cancelStarts[e.Instance]; ok {
+			delete(s.cancelStarts, e.Instance)
+			s.observeCancel(start)
 		}
 		for _, w := range s.cancels[e.Instance] {
 			w <- e.NotQuiesced
@@ -694,8 +743,12 @@ func (s *Server) logEffect(e core.Log) {
 	}
 }
 
-// do sends a call to the actor and waits for its reply.
-func (s *Server) do(m core.Msg) (core.Reply, error) {
+// do sends a call to the actor and waits for its reply, within ctx. The
+// actor may be busy in a Config callback (a slow Admit, Size or Verify):
+// when ctx ends first, the call stays queued and the actor takes it once
+// free, its reply (buffered) unread. The calls given a ctx (Close, Drain)
+// want that; the others are given context.Background().
+func (s *Server) do(ctx context.Context, m core.Msg) (core.Reply, error) {
 	reply := make(chan core.Reply, 1)
 	s.node.system.Root.Send(s.pid, call{msg: m, reply: reply})
 	select {
@@ -703,13 +756,30 @@ func (s *Server) do(m core.Msg) (core.Reply, error) {
 		return r, nil
 	case <-s.stopped:
 		return core.Reply{}, closedError(fmt.Sprintf("%T", m))
+	case <-ctx.Done():
+		return core.Reply{}, errors.Wrapf(ctx.Err(), "%T: the decode server's actor did not answer (busy in a Config callback?)", m)
 	}
 }
 
-// inActor runs f on the actor.
-func (s *Server) inActor(f func()) error {
+// inActor runs f on the actor, within ctx: when ctx ends before the actor
+// took f (it may be busy in a Config callback), f never runs and the error
+// is ctx's; once the actor took it, f runs to its end (it is short) and
+// inActor returns nil after it.
+func (s *Server) inActor(ctx context.Context, f func()) error {
 	done := make(chan struct{})
-	s.node.system.Root.Send(s.pid, run{f: f, done: done})
+	state := new(atomic.Int32)
+	s.node.system.Root.Send(s.pid, run{f: f, done: done, state: state})
+	select {
+	case <-done:
+		return nil
+	case <-s.stopped:
+		return closedError("the decode server")
+	case <-ctx.Done():
+		if state.CompareAndSwap(runPending, runAbandoned) {
+			return errors.Wrap(ctx.Err(), "the decode server's actor did not take the call (busy in a Config callback?)")
+		}
+	}
+	// The actor took f first: it is running it.
 	select {
 	case <-done:
 		return nil
@@ -725,7 +795,7 @@ func (s *Server) inActor(f func()) error {
 func (s *Server) Peer() (plan.Peer, error) {
 	var p plan.Peer
 	var ok bool
-	if err := s.inActor(func() {
+	if err := s.inActor(context.Background(), func() {
 		if ok = s.regions != nil; ok {
 			p = plan.Peer{ID: s.cfg.ID, Address: s.tr.Address()}
 			for i, r := range s.regions {
@@ -762,7 +832,7 @@ func (s *Server) Expect(id uint64, pages []int) error {
 // Dial gives): notices from any other session are refused, so no other
 // holder of a certificate of the deployment can report the room first.
 func (s *Server) ExpectFrom(id uint64, pages []int, prefill string) error {
-	r, err := s.do(core.ExpectMsg{Room: id, Pages: slices.Clone(pages), From: prefill})
+	r, err := s.do(context.Background(), core.ExpectMsg{Room: id, Pages: slices.Clone(pages), From: prefill})
 	if err == nil {
 		err = r.Err
 	}
@@ -780,13 +850,16 @@ func (s *Server) Wait(ctx context.Context, id uint64) (Room, error) {
 	ch := make(chan waitResult, 1)
 	var r core.Reply
 	var err error
-	if ierr := s.inActor(func() {
+	// Within ctx: the actor may be busy in a slow Config callback (Admit,
+	// Size, Verify). A lookup it did not take before ctx ended never runs,
+	// and registers no waiter.
+	if ierr := s.inActor(ctx, func() {
 		r = s.step(core.LookupMsg{Room: id})[0].(core.Reply)
 		if r.Err == nil && !r.Ended {
 			s.waiters[id] = append(s.waiters[id], waiter{instance: r.Instance, ch: ch})
 		}
 	}); ierr != nil {
-		return Room{}, public(ierr)
+		return Room{}, public(errors.Wrapf(ierr, "wait for room %d", id))
 	}
 	switch {
 	case r.Ended:
@@ -819,7 +892,7 @@ func (s *Server) Wait(ctx context.Context, id uint64) (Room, error) {
 // stopped its writes, or its session ended with its access revoked. An
 // unknown room is an error marked ErrBadInput.
 func (s *Server) Release(id uint64) error {
-	r, err := s.do(core.ReleaseMsg{Room: id})
+	r, err := s.do(context.Background(), core.ReleaseMsg{Room: id})
 	if err == nil {
 		err = r.Err
 	}
@@ -833,7 +906,7 @@ func (s *Server) Release(id uint64) error {
 // be). An operator evicts a misbehaving prefill with it. No session of
 // that identity is an error marked ErrBadInput.
 func (s *Server) Disconnect(identity string, why error) error {
-	r, err := s.do(core.DisconnectMsg{Identity: identity, Cause: why})
+	r, err := s.do(context.Background(), core.DisconnectMsg{Identity: identity, Cause: why})
 	if err == nil {
 		err = r.Err
 	}
@@ -843,7 +916,7 @@ func (s *Server) Disconnect(identity string, why error) error {
 // State is what the server holds now (sessions, rooms, the pool): for
 // readiness checks and logs.
 func (s *Server) State() (State, error) {
-	r, err := s.do(core.StateMsg{})
+	r, err := s.do(context.Background(), core.StateMsg{})
 	return r.State, public(err)
 }
 
@@ -861,15 +934,19 @@ func (s *Server) State() (State, error) {
 // prefill cancelled first is released; a second Cancel is an error marked
 // ErrBadInput. An unknown room too. When ctx ends first the room stays
 // cancelled and its pages come back when the prefill answers or its access
-// is revoked: the error is ctx's, also marked ErrNotQuiesced. A prefill
-// whose writes could not be stopped keeps the pages out for good: the
-// error is marked ErrNotQuiesced.
+// is revoked: the error is ctx's, also marked ErrNotQuiesced. When ctx
+// ends before the server took the cancel at all (its actor busy in a slow
+// Config callback), nothing changed: the error is ctx's, not marked
+// ErrNotQuiesced. A prefill whose writes could not be stopped keeps the
+// pages out for good: the error is marked ErrNotQuiesced.
 func (s *Server) Cancel(ctx context.Context, id uint64, why string) error {
 	why = core.Clip(why, 1024)
 	start := time.Now()
 	settled := make(chan bool, 1)
 	var r core.Reply
-	if err := s.inActor(func() {
+	// Within ctx: a cancel the actor did not take before ctx ended (busy
+	// in a slow Config callback) never runs.
+	if err := s.inActor(ctx, func() {
 		// The room may settle in the step itself, before its instance is
 		// known here: settledNow catches that.
 		s.settledNow = map[uint64]bool{}
@@ -884,29 +961,34 @@ func (s *Server) Cancel(ctx context.Context, id uint64, why string) error {
 			return
 		}
 		if nq, ok := now[r.Instance]; ok {
+			s.observeCancel(start)
 			settled <- nq
 			return
 		}
 		s.cancels[r.Instance] = append(s.cancels[r.Instance], settled)
+		s.cancelStarts[r.Instance] = start
 	}); err != nil {
-		return public(err)
+		if errors.Is(err, ErrClosed) {
+			return public(err)
+		}
+		return public(errors.Wrapf(err, "cancel room %d: not cancelled, nothing changed", id))
 	}
 	if r.Err != nil {
 		return public(r.Err)
 	}
 	select {
 	case notQuiesced := <-settled:
-		if co, ok := s.obs.(CancelObserver); ok {
-			co.CancelSettled(time.Since(start))
-		}
 		if notQuiesced {
 			return public(errors.Mark(errors.Newf("room %d cancelled, but a prefill that may still write it could not be cut off: its pages are kept out for good", id), ErrNotQuiesced))
 		}
 		return nil
 	case <-ctx.Done():
 		// No one waits any more: forget the waiter (the room may never
-		// settle, its pages in quarantine).
-		_ = s.inActor(func() {
+		// settle, its pages in quarantine). Sent, not waited for: the
+		// actor may be running a slow Config callback, and Cancel returns
+		// when its ctx ends. (settled is buffered: a settlement before
+		// this runs blocks nothing.)
+		s.node.system.Root.Send(s.pid, run{done: make(chan struct{}), f: func() {
 			ws := s.cancels[r.Instance]
 			if i := slices.Index(ws, settled); i >= 0 {
 				ws = slices.Delete(ws, i, i+1)
@@ -916,10 +998,18 @@ func (s *Server) Cancel(ctx context.Context, id uint64, why string) error {
 			} else {
 				s.cancels[r.Instance] = ws
 			}
-		})
+		}})
 		return public(errors.Mark(errors.Wrapf(ctx.Err(), "cancel room %d: cancelled, its pages not yet quiet", id), ErrNotQuiesced))
 	case <-s.stopped:
 		return public(closedError("Cancel"))
+	}
+}
+
+// observeCancel counts a Server.Cancel begun at start whose room settled
+// (CancelObserver).
+func (s *Server) observeCancel(start time.Time) {
+	if co, ok := s.obs.(CancelObserver); ok {
+		co.CancelSettled(time.Since(start))
 	}
 }
 
@@ -988,8 +1078,13 @@ func keepAccepted(list []*Session, max int) []*Session {
 // returns once every open session ended, or when ctx ends. Rooms in flight
 // go on; the serving stack Waits for them as before.
 func (s *Server) Drain(ctx context.Context) error {
-	if _, err := s.do(core.DrainMsg{}); err != nil {
-		return public(err)
+	// Within ctx: the actor may be busy in a slow Config callback; the
+	// drain it takes once free all the same.
+	if _, err := s.do(ctx, core.DrainMsg{}); err != nil {
+		if errors.Is(err, ErrClosed) {
+			return public(err)
+		}
+		return public(errors.Wrap(err, "drain the decode server"))
 	}
 	s.log.Info("decode server draining: no new session", zap.String("server", s.key))
 	select {
@@ -1007,7 +1102,10 @@ func (s *Server) Drain(ctx context.Context) error {
 // stop the node. It returns within ctx. When a prefill's access could not
 // be confirmed revoked, the pool stays registered and Close's error is
 // marked ErrNotQuiesced: keep the pool's memory mapped (a peer may still
-// write it) until the transport is closed. A second Close returns nil.
+// write it) until the transport is closed. When ctx ends while the
+// server's actor runs a slow Config callback (Admit, Size, Verify), the
+// error is ctx's, marked ErrNotQuiesced: the actor ends the sessions and
+// rooms, and stops, once the callback returned. A second Close returns nil.
 func (s *Server) Close(ctx context.Context) error {
 	s.acceptMu.Lock()
 	if s.closed {
@@ -1017,9 +1115,19 @@ func (s *Server) Close(ctx context.Context) error {
 	s.closed = true
 	close(s.acceptCh)
 	s.acceptMu.Unlock()
+	// Every wait below is within ctx: the actor may be busy in a slow
+	// Config callback (Admit, Size, Verify). What Close asked of it then
+	// stays queued, in order: the actor ends the sessions and rooms
+	// (CloseMsg), then stops (stopServer), once free.
+	busy := func(derr error, what string) error {
+		if errors.Is(derr, ErrClosed) {
+			return derr
+		}
+		return errors.Mark(errors.Wrap(derr, "close the decode server: "+what), ErrNotQuiesced)
+	}
 	var err error
-	if _, derr := s.do(core.CloseMsg{}); derr != nil {
-		err = derr
+	if _, derr := s.do(ctx, core.CloseMsg{}); derr != nil {
+		err = busy(derr, "prefill sessions not yet cut off")
 	}
 	if err == nil {
 		select {
@@ -1030,21 +1138,23 @@ func (s *Server) Close(ctx context.Context) error {
 	}
 	var st State
 	if err == nil {
-		r, derr := s.do(core.StateMsg{})
-		st, err = r.State, derr
+		r, derr := s.do(ctx, core.StateMsg{})
+		if st = r.State; derr != nil {
+			err = busy(derr, "whether every prefill's access was confirmed revoked is not known yet")
+		}
 	}
 	if err == nil && st.Pooled {
 		err = errors.Mark(errors.Newf("the decode pool stays registered: a prefill's access to it could not be confirmed revoked (%d pages kept out of rooms); keep its memory mapped until the transport is closed", st.Quarantined), ErrNotQuiesced)
 	}
-	// Timers pending would only send to a stopped actor.
-	_ = s.inActor(func() {
-		for id, t := range s.timers {
-			t.Stop()
-			delete(s.timers, id)
+	// A message, not a system stop, which would come before what is still
+	// queued (the CloseMsg behind a slow callback).
+	s.node.system.Root.Send(s.pid, stopServer{})
+	select {
+	case <-s.stopped:
+	case <-ctx.Done():
+		if err == nil {
+			err = errors.Wrapf(ctx.Err(), "stop actor %s", s.pid.Id)
 		}
-	})
-	if serr := s.node.stopActor(ctx, s.pid); serr != nil && err == nil {
-		err = serr
 	}
 	// Once the actor stopped: every message it took is in the trace.
 	if terr := s.closeTrace(); terr != nil && err == nil {

@@ -1,6 +1,7 @@
 package decode
 
 import (
+	"context"
 	"io"
 	"os"
 	"path/filepath"
@@ -138,7 +139,7 @@ func (s *Server) DumpTrace(w io.Writer) error {
 		return public(badInput("tracing is off: set Config.Trace, Config.TracePath or %s", EnvTrace))
 	}
 	var t *trace.Trace
-	if err := s.inActor(func() { t = s.rec.Snapshot() }); err != nil {
+	if err := s.inActor(context.Background(), func() { t = s.rec.Snapshot() }); err != nil {
 		t = s.rec.Snapshot() // stopped: nothing records any more
 	}
 	return trace.Write(w, t)

@@ -152,6 +152,19 @@ type Config struct {
 	// first keeps the answer from being torn down with a node that stops
 	// right after.
 	ByeGrace time.Duration
+	// DepartedGrace, when positive, ends a session whose prefill actor was
+	// reported gone (a Terminated) and that said nothing since (no notice,
+	// cancel or Hello) once it passed, as lost (its access revoked first):
+	// a Dial that gave up on a late answer otherwise leaves its session,
+	// its MaxSessions place, its identity and its access point open while
+	// the prefill's node answers heartbeats, until that node says Hello
+	// again or the process exits. Off by default (0: the heartbeats
+	// decide): a Terminated also comes on a connection that broke and came
+	// back (protoactor's AddressTerminated), and anyone holding a
+	// certificate for the prefill's host (anyone, in the clear) can send
+	// one, so an idle session could be ended that way. Negative is
+	// ErrBadInput.
+	DepartedGrace time.Duration
 	// Log receives failures at WARN, a line per session opened and ended
 	// and per drain started and ended at INFO (never per room), the rest at
 	// DEBUG (default: none).

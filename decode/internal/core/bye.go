@@ -88,7 +88,8 @@ func (c *Core) bye(m ByeMsg) {
 	c.revoke(s)
 }
 
-// departed takes a Terminated of a session's actor.
+// departed takes a Terminated of a session's actor: a session open ends as
+// lost once its grace passed, unless it speaks again meanwhile.
 func (c *Core) departed(m DepartedMsg) {
 	s := c.sessions.ofActor(m.Actor)
 	switch {
@@ -97,11 +98,37 @@ func (c *Core) departed(m DepartedMsg) {
 	case s.state == sessionBye && s.bye == nil:
 		// It left having read its answer.
 		c.end(s)
-	case s.state == sessionOpen:
+	case s.state == sessionOpen && s.departed && s.departTimer != 0:
+		// Reported gone again: its grace runs from the first report.
+	case s.state == sessionOpen && m.Grace <= 0:
 		// Anyone holding the prefill's certificate (anyone at all, in the
 		// clear) can send a Terminated: the heartbeats decide, unless the
 		// session's own node says Hello again for its identity (hello).
 		s.departed = true
 		c.debug("prefill session actor reported gone; the session goes on while its node answers heartbeats", "prefill", s.Prefill, "actor", m.Actor)
+	case s.state == sessionOpen:
+		// A suspicion (anyone holding the prefill's certificate, anyone
+		// at all in the clear, can send a Terminated), so the session
+		// goes on, for a bound: the prefill's node answering heartbeats
+		// kept a session whose actor really went (a Dial that gave up, a
+		// Client closed without goodbye) open for as long as its process
+		// lived, holding a place of MaxSessions, its identity, its access
+		// point and its rooms. One that speaks again meanwhile is alive
+		// (heard); one that does not ends as lost, its access revoked
+		// first. The session's own node saying Hello again for its
+		// identity ends it at once (hello).
+		s.departed = true
+		s.departTimer = c.arm(timer{kind: departedTimer, session: s, after: m.Grace}, m.Grace)
+		c.debug("prefill session actor reported gone; the session goes on, and ends as lost unless it speaks within the grace", "prefill", s.Prefill, "actor", m.Actor, "grace", m.Grace)
 	}
+}
+
+// heard takes a message of an open session: one whose actor was reported
+// gone is alive after all, and its grace no longer runs.
+func (c *Core) heard(s *csession) {
+	if !s.departed || s.departTimer == 0 {
+		return // not reported gone, or left to the heartbeats (Grace 0)
+	}
+	s.departed, s.departTimer = false, 0
+	c.debug("prefill session speaks again after its actor was reported gone: it goes on", "prefill", s.Prefill, "actor", s.Actor)
 }

@@ -80,13 +80,15 @@ func (c *Core) cancel(m CancelMsg) {
 		c.refuseCancel(wire.Code_REFUSED, "not_session", fmt.Sprintf("room %d cancel: %s", k.Room, why))
 		return
 	}
+	c.heard(s)
 	reason := Clip(k.Reason, maxReason)
 	if reason == "" {
 		reason = "no reason given"
 	}
-	// The answer to the server's Cancel: the room is released, waiting
-	// for this session's writes to stop.
-	if rs := c.ledger.lingeringOf(k.Room, func(r *croom) bool { return r.dirty[s] && errors.Is(r.err, ErrCancelled) }); len(rs) > 0 {
+	// The answer to the server's Cancel, or a cancel of a room released
+	// since it failed: the room is released, waiting for this session's
+	// writes to stop.
+	if rs := c.ledger.lingeringOf(k.Room, func(r *croom) bool { return r.dirty[s] }); len(rs) > 0 {
 		r := rs[0] // the earliest, where rooms reused its id
 		if k.NotQuiesced {
 			// Its pages wait for the session's access to be revoked.
@@ -112,12 +114,13 @@ func (c *Core) cancel(m CancelMsg) {
 		return
 	case r.ended():
 		// Complete, failed or cancelled first: its outcome stays. A quiet
-		// answer to a cancel (another rank's, or this identity's other
-		// session's) says this session's writes stopped.
+		// cancel (an answer to another rank's, or this identity's other
+		// session's, or of a room another rank's loss failed) says this
+		// session's writes stopped.
 		switch {
 		case k.NotQuiesced && !r.complete:
 			r.dirty[s] = true
-		case errors.Is(r.err, ErrCancelled) && r.dirty[s]:
+		case r.dirty[s]:
 			delete(r.dirty, s)
 			c.settle(r)
 		}

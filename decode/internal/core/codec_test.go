@@ -39,7 +39,7 @@ func sampleMsgs() []Msg {
 		HelloMsg{From: from, Hello: hello, Token: "0123abcd"},
 		NoticeMsg{From: from, Notice: notice},
 		ByeMsg{From: from, Bye: &wire.Bye{Session: "tok", Chunks: 12, Aborted: "forward 3: decode lost"}, Reply: "7"},
-		DepartedMsg{Actor: "127.0.0.1:9100/s-1"},
+		DepartedMsg{Actor: "127.0.0.1:9100/s-1", Grace: 10 * time.Second},
 		CancelMsg{From: from, Cancel: &wire.Cancel{Session: "tok", Room: 1 << 63, Reason: "client gone", NotQuiesced: true}},
 		CancelRoomMsg{Room: 9, Cause: "evicted"},
 		PeerLostMsg{Session: "tok", Cause: errors.New("no heartbeat answer for 3.5s")},

@@ -54,9 +54,12 @@ type Rules struct {
 //     each reported successful by exactly the ranks owning its pages (a
 //     group of one: the session), and Verify accepted them;
 //   - a loss is declared on evidence (the heartbeats), never on a
-//     Terminated; a lost session's access is revoked before its rooms'
-//     failure is published, and the failure says whether the pages are
-//     quiet;
+//     Terminated alone: one starts a grace that the session's next
+//     message ends, and past which a silent session is lost; a lost
+//     session's access is revoked before its rooms' failure is
+//     published, and the failure says whether the pages are quiet (in a
+//     group, its rooms' pages also wait for the other ranks that owe
+//     them);
 //   - no page is handed to another room while a peer may still write it:
 //     pages of a room whose writer may still write are held until that
 //     writer's access is revoked, and kept out for good when the revocation

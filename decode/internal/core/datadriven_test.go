@@ -82,7 +82,7 @@ func (w *ddWorld) run(t *testing.T, d *datadriven.TestData) string {
 		b := &wire.Bye{Session: name, Chunks: uint64(num(t, d, "chunks", 0)), Aborted: str(d, "aborted", "")}
 		return w.step(ByeMsg{From: Origin{Node: str(d, "from", s.node), Peer: str(d, "peer", s.peer)}, Bye: b})
 	case "departed":
-		return w.step(DepartedMsg{Actor: w.sessions[str(d, "session", "s1")].actor})
+		return w.step(DepartedMsg{Actor: w.sessions[str(d, "session", "s1")].actor, Grace: dur(t, d, "grace", 10*time.Second)})
 	case "lost":
 		return w.step(PeerLostMsg{Session: str(d, "session", "s1"), Cause: errors.New("no heartbeat answer for 3.5s")})
 	case "revoked":

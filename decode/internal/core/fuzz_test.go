@@ -140,7 +140,7 @@ func FuzzCore(f *testing.F) {
 				}
 				w.step(t, ByeMsg{From: Origin{Node: node}, Bye: b})
 			case 3:
-				w.step(t, DepartedMsg{Actor: node + "/a" + sess})
+				w.step(t, DepartedMsg{Actor: node + "/a" + sess, Grace: time.Duration(w.byte()%2) * time.Second})
 			case 4:
 				w.step(t, PeerLostMsg{Session: sess, Cause: errors.New("silent")})
 			case 5:

@@ -71,8 +71,8 @@ func (c *Core) hello(m HelloMsg) {
 	}
 	if s := c.departedFor(m); s != nil {
 		// Its session actor was reported gone, and its own node (whose
-		// heartbeats would keep it open for as long as the process
-		// lives) says Hello for its identity from another actor: a Dial
+		// heartbeats would keep it open until its grace ends: departed)
+		// says Hello for its identity from another actor: a Dial
 		// that gave up on its Hello, answered after the prefill's call
 		// timeout (a slow Admit or Size), and a Dial after it. It ends as
 		// lost, its access revoked first, and this Hello goes on: refused,
@@ -87,6 +87,7 @@ func (c *Core) hello(m HelloMsg) {
 		// session open (its node answers heartbeats) and the prefill's
 		// identity busy for as long as its node lived.
 		c.debug("hello again: the session's offer again", "prefill", s.Prefill, "actor", s.Actor)
+		c.heard(s) // its actor is there: a report of it gone was wrong
 		c.emit(AnswerHello{Code: wire.Code_OK, Session: s.Token, Address: slices.Clone(s.address)})
 		return
 	}

@@ -9,7 +9,8 @@ import (
 // check verifies what must hold of a core between any two messages (the
 // fuzz test's oracle): the ledger's and the session table's invariants,
 // every room listed under its id until released, an ended room with
-// exactly one outcome, no session without a pool.
+// exactly one outcome, a room waiting only on sessions a revocation is
+// still to clear, no session without a pool.
 func (c *Core) check() error {
 	if err := c.ledger.check(c.rooms); err != nil {
 		return err
@@ -25,6 +26,16 @@ func (c *Core) check() error {
 	for r := range c.ledger.rooms(c.rooms) {
 		if r.complete && (r.err != nil || r.pendingErr != nil) {
 			return errors.Newf("room %d both complete and failed", r.id)
+		}
+		// A room waits only on sessions whose revocation is still to
+		// come: that of a session forgotten, or already revoked, never
+		// would, and the room's pages would be held for ever.
+		for _, set := range []map[*csession]bool{r.dirty, r.awaiting} {
+			for s := range set {
+				if c.sessions.get(s.Token) != s || s.revoked {
+					return errors.Newf("room %d waits on session %s, which is gone or already revoked", r.id, s.Token)
+				}
+			}
 		}
 	}
 	if !c.ledger.sized() && c.sessions.len() > 0 {

@@ -3,7 +3,9 @@ package core
 import "github.com/cockroachdb/errors"
 
 // A session is lost on evidence only: its node's heartbeats went silent
-// (PeerLostMsg), or the serving stack cut its identity off (Disconnect).
+// (PeerLostMsg), the serving stack cut its identity off (Disconnect), or
+// its actor was reported gone and it said nothing since for its grace
+// (timer.go: departedTimer).
 
 // disconnect cuts every session of an identity off as if lost.
 func (c *Core) disconnect(m DisconnectMsg) {
@@ -23,9 +25,10 @@ func (c *Core) disconnect(m DisconnectMsg) {
 }
 
 // peerLost ends a lost session: the rooms that still need it fail once
-// its access is revoked, and in a group its rank, unless another session
-// holds it, fails the new rooms that need it until it is back. A session
-// that said goodbye just ends.
+// its access is revoked (in a group, their pages also wait for the other
+// ranks that still owe them), and in a group its rank, unless another
+// session holds it, fails the new rooms that need it until it is back. A
+// session that said goodbye just ends.
 func (c *Core) peerLost(m PeerLostMsg) {
 	s := c.sessions.get(m.Session)
 	if s == nil || s.state == sessionEnding {
@@ -61,6 +64,17 @@ func (c *Core) peerLost(m PeerLostMsg) {
 			needs = s.rooms[r]
 		}
 		if needs {
+			// In a group the other ranks that still owe the room may be
+			// writing it (their scheduler has its pages): its pages wait
+			// for each of them too, as after a failed chunk or a timeout,
+			// until it reports a chunk that ends its writes, cancels the
+			// room or is cut off. Asked before the room fails, while the
+			// group still says who owes.
+			if c.r.Group != nil {
+				for _, w := range c.othersWriting(r, s) {
+					r.dirty[w] = true
+				}
+			}
 			r.awaiting[s] = true
 			r.dirty[s] = true
 			c.failRoom(r, errors.Mark(errors.Wrapf(lost, "room %d", r.id), ErrPrefillLost), "lost")

@@ -1,6 +1,10 @@
 package core
 
-import "github.com/kvstream/kvstream/messages/wire"
+import (
+	"time"
+
+	"github.com/kvstream/kvstream/messages/wire"
+)
 
 // What goes into the core (Msg): messages from the network, from this
 // process (heartbeats, revocations, timers, the serving stack's calls),
@@ -49,8 +53,16 @@ type (
 	// Terminated, possibly for a closed connection). It is a suspicion, not
 	// evidence: anyone holding the prefill's certificate, or any local
 	// process in the clear, can send one.
+	//
+	// Grace bounds how long an open session stays open once its actor was
+	// reported gone, unless it speaks again meanwhile (a notice, a
+	// cancel, its actor's Hello again): then it ends as lost, its access
+	// revoked first. The shell gives its node's heartbeat bound (a
+	// Terminated starts the same clock as a silence). Zero leaves the
+	// session to the heartbeats (traces recorded before the bound).
 	DepartedMsg struct {
 		Actor string // the session actor's PID, "address/id"
+		Grace time.Duration
 	}
 )
 

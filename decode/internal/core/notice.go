@@ -45,6 +45,7 @@ func (c *Core) notice(m NoticeMsg) {
 		return
 	}
 	s.notices++
+	c.heard(s)
 	ch, err := c.checkNotice(s, n)
 	r := c.rooms[n.Room]
 	if r == nil {
@@ -76,6 +77,14 @@ func (c *Core) notice(m NoticeMsg) {
 		return
 	case r != nil && r.ended():
 		c.refuseNotice(s, n, wire.Code_BAD_INPUT, "room_ended", errors.Newf("room %d chunk [%d, %d): the room already ended (complete: %v)", n.Room, n.Start, n.End, r.complete))
+		if err == nil && r.dirty[s] && writesStopped(ch) {
+			// Its pages wait for this session (a rank that still owed the
+			// room when another failed it): a chunk that ends its writes
+			// says it writes them no more, as once the room is released
+			// (lateNotice).
+			delete(r.dirty, s)
+			c.settle(r)
+		}
 		return
 	case (r == nil || !r.reporters[s]) && c.openRooms(s) >= c.r.MaxRoomsPerSession:
 		c.refuseNotice(s, n, wire.Code_REFUSED, "room_limit", errors.Newf("room %d: the session already holds %d rooms not ended or not yet quiet (Config.MaxRoomsPerSession)", n.Room, c.r.MaxRoomsPerSession))
@@ -83,6 +92,12 @@ func (c *Core) notice(m NoticeMsg) {
 	}
 	if r == nil {
 		r = c.newRoom(n.Room, nil, "")
+		if r.ended() && err == nil && writesStopped(ch) {
+			// Failed at once (a rank lost), its pages waiting for every
+			// session that may write it: this chunk ends the sender's
+			// writes.
+			delete(r.dirty, s)
+		}
 	}
 	r.reporters[s] = true
 	r.ident = s.Identity
@@ -158,7 +173,7 @@ func (c *Core) overChunkBound(r *croom, ch Chunk) bool {
 func (c *Core) lateNotice(s *csession, n *wire.ChunkNotice, ch Chunk, err error) bool {
 	late := c.ledger.lingeringOf(n.Room, func(r *croom) bool { return r.reporters[s] || r.dirty[s] })
 	for _, r := range late {
-		if err == nil && (ch.Last || ch.Status != messages.Succeeded && !ch.NotQuiesced) {
+		if err == nil && writesStopped(ch) {
 			delete(r.dirty, s)
 			c.settle(r)
 		}
@@ -168,6 +183,13 @@ func (c *Core) lateNotice(s *csession, n *wire.ChunkNotice, ch Chunk, err error)
 		c.debug("notice of a released room", "prefill", s.Prefill, "room", n.Room, "start", n.Start, "end", n.End)
 	}
 	return len(late) > 0
+}
+
+// writesStopped reports whether a session's chunk ends its writes of the
+// room: its last chunk (chunks finish in send order), or a failure that
+// stopped its writes.
+func writesStopped(ch Chunk) bool {
+	return ch.Last || ch.Status != messages.Succeeded && !ch.NotQuiesced
 }
 
 // checkNotice turns a notice into a Chunk, checking what needs no room:

@@ -13,7 +13,8 @@ import (
 // once it is over and its pages are quiet.
 
 // newRoom lists a room, Expected (pages) or created by a notice (nil): its
-// timer is armed, and in a group a rank lost and not back fails it at once.
+// timer is armed, and in a group a rank lost and not back fails it at once
+// (its pages then wait for the ranks that are here).
 func (c *Core) newRoom(id uint64, pages []int, from string) *croom {
 	c.nextRoom++
 	r := &croom{id: id, born: c.nextRoom, expected: pages != nil, pages: pages, from: from, reporters: map[*csession]bool{},
@@ -27,9 +28,18 @@ func (c *Core) newRoom(id uint64, pages []int, from string) *croom {
 	}
 	if g := c.r.Group; g != nil {
 		r.group = newGroupRoom(*g, id, len(pages))
-		// A rank lost and not back cannot report the room's chunks.
+		// A rank lost and not back cannot report the room's chunks. Every
+		// session not yet cut off may write it all the same (a scheduler
+		// may have its pages before it is Expected): its pages wait for
+		// each, until it reports a chunk that ends its writes, cancels
+		// the room or its access is revoked.
 		for _, rank := range slices.Sorted(maps.Keys(c.sessions.lostRanks)) {
 			if r.group.Lost(rank, c.sessions.lostRanks[rank]) == Failed {
+				for s := range c.sessions.all() {
+					if !s.revoked {
+						r.dirty[s] = true
+					}
+				}
 				c.failRoom(r, errors.Mark(r.group.err, ErrPrefillLost), "lost")
 				break
 			}

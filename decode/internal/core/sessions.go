@@ -31,8 +31,11 @@ type csession struct {
 	said    bool // said goodbye without stopping early
 	// departed: its session actor was reported gone while it was open (a
 	// suspicion: see departed); a Hello from its node for its identity
-	// from another actor then ends it (hello).
-	departed bool
+	// from another actor then ends it (hello), and so does its
+	// departTimer, the grace's (DepartedMsg.Grace), unless it speaks
+	// again first (heard).
+	departed    bool
+	departTimer uint64
 	// revoking: its Revoke went out; revoked: the RevokedMsg came back.
 	revoking, revoked bool
 	// bye is the Bye's answer, held until the access is revoked: the

@@ -12,8 +12,9 @@ import (
 type timerKind int
 
 const (
-	roomTimer timerKind = iota // a room's RoomTimeout
-	byeTimer                   // a session's ByeGrace after its goodbye was answered
+	roomTimer     timerKind = iota // a room's RoomTimeout
+	byeTimer                       // a session's ByeGrace after its goodbye was answered
+	departedTimer                  // a session's grace after its actor was reported gone
 )
 
 // timer is what an armed timer is for.
@@ -21,6 +22,7 @@ type timer struct {
 	kind    timerKind
 	room    *croom
 	session *csession
+	after   time.Duration
 }
 
 // arm asks the shell for a TimerMsg after the given time, and returns its
@@ -32,8 +34,10 @@ func (c *Core) arm(t timer, after time.Duration) uint64 {
 	return c.nextTimer
 }
 
-// timerFired fails a room past RoomTimeout (its writers may still write)
-// and ends a session that said goodbye and did not leave within ByeGrace.
+// timerFired fails a room past RoomTimeout (its writers may still write),
+// ends a session that said goodbye and did not leave within ByeGrace, and
+// one whose actor was reported gone and that said nothing since within its
+// grace (as lost).
 func (c *Core) timerFired(m TimerMsg) {
 	t, ok := c.timers[m.ID]
 	if !ok {
@@ -60,6 +64,14 @@ func (c *Core) timerFired(m TimerMsg) {
 	case byeTimer:
 		if s := t.session; c.sessions.get(s.Token) == s && s.state == sessionBye {
 			c.end(s)
+		}
+	case departedTimer:
+		if s := t.session; c.sessions.get(s.Token) == s && s.state == sessionOpen && s.departed && s.departTimer == m.ID {
+			// Nothing but its node's heartbeats kept it open: a Dial that
+			// gave up on its Hello, a Client closed without goodbye. It
+			// held a place of MaxSessions, its identity and its access
+			// point for as long as its process lived.
+			c.peerLost(PeerLostMsg{Session: s.Token, Cause: errors.Newf("its session actor %s went away, and the session said nothing for %v since", s.Actor, t.after)})
 		}
 	}
 }
