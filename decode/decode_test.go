@@ -44,11 +44,17 @@ type rig struct {
 
 func newRig(t testing.TB, cfg decode.Config) *rig {
 	t.Helper()
+	return newRigOn(t, decode.NodeConfig{Listen: "127.0.0.1:0"}, cfg)
+}
+
+// newRigOn is newRig on a node of nc.
+func newRigOn(t testing.TB, nc decode.NodeConfig, cfg decode.Config) *rig {
+	t.Helper()
 	tr, err := loopback.NewFabric(loopback.Options{}).NewTransport("decode")
 	require.NoError(t, err)
 	pool, err := hostmem.Alloc(buffers * itemLen * pages)
 	require.NoError(t, err)
-	node, err := decode.Listen("127.0.0.1:0", nil)
+	node, err := decode.ListenConfig(nc)
 	require.NoError(t, err)
 	if cfg.Buffers == nil && cfg.Size == nil {
 		cfg.Buffers = decodeBuffers(pool)

@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/kvstream/kvstream/decode"
-	"github.com/kvstream/kvstream/hw/hostmem"
-	"github.com/kvstream/kvstream/hw/rdma/loopback"
 	"github.com/kvstream/kvstream/system"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -25,26 +23,8 @@ const departedBound = 60 * time.Second
 // away after the same bound (Config.DepartedGrace).
 func rigWithHeartbeat(t *testing.T, bound time.Duration, cfg decode.Config) *rig {
 	t.Helper()
-	tr, err := loopback.NewFabric(loopback.Options{}).NewTransport("decode")
-	require.NoError(t, err)
-	pool, err := hostmem.Alloc(buffers * itemLen * pages)
-	require.NoError(t, err)
-	node, err := decode.ListenConfig(decode.NodeConfig{Listen: "127.0.0.1:0", Heartbeat: decode.HeartbeatWithin(bound)})
-	require.NoError(t, err)
-	cfg.Buffers = decodeBuffers(pool)
-	cfg.ByeGrace = time.Minute
 	cfg.DepartedGrace = bound
-	srv, err := decode.New(node, tr, cfg)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		assert.NoError(t, srv.Close(ctx))
-		assert.NoError(t, node.Close(ctx))
-		_ = tr.Close()
-		_ = pool.Free()
-	})
-	return &rig{node: node, srv: srv, pool: pool, tr: tr}
+	return newRigOn(t, decode.NodeConfig{Listen: "127.0.0.1:0", Heartbeat: decode.HeartbeatWithin(bound)}, cfg)
 }
 
 // sessionEndsLost waits for ss to end, and checks it ended as lost and

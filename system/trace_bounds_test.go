@@ -21,11 +21,7 @@ import (
 // trace can hold one.
 func TestRefusedAddPeersLeaveTheTraceReadable(t *testing.T) {
 	p := newEnginePools(t)
-	var out bytes.Buffer
-	e, err := New(Config{Buffers: p.buffers, HookLayers: 3, PageSize: 4},
-		WithTransport(p.pre), withSimulated(), WithLogger(zap.NewNop()), WithTrace(&out, 0))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = e.Close() })
+	e, out := newTracedEngine(t, p)
 
 	huge := clonePeer(p.peer)
 	huge.ID = "huge"
@@ -86,6 +82,18 @@ func wantAddPeerCall(p Peer) trace.AddPeerCall {
 	return c
 }
 
+// newTracedEngine is newEngine's engine over p, tracing to out, with no
+// peer added.
+func newTracedEngine(t *testing.T, p enginePools) (*Engine, *bytes.Buffer) {
+	t.Helper()
+	out := &bytes.Buffer{}
+	e, err := New(Config{Buffers: p.buffers, HookLayers: 3, PageSize: 4},
+		WithTransport(p.pre), withSimulated(), WithLogger(zap.NewNop()), WithTrace(out, 0))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = e.Close() })
+	return e, out
+}
+
 func clonePeer(p Peer) Peer {
 	p.Buffers = slices.Clone(p.Buffers)
 	return p
@@ -126,11 +134,7 @@ func TestTraceHeaderOutsideTheReadersBounds(t *testing.T) {
 // leave the trace readable too.
 func TestRefusedCallsLeaveTheTraceReadable(t *testing.T) {
 	p := newEnginePools(t)
-	var out bytes.Buffer
-	e, err := New(Config{Buffers: p.buffers, HookLayers: 3, PageSize: 4},
-		WithTransport(p.pre), withSimulated(), WithLogger(zap.NewNop()), WithTrace(&out, 0))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = e.Close() })
+	e, out := newTracedEngine(t, p)
 	require.NoError(t, e.AddPeer(p.peer))
 	ctx := t.Context()
 	badPeer := goodSpec()

@@ -33,22 +33,29 @@ func TestMain(m *testing.M) {
 		goleak.IgnoreTopFunction("github.com/asynkron/protoactor-go/actor.NewThrottle.func1.1"))
 }
 
+// nodeInput is what a test node process takes in: SIGTERM, and its stdin's
+// lines (closed at its end).
+func nodeInput() (term <-chan os.Signal, lines <-chan string) {
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM)
+	ls := make(chan string)
+	go func() {
+		sc := bufio.NewScanner(os.Stdin)
+		for sc.Scan() {
+			ls <- sc.Text()
+		}
+		close(ls)
+	}()
+	return sig, ls
+}
+
 // fakeNode runs the fake node until its stdin ends (exit 0), SIGTERM
 // (exit 0) or an "exit N" command.
 func fakeNode(id, role string) int {
 	out := NewEmitter(os.Stdout)
 	out.Emit(Event{Event: EventReady, ID: id, Addr: fmt.Sprintf("127.0.0.1:%d", 10000+os.Getpid()%50000), Pid: os.Getpid()})
 	fmt.Fprintln(os.Stderr, "fake node", id, "up")
-	term := make(chan os.Signal, 1)
-	signal.Notify(term, syscall.SIGTERM)
-	lines := make(chan string)
-	go func() {
-		sc := bufio.NewScanner(os.Stdin)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-		close(lines)
-	}()
+	term, lines := nodeInput()
 	batches := 0
 	end := func(why string) int {
 		out.Emit(Event{Event: EventDrain, ID: id, Drain: why})

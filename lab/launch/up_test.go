@@ -1,7 +1,6 @@
 package launch
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -9,12 +8,10 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -180,16 +177,7 @@ func upNode(args []string) int {
 	defer reg.Close()
 	out := NewEmitter(os.Stdout)
 	out.Emit(Event{Event: EventReady, ID: m.ID, Addr: m.Addr, Pid: os.Getpid()})
-	term := make(chan os.Signal, 1)
-	signal.Notify(term, syscall.SIGTERM)
-	lines := make(chan string)
-	go func() {
-		sc := bufio.NewScanner(os.Stdin)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-		close(lines)
-	}()
+	term, lines := nodeInput()
 	for {
 		select {
 		case <-term:
